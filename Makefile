@@ -1,0 +1,108 @@
+# wlbtrain - build, test, demo. See README.md.
+#
+#   make            install missing Debian packages, build ./wlbtrain (CUDA backend when nvcc is found)
+#   make CUDA=0     build without the CUDA backend
+#   make test       build and run every test, optimized and under ASan+UBSan; last line "N passed, ..."
+#   make run        the README's run command: build, make the demo corpus, run the main job on it
+#   make demo       the demo corpus only (data/demo/)
+#
+# Two build variants live side by side: build/release (-O2) and build/asan (-O1, sanitizers, no CUDA).
+# Header dependencies are tracked (-MMD -MP), so a changed header rebuilds what includes it.
+
+.DEFAULT_GOAL := all
+SHELL := /bin/bash
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_ARCHS ?= 80 90
+VARIANT ?= release
+B := build/$(VARIANT)
+# make V=1 shows the full commands
+Q := $(if $(V),,@)
+
+CC := gcc
+ifeq ($(VARIANT),asan)
+  OPT := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+  CUDA_BUILD := 0
+else
+  OPT := -O2 -g
+  CUDA_BUILD := $(CUDA)
+endif
+
+# Recursive (=) so that mpicc is asked only when a recipe runs, after `deps` has installed it.
+MPI_CFLAGS = $(shell mpicc --showme:compile)
+MPI_LIBS = $(shell mpicc --showme:link)
+CFLAGS = -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Wall -Wextra -Werror -fopenmp -I. \
+         -MMD -MP $(OPT) $(MPI_CFLAGS) $(if $(filter 1,$(CUDA_BUILD)),-DWLB_CUDA)
+LIBS = -lyaml -lz -ljansson -lpcre2-8 -lm $(MPI_LIBS)
+
+LIB_SRCS := $(wildcard util/*.c cli/*.c config/*.c data/*.c engine/*.c cpu/*.c)
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+CU_SRCS := $(wildcard cuda/*.cu)
+ifeq ($(CUDA_BUILD),1)
+  CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
+  NVCCFLAGS := -O2 -std=c++17 -I. -DWLB_CUDA -MMD -MP -Werror all-warnings \
+               -Xcompiler -Wall,-Wextra,-Werror $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
+endif
+TEST_SRCS := $(wildcard test/test_*.c)
+TEST_BINS := $(TEST_SRCS:test/%.c=$(B)/test/%)
+
+.PHONY: all deps test-deps variant variant-tests test run demo clean
+all: deps
+	@$(MAKE) --no-print-directory VARIANT=release variant
+	@cp -f build/release/wlbtrain ./wlbtrain
+
+deps:
+	@scripts/install-deps.sh build
+
+test-deps:
+	@scripts/install-deps.sh test
+
+# One variant: its library, its wlbtrain and its test programs.
+variant: $(B)/wlbtrain
+variant-tests: $(B)/wlbtrain $(TEST_BINS)
+
+$(B)/libwlb.a: $(LIB_OBJS) $(CU_OBJS)
+	@rm -f $@
+	$(Q)ar rcs $@ $^
+
+$(B)/wlbtrain: $(B)/obj/main.o $(B)/libwlb.a
+	@echo "  LD    $@"
+	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ $(LIBS) $(CUDA_LIBS)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $< ($(VARIANT))"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(B)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	$(Q)$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+$(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/libwlb.a
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
+
+# The whole suite, both variants. test/run.sh prints one summary line per variant; the last line
+# is the total that CI reads.
+test: deps test-deps
+	@$(MAKE) --no-print-directory VARIANT=release variant-tests
+	@cp -f build/release/wlbtrain ./wlbtrain
+	@$(MAKE) --no-print-directory VARIANT=asan variant-tests
+	@$(MAKE) --no-print-directory demo
+	@test/run.sh build/release build/asan
+
+demo: all
+	@scripts/make-demo-corpus.sh
+
+run: demo
+	@scripts/run-demo.sh
+
+clean:
+	rm -rf build wlbtrain
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs, non-interactively, the Debian packages wlbtrain builds and tests with, when any is missing.
+# Called by `make` (build deps) and `make test` (also test deps); safe to run again: it only looks
+# when everything is present. Usage: scripts/install-deps.sh [build|test]
+set -euo pipefail
+what=${1:-build}
+
+need=()
+have_header() { printf '#include <%s>\n' "$1" | cc -E -x c - >/dev/null 2>&1; }
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v make >/dev/null 2>&1 || need+=(make)
+command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+have_header yaml.h || need+=(libyaml-dev)
+have_header zlib.h || need+=(zlib1g-dev)
+have_header jansson.h || need+=(libjansson-dev)
+printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | cc -E -x c - >/dev/null 2>&1 || need+=(libpcre2-dev)
+if [ "$what" = test ]; then
+  printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <cmocka.h>\n' \
+    | cc -E -x c - >/dev/null 2>&1 || need+=(libcmocka-dev)
+  command -v python3 >/dev/null 2>&1 || need+=(python3)
+fi
+[ ${#need[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${need[*]}" >&2
+sudo=
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "wlbtrain: error: install-deps: missing packages (${need[*]}) and no root or sudo to install them" >&2; exit 2; }
+  sudo="sudo -n"
+fi
+export DEBIAN_FRONTEND=noninteractive
+# A stale package list gives 404s on a fresh machine: update once, then install.
+$sudo apt-get update -qq >/dev/null
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

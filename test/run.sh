@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Runs every test program of the given build variants (default build/release build/asan) and the
+# script tests (test/*.py, once, against build/release). Prints one line per program, the log of
+# each failure, a summary per variant, and last the total: "N passed, N failed, N skipped".
+# Exit status 0 only if nothing failed.
+set -u
+cd "$(dirname "$0")/.."
+variants=("$@")
+[ ${#variants[@]} -gt 0 ] || variants=(build/release build/asan)
+export WLB_REAL_DATA=${WLB_REAL_DATA:-$(cd .. && pwd)/shared/real-data}
+# LeakSanitizer: Open MPI and hwloc keep allocations until exit by design.
+export LSAN_OPTIONS="suppressions=$PWD/test/lsan.supp:print_suppressions=0"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+total_pass=0 total_fail=0 total_skip=0
+
+# Counts TAP lines of one log; sets pass fail skip. A program that died early counts the tests it
+# never reported (from its "1..N" plan) as failed, at least one.
+count_tap() {
+  local log=$1 status=$2
+  # cmocka writes a skipped test as "not ok N # SKIP", TAP itself as "ok N # SKIP"; both are skips.
+  skip=$(grep -Ec '^(not )?ok [0-9]+.*# SKIP' "$log")
+  pass=$(( $(grep -c '^ok ' "$log") - $(grep -Ec '^ok [0-9]+.*# SKIP' "$log") ))
+  fail=$(( $(grep -c '^not ok ' "$log") - $(grep -Ec '^not ok [0-9]+.*# SKIP' "$log") ))
+  local plan seen
+  plan=$(sed -n 's/^1\.\.\([0-9]*\)$/\1/p' "$log" | head -1)
+  seen=$((pass + fail + skip))
+  if [ -n "$plan" ] && [ "$seen" -lt "$plan" ]; then fail=$((fail + plan - seen)); fi
+  if [ "$status" -ne 0 ] && [ "$fail" -eq 0 ]; then fail=1; fi
+}
+
+run_one() { # name log cmd...
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS
+  timeout 900 "$@" >"$log" 2>&1
+  local status=$?
+  count_tap "$log" "$status"
+  printf '  %-28s %3d passed, %d failed, %d skipped  (%ds)\n' "$name" "$pass" "$fail" "$skip" $((SECONDS - t0))
+  if [ "$fail" -gt 0 ]; then
+    [ "$status" -eq 124 ] && echo "    (timed out)"
+    sed 's/^/    | /' "$log" | tail -n 60
+  fi
+  grep -h '^# skip' "$log" | sort -u | sed 's/^/    /'
+  v_pass=$((v_pass + pass)) v_fail=$((v_fail + fail)) v_skip=$((v_skip + skip))
+}
+
+for b in "${variants[@]}"; do
+  echo "== tests: $b"
+  mkdir -p "$b/test-logs"
+  v_pass=0 v_fail=0 v_skip=0
+  export WLBTRAIN=$PWD/$b/wlbtrain
+  for t in "$b"/test/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    CMOCKA_MESSAGE_OUTPUT=TAP run_one "$name" "$b/test-logs/$name.log" "$t"
+  done
+  if [ "$b" = "${variants[0]}" ]; then
+    for py in test/test_*.py; do
+      [ -f "$py" ] || continue
+      name=$(basename "$py")
+      run_one "$name" "$b/test-logs/$name.log" python3 "$py"
+    done
+  fi
+  echo "$b: $v_pass passed, $v_fail failed, $v_skip skipped"
+  total_pass=$((total_pass + v_pass)) total_fail=$((total_fail + v_fail)) total_skip=$((total_skip + v_skip))
+done
+echo "$total_pass passed, $total_fail failed, $total_skip skipped"
+[ "$total_fail" -eq 0 ]

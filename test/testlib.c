@@ -1,0 +1,160 @@
+/* test/testlib.c - see testlib.h. */
+#include "test/testlib.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *slurp_fd(int fd, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        if (cap - n < 2) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+        ssize_t got = read(fd, buf + n, cap - n - 1);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        n += (size_t)got;
+    }
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
+
+void test_run(CmdResult *r, const char *const *argv)
+{
+    /* Output goes to temporary files, not pipes: no deadlock however much a program prints. */
+    char out_path[] = "/tmp/wlbtest-out-XXXXXX", err_path[] = "/tmp/wlbtest-err-XXXXXX";
+    int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
+    assert_true(out_fd >= 0 && err_fd >= 0);
+    unlink(out_path);
+    unlink(err_path);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(out_fd, 1);
+        dup2(err_fd, 2);
+        execvp(argv[0], (char *const *)argv);
+        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    lseek(out_fd, 0, SEEK_SET);
+    lseek(err_fd, 0, SEEK_SET);
+    r->out = slurp_fd(out_fd, NULL);
+    r->err = slurp_fd(err_fd, NULL);
+    close(out_fd);
+    close(err_fd);
+}
+
+void test_run_wlbtrain(CmdResult *r, const char *const *args)
+{
+    const char *bin = getenv("WLBTRAIN");
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = bin && *bin ? bin : "./wlbtrain";
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    test_run(r, argv);
+}
+
+void test_cmd_free(CmdResult *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+void test_assert_error(const CmdResult *r, const char *expect)
+{
+    if (r->status != 2 || strncmp(r->err, "wlbtrain: error: ", 17) || !strstr(r->err, expect) ||
+        strchr(r->err, '\n') != r->err + strlen(r->err) - 1) {
+        print_error("expected exit 2 and one line 'wlbtrain: error: ...%s...'\ngot exit %d, stderr:\n%s\n",
+                    expect, r->status, r->err);
+        fail();
+    }
+}
+
+const char *test_real_data(const char *rel)
+{
+    static char path[4096];
+    const char *root = getenv("WLB_REAL_DATA");
+    if (!root || !*root)
+        root = "../shared/real-data";
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    if (access(path, R_OK) != 0) {
+        fprintf(stderr, "# skip: %s is absent (real data lives in ../shared/real-data beside the clone)\n", path);
+        return NULL;
+    }
+    return path;
+}
+
+char *test_tmpdir(void)
+{
+    const char *base = getenv("TMPDIR");
+    char *path = test_format("%s/wlbtest-XXXXXX", base && *base ? base : "/tmp");
+    assert_non_null(mkdtemp(path));
+    return path;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+void test_rm_rf(const char *dir)
+{
+    if (dir)
+        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+char *test_write_file(const char *dir, const char *name, const char *content, size_t len)
+{
+    char *path = test_format("%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(content, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    return path;
+}
+
+char *test_read_file(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return NULL;
+    char *s = slurp_fd(fd, len);
+    close(fd);
+    return s;
+}
+
+char *test_format(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    assert_true(vasprintf(&s, fmt, ap) >= 0);
+    va_end(ap);
+    return s;
+}

@@ -1,0 +1,54 @@
+/*
+ * test/testlib.h - helpers shared by the tests (cmocka).
+ *
+ * Each test_*.c is one program of cmocka unit tests, linked with libwlb.a. test/run.sh runs them all
+ * for a build variant, with WLBTRAIN pointing at that variant's binary, and prints the summary.
+ */
+#ifndef WLB_TEST_TESTLIB_H
+#define WLB_TEST_TESTLIB_H
+
+/* cmocka needs these before its header. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* The output and exit status of one run of the wlbtrain binary. */
+typedef struct CmdResult {
+    int status;   /* exit status, or 128 + signal */
+    char *out;    /* stdout, NUL-terminated */
+    char *err;    /* stderr, NUL-terminated */
+} CmdResult;
+
+/* Runs $WLBTRAIN (default ./wlbtrain) with the NULL-terminated args (not including argv[0]). */
+void test_run_wlbtrain(CmdResult *r, const char *const *args);
+/* Runs any program (argv[0] is looked up in PATH). */
+void test_run(CmdResult *r, const char *const *argv);
+void test_cmd_free(CmdResult *r);
+
+/* Asserts exit status 2 and exactly one stderr line "wlbtrain: error: <expect...>" where expect is
+ * a substring of the line. */
+void test_assert_error(const CmdResult *r, const char *expect);
+
+/* Path of a file under ../shared/real-data (or $WLB_REAL_DATA), or NULL when it is absent: then
+ * the caller skips with the message printed here. */
+const char *test_real_data(const char *rel);
+#define SKIP_WITHOUT_REAL_DATA(var, rel)          \
+    const char *var = test_real_data(rel);        \
+    if (!var) {                                   \
+        skip();                                   \
+        return;                                   \
+    }
+
+/* A fresh temporary directory (removed by test_rm_rf). */
+char *test_tmpdir(void);
+void test_rm_rf(const char *dir);
+/* Writes content to dir/name and returns the malloc'd path. */
+char *test_write_file(const char *dir, const char *name, const char *content, size_t len);
+/* Reads a whole file (NUL-terminated, malloc'd); NULL if it cannot. */
+char *test_read_file(const char *path, size_t *len);
+/* malloc'd snprintf. */
+char *test_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

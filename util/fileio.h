@@ -1,0 +1,43 @@
+/*
+ * util/fileio.h - reading and writing files safely.
+ *
+ * file_map: a read-only memory map of a whole file (64-bit sizes; files over 4 GiB work).
+ * file_read_all: a whole file into memory, through zlib so that gzip files are decompressed
+ *   transparently (plain files pass through unchanged).
+ * AtomicFile: write under a temporary name in the same folder, then fsync and rename over the
+ *   target: a reader sees the old file or the complete new one, never a torn one, and a failed
+ *   write leaves the old file untouched.
+ */
+#ifndef WLB_UTIL_FILEIO_H
+#define WLB_UTIL_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "util/error.h"
+
+typedef struct MappedFile {
+    const unsigned char *data; /* NULL for an empty file */
+    uint64_t size;
+} MappedFile;
+
+int file_map(const char *path, MappedFile *m, Error *err);
+void file_unmap(MappedFile *m);
+
+/* Reads all of path (gunzipping if it is gzip) into a NUL-terminated malloc'd buffer. */
+int file_read_all(const char *path, char **data, size_t *len, Error *err);
+
+typedef struct AtomicFile {
+    FILE *f;   /* write here between atomic_open and atomic_commit */
+    char *path;
+    char *tmp;
+} AtomicFile;
+
+int atomic_open(AtomicFile *a, const char *path, Error *err);
+/* Flushes, fsyncs, closes and renames onto the target; on failure the target is untouched. */
+int atomic_commit(AtomicFile *a, Error *err);
+/* Discards the temporary file (safe to call after a failed commit or twice). */
+void atomic_abort(AtomicFile *a);
+
+#endif
