@@ -1,0 +1,162 @@
+/*
+ * config/config.h - the typed configuration of a wlbtrain run.
+ *
+ * A config is built in four steps, each of which may fail with an Error that names the place:
+ *   config_init          every key at its constant default
+ *   config_load_file     a YAML file (libyaml); unknown keys, wrong types, out-of-range values
+ *   config_apply_set     one --set KEY=VALUE, parsed and checked like the file
+ *   config_resolve       model preset expanded under the explicit keys, derived defaults filled in,
+ *                        parallel.dp: auto taken from the launch, cross-field rules checked
+ * Every key is described once, in the table of config_keys.c: its type, range, default and help.
+ * The loader, --print-config, --help-config and the README's reference all come from that table.
+ */
+#ifndef WLB_CONFIG_CONFIG_H
+#define WLB_CONFIG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "util/error.h"
+
+typedef enum CommKind { COMM_AUTO, COMM_MPI, COMM_NCCL } CommKind;
+typedef enum PackerKind { PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB } PackerKind;
+typedef enum CpSharding { CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID } CpSharding;
+typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
+typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
+typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
+typedef enum LrSchedule { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT } LrSchedule;
+
+/* Lists own their arrays; n == 0 is the empty list. */
+typedef struct ConfigIntList {
+    int n;
+    int64_t *v;
+} ConfigIntList;
+typedef struct ConfigFloatList {
+    int n;
+    double *v;
+} ConfigFloatList;
+typedef struct ConfigStrList {
+    int n;
+    char **v;
+} ConfigStrList;
+
+typedef struct ConfigModel {
+    char *preset; /* NULL = none */
+    int64_t n_layers, d_model, n_heads, n_kv_heads, d_ffn, vocab_size, max_seq_len;
+    double rope_theta, norm_eps;
+    bool tie_embeddings;
+} ConfigModel;
+
+typedef struct ConfigParallel {
+    int64_t tp, cp, pp;
+    int64_t dp; /* 0 = auto: world / (tp*cp*pp), known once the job is launched */
+    int64_t virtual_stages; /* model chunks per pipeline rank: 1 = 1F1B, more = interleaved 1F1B */
+    CommKind comm;
+    int64_t zero;
+} ConfigParallel;
+
+typedef struct ConfigData {
+    ConfigStrList path;        /* Megatron prefixes; empty when lengths_file is used */
+    ConfigFloatList weights;   /* blending weights, one per path (empty = equal) */
+    char *lengths_file;        /* NULL = none */
+    char *lengths_column;      /* NULL = the last column */
+    int64_t context_window;
+    int64_t global_batch_tokens; /* 0 = auto (until dp is known) */
+    int64_t seed;
+} ConfigData;
+
+typedef struct ConfigBalance {
+    PackerKind packer;
+    CpSharding cp_sharding;
+    int64_t max_tokens_per_micro_batch;
+    ConfigIntList outlier_thresholds;
+    HardwareKind hardware;
+    char *calibration; /* NULL = none */
+    /* Cost-model overrides; 0 = from the hardware profile or the calibration file. */
+    double peak_tflops, gemm_efficiency, attn_efficiency, attn_half_tokens;
+    int64_t attn_tile;
+    double hbm_gbps, intra_node_gbps, inter_node_gbps;
+    int64_t gpus_per_node;
+    double tp_comm_overlap; /* -1 = from the profile */
+} ConfigBalance;
+
+typedef struct ConfigTrain {
+    DeviceKind device;
+    Precision precision;
+    int64_t steps;
+    double lr, min_lr;
+    int64_t warmup_steps;
+    LrSchedule schedule;
+    double weight_decay, beta1, beta2, eps, grad_clip;
+    int64_t seed;
+    char *init_from; /* NULL = random init */
+} ConfigTrain;
+
+typedef struct ConfigCheckpoint {
+    char *dir;      /* NULL = no checkpoints */
+    int64_t every;  /* 0 = only at the end */
+    char *resume;   /* NULL = none, "auto", or a path */
+    int64_t keep;
+} ConfigCheckpoint;
+
+typedef struct ConfigLog {
+    int64_t every;
+    char *metrics; /* NULL = no JSON-lines file */
+} ConfigLog;
+
+/* Where a key's value came from: reported in errors as file:line:column or the --set argument. */
+typedef enum ConfigOriginKind {
+    ORIGIN_DEFAULT, /* constant default, or not set (required keys) */
+    ORIGIN_PRESET,  /* from model.preset */
+    ORIGIN_DERIVED, /* computed from other keys by config_resolve */
+    ORIGIN_FILE,    /* set in the YAML file at line:col */
+    ORIGIN_SET,     /* set by --set (arg is the whole KEY=VALUE) */
+} ConfigOriginKind;
+
+typedef struct ConfigOrigin {
+    ConfigOriginKind kind;
+    int line, col;      /* 1-based, for ORIGIN_FILE */
+    const char *arg;    /* for ORIGIN_SET; points into argv */
+} ConfigOrigin;
+
+enum { CONFIG_MAX_KEYS = 96 };
+
+typedef struct Config {
+    ConfigModel model;
+    ConfigParallel parallel;
+    ConfigData data;
+    ConfigBalance balance;
+    ConfigTrain train;
+    ConfigCheckpoint checkpoint;
+    ConfigLog log;
+    char *source_path;                    /* the YAML file, NULL if none was loaded */
+    ConfigOrigin origin[CONFIG_MAX_KEYS]; /* indexed like the key table */
+} Config;
+
+void config_init(Config *cfg);
+void config_free(Config *cfg);
+int config_load_file(Config *cfg, const char *path, Error *err);
+/* Loads YAML text (for tests and --set); name is used in error locations. */
+int config_load_string(Config *cfg, const char *yaml, const char *name, Error *err);
+int config_apply_set(Config *cfg, const char *key_eq_value, Error *err);
+/* world_size: ranks of the launched job, or 0 when there is none (dry run, --print-config). */
+int config_resolve(Config *cfg, int world_size, Error *err);
+
+/* The resolved config as YAML that config_load_file reads back to an equal config. */
+int config_print(const Config *cfg, FILE *out, Error *err);
+/* Every key as a Markdown table (the README's config reference). */
+void config_print_reference(FILE *out);
+/* 1 when every key has the same value in a and b. */
+int config_equal(const Config *a, const Config *b);
+
+/* Micro-batches per DP replica, M = global_batch_tokens / (dp * context_window); 0 if dp is auto. */
+int64_t config_micro_batches(const Config *cfg);
+
+/* Names of the enum values (for logs). */
+const char *config_packer_name(PackerKind k);
+const char *config_cp_sharding_name(CpSharding k);
+const char *config_hardware_name(HardwareKind k);
+
+#endif

@@ -1,0 +1,612 @@
+/*
+ * config/config_keys.c - the table of every config key, and the generic code that reads, formats,
+ * compares and frees a key's value by its type.
+ */
+#include "config/config_keys.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/parse.h"
+
+#define OFF(field) offsetof(Config, field)
+#define BIG INT64_C(1) << 50
+
+/* Integer key with constant default (def may be NULL: required or derived, see doc). */
+#define INT_KEY(n, f, lo, hi, d, doc, h) {n, KEY_INT, OFF(f), lo, hi, 0, 0, 0, NULL, d, doc, h}
+#define AUTO_KEY(n, f, lo, hi, d, doc, h) {n, KEY_INT_AUTO, OFF(f), lo, hi, 0, 0, 0, NULL, d, doc, h}
+#define FLOAT_KEY(n, f, lo, hi, fl, d, doc, h) {n, KEY_FLOAT, OFF(f), 0, 0, lo, hi, fl, NULL, d, doc, h}
+#define BOOL_KEY(n, f, d, doc, h) {n, KEY_BOOL, OFF(f), 0, 0, 0, 0, 0, NULL, d, doc, h}
+#define ENUM_KEY(n, f, ch, d, doc, h) {n, KEY_ENUM, OFF(f), 0, 0, 0, 0, 0, ch, d, doc, h}
+#define STR_KEY(n, f, d, h) {n, KEY_STR, OFF(f), 0, 0, 0, 0, 0, NULL, d, NULL, h}
+
+const ConfigKey config_keys[] = {
+    STR_KEY("model.preset", model.preset, "none",
+            "named model shape: llama2-7b, llama3-8b, llama3-70b, llama3-405b, llama3.2-1b, "
+            "llama3.2-3b, stories260k, tiny; explicit model keys override it"),
+    INT_KEY("model.n_layers", model.n_layers, 1, 1024, NULL, "preset", "transformer layers"),
+    INT_KEY("model.d_model", model.d_model, 1, 65536, NULL, "preset", "hidden size"),
+    INT_KEY("model.n_heads", model.n_heads, 1, 1024, NULL, "preset", "query heads"),
+    INT_KEY("model.n_kv_heads", model.n_kv_heads, 1, 1024, NULL, "preset",
+            "key/value heads (grouped-query attention); divides n_heads"),
+    INT_KEY("model.d_ffn", model.d_ffn, 1, 1 << 20, NULL, "preset", "SwiGLU hidden size"),
+    INT_KEY("model.vocab_size", model.vocab_size, 2, INT32_MAX, NULL, "preset",
+            "rows of the embedding; every token id must be below it"),
+    FLOAT_KEY("model.rope_theta", model.rope_theta, 0, 1e12, KEY_MIN_OPEN, NULL, "preset", "RoPE base"),
+    FLOAT_KEY("model.norm_eps", model.norm_eps, 0, 1, KEY_MIN_OPEN, NULL, "preset", "RMSNorm epsilon"),
+    BOOL_KEY("model.tie_embeddings", model.tie_embeddings, NULL, "preset",
+             "output projection shares the embedding matrix"),
+    INT_KEY("model.max_seq_len", model.max_seq_len, 1, 1 << 24, NULL, "preset",
+            "longest position the model is built for; context_window must not exceed it"),
+
+    INT_KEY("parallel.tp", parallel.tp, 1, 1024, "1", NULL, "tensor-parallel size (fastest-varying ranks)"),
+    INT_KEY("parallel.cp", parallel.cp, 1, 1024, "1", NULL, "context-parallel size"),
+    INT_KEY("parallel.pp", parallel.pp, 1, 1024, "1", NULL, "pipeline-parallel stages"),
+    AUTO_KEY("parallel.dp", parallel.dp, 1, 1 << 20, "auto", NULL,
+             "data-parallel replicas; auto = world size / (tp*cp*pp)"),
+    INT_KEY("parallel.virtual_stages", parallel.virtual_stages, 1, 64, "1", NULL,
+            "model chunks per pipeline rank: 1 = 1F1B, more = interleaved 1F1B (Megatron)"),
+    ENUM_KEY("parallel.comm", parallel.comm, "auto|mpi|nccl", "auto", NULL,
+             "collectives: nccl on GPUs, mpi (host-staged) on CPUs or several ranks per GPU; auto picks"),
+    INT_KEY("parallel.zero", parallel.zero, 0, 1, "0", NULL,
+            "1 = shard optimizer state over DP x CP (ZeRO-1)"),
+
+    {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
+     "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},
+    {"data.weights", KEY_FLOAT_LIST, OFF(data.weights), 0, 0, 0, 1e12, KEY_MIN_OPEN, NULL, NULL, "equal",
+     "blending weights, one per path (share of tokens)"},
+    STR_KEY("data.lengths_file", data.lengths_file, "none",
+            "document lengths for a dry run instead of data.path: one per line, a JSON array, or CSV "
+            "with a header; .gz accepted"),
+    STR_KEY("data.lengths_column", data.lengths_column, "none",
+            "CSV column of the lengths; none = the last column"),
+    INT_KEY("data.context_window", data.context_window, 2, 1 << 24, NULL, "model.max_seq_len",
+            "tokens per fixed-length sequence; longer documents are cut into pieces of this size"),
+    AUTO_KEY("data.global_batch_tokens", data.global_batch_tokens, 1, BIG, NULL,
+             "pp * dp * context_window",
+             "tokens per optimizer step, a multiple of dp * context_window"),
+    INT_KEY("data.seed", data.seed, 0, INT64_MAX, "1234", NULL, "seed of the document shuffle"),
+
+    ENUM_KEY("balance.packer", balance.packer, "fixed|fixed_greedy|wlb", "wlb", NULL,
+             "fixed: stream order cut at the window (Plain-4D); fixed_greedy: greedy repack into "
+             "fixed lengths (Fixed-4D); wlb: workload-balanced variable lengths with outlier delay"),
+    ENUM_KEY("balance.cp_sharding", balance.cp_sharding, "per_seq|per_doc|adaptive|hybrid", "hybrid", NULL,
+             "how a micro-batch is split over the CP ranks"),
+    INT_KEY("balance.max_tokens_per_micro_batch", balance.max_tokens_per_micro_batch, 1, INT32_MAX, NULL,
+            "2 * context_window", "S_max: the most tokens the wlb packer puts in one micro-batch"),
+    {"balance.outlier_thresholds", KEY_INT_LIST, OFF(balance.outlier_thresholds), 1, 1 << 24, 0, 0, 0,
+     NULL, NULL, "[context_window / 4, context_window / 2]",
+     "document lengths L1 < L2 < ... where the outlier queues start; [] = no delay"},
+    ENUM_KEY("balance.hardware", balance.hardware, "h100|h200|a100|cpu", "h100", NULL,
+             "hardware profile of the cost model"),
+    STR_KEY("balance.calibration", balance.calibration, "none",
+            "cost-model calibration file (JSON, written by wlbtrain calibrate); overrides the profile"),
+    FLOAT_KEY("balance.peak_tflops", balance.peak_tflops, 0, 1e6, 0, "0", NULL,
+              "peak dense TFLOP/s of one device; 0 = from the profile or calibration"),
+    FLOAT_KEY("balance.gemm_efficiency", balance.gemm_efficiency, 0, 1, 0, "0", NULL,
+              "achieved/peak of large GEMMs; 0 = from the profile or calibration"),
+    FLOAT_KEY("balance.attn_efficiency", balance.attn_efficiency, 0, 1, 0, "0", NULL,
+              "achieved/peak of long-query attention forward; 0 = from the profile or calibration"),
+    FLOAT_KEY("balance.attn_half_tokens", balance.attn_half_tokens, 0, 1e9, 0, "0", NULL,
+              "query length where attention runs at half its best rate; 0 = from the profile"),
+    INT_KEY("balance.attn_tile", balance.attn_tile, 0, 4096, "0", NULL,
+            "query rows per attention kernel tile (short chunks are padded to it); 0 = from the profile"),
+    FLOAT_KEY("balance.hbm_gbps", balance.hbm_gbps, 0, 1e6, 0, "0", NULL,
+              "memory bandwidth, GB/s; 0 = from the profile or calibration"),
+    FLOAT_KEY("balance.intra_node_gbps", balance.intra_node_gbps, 0, 1e6, 0, "0", NULL,
+              "collective bus bandwidth inside a node, GB/s; 0 = from the profile or calibration"),
+    FLOAT_KEY("balance.inter_node_gbps", balance.inter_node_gbps, 0, 1e6, 0, "0", NULL,
+              "network bandwidth per device across nodes, GB/s; 0 = from the profile or calibration"),
+    FLOAT_KEY("balance.tp_comm_overlap", balance.tp_comm_overlap, -1, 1, 0, "-1", NULL,
+              "fraction of the GEMM time that hides TP all-reduces (0 = none, 1 = full); -1 = from the "
+              "profile (1 on GPUs, 0 on cpu)"),
+    INT_KEY("balance.gpus_per_node", balance.gpus_per_node, 0, 1 << 16, "0", NULL,
+            "devices per node (TP, CP, PP groups inside a node use its links); 0 = from the profile"),
+
+    ENUM_KEY("train.device", train.device, "cpu|cuda", "cuda", NULL, "backend"),
+    ENUM_KEY("train.precision", train.precision, "fp32|bf16", NULL, "bf16 on cuda, fp32 on cpu",
+             "compute precision (master weights are always fp32)"),
+    INT_KEY("train.steps", train.steps, 1, BIG, "1000", NULL, "optimizer steps"),
+    FLOAT_KEY("train.lr", train.lr, 0, 10, KEY_MIN_OPEN, "3e-4", NULL, "peak learning rate"),
+    FLOAT_KEY("train.min_lr", train.min_lr, 0, 10, 0, NULL, "lr / 10", "learning rate at the end of the schedule"),
+    INT_KEY("train.warmup_steps", train.warmup_steps, 0, BIG, "100", NULL, "linear warmup steps"),
+    ENUM_KEY("train.schedule", train.schedule, "cosine|linear|constant", "cosine", NULL,
+             "decay from lr to min_lr after warmup"),
+    FLOAT_KEY("train.weight_decay", train.weight_decay, 0, 10, 0, "0.1", NULL, "AdamW decoupled weight decay"),
+    FLOAT_KEY("train.beta1", train.beta1, 0, 1, KEY_MAX_OPEN, "0.9", NULL, "AdamW beta1"),
+    FLOAT_KEY("train.beta2", train.beta2, 0, 1, KEY_MAX_OPEN, "0.95", NULL, "AdamW beta2"),
+    FLOAT_KEY("train.eps", train.eps, 0, 1, KEY_MIN_OPEN, "1e-8", NULL, "AdamW epsilon"),
+    FLOAT_KEY("train.grad_clip", train.grad_clip, 0, 1e12, 0, "1.0", NULL,
+              "global gradient-norm clip; 0 = off"),
+    INT_KEY("train.seed", train.seed, 0, INT64_MAX, "42", NULL, "seed of the weight initialisation"),
+    STR_KEY("train.init_from", train.init_from, "none",
+            "initial weights: safetensors (Hugging Face names) or llama2.c .bin; none = random"),
+
+    STR_KEY("checkpoint.dir", checkpoint.dir, "none", "folder of checkpoints; none = no checkpoints"),
+    INT_KEY("checkpoint.every", checkpoint.every, 0, BIG, "0", NULL, "save every N steps; 0 = only at the end"),
+    STR_KEY("checkpoint.resume", checkpoint.resume, "none",
+            "none, auto (the latest in checkpoint.dir) or a checkpoint path"),
+    INT_KEY("checkpoint.keep", checkpoint.keep, 1, 1 << 20, "3", NULL, "checkpoints kept"),
+
+    INT_KEY("log.every", log.every, 1, BIG, "1", NULL, "print a line every N steps"),
+    STR_KEY("log.metrics", log.metrics, "none", "JSON-lines metrics file, one object per step"),
+};
+const int config_n_keys = (int)(sizeof config_keys / sizeof config_keys[0]);
+
+_Static_assert(sizeof config_keys / sizeof config_keys[0] <= CONFIG_MAX_KEYS, "raise CONFIG_MAX_KEYS");
+
+int config_key_find(const char *name)
+{
+    for (int k = 0; k < config_n_keys; k++)
+        if (!strcmp(config_keys[k].name, name))
+            return k;
+    return -1;
+}
+
+int config_section_known(const char *name, size_t len)
+{
+    for (int k = 0; k < config_n_keys; k++) {
+        const char *dot = strchr(config_keys[k].name, '.');
+        if ((size_t)(dot - config_keys[k].name) == len && !strncmp(config_keys[k].name, name, len))
+            return 1;
+    }
+    return 0;
+}
+
+/* Levenshtein distance, for hints; names are short, so the O(n*m) table is fine. */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 63 || m > 63)
+        return 99;
+    int d[64][64];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[n][m];
+}
+
+const char *config_key_hint(const char *name)
+{
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    const char *dot = strchr(name, '.');
+    for (int k = 0; k < config_n_keys; k++) {
+        const char *kn = config_keys[k].name;
+        int d = edit_distance(name, kn);
+        /* Also match the part after the section: "parallel.ntp" vs "model.n_layers" is far, but a
+         * key put in the wrong section ("model.tp") should point to "parallel.tp". */
+        const char *kdot = strchr(kn, '.');
+        if (dot && kdot) {
+            int dk = edit_distance(dot + 1, kdot + 1) + 1;
+            if (dk < d)
+                d = dk;
+        }
+        if (d < best_d) {
+            best_d = d;
+            best = kn;
+        }
+    }
+    /* Close enough to be a typo: a couple of edits, a few more for long names. */
+    return best_d <= 2 + (int)(strlen(name) / 8) ? best : NULL;
+}
+
+const char *config_section_hint(const char *name)
+{
+    static char best[32];
+    int best_d = 1 << 30;
+    for (int k = 0; k < config_n_keys; k++) {
+        char section[32];
+        snprintf(section, sizeof section, "%.*s", (int)(strchr(config_keys[k].name, '.') - config_keys[k].name),
+                 config_keys[k].name);
+        int d = edit_distance(name, section);
+        if (d < best_d) {
+            best_d = d;
+            memcpy(best, section, sizeof best);
+        }
+    }
+    return best_d <= 2 + (int)(strlen(name) / 8) ? best : NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Reading values                                                                                  */
+
+static int is_null_word(const char *s, int plain)
+{
+    return plain && (!*s || !strcmp(s, "none") || !strcmp(s, "null") || !strcmp(s, "~") ||
+                     !strcmp(s, "Null") || !strcmp(s, "NULL"));
+}
+
+static int read_int(const ConfigKey *key, const char *s, int64_t *out, const char *where, Error *err)
+{
+    if (parse_int64(s, out) != 0)
+        return error_set(err, where, "%s: expected an integer%s, got '%s'", key->name,
+                         key->type == KEY_INT_AUTO ? " or auto" : "", s);
+    if (*out < key->imin || *out > key->imax)
+        return error_set(err, where, "%s: must be between %lld and %lld, got %lld", key->name,
+                         (long long)key->imin, (long long)key->imax, (long long)*out);
+    return 0;
+}
+
+static int read_float(const ConfigKey *key, const char *s, double *out, const char *where, Error *err)
+{
+    if (parse_double(s, out) != 0)
+        return error_set(err, where, "%s: expected a number, got '%s'", key->name, s);
+    int lo_bad = (key->flags & KEY_MIN_OPEN) ? *out <= key->fmin : *out < key->fmin;
+    int hi_bad = (key->flags & KEY_MAX_OPEN) ? *out >= key->fmax : *out > key->fmax;
+    if (lo_bad || hi_bad)
+        return error_set(err, where, "%s: must be %s %g and %s %g, got %s", key->name,
+                         (key->flags & KEY_MIN_OPEN) ? ">" : ">=", key->fmin,
+                         (key->flags & KEY_MAX_OPEN) ? "<" : "<=", key->fmax, s);
+    return 0;
+}
+
+static int read_enum(const ConfigKey *key, const char *s, int *out, const char *where, Error *err)
+{
+    size_t n = strlen(s);
+    int i = 0;
+    for (const char *p = key->choices; *p; i++) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, s, n)) {
+            *out = i;
+            return 0;
+        }
+        p += len + (bar != NULL);
+    }
+    return error_set(err, where, "%s: expected one of %s, got '%s'", key->name, key->choices, s);
+}
+
+static const char *enum_name(const ConfigKey *key, int value, char *buf, size_t size)
+{
+    const char *p = key->choices;
+    for (int i = 0; *p; i++) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (i == value) {
+            snprintf(buf, size, "%.*s", (int)len, p);
+            return buf;
+        }
+        p += len + (bar != NULL);
+    }
+    snprintf(buf, size, "%d", value);
+    return buf;
+}
+
+static char *dup_or_fail(const char *s, const char *where, Error *err)
+{
+    char *d = strdup(s);
+    if (!d)
+        error_runtime(err, where, "out of memory");
+    return d;
+}
+
+int config_key_assign(Config *cfg, int k, const ConfigValue *v, const char *where, Error *err)
+{
+    const ConfigKey *key = &config_keys[k];
+    int is_list_type = key->type == KEY_INT_LIST || key->type == KEY_FLOAT_LIST || key->type == KEY_STR_LIST;
+    if (v->is_list && !is_list_type)
+        return error_set(err, where, "%s: expected a single value, got a list", key->name);
+    const char *s = v->n > 0 ? v->items[0] : "";
+    int plain = v->n > 0 ? v->plain[0] : 1;
+    /* For a list key, a single scalar is a list of one, and a single null is the empty list. */
+    int n = (!v->is_list && v->n == 1 && is_null_word(s, plain)) ? 0 : v->n;
+
+    switch (key->type) {
+    case KEY_INT:
+        return read_int(key, s, CONFIG_FIELD(cfg, k, int64_t), where, err);
+    case KEY_INT_AUTO:
+        if (!strcmp(s, "auto")) {
+            *CONFIG_FIELD(cfg, k, int64_t) = 0;
+            return 0;
+        }
+        return read_int(key, s, CONFIG_FIELD(cfg, k, int64_t), where, err);
+    case KEY_FLOAT:
+        return read_float(key, s, CONFIG_FIELD(cfg, k, double), where, err);
+    case KEY_BOOL:
+        if (!strcmp(s, "true") || !strcmp(s, "false")) {
+            *CONFIG_FIELD(cfg, k, bool) = s[0] == 't';
+            return 0;
+        }
+        return error_set(err, where, "%s: expected true or false, got '%s'", key->name, s);
+    case KEY_ENUM:
+        return read_enum(key, s, CONFIG_FIELD(cfg, k, int), where, err);
+    case KEY_STR: {
+        char **field = CONFIG_FIELD(cfg, k, char *);
+        char *copy = NULL;
+        if (!is_null_word(s, plain) && !(copy = dup_or_fail(s, where, err)))
+            return -1;
+        free(*field);
+        *field = copy;
+        return 0;
+    }
+    case KEY_INT_LIST: {
+        ConfigIntList *l = CONFIG_FIELD(cfg, k, ConfigIntList);
+        int64_t *vals = calloc((size_t)n + 1, sizeof *vals);
+        if (!vals)
+            return error_runtime(err, where, "out of memory");
+        for (int i = 0; i < n; i++)
+            if (read_int(key, v->items[i], &vals[i], where, err) != 0) {
+                free(vals);
+                return -1;
+            }
+        free(l->v);
+        l->v = vals;
+        l->n = n;
+        return 0;
+    }
+    case KEY_FLOAT_LIST: {
+        ConfigFloatList *l = CONFIG_FIELD(cfg, k, ConfigFloatList);
+        double *vals = calloc((size_t)n + 1, sizeof *vals);
+        if (!vals)
+            return error_runtime(err, where, "out of memory");
+        for (int i = 0; i < n; i++)
+            if (read_float(key, v->items[i], &vals[i], where, err) != 0) {
+                free(vals);
+                return -1;
+            }
+        free(l->v);
+        l->v = vals;
+        l->n = n;
+        return 0;
+    }
+    case KEY_STR_LIST: {
+        ConfigStrList *l = CONFIG_FIELD(cfg, k, ConfigStrList);
+        char **vals = calloc((size_t)n + 1, sizeof *vals);
+        if (!vals)
+            return error_runtime(err, where, "out of memory");
+        for (int i = 0; i < n; i++) {
+            if (is_null_word(v->items[i], v->plain[i])) {
+                error_set(err, where, "%s: empty entry in the list", key->name);
+            } else if ((vals[i] = dup_or_fail(v->items[i], where, err)) != NULL) {
+                continue;
+            }
+            for (int j = 0; j < i; j++)
+                free(vals[j]);
+            free(vals);
+            return -1;
+        }
+        config_key_free(cfg, k);
+        l->v = vals;
+        l->n = n;
+        return 0;
+    }
+    }
+    return error_set(err, where, "%s: unknown key type", key->name);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Formatting, comparing, freeing                                                                  */
+
+/* Shortest text that reads back to exactly x: whole numbers below 1e15 as integers (10000, not
+ * 1e+04), others in the shortest %g form. */
+static void format_double(double x, char *buf, size_t size)
+{
+    if (x == floor(x) && fabs(x) < 1e15) {
+        snprintf(buf, size, "%.0f", x);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+}
+
+int config_key_count(const Config *cfg, int k)
+{
+    switch (config_keys[k].type) {
+    case KEY_INT_LIST:
+        return CONFIG_FIELD(cfg, k, ConfigIntList)->n;
+    case KEY_FLOAT_LIST:
+        return CONFIG_FIELD(cfg, k, ConfigFloatList)->n;
+    case KEY_STR_LIST:
+        return CONFIG_FIELD(cfg, k, ConfigStrList)->n;
+    case KEY_STR:
+        return *CONFIG_FIELD(cfg, k, char *) != NULL;
+    default:
+        return 1;
+    }
+}
+
+void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, int *quote)
+{
+    const ConfigKey *key = &config_keys[k];
+    *quote = 0;
+    switch (key->type) {
+    case KEY_INT:
+        snprintf(buf, size, "%lld", (long long)*CONFIG_FIELD(cfg, k, int64_t));
+        return;
+    case KEY_INT_AUTO: {
+        int64_t v = *CONFIG_FIELD(cfg, k, int64_t);
+        if (v == 0)
+            snprintf(buf, size, "auto");
+        else
+            snprintf(buf, size, "%lld", (long long)v);
+        return;
+    }
+    case KEY_FLOAT:
+        format_double(*CONFIG_FIELD(cfg, k, double), buf, size);
+        return;
+    case KEY_BOOL:
+        snprintf(buf, size, "%s", *CONFIG_FIELD(cfg, k, bool) ? "true" : "false");
+        return;
+    case KEY_ENUM:
+        enum_name(key, *CONFIG_FIELD(cfg, k, int), buf, size);
+        return;
+    case KEY_STR: {
+        const char *s = *CONFIG_FIELD(cfg, k, char *);
+        snprintf(buf, size, "%s", s ? s : "none");
+        *quote = s && is_null_word(s, 1);
+        return;
+    }
+    case KEY_INT_LIST:
+        snprintf(buf, size, "%lld", (long long)CONFIG_FIELD(cfg, k, ConfigIntList)->v[i]);
+        return;
+    case KEY_FLOAT_LIST:
+        format_double(CONFIG_FIELD(cfg, k, ConfigFloatList)->v[i], buf, size);
+        return;
+    case KEY_STR_LIST: {
+        const char *s = CONFIG_FIELD(cfg, k, ConfigStrList)->v[i];
+        snprintf(buf, size, "%s", s);
+        *quote = is_null_word(s, 1);
+        return;
+    }
+    }
+}
+
+static int str_eq(const char *a, const char *b) { return (!a && !b) || (a && b && !strcmp(a, b)); }
+
+int config_key_equal(const Config *a, const Config *b, int k)
+{
+    switch (config_keys[k].type) {
+    case KEY_INT:
+    case KEY_INT_AUTO:
+        return *CONFIG_FIELD(a, k, int64_t) == *CONFIG_FIELD(b, k, int64_t);
+    case KEY_FLOAT:
+        return *CONFIG_FIELD(a, k, double) == *CONFIG_FIELD(b, k, double);
+    case KEY_BOOL:
+        return *CONFIG_FIELD(a, k, bool) == *CONFIG_FIELD(b, k, bool);
+    case KEY_ENUM:
+        return *CONFIG_FIELD(a, k, int) == *CONFIG_FIELD(b, k, int);
+    case KEY_STR:
+        return str_eq(*CONFIG_FIELD(a, k, char *), *CONFIG_FIELD(b, k, char *));
+    case KEY_INT_LIST: {
+        const ConfigIntList *x = CONFIG_FIELD(a, k, ConfigIntList), *y = CONFIG_FIELD(b, k, ConfigIntList);
+        return x->n == y->n && (x->n == 0 || !memcmp(x->v, y->v, (size_t)x->n * sizeof *x->v));
+    }
+    case KEY_FLOAT_LIST: {
+        const ConfigFloatList *x = CONFIG_FIELD(a, k, ConfigFloatList), *y = CONFIG_FIELD(b, k, ConfigFloatList);
+        if (x->n != y->n)
+            return 0;
+        for (int i = 0; i < x->n; i++)
+            if (x->v[i] != y->v[i])
+                return 0;
+        return 1;
+    }
+    case KEY_STR_LIST: {
+        const ConfigStrList *x = CONFIG_FIELD(a, k, ConfigStrList), *y = CONFIG_FIELD(b, k, ConfigStrList);
+        if (x->n != y->n)
+            return 0;
+        for (int i = 0; i < x->n; i++)
+            if (!str_eq(x->v[i], y->v[i]))
+                return 0;
+        return 1;
+    }
+    }
+    return 0;
+}
+
+void config_key_free(Config *cfg, int k)
+{
+    switch (config_keys[k].type) {
+    case KEY_STR: {
+        char **s = CONFIG_FIELD(cfg, k, char *);
+        free(*s);
+        *s = NULL;
+        return;
+    }
+    case KEY_INT_LIST: {
+        ConfigIntList *l = CONFIG_FIELD(cfg, k, ConfigIntList);
+        free(l->v);
+        l->v = NULL;
+        l->n = 0;
+        return;
+    }
+    case KEY_FLOAT_LIST: {
+        ConfigFloatList *l = CONFIG_FIELD(cfg, k, ConfigFloatList);
+        free(l->v);
+        l->v = NULL;
+        l->n = 0;
+        return;
+    }
+    case KEY_STR_LIST: {
+        ConfigStrList *l = CONFIG_FIELD(cfg, k, ConfigStrList);
+        for (int i = 0; i < l->n; i++)
+            free(l->v[i]);
+        free(l->v);
+        l->v = NULL;
+        l->n = 0;
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+int config_key_copy(Config *dst, const Config *src, int k, Error *err)
+{
+    /* Through the text form: one code path for every type, and copying is rare (presets, tests). */
+    int n = config_key_count(src, k);
+    const ConfigKey *key = &config_keys[k];
+    int is_list = key->type == KEY_INT_LIST || key->type == KEY_FLOAT_LIST || key->type == KEY_STR_LIST;
+    char **items = calloc((size_t)n + 1, sizeof *items);
+    int *plain = calloc((size_t)n + 1, sizeof *plain);
+    int rc = -1;
+    if (!items || !plain) {
+        error_runtime(err, key->name, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        char buf[4096];
+        int quote;
+        config_key_format(src, k, i, buf, sizeof buf, &quote);
+        plain[i] = !quote;
+        if (!(items[i] = strdup(buf))) {
+            error_runtime(err, key->name, "out of memory");
+            goto done;
+        }
+    }
+    const char *none = "none";
+    int none_plain = 1;
+    ConfigValue v = {is_list, n, (const char *const *)items, plain};
+    if (!is_list && n == 0) /* a NULL string */
+        v = (ConfigValue){0, 1, &none, &none_plain};
+    rc = config_key_assign(dst, k, &v, key->name, err);
+done:
+    for (int i = 0; items && i < n; i++)
+        free(items[i]);
+    free(items);
+    free(plain);
+    return rc;
+}
+
+void config_where(const Config *cfg, int k, char *buf, size_t size)
+{
+    const ConfigOrigin *o = &cfg->origin[k];
+    if (o->kind == ORIGIN_FILE)
+        snprintf(buf, size, "%s:%d:%d", cfg->source_path ? cfg->source_path : "config", o->line, o->col);
+    else if (o->kind == ORIGIN_SET)
+        snprintf(buf, size, "--set %s", o->arg);
+    else
+        snprintf(buf, size, "%s", cfg->source_path ? cfg->source_path : "config");
+}
+
+/* Names of enum values, in enum order (the key table's choices list them the same way; a test
+ * checks that they agree). */
+const char *config_packer_name(PackerKind k)
+{
+    static const char *const names[] = {"fixed", "fixed_greedy", "wlb"};
+    return names[k];
+}
+
+const char *config_cp_sharding_name(CpSharding k)
+{
+    static const char *const names[] = {"per_seq", "per_doc", "adaptive", "hybrid"};
+    return names[k];
+}
+
+const char *config_hardware_name(HardwareKind k)
+{
+    static const char *const names[] = {"h100", "h200", "a100", "cpu"};
+    return names[k];
+}

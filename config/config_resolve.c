@@ -1,0 +1,252 @@
+/*
+ * config/config_resolve.c - from the keys as written to the config a run uses.
+ *
+ * 1. model.preset fills the model keys not set explicitly; model keys without a preset are required.
+ * 2. Derived defaults: keys the user did not set whose default depends on other keys.
+ * 3. parallel.dp: auto becomes world / (tp*cp*pp) when the job is launched (world_size > 0).
+ * 4. Cross-field rules. Each error points at the key that is most likely wrong, as written.
+ */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config_keys.h"
+
+static int key(const char *name)
+{
+    int k = config_key_find(name);
+    if (k < 0) { /* a typo in this file, not in the user's config */
+        Error err;
+        error_runtime(&err, "config", "internal: no key named %s", name);
+        error_exit(&err);
+    }
+    return k;
+}
+
+static int explicit_(const Config *cfg, int k)
+{
+    return cfg->origin[k].kind == ORIGIN_FILE || cfg->origin[k].kind == ORIGIN_SET;
+}
+
+/* Error at the first of the named keys that was set explicitly (else at the config file), with
+ * the message prefixed by the first key's name: "WHERE: KEY: what". */
+static int rule_error(const Config *cfg, Error *err, const char *subject, const char *other, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int rule_error(const Config *cfg, Error *err, const char *subject, const char *other, const char *fmt, ...)
+{
+    int ks = key(subject), k = ks;
+    if (!explicit_(cfg, ks) && other && explicit_(cfg, key(other)))
+        k = key(other);
+    char where[1200], what[800];
+    config_where(cfg, k, where, sizeof where);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return error_set(err, where, "%s: %s", subject, what);
+}
+
+/* Sets an integer key that the user left at its default to a derived value. */
+static void derive_int(Config *cfg, const char *name, int64_t value)
+{
+    int k = key(name);
+    if (explicit_(cfg, k) || cfg->origin[k].kind == ORIGIN_DERIVED)
+        return;
+    *CONFIG_FIELD(cfg, k, int64_t) = value;
+    cfg->origin[k].kind = ORIGIN_DERIVED;
+}
+
+/* Default outlier thresholds for a window W: see README "Choosing the outlier thresholds". */
+static int derive_outlier_thresholds(Config *cfg, Error *err)
+{
+    int k = key("balance.outlier_thresholds");
+    if (explicit_(cfg, k) || cfg->origin[k].kind == ORIGIN_DERIVED)
+        return 0;
+    ConfigIntList *l = CONFIG_FIELD(cfg, k, ConfigIntList);
+    int64_t w = cfg->data.context_window;
+    /* Two queues from a quarter and a half of the window: measured on the real length lists for
+     * the WLB-LLM configurations (bench/outlier_thresholds.sh), the best balance for a mean token
+     * delay of about half a step, as the paper reports for two queues. */
+    int64_t t[2] = {w / 4, w / 2};
+    int64_t *v = malloc(sizeof t);
+    if (!v)
+        return error_runtime(err, "config", "out of memory");
+    memcpy(v, t, sizeof t);
+    free(l->v);
+    l->v = v;
+    l->n = 2;
+    cfg->origin[k].kind = ORIGIN_DERIVED;
+    return 0;
+}
+
+static int check_model(const Config *cfg, Error *err)
+{
+    const ConfigModel *m = &cfg->model;
+    for (int k = 0; k < config_n_keys; k++) {
+        const ConfigKey *ck = &config_keys[k];
+        if (!strncmp(ck->name, "model.", 6) && !ck->def && cfg->origin[k].kind == ORIGIN_DEFAULT) {
+            char where[1200];
+            config_where(cfg, k, where, sizeof where);
+            return error_set(err, where, "%s: required (set it, or model.preset for a named shape)", ck->name);
+        }
+    }
+    if (m->d_model % m->n_heads)
+        return rule_error(cfg, err, "model.n_heads", "model.d_model", "must divide model.d_model (%lld), got %lld",
+                          (long long)m->d_model, (long long)m->n_heads);
+    if ((m->d_model / m->n_heads) % 2)
+        return rule_error(cfg, err, "model.d_model", "model.n_heads",
+                          "the head size d_model / n_heads = %lld must be even (RoPE rotates pairs)",
+                          (long long)(m->d_model / m->n_heads));
+    if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads)
+        return rule_error(cfg, err, "model.n_kv_heads", "model.n_heads", "must divide model.n_heads (%lld), got %lld",
+                          (long long)m->n_heads, (long long)m->n_kv_heads);
+    return 0;
+}
+
+static int check_parallel(Config *cfg, int world_size, Error *err)
+{
+    const ConfigModel *m = &cfg->model;
+    ConfigParallel *p = &cfg->parallel;
+    long long tp = p->tp;
+    if (m->n_heads % p->tp)
+        return rule_error(cfg, err, "parallel.tp", NULL, "must divide model.n_heads (%lld), got %lld",
+                          (long long)m->n_heads, tp);
+    if (m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
+        return rule_error(cfg, err, "parallel.tp", NULL,
+                          "must divide model.n_kv_heads (%lld) or be a multiple of it, got %lld",
+                          (long long)m->n_kv_heads, tp);
+    if (m->d_ffn % p->tp)
+        return rule_error(cfg, err, "parallel.tp", NULL, "must divide model.d_ffn (%lld), got %lld",
+                          (long long)m->d_ffn, tp);
+    if (m->vocab_size % p->tp)
+        return rule_error(cfg, err, "parallel.tp", NULL,
+                          "must divide model.vocab_size (%lld) for the vocabulary-parallel embedding, got %lld",
+                          (long long)m->vocab_size, tp);
+    if (p->pp > m->n_layers)
+        return rule_error(cfg, err, "parallel.pp", NULL, "must not exceed model.n_layers (%lld), got %lld",
+                          (long long)m->n_layers, (long long)p->pp);
+    if (p->pp * p->virtual_stages > m->n_layers)
+        return rule_error(cfg, err, "parallel.virtual_stages", "parallel.pp",
+                          "pp * virtual_stages = %lld model chunks must not exceed model.n_layers (%lld)",
+                          (long long)(p->pp * p->virtual_stages), (long long)m->n_layers);
+    long long mp = (long long)(p->tp * p->cp * p->pp);
+    if (world_size > 0 && p->dp == 0) {
+        if (world_size % mp)
+            return rule_error(cfg, err, "parallel.dp", "parallel.tp",
+                              "auto needs the job's %d ranks to be a multiple of tp * cp * pp = %lld",
+                              world_size, mp);
+        p->dp = world_size / mp;
+        cfg->origin[key("parallel.dp")].kind = ORIGIN_DERIVED;
+    } else if (world_size > 0 && mp * p->dp != world_size) {
+        return rule_error(cfg, err, "parallel.dp", "parallel.tp",
+                          "tp * cp * pp * dp = %lld * %lld * %lld * %lld = %lld, but the job has %d ranks "
+                          "(mpirun -np / srun -n)", tp, (long long)p->cp, (long long)p->pp,
+                          (long long)p->dp, mp * p->dp, world_size);
+    }
+    if (p->comm == COMM_NCCL && cfg->train.device != DEVICE_CUDA)
+        return rule_error(cfg, err, "parallel.comm", "train.device", "nccl needs train.device: cuda");
+    return 0;
+}
+
+static int check_data(Config *cfg, Error *err)
+{
+    ConfigData *d = &cfg->data;
+    const ConfigParallel *p = &cfg->parallel;
+    if (d->path.n && d->lengths_file)
+        return rule_error(cfg, err, "data.lengths_file", NULL,
+                          "set data.path (a data set) or data.lengths_file (lengths for a dry run), not both");
+    if (d->weights.n && d->weights.n != d->path.n)
+        return rule_error(cfg, err, "data.weights", NULL, "%d weights for %d paths in data.path",
+                          d->weights.n, d->path.n);
+    if (d->context_window > cfg->model.max_seq_len)
+        return rule_error(cfg, err, "data.context_window", "model.max_seq_len",
+                          "must not exceed model.max_seq_len (%lld), got %lld",
+                          (long long)cfg->model.max_seq_len, (long long)d->context_window);
+    if (d->context_window % (2 * p->cp))
+        return rule_error(cfg, err, "data.context_window", "parallel.cp",
+                          "must be a multiple of 2 * parallel.cp = %lld, got %lld", (long long)(2 * p->cp),
+                          (long long)d->context_window);
+    if (p->dp > 0) {
+        derive_int(cfg, "data.global_batch_tokens", p->pp * p->dp * d->context_window);
+        int64_t unit = p->dp * d->context_window;
+        if (d->global_batch_tokens == 0 || d->global_batch_tokens % unit)
+            return rule_error(cfg, err, "data.global_batch_tokens", "parallel.dp",
+                              "must be a multiple of parallel.dp * data.context_window = %lld * %lld = %lld, "
+                              "got %lld", (long long)p->dp, (long long)d->context_window, (long long)unit,
+                              (long long)d->global_batch_tokens);
+    } else if (d->global_batch_tokens % d->context_window) {
+        return rule_error(cfg, err, "data.global_batch_tokens", NULL,
+                          "must be a multiple of data.context_window (%lld), got %lld",
+                          (long long)d->context_window, (long long)d->global_batch_tokens);
+    }
+    return 0;
+}
+
+static int check_balance(const Config *cfg, Error *err)
+{
+    const ConfigBalance *b = &cfg->balance;
+    int64_t w = cfg->data.context_window;
+    if (b->max_tokens_per_micro_batch < w)
+        return rule_error(cfg, err, "balance.max_tokens_per_micro_batch", "data.context_window",
+                          "must be at least data.context_window (%lld), got %lld", (long long)w,
+                          (long long)b->max_tokens_per_micro_batch);
+    for (int i = 0; i < b->outlier_thresholds.n; i++) {
+        int64_t t = b->outlier_thresholds.v[i];
+        if (t > w)
+            return rule_error(cfg, err, "balance.outlier_thresholds", "data.context_window",
+                              "must not exceed data.context_window (%lld), got %lld", (long long)w, (long long)t);
+        if (i > 0 && t <= b->outlier_thresholds.v[i - 1])
+            return rule_error(cfg, err, "balance.outlier_thresholds", NULL,
+                              "must be increasing, got %lld after %lld", (long long)t,
+                              (long long)b->outlier_thresholds.v[i - 1]);
+    }
+    return 0;
+}
+
+static int check_train(const Config *cfg, Error *err)
+{
+    const ConfigTrain *t = &cfg->train;
+    if (t->precision == PRECISION_BF16 && t->device == DEVICE_CPU)
+        return rule_error(cfg, err, "train.precision", "train.device",
+                          "bf16 needs train.device: cuda (the CPU backend computes in fp32)");
+    if (t->min_lr > t->lr)
+        return rule_error(cfg, err, "train.min_lr", "train.lr", "must not exceed train.lr (%g), got %g", t->lr,
+                          t->min_lr);
+    const ConfigCheckpoint *c = &cfg->checkpoint;
+    if (c->every > 0 && !c->dir)
+        return rule_error(cfg, err, "checkpoint.every", NULL, "needs checkpoint.dir");
+    if (c->resume && !strcmp(c->resume, "auto") && !c->dir)
+        return rule_error(cfg, err, "checkpoint.resume", NULL, "auto needs checkpoint.dir");
+    return 0;
+}
+
+int config_resolve(Config *cfg, int world_size, Error *err)
+{
+    if (config_apply_preset(cfg, err) != 0 || check_model(cfg, err) != 0)
+        return -1;
+    derive_int(cfg, "data.context_window", cfg->model.max_seq_len);
+    derive_int(cfg, "balance.max_tokens_per_micro_batch", 2 * cfg->data.context_window);
+    int kp = key("train.precision");
+    if (!explicit_(cfg, kp)) {
+        cfg->train.precision = cfg->train.device == DEVICE_CUDA ? PRECISION_BF16 : PRECISION_FP32;
+        cfg->origin[kp].kind = ORIGIN_DERIVED;
+    }
+    int kl = key("train.min_lr");
+    if (!explicit_(cfg, kl)) {
+        cfg->train.min_lr = cfg->train.lr / 10;
+        cfg->origin[kl].kind = ORIGIN_DERIVED;
+    }
+    if (derive_outlier_thresholds(cfg, err) != 0)
+        return -1;
+    if (check_parallel(cfg, world_size, err) != 0 || check_data(cfg, err) != 0 ||
+        check_balance(cfg, err) != 0 || check_train(cfg, err) != 0)
+        return -1;
+    return 0;
+}
+
+int64_t config_micro_batches(const Config *cfg)
+{
+    if (cfg->parallel.dp <= 0 || cfg->data.global_batch_tokens <= 0)
+        return 0;
+    return cfg->data.global_batch_tokens / (cfg->parallel.dp * cfg->data.context_window);
+}
