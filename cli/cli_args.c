@@ -1,0 +1,243 @@
+/*
+ * cli/cli_args.c - argv -> CliOptions (see cli.h).
+ *
+ * Flags take their value as the next argument or after '=' (--steps 10, --steps=10). Every error
+ * names the flag it is about, so the user sees e.g. "wlbtrain: error: --steps: expected a positive
+ * integer, got 'ten'".
+ */
+#include "cli/cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/parse.h"
+
+/* If argv[*i] is FLAG or FLAG=VALUE, sets *value (reading the next argument when needed) and
+ * returns 1; returns 0 when argv[*i] is another flag; -1 with err set when the value is missing. */
+static int flag_value(int argc, char **argv, int *i, const char *flag, const char **value, Error *err)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(flag);
+    if (strncmp(a, flag, n) != 0)
+        return 0;
+    if (a[n] == '=') {
+        *value = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0')
+        return 0;
+    if (*i + 1 >= argc)
+        return error_set(err, flag, "needs a value");
+    *value = argv[++*i];
+    return 1;
+}
+
+static int parse_positive(const char *flag, const char *v, int64_t *out, Error *err)
+{
+    if (parse_int64(v, out) != 0 || *out <= 0)
+        return error_set(err, flag, "expected a positive integer, got '%s'", v);
+    return 0;
+}
+
+static int is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
+
+static int parse_inspect(int argc, char **argv, CliOptions *o, Error *err)
+{
+    o->command = CLI_INSPECT;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            o->command = CLI_HELP;
+            o->help_topic = "inspect";
+            return 0;
+        }
+        if (a[0] == '-' && a[1] != '\0')
+            return error_set(err, a, "unknown flag for inspect (see wlbtrain inspect --help)");
+        if (o->inspect_prefix)
+            return error_set(err, "inspect", "takes one PREFIX, got '%s' and '%s'", o->inspect_prefix, a);
+        o->inspect_prefix = a;
+    }
+    if (!o->inspect_prefix)
+        return error_set(err, "inspect", "needs a PREFIX (the data set's PREFIX.idx and PREFIX.bin)");
+    return 0;
+}
+
+/* A flag whose value is a string, optionally one of a '|'-separated list of choices. */
+typedef struct StrFlag {
+    const char *flag;
+    const char **dest;
+    const char *choices; /* NULL = any non-empty value */
+} StrFlag;
+
+static int in_choices(const char *v, const char *choices)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, v, n))
+            return 1;
+        p += len + (bar != NULL);
+    }
+    return 0;
+}
+
+/* 1 when argv[*i] is one of the flags (value stored), 0 when none, -1 on a bad value. */
+static int match_str_flags(const StrFlag *flags, int n, int argc, char **argv, int *i, Error *err)
+{
+    for (int k = 0; k < n; k++) {
+        const char *v = NULL;
+        int r = flag_value(argc, argv, i, flags[k].flag, &v, err);
+        if (r <= 0) {
+            if (r < 0)
+                return -1;
+            continue;
+        }
+        if (!*v)
+            return error_set(err, flags[k].flag, "expected a value, got ''");
+        if (flags[k].choices && !in_choices(v, flags[k].choices))
+            return error_set(err, flags[k].flag, "expected one of %s, got '%s'", flags[k].choices, v);
+        *flags[k].dest = v;
+        return 1;
+    }
+    return 0;
+}
+
+static int parse_convert(int argc, char **argv, CliOptions *o, Error *err)
+{
+    CliConvert *c = &o->convert;
+    const char *eod = NULL;
+    const StrFlag flags[] = {
+        {"--out", &c->out, NULL},
+        {"--tokenizer", &c->tokenizer, NULL},
+        {"--pattern", &c->pattern, "llama3|gpt2"},
+        {"--format", &c->format, "text|jsonl"},
+        {"--json-key", &c->json_key, NULL},
+        {"--files-from", &c->files_from, NULL},
+        {"--dtype", &c->dtype, "auto|uint16|int32"},
+        {"--eod", &eod, NULL},
+    };
+    o->command = CLI_CONVERT;
+    c->json_key = "text";
+    c->dtype = "auto";
+    c->eod = -1;
+    c->inputs = calloc((size_t)argc, sizeof *c->inputs);
+    if (!c->inputs)
+        return error_runtime(err, "convert", "out of memory");
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            o->command = CLI_HELP;
+            o->help_topic = "convert";
+            return 0;
+        }
+        if (!strcmp(a, "--quiet")) {
+            c->quiet = true;
+            continue;
+        }
+        int r = match_str_flags(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv, &i, err);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            continue;
+        if (a[0] == '-' && a[1] != '\0')
+            return error_set(err, a, "unknown flag for convert (see wlbtrain convert --help)");
+        c->inputs[c->n_inputs++] = argv[i];
+    }
+    if (eod && !strcmp(eod, "none"))
+        c->eod = -2;
+    else if (eod && (parse_int64(eod, &c->eod) != 0 || c->eod < 0 || c->eod > INT32_MAX))
+        return error_set(err, "--eod", "expected a token id or 'none', got '%s'", eod);
+    if (!c->out)
+        return error_set(err, "convert", "needs --out PREFIX");
+    if (!c->n_inputs && !c->files_from)
+        return error_set(err, "convert", "needs input files (or --files-from FILE)");
+    return 0;
+}
+
+int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
+{
+    memset(o, 0, sizeof *o);
+    o->command = CLI_RUN;
+    if (argc < 2)
+        return error_set(err, "wlbtrain", "nothing to do: give --config FILE (see wlbtrain --help)");
+    if (!strcmp(argv[1], "inspect"))
+        return parse_inspect(argc, argv, o, err);
+    if (!strcmp(argv[1], "convert"))
+        return parse_convert(argc, argv, o, err);
+
+    o->sets = calloc((size_t)argc, sizeof *o->sets);
+    if (!o->sets)
+        return error_runtime(err, "wlbtrain", "out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int r;
+        if (is_help(a)) {
+            o->command = CLI_HELP;
+            return 0;
+        }
+        if (!strcmp(a, "--help-config")) {
+            o->command = CLI_HELP_CONFIG;
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            o->command = CLI_VERSION;
+            return 0;
+        }
+        if (!strcmp(a, "--dry-run")) {
+            o->dry_run = true;
+            continue;
+        }
+        if (!strcmp(a, "--compare")) {
+            o->compare = true;
+            continue;
+        }
+        if (!strcmp(a, "--print-config")) {
+            o->print_config = true;
+            continue;
+        }
+        const char *config = NULL;
+        const StrFlag flags[] = {{"--config", &config, NULL}, {"--stats-out", &o->stats_out, NULL}};
+        if ((r = match_str_flags(flags, 2, argc, argv, &i, err)) != 0) {
+            if (r < 0)
+                return -1;
+            if (config && o->config_path)
+                return error_set(err, "--config", "given twice ('%s' and '%s')", o->config_path, config);
+            if (config)
+                o->config_path = config;
+            continue;
+        }
+        if ((r = flag_value(argc, argv, &i, "--set", &v, err)) != 0) {
+            if (r < 0)
+                return -1;
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v)
+                return error_set(err, "--set", "expected KEY=VALUE (such as parallel.tp=2), got '%s'", v);
+            o->sets[o->n_sets++] = v;
+            continue;
+        }
+        if ((r = flag_value(argc, argv, &i, "--steps", &v, err)) != 0) {
+            if (r < 0 || parse_positive("--steps", v, &o->steps, err) != 0)
+                return -1;
+            continue;
+        }
+        if (a[0] == '-')
+            return error_set(err, a, "unknown flag (see wlbtrain --help)");
+        return error_set(err, a, "unexpected argument (subcommands are inspect and convert; see wlbtrain --help)");
+    }
+    if (!o->config_path)
+        return error_set(err, "--config", "is required (see wlbtrain --help)");
+    if (o->stats_out && !o->dry_run)
+        return error_set(err, "--stats-out", "only with --dry-run (training writes log.metrics)");
+    if (o->compare && !o->dry_run)
+        return error_set(err, "--compare", "only with --dry-run");
+    return 0;
+}
+
+void cli_free(CliOptions *o)
+{
+    free(o->sets);
+    free(o->convert.inputs);
+    o->sets = NULL;
+    o->convert.inputs = NULL;
+}

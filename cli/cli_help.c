@@ -1,0 +1,124 @@
+/* cli/cli_help.c - the help texts and --version. */
+#include <stdio.h>
+#include <string.h>
+#include <yaml.h>
+#include <zlib.h>
+#include <jansson.h>
+#include <mpi.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "cli/cli.h"
+#include "cpu/cpu_info.h"
+#ifdef WLB_CUDA
+#include "cuda/cuda_info.h"
+#endif
+
+#define WLB_VERSION "0.1.0"
+
+static const char help_main[] =
+    "wlbtrain " WLB_VERSION " - workload-balanced 4D-parallel training of Llama models\n"
+    "\n"
+    "Usage:\n"
+    "  wlbtrain --config FILE [--set KEY=VALUE]... [--steps N] [--print-config]\n"
+    "  wlbtrain --config FILE --dry-run [--compare] [--stats-out FILE] [--steps N]\n"
+    "  mpirun -np N wlbtrain --config FILE ...      (or srun -n N wlbtrain ...)\n"
+    "  wlbtrain inspect PREFIX\n"
+    "  wlbtrain convert --out PREFIX [options] INPUT...\n"
+    "  wlbtrain --help | --help-config | --version\n"
+    "\n"
+    "Run options:\n"
+    "  --config FILE      the YAML config of the run (see config/examples/ and --help-config)\n"
+    "  --set KEY=VALUE    override one config key, such as --set parallel.tp=2 or\n"
+    "                     --set data.path=[a,b]; parsed and checked like the file; repeatable,\n"
+    "                     applied in order after the file\n"
+    "  --steps N          override train.steps (also the number of steps a dry run plans)\n"
+    "  --print-config     print the resolved config (preset and defaults expanded) as YAML\n"
+    "                     that loads back to the same config, and exit\n"
+    "  --dry-run          plan every step for every rank of the configured cluster in this one\n"
+    "                     process (no MPI launch, no GPU) and report the predicted imbalance\n"
+    "  --compare          with --dry-run: every packer with every CP sharding mode on the same\n"
+    "                     documents, as one table\n"
+    "  --stats-out FILE   with --dry-run: one JSON object per step, and a summary last\n"
+    "\n"
+    "Subcommands:\n"
+    "  inspect PREFIX     describe a Megatron data set (PREFIX.idx + PREFIX.bin): documents,\n"
+    "                     tokens, token type, vocabulary bound, document length percentiles\n"
+    "  convert            tokenize text files or JSON lines into a Megatron data set\n"
+    "                     (wlbtrain convert --help)\n"
+    "\n"
+    "Other:\n"
+    "  --help, -h         this text (wlbtrain inspect --help, wlbtrain convert --help for theirs)\n"
+    "  --help-config      every config key: type, range, default and meaning\n"
+    "  --version          version, and whether the CUDA backend is compiled in\n"
+    "\n"
+    "Flags take their value as the next argument or after '=' (--steps=10).\n"
+    "Errors are one line, 'wlbtrain: error: WHERE: WHAT'; exit status 2 for bad input (config,\n"
+    "flags, data), 1 for a failure at run time.\n";
+
+static const char help_inspect[] =
+    "Usage: wlbtrain inspect PREFIX\n"
+    "\n"
+    "Describes the Megatron indexed data set PREFIX.idx + PREFIX.bin (MMIDIDX version 1, token\n"
+    "dtype 4 = int32 or 8 = uint16): documents, sequences, tokens, token dtype, vocabulary bound\n"
+    "(largest token id + 1, read from every token of the .bin), and the document length\n"
+    "percentiles p50, p90, p99 and the maximum. Every count, size and offset of the files is\n"
+    "checked first; a truncated or corrupted set is one error line and exit status 2.\n";
+
+static const char help_convert[] =
+    "Usage: wlbtrain convert --out PREFIX [options] INPUT...\n"
+    "\n"
+    "Tokenizes documents into the Megatron data set PREFIX.idx + PREFIX.bin, one sequence per\n"
+    "document. Each text INPUT is one document; each non-blank line of a JSON-lines INPUT is one\n"
+    "document (its --json-key field; documents whose text is empty are skipped and counted). .gz\n"
+    "inputs are read through zlib. Ids equal tiktoken's encode_ordinary: text such as\n"
+    "<|end_of_text|> is ordinary text, and invalid UTF-8 is kept byte for byte.\n"
+    "\n"
+    "Options:\n"
+    "  --out PREFIX         where to write (PREFIX.idx, PREFIX.bin; replaced only when complete:\n"
+    "                       a failed convert leaves no output and an existing set untouched)\n"
+    "  --tokenizer FILE     BPE ranks in tiktoken format (such as the Llama 3 tokenizer.model);\n"
+    "                       default: byte-level tokens (id = byte value, vocabulary 257)\n"
+    "  --pattern NAME       pre-tokenizer regex: llama3 or gpt2 (default: gpt2 for a 50,256-rank\n"
+    "                       file, else llama3); only with --tokenizer\n"
+    "  --format F           text or jsonl (default: jsonl for *.jsonl and *.jsonl.gz, else text)\n"
+    "  --json-key KEY       the field holding the text in JSON lines (default: text)\n"
+    "  --files-from FILE    more input paths, one per line ('-' = standard input), after the\n"
+    "                       INPUTs; relative to the current directory; blank lines are skipped\n"
+    "  --eod ID|none        end-of-document token appended to every document (default: the\n"
+    "                       tokenizer's end-of-text: 256 byte-level, 128001 Llama 3 (128,000\n"
+    "                       ranks), 50256 GPT-2 (50,256 ranks), else the number of ranks)\n"
+    "  --dtype D            auto, uint16 or int32 (auto: uint16 when every id - the vocabulary\n"
+    "                       and the EOD - is below 65536, else int32)\n"
+    "  --quiet              no progress lines on stderr (at most one a second otherwise)\n"
+    "\n"
+    "Prints one summary line on stdout: documents, tokens, dtype, vocabulary, output.\n";
+
+void cli_print_help(const char *topic)
+{
+    if (topic && !strcmp(topic, "inspect"))
+        fputs(help_inspect, stdout);
+    else if (topic && !strcmp(topic, "convert"))
+        fputs(help_convert, stdout);
+    else
+        fputs(help_main, stdout);
+}
+
+void cli_print_version(void)
+{
+    char line[512];
+    printf("wlbtrain %s\n", WLB_VERSION);
+    cpu_describe(line, sizeof line);
+    printf("backend cpu: %s\n", line);
+#ifdef WLB_CUDA
+    cuda_describe(line, sizeof line);
+    printf("backend cuda: compiled in (%s)\n", line);
+#else
+    printf("backend cuda: not compiled in (built without nvcc, or with make CUDA=0)\n");
+#endif
+    int mpi_major = 0, mpi_minor = 0;
+    MPI_Get_version(&mpi_major, &mpi_minor);
+    printf("libraries: Open MPI %d.%d.%d (MPI %d.%d), libyaml %s, zlib %s, jansson %s, PCRE2 %d.%d\n",
+           OMPI_MAJOR_VERSION, OMPI_MINOR_VERSION, OMPI_RELEASE_VERSION, mpi_major, mpi_minor,
+           yaml_get_version_string(), zlibVersion(), jansson_version_str(), PCRE2_MAJOR, PCRE2_MINOR);
+}

@@ -1,0 +1,89 @@
+/*
+ * main.c - wlbtrain's entry: parse the command line, load and resolve the config, run the job.
+ *
+ * Dependencies point one way: main -> cli, config -> engine -> (data, cpu | cuda).
+ * Every error ends here: "wlbtrain: error: WHERE: WHAT" on stderr, exit 2 for bad input, 1 at run time.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "config/config.h"
+#include "engine/dryrun.h"
+#include "engine/runtime.h"
+
+/* Loads the config file, applies --set and --steps, and resolves it for this launch. */
+static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, Error *err)
+{
+    config_init(cfg);
+    if (config_load_file(cfg, opt->config_path, err) != 0)
+        return -1;
+    for (int i = 0; i < opt->n_sets; i++)
+        if (config_apply_set(cfg, opt->sets[i], err) != 0)
+            return -1;
+    if (opt->steps > 0) {
+        char arg[64];
+        snprintf(arg, sizeof arg, "train.steps=%lld", (long long)opt->steps);
+        if (config_apply_set(cfg, arg, err) != 0)
+            return -1;
+    }
+    /* A dry run simulates the configured cluster; only a launched job has a world to check against. */
+    int world = opt->dry_run || !strcmp(launch->launcher, "none") ? 0 : launch->world_size;
+    return config_resolve(cfg, world, err);
+}
+
+static int run(const CliOptions *opt, Error *err)
+{
+    RuntimeLaunch launch = runtime_launch_from_env();
+    Config cfg;
+    int rc = load_config(opt, &cfg, &launch, err);
+    if (rc == 0 && opt->print_config) {
+        if (launch.rank == 0)
+            rc = config_print(&cfg, stdout, err);
+    } else if (rc == 0 && opt->dry_run) {
+        DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare};
+        rc = dryrun_run(&cfg, &dr, err);
+    } else if (rc == 0) {
+        rc = error_set(err, "train", "training is not in this version yet; --dry-run, --print-config, inspect "
+                       "and convert are");
+    }
+    config_free(&cfg);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    Error err = {0};
+    CliOptions opt;
+    int rc = cli_parse(argc, argv, &opt, &err);
+    if (rc == 0) {
+        switch (opt.command) {
+        case CLI_HELP:
+            cli_print_help(opt.help_topic);
+            break;
+        case CLI_HELP_CONFIG:
+            config_print_reference(stdout);
+            break;
+        case CLI_VERSION:
+            cli_print_version();
+            break;
+        case CLI_INSPECT:
+            rc = cli_inspect(opt.inspect_prefix, &err);
+            break;
+        case CLI_CONVERT:
+            rc = cli_convert(&opt.convert, &err);
+            break;
+        case CLI_RUN:
+            rc = run(&opt, &err);
+            break;
+        }
+    }
+    cli_free(&opt);
+    if (rc != 0)
+        error_exit(&err);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        error_runtime(&err, "stdout", "cannot write the output");
+        error_exit(&err);
+    }
+    return 0;
+}

@@ -1,0 +1,337 @@
+/*
+ * test/test_config.c - the config: loading, presets, derived defaults, every kind of error with
+ * its location, --set, and the --print-config round trip of every example config.
+ */
+#include "test/testlib.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "config/config_keys.h"
+
+/* Loads yaml (named t.yaml in errors), applies sets, resolves for world_size. Returns the status. */
+static int load(Config *cfg, const char *yaml, const char *const *sets, int world, Error *err)
+{
+    config_init(cfg);
+    memset(err, 0, sizeof *err);
+    if (config_load_string(cfg, yaml, "t.yaml", err) != 0)
+        return -1;
+    for (int i = 0; sets && sets[i]; i++)
+        if (config_apply_set(cfg, sets[i], err) != 0)
+            return -1;
+    return config_resolve(cfg, world, err);
+}
+
+/* Asserts that loading fails with status 2 and exactly the message msg. */
+static void expect_error(const char *yaml, const char *const *sets, int world, const char *msg)
+{
+    Config cfg;
+    Error err;
+    int rc = load(&cfg, yaml, sets, world, &err);
+    if (rc == 0 || err.status != 2 || strcmp(err.msg, msg) != 0) {
+        print_error("yaml:\n%s\nexpected error: %s\ngot rc %d status %d: %s\n", yaml, msg, rc, err.status, err.msg);
+        config_free(&cfg);
+        fail();
+    }
+    config_free(&cfg);
+}
+
+static const char tiny[] = "model:\n  preset: tiny\ntrain:\n  device: cpu\n";
+
+static void test_defaults_and_preset(void **state)
+{
+    (void)state;
+    Config cfg;
+    Error err;
+    assert_int_equal(load(&cfg, "model:\n  preset: llama3-8b\n", NULL, 0, &err), 0);
+    assert_int_equal(cfg.model.n_layers, 32);
+    assert_int_equal(cfg.model.d_model, 4096);
+    assert_int_equal(cfg.model.n_kv_heads, 8);
+    assert_int_equal(cfg.model.d_ffn, 14336);
+    assert_int_equal(cfg.model.vocab_size, 128256);
+    assert_true(cfg.model.rope_theta == 500000.0);
+    assert_false(cfg.model.tie_embeddings);
+    /* Derived defaults. */
+    assert_int_equal(cfg.data.context_window, 8192);
+    assert_int_equal(cfg.balance.max_tokens_per_micro_batch, 2 * 8192);
+    assert_int_equal(cfg.train.device, DEVICE_CUDA);
+    assert_int_equal(cfg.train.precision, PRECISION_BF16);
+    assert_true(cfg.train.min_lr == cfg.train.lr / 10);
+    assert_int_equal(cfg.parallel.dp, 0); /* auto, no launch */
+    assert_int_equal(cfg.data.global_batch_tokens, 0);
+    assert_int_equal(cfg.balance.packer, PACKER_WLB);
+    config_free(&cfg);
+}
+
+static void test_explicit_keys_override_preset(void **state)
+{
+    (void)state;
+    Config cfg;
+    Error err;
+    /* The explicit key comes before the preset in the file and still wins. */
+    assert_int_equal(load(&cfg, "model:\n  max_seq_len: 131072\n  preset: llama3-8b\n", NULL, 0, &err), 0);
+    assert_int_equal(cfg.model.max_seq_len, 131072);
+    assert_int_equal(cfg.data.context_window, 131072);
+    assert_int_equal(cfg.model.n_layers, 32);
+    config_free(&cfg);
+    const char *sets[] = {"model.n_layers=2", "model.preset=llama3.2-1b", NULL};
+    assert_int_equal(load(&cfg, "model:\n  preset: llama3-8b\n", sets, 0, &err), 0);
+    assert_int_equal(cfg.model.n_layers, 2);
+    assert_int_equal(cfg.model.d_model, 2048);
+    assert_true(cfg.model.tie_embeddings);
+    config_free(&cfg);
+}
+
+static void test_world_size(void **state)
+{
+    (void)state;
+    Config cfg;
+    Error err;
+    const char *yaml = "model: {preset: llama3-8b}\nparallel: {tp: 2, cp: 2, pp: 2}\n";
+    assert_int_equal(load(&cfg, yaml, NULL, 32, &err), 0);
+    assert_int_equal(cfg.parallel.dp, 4);
+    /* Derived global batch: pp * dp * window, so M = pp micro-batches per replica. */
+    assert_int_equal(cfg.data.global_batch_tokens, 2 * 4 * 8192);
+    assert_int_equal(config_micro_batches(&cfg), 2);
+    config_free(&cfg);
+    expect_error(yaml, NULL, 30,
+                 "t.yaml:2:16: parallel.dp: auto needs the job's 30 ranks to be a multiple of tp * cp * pp = 8");
+    expect_error("model: {preset: llama3-8b}\nparallel: {tp: 2, dp: 3}\n", NULL, 8,
+                 "t.yaml:2:23: parallel.dp: tp * cp * pp * dp = 2 * 1 * 1 * 3 = 6, but the job has 8 ranks "
+                 "(mpirun -np / srun -n)");
+}
+
+static void test_unknown_keys_have_hints(void **state)
+{
+    (void)state;
+    expect_error("model:\n  preset: tiny\nparallel:\n  tpp: 2\n", NULL, 0,
+                 "t.yaml:4:3: parallel.tpp: unknown key (did you mean parallel.tp?)");
+    expect_error("paralel:\n  tp: 2\n", NULL, 0, "t.yaml:1:1: paralel: unknown section (did you mean parallel?)");
+    expect_error("model:\n  tp: 2\n", NULL, 0, "t.yaml:2:3: model.tp: unknown key (did you mean parallel.tp?)");
+    expect_error("model:\n  xyzzy_frobnicate: 2\n", NULL, 0,
+                 "t.yaml:2:3: model.xyzzy_frobnicate: unknown key (see wlbtrain --help-config)");
+    const char *sets[] = {"train.lrr=0.1", NULL};
+    expect_error(tiny, sets, 0, "--set train.lrr=0.1: train.lrr: unknown key (did you mean train.lr?)");
+    assert_string_equal(config_key_hint("data.contex_window"), "data.context_window");
+    assert_null(config_key_hint("completely.different"));
+}
+
+static void test_types_and_ranges(void **state)
+{
+    (void)state;
+    expect_error("model:\n  preset: tiny\nparallel:\n  tp: two\n", NULL, 0,
+                 "t.yaml:4:7: parallel.tp: expected an integer, got 'two'");
+    expect_error("model:\n  preset: tiny\nparallel:\n  tp: 0\n", NULL, 0,
+                 "t.yaml:4:7: parallel.tp: must be between 1 and 1024, got 0");
+    expect_error("model:\n  preset: tiny\nparallel:\n  dp: many\n", NULL, 0,
+                 "t.yaml:4:7: parallel.dp: expected an integer or auto, got 'many'");
+    expect_error("train:\n  lr: fast\n", NULL, 0, "t.yaml:2:7: train.lr: expected a number, got 'fast'");
+    expect_error("train:\n  lr: 0\n", NULL, 0, "t.yaml:2:7: train.lr: must be > 0 and <= 10, got 0");
+    expect_error("train:\n  beta1: 1.0\n", NULL, 0, "t.yaml:2:10: train.beta1: must be >= 0 and < 1, got 1.0");
+    expect_error("model:\n  tie_embeddings: yes\n", NULL, 0,
+                 "t.yaml:2:19: model.tie_embeddings: expected true or false, got 'yes'");
+    expect_error("balance:\n  packer: best\n", NULL, 0,
+                 "t.yaml:2:11: balance.packer: expected one of fixed|fixed_greedy|wlb, got 'best'");
+    expect_error("parallel:\n  tp: [1, 2]\n", NULL, 0, "t.yaml:2:7: parallel.tp: expected a single value, got a list");
+    expect_error("parallel:\n  tp: {a: 1}\n", NULL, 0,
+                 "t.yaml:2:7: parallel.tp: expected a value or a list, got a mapping");
+    expect_error("balance:\n  outlier_thresholds: [1000, x]\n", NULL, 0,
+                 "t.yaml:2:23: balance.outlier_thresholds: expected an integer, got 'x'");
+    expect_error("parallel: 3\n", NULL, 0,
+                 "t.yaml:1:11: parallel: expected a mapping of keys (such as parallel.KEY: VALUE)");
+    expect_error("- a\n- b\n", NULL, 0, "t.yaml:1:1: expected a mapping of sections (model:, parallel:, data:, ...)");
+    expect_error("parallel:\n  tp: 1\n  tp: 2\n", NULL, 0, "t.yaml:3:3: parallel.tp: set twice in this file");
+}
+
+static void test_yaml_syntax_error_location(void **state)
+{
+    (void)state;
+    Config cfg;
+    Error err;
+    assert_int_not_equal(load(&cfg, "model:\n  preset: tiny\n parallel: [\n", NULL, 0, &err), 0);
+    assert_int_equal(err.status, 2);
+    assert_non_null(strstr(err.msg, "t.yaml:3:"));
+    assert_non_null(strstr(err.msg, "YAML syntax:"));
+    config_free(&cfg);
+    expect_error("a: 1\n---\nb: 2\n", NULL, 0, "t.yaml:3:1: a second YAML document; a config is one document");
+}
+
+static void test_cross_field_rules(void **state)
+{
+    (void)state;
+    /* The example of the issue: the error points at parallel.tp as written. */
+    expect_error("model:\n  preset: llama3-8b\nparallel:\n  tp: 12\n", NULL, 0,
+                 "t.yaml:4:7: parallel.tp: must divide model.n_heads (32), got 12");
+    expect_error("model:\n  preset: llama3.2-3b\nparallel:\n  tp: 6\n", NULL, 0,
+                 "t.yaml:4:7: parallel.tp: must divide model.n_kv_heads (8) or be a multiple of it, got 6");
+    expect_error("model:\n  preset: tiny\n  d_ffn: 390\nparallel:\n  tp: 4\n", NULL, 0,
+                 "t.yaml:5:7: parallel.tp: must divide model.d_ffn (390), got 4");
+    expect_error("model:\n  preset: tiny\n  vocab_size: 502\nparallel:\n  tp: 4\n", NULL, 0,
+                 "t.yaml:5:7: parallel.tp: must divide model.vocab_size (502) for the vocabulary-parallel "
+                 "embedding, got 4");
+    expect_error("model:\n  preset: tiny\n  n_heads: 8\n  n_kv_heads: 3\n", NULL, 0,
+                 "t.yaml:4:15: model.n_kv_heads: must divide model.n_heads (8), got 3");
+    expect_error("model:\n  preset: tiny\n  n_heads: 6\n", NULL, 0,
+                 "t.yaml:3:12: model.n_heads: must divide model.d_model (128), got 6");
+    expect_error("model:\n  preset: tiny\nparallel:\n  pp: 5\n", NULL, 0,
+                 "t.yaml:4:7: parallel.pp: must not exceed model.n_layers (4), got 5");
+    expect_error("model:\n  preset: tiny\nparallel:\n  cp: 3\n", NULL, 0,
+                 "t.yaml:4:7: data.context_window: must be a multiple of 2 * parallel.cp = 6, got 4096");
+    expect_error("model:\n  preset: tiny\ndata:\n  context_window: 8192\n", NULL, 0,
+                 "t.yaml:4:19: data.context_window: must not exceed model.max_seq_len (4096), got 8192");
+    expect_error("model:\n  preset: tiny\nparallel:\n  dp: 2\ndata:\n  global_batch_tokens: 4096\n", NULL, 0,
+                 "t.yaml:6:24: data.global_batch_tokens: must be a multiple of parallel.dp * data.context_window = "
+                 "2 * 4096 = 8192, got 4096");
+    expect_error("model:\n  preset: tiny\ndata:\n  path: [a, b]\n  weights: [1]\n", NULL, 0,
+                 "t.yaml:5:12: data.weights: 1 weights for 2 paths in data.path");
+    expect_error("model:\n  preset: tiny\ndata:\n  path: a\n  lengths_file: l.txt\n", NULL, 0,
+                 "t.yaml:5:17: data.lengths_file: set data.path (a data set) or data.lengths_file (lengths for a "
+                 "dry run), not both");
+    expect_error("model:\n  preset: tiny\ntrain:\n  device: cpu\n  precision: bf16\n", NULL, 0,
+                 "t.yaml:5:14: train.precision: bf16 needs train.device: cuda (the CPU backend computes in fp32)");
+    expect_error("model:\n  preset: tiny\ntrain:\n  lr: 0.001\n  min_lr: 0.01\n", NULL, 0,
+                 "t.yaml:5:11: train.min_lr: must not exceed train.lr (0.001), got 0.01");
+    expect_error("model:\n  preset: tiny\ncheckpoint:\n  every: 10\n", NULL, 0,
+                 "t.yaml:4:10: checkpoint.every: needs checkpoint.dir");
+    expect_error("model:\n  preset: tiny\nbalance:\n  outlier_thresholds: [3000, 2000]\n", NULL, 0,
+                 "t.yaml:4:23: balance.outlier_thresholds: must be increasing, got 2000 after 3000");
+    expect_error("model:\n  preset: tiny\nbalance:\n  max_tokens_per_micro_batch: 100\n", NULL, 0,
+                 "t.yaml:4:31: balance.max_tokens_per_micro_batch: must be at least data.context_window (4096), "
+                 "got 100");
+    expect_error("model:\n  preset: tiny\ntrain:\n  device: cpu\nparallel:\n  comm: nccl\n", NULL, 0,
+                 "t.yaml:6:9: parallel.comm: nccl needs train.device: cuda");
+    expect_error("model:\n  n_layers: 2\n", NULL, 0,
+                 "t.yaml: model.d_model: required (set it, or model.preset for a named shape)");
+    expect_error("model:\n  preset: llama9\n", NULL, 0,
+                 "t.yaml:2:11: model.preset: unknown preset 'llama9' (presets: llama2-7b, llama3-8b, llama3-70b, "
+                 "llama3-405b, llama3.2-1b, llama3.2-3b, stories260k, tiny)");
+}
+
+static void test_set_overrides(void **state)
+{
+    (void)state;
+    Config cfg;
+    Error err;
+    const char *sets[] = {"parallel.tp=2", "data.path=[x, y]", "data.weights=[3, 1]", "train.init_from=",
+                          "balance.outlier_thresholds=[]", NULL};
+    assert_int_equal(load(&cfg, "model:\n  preset: tiny\ntrain:\n  init_from: w.bin\n", sets, 0, &err), 0);
+    assert_int_equal(cfg.parallel.tp, 2);
+    assert_int_equal(cfg.data.path.n, 2);
+    assert_string_equal(cfg.data.path.v[1], "y");
+    assert_true(cfg.data.weights.v[0] == 3.0);
+    assert_null(cfg.train.init_from);
+    assert_int_equal(cfg.balance.outlier_thresholds.n, 0);
+    config_free(&cfg);
+    const char *bad[] = {"parallel.tp=x", NULL};
+    expect_error(tiny, bad, 0, "--set parallel.tp=x: parallel.tp: expected an integer, got 'x'");
+    const char *cross[] = {"model.preset=llama3-8b", "parallel.tp=12", NULL};
+    expect_error("", cross, 0, "--set parallel.tp=12: parallel.tp: must divide model.n_heads (32), got 12");
+    const char *noeq[] = {"parallel.tp", NULL};
+    expect_error(tiny, noeq, 0, "--set: expected KEY=VALUE (such as parallel.tp=2), got 'parallel.tp'");
+}
+
+/* Prints cfg, loads the text back and checks it is the same config. */
+static void assert_round_trip(const Config *cfg)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    Error err = {0};
+    assert_int_equal(config_print(cfg, f, &err), 0);
+    assert_int_equal(fclose(f), 0);
+    Config back;
+    config_init(&back);
+    if (config_load_string(&back, text, "printed.yaml", &err) != 0 || config_resolve(&back, 0, &err) != 0) {
+        print_error("%s\nprinted config does not load: %s\n", text, err.msg);
+        fail();
+    }
+    assert_true(config_equal(cfg, &back));
+    config_free(&back);
+    free(text);
+}
+
+static void test_print_round_trip_examples(void **state)
+{
+    (void)state;
+    DIR *d = opendir("config/examples");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strstr(e->d_name, ".yaml"))
+            continue;
+        char *path = test_format("config/examples/%s", e->d_name);
+        Config cfg;
+        Error err = {0};
+        config_init(&cfg);
+        if (config_load_file(&cfg, path, &err) != 0 || config_resolve(&cfg, 0, &err) != 0) {
+            print_error("%s: %s\n", path, err.msg);
+            fail();
+        }
+        assert_round_trip(&cfg);
+        config_free(&cfg);
+        free(path);
+        n++;
+    }
+    closedir(d);
+    assert_true(n >= 5);
+}
+
+static void test_print_round_trip_odd_values(void **state)
+{
+    (void)state;
+    Config cfg;
+    Error err;
+    /* Strings that look like the null words must come back as strings. */
+    const char *yaml = "model: {preset: tiny, rope_theta: 123456.789, norm_eps: 1.0e-6}\n"
+                       "data: {path: [\"none\", 'a b: c', \"#x\"], weights: [0.1, 0.7, 0.2], "
+                       "lengths_column: \"null\"}\n"
+                       "train: {device: cpu, lr: 0.1, min_lr: 0, grad_clip: 0.3}\n";
+    assert_int_equal(load(&cfg, yaml, NULL, 0, &err), 0);
+    assert_string_equal(cfg.data.path.v[0], "none");
+    assert_string_equal(cfg.data.lengths_column, "null");
+    assert_round_trip(&cfg);
+    config_free(&cfg);
+}
+
+static void test_every_default_loads(void **state)
+{
+    (void)state;
+    /* config_init exits on a bad default; reaching here means every constant default loaded. Check
+     * the reference lists every key with a default or a description of it. */
+    Config cfg;
+    config_init(&cfg);
+    config_free(&cfg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    config_print_reference(f);
+    fclose(f);
+    for (int k = 0; k < config_n_keys; k++) {
+        char *row = test_format("| `%s` |", config_keys[k].name);
+        assert_non_null(strstr(text, row));
+        assert_true(config_keys[k].def || config_keys[k].doc_default);
+        free(row);
+    }
+    free(text);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_and_preset),
+        cmocka_unit_test(test_explicit_keys_override_preset),
+        cmocka_unit_test(test_world_size),
+        cmocka_unit_test(test_unknown_keys_have_hints),
+        cmocka_unit_test(test_types_and_ranges),
+        cmocka_unit_test(test_yaml_syntax_error_location),
+        cmocka_unit_test(test_cross_field_rules),
+        cmocka_unit_test(test_set_overrides),
+        cmocka_unit_test(test_print_round_trip_examples),
+        cmocka_unit_test(test_print_round_trip_odd_values),
+        cmocka_unit_test(test_every_default_loads),
+    };
+    return cmocka_run_group_tests_name("config", tests, NULL, NULL);
+}
