@@ -1,0 +1,77 @@
+/*
+ * data/data_stream.h - the document stream: what a training run (or a dry run) reads, in order.
+ *
+ * Sources are data sets seen as document lengths: a Megatron set (lengths from its .idx; tokens
+ * are read later, only for the documents a rank needs) or a length list. Each source is visited
+ * in a seeded shuffled order, a fresh order every epoch (data_shuffle.h). Several sources are
+ * blended by weight, as shares of tokens: the next document comes from the source furthest behind
+ * its share. Documents longer than the context window come out as consecutive pieces of at most
+ * the window, each with its offset in the document (RoPE positions continue from it). Empty
+ * documents are skipped.
+ *
+ * The position is a handful of integers per source: data_stream_save/restore give them to a
+ * checkpoint, and a restored stream yields exactly what the uninterrupted one would have.
+ */
+#ifndef WLB_DATA_DATA_STREAM_H
+#define WLB_DATA_DATA_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data/data_idx.h"
+#include "data/data_shuffle.h"
+#include "util/error.h"
+
+typedef struct DataSource {
+    const DataIdx *idx;      /* a Megatron set, or NULL */
+    const uint32_t *lengths; /* else a list of document lengths */
+    uint64_t n_docs;
+    uint64_t n_tokens;
+} DataSource;
+
+DataSource data_source_from_idx(const DataIdx *idx);
+DataSource data_source_from_lengths(const uint32_t *lengths, uint64_t n_docs, uint64_t n_tokens);
+uint64_t data_source_doc_len(const DataSource *s, uint64_t doc);
+
+/* One piece of a document, at most the context window long. */
+typedef struct DataPiece {
+    uint32_t source;  /* index of the source */
+    uint64_t doc;     /* document id within the source */
+    uint64_t doc_len; /* tokens in the whole document */
+    uint64_t offset;  /* first token of the piece within the document */
+    uint64_t len;     /* tokens in the piece, 1..window */
+} DataPiece;
+
+typedef struct DataStreamSource {
+    DataSource src;
+    double weight;       /* normalised share of tokens */
+    uint64_t epoch;      /* epochs completed */
+    uint64_t index;      /* next position in this epoch's order */
+    uint64_t tokens;     /* tokens taken so far (for blending) */
+    DataShuffle order;   /* this epoch's order */
+} DataStreamSource;
+
+typedef struct DataStream {
+    int n_sources;
+    DataStreamSource *sources;
+    uint64_t seed;
+    uint64_t window;
+    uint64_t tokens;     /* tokens emitted in all */
+    /* The document in progress (its remaining pieces come next), if any. */
+    int has_current;
+    DataPiece current;   /* the next piece to emit of the current document (offset valid) */
+} DataStream;
+
+/* weights: one per source, > 0, or NULL for equal shares. Copies the sources. */
+int data_stream_init(DataStream *s, const DataSource *sources, const double *weights, int n_sources,
+                     uint64_t seed, uint64_t window, Error *err);
+void data_stream_free(DataStream *s);
+void data_stream_next(DataStream *s, DataPiece *out);
+
+/* The position as words: save writes data_stream_state_words() of them. */
+size_t data_stream_state_words(const DataStream *s);
+void data_stream_save(const DataStream *s, uint64_t *words);
+/* Restores a position saved by a stream over the same sources, seed and window. */
+int data_stream_restore(DataStream *s, const uint64_t *words, size_t n_words, Error *err);
+
+#endif
