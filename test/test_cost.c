@@ -1,0 +1,205 @@
+/*
+ * test/test_cost.c - the cost model: FLOP counts against their closed forms, attention growing with
+ * the square of the document length and the rest linearly, communication terms, calibration files.
+ */
+#include "test/testlib.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "engine/cost.h"
+
+/* A resolved config from YAML plus --set style overrides. */
+static void make_config(Config *cfg, const char *yaml)
+{
+    Error err = {0};
+    config_init(cfg);
+    if (config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+}
+
+static void make_model(CostModel *m, const char *yaml)
+{
+    Config cfg;
+    Error err = {0};
+    make_config(&cfg, yaml);
+    assert_int_equal(cost_model_init(m, &cfg, &err), 0);
+    config_free(&cfg);
+}
+
+static void test_flop_closed_forms(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\n");
+    /* Llama 3 8B: d 4096, 32 heads of 128, 8 kv heads, ffn 14336, vocab 128256; TP 8. */
+    assert_int_equal(m.head_dim, 128);
+    assert_int_equal(m.local_heads, 4);
+    assert_int_equal(m.local_kv_heads, 1);
+    double d = 4096, f = 14336.0 / 8;
+    double expect = 2 * d * 128 * (4 + 4) /* q + o */ + 2 * d * 128 * 2 * 1 /* k, v */ + 3 * 2 * d * f;
+    assert_true(fabs(m.gemm_flops_fwd - expect) < 1e-6 * expect);
+    assert_true(m.head_flops_fwd == 2 * d * 128256.0 / 8);
+    assert_true(m.kv_bytes == 2 * 1 * 128 * 2); /* K and V of one local kv head, bf16 */
+
+    /* Pairs of a segment: query i sees kv_len - q_len + i + 1 keys. With a tile of 1 it is exact. */
+    make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {attn_tile: 1}\n");
+    for (int64_t q = 1; q < 300; q += 37)
+        for (int64_t off = 0; off < 500; off += 123) {
+            double brute = 0;
+            for (int64_t i = 0; i < q; i++)
+                brute += (double)(off + i + 1);
+            assert_true(cost_attn_pairs(&m, q, q + off) == brute);
+        }
+    /* With the default tile of 128 a short chunk costs a full tile. */
+    make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\n");
+    assert_int_equal(m.hw.attn_tile, 128);
+    assert_true(cost_attn_pairs(&m, 5, 5) == cost_attn_pairs(&m, 128, 128));
+    assert_true(cost_attn_pairs(&m, 129, 1129) == 256.0 * 1000 + 256.0 * 257 / 2);
+}
+
+static void test_attention_quadratic_rest_linear(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 8, dp: 1}\n");
+    for (int64_t n = 8192; n <= 65536; n *= 2) {
+        double a1 = cost_attn_fwd_s(&m, n, n) + cost_attn_bwd_s(&m, n, n);
+        double a2 = cost_attn_fwd_s(&m, 2 * n, 2 * n) + cost_attn_bwd_s(&m, 2 * n, 2 * n);
+        /* 4x the pairs, at a slightly better rate for the longer query. */
+        assert_true(a2 / a1 > 3.8 && a2 / a1 < 4.0);
+        assert_true(fabs(cost_linear_fwd_s(&m, 2 * n) - 2 * cost_linear_fwd_s(&m, n)) < 1e-12);
+        assert_true(fabs(cost_linear_bwd_s(&m, 2 * n) - 2 * cost_linear_bwd_s(&m, n)) < 1e-12);
+        assert_true(cost_linear_bwd_s(&m, n) > 1.9 * cost_linear_fwd_s(&m, n)); /* dgrad + wgrad */
+    }
+    /* Without the efficiency curve the ratio is the pairs ratio exactly. */
+    make_model(&m, "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {dp: 1}\n"
+                   "balance: {attn_half_tokens: 1.0e-9, attn_tile: 1}\n");
+    double r = cost_attn_fwd_s(&m, 20000, 20000) / cost_attn_fwd_s(&m, 10000, 10000);
+    assert_true(fabs(r - cost_attn_pairs(&m, 20000, 20000) / cost_attn_pairs(&m, 10000, 10000)) < 1e-6);
+    /* A short document costs more per pair than a long one (tile padding, lower rate). */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {dp: 1}\n");
+    double per_pair_short = cost_attn_fwd_s(&m, 100, 100) / (100.0 * 101 / 2);
+    double per_pair_long = cost_attn_fwd_s(&m, 8000, 8000) / (8000.0 * 8001 / 2);
+    assert_true(per_pair_short > 2 * per_pair_long);
+}
+
+static void test_communication(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 1, cp: 1, dp: 1}\n");
+    assert_true(cost_tp_comm_s(&m, 8192) == 0);
+    assert_true(cost_cp_comm_s(&m, 8192) == 0);
+    assert_true(cost_p2p_s(&m, 8192) == 0);
+    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n"
+                   "balance: {tp_comm_overlap: 0}\n");
+    double kv = 8192.0 * 2 * 2 * 128 * 2; /* tokens x (K, V) x 2 local kv heads x head_dim x bf16 */
+    double expect = kv * 0.5 / (370e9) + 15e-6;
+    assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
+    /* TP: two all-reduces of the activations, 2 (n-1)/n of the bytes each. */
+    double act = 8192.0 * 4096 * 2;
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (act * 1.5 / 370e9 + 15e-6)) < 1e-9);
+    /* Stages: tp * cp * pp = 16 > 8 GPUs per node, so the p2p link is the network. */
+    assert_true(fabs(cost_p2p_s(&m, 8192) - (act / 45e9 + 15e-6)) < 1e-9);
+    /* Overlapped with the GEMMs, TP traffic shorter than them disappears. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, dp: 1}\n");
+    assert_true(cost_tp_comm_s(&m, 8192) == 0);
+}
+
+static void test_stage_layers(void **state)
+{
+    (void)state;
+    for (int layers = 1; layers <= 40; layers++)
+        for (int pp = 1; pp <= layers; pp++) {
+            int total = 0;
+            for (int s = 0; s < pp; s++) {
+                int n = cost_stage_layers(layers, pp, s);
+                assert_true(n == layers / pp || n == layers / pp + 1);
+                total += n;
+            }
+            assert_int_equal(total, layers);
+        }
+}
+
+static void test_calibration_file(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir();
+    const char *good = "{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"device\": \"test\",\n"
+                       " \"peak_tflops\": 500, \"gemm_efficiency\": 0.5, \"inter_node_gbps\": 10,\n"
+                       " \"attention\": {\"tile\": 64, \"q\": [64, 256, 1024],\n"
+                       "   \"fwd_tflops\": [100, 200, 300], \"bwd_tflops\": [50, 100, 150]}}\n";
+    char *path = test_write_file(dir, "cal.json", good, strlen(good));
+    char *yaml = test_format("model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {calibration: %s}\n", path);
+    CostModel m;
+    make_model(&m, yaml);
+    assert_true(m.hw.peak_tflops == 500 && m.hw.gemm_efficiency == 0.5 && m.hw.inter_node_gbps == 10);
+    assert_int_equal(m.hw.attn_tile, 64);
+    assert_int_equal(m.table.n, 3);
+    /* At q = 512 (half-way in log2 between 256 and 1024) the rate is 250 TF forward. */
+    double flops = 4.0 * m.head_dim * m.local_heads * cost_attn_pairs(&m, 512, 512);
+    assert_true(fabs(cost_attn_fwd_s(&m, 512, 512) - flops / 250e12) < 1e-15);
+    assert_true(fabs(cost_attn_bwd_s(&m, 512, 512) - 2.5 * flops / 125e12) < 1e-15);
+    /* Clamped at the ends. */
+    flops = 4.0 * m.head_dim * m.local_heads * cost_attn_pairs(&m, 8192, 8192);
+    assert_true(fabs(cost_attn_fwd_s(&m, 8192, 8192) - flops / 300e12) < 1e-15);
+    /* An explicit key beats the calibration file. */
+    free(yaml);
+    yaml = test_format("model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {calibration: %s, peak_tflops: 123}\n", path);
+    make_model(&m, yaml);
+    assert_true(m.hw.peak_tflops == 123);
+    free(yaml);
+
+    const struct {
+        const char *text, *msg;
+    } bad[] = {
+        {"{\"version\": 1}", "not a wlbtrain calibration file"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 2}", "calibration version must be 1"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"peak_tflops\": -1}",
+         "peak_tflops: expected a positive number"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"attention\": {\"q\": [1, 2], \"fwd_tflops\": [1], "
+         "\"bwd_tflops\": [1, 2]}}",
+         "attention: q, fwd_tflops and bwd_tflops must have the same length (2, 1, 2)"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"attention\": {\"q\": [2, 1], \"fwd_tflops\": [1, 1], "
+         "\"bwd_tflops\": [1, 2]}}",
+         "attention.q must be increasing"},
+        {"{\"format\": ", "line 1, column"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *p = test_write_file(dir, "bad.json", bad[i].text, strlen(bad[i].text));
+        Config cfg;
+        Error err = {0};
+        char *y = test_format("model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {calibration: %s}\n", p);
+        make_config(&cfg, y);
+        assert_int_equal(cost_model_init(&m, &cfg, &err), -1);
+        assert_int_equal(err.status, 2);
+        if (!strstr(err.msg, bad[i].msg) || strncmp(err.msg, p, strlen(p))) {
+            print_error("expected '%s' in: %s\n", bad[i].msg, err.msg);
+            fail();
+        }
+        config_free(&cfg);
+        free(y);
+        free(p);
+    }
+    free(path);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_flop_closed_forms),
+        cmocka_unit_test(test_attention_quadratic_rest_linear),
+        cmocka_unit_test(test_communication),
+        cmocka_unit_test(test_stage_layers),
+        cmocka_unit_test(test_calibration_file),
+    };
+    return cmocka_run_group_tests_name("cost", tests, NULL, NULL);
+}
