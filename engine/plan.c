@@ -1,0 +1,237 @@
+/*
+ * engine/plan.c - the planner's step: take the step's documents from the stream, pack them
+ * (plan_pack.c), shard every micro-batch over the CP ranks (plan_shard.c), and give the micro-batches
+ * to the DP replicas and order them in each replica's pipeline.
+ */
+#include "engine/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sched.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* StepPlan arrays                                                                                 */
+
+void plan_free(StepPlan *p)
+{
+    plan_shard_scratch_free(p);
+    free(p->mbs);
+    free(p->docs);
+    free(p->ranges);
+    free(p->segments);
+    free(p->ranks);
+    memset(p, 0, sizeof *p);
+}
+
+/* Grows *arr (of elements of size elem) to hold at least need; 0 on success. */
+static int grow(void **arr, int64_t *cap, int64_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    int64_t c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *bigger = realloc(*arr, (size_t)c * elem);
+    if (!bigger)
+        return -1;
+    *arr = bigger;
+    *cap = c;
+    return 0;
+}
+
+void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
+{
+    int64_t n_mb = (int64_t)dp * m;
+    if (p->dp * p->m < n_mb) {
+        free(p->mbs);
+        p->mbs = calloc((size_t)n_mb, sizeof *p->mbs);
+    }
+    if (p->mbs)
+        memset(p->mbs, 0, (size_t)n_mb * sizeof *p->mbs);
+    p->step = step;
+    p->dp = p->mbs ? dp : 0;
+    p->m = m;
+    p->cp = cp;
+    p->n_docs = p->n_ranges = p->n_segments = p->n_ranks = 0;
+    p->tokens = p->pad_tokens = p->queued = p->carried = 0;
+    p->delay_token_steps = 0;
+}
+
+int64_t plan_add_doc(StepPlan *p, const PlanDoc *d)
+{
+    if (grow((void **)&p->docs, &p->cap_docs, p->n_docs + 1, sizeof *p->docs) != 0)
+        return -1;
+    p->docs[p->n_docs] = *d;
+    return p->n_docs++;
+}
+
+int64_t plan_add_range(StepPlan *p, int32_t rank, int64_t start, int64_t len)
+{
+    if (grow((void **)&p->ranges, &p->cap_ranges, p->n_ranges + 1, sizeof *p->ranges) != 0)
+        return -1;
+    p->ranges[p->n_ranges] = (PlanRange){rank, start, len};
+    return p->n_ranges++;
+}
+
+int64_t plan_add_segment(StepPlan *p, int32_t rank, int64_t q_start, int64_t q_len, int64_t kv_start)
+{
+    if (grow((void **)&p->segments, &p->cap_segments, p->n_segments + 1, sizeof *p->segments) != 0)
+        return -1;
+    p->segments[p->n_segments] = (PlanSegment){rank, q_start, q_len, kv_start};
+    return p->n_segments++;
+}
+
+int64_t plan_add_rank(StepPlan *p)
+{
+    if (grow((void **)&p->ranks, &p->cap_ranks, p->n_ranks + 1, sizeof *p->ranks) != 0)
+        return -1;
+    memset(&p->ranks[p->n_ranks], 0, sizeof *p->ranks);
+    return p->n_ranks++;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The planner                                                                                     */
+
+int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream *stream, PackerKind packer,
+              CpSharding sharding, Error *err)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->cost = cost;
+    pl->stream = stream;
+    pl->packer = packer;
+    pl->sharding = sharding;
+    pl->dp = (int)cfg->parallel.dp;
+    pl->cp = (int)cfg->parallel.cp;
+    pl->pp = (int)cfg->parallel.pp;
+    pl->m = (int)config_micro_batches(cfg);
+    if (pl->dp <= 0 || pl->m <= 0)
+        return error_set(err, "parallel.dp", "the planner needs a number for dp (auto is resolved by a launch; "
+                         "set parallel.dp, e.g. --set parallel.dp=8)");
+    pl->n_mb = pl->dp * pl->m;
+    pl->window = cfg->data.context_window;
+    pl->batch_tokens = cfg->data.global_batch_tokens;
+    /* Micro-batches are padded to a multiple of 2 * CP; keep the padded size within S_max. */
+    int64_t unit = pl->cp > 1 ? 2 * pl->cp : 1;
+    pl->s_max = cfg->balance.max_tokens_per_micro_batch / unit * unit;
+    /* A CP rank may hold at most its share of S_max (its activation memory). */
+    pl->rank_capacity = pl->s_max / pl->cp;
+    pl->n_queues = cfg->balance.outlier_thresholds.n;
+    if (pl->n_queues > PLAN_MAX_QUEUES)
+        return error_set(err, "balance.outlier_thresholds", "at most %d thresholds, got %d", PLAN_MAX_QUEUES,
+                         pl->n_queues);
+    for (int i = 0; i < pl->n_queues; i++)
+        pl->thresholds[i] = cfg->balance.outlier_thresholds.v[i];
+    return 0;
+}
+
+void plan_destroy(Planner *pl)
+{
+    for (int i = 0; i < pl->n_queues; i++)
+        free(pl->queues[i].items);
+    free(pl->remained.items);
+    memset(pl, 0, sizeof *pl);
+}
+
+int64_t plan_waiting_docs(const Planner *pl)
+{
+    int64_t n = pl->remained.n + pl->has_pending;
+    for (int i = 0; i < pl->n_queues; i++)
+        n += pl->queues[i].n;
+    return n;
+}
+
+/* Replica assignment: micro-batches by descending cost, each to the replica with the least total
+ * so far among those with fewer than M (longest-processing-time first with a count limit). */
+static void assign_replicas(StepPlan *p, int64_t *load_scratch_count, double *load)
+{
+    int64_t n = (int64_t)p->dp * p->m;
+    int64_t *idx = load_scratch_count; /* n entries: order, then counts */
+    for (int64_t i = 0; i < n; i++)
+        idx[i] = i;
+    /* insertion sort by cost, descending: n is the number of micro-batches, small */
+    for (int64_t i = 1; i < n; i++) {
+        int64_t k = idx[i];
+        double c = p->mbs[k].fwd_s + p->mbs[k].bwd_s;
+        int64_t j = i - 1;
+        while (j >= 0 && p->mbs[idx[j]].fwd_s + p->mbs[idx[j]].bwd_s < c) {
+            idx[j + 1] = idx[j];
+            j--;
+        }
+        idx[j + 1] = k;
+    }
+    int *count = calloc((size_t)p->dp, sizeof *count);
+    for (int r = 0; r < p->dp; r++)
+        load[r] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        PlanMicroBatch *mb = &p->mbs[idx[i]];
+        int best = -1;
+        for (int r = 0; r < p->dp; r++)
+            if (count[r] < p->m && (best < 0 || load[r] < load[best]))
+                best = r;
+        mb->replica = best;
+        mb->order = count[best]++;
+        load[best] += mb->fwd_s + mb->bwd_s;
+    }
+    free(count);
+}
+
+int plan_step(Planner *pl, StepPlan *p, Error *err)
+{
+    plan_reset(p, pl->step, pl->dp, pl->m, pl->cp);
+    if (!p->mbs)
+        return error_runtime(err, "planner", "out of memory");
+    int rc;
+    switch (pl->packer) {
+    case PACKER_FIXED:
+        rc = plan_pack_fixed(pl, p, err);
+        break;
+    case PACKER_FIXED_GREEDY:
+        rc = plan_pack_fixed_greedy(pl, p, err);
+        break;
+    default:
+        rc = plan_pack_wlb(pl, p, err);
+        break;
+    }
+    if (rc != 0)
+        return -1;
+    int64_t n_mb = (int64_t)pl->n_mb;
+    for (int64_t i = 0; i < n_mb; i++)
+        if (plan_shard(p, i, pl->sharding, pl->cost, pl->rank_capacity, err) != 0)
+            return -1;
+    if (pl->packer == PACKER_FIXED) {
+        /* Plain-4D: the stream's windows in order, replica after replica. */
+        for (int64_t i = 0; i < n_mb; i++) {
+            p->mbs[i].replica = (int32_t)(i / pl->m);
+            p->mbs[i].order = (int32_t)(i % pl->m);
+        }
+    } else {
+        int64_t *scratch = malloc((size_t)n_mb * sizeof *scratch);
+        double *load = malloc((size_t)pl->dp * sizeof *load);
+        if (!scratch || !load) {
+            free(scratch);
+            free(load);
+            return error_runtime(err, "planner", "out of memory");
+        }
+        assign_replicas(p, scratch, load);
+        free(scratch);
+        free(load);
+        if (sched_order_replicas(p, pl->cost, err) != 0)
+            return -1;
+    }
+    for (int64_t i = 0; i < p->n_docs; i++) {
+        const PlanDoc *d = &p->docs[i];
+        if (d->source == PLAN_PAD_SOURCE) {
+            p->pad_tokens += d->len;
+        } else {
+            p->tokens += d->len;
+            p->delay_token_steps += (double)d->len * (double)(p->step - d->arrival);
+        }
+    }
+    p->queued = 0;
+    for (int i = 0; i < pl->n_queues; i++)
+        p->queued += pl->queues[i].n;
+    p->carried = pl->remained.n;
+    pl->step++;
+    return 0;
+}

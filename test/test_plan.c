@@ -1,0 +1,296 @@
+/*
+ * test/test_plan.c - the planner over many steps: no token is lost or trained twice with any
+ * packer, fixed packers make exact windows, wlb respects S_max and pads to 2 CP, outliers wait in
+ * their queue until one can go to every micro-batch, every replica gets M micro-batches in a valid
+ * order, the Plain-4D baseline covers the same documents, and planning is deterministic.
+ */
+#include "test/testlib.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "engine/cost.h"
+#include "engine/plan.h"
+#include "util/rng.h"
+
+enum { N_DOCS = 2000 };
+
+typedef struct Fixture {
+    Config cfg;
+    CostModel cost;
+    uint32_t lens[N_DOCS];
+    DataStream stream;
+    Planner pl;
+} Fixture;
+
+/* Documents from 1 to 3000 tokens with a few long ones (up to 2.5 windows of 1024). */
+static void setup(Fixture *f, const char *yaml, PackerKind packer, CpSharding mode)
+{
+    Error err = {0};
+    config_init(&f->cfg);
+    if (config_load_string(&f->cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&f->cfg, 0, &err) != 0 ||
+        cost_model_init(&f->cost, &f->cfg, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    Rng rng;
+    rng_seed(&rng, 5);
+    uint64_t total = 0;
+    for (int i = 0; i < N_DOCS; i++) {
+        f->lens[i] = rng_below(&rng, 20) ? 1 + (uint32_t)rng_below(&rng, 300) : 300 + (uint32_t)rng_below(&rng, 2300);
+        total += f->lens[i];
+    }
+    DataSource src = data_source_from_lengths(f->lens, N_DOCS, total);
+    assert_int_equal(data_stream_init(&f->stream, &src, NULL, 1, 9, (uint64_t)f->cfg.data.context_window, &err), 0);
+    assert_int_equal(plan_init(&f->pl, &f->cfg, &f->cost, &f->stream, packer, mode, &err), 0);
+}
+
+static void teardown(Fixture *f)
+{
+    plan_destroy(&f->pl);
+    data_stream_free(&f->stream);
+    config_free(&f->cfg);
+}
+
+static const char *yaml_cp2 = "model: {preset: tiny}\nparallel: {cp: 2, pp: 2, dp: 2}\n"
+                              "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                              "balance: {outlier_thresholds: [256, 512]}\n";
+
+/* Marks every token of the plan's data pieces in per-document bitmaps; fails on a token seen twice. */
+static void mark(unsigned char **seen, const StepPlan *p, const uint32_t *lens)
+{
+    for (int64_t k = 0; k < p->n_docs; k++) {
+        const PlanDoc *d = &p->docs[k];
+        if (d->source == PLAN_PAD_SOURCE)
+            continue;
+        assert_true(d->offset + (uint64_t)d->len <= lens[d->doc]);
+        for (int64_t t = 0; t < d->len; t++) {
+            assert_int_equal(seen[d->doc][d->offset + (uint64_t)t], 0);
+            seen[d->doc][d->offset + (uint64_t)t] = 1;
+        }
+    }
+}
+
+static void check_nothing_lost(PackerKind packer)
+{
+    Fixture f;
+    setup(&f, yaml_cp2, packer, CP_HYBRID);
+    unsigned char *seen[N_DOCS];
+    for (int i = 0; i < N_DOCS; i++)
+        seen[i] = calloc(f.lens[i] + 1, 1);
+    StepPlan p = {0};
+    Error err = {0};
+    int64_t trained = 0;
+    /* 30 steps of 8K tokens stay inside the first epoch (2000 documents of about 215 tokens). */
+    for (int step = 0; step < 30; step++) {
+        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        mark(seen, &p, f.lens);
+        trained += p.tokens;
+        int64_t sum = 0;
+        for (int64_t k = 0; k < p.n_docs; k++)
+            sum += p.docs[k].len;
+        assert_int_equal(sum, p.tokens + p.pad_tokens);
+    }
+    /* Everything read from the stream was trained or is still waiting in the planner. */
+    int64_t waiting = f.pl.has_pending ? f.pl.pending.len : 0;
+    for (int64_t i = 0; i < f.pl.remained.n; i++)
+        waiting += f.pl.remained.items[f.pl.remained.head + i].len;
+    for (int q = 0; q < f.pl.n_queues; q++)
+        for (int64_t i = 0; i < f.pl.queues[q].n; i++)
+            waiting += f.pl.queues[q].items[f.pl.queues[q].head + i].len;
+    assert_int_equal((uint64_t)(trained + waiting), f.stream.tokens);
+    assert_true(f.stream.sources[0].epoch == 0);
+    for (int i = 0; i < N_DOCS; i++)
+        free(seen[i]);
+    plan_free(&p);
+    teardown(&f);
+}
+
+static void test_nothing_lost_fixed(void **state)
+{
+    (void)state;
+    check_nothing_lost(PACKER_FIXED);
+}
+
+static void test_nothing_lost_fixed_greedy(void **state)
+{
+    (void)state;
+    check_nothing_lost(PACKER_FIXED_GREEDY);
+}
+
+static void test_nothing_lost_wlb(void **state)
+{
+    (void)state;
+    check_nothing_lost(PACKER_WLB);
+}
+
+static void check_replicas(const StepPlan *p)
+{
+    int count[16] = {0};
+    unsigned order_seen[16] = {0};
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        assert_true(mb->replica >= 0 && mb->replica < p->dp);
+        assert_true(mb->order >= 0 && mb->order < p->m);
+        assert_false(order_seen[mb->replica] & (1u << mb->order));
+        order_seen[mb->replica] |= 1u << mb->order;
+        count[mb->replica]++;
+    }
+    for (int r = 0; r < p->dp; r++)
+        assert_int_equal(count[r], p->m);
+}
+
+static void test_fixed_windows(void **state)
+{
+    (void)state;
+    Fixture f;
+    setup(&f, yaml_cp2, PACKER_FIXED, CP_PER_SEQ);
+    StepPlan p = {0};
+    Error err = {0};
+    int64_t last_seq = -1;
+    for (int step = 0; step < 5; step++) {
+        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        assert_int_equal(p.tokens, 8192);
+        assert_int_equal(p.dp * p.m, 8); /* DP 2 x M 4 windows of 1024 */
+        for (int64_t i = 0; i < 8; i++) {
+            const PlanMicroBatch *mb = &p.mbs[i];
+            assert_int_equal(mb->tokens, 1024);
+            assert_int_equal(mb->pad, 0);
+            /* Plain-4D: windows in stream order, replica after replica. */
+            assert_int_equal(mb->replica, i / 4);
+            assert_int_equal(mb->order, i % 4);
+            for (int64_t k = 0; k < mb->n_docs; k++) {
+                const PlanDoc *d = &p.docs[mb->first_doc + k];
+                assert_true(d->seq >= last_seq);
+                last_seq = d->seq;
+            }
+        }
+        check_replicas(&p);
+    }
+    plan_free(&p);
+    teardown(&f);
+
+    setup(&f, yaml_cp2, PACKER_FIXED_GREEDY, CP_PER_DOC);
+    for (int step = 0; step < 5; step++) {
+        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        for (int64_t i = 0; i < 8; i++)
+            assert_int_equal(p.mbs[i].tokens, 1024);
+        check_replicas(&p);
+    }
+    plan_free(&p);
+    teardown(&f);
+}
+
+static void test_wlb_limits_and_queues(void **state)
+{
+    (void)state;
+    Fixture f;
+    /* S_max of 4 windows: nothing is ever carried, so every outlier trained came out of a queue. */
+    setup(&f, "model: {preset: tiny}\nparallel: {cp: 2, pp: 2, dp: 2}\n"
+              "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+              "balance: {outlier_thresholds: [256, 512], max_tokens_per_micro_batch: 4096}\n",
+          PACKER_WLB, CP_HYBRID);
+    StepPlan p = {0};
+    Error err = {0};
+    int64_t released_steps = 0;
+    for (int step = 0; step < 30; step++) {
+        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        assert_int_equal(p.carried, 0);
+        for (int64_t i = 0; i < 8; i++) {
+            const PlanMicroBatch *mb = &p.mbs[i];
+            assert_true(mb->tokens <= f.cfg.balance.max_tokens_per_micro_batch);
+            assert_int_equal(mb->tokens % 4, 0); /* padded to 2 CP */
+            assert_true(mb->pad < 4);
+        }
+        check_replicas(&p);
+        /* Every outlier trained this step came out of a queue that held one per micro-batch. */
+        int64_t outliers = 0;
+        for (int64_t k = 0; k < p.n_docs; k++)
+            outliers += p.docs[k].source != PLAN_PAD_SOURCE && p.docs[k].len >= 256;
+        if (outliers) {
+            /* Released N = 8 at a time: one per micro-batch. */
+            released_steps++;
+            assert_int_equal(outliers % 8, 0);
+        }
+        /* A queue releases once per step; arrivals are a few per step, so it stays short. */
+        for (int q = 0; q < 2; q++)
+            assert_true(f.pl.queues[q].n < 2 * 8);
+        assert_true(p.queued == f.pl.queues[0].n + f.pl.queues[1].n);
+    }
+    assert_true(released_steps > 0);
+    plan_free(&p);
+    teardown(&f);
+}
+
+static void test_baseline_same_documents(void **state)
+{
+    (void)state;
+    Fixture f;
+    setup(&f, yaml_cp2, PACKER_WLB, CP_HYBRID);
+    StepPlan p = {0}, base = {0};
+    Error err = {0};
+    for (int step = 0; step < 10; step++) {
+        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        assert_int_equal(plan_baseline(&f.pl, &p, &base, &err), 0);
+        assert_int_equal(base.tokens, p.tokens);
+        int64_t n_mb = (p.tokens + 1023) / 1024;
+        for (int64_t i = 0; i < (int64_t)base.dp * base.m; i++) {
+            assert_int_equal(base.mbs[i].mode, CP_PER_SEQ);
+            assert_int_equal(base.mbs[i].tokens, i < n_mb - 1 ? 1024 : i == n_mb - 1 ? p.tokens - 1024 * (n_mb - 1) : 0);
+        }
+    }
+    plan_free(&p);
+    plan_free(&base);
+    teardown(&f);
+}
+
+/* A digest of everything a rank executes: two planners on the same stream must agree exactly. */
+static uint64_t digest(const StepPlan *p)
+{
+    uint64_t h = 1469598103934665603ull;
+#define MIX(x) (h = (h ^ (uint64_t)(x)) * 1099511628211ull)
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        MIX(mb->replica), MIX(mb->order), MIX(mb->tokens), MIX(mb->mode);
+    }
+    for (int64_t k = 0; k < p->n_docs; k++)
+        MIX(p->docs[k].doc), MIX(p->docs[k].offset), MIX(p->docs[k].len), MIX(p->docs[k].rank);
+    for (int64_t k = 0; k < p->n_segments; k++)
+        MIX(p->segments[k].rank), MIX(p->segments[k].q_start), MIX(p->segments[k].q_len), MIX(p->segments[k].kv_start);
+#undef MIX
+    return h;
+}
+
+static void test_deterministic(void **state)
+{
+    (void)state;
+    Fixture a, b;
+    setup(&a, yaml_cp2, PACKER_WLB, CP_HYBRID);
+    setup(&b, yaml_cp2, PACKER_WLB, CP_HYBRID);
+    StepPlan pa = {0}, pb = {0};
+    Error err = {0};
+    for (int step = 0; step < 10; step++) {
+        assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
+        assert_int_equal(plan_step(&b.pl, &pb, &err), 0);
+        assert_true(digest(&pa) == digest(&pb));
+    }
+    plan_free(&pa);
+    plan_free(&pb);
+    teardown(&a);
+    teardown(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nothing_lost_fixed),
+        cmocka_unit_test(test_nothing_lost_fixed_greedy),
+        cmocka_unit_test(test_nothing_lost_wlb),
+        cmocka_unit_test(test_fixed_windows),
+        cmocka_unit_test(test_wlb_limits_and_queues),
+        cmocka_unit_test(test_baseline_same_documents),
+        cmocka_unit_test(test_deterministic),
+    };
+    return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
+}

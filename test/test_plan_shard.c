@@ -1,0 +1,242 @@
+/*
+ * test/test_plan_shard.c - CP sharding: every mode covers every token exactly once, per_doc gives
+ * equal token counts, the segments of every mode reproduce the document-causal mask exactly
+ * (against a brute-force mask on random micro-batches), adaptive picks the faster of per_seq and
+ * per_doc, and hybrid never predicts worse than either.
+ */
+#include "test/testlib.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "engine/cost.h"
+#include "engine/plan.h"
+#include "util/rng.h"
+
+static void make_model(CostModel *m, const char *yaml)
+{
+    Config cfg;
+    Error err = {0};
+    config_init(&cfg);
+    if (config_load_string(&cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&cfg, 0, &err) != 0 ||
+        cost_model_init(m, &cfg, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    config_free(&cfg);
+}
+
+/* A plan of one micro-batch holding documents of the given lengths, back to back. */
+static void one_micro_batch(StepPlan *p, int cp, const int64_t *lens, int n)
+{
+    plan_reset(p, 0, 1, 1, cp);
+    assert_non_null(p->mbs);
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        PlanDoc d = {0, (uint64_t)i, 0, lens[i], at, i, 0, -1};
+        assert_true(plan_add_doc(p, &d) >= 0);
+        at += lens[i];
+    }
+    p->mbs[0].first_doc = 0;
+    p->mbs[0].n_docs = n;
+    p->mbs[0].tokens = at;
+}
+
+/* Checks ranges and segments of micro-batch 0 against the document-causal mask, token by token. */
+static void check_layout(const StepPlan *p)
+{
+    const PlanMicroBatch *mb = &p->mbs[0];
+    int64_t T = mb->tokens;
+    int *holder = malloc(sizeof(int) * (size_t)(T + 1));
+    int64_t *doc_start = malloc(sizeof(int64_t) * (size_t)(T + 1));
+    int *seen = calloc((size_t)T + 1, sizeof(int));
+    for (int64_t t = 0; t < T; t++)
+        holder[t] = -1;
+    for (int64_t k = 0; k < mb->n_docs; k++) {
+        const PlanDoc *d = &p->docs[mb->first_doc + k];
+        for (int64_t t = d->start; t < d->start + d->len; t++)
+            doc_start[t] = d->start;
+    }
+    for (int r = 0; r < p->cp; r++) {
+        const PlanRank *pr = &p->ranks[mb->first_rank + r];
+        int64_t tokens = 0;
+        for (int64_t i = 0; i < pr->n_ranges; i++) {
+            const PlanRange *g = &p->ranges[pr->first_range + i];
+            assert_int_equal(g->rank, r);
+            assert_true(g->len > 0 && g->start >= 0 && g->start + g->len <= T);
+            for (int64_t t = g->start; t < g->start + g->len; t++) {
+                assert_int_equal(holder[t], -1); /* held once */
+                holder[t] = r;
+            }
+            tokens += g->len;
+        }
+        assert_int_equal(tokens, pr->tokens);
+        for (int64_t i = 0; i < pr->n_segments; i++) {
+            const PlanSegment *g = &p->segments[pr->first_segment + i];
+            assert_int_equal(g->rank, r);
+            assert_true(g->q_len > 0 && g->kv_start <= g->q_start);
+            for (int64_t t = g->q_start; t < g->q_start + g->q_len; t++) {
+                /* The query token is this rank's, computed once, and sees exactly its document's
+                 * tokens up to itself: keys [kv_start, t] must be [doc_start(t), t]. */
+                assert_int_equal(holder[t], r);
+                seen[t]++;
+                assert_int_equal(g->kv_start, doc_start[t]);
+            }
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        assert_true(holder[t] >= 0); /* held */
+        assert_int_equal(seen[t], 1); /* queried exactly once */
+    }
+    /* A document kept whole lies on its rank, entirely. */
+    for (int64_t k = 0; k < mb->n_docs; k++) {
+        const PlanDoc *d = &p->docs[mb->first_doc + k];
+        if (d->rank >= 0)
+            for (int64_t t = d->start; t < d->start + d->len; t++)
+                assert_int_equal(holder[t], d->rank);
+    }
+    free(holder);
+    free(doc_start);
+    free(seen);
+}
+
+static double mb_time(const StepPlan *p) { return p->mbs[0].fwd_s + p->mbs[0].bwd_s; }
+
+static void test_random_layouts_match_the_mask(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {attn_tile: 8}\n");
+    Rng rng;
+    rng_seed(&rng, 7);
+    StepPlan p = {0};
+    const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID};
+    for (int trial = 0; trial < 300; trial++) {
+        int cp = 1 + (int)rng_below(&rng, 6);
+        m.cp = cp;
+        int n = 1 + (int)rng_below(&rng, 12);
+        int64_t lens[12], total = 0;
+        for (int i = 0; i < n; i++) {
+            /* From 1 token to a few hundred: chunks shorter than 2 CP and empty chunks happen. */
+            lens[i] = 1 + (int64_t)rng_below(&rng, rng_below(&rng, 2) ? 9 : 300);
+            total += lens[i];
+        }
+        for (int k = 0; k < 4; k++) {
+            one_micro_batch(&p, cp, lens, n);
+            Error err = {0};
+            assert_int_equal(plan_shard(&p, 0, modes[k], &m, total, &err), 0);
+            check_layout(&p);
+        }
+    }
+    plan_free(&p);
+}
+
+static void test_per_doc_equal_tokens(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\n");
+    Rng rng;
+    rng_seed(&rng, 11);
+    StepPlan p = {0};
+    for (int trial = 0; trial < 200; trial++) {
+        int cp = 2 + (int)rng_below(&rng, 7);
+        m.cp = cp;
+        int n = 1 + (int)rng_below(&rng, 20);
+        int64_t lens[21], total = 0;
+        for (int i = 0; i < n; i++) {
+            lens[i] = 1 + (int64_t)rng_below(&rng, 5000);
+            total += lens[i];
+        }
+        /* Pad the last document so that the micro-batch is a multiple of 2 CP, as the packers do. */
+        int64_t rem = total % (2 * cp);
+        if (rem) {
+            lens[n - 1] += 2 * cp - rem;
+            total += 2 * cp - rem;
+        }
+        one_micro_batch(&p, cp, lens, n);
+        Error err = {0};
+        assert_int_equal(plan_shard(&p, 0, CP_PER_DOC, &m, total, &err), 0);
+        for (int r = 0; r < cp; r++)
+            assert_int_equal(p.ranks[p.mbs[0].first_rank + r].tokens, total / cp);
+        check_layout(&p);
+        /* Without the padding, rank counts differ by at most one token. */
+        lens[n - 1] -= 1 + (int64_t)rng_below(&rng, (uint64_t)(lens[n - 1] < 2 * cp ? lens[n - 1] : 2 * cp));
+        if (lens[n - 1] == 0)
+            n--;
+        one_micro_batch(&p, cp, lens, n);
+        assert_int_equal(plan_shard(&p, 0, CP_PER_DOC, &m, total, &err), 0);
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int r = 0; r < cp; r++) {
+            int64_t t = p.ranks[p.mbs[0].first_rank + r].tokens;
+            lo = t < lo ? t : lo;
+            hi = t > hi ? t : hi;
+        }
+        assert_true(hi - lo <= 1);
+    }
+    plan_free(&p);
+}
+
+static void test_selectors(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 4, dp: 1}\n");
+    Rng rng;
+    rng_seed(&rng, 3);
+    StepPlan p = {0};
+    int hybrid_better = 0;
+    for (int trial = 0; trial < 100; trial++) {
+        int n = 1 + (int)rng_below(&rng, 40);
+        int64_t lens[40], total = 0;
+        for (int i = 0; i < n; i++) {
+            /* Mostly short documents, sometimes one long one: what real lists look like. */
+            lens[i] = rng_below(&rng, 10) ? 8 + (int64_t)rng_below(&rng, 4000) : 20000 + (int64_t)rng_below(&rng, 60000);
+            total += lens[i];
+        }
+        double t[4];
+        for (int k = 0; k < 4; k++) {
+            one_micro_batch(&p, 4, lens, n);
+            Error err = {0};
+            assert_int_equal(plan_shard(&p, 0, (CpSharding)k, &m, total, &err), 0);
+            t[k] = mb_time(&p);
+        }
+        double best_pure = t[CP_PER_SEQ] < t[CP_PER_DOC] ? t[CP_PER_SEQ] : t[CP_PER_DOC];
+        assert_true(t[CP_ADAPTIVE] == best_pure);
+        assert_true(t[CP_HYBRID] <= best_pure);
+        hybrid_better += t[CP_HYBRID] < 0.99 * best_pure;
+    }
+    /* Keeping short documents whole pays off on most of these mixes. */
+    assert_true(hybrid_better > 50);
+    plan_free(&p);
+}
+
+static void test_hybrid_respects_rank_capacity(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 4, dp: 1}\n");
+    /* One document longer than a rank may hold must be sharded; the short ones may stay whole. */
+    int64_t lens[] = {50000, 300, 200, 100, 100};
+    StepPlan p = {0};
+    one_micro_batch(&p, 4, lens, 5);
+    Error err = {0};
+    assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, 20000, &err), 0);
+    assert_int_equal(p.docs[0].rank, -1);
+    for (int r = 0; r < 4; r++)
+        assert_true(p.ranks[p.mbs[0].first_rank + r].tokens <= 20000);
+    check_layout(&p);
+    plan_free(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_layouts_match_the_mask),
+        cmocka_unit_test(test_per_doc_equal_tokens),
+        cmocka_unit_test(test_selectors),
+        cmocka_unit_test(test_hybrid_respects_rank_capacity),
+    };
+    return cmocka_run_group_tests_name("plan_shard", tests, NULL, NULL);
+}

@@ -1,0 +1,103 @@
+/*
+ * test/test_sched.c - the pipeline simulator against the textbook makespans of 1F1B and interleaved
+ * 1F1B, and its response to one slow micro-batch.
+ */
+#include "test/testlib.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/sched.h"
+
+static double uniform(int pp, int v, int n_mb, double f, double b, double hop)
+{
+    int chunks = pp * v;
+    double *fwd = malloc(sizeof(double) * (size_t)(n_mb * chunks));
+    double *bwd = malloc(sizeof(double) * (size_t)(n_mb * chunks));
+    double *p2p = malloc(sizeof(double) * (size_t)n_mb);
+    for (int i = 0; i < n_mb * chunks; i++) {
+        fwd[i] = f / v;
+        bwd[i] = b / v;
+    }
+    for (int i = 0; i < n_mb; i++)
+        p2p[i] = hop;
+    SchedReplica r = {pp, v, n_mb, fwd, bwd, p2p};
+    double t = sched_makespan(&r);
+    free(fwd);
+    free(bwd);
+    free(p2p);
+    return t;
+}
+
+static void test_uniform_1f1b(void **state)
+{
+    (void)state;
+    /* Equal micro-batches: (M + PP - 1) (f + b), the bubble being (PP - 1) (f + b). */
+    for (int pp = 1; pp <= 8; pp++)
+        for (int m = 1; m <= 12; m++) {
+            double t = uniform(pp, 1, m, 1.0, 2.0, 0);
+            assert_true(fabs(t - (m + pp - 1) * 3.0) < 1e-9);
+        }
+    /* Sending between stages: the first forward and the last backward cross every boundary, so at
+     * least 2 (PP - 1) hops are added; in the steady state a stage may also wait for a round trip. */
+    double t = uniform(4, 1, 8, 1.0, 2.0, 0.1);
+    assert_true(t >= (8 + 3) * 3.0 + 2 * 3 * 0.1 - 1e-9);
+    assert_true(t <= (8 + 3) * 3.0 + 2 * 3 * 0.1 * 8 + 1e-9);
+    assert_true(uniform(4, 1, 8, 1.0, 2.0, 0.2) > t);
+}
+
+static void test_uniform_interleaved(void **state)
+{
+    (void)state;
+    /* Interleaved with v chunks: the bubble shrinks to (PP - 1) (f + b) / v. */
+    for (int pp = 2; pp <= 4; pp++)
+        for (int v = 2; v <= 3; v++)
+            for (int m = pp; m <= 4 * pp; m += pp) {
+                double t = uniform(pp, v, m, 1.0, 2.0, 0);
+                double expect = m * 3.0 + (pp - 1) * 3.0 / v;
+                if (fabs(t - expect) > 1e-9) {
+                    print_error("pp %d v %d m %d: %g, expected %g\n", pp, v, m, t, expect);
+                    fail();
+                }
+            }
+    /* Interleaving needs the micro-batches in groups of pp. */
+    assert_true(uniform(4, 2, 6, 1, 2, 0) < 0);
+}
+
+static void test_one_slow_micro_batch(void **state)
+{
+    (void)state;
+    /* PP 4, M 8, one micro-batch 3x as slow: the pipeline pays for it on every stage it crosses. */
+    int pp = 4, m = 8;
+    double fwd[32], bwd[32], p2p[8] = {0};
+    for (int i = 0; i < m * pp; i++) {
+        fwd[i] = 1;
+        bwd[i] = 2;
+    }
+    SchedReplica r = {pp, 1, m, fwd, bwd, p2p};
+    double base = sched_makespan(&r);
+    for (int s = 0; s < pp; s++) {
+        fwd[3 * pp + s] = 3;
+        bwd[3 * pp + s] = 6;
+    }
+    double slow = sched_makespan(&r);
+    /* At least the extra work of one stage, at most the extra work on every stage in sequence. */
+    assert_true(slow >= base + 6 - 1e-9);
+    assert_true(slow <= base + 6 * pp + 1e-9);
+    /* PP 1: the makespan is the sum of the work. */
+    SchedReplica one = {1, 1, 8, fwd, bwd, p2p};
+    double sum = 0;
+    for (int i = 0; i < 8; i++)
+        sum += fwd[i] + bwd[i];
+    assert_true(fabs(sched_makespan(&one) - sum) < 1e-9);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_uniform_1f1b),
+        cmocka_unit_test(test_uniform_interleaved),
+        cmocka_unit_test(test_one_slow_micro_batch),
+    };
+    return cmocka_run_group_tests_name("sched", tests, NULL, NULL);
+}
