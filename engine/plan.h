@@ -141,8 +141,16 @@ void plan_destroy(Planner *pl);
 /* Plans the next step into p. */
 int plan_step(Planner *pl, StepPlan *p, Error *err);
 
-/* Documents and tokens waiting in the planner (queues, leftovers, the pending piece). */
+/* Documents waiting in the planner (queues, leftovers, the pending piece). */
 int64_t plan_waiting_docs(const Planner *pl);
+
+/* The planner's state between steps - the next step, the stream position of its pieces, the piece
+ * held back, the outlier queues and the leftovers - as words for a checkpoint (the data stream's
+ * own position is saved beside it with data_stream_save). plan_state_words gives the count. */
+size_t plan_state_words(const Planner *pl);
+void plan_state_save(const Planner *pl, uint64_t *words);
+/* Restores into a planner initialised with the same config; bad words are an Error (status 2). */
+int plan_state_restore(Planner *pl, const uint64_t *words, size_t n_words, Error *err);
 
 /* Plain-4D of the same documents: the data pieces of src in stream order, cut into windows of the
  * context window, per_seq CP sharding. Used for every step's predicted speedup. */

@@ -281,6 +281,46 @@ static void test_deterministic(void **state)
     teardown(&b);
 }
 
+static void test_state_restore_is_exact(void **state)
+{
+    (void)state;
+    int with_queued = 0;
+    for (int k = 1; k <= 13; k += 4) {
+        Fixture a, b;
+        setup(&a, yaml_cp2, PACKER_WLB, CP_HYBRID);
+        setup(&b, yaml_cp2, PACKER_WLB, CP_HYBRID);
+        StepPlan pa = {0}, pb = {0};
+        Error err = {0};
+        for (int step = 0; step < k; step++)
+            assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
+        with_queued += a.pl.queues[0].n + a.pl.queues[1].n > 0;
+        size_t ns = data_stream_state_words(&a.stream), np = plan_state_words(&a.pl);
+        uint64_t *ws = malloc(ns * sizeof *ws), *wp = malloc(np * sizeof *wp);
+        data_stream_save(&a.stream, ws);
+        plan_state_save(&a.pl, wp);
+        assert_int_equal(data_stream_restore(&b.stream, ws, ns, &err), 0);
+        assert_int_equal(plan_state_restore(&b.pl, wp, np, &err), 0);
+        for (int step = 0; step < 10; step++) {
+            assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
+            assert_int_equal(plan_step(&b.pl, &pb, &err), 0);
+            assert_int_equal(pa.step, pb.step);
+            assert_true(digest(&pa) == digest(&pb));
+            assert_true(pa.delay_token_steps == pb.delay_token_steps);
+        }
+        /* Words of another shape are refused. */
+        assert_int_equal(plan_state_restore(&b.pl, wp, np - 1, &err), -1);
+        assert_int_equal(err.status, 2);
+        free(ws);
+        free(wp);
+        plan_free(&pa);
+        plan_free(&pb);
+        teardown(&a);
+        teardown(&b);
+    }
+    /* Some of the stops had outliers waiting in the queues. */
+    assert_true(with_queued > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -291,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_wlb_limits_and_queues),
         cmocka_unit_test(test_baseline_same_documents),
         cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_state_restore_is_exact),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }
