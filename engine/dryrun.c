@@ -129,7 +129,7 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
                "\"hybrid\":%d},\"predicted_ms\":%.6g,\"baseline_ms\":%.6g,\"speedup\":%.6g,\"packer_ms\":%.4g,"
                "\"token_delay_steps\":%.4g",
             s->pp_imbalance, s->cp_imbalance, counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
-            s->predicted_ms, s->baseline_ms, s->baseline_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
+            s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
             p->tokens ? s->delay_token_steps / (double)p->tokens : 0);
     (void)cfg;
 }
@@ -212,7 +212,7 @@ static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
     if (cfg->parallel.cp > 1)
         printf("  seq/doc/hyb %d/%d/%d", counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID]);
     printf("  pred %9.2f ms  base %9.2f ms  x%.3f  plan %.2f ms\n", s->predicted_ms, s->baseline_ms,
-           s->baseline_ms / s->predicted_ms, s->packer_ms);
+           s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1.0, s->packer_ms);
 }
 
 static int run_steps(const Run *run, RunSummary *sum, Error *err)

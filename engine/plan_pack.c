@@ -246,41 +246,62 @@ static int queue_of(const Planner *pl, int64_t len)
     return q;
 }
 
+/* Moves the n oldest outliers of queue q into the step's set; returns their tokens, -1 out of memory. */
+static int64_t release(Planner *pl, int q, int n, Packed *set)
+{
+    int64_t tokens = 0;
+    for (int i = 0; i < n; i++) {
+        PlanDoc d = queue_pop(&pl->queues[q]);
+        tokens += d.len;
+        if (packed_add(set, &d, 0) != 0)
+            return -1;
+    }
+    return tokens;
+}
+
 int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
 {
     int n = pl->n_mb, rc = 0;
     Packed set = {0}, pk = {0};
-    /* 1. The step's new pieces: whole pieces up to global_batch_tokens; outliers go to their queue. */
+    /* 1. The step's documents, about global_batch_tokens of them: last step's leftovers first, then
+     *    pieces from the stream. An outlier goes to its queue instead; a queue that holds one outlier
+     *    per micro-batch releases them all into this step, so that each micro-batch gets one. The
+     *    first ordinary piece that does not fit is held back for the next step. */
     int64_t total = 0;
+    for (int64_t i = 0; i < pl->remained.n; i++)
+        total += pl->remained.items[pl->remained.head + i].len;
     while (total < pl->batch_tokens) {
         PlanDoc d;
         take_piece(pl, &d);
+        int q = queue_of(pl, d.len);
+        if (q >= 0) {
+            if (queue_push(&pl->queues[q], &d) != 0)
+                return error_runtime(err, "planner", "out of memory");
+            if (pl->queues[q].n >= n) {
+                int64_t t = release(pl, q, n, &set);
+                if (t < 0)
+                    return error_runtime(err, "planner", "out of memory");
+                total += t;
+            }
+            continue;
+        }
         if (total + d.len > pl->batch_tokens) {
             d.arrival = -1; /* it belongs to the next step's batch */
             hold_back(pl, &d);
             break;
         }
         total += d.len;
-        int q = queue_of(pl, d.len);
-        if ((q >= 0 ? queue_push(&pl->queues[q], &d) : packed_add(&set, &d, 0)) != 0)
+        if (packed_add(&set, &d, 0) != 0)
             return error_runtime(err, "planner", "out of memory");
     }
-    /* 2. A queue that holds one outlier per micro-batch releases them together. */
-    for (int q = 0; q < pl->n_queues; q++)
-        if (pl->queues[q].n >= n)
-            for (int i = 0; i < n; i++) {
-                PlanDoc d = queue_pop(&pl->queues[q]);
-                if (packed_add(&set, &d, 0) != 0)
-                    return error_runtime(err, "planner", "out of memory");
-            }
-    /* 3. Longest first, after last step's leftovers. */
+    /* 2. Longest first, after last step's leftovers. */
     qsort(set.docs, (size_t)set.n, sizeof *set.docs, by_length_desc);
     int64_t n_left = pl->remained.n;
     double *load = calloc((size_t)n, sizeof *load);
     int64_t *tokens = calloc((size_t)n, sizeof *tokens);
     if (!load || !tokens)
         rc = error_runtime(err, "planner", "out of memory");
-    /* 4. Each on the least loaded micro-batch with room under S_max, else the one with the fewest
+    /* 3. Each on the least loaded micro-batch with room under S_max, else the one with the fewest
      *    tokens, else it waits for the next step. */
     for (int64_t k = 0; rc == 0 && k < n_left + set.n; k++) {
         PlanDoc d = k < n_left ? queue_pop(&pl->remained) : set.docs[k - n_left];
