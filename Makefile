@@ -6,10 +6,12 @@
 #   make run        the README's run command: build, make the demo corpus, run the main job on it
 #   make demo       the demo corpus only (data/demo/)
 #
-# Two build variants live side by side: build/release (-O2) and build/asan (-O1, sanitizers, no CUDA).
+# Build variants live side by side: build/release (-O2, CUDA), build/release-nocuda (make CUDA=0)
+# and build/asan (-O1, sanitizers, no CUDA).
 # Header dependencies are tracked (-MMD -MP), so a changed header rebuilds what includes it.
 
 .DEFAULT_GOAL := all
+.SECONDARY:
 SHELL := /bin/bash
 
 CUDA_HOME ?= /usr/local/cuda
@@ -17,7 +19,9 @@ NVCC ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_ARCHS ?= 80 90
 VARIANT ?= release
-B := build/$(VARIANT)
+# The CUDA and the CPU-only release builds have their own folders: switching CUDA= never mixes them.
+RELEASE := build/release$(if $(filter 1,$(CUDA)),,-nocuda)
+B := $(if $(filter asan,$(VARIANT)),build/asan,$(RELEASE))
 # make V=1 shows the full commands
 Q := $(if $(V),,@)
 
@@ -52,7 +56,7 @@ TEST_BINS := $(TEST_SRCS:test/%.c=$(B)/test/%)
 .PHONY: all deps test-deps variant variant-tests test run demo clean
 all: deps
 	@$(MAKE) --no-print-directory VARIANT=release variant
-	@cp -f build/release/wlbtrain ./wlbtrain
+	@cp -f $(RELEASE)/wlbtrain ./wlbtrain
 
 deps:
 	@scripts/install-deps.sh build
@@ -91,10 +95,10 @@ $(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/libwlb.a
 # is the total that CI reads.
 test: deps test-deps
 	@$(MAKE) --no-print-directory VARIANT=release variant-tests
-	@cp -f build/release/wlbtrain ./wlbtrain
+	@cp -f $(RELEASE)/wlbtrain ./wlbtrain
 	@$(MAKE) --no-print-directory VARIANT=asan variant-tests
 	@$(MAKE) --no-print-directory demo
-	@test/run.sh build/release build/asan
+	@test/run.sh $(RELEASE) build/asan
 
 demo: all
 	@scripts/make-demo-corpus.sh

@@ -329,34 +329,30 @@ int config_key_assign(Config *cfg, int k, const ConfigValue *v, const char *wher
         *field = copy;
         return 0;
     }
-    case KEY_INT_LIST: {
-        ConfigIntList *l = CONFIG_FIELD(cfg, k, ConfigIntList);
-        int64_t *vals = calloc((size_t)n + 1, sizeof *vals);
-        if (!vals)
-            return error_runtime(err, where, "out of memory");
-        for (int i = 0; i < n; i++)
-            if (read_int(key, v->items[i], &vals[i], where, err) != 0) {
-                free(vals);
-                return -1;
-            }
-        free(l->v);
-        l->v = vals;
-        l->n = n;
-        return 0;
-    }
+    case KEY_INT_LIST:
     case KEY_FLOAT_LIST: {
-        ConfigFloatList *l = CONFIG_FIELD(cfg, k, ConfigFloatList);
-        double *vals = calloc((size_t)n + 1, sizeof *vals);
+        /* ConfigIntList and ConfigFloatList have the same shape: a count and an array. */
+        int is_int = key->type == KEY_INT_LIST;
+        size_t elem = is_int ? sizeof(int64_t) : sizeof(double);
+        unsigned char *vals = calloc((size_t)n + 1, elem);
         if (!vals)
             return error_runtime(err, where, "out of memory");
-        for (int i = 0; i < n; i++)
-            if (read_float(key, v->items[i], &vals[i], where, err) != 0) {
+        for (int i = 0; i < n; i++) {
+            void *at = vals + (size_t)i * elem;
+            if ((is_int ? read_int(key, v->items[i], at, where, err) : read_float(key, v->items[i], at, where, err)) != 0) {
                 free(vals);
                 return -1;
             }
-        free(l->v);
-        l->v = vals;
-        l->n = n;
+        }
+        if (is_int) {
+            ConfigIntList *l = CONFIG_FIELD(cfg, k, ConfigIntList);
+            free(l->v);
+            *l = (ConfigIntList){n, (int64_t *)(void *)vals};
+        } else {
+            ConfigFloatList *l = CONFIG_FIELD(cfg, k, ConfigFloatList);
+            free(l->v);
+            *l = (ConfigFloatList){n, (double *)(void *)vals};
+        }
         return 0;
     }
     case KEY_STR_LIST: {

@@ -228,12 +228,8 @@ int config_load_file(Config *cfg, const char *path, Error *err)
 {
     char *text;
     size_t len;
-    if (file_read_all(path, &text, &len, err) != 0)
+    if (file_read_text(path, "YAML text file", &text, &len, err) != 0)
         return -1;
-    if (strlen(text) != len) {
-        free(text);
-        return error_set(err, path, "not a YAML text file (it contains NUL bytes)");
-    }
     int rc = config_load_string(cfg, text, path, err);
     free(text);
     return rc;

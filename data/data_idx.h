@@ -37,6 +37,8 @@ typedef struct DataIdx {
 } DataIdx;
 
 int data_idx_open(DataIdx *d, const char *prefix, Error *err);
+/* PREFIX + ext (".idx" or ".bin"), malloc'd; NULL when memory runs out. */
+char *data_idx_path(const char *prefix, const char *ext);
 void data_idx_close(DataIdx *d);
 
 /* Tokens in document doc (< n_docs): the sum of its sequences' lengths. */

@@ -42,7 +42,7 @@ static const char *dtype_name(uint64_t code)
     return code < sizeof names / sizeof names[0] ? names[code] : NULL;
 }
 
-static char *path_with(const char *prefix, const char *ext)
+char *data_idx_path(const char *prefix, const char *ext)
 {
     size_t n = strlen(prefix) + strlen(ext) + 1;
     char *p = malloc(n);
@@ -175,7 +175,7 @@ static int check_sequences(DataIdx *d, const char *ip, const char *bp, Error *er
 int data_idx_open(DataIdx *d, const char *prefix, Error *err)
 {
     memset(d, 0, sizeof *d);
-    char *ip = path_with(prefix, ".idx"), *bp = path_with(prefix, ".bin");
+    char *ip = data_idx_path(prefix, ".idx"), *bp = data_idx_path(prefix, ".bin");
     d->prefix = strdup(prefix);
     if (!ip || !bp || !d->prefix) {
         free(ip);

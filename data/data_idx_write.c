@@ -27,14 +27,6 @@ static void put_le(unsigned char *p, uint64_t v, int bytes)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static char *path_with(const char *prefix, const char *ext)
-{
-    size_t n = strlen(prefix) + strlen(ext) + 1;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s%s", prefix, ext);
-    return p;
-}
 
 int data_idx_writer_open(DataIdxWriter *w, const char *prefix, int dtype, Error *err)
 {
@@ -46,7 +38,7 @@ int data_idx_writer_open(DataIdxWriter *w, const char *prefix, int dtype, Error 
     w->dtype = dtype;
     w->itemsize = dtype == DATA_DTYPE_UINT16 ? 2 : 4;
     w->prefix = strdup(prefix);
-    char *bp = path_with(prefix, ".bin");
+    char *bp = data_idx_path(prefix, ".bin");
     if (!w->prefix || !bp) {
         free(bp);
         free(w->prefix);
@@ -164,7 +156,7 @@ int data_idx_writer_finish(DataIdxWriter *w, Error *err)
 {
     if (!w->bin.f)
         return error_runtime(err, w->prefix ? w->prefix : "data_idx_writer_finish", "the writer is not open");
-    char *ip = path_with(w->prefix, ".idx");
+    char *ip = data_idx_path(w->prefix, ".idx");
     if (!ip) {
         error_runtime(err, w->prefix, "out of memory");
         data_idx_writer_abort(w);

@@ -5,11 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/array.h"
 #include "util/fileio.h"
 #include "util/parse.h"
 
 /* Appends one entry; lengths <= 0 are counted as skipped. */
-static int push(DataLengths *l, uint64_t *cap, int64_t v, const char *where, Error *err)
+static int push(DataLengths *l, int64_t *cap, int64_t v, const char *where, Error *err)
 {
     if (v <= 0) {
         l->skipped++;
@@ -17,14 +18,10 @@ static int push(DataLengths *l, uint64_t *cap, int64_t v, const char *where, Err
     }
     if (v > UINT32_MAX)
         return error_set(err, where, "document length %lld is too large (at most %u)", (long long)v, UINT32_MAX);
-    if (l->n == *cap) {
-        uint64_t cap2 = *cap ? *cap * 2 : 4096;
-        uint32_t *bigger = realloc(l->len, cap2 * sizeof *bigger);
-        if (!bigger)
-            return error_runtime(err, where, "out of memory");
-        l->len = bigger;
-        *cap = cap2;
-    }
+    uint32_t *bigger = array_grow(l->len, cap, (int64_t)l->n + 1, sizeof *bigger);
+    if (!bigger)
+        return error_runtime(err, where, "out of memory");
+    l->len = bigger;
     l->len[l->n++] = (uint32_t)v;
     l->n_tokens += (uint64_t)v;
     return 0;
@@ -37,7 +34,7 @@ static int load_json(DataLengths *l, const char *path, const char *text, size_t 
     if (!root)
         return error_set(err, path, "line %d, column %d: not a valid JSON array: %s", je.line, je.column, je.text);
     int rc = 0;
-    uint64_t cap = 0;
+    int64_t cap = 0;
     if (!json_is_array(root)) {
         rc = error_set(err, path, "expected a JSON array of document lengths");
     } else {
@@ -101,7 +98,7 @@ enum { CSV_MAX_FIELDS = 256 };
 /* text is modified (lines are split in place). */
 static int load_lines(DataLengths *l, const char *path, char *text, const char *column, Error *err)
 {
-    uint64_t cap = 0;
+    int64_t cap = 0;
     int csv_col = -1, n_cols = 0, lineno = 0;
     char where[1200];
     char *fields[CSV_MAX_FIELDS];
@@ -156,12 +153,8 @@ int data_lengths_load(DataLengths *l, const char *path, const char *column, Erro
     memset(l, 0, sizeof *l);
     char *text;
     size_t len;
-    if (file_read_all(path, &text, &len, err) != 0)
+    if (file_read_text(path, "text file", &text, &len, err) != 0)
         return -1;
-    if (strlen(text) != len) {
-        free(text);
-        return error_set(err, path, "not a text file (it contains NUL bytes)");
-    }
     const char *p = text;
     if (!strncmp(p, "\xef\xbb\xbf", 3)) /* a UTF-8 byte-order mark */
         p += 3;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/sched.h"
+#include "util/array.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* StepPlan arrays                                                                                 */
@@ -22,22 +23,6 @@ void plan_free(StepPlan *p)
     free(p->segments);
     free(p->ranks);
     memset(p, 0, sizeof *p);
-}
-
-/* Grows *arr (of elements of size elem) to hold at least need; 0 on success. */
-static int grow(void **arr, int64_t *cap, int64_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    int64_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *bigger = realloc(*arr, (size_t)c * elem);
-    if (!bigger)
-        return -1;
-    *arr = bigger;
-    *cap = c;
-    return 0;
 }
 
 void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
@@ -60,32 +45,40 @@ void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
 
 int64_t plan_add_doc(StepPlan *p, const PlanDoc *d)
 {
-    if (grow((void **)&p->docs, &p->cap_docs, p->n_docs + 1, sizeof *p->docs) != 0)
+    void *bigger = array_grow(p->docs, &p->cap_docs, p->n_docs + 1, sizeof *p->docs);
+    if (!bigger)
         return -1;
+    p->docs = bigger;
     p->docs[p->n_docs] = *d;
     return p->n_docs++;
 }
 
 int64_t plan_add_range(StepPlan *p, int32_t rank, int64_t start, int64_t len)
 {
-    if (grow((void **)&p->ranges, &p->cap_ranges, p->n_ranges + 1, sizeof *p->ranges) != 0)
+    void *bigger = array_grow(p->ranges, &p->cap_ranges, p->n_ranges + 1, sizeof *p->ranges);
+    if (!bigger)
         return -1;
+    p->ranges = bigger;
     p->ranges[p->n_ranges] = (PlanRange){rank, start, len};
     return p->n_ranges++;
 }
 
 int64_t plan_add_segment(StepPlan *p, int32_t rank, int64_t q_start, int64_t q_len, int64_t kv_start)
 {
-    if (grow((void **)&p->segments, &p->cap_segments, p->n_segments + 1, sizeof *p->segments) != 0)
+    void *bigger = array_grow(p->segments, &p->cap_segments, p->n_segments + 1, sizeof *p->segments);
+    if (!bigger)
         return -1;
+    p->segments = bigger;
     p->segments[p->n_segments] = (PlanSegment){rank, q_start, q_len, kv_start};
     return p->n_segments++;
 }
 
 int64_t plan_add_rank(StepPlan *p)
 {
-    if (grow((void **)&p->ranks, &p->cap_ranks, p->n_ranks + 1, sizeof *p->ranks) != 0)
+    void *bigger = array_grow(p->ranks, &p->cap_ranks, p->n_ranks + 1, sizeof *p->ranks);
+    if (!bigger)
         return -1;
+    p->ranks = bigger;
     memset(&p->ranks[p->n_ranks], 0, sizeof *p->ranks);
     return p->n_ranks++;
 }

@@ -10,25 +10,21 @@
 #include <string.h>
 
 #include "engine/plan.h"
+#include "util/array.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Queues and scratch                                                                              */
 
 static int queue_push(PlanQueue *q, const PlanDoc *d)
 {
-    if (q->head + q->n == q->cap) {
-        if (q->head > 0) { /* slide to the front before growing */
-            memmove(q->items, q->items + q->head, (size_t)q->n * sizeof *q->items);
-            q->head = 0;
-        } else {
-            int64_t cap = q->cap ? 2 * q->cap : 64;
-            PlanDoc *bigger = realloc(q->items, (size_t)cap * sizeof *bigger);
-            if (!bigger)
-                return -1;
-            q->items = bigger;
-            q->cap = cap;
-        }
+    if (q->head + q->n == q->cap && q->head > 0) { /* slide to the front before growing */
+        memmove(q->items, q->items + q->head, (size_t)q->n * sizeof *q->items);
+        q->head = 0;
     }
+    PlanDoc *bigger = array_grow(q->items, &q->cap, q->head + q->n + 1, sizeof *bigger);
+    if (!bigger)
+        return -1;
+    q->items = bigger;
     q->items[q->head + q->n++] = *d;
     return 0;
 }
@@ -50,18 +46,15 @@ typedef struct Packed {
 
 static int packed_add(Packed *pk, const PlanDoc *d, int32_t mb)
 {
-    if (pk->n == pk->cap) {
-        int64_t cap = pk->cap ? 2 * pk->cap : 256;
-        PlanDoc *docs = realloc(pk->docs, (size_t)cap * sizeof *docs);
-        if (!docs)
-            return -1;
-        pk->docs = docs;
-        int32_t *mbs = realloc(pk->mb, (size_t)cap * sizeof *mbs);
-        if (!mbs)
-            return -1;
-        pk->mb = mbs;
-        pk->cap = cap;
-    }
+    int64_t cap = pk->cap;
+    PlanDoc *docs = array_grow(pk->docs, &cap, pk->n + 1, sizeof *docs);
+    if (!docs)
+        return -1;
+    pk->docs = docs;
+    int32_t *mbs = array_grow(pk->mb, &pk->cap, pk->n + 1, sizeof *mbs);
+    if (!mbs)
+        return -1;
+    pk->mb = mbs;
     pk->docs[pk->n] = *d;
     pk->mb[pk->n++] = mb;
     return 0;

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "engine/plan.h"
+#include "util/array.h"
 
 /* One candidate layout of a micro-batch over the CP ranks. */
 typedef struct Shard {
@@ -75,13 +76,10 @@ static int shard_alloc(Shard *s, int cp)
 
 static int shard_reset(Shard *s, int64_t n_docs)
 {
-    if (n_docs > s->cap_docs) {
-        int32_t *bigger = realloc(s->doc_rank, (size_t)n_docs * sizeof *bigger);
-        if (!bigger)
-            return -1;
-        s->doc_rank = bigger;
-        s->cap_docs = n_docs;
-    }
+    int32_t *doc_rank = array_grow(s->doc_rank, &s->cap_docs, n_docs, sizeof *doc_rank);
+    if (!doc_rank)
+        return -1;
+    s->doc_rank = doc_rank;
     for (int64_t k = 0; k < n_docs; k++)
         s->doc_rank[k] = -1;
     s->n_ranges = s->n_segs = s->sharded = 0;
@@ -116,14 +114,10 @@ static int add_range(Shard *s, int r, int64_t start, int64_t len)
         s->ranges[last].len += len;
         return 0;
     }
-    if (s->n_ranges == s->cap_ranges) {
-        int64_t cap = s->cap_ranges ? 2 * s->cap_ranges : 64;
-        PlanRange *bigger = realloc(s->ranges, (size_t)cap * sizeof *bigger);
-        if (!bigger)
-            return -1;
-        s->ranges = bigger;
-        s->cap_ranges = cap;
-    }
+    PlanRange *ranges = array_grow(s->ranges, &s->cap_ranges, s->n_ranges + 1, sizeof *ranges);
+    if (!ranges)
+        return -1;
+    s->ranges = ranges;
     s->last_range[r] = s->n_ranges;
     s->ranges[s->n_ranges++] = (PlanRange){r, start, len};
     return 0;
@@ -133,14 +127,10 @@ static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, 
 {
     if (q_len <= 0)
         return 0;
-    if (s->n_segs == s->cap_segs) {
-        int64_t cap = s->cap_segs ? 2 * s->cap_segs : 64;
-        PlanSegment *bigger = realloc(s->segs, (size_t)cap * sizeof *bigger);
-        if (!bigger)
-            return -1;
-        s->segs = bigger;
-        s->cap_segs = cap;
-    }
+    PlanSegment *segs = array_grow(s->segs, &s->cap_segs, s->n_segs + 1, sizeof *segs);
+    if (!segs)
+        return -1;
+    s->segs = segs;
     s->segs[s->n_segs++] = (PlanSegment){r, q_start, q_len, kv_start};
     int64_t kv_len = q_start + q_len - kv_start;
     double f = cost_attn_fwd_s(cost, q_len, kv_len), b = cost_attn_bwd_s(cost, q_len, kv_len);
@@ -327,13 +317,10 @@ static ShardScratch *scratch_for(StepPlan *p, int cp, int64_t n_docs)
     for (int i = 0; i < SHARD_N; i++)
         if (shard_alloc(&sc->cand[i], cp) != 0)
             return NULL;
-    if (n_docs > sc->cap_order) {
-        int64_t *bigger = realloc(sc->order, (size_t)n_docs * sizeof *bigger);
-        if (!bigger)
-            return NULL;
-        sc->order = bigger;
-        sc->cap_order = n_docs;
-    }
+    int64_t *order = array_grow(sc->order, &sc->cap_order, n_docs, sizeof *order);
+    if (!order)
+        return NULL;
+    sc->order = order;
     return sc;
 }
 

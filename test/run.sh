@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test program of the given build variants (default build/release build/asan) and the
-# script tests (test/*.py, once, against build/release). Prints one line per program, the log of
+# script tests (test/*.py, once, against the first variant). Prints one line per program, the log of
 # each failure, a summary per variant, and last the total: "N passed, N failed, N skipped".
 # Exit status 0 only if nothing failed.
 set -u

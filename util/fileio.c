@@ -102,6 +102,18 @@ int file_read_all(const char *path, char **data, size_t *len, Error *err)
     return 0;
 }
 
+int file_read_text(const char *path, const char *what, char **text, size_t *len, Error *err)
+{
+    if (file_read_all(path, text, len, err) != 0)
+        return -1;
+    if (strlen(*text) != *len) {
+        free(*text);
+        *text = NULL;
+        return error_set(err, path, "not a %s (it contains NUL bytes)", what);
+    }
+    return 0;
+}
+
 int atomic_open(AtomicFile *a, const char *path, Error *err)
 {
     a->f = NULL;

@@ -27,6 +27,8 @@ void file_unmap(MappedFile *m);
 
 /* Reads all of path (gunzipping if it is gzip) into a NUL-terminated malloc'd buffer. */
 int file_read_all(const char *path, char **data, size_t *len, Error *err);
+/* The same for a text file: a NUL byte in it is an error "PATH: not a WHAT (it contains NUL bytes)". */
+int file_read_text(const char *path, const char *what, char **text, size_t *len, Error *err);
 
 typedef struct AtomicFile {
     FILE *f;   /* write here between atomic_open and atomic_commit */
