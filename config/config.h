@@ -27,6 +27,7 @@ typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
 typedef enum LrSchedule { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT } LrSchedule;
+typedef enum RopeScaling { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 } RopeScaling;
 
 /* Lists own their arrays; n == 0 is the empty list. */
 typedef struct ConfigIntList {
@@ -47,6 +48,9 @@ typedef struct ConfigModel {
     int64_t n_layers, d_model, n_heads, n_kv_heads, d_ffn, vocab_size, max_seq_len;
     double rope_theta, norm_eps;
     bool tie_embeddings;
+    RopeScaling rope_scaling; /* Llama 3.1 frequency scaling of RoPE, or none */
+    double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max_seq_len;
 } ConfigModel;
 
 typedef struct ConfigParallel {
@@ -90,6 +94,7 @@ typedef struct ConfigTrain {
     int64_t warmup_steps;
     LrSchedule schedule;
     double weight_decay, beta1, beta2, eps, grad_clip;
+    bool decay_norms_and_embeddings;
     int64_t seed;
     char *init_from; /* NULL = random init */
 } ConfigTrain;

@@ -1,36 +1,42 @@
 /*
  * config/config_presets.c - named model shapes (model.preset).
  *
- * Sources: Llama 2 and Llama 3 papers and the released configs (Hugging Face config.json of each
- * model); stories260K is the llama2.c model in ../shared/real-data/models. A preset fills only the
- * model keys that the config does not set itself.
+ * Sources: the Llama 2 and Llama 3 papers and the released Hugging Face config.json of each model
+ * (Llama 3.1 and 3.2 scale RoPE frequencies: factor 8 for 3.1, 32 for 3.2, low 1, high 4, original
+ * context 8192); stories260k is the llama2.c model in ../shared/real-data/models. A preset is a YAML
+ * mapping of model keys, read by the config loader itself; it fills only the model keys the config
+ * does not set.
  */
 #include <string.h>
 
 #include "config/config_keys.h"
 
-/* The model keys a preset sets, in the order of the value columns below. */
-static const char *const preset_keys[] = {
-    "model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads", "model.d_ffn",
-    "model.vocab_size", "model.rope_theta", "model.norm_eps", "model.tie_embeddings", "model.max_seq_len",
-};
-enum { N_PRESET_KEYS = sizeof preset_keys / sizeof preset_keys[0] };
-
 typedef struct Preset {
     const char *name;
-    const char *values[N_PRESET_KEYS];
+    const char *yaml; /* keys of the model section */
 } Preset;
 
+#define LLAMA3 "vocab_size: 128256, rope_theta: 500000, norm_eps: 1.0e-5, "
+#define SCALED(f) "rope_scaling: llama3, rope_scaling_factor: " #f ", rope_low_freq_factor: 1, " \
+                  "rope_high_freq_factor: 4, rope_original_max_seq_len: 8192, "
+
 static const Preset presets[] = {
-    /*               layers  d_model heads kv  d_ffn    vocab     theta     eps    tied     max_seq */
-    {"llama2-7b",   {"32",   "4096", "32", "32", "11008", "32000",  "10000",  "1e-5", "false", "4096"}},
-    {"llama3-8b",   {"32",   "4096", "32", "8",  "14336", "128256", "500000", "1e-5", "false", "8192"}},
-    {"llama3-70b",  {"80",   "8192", "64", "8",  "28672", "128256", "500000", "1e-5", "false", "8192"}},
-    {"llama3-405b", {"126", "16384", "128", "8", "53248", "128256", "500000", "1e-5", "false", "131072"}},
-    {"llama3.2-1b", {"16",   "2048", "32", "8",  "8192",  "128256", "500000", "1e-5", "true",  "131072"}},
-    {"llama3.2-3b", {"28",   "3072", "24", "8",  "8192",  "128256", "500000", "1e-5", "true",  "131072"}},
-    {"stories260k", {"5",    "64",   "8",  "4",  "172",   "512",    "10000",  "1e-5", "true",  "512"}},
-    {"tiny",        {"4",    "128",  "4",  "2",  "384",   "512",    "10000",  "1e-5", "false", "4096"}},
+    {"llama2-7b", "{n_layers: 32, d_model: 4096, n_heads: 32, n_kv_heads: 32, d_ffn: 11008, vocab_size: 32000, "
+                  "rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 4096}"},
+    {"llama3-8b", "{n_layers: 32, d_model: 4096, n_heads: 32, n_kv_heads: 8, d_ffn: 14336, " LLAMA3
+                  "tie_embeddings: false, max_seq_len: 8192}"},
+    {"llama3-70b", "{n_layers: 80, d_model: 8192, n_heads: 64, n_kv_heads: 8, d_ffn: 28672, " LLAMA3
+                   "tie_embeddings: false, max_seq_len: 8192}"},
+    {"llama3-405b", "{n_layers: 126, d_model: 16384, n_heads: 128, n_kv_heads: 8, d_ffn: 53248, " LLAMA3
+                    SCALED(8) "tie_embeddings: false, max_seq_len: 131072}"},
+    {"llama3.2-1b", "{n_layers: 16, d_model: 2048, n_heads: 32, n_kv_heads: 8, d_ffn: 8192, " LLAMA3
+                    SCALED(32) "tie_embeddings: true, max_seq_len: 131072}"},
+    {"llama3.2-3b", "{n_layers: 28, d_model: 3072, n_heads: 24, n_kv_heads: 8, d_ffn: 8192, " LLAMA3
+                    SCALED(32) "tie_embeddings: true, max_seq_len: 131072}"},
+    {"stories260k", "{n_layers: 5, d_model: 64, n_heads: 8, n_kv_heads: 4, d_ffn: 172, vocab_size: 512, "
+                    "rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: true, max_seq_len: 512}"},
+    {"tiny", "{n_layers: 4, d_model: 128, n_heads: 4, n_kv_heads: 2, d_ffn: 384, vocab_size: 512, "
+             "rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 4096}"},
 };
 
 int config_apply_preset(Config *cfg, Error *err)
@@ -52,15 +58,18 @@ int config_apply_preset(Config *cfg, Error *err)
         }
         return error_set(err, where, "model.preset: unknown preset '%s' (presets: %s)", name, names);
     }
-    for (int i = 0; i < N_PRESET_KEYS; i++) {
-        int k = config_key_find(preset_keys[i]);
-        if (cfg->origin[k].kind != ORIGIN_DEFAULT)
-            continue; /* set explicitly: the explicit value wins */
-        int plain = 1;
-        ConfigValue v = {0, 1, &p->values[i], &plain};
-        if (config_key_assign(cfg, k, &v, "model.preset", err) != 0)
-            return -1;
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, "model: %s\n", p->yaml);
+    Config shape;
+    config_init(&shape);
+    int rc = config_load_string(&shape, yaml, "model.preset", err);
+    for (int k = 0; rc == 0 && k < config_n_keys; k++) {
+        /* Keys the preset sets and the config does not: the explicit value wins. */
+        if (shape.origin[k].kind != ORIGIN_FILE || cfg->origin[k].kind != ORIGIN_DEFAULT)
+            continue;
+        rc = config_key_copy(cfg, &shape, k, err);
         cfg->origin[k].kind = ORIGIN_PRESET;
     }
-    return 0;
+    config_free(&shape);
+    return rc;
 }
