@@ -1,0 +1,345 @@
+/* util/safetensors.c - reading and writing safetensors files (see safetensors.h). */
+#include "util/safetensors.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int size;
+} dtypes[] = {[ST_F32] = {"F32", 4}, [ST_F16] = {"F16", 2}, [ST_BF16] = {"BF16", 2},
+              [ST_F64] = {"F64", 8}, [ST_I32] = {"I32", 4}, [ST_I64] = {"I64", 8}};
+
+const char *st_dtype_name(StDtype d) { return dtypes[d].name; }
+
+static uint64_t load_le(const unsigned char *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static int parse_entry(StTensor *t, const char *name, json_t *e, uint64_t data_size, const unsigned char *data,
+                       const char *path, Error *err)
+{
+    json_t *dt = json_object_get(e, "dtype"), *shape = json_object_get(e, "shape"),
+           *off = json_object_get(e, "data_offsets");
+    if (!json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) || json_array_size(off) != 2)
+        return error_set(err, path, "tensor %s: needs dtype, shape and data_offsets", name);
+    int d = -1;
+    for (int i = 0; i < (int)(sizeof dtypes / sizeof dtypes[0]); i++)
+        if (!strcmp(json_string_value(dt), dtypes[i].name))
+            d = i;
+    if (d < 0)
+        return error_set(err, path, "tensor %s: dtype %s is not one wlbtrain reads (F32, F16, BF16, F64, I32, I64)",
+                         name, json_string_value(dt));
+    if (json_array_size(shape) > ST_MAX_DIMS)
+        return error_set(err, path, "tensor %s: more than %d dimensions", name, ST_MAX_DIMS);
+    t->dtype = (StDtype)d;
+    t->n_dims = (int)json_array_size(shape);
+    t->numel = 1;
+    for (int i = 0; i < t->n_dims; i++) {
+        json_t *v = json_array_get(shape, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (INT64_C(1) << 40))
+            return error_set(err, path, "tensor %s: bad shape", name);
+        t->shape[i] = json_integer_value(v);
+        if (t->shape[i] && t->numel > (INT64_C(1) << 46) / t->shape[i])
+            return error_set(err, path, "tensor %s: too large", name);
+        t->numel *= t->shape[i];
+    }
+    json_t *b = json_array_get(off, 0), *e2 = json_array_get(off, 1);
+    if (!json_is_integer(b) || !json_is_integer(e2) || json_integer_value(b) < 0 ||
+        json_integer_value(e2) < json_integer_value(b) || (uint64_t)json_integer_value(e2) > data_size)
+        return error_set(err, path, "tensor %s: data_offsets outside the file's %llu data bytes", name,
+                         (unsigned long long)data_size);
+    uint64_t bytes = (uint64_t)(json_integer_value(e2) - json_integer_value(b));
+    if (bytes != (uint64_t)t->numel * (uint64_t)dtypes[d].size)
+        return error_set(err, path, "tensor %s: %llu bytes for %lld elements of %s", name, (unsigned long long)bytes,
+                         (long long)t->numel, dtypes[d].name);
+    t->data = data + json_integer_value(b);
+    t->name = strdup(name);
+    return t->name ? 0 : error_runtime(err, path, "out of memory");
+}
+
+int st_open(StFile *f, const char *path, Error *err)
+{
+    memset(f, 0, sizeof *f);
+    if (file_map(path, &f->map, err) != 0)
+        return -1;
+    if (f->map.size < 8) {
+        st_close(f);
+        return error_set(err, path, "not a safetensors file (%llu bytes)", (unsigned long long)f->map.size);
+    }
+    uint64_t n = load_le(f->map.data, 8);
+    if (n > f->map.size - 8 || n < 2 || f->map.data[8] != '{') {
+        st_close(f);
+        return error_set(err, path, "not a safetensors file (header of %llu bytes in a file of %llu)",
+                         (unsigned long long)n, (unsigned long long)f->map.size);
+    }
+    json_error_t je;
+    json_t *root = json_loadb((const char *)f->map.data + 8, (size_t)n, 0, &je);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        st_close(f);
+        return error_set(err, path, "safetensors header is not a JSON object: %s", je.text);
+    }
+    size_t count = json_object_size(root);
+    f->tensors = calloc(count + 1, sizeof *f->tensors);
+    f->meta_keys = calloc(count + 1, sizeof *f->meta_keys);
+    f->meta_values = calloc(count + 1, sizeof *f->meta_values);
+    int rc = f->tensors && f->meta_keys && f->meta_values ? 0 : error_runtime(err, path, "out of memory");
+    const char *key;
+    json_t *val;
+    const unsigned char *data = f->map.data + 8 + n;
+    uint64_t data_size = f->map.size - 8 - n;
+    json_object_foreach(root, key, val)
+    {
+        if (rc != 0)
+            break;
+        if (!strcmp(key, "__metadata__")) {
+            const char *mk;
+            json_t *mv;
+            size_t nm = json_object_size(val);
+            char **keys = realloc(f->meta_keys, (nm + 1) * sizeof *keys);
+            if (keys)
+                f->meta_keys = keys;
+            char **vals = keys ? realloc(f->meta_values, (nm + 1) * sizeof *vals) : NULL;
+            if (!vals) {
+                rc = error_runtime(err, path, "out of memory");
+                break;
+            }
+            f->meta_values = vals;
+            json_object_foreach(val, mk, mv)
+            {
+                if (!json_is_string(mv)) {
+                    rc = error_set(err, path, "__metadata__.%s: values must be strings", mk);
+                    break;
+                }
+                f->meta_keys[f->n_meta] = strdup(mk);
+                f->meta_values[f->n_meta] = strdup(json_string_value(mv));
+                if (!f->meta_keys[f->n_meta++] || !f->meta_values[f->n_meta - 1])
+                    rc = error_runtime(err, path, "out of memory");
+            }
+            continue;
+        }
+        rc = parse_entry(&f->tensors[f->n_tensors], key, val, data_size, data, path, err);
+        if (rc == 0)
+            f->n_tensors++;
+    }
+    json_decref(root);
+    if (rc != 0)
+        st_close(f);
+    return rc;
+}
+
+void st_close(StFile *f)
+{
+    for (int i = 0; i < f->n_tensors; i++)
+        free(f->tensors[i].name);
+    for (int i = 0; i < f->n_meta; i++) {
+        free(f->meta_keys[i]);
+        free(f->meta_values[i]);
+    }
+    free(f->tensors);
+    free(f->meta_keys);
+    free(f->meta_values);
+    file_unmap(&f->map);
+    memset(f, 0, sizeof *f);
+}
+
+const StTensor *st_find(const StFile *f, const char *name)
+{
+    for (int i = 0; i < f->n_tensors; i++)
+        if (!strcmp(f->tensors[i].name, name))
+            return &f->tensors[i];
+    return NULL;
+}
+
+const char *st_meta(const StFile *f, const char *key)
+{
+    for (int i = 0; i < f->n_meta; i++)
+        if (!strcmp(f->meta_keys[i], key))
+            return f->meta_values[i];
+    return NULL;
+}
+
+/* IEEE half and bfloat16 to float. */
+static float half_to_float(uint16_t h)
+{
+    int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024), e - 25);
+    return sign ? -v : v;
+}
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void st_read_f32(const StTensor *t, float *out)
+{
+    for (int64_t i = 0; i < t->numel; i++) {
+        const unsigned char *p = t->data + (size_t)i * (size_t)dtypes[t->dtype].size;
+        switch (t->dtype) {
+        case ST_F32: {
+            uint32_t u = (uint32_t)load_le(p, 4);
+            memcpy(&out[i], &u, 4);
+            break;
+        }
+        case ST_F64: {
+            uint64_t u = load_le(p, 8);
+            double d;
+            memcpy(&d, &u, 8);
+            out[i] = (float)d;
+            break;
+        }
+        case ST_F16:
+            out[i] = half_to_float((uint16_t)load_le(p, 2));
+            break;
+        case ST_BF16:
+            out[i] = bf16_to_float((uint16_t)load_le(p, 2));
+            break;
+        default:
+            out[i] = 0;
+        }
+    }
+}
+
+void st_read_i32(const StTensor *t, int32_t *out)
+{
+    for (int64_t i = 0; i < t->numel; i++)
+        out[i] = t->dtype == ST_I64 ? (int32_t)(int64_t)load_le(t->data + 8 * i, 8)
+                                    : (int32_t)(uint32_t)load_le(t->data + 4 * i, 4);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct StWriterItem {
+    char *name;
+    StDtype dtype;
+    int n_dims;
+    int64_t shape[ST_MAX_DIMS];
+    size_t bytes;
+    unsigned char *data;
+} StWriterItem;
+
+int st_writer_add(StWriter *w, const char *name, StDtype dtype, const int64_t *shape, int n_dims, const void *data,
+                  Error *err)
+{
+    if (w->n == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 64;
+        StWriterItem *items = realloc(w->items, (size_t)cap * sizeof *items);
+        if (!items)
+            return error_runtime(err, name, "out of memory");
+        w->items = items;
+        w->cap = cap;
+    }
+    StWriterItem *it = &w->items[w->n];
+    memset(it, 0, sizeof *it);
+    it->dtype = dtype;
+    it->n_dims = n_dims;
+    size_t numel = 1;
+    for (int i = 0; i < n_dims; i++) {
+        it->shape[i] = shape[i];
+        numel *= (size_t)shape[i];
+    }
+    it->bytes = numel * (size_t)dtypes[dtype].size;
+    it->name = strdup(name);
+    it->data = malloc(it->bytes + 1);
+    if (!it->name || !it->data) {
+        free(it->name);
+        free(it->data);
+        return error_runtime(err, name, "out of memory");
+    }
+    memcpy(it->data, data, it->bytes); /* host byte order: wlbtrain runs on little-endian machines */
+    w->n++;
+    return 0;
+}
+
+int st_writer_meta(StWriter *w, const char *key, const char *value, Error *err)
+{
+    char **k = realloc(w->meta_keys, (size_t)(w->n_meta + 1) * sizeof *k);
+    if (k)
+        w->meta_keys = k;
+    char **v = k ? realloc(w->meta_values, (size_t)(w->n_meta + 1) * sizeof *v) : NULL;
+    if (!v)
+        return error_runtime(err, key, "out of memory");
+    w->meta_values = v;
+    w->meta_keys[w->n_meta] = strdup(key);
+    w->meta_values[w->n_meta] = strdup(value);
+    if (!w->meta_keys[w->n_meta] || !w->meta_values[w->n_meta])
+        return error_runtime(err, key, "out of memory");
+    w->n_meta++;
+    return 0;
+}
+
+int st_write(const StWriter *w, const char *path, Error *err)
+{
+    json_t *root = json_object(), *meta = json_object();
+    size_t offset = 0;
+    int rc = root && meta ? 0 : error_runtime(err, path, "out of memory");
+    for (int i = 0; rc == 0 && i < w->n_meta; i++)
+        json_object_set_new(meta, w->meta_keys[i], json_string(w->meta_values[i]));
+    if (rc == 0 && w->n_meta)
+        json_object_set(root, "__metadata__", meta);
+    for (int i = 0; rc == 0 && i < w->n; i++) {
+        const StWriterItem *it = &w->items[i];
+        json_t *shape = json_array();
+        for (int d = 0; d < it->n_dims; d++)
+            json_array_append_new(shape, json_integer(it->shape[d]));
+        json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtypes[it->dtype].name, "shape", shape, "data_offsets",
+                              (json_int_t)offset, (json_int_t)(offset + it->bytes));
+        if (!e || json_object_set_new(root, it->name, e) != 0)
+            rc = error_runtime(err, path, "out of memory");
+        offset += it->bytes;
+    }
+    char *header = rc == 0 ? json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(meta);
+    json_decref(root);
+    if (rc == 0 && !header)
+        rc = error_runtime(err, path, "out of memory");
+    AtomicFile a;
+    if (rc == 0 && atomic_open(&a, path, err) == 0) {
+        size_t n = strlen(header), padded = (n + 7) / 8 * 8;
+        unsigned char len[8];
+        for (int i = 0; i < 8; i++)
+            len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+        int bad = fwrite(len, 1, 8, a.f) != 8 || fwrite(header, 1, n, a.f) != n;
+        for (size_t i = n; i < padded && !bad; i++)
+            bad = fputc(' ', a.f) == EOF;
+        for (int i = 0; i < w->n && !bad; i++)
+            bad = fwrite(w->items[i].data, 1, w->items[i].bytes, a.f) != w->items[i].bytes;
+        if (bad) {
+            atomic_abort(&a);
+            rc = error_runtime(err, path, "cannot write");
+        } else {
+            rc = atomic_commit(&a, err);
+        }
+    } else if (rc == 0) {
+        rc = -1;
+    }
+    free(header);
+    return rc;
+}
+
+void st_writer_free(StWriter *w)
+{
+    for (int i = 0; i < w->n; i++) {
+        free(w->items[i].name);
+        free(w->items[i].data);
+    }
+    for (int i = 0; i < w->n_meta; i++) {
+        free(w->meta_keys[i]);
+        free(w->meta_values[i]);
+    }
+    free(w->items);
+    free(w->meta_keys);
+    free(w->meta_values);
+    memset(w, 0, sizeof *w);
+}
