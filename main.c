@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "engine/dryrun.h"
 #include "engine/runtime.h"
+#include "engine/train.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
 static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, Error *err)
@@ -27,8 +28,11 @@ static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
         if (config_apply_set(cfg, arg, err) != 0)
             return -1;
     }
-    /* A dry run simulates the configured cluster; only a launched job has a world to check against. */
-    int world = opt->dry_run || !strcmp(launch->launcher, "none") ? 0 : launch->world_size;
+    /* A dry run simulates the configured cluster and --print-config shows it as written; training
+     * runs in the world it was launched into (one process when started by hand). */
+    int world = opt->dry_run ? 0 : launch->world_size;
+    if (opt->print_config && !strcmp(launch->launcher, "none"))
+        world = 0;
     return config_resolve(cfg, world, err);
 }
 
@@ -44,8 +48,7 @@ static int run(const CliOptions *opt, Error *err)
         DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare};
         rc = dryrun_run(&cfg, &dr, err);
     } else if (rc == 0) {
-        rc = error_set(err, "train", "training is not in this version yet; --dry-run, --print-config, inspect "
-                       "and convert are");
+        rc = train_run(&cfg, err);
     }
     config_free(&cfg);
     return rc;

@@ -256,35 +256,31 @@ int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
 {
     int n = pl->n_mb, rc = 0;
     Packed set = {0}, pk = {0};
-    /* 1. The step's documents, about global_batch_tokens of them: last step's leftovers first, then
-     *    pieces from the stream. An outlier goes to its queue instead; a queue that holds one outlier
-     *    per micro-batch releases them all into this step, so that each micro-batch gets one. The
-     *    first ordinary piece that does not fit is held back for the next step. */
-    int64_t total = 0;
-    for (int64_t i = 0; i < pl->remained.n; i++)
-        total += pl->remained.items[pl->remained.head + i].len;
-    while (total < pl->batch_tokens) {
+    /* 1. The step's documents: global_batch_tokens of the stream, as the data loader gives a
+     *    global batch (whole pieces; the first that does not fit is held back for the next step).
+     *    An outlier goes to its queue instead; a queue that holds one outlier per micro-batch
+     *    releases them all into this step, so that each micro-batch gets one. Tokens move between
+     *    steps but average global_batch_tokens. If the step would otherwise be empty (all of it
+     *    queued), reading goes on until something can be trained. */
+    int64_t intake = 0;
+    while (intake < pl->batch_tokens || (set.n == 0 && pl->remained.n == 0)) {
         PlanDoc d;
         take_piece(pl, &d);
         int q = queue_of(pl, d.len);
-        if (q >= 0) {
-            if (queue_push(&pl->queues[q], &d) != 0)
-                return error_runtime(err, "planner", "out of memory");
-            if (pl->queues[q].n >= n) {
-                int64_t t = release(pl, q, n, &set);
-                if (t < 0)
-                    return error_runtime(err, "planner", "out of memory");
-                total += t;
-            }
-            continue;
-        }
-        if (total + d.len > pl->batch_tokens) {
+        if (intake + d.len > pl->batch_tokens && q < 0 && (set.n > 0 || pl->remained.n > 0)) {
             d.arrival = -1; /* it belongs to the next step's batch */
             hold_back(pl, &d);
             break;
         }
-        total += d.len;
-        if (packed_add(&set, &d, 0) != 0)
+        intake += d.len;
+        if (q < 0) {
+            if (packed_add(&set, &d, 0) != 0)
+                return error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        if (queue_push(&pl->queues[q], &d) != 0)
+            return error_runtime(err, "planner", "out of memory");
+        if (pl->queues[q].n >= n && release(pl, q, n, &set) < 0)
             return error_runtime(err, "planner", "out of memory");
     }
     /* 2. Longest first, after last step's leftovers. */

@@ -114,6 +114,26 @@ int file_read_text(const char *path, const char *what, char **text, size_t *len,
     return 0;
 }
 
+int file_make_parents(const char *path, Error *err)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return error_runtime(err, path, "out of memory");
+    for (char *p = copy + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(copy, 0755) != 0 && errno != EEXIST) {
+            int rc = error_errno(err, copy, "cannot create the folder");
+            free(copy);
+            return rc;
+        }
+        *p = '/';
+    }
+    free(copy);
+    return 0;
+}
+
 int atomic_open(AtomicFile *a, const char *path, Error *err)
 {
     a->f = NULL;

@@ -30,6 +30,9 @@ int file_read_all(const char *path, char **data, size_t *len, Error *err);
 /* The same for a text file: a NUL byte in it is an error "PATH: not a WHAT (it contains NUL bytes)". */
 int file_read_text(const char *path, const char *what, char **text, size_t *len, Error *err);
 
+/* Creates the folders above path (like mkdir -p of its dirname); 0 when they exist. */
+int file_make_parents(const char *path, Error *err);
+
 typedef struct AtomicFile {
     FILE *f;   /* write here between atomic_open and atomic_commit */
     char *path;
