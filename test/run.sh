@@ -50,7 +50,7 @@ for b in "${variants[@]}"; do
   echo "== tests: $b"
   mkdir -p "$b/test-logs"
   v_pass=0 v_fail=0 v_skip=0
-  export WLBTRAIN=$PWD/$b/wlbtrain
+  export WLBTRAIN=$PWD/$b/wlbtrain WLB_TEST_BIN_DIR=$PWD/$b/test
   for t in "$b"/test/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")

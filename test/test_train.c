@@ -1,0 +1,183 @@
+/*
+ * test/test_train.c - training as a user runs it: the loss falls on a learnable corpus, the
+ * metrics file has a line per step with every field, runs are repeatable bit for bit (also with
+ * another number of threads), and the errors of what this version does not train.
+ */
+#include "test/testlib.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/data_idx.h"
+#include "util/rng.h"
+
+#define RUN(r, ...)                                \
+    do {                                           \
+        const char *args_[] = {__VA_ARGS__, NULL}; \
+        test_run_wlbtrain(r, args_);               \
+    } while (0)
+
+/* Documents that count (each token the previous plus one, modulo 60) from a random start, with a
+ * random token now and then: a tiny model learns the rule in a few dozen steps. */
+static char *write_corpus(const char *dir)
+{
+    char *prefix = test_format("%s/counting", dir);
+    DataIdxWriter w;
+    Error err = {0};
+    Rng rng;
+    rng_seed(&rng, 2);
+    assert_int_equal(data_idx_writer_open(&w, prefix, DATA_DTYPE_UINT16, &err), 0);
+    for (int d = 0; d < 200; d++) {
+        int32_t tok[300];
+        int len = 20 + (int)rng_below(&rng, 280);
+        tok[0] = (int32_t)rng_below(&rng, 60);
+        for (int i = 1; i < len; i++)
+            tok[i] = rng_below(&rng, 20) ? (tok[i - 1] + 1) % 60 : (int32_t)rng_below(&rng, 60);
+        assert_int_equal(data_idx_writer_add(&w, tok, (uint64_t)len, &err), 0);
+    }
+    assert_int_equal(data_idx_writer_finish(&w, &err), 0);
+    return prefix;
+}
+
+static char *write_config(const char *dir, const char *prefix)
+{
+    char *yaml = test_format(
+        "model: {n_layers: 2, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 64, rope_theta: 10000,"
+        " norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 256}\n"
+        "parallel: {dp: 1}\n"
+        "data: {path: %s, context_window: 128, global_batch_tokens: 512}\n"
+        "balance: {hardware: cpu}\n"
+        "train: {device: cpu, steps: 40, lr: 0.01, warmup_steps: 5}\n"
+        "log: {every: 10, metrics: %s/run/metrics.jsonl}\n",
+        prefix, dir);
+    char *path = test_write_file(dir, "train.yaml", yaml, strlen(yaml));
+    free(yaml);
+    return path;
+}
+
+/* The losses of a metrics file, checking each line's fields. */
+static int read_losses(const char *path, double *loss, int max)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096];
+    int n = 0;
+    const char *keys[] = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms"};
+    while (fgets(line, sizeof line, f) && n < max) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        assert_non_null(o);
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            assert_non_null(json_object_get(o, keys[k]));
+        assert_int_equal(json_integer_value(json_object_get(o, "step")), n + 1);
+        loss[n++] = json_number_value(json_object_get(o, "loss"));
+        json_decref(o);
+    }
+    fclose(f);
+    return n;
+}
+
+static void test_loss_falls(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *prefix = write_corpus(dir), *cfg = write_config(dir, prefix);
+    char *metrics = test_format("%s/run/metrics.jsonl", dir);
+    CmdResult r;
+    RUN(&r, "--config", cfg);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "train: custom model, "));
+    assert_non_null(strstr(r.out, "step    10/40  loss "));
+    assert_non_null(strstr(r.out, "step    40/40  loss "));
+    assert_non_null(strstr(r.out, " left)"));
+    test_cmd_free(&r);
+    double loss[64];
+    assert_int_equal(read_losses(metrics, loss, 64), 40);
+    /* From about ln(64) = 4.2 to well under half of it. */
+    double first = (loss[0] + loss[1]) / 2, last = (loss[38] + loss[39]) / 2;
+    if (!(first > 3.5 && last < 0.5 * first)) {
+        print_error("loss %g at the start, %g at the end\n", first, last);
+        fail();
+    }
+    free(metrics);
+    free(cfg);
+    free(prefix);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+static void test_repeatable(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *prefix = write_corpus(dir), *cfg = write_config(dir, prefix);
+    char *metrics = test_format("%s/run/metrics.jsonl", dir);
+    double a[64], b[64];
+    CmdResult r;
+    setenv("OMP_NUM_THREADS", "2", 1);
+    RUN(&r, "--config", cfg, "--steps", "8");
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    assert_int_equal(read_losses(metrics, a, 64), 8);
+    /* One thread: every sum runs in the same order, so the losses are the same bits. */
+    setenv("OMP_NUM_THREADS", "1", 1);
+    RUN(&r, "--config", cfg, "--steps", "8");
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    unsetenv("OMP_NUM_THREADS");
+    assert_int_equal(read_losses(metrics, b, 64), 8);
+    assert_memory_equal(a, b, sizeof(double) * 8);
+    free(metrics);
+    free(cfg);
+    free(prefix);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *prefix = write_corpus(dir), *cfg = write_config(dir, prefix);
+    CmdResult r;
+    RUN(&r, "--config", cfg, "--set", "train.device=cuda", "--set", "train.precision=fp32");
+    test_assert_error(&r, "train.device: training on cuda is not in this version yet");
+    test_cmd_free(&r);
+    /* Started by hand, the job is one process: a layout of more ranks does not fit it. */
+    RUN(&r, "--config", cfg, "--set", "parallel.tp=2");
+    test_assert_error(&r, "parallel.dp: tp * cp * pp * dp = 2 * 1 * 1 * 1 = 2, but the job has 1 ranks");
+    test_cmd_free(&r);
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+    RUN(&r, "--config", cfg, "--set", "parallel.tp=2");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    test_assert_error(&r, "parallel: this version trains in one process");
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--set", "data.path=", "--set", "data.lengths_file=x.txt");
+    test_assert_error(&r, "data.path: training reads tokens: set data.path");
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--set", "train.init_from=/nonexistent/w.safetensors");
+    test_assert_error(&r, "/nonexistent/w.safetensors: cannot open: No such file or directory");
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--set", "model.vocab_size=32");
+    test_assert_error(&r, "outside model.vocab_size (32)");
+    test_cmd_free(&r);
+    char *bad = test_format("log.metrics=%s/train.yaml/m.jsonl", dir);
+    RUN(&r, "--config", cfg, "--set", bad);
+    test_assert_error(&r, "m.jsonl: cannot create: Not a directory");
+    test_cmd_free(&r);
+    free(bad);
+    free(cfg);
+    free(prefix);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_loss_falls),
+        cmocka_unit_test(test_repeatable),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests_name("train", tests, NULL, NULL);
+}
