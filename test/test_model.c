@@ -136,6 +136,7 @@ static void test_finite_differences(void **state)
         }
     }
     assert_true(checked >= 21);
+    print_message("# %d entries checked\n", checked);
     model_free(&m);
     config_free(&cfg);
 }
