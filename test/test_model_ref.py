@@ -51,45 +51,11 @@ STORIES_GRAD_TOL = 5e-5
 BOS = 1
 
 
-class Skip(Exception):
-    pass
+from taplib import Skip, check, comment, import_numpy  # noqa: E402
 
-
-def _import_numpy():
-    """numpy, pip-installing it once if needed; a Skip (returned, not raised) when that fails."""
-    try:
-        import numpy
-        return numpy
-    except ImportError:
-        pass
-    try:
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "numpy"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
-        out = r.stdout.decode(errors="replace")
-    except Exception as e:  # no pip, timeout
-        out = str(e)
-    try:
-        import numpy
-        return numpy
-    except ImportError:
-        lines = [l for l in out.strip().splitlines() if l.strip() and not l.startswith("WARNING: Running pip as")]
-        last = (lines or ["no output"])[-1]
-        return Skip("numpy is not installed and pip could not install it: %s" % last)
-
-
-np = _import_numpy()
+np = import_numpy()
 if not isinstance(np, Skip):
     import ref_llama as R
-
-
-def comment(msg):
-    for line in str(msg).splitlines():
-        print("# " + line)
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
 
 
 _tmp = None
