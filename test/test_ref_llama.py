@@ -29,7 +29,6 @@ Environment: WLB_REAL_DATA (default ../shared/real-data). Output: TAP.
 import math
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 import traceback
