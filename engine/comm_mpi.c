@@ -1,0 +1,261 @@
+/* engine/comm_mpi.c - the MPI implementation of comm.h. */
+#include "engine/comm.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int mpi_error(int rc, const char *what, Error *err)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "MPI error %d", rc);
+    return error_runtime(err, "mpi", "%s: %s", what, msg);
+}
+
+#define CHECK(call, what)                                                                          \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != MPI_SUCCESS)                                                                    \
+            return mpi_error(rc_, what, err);                                                      \
+    } while (0)
+
+static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
+
+static int count_ok(int64_t n, const char *what, Error *err)
+{
+    if (n < 0 || n > INT_MAX)
+        return error_runtime(err, "mpi", "%s: %lld elements in one message", what, (long long)n);
+    return 0;
+}
+
+int comm_start(Comm *c, int launched, Error *err)
+{
+    memset(c, 0, sizeof *c);
+    for (int g = 0; g < GROUP_COUNT; g++) {
+        c->size[g] = 1;
+        c->rank[g] = 0;
+    }
+    if (!launched)
+        return 0;
+    int provided;
+    /* OpenMP threads compute; only the main thread calls MPI. */
+    CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    c->mpi = 1;
+    CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->size[GROUP_WORLD]), "MPI_Comm_size");
+    CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank[GROUP_WORLD]), "MPI_Comm_rank");
+    int *ub, flag = 0;
+    CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag), "MPI_Comm_get_attr");
+    c->tag_limit = flag ? *ub : 32767; /* the standard's minimum */
+    return 0;
+}
+
+int comm_split(Comm *c, int tp, int cp, int pp, int dp, Error *err)
+{
+    c->layout = layout_of(tp, cp, pp, dp, c->rank[GROUP_WORLD]);
+    if (layout_world(&c->layout) != c->size[GROUP_WORLD])
+        return error_set(err, "parallel", "tp * cp * pp * dp = %d, but the job has %d ranks", layout_world(&c->layout),
+                         c->size[GROUP_WORLD]);
+    if (!c->mpi)
+        return 0;
+    for (int g = 0; g < GROUP_COUNT; g++) {
+        MPI_Comm *h = malloc(sizeof *h);
+        if (!h)
+            return error_runtime(err, "mpi", "out of memory");
+        c->groups[g] = h;
+        int members[4096];
+        int n = c->size[GROUP_WORLD] <= 4096 ? layout_group(&c->layout, (LayoutGroup)g, members) : 0;
+        if (n == 0 && c->size[GROUP_WORLD] > 4096)
+            return error_runtime(err, "mpi", "the CPU engine runs at most 4096 ranks");
+        /* The group's color: its lowest member, the same for every member. */
+        int color = members[0];
+        for (int i = 1; i < n; i++)
+            color = members[i] < color ? members[i] : color;
+        CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, layout_group_rank(&c->layout, (LayoutGroup)g), h),
+              "MPI_Comm_split");
+        CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+        CHECK(MPI_Comm_size(*h, &c->size[g]), "MPI_Comm_size");
+        CHECK(MPI_Comm_rank(*h, &c->rank[g]), "MPI_Comm_rank");
+    }
+    return 0;
+}
+
+void comm_finish(Comm *c)
+{
+    for (int g = 0; g < GROUP_COUNT; g++) {
+        if (c->groups[g]) {
+            MPI_Comm_free((MPI_Comm *)c->groups[g]);
+            free(c->groups[g]);
+        }
+        c->groups[g] = NULL;
+    }
+    if (c->mpi)
+        MPI_Finalize();
+    c->mpi = 0;
+}
+
+void comm_abort(const Comm *c, int status)
+{
+    fflush(stdout);
+    fflush(stderr);
+    if (c->mpi && c->size[GROUP_WORLD] > 1)
+        MPI_Abort(MPI_COMM_WORLD, status);
+    exit(status);
+}
+
+int comm_world_size(const Comm *c) { return c->size[GROUP_WORLD]; }
+int comm_world_rank(const Comm *c) { return c->rank[GROUP_WORLD]; }
+
+/* A group of one needs no MPI: its collectives are the identity. */
+static int alone(const Comm *c, LayoutGroup g) { return !c->mpi || c->size[g] == 1; }
+
+int comm_allreduce_sum(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+{
+    if (alone(c, g) || n == 0)
+        return 0;
+    if (count_ok(n, "allreduce", err) != 0)
+        return -1;
+    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Allreduce");
+    return 0;
+}
+
+int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
+{
+    if (alone(c, g) || n == 0)
+        return 0;
+    if (count_ok(n, "allreduce", err) != 0)
+        return -1;
+    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, group_comm(c, g)), "MPI_Allreduce");
+    return 0;
+}
+
+int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
+{
+    if (alone(c, g) || n == 0)
+        return 0;
+    if (count_ok(n, "allreduce", err) != 0)
+        return -1;
+    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_MAX, group_comm(c, g)), "MPI_Allreduce");
+    return 0;
+}
+
+/* int counts and displacements for the v-collectives. */
+static int displs(const Comm *c, LayoutGroup g, const int64_t *counts, int *cnt, int *dsp, Error *err)
+{
+    int64_t at = 0;
+    for (int i = 0; i < c->size[g]; i++) {
+        if (count_ok(counts[i], "collective", err) != 0 || count_ok(at, "collective", err) != 0)
+            return -1;
+        cnt[i] = (int)counts[i];
+        dsp[i] = (int)at;
+        at += counts[i];
+    }
+    return 0;
+}
+
+int comm_allgatherv(const Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
+{
+    if (alone(c, g)) {
+        if (send && counts[0] && recv != send)
+            memmove(recv, send, (size_t)counts[0] * sizeof *recv);
+        return 0;
+    }
+    int cnt[4096], dsp[4096];
+    if (c->size[g] > 4096 || displs(c, g, counts, cnt, dsp, err) != 0)
+        return -1;
+    const void *from = send ? (const void *)send : MPI_IN_PLACE;
+    CHECK(MPI_Allgatherv(from, cnt[c->rank[g]], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, group_comm(c, g)),
+          "MPI_Allgatherv");
+    return 0;
+}
+
+int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
+{
+    if (alone(c, g)) {
+        if (n && recv != send)
+            memmove(recv, send, (size_t)n * sizeof *recv);
+        return 0;
+    }
+    if (count_ok(n, "allgather", err) != 0 || count_ok(n * c->size[g], "allgather", err) != 0)
+        return -1;
+    CHECK(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, group_comm(c, g)), "MPI_Allgather");
+    return 0;
+}
+
+int comm_reduce_scatterv(const Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                         Error *err)
+{
+    if (alone(c, g)) {
+        if (counts[0] && recv != send)
+            memmove(recv, send, (size_t)counts[0] * sizeof *recv);
+        return 0;
+    }
+    int cnt[4096], dsp[4096];
+    if (c->size[g] > 4096 || displs(c, g, counts, cnt, dsp, err) != 0)
+        return -1;
+    CHECK(MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+    return 0;
+}
+
+int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t bytes, Error *err)
+{
+    if (alone(c, g) || bytes == 0)
+        return 0;
+    if (count_ok(bytes, "broadcast", err) != 0)
+        return -1;
+    CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, group_comm(c, g)), "MPI_Bcast");
+    return 0;
+}
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(((CommRequest *)0)->handle), "CommRequest holds an MPI_Request");
+
+int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
+               Error *err)
+{
+    if (!c->mpi)
+        return error_runtime(err, "comm", "send to %d in a world of one", peer);
+    if (count_ok(n, "send", err) != 0)
+        return -1;
+    if (tag < 0 || tag > c->tag_limit)
+        return error_runtime(err, "mpi", "message tag %d above MPI's limit %d (fewer micro-batches?)", tag,
+                             c->tag_limit);
+    MPI_Request r;
+    CHECK(MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), &r), "MPI_Isend");
+    memcpy(req->handle, &r, sizeof r);
+    req->active = 1;
+    return 0;
+}
+
+int comm_wait(const Comm *c, CommRequest *req, Error *err)
+{
+    (void)c;
+    if (!req->active)
+        return 0;
+    MPI_Request r;
+    memcpy(&r, req->handle, sizeof r);
+    req->active = 0;
+    CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+    return 0;
+}
+
+int comm_recv(const Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
+{
+    if (!c->mpi)
+        return error_runtime(err, "comm", "receive from %d in a world of one", peer);
+    if (count_ok(n, "recv", err) != 0)
+        return -1;
+    CHECK(MPI_Recv(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), MPI_STATUS_IGNORE), "MPI_Recv");
+    return 0;
+}
+
+int comm_barrier(const Comm *c, Error *err)
+{
+    if (!c->mpi)
+        return 0;
+    CHECK(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+    return 0;
+}
