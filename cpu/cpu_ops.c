@@ -114,42 +114,67 @@ static void swiglu_bwd(float *dgate, float *dup, const float *dout, const float 
     }
 }
 
-static double cross_entropy(float *dlogits, const float *logits, const int32_t *targets, int64_t T, int64_t V,
-                            float dloss)
+static void ce_row_max(double *mx, const float *logits, int64_t T, int64_t V)
 {
-    double *loss = malloc((size_t)(T ? T : 1) * sizeof *loss);
-    if (!loss) {
-        fputs("wlbtrain: error: cpu backend: out of memory\n", stderr);
-        exit(1);
-    }
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *z = logits + t * V;
-        loss[t] = 0;
+        float m = z[0];
+        for (int64_t i = 1; i < V; i++)
+            m = z[i] > m ? z[i] : m;
+        mx[t] = m;
+    }
+}
+
+static void ce_row_sumexp(double *sum, const float *logits, const double *mx, int64_t T, int64_t V)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *z = logits + t * V;
+        double s = 0;
+        for (int64_t i = 0; i < V; i++)
+            s += exp((double)z[i] - mx[t]);
+        sum[t] = s;
+    }
+}
+
+static void ce_target_logit(double *z, const float *logits, const int32_t *targets, int64_t T, int64_t V,
+                            int64_t vocab0)
+{
+    for (int64_t t = 0; t < T; t++) {
+        int64_t c = (int64_t)targets[t] - vocab0;
+        z[t] = targets[t] >= 0 && c >= 0 && c < V ? logits[t * V + c] : 0.0;
+    }
+}
+
+static void ce_grad(float *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
+                    int64_t V, int64_t vocab0, float dloss)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
         if (targets[t] < 0) {
-            if (dlogits)
-                memset(dlogits + t * V, 0, (size_t)V * sizeof *dlogits);
+            memset(dlogits + t * V, 0, (size_t)V * sizeof *dlogits);
             continue;
         }
-        float mx = z[0];
-        for (int64_t i = 1; i < V; i++)
-            mx = z[i] > mx ? z[i] : mx;
-        double sum = 0;
+        int64_t c = (int64_t)targets[t] - vocab0;
+        /* p - 1 at the target in double: when p is near 1 the float difference would lose bits. */
         for (int64_t i = 0; i < V; i++)
-            sum += exp((double)(z[i] - mx));
-        double lse = mx + log(sum);
-        loss[t] = lse - z[targets[t]];
-        if (dlogits) {
-            /* p - 1 at the target in double: when p is near 1 the float difference would lose bits. */
-            for (int64_t i = 0; i < V; i++)
-                dlogits[t * V + i] = (float)((double)dloss * (exp((double)z[i] - lse) - (i == targets[t])));
-        }
+            dlogits[t * V + i] = (float)((double)dloss * (exp((double)logits[t * V + i] - lse[t]) - (i == c)));
     }
-    double total = 0; /* in token order: the same sum for any thread count */
-    for (int64_t t = 0; t < T; t++)
-        total += loss[t];
-    free(loss);
-    return total;
+}
+
+static void gather_rows(float *dst, const float *src, const int64_t *rows, int64_t n, int64_t width)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + i * width, src + rows[i] * width, (size_t)width * sizeof *dst);
+}
+
+static void scatter_rows(float *dst, const int64_t *rows, const float *src, int64_t n, int64_t width)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + rows[i] * width, src + i * width, (size_t)width * sizeof *dst);
 }
 
 static void add(float *out, const float *a, int64_t n)
@@ -223,7 +248,12 @@ static const Ops ops = {
     .attention_bwd = cpu_attention_bwd,
     .swiglu_fwd = swiglu_fwd,
     .swiglu_bwd = swiglu_bwd,
-    .cross_entropy = cross_entropy,
+    .ce_row_max = ce_row_max,
+    .ce_row_sumexp = ce_row_sumexp,
+    .ce_target_logit = ce_target_logit,
+    .ce_grad = ce_grad,
+    .gather_rows = gather_rows,
+    .scatter_rows = scatter_rows,
     .add = add,
     .copy = copy,
     .scale = scale,

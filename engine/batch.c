@@ -86,6 +86,71 @@ static int read_piece(BatchBuffers *bb, const PlanDoc *d, const DataSources *dat
     return 0;
 }
 
+/* The K/V exchange of micro-batch mb for CP rank `rank` (ModelBatch's CP fields): which rows are
+ * of sharded documents, this rank's rows in micro-batch coordinates, and what every rank sends, in
+ * CP rank order and each rank's own row order - the order all of them agree on. */
+static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch *mb, int rank, ModelBatch *out,
+                       Error *err)
+{
+    const PlanRank *own = &p->ranks[mb->first_rank + rank];
+    int64_t T_mb = mb->tokens, need = 3 * T_mb + own->tokens + 1;
+    if (need > bb->cap_index) {
+        int64_t *ix = array_grow(bb->index, &bb->cap_index, need, sizeof *ix);
+        if (!ix)
+            return error_runtime(err, "batch", "out of memory");
+        bb->index = ix;
+    }
+    if (!bb->recv_counts && !(bb->recv_counts = calloc((size_t)p->cp, sizeof *bb->recv_counts)))
+        return error_runtime(err, "batch", "out of memory");
+    int64_t *mb_row = bb->index, *send_rows = mb_row + own->tokens, *recv_rows = send_rows + own->tokens;
+    int64_t *sharded = recv_rows + T_mb;
+    for (int64_t k = 0; k < mb->n_docs; k++) {
+        const PlanDoc *d = &p->docs[mb->first_doc + k];
+        for (int64_t t = d->start; t < d->start + d->len; t++)
+            sharded[t] = d->rank < 0;
+    }
+    int64_t n_recv = 0, n_send = 0, local = 0;
+    for (int r = 0; r < p->cp; r++) {
+        const PlanRank *pr = &p->ranks[mb->first_rank + r];
+        bb->recv_counts[r] = 0;
+        for (int64_t g = 0; g < pr->n_ranges; g++) {
+            const PlanRange *rg = &p->ranges[pr->first_range + g];
+            for (int64_t t = rg->start; t < rg->start + rg->len; t++) {
+                if (r == rank)
+                    mb_row[local] = t;
+                if (sharded[t]) {
+                    recv_rows[n_recv++] = t;
+                    bb->recv_counts[r]++;
+                    if (r == rank)
+                        send_rows[n_send++] = local;
+                }
+                local += r == rank;
+            }
+        }
+    }
+    /* Backend copy: mb_row, send_rows, recv_rows side by side. */
+    int64_t n = 2 * own->tokens + n_recv + 1;
+    if (n > bb->d_cap_index) {
+        bb->ops->free(bb->d_index);
+        if (!(bb->d_index = bb->ops->alloc((size_t)n * sizeof *bb->d_index))) {
+            bb->d_cap_index = 0;
+            return error_runtime(err, "batch", "out of memory");
+        }
+        bb->d_cap_index = n;
+    }
+    int64_t *d = bb->d_index;
+    bb->ops->to_device(d, mb_row, (size_t)own->tokens * sizeof *d);
+    bb->ops->to_device(d + own->tokens, send_rows, (size_t)n_send * sizeof *d);
+    bb->ops->to_device(d + 2 * own->tokens, recv_rows, (size_t)n_recv * sizeof *d);
+    out->T_mb = T_mb;
+    out->mb_row = d;
+    out->send_rows = d + own->tokens;
+    out->n_send = n_send;
+    out->recv_counts = bb->recv_counts;
+    out->recv_rows = d + 2 * own->tokens;
+    return 0;
+}
+
 int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const DataSources *data, int64_t vocab,
                 ModelBatch *out, Error *err)
 {
@@ -131,18 +196,22 @@ int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const 
     }
     free(tok);
     free(local);
-    *out = (ModelBatch){rows, bb->d_tokens, bb->d_targets, bb->d_positions, bb->segs, pr->n_segments};
-    return 0;
+    *out = (ModelBatch){.T = rows, .tokens = bb->d_tokens, .targets = bb->d_targets, .positions = bb->d_positions,
+                        .segs = bb->segs, .n_segs = pr->n_segments, .T_mb = rows};
+    return p->cp > 1 ? cp_exchange(bb, p, mb, rank, out, err) : 0;
 }
 
 void batch_free(BatchBuffers *bb)
 {
     free(bb->tokens); /* targets and positions live in the same array */
     free(bb->segs);
+    free(bb->index);
+    free(bb->recv_counts);
     if (bb->ops) {
         bb->ops->free(bb->d_tokens);
         bb->ops->free(bb->d_targets);
         bb->ops->free(bb->d_positions);
+        bb->ops->free(bb->d_index);
     }
     memset(bb, 0, sizeof *bb);
 }

@@ -1,13 +1,15 @@
 /*
- * engine/model.c - the tensor table, initialisation, and the forward and backward of a stage over
- * the ops interface (see model.h for the architecture).
+ * engine/model.c - the tensor table of a rank (its blocks of the full tensors), initialisation, and
+ * the activation buffers (see model.h).
  */
 #include "engine/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cost.h"
 #include "util/rng.h"
 
 static const char *const layer_names[MODEL_LAYER_TENSORS] = {
@@ -16,15 +18,24 @@ static const char *const layer_names[MODEL_LAYER_TENSORS] = {
     "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
 };
 
-static void add_tensor(Model *m, ModelTensorKind kind, int layer, int64_t rows, int64_t cols, int decay)
+/* Adds the rank's block [row0, row0 + rows) x [col0, col0 + cols) of a full tensor. */
+static void add_tensor(Model *m, ModelTensorKind kind, int layer, int64_t full_rows, int64_t full_cols, int64_t row0,
+                       int64_t rows, int64_t col0, int64_t cols, int counts)
 {
     ModelTensor *t = &m->tensors[m->n_tensors++];
+    memset(t, 0, sizeof *t);
     t->kind = kind;
     t->layer = layer;
+    t->full_rows = full_rows;
+    t->full_cols = full_cols;
+    t->row0 = row0;
     t->rows = rows;
+    t->col0 = col0;
     t->cols = cols;
     t->offset = m->n_params;
-    t->decay = decay;
+    t->is_vector = kind == T_ATTN_NORM || kind == T_MLP_NORM || kind == T_FINAL_NORM;
+    t->decay = !t->is_vector && kind != T_EMBED;
+    t->counts = counts;
     if (kind == T_EMBED)
         snprintf(t->name, sizeof t->name, "model.embed_tokens.weight");
     else if (kind == T_FINAL_NORM)
@@ -59,11 +70,9 @@ static void rope_frequencies(const ConfigModel *c, int head_dim, float *out)
     }
 }
 
-int model_init(Model *m, const ConfigModel *c, const Ops *ops, Error *err)
+/* The rank's share of the model (see model.h, Parallelism). */
+static void set_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
 {
-    memset(m, 0, sizeof *m);
-    m->ops = ops;
-    ModelDims *d = &m->dims;
     d->n_layers = (int)c->n_layers;
     d->d = (int)c->d_model;
     d->n_heads = (int)c->n_heads;
@@ -73,28 +82,64 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, Error *err)
     d->vocab = (int)c->vocab_size;
     d->norm_eps = (float)c->norm_eps;
     d->tied = c->tie_embeddings;
+    int tp = p ? p->tp : 1, tr = p ? p->tp_rank : 0, chunks = p ? p->n_chunks : 1, g = p ? p->chunk : 0;
+    d->tp = tp;
+    d->tp_rank = tr;
+    d->cp = p ? p->cp : 1;
     d->layer_begin = 0;
-    d->layer_end = d->n_layers;
-    d->has_embed = d->has_head = 1;
-    int64_t hd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
-    m->tensors = calloc((size_t)d->n_layers * MODEL_LAYER_TENSORS + 3, sizeof *m->tensors);
+    for (int s = 0; s < g; s++)
+        d->layer_begin += cost_stage_layers(d->n_layers, chunks, s);
+    d->layer_end = d->layer_begin + cost_stage_layers(d->n_layers, chunks, g);
+    d->has_embed = g == 0;
+    d->has_head = g == chunks - 1;
+    d->local_heads = d->n_heads / tp;
+    d->local_ffn = d->d_ffn / tp;
+    d->local_vocab = d->vocab / tp;
+    d->vocab0 = (int64_t)tr * d->local_vocab;
+    if (d->n_kv_heads >= tp) {
+        d->local_kv_heads = d->n_kv_heads / tp;
+        d->kv_head0 = tr * d->local_kv_heads;
+        d->kv_replicas = 1;
+    } else { /* fewer kv heads than TP ranks: tp / n_kv_heads ranks share one */
+        d->local_kv_heads = 1;
+        d->kv_replicas = tp / d->n_kv_heads;
+        d->kv_head0 = tr / d->kv_replicas;
+    }
+}
+
+int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParallel *par, Error *err)
+{
+    memset(m, 0, sizeof *m);
+    m->ops = ops;
+    m->comm = par ? par->comm : NULL;
+    ModelDims *d = &m->dims;
+    set_dims(d, c, par);
+    int64_t D = d->head_dim, hd = (int64_t)d->n_heads * D, kvd = (int64_t)d->n_kv_heads * D;
+    int64_t lhd = (int64_t)d->local_heads * D, lkv = (int64_t)d->local_kv_heads * D;
+    int first_tp = d->tp_rank == 0, kv_lead = d->tp_rank % d->kv_replicas == 0;
+    m->tensors = calloc((size_t)d->n_layers * MODEL_LAYER_TENSORS + 4, sizeof *m->tensors);
     if (!m->tensors)
         return error_runtime(err, "model", "out of memory");
-    add_tensor(m, T_EMBED, -1, d->vocab, d->d, 0);
+    /* The embedding: on the first stage, and on the last when it is also the output projection.
+     * With pp > 1 that copy does not count (the first stage's does). */
+    if (d->has_embed || (d->has_head && d->tied))
+        add_tensor(m, T_EMBED, -1, d->vocab, d->d, d->vocab0, d->local_vocab, 0, d->d, d->has_embed);
     for (int l = d->layer_begin; l < d->layer_end; l++) {
-        add_tensor(m, T_ATTN_NORM, l, 1, d->d, 0);
-        add_tensor(m, T_WQ, l, hd, d->d, 1);
-        add_tensor(m, T_WK, l, kvd, d->d, 1);
-        add_tensor(m, T_WV, l, kvd, d->d, 1);
-        add_tensor(m, T_WO, l, d->d, hd, 1);
-        add_tensor(m, T_MLP_NORM, l, 1, d->d, 0);
-        add_tensor(m, T_WGATE, l, d->d_ffn, d->d, 1);
-        add_tensor(m, T_WUP, l, d->d_ffn, d->d, 1);
-        add_tensor(m, T_WDOWN, l, d->d, d->d_ffn, 1);
+        add_tensor(m, T_ATTN_NORM, l, 1, d->d, 0, 1, 0, d->d, first_tp);
+        add_tensor(m, T_WQ, l, hd, d->d, d->tp_rank * lhd, lhd, 0, d->d, 1);
+        add_tensor(m, T_WK, l, kvd, d->d, d->kv_head0 * D, lkv, 0, d->d, kv_lead);
+        add_tensor(m, T_WV, l, kvd, d->d, d->kv_head0 * D, lkv, 0, d->d, kv_lead);
+        add_tensor(m, T_WO, l, d->d, hd, 0, d->d, d->tp_rank * lhd, lhd, 1);
+        add_tensor(m, T_MLP_NORM, l, 1, d->d, 0, 1, 0, d->d, first_tp);
+        add_tensor(m, T_WGATE, l, d->d_ffn, d->d, (int64_t)d->tp_rank * d->local_ffn, d->local_ffn, 0, d->d, 1);
+        add_tensor(m, T_WUP, l, d->d_ffn, d->d, (int64_t)d->tp_rank * d->local_ffn, d->local_ffn, 0, d->d, 1);
+        add_tensor(m, T_WDOWN, l, d->d, d->d_ffn, 0, d->d, (int64_t)d->tp_rank * d->local_ffn, d->local_ffn, 1);
     }
-    add_tensor(m, T_FINAL_NORM, -1, 1, d->d, 0);
-    if (!d->tied)
-        add_tensor(m, T_HEAD, -1, d->vocab, d->d, 1);
+    if (d->has_head) {
+        add_tensor(m, T_FINAL_NORM, -1, 1, d->d, 0, 1, 0, d->d, first_tp);
+        if (!d->tied)
+            add_tensor(m, T_HEAD, -1, d->vocab, d->d, d->vocab0, d->local_vocab, 0, d->d, 1);
+    }
     m->params = ops->alloc((size_t)m->n_params * sizeof(float));
     m->grads = ops->alloc((size_t)m->n_params * sizeof(float));
     m->inv_freq = ops->alloc((size_t)(d->head_dim / 2) * sizeof(float));
@@ -105,93 +150,161 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, Error *err)
     }
     rope_frequencies(c, d->head_dim, freq);
     ops->to_device(m->inv_freq, freq, (size_t)(d->head_dim / 2) * sizeof(float));
-    return 0;
+    return model_set_slots(m, 1, err);
 }
 
-/* The activation buffers: per layer (LayerActs) and per stage. */
-enum { N_BUFFERS = 14 };
+/* ---------------------------------------------------------------------------------------------- */
+/* Activation buffers                                                                              */
 
-static void layer_buffers(LayerActs *a, float **out[N_BUFFERS])
+enum { N_LAYER_BUFS = 16, N_SLOT_BUFS = 5, N_SCRATCH = 14 };
+
+static void layer_buffers(LayerActs *a, float **out[N_LAYER_BUFS])
 {
-    float **p[N_BUFFERS] = {&a->x, &a->a, &a->rstd1, &a->q, &a->k, &a->v, &a->att,
-                            &a->lse, &a->y, &a->b, &a->rstd2, &a->g, &a->u, &a->s};
+    float **p[N_LAYER_BUFS] = {&a->x, &a->a, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->lse,
+                               &a->y, &a->b, &a->rstd2, &a->g, &a->u, &a->s, &a->k_mb, &a->v_mb};
     memcpy(out, p, sizeof p);
 }
 
-static void stage_buffers(Model *m, float **out[N_BUFFERS])
+static void free_slot(const Model *m, ModelSlot *s)
 {
-    float **p[N_BUFFERS] = {&m->h, &m->hn, &m->rstd_f, &m->dh, &m->dhn, &m->tmp_d, &m->tmp_d2,
-                            &m->datt, &m->dq, &m->dk, &m->dv, &m->dg, &m->du, &m->logits};
-    memcpy(out, p, sizeof p);
-}
-
-static void free_acts(Model *m)
-{
-    const Ops *o = m->ops;
-    float **p[N_BUFFERS];
-    for (int l = 0; m->acts && l < m->dims.layer_end - m->dims.layer_begin; l++) {
-        layer_buffers(&m->acts[l], p);
-        for (int i = 0; i < N_BUFFERS; i++)
-            o->free(*p[i]);
+    float **p[N_LAYER_BUFS];
+    for (int l = 0; s->layers && l < m->dims.layer_end - m->dims.layer_begin; l++) {
+        layer_buffers(&s->layers[l], p);
+        for (int i = 0; i < N_LAYER_BUFS; i++) {
+            m->ops->free(*p[i]);
+            *p[i] = NULL;
+        }
     }
-    free(m->acts);
-    m->acts = NULL;
-    stage_buffers(m, p);
-    for (int i = 0; i < N_BUFFERS; i++) {
-        o->free(*p[i]);
+    free(s->layers);
+    float **q[N_SLOT_BUFS] = {&s->h, &s->hn, &s->rstd_f, &s->dhn, &s->dx};
+    for (int i = 0; i < N_SLOT_BUFS; i++) {
+        m->ops->free(*q[i]);
+        *q[i] = NULL;
+    }
+    memset(s, 0, sizeof *s);
+}
+
+static void scratch_buffers(Model *m, float **out[N_SCRATCH])
+{
+    float **p[N_SCRATCH] = {&m->dh, &m->tmp_d, &m->tmp_d2, &m->datt, &m->dq, &m->dk, &m->dv,
+                            &m->dk_mb, &m->dv_mb, &m->dg, &m->du, &m->logits, &m->xfer, &m->xfer2};
+    memcpy(out, p, sizeof p);
+}
+
+static void free_scratch(Model *m)
+{
+    float **p[N_SCRATCH];
+    scratch_buffers(m, p);
+    for (int i = 0; i < N_SCRATCH; i++) {
+        m->ops->free(*p[i]);
         *p[i] = NULL;
     }
-    m->cap_tokens = 0;
+    double **q[3] = {&m->row_max, &m->row_sum, &m->row_tgt};
+    for (int i = 0; i < 3; i++) {
+        m->ops->free(*q[i]);
+        *q[i] = NULL;
+    }
+    free(m->h_max);
+    free(m->h_sum);
+    free(m->h_tgt);
+    free(m->h_targets);
+    m->h_max = m->h_sum = m->h_tgt = NULL;
+    m->h_targets = NULL;
+    m->cap = m->cap_mb = 0;
+}
+
+int model_set_slots(Model *m, int n, Error *err)
+{
+    for (int i = 0; i < m->n_slots; i++)
+        free_slot(m, &m->slots[i]);
+    free(m->slots);
+    m->slots = calloc((size_t)n, sizeof *m->slots);
+    m->n_slots = m->slots ? n : 0;
+    return m->slots ? 0 : error_runtime(err, "model", "out of memory");
 }
 
 int64_t model_head_chunk(const Model *m)
 {
-    int64_t c = (INT64_C(1) << 24) / m->dims.vocab;
+    int64_t c = (INT64_C(1) << 24) / m->dims.local_vocab;
     return c < 1 ? 1 : c;
 }
 
-int model_reserve(Model *m, int64_t T, Error *err)
+/* Room for T rows (and a micro-batch of T_mb rows, with CP) in slot and in the scratch. */
+int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err)
 {
-    if (T <= m->cap_tokens)
-        return 0;
-    free_acts(m);
     const ModelDims *d = &m->dims;
-    int64_t hd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim, F = d->d_ffn;
-    int n_layers = d->layer_end - d->layer_begin;
-    if (!(m->acts = calloc((size_t)n_layers, sizeof *m->acts)))
-        return error_runtime(err, "model", "out of memory");
-    /* Sizes in floats, in the order of layer_buffers and of the stage buffers. */
-    int64_t layer_sizes[N_BUFFERS] = {T * d->d, T * d->d, T, T * hd, T * kvd, T * kvd, T * hd,
-                                      T * d->n_heads, T * d->d, T * d->d, T, T * F, T * F, T * F};
-    int64_t stage_sizes[N_BUFFERS] = {T * d->d, T * d->d, T,        T * d->d, T * d->d, T * d->d, T * F,
-                                      T * hd,   T * hd,   T * kvd,  T * kvd,  T * F,    T * F,
-                                      model_head_chunk(m) * d->vocab};
+    const Ops *o = m->ops;
+    int64_t lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
+    int64_t F = d->local_ffn, H = d->local_heads, D = d->d;
+    int64_t mb = d->cp > 1 ? T_mb : 0;
+    ModelSlot *s = &m->slots[slot];
     int ok = 1;
-    float **p[N_BUFFERS];
-    for (int l = 0; l < n_layers; l++) {
-        layer_buffers(&m->acts[l], p);
-        for (int i = 0; i < N_BUFFERS; i++)
-            ok &= (*p[i] = m->ops->alloc((size_t)layer_sizes[i] * sizeof(float))) != NULL;
+    if (T > s->cap || mb > s->cap_mb) {
+        /* Grow to cover what the slot held before as well: shapes vary from micro-batch to
+         * micro-batch. */
+        T = T > s->cap ? T : s->cap;
+        mb = mb > s->cap_mb ? mb : s->cap_mb;
+        free_slot(m, s);
+        int n_layers = d->layer_end - d->layer_begin;
+        if (!(s->layers = calloc((size_t)n_layers + 1, sizeof *s->layers)))
+            return error_runtime(err, "model", "out of memory");
+        int64_t sizes[N_LAYER_BUFS] = {T * D, T * D, T,     T * lhd, T * lkv, T * lkv, T * lhd, T * H,
+                                       T * D, T * D, T,     T * F,   T * F,   T * F,   mb * lkv, mb * lkv};
+        float **p[N_LAYER_BUFS];
+        for (int l = 0; l < n_layers; l++) {
+            layer_buffers(&s->layers[l], p);
+            for (int i = 0; i < N_LAYER_BUFS; i++)
+                ok &= (*p[i] = o->alloc((size_t)sizes[i] * sizeof(float))) != NULL;
+        }
+        float **q[N_SLOT_BUFS] = {&s->h, &s->hn, &s->rstd_f, &s->dhn, &s->dx};
+        int64_t qs[N_SLOT_BUFS] = {T * D, T * D, T, T * D, T * D};
+        for (int i = 0; i < N_SLOT_BUFS; i++)
+            ok &= (*q[i] = o->alloc((size_t)qs[i] * sizeof(float))) != NULL;
+        s->cap = T;
+        s->cap_mb = mb;
     }
-    stage_buffers(m, p);
-    for (int i = 0; i < N_BUFFERS; i++)
-        ok &= (*p[i] = m->ops->alloc((size_t)stage_sizes[i] * sizeof(float))) != NULL;
+    if (ok && (T > m->cap || mb > m->cap_mb)) {
+        T = T > m->cap ? T : m->cap;
+        mb = mb > m->cap_mb ? mb : m->cap_mb;
+        free_scratch(m);
+        int64_t x = mb * 2 * lkv > T * D ? mb * 2 * lkv : T * D; /* the K/V exchange and the PP sends */
+        int64_t sizes[N_SCRATCH] = {T * D,    T * D,    T * F,     T * lhd, T * lhd, T * lkv, T * lkv,
+                                    mb * lkv, mb * lkv, T * F,     T * F,   model_head_chunk(m) * d->local_vocab,
+                                    x,        x};
+        float **p[N_SCRATCH];
+        scratch_buffers(m, p);
+        for (int i = 0; i < N_SCRATCH; i++)
+            ok &= (*p[i] = o->alloc((size_t)sizes[i] * sizeof(float))) != NULL;
+        size_t chunk = (size_t)model_head_chunk(m);
+        double **q[3] = {&m->row_max, &m->row_sum, &m->row_tgt};
+        for (int i = 0; i < 3; i++)
+            ok &= (*q[i] = o->alloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_max = malloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_sum = malloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_tgt = malloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_targets = malloc(chunk * sizeof(int32_t))) != NULL;
+        m->cap = T;
+        m->cap_mb = mb;
+    }
     if (!ok) {
-        free_acts(m);
+        free_slot(m, s);
+        free_scratch(m);
         return error_runtime(err, "model", "out of memory for the activations of %lld tokens", (long long)T);
     }
-    m->cap_tokens = T;
     return 0;
 }
 
 void model_free(Model *m)
 {
     if (m->ops) {
-        free_acts(m);
+        for (int i = 0; i < m->n_slots; i++)
+            free_slot(m, &m->slots[i]);
+        free_scratch(m);
         m->ops->free(m->params);
         m->ops->free(m->grads);
         m->ops->free(m->inv_freq);
     }
+    free(m->slots);
     free(m->tensors);
     memset(m, 0, sizeof *m);
 }
@@ -200,8 +313,9 @@ const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer)
 {
     if (kind == T_HEAD && m->dims.tied)
         kind = T_EMBED;
+    int in_layer = kind >= T_ATTN_NORM && kind <= T_WDOWN;
     for (int i = 0; i < m->n_tensors; i++)
-        if (m->tensors[i].kind == kind && m->tensors[i].layer == (kind >= T_ATTN_NORM && kind <= T_WDOWN ? layer : -1))
+        if (m->tensors[i].kind == kind && m->tensors[i].layer == (in_layer ? layer : -1))
             return &m->tensors[i];
     return NULL;
 }
@@ -214,10 +328,17 @@ const ModelTensor *model_tensor_by_name(const Model *m, const char *name)
     return NULL;
 }
 
+float *model_output(const Model *m, int slot) { return m->slots[slot].h; }
+float *model_input_grad(const Model *m, int slot) { return m->slots[slot].dx; }
+
 void model_init_weights(Model *m, uint64_t seed)
 {
     float *host = malloc((size_t)m->n_params * sizeof *host);
-    if (!host) {
+    int64_t widest = 1;
+    for (int i = 0; i < m->n_tensors; i++)
+        widest = m->tensors[i].full_cols > widest ? m->tensors[i].full_cols : widest;
+    float *row = malloc((size_t)widest * sizeof *row);
+    if (!host || !row) {
         fputs("wlbtrain: error: model: out of memory\n", stderr);
         exit(1);
     }
@@ -225,27 +346,30 @@ void model_init_weights(Model *m, uint64_t seed)
     for (int i = 0; i < m->n_tensors; i++) {
         const ModelTensor *t = &m->tensors[i];
         float *w = host + t->offset;
-        if (t->kind == T_ATTN_NORM || t->kind == T_MLP_NORM || t->kind == T_FINAL_NORM) {
+        if (t->is_vector) {
             for (int64_t j = 0; j < t->cols; j++)
                 w[j] = 1.0f;
             continue;
         }
         double std = 0.02 * (t->kind == T_WO || t->kind == T_WDOWN ? out_scale : 1.0);
-        /* A stream per row, keyed by the tensor's identity: layout-independent values. */
-        uint64_t id = (uint64_t)t->kind * 100003u + (uint64_t)(t->layer + 1);
+        /* A stream per full row, keyed by the tensor's identity (the head of tied embeddings is the
+         * embedding): the values of a block do not depend on the layout. */
+        uint64_t id = (uint64_t)(t->kind == T_HEAD && m->dims.tied ? T_EMBED : t->kind) * 100003u + (uint64_t)(t->layer + 1);
         for (int64_t r = 0; r < t->rows; r++) {
             Rng rng;
-            rng_seed(&rng, rng_hash3(seed, id, (uint64_t)r));
-            for (int64_t j = 0; j < t->cols; j += 2) {
+            rng_seed(&rng, rng_hash3(seed, id, (uint64_t)(t->row0 + r)));
+            for (int64_t j = 0; j < t->full_cols; j += 2) {
                 /* Box-Muller: two standard normals from two uniforms in (0, 1]. */
                 double u1 = 1.0 - rng_uniform(&rng), u2 = rng_uniform(&rng);
                 double rad = sqrt(-2.0 * log(u1));
-                w[r * t->cols + j] = (float)(std * rad * cos(2 * M_PI * u2));
-                if (j + 1 < t->cols)
-                    w[r * t->cols + j + 1] = (float)(std * rad * sin(2 * M_PI * u2));
+                row[j] = (float)(std * rad * cos(2 * M_PI * u2));
+                if (j + 1 < t->full_cols)
+                    row[j + 1] = (float)(std * rad * sin(2 * M_PI * u2));
             }
+            memcpy(w + r * t->cols, row + t->col0, (size_t)t->cols * sizeof *row);
         }
     }
     m->ops->to_device(m->params, host, (size_t)m->n_params * sizeof *host);
     free(host);
+    free(row);
 }

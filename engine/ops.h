@@ -72,10 +72,23 @@ typedef struct Ops {
     /* out = silu(gate) * up, elementwise */
     void (*swiglu_fwd)(float *out, const float *gate, const float *up, int64_t n);
     void (*swiglu_bwd)(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
-    /* Cross-entropy of logits[T, V] against targets (-1 = none): returns the sum of the losses and,
-     * if dlogits is not NULL, writes dlogits = dloss * (softmax - onehot) (zero rows for no target). */
-    double (*cross_entropy)(float *dlogits, const float *logits, const int32_t *targets, int64_t T, int64_t V,
-                            float dloss);
+    /* Cross-entropy over a vocabulary split by rows between ranks: logits[T, V] hold the columns
+     * [vocab0, vocab0 + V) of the full vocabulary. The caller combines the per-row results of all
+     * ranks (max of the maxima, sums of the rest) into lse = max + log(sum exp(z - max)); the loss
+     * of a row with a target is lse - z_target. */
+    void (*ce_row_max)(double *mx, const float *logits, int64_t T, int64_t V);
+    void (*ce_row_sumexp)(double *sum, const float *logits, const double *mx, int64_t T, int64_t V);
+    /* z of the target when it falls in this rank's columns, else 0 (also for no target). */
+    void (*ce_target_logit)(double *z, const float *logits, const int32_t *targets, int64_t T, int64_t V,
+                            int64_t vocab0);
+    /* dlogits = dloss * (softmax - onehot), from the full lse (zero rows for no target); dlogits may
+     * be logits (in place). */
+    void (*ce_grad)(float *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
+                    int64_t V, int64_t vocab0, float dloss);
+    /* Rows of width floats: gather dst[i] = src[rows[i]], scatter dst[rows[i]] = src[i] (i < n; rows
+     * in backend memory). The context-parallel K/V exchange packs and places rows with them. */
+    void (*gather_rows)(float *dst, const float *src, const int64_t *rows, int64_t n, int64_t width);
+    void (*scatter_rows)(float *dst, const int64_t *rows, const float *src, int64_t n, int64_t width);
     void (*add)(float *out, const float *a, int64_t n); /* out += a */
     void (*copy)(float *dst, const float *src, int64_t n);
     void (*scale)(float *x, float s, int64_t n);

@@ -175,7 +175,7 @@ static void run_tiny(const char *model_yaml, const char *out)
     BatchBuffers bb = {.ops = cpu_ops()};
     if (data_sources_open(&data, cfg.data.path.v, NULL, cfg.data.path.n, NULL, NULL, &err) ||
         data_stream_init(&stream, data.src, NULL, data.n, 3, 16, &err) || cost_model_init(&cost, &cfg, &err) ||
-        plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_SEQ, &err) || model_init(&m, &cfg.model, cpu_ops(), &err))
+        plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_SEQ, &err) || model_init(&m, &cfg.model, cpu_ops(), NULL, &err))
         die(&err);
     model_init_weights(&m, 5);
     /* Plan two steps and take the second: outliers are queued by then and leftovers carried. */
@@ -189,7 +189,7 @@ static void run_tiny(const char *model_yaml, const char *out)
         ModelBatch b;
         double mb;
         if (batch_build(&bb, &plan, i, 0, &data, m.dims.vocab, &b, &err) ||
-            model_forward(&m, &b, 1, 1.0f / (float)n_targets, &mb, &err) || model_backward(&m, &b, &err))
+            model_forward(&m, 0, &b, NULL, 1, 1.0f / (float)n_targets, &mb, &err) || model_backward(&m, 0, &b, NULL, &err))
             die(&err);
         sum += mb;
         dump_append(&d, &bb, &b);
@@ -222,7 +222,7 @@ static void run_stories(const char *path, const char *out)
     load_config(&cfg, "model: {preset: stories260k}\nparallel: {dp: 1}\ntrain: {device: cpu}\n");
     Model m;
     Error err = {0};
-    if (model_init(&m, &cfg.model, cpu_ops(), &err) || model_load(&m, path, &err))
+    if (model_init(&m, &cfg.model, cpu_ops(), NULL, &err) || model_load(&m, path, &err))
         die(&err);
     int32_t tokens[N + 1], targets[N + 1], positions[N + 1], doc[N + 1];
     float logits[512];
@@ -231,7 +231,7 @@ static void run_stories(const char *path, const char *out)
         for (int i = 0; i < n; i++)
             positions[i] = i;
         AttnSegment seg = {0, n, 0, n};
-        ModelBatch b = {n, tokens, tokens, positions, &seg, 1};
+        ModelBatch b = {.T = n, .tokens = tokens, .targets = tokens, .positions = positions, .segs = &seg, .n_segs = 1};
         if (model_predict(&m, &b, n - 1, logits, &err) != 0)
             die(&err);
         int best = 0;
@@ -245,9 +245,9 @@ static void run_stories(const char *path, const char *out)
         doc[i] = 0;
     }
     AttnSegment seg = {0, N, 0, N};
-    ModelBatch b = {N, tokens, targets, positions, &seg, 1};
+    ModelBatch b = {.T = N, .tokens = tokens, .targets = targets, .positions = positions, .segs = &seg, .n_segs = 1};
     double sum;
-    if (model_forward(&m, &b, 1, 1.0f / N, &sum, &err) || model_backward(&m, &b, &err))
+    if (model_forward(&m, 0, &b, NULL, 1, 1.0f / N, &sum, &err) || model_backward(&m, 0, &b, NULL, &err))
         die(&err);
     Dump d = {tokens, targets, positions, doc, N, N, 1};
     write_dump(out, &cfg, &m, &d, sum / N, tokens, N + 1);
