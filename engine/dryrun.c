@@ -27,47 +27,6 @@ typedef struct StepStats {
     double delay_token_steps;
 } StepStats;
 
-/* WLB-LLM Table 2: the largest micro-batch cost x the number of micro-batches / the total. */
-static double pp_imbalance(const StepPlan *p)
-{
-    int64_t n = (int64_t)p->dp * p->m;
-    double worst = 0, total = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double c = p->mbs[i].fwd_s + p->mbs[i].bwd_s;
-        worst = c > worst ? c : worst;
-        total += c;
-    }
-    return total > 0 ? worst * (double)n / total : 1;
-}
-
-/* Compute (attention + linear) of rank r of a micro-batch, forward + backward, per layer. */
-static double rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r)
-{
-    const PlanRank *k = &p->ranks[mb->first_rank + r];
-    return k->attn_fwd_s + k->attn_bwd_s + k->linear_fwd_s + k->linear_bwd_s;
-}
-
-/* The slowest CP rank / the mean over CP ranks, of the step's worst micro-batch; also its index. */
-static double cp_imbalance(const StepPlan *p, int64_t *worst_mb)
-{
-    double worst = 1;
-    *worst_mb = -1;
-    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
-        const PlanMicroBatch *mb = &p->mbs[i];
-        double mx = 0, sum = 0;
-        for (int r = 0; r < p->cp; r++) {
-            double c = rank_compute(p, mb, r);
-            mx = c > mx ? c : mx;
-            sum += c;
-        }
-        if (sum > 0 && mx * p->cp / sum >= worst) {
-            worst = mx * p->cp / sum;
-            *worst_mb = i;
-        }
-    }
-    return worst;
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* JSON lines                                                                                      */
 
@@ -102,7 +61,7 @@ static int json_cp_ranks(FILE *f, const StepPlan *p, int64_t i, const CostModel 
             rc = plan_shard(&one, 0, modes[k], cost, capacity, err);
         fprintf(f, "%s\"%s\":[", k ? "," : "", config_cp_sharding_name(modes[k]));
         for (int r = 0; rc == 0 && r < p->cp; r++)
-            fprintf(f, "%s%.4g", r ? "," : "", rank_compute(&one, &one.mbs[0], r) * cost->n_layers * 1e3);
+            fprintf(f, "%s%.4g", r ? "," : "", plan_rank_compute(&one, &one.mbs[0], r) * cost->n_layers * 1e3);
         fputc(']', f);
     }
     fputc('}', f);
@@ -250,8 +209,8 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
         if (rc != 0)
             break;
         int64_t worst_mb;
-        s.pp_imbalance = pp_imbalance(&plan);
-        s.cp_imbalance = cp_imbalance(&plan, &worst_mb);
+        s.pp_imbalance = plan_pp_imbalance(&plan);
+        s.cp_imbalance = plan_cp_imbalance(&plan, &worst_mb);
         s.predicted_ms = seconds * 1e3;
         s.baseline_ms = base_s * 1e3;
         s.tokens = plan.tokens;

@@ -1,6 +1,6 @@
 /*
- * engine/optim.h - AdamW over a model's parameters, the learning-rate schedule and gradient
- * clipping.
+ * engine/optim.h - AdamW over a range of a model's parameters, the learning-rate schedule and
+ * gradient clipping.
  *
  * Schedule (step s = 1, 2, ...): linear warmup lr * s / warmup_steps, then from lr to min_lr over
  * the remaining steps: cosine min_lr + (lr - min_lr) (1 + cos(pi x)) / 2, linear lr - (lr - min_lr) x,
@@ -8,6 +8,10 @@
  * above grad_clip, every gradient is scaled by grad_clip / norm. AdamW is PyTorch's (bias correction,
  * decoupled weight decay), with no decay on RMSNorm weights and embeddings unless
  * train.decay_norms_and_embeddings.
+ *
+ * An Optim updates the parameters [begin, end) of a model (all of them, or with ZeRO-1 this rank's
+ * shard) and keeps the two moments of just those. Gradients are passed as g, the gradients of
+ * exactly that range (g[0] belongs to params[begin]).
  */
 #ifndef WLB_ENGINE_OPTIM_H
 #define WLB_ENGINE_OPTIM_H
@@ -17,15 +21,19 @@
 
 typedef struct Optim {
     const ConfigTrain *cfg;
-    float *m, *v; /* backend memory, like the parameters */
+    int64_t begin, end;
+    float *m, *v; /* backend memory, end - begin each */
     int64_t step; /* updates done */
 } Optim;
 
-int optim_init(Optim *o, const ConfigTrain *cfg, const Model *model, Error *err);
+int optim_init(Optim *o, const ConfigTrain *cfg, const Model *model, int64_t begin, int64_t end, Error *err);
 void optim_free(Optim *o, const Model *model);
 double optim_lr(const ConfigTrain *cfg, int64_t step);
-/* Global gradient norm (before clipping), clips, and updates every parameter with the lr of the
- * next step. Returns the norm. */
-double optim_step(Optim *o, Model *model, double *lr_out);
+/* The sum of squares of g over the tensors that count (ModelTensor.counts): this rank's part of the
+ * squared global norm. */
+double optim_grad_sumsq(const Optim *o, const Model *model, const float *g);
+/* Clips g by the global norm (scales it in place when norm > grad_clip) and updates the range with
+ * the lr of the next step, which it returns. */
+double optim_update(Optim *o, Model *model, float *g, double norm);
 
 #endif

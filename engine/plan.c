@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "engine/sched.h"
 #include "util/array.h"
@@ -227,4 +228,91 @@ int plan_step(Planner *pl, StepPlan *p, Error *err)
     p->carried = pl->remained.n;
     pl->step++;
     return 0;
+}
+
+double plan_pp_imbalance(const StepPlan *p)
+{
+    int64_t n = (int64_t)p->dp * p->m;
+    double worst = 0, total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double c = p->mbs[i].fwd_s + p->mbs[i].bwd_s;
+        worst = c > worst ? c : worst;
+        total += c;
+    }
+    return total > 0 ? worst * (double)n / total : 1;
+}
+
+double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r)
+{
+    const PlanRank *k = &p->ranks[mb->first_rank + r];
+    return k->attn_fwd_s + k->attn_bwd_s + k->linear_fwd_s + k->linear_bwd_s;
+}
+
+double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb)
+{
+    double worst = 1;
+    *worst_mb = -1;
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        double mx = 0, sum = 0;
+        for (int r = 0; r < p->cp; r++) {
+            double c = plan_rank_compute(p, mb, r);
+            mx = c > mx ? c : mx;
+            sum += c;
+        }
+        if (sum > 0 && mx * p->cp / sum >= worst) {
+            worst = mx * p->cp / sum;
+            *worst_mb = i;
+        }
+    }
+    return worst;
+}
+
+/* CRC-32 of n fixed-size fields, field by field (no struct padding). */
+#define DIGEST(crc, v) ((crc) = crc32((crc), (const Bytef *)&(v), sizeof(v)))
+
+uint32_t plan_digest(const StepPlan *p)
+{
+    uLong crc = crc32(0L, Z_NULL, 0);
+    DIGEST(crc, p->step);
+    DIGEST(crc, p->dp);
+    DIGEST(crc, p->m);
+    DIGEST(crc, p->cp);
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        DIGEST(crc, mb->replica);
+        DIGEST(crc, mb->order);
+        DIGEST(crc, mb->tokens);
+        DIGEST(crc, mb->first_doc);
+        DIGEST(crc, mb->n_docs);
+        DIGEST(crc, mb->first_rank);
+    }
+    for (int64_t i = 0; i < p->n_docs; i++) {
+        const PlanDoc *d = &p->docs[i];
+        DIGEST(crc, d->source);
+        DIGEST(crc, d->doc);
+        DIGEST(crc, d->offset);
+        DIGEST(crc, d->len);
+        DIGEST(crc, d->start);
+        DIGEST(crc, d->rank);
+    }
+    for (int64_t i = 0; i < p->n_ranges; i++) {
+        DIGEST(crc, p->ranges[i].rank);
+        DIGEST(crc, p->ranges[i].start);
+        DIGEST(crc, p->ranges[i].len);
+    }
+    for (int64_t i = 0; i < p->n_segments; i++) {
+        DIGEST(crc, p->segments[i].rank);
+        DIGEST(crc, p->segments[i].q_start);
+        DIGEST(crc, p->segments[i].q_len);
+        DIGEST(crc, p->segments[i].kv_start);
+    }
+    for (int64_t i = 0; i < p->n_ranks; i++) {
+        DIGEST(crc, p->ranks[i].tokens);
+        DIGEST(crc, p->ranks[i].first_range);
+        DIGEST(crc, p->ranks[i].n_ranges);
+        DIGEST(crc, p->ranks[i].first_segment);
+        DIGEST(crc, p->ranks[i].n_segments);
+    }
+    return (uint32_t)crc;
 }

@@ -156,6 +156,18 @@ int plan_state_restore(Planner *pl, const uint64_t *words, size_t n_words, Error
  * context window, per_seq CP sharding. Used for every step's predicted speedup. */
 int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err);
 
+/* Predicted balance of a planned step. pp: WLB-LLM's Table 2 measure, the costliest micro-batch
+ * (forward + backward) times the number of micro-batches over their total. cp: the slowest CP
+ * rank's compute over the mean of the CP ranks, for the step's worst micro-batch (its index in
+ * *worst_mb, -1 when all are even). plan_rank_compute: CP rank r's attention and linear seconds of a
+ * micro-batch per layer, forward + backward. */
+double plan_pp_imbalance(const StepPlan *p);
+double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb);
+double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r);
+/* A CRC-32 of everything the ranks execute: micro-batches, pieces, ranges, segments. Ranks that
+ * planned the same step get the same digest. */
+uint32_t plan_digest(const StepPlan *p);
+
 /* Shards micro-batch i of p over the CP ranks in the given mode (adaptive and hybrid choose) and
  * fills its PlanRank entries and per-layer costs (plan_shard.c). */
 int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err);

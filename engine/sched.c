@@ -4,10 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct SchedOp {
-    int backward, mb, chunk; /* chunk: 0..v-1 on this rank */
-} SchedOp;
-
 /* Megatron's micro-batch and chunk of the k-th forward (backward) on a rank. */
 static SchedOp nth_op(int k, int backward, int pp, int v)
 {
@@ -19,7 +15,7 @@ static SchedOp nth_op(int k, int backward, int pp, int v)
 }
 
 /* The op sequence of stage s: warm-up forwards, alternating steady state, cool-down backwards. */
-static int stage_ops(int s, int pp, int v, int n_mb, SchedOp *ops)
+int sched_stage_ops(int s, int pp, int v, int n_mb, SchedOp *ops)
 {
     int total = n_mb * v;
     int warmup = v == 1 ? pp - s - 1 : 2 * (pp - s - 1) + (v - 1) * pp;
@@ -53,7 +49,7 @@ double sched_makespan(const SchedReplica *r)
     if (!ops || !end_f || !end_b || !free_at || !next)
         goto done;
     for (int s = 0; s < pp; s++)
-        stage_ops(s, pp, v, n_mb, ops + (size_t)s * per_stage);
+        sched_stage_ops(s, pp, v, n_mb, ops + (size_t)s * per_stage);
     for (size_t i = 0; i < n_ends; i++)
         end_f[i] = end_b[i] = -1;
     int done_ops = 0, total_ops = pp * per_stage;

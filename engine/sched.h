@@ -25,6 +25,16 @@ typedef struct SchedReplica {
     const double *fwd, *bwd, *p2p;
 } SchedReplica;
 
+/* One pass of a stage: the forward or backward of micro-batch mb (its place in the replica's
+ * pipeline order) on the stage's model chunk `chunk` (0 .. v - 1; global chunk chunk * pp + s). */
+typedef struct SchedOp {
+    int backward, mb, chunk;
+} SchedOp;
+
+/* The 2 n_mb v passes of stage s in the order it runs them (the trainer executes exactly this
+ * order; the simulator times it). Returns the count. */
+int sched_stage_ops(int s, int pp, int v, int n_mb, SchedOp *ops);
+
 /* Makespan in seconds; -1 if the schedule cannot run: with v > 1, n_mb must be a multiple of pp. */
 double sched_makespan(const SchedReplica *r);
 

@@ -1,25 +1,71 @@
-/* engine/train.c - the training loop (see train.h). */
+/*
+ * engine/train.c - the training job: start the ranks, run the steps, report (see train.h).
+ *
+ * Failure: an error on any rank after MPI started is printed by that rank ("wlbtrain: error:
+ * rank R: WHERE: WHAT") and ends the whole job through comm_abort with the error's status; a rank
+ * that dies is noticed by the launcher, which stops the others. Either way no rank is left waiting.
+ *
+ * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at the start of step STEP:
+ * KIND error (an error, status 1), kill (SIGKILL, as a crashed node), or plan (its plan of that
+ * step differs from the other ranks', which the plan check must catch).
+ */
 #include "engine/train.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "cpu/cpu_ops.h"
-#include "data/data_sources.h"
-#include "engine/batch.h"
-#include "engine/cost.h"
-#include "engine/model.h"
-#include "engine/optim.h"
-#include "engine/plan.h"
+#include "engine/runtime.h"
 #include "util/fileio.h"
+#include "util/parse.h"
 
-static double now_s(void)
+typedef enum FaultKind { FAULT_NONE, FAULT_ERROR, FAULT_KILL, FAULT_PLAN } FaultKind;
+
+typedef struct Fault {
+    FaultKind kind;
+    int rank;
+    int64_t step;
+} Fault;
+
+static int parse_fault(Fault *f, Error *err)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    memset(f, 0, sizeof *f);
+    const char *s = getenv("WLBTRAIN_FAULT");
+    if (!s || !*s)
+        return 0;
+    char kind[16];
+    long long rank, step;
+    int used = 0;
+    if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
+        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill or plan), got '%s'", s);
+    if (!strcmp(kind, "error"))
+        f->kind = FAULT_ERROR;
+    else if (!strcmp(kind, "kill"))
+        f->kind = FAULT_KILL;
+    else if (!strcmp(kind, "plan"))
+        f->kind = FAULT_PLAN;
+    else
+        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill or plan)", kind);
+    f->rank = (int)rank;
+    f->step = step;
+    return 0;
+}
+
+static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
+{
+    tr->fault_plan = 0;
+    if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
+        return 0;
+    if (f->kind == FAULT_ERROR)
+        return error_runtime(err, "WLBTRAIN_FAULT", "injected failure at step %lld", (long long)step);
+    if (f->kind == FAULT_KILL) {
+        fflush(stdout);
+        raise(SIGKILL);
+    }
+    tr->fault_plan = 0x5eed;
+    return 0;
 }
 
 static void format_duration(double s, char *buf, size_t size)
@@ -33,140 +79,103 @@ static void format_duration(double s, char *buf, size_t size)
         snprintf(buf, size, "%lds", t);
 }
 
-/* What this version trains: one process on the CPU backend. */
-static int check_supported(const Config *cfg, Error *err)
+static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, double ms, Error *err)
 {
+    fprintf(f, "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
+               "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
+               "\"cp_imbalance_measured\":%.4f}\n",
+            (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
+            st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured);
+    if (fflush(f) != 0 || ferror(f))
+        return error_errno(err, path, "cannot write");
+    return 0;
+}
+
+static void print_banner(const Trainer *tr, const Config *cfg)
+{
+    int64_t params = 0;
+    for (int c = 0; c < tr->v; c++)
+        params += tr->chunks[c].model.n_params;
     const ConfigParallel *p = &cfg->parallel;
-    if (cfg->train.device != DEVICE_CPU)
-        return error_set(err, "train.device", "training on cuda is not in this version yet; set train.device: cpu");
-    if (p->tp * p->cp * p->pp * p->dp != 1)
-        return error_set(err, "parallel", "this version trains in one process (tp = cp = pp = dp = 1); multi-rank "
-                         "training comes with the 4D engine (a dry run plans any layout)");
-    if (cfg->data.path.n == 0)
-        return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
-    return 0;
+    printf("train: %s model, %lld steps of %lld tokens (window %lld, %lld micro-batches per replica), backend %s\n"
+           "train: %d ranks: tp %lld, cp %lld, pp %lld%s, dp %lld%s; rank 0 holds %lld parameters\n",
+           cfg->model.preset ? cfg->model.preset : "custom", (long long)cfg->train.steps,
+           (long long)cfg->data.global_batch_tokens, (long long)cfg->data.context_window, (long long)tr->m,
+           tr->chunks[0].model.ops->name, comm_world_size(tr->comm), (long long)p->tp, (long long)p->cp,
+           (long long)p->pp, p->virtual_stages > 1 ? " (interleaved)" : "", (long long)p->dp,
+           p->zero ? ", ZeRO-1" : "", (long long)params);
+    fflush(stdout);
 }
 
-typedef struct Trainer {
-    const Config *cfg;
-    DataSources data;
-    DataStream stream;
-    CostModel cost;
-    Planner planner;
-    StepPlan plan;
-    Model model;
-    Optim optim;
-    BatchBuffers batch;
-    FILE *metrics;
-} Trainer;
-
-/* One optimizer step; fills the step's loss, grad norm, lr and tokens. */
-static int train_step(Trainer *tr, double *loss, double *grad_norm, double *lr, int64_t *tokens, Error *err)
+/* The steps, on every rank; rank 0 reports. */
+static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, Error *err)
 {
-    Model *m = &tr->model;
-    if (plan_step(&tr->planner, &tr->plan, err) != 0)
-        return -1;
-    int64_t n_targets = batch_step_targets(&tr->plan, &tr->data);
-    m->ops->zero(m->grads, m->n_params);
-    double sum = 0;
-    float dloss = n_targets > 0 ? 1.0f / (float)n_targets : 0.0f;
-    for (int64_t i = 0; i < (int64_t)tr->plan.dp * tr->plan.m; i++) {
-        ModelBatch b;
-        double mb_sum;
-        if (batch_build(&tr->batch, &tr->plan, i, 0, &tr->data, m->dims.vocab, &b, err) != 0 ||
-            model_forward(m, &b, 1, dloss, &mb_sum, err) != 0 || model_backward(m, &b, err) != 0)
-            return -1;
-        sum += mb_sum;
-    }
-    *loss = n_targets > 0 ? sum / (double)n_targets : 0;
-    if (!isfinite(*loss))
-        return error_runtime(err, "train", "step %lld: the loss is %f; stopping (lower train.lr?)",
-                             (long long)tr->plan.step + 1, *loss);
-    *grad_norm = optim_step(&tr->optim, m, lr);
-    *tokens = tr->plan.tokens;
-    return 0;
-}
-
-static int setup(Trainer *tr, const Config *cfg, Error *err)
-{
-    memset(tr, 0, sizeof *tr);
-    tr->cfg = cfg;
-    const ConfigData *d = &cfg->data;
-    if (check_supported(cfg, err) != 0 || cost_model_init(&tr->cost, cfg, err) != 0 ||
-        data_sources_open(&tr->data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, NULL, NULL, err) != 0)
-        return -1;
-    if (data_stream_init(&tr->stream, tr->data.src, tr->data.weights, tr->data.n, (uint64_t)d->seed,
-                         (uint64_t)d->context_window, err) != 0 ||
-        plan_init(&tr->planner, cfg, &tr->cost, &tr->stream, cfg->balance.packer, cfg->balance.cp_sharding, err) != 0)
-        return -1;
-    const Ops *ops = cpu_ops();
-    if (model_init(&tr->model, &cfg->model, ops, err) != 0)
-        return -1;
-    if (cfg->train.init_from) {
-        if (model_load(&tr->model, cfg->train.init_from, err) != 0)
-            return -1;
-    } else {
-        model_init_weights(&tr->model, (uint64_t)cfg->train.seed);
-    }
-    tr->batch.ops = ops;
-    if (optim_init(&tr->optim, &cfg->train, &tr->model, err) != 0)
-        return -1;
-    if (cfg->log.metrics) {
+    FILE *metrics = NULL;
+    int lead = tr->lay.rank == 0;
+    if (lead && cfg->log.metrics) {
         if (file_make_parents(cfg->log.metrics, err) != 0)
             return -1;
-        if (!(tr->metrics = fopen(cfg->log.metrics, "w")))
+        if (!(metrics = fopen(cfg->log.metrics, "w")))
             return error_errno(err, cfg->log.metrics, "cannot create");
     }
-    return 0;
-}
-
-static void teardown(Trainer *tr)
-{
-    if (tr->metrics)
-        fclose(tr->metrics);
-    batch_free(&tr->batch);
-    optim_free(&tr->optim, &tr->model);
-    model_free(&tr->model);
-    plan_free(&tr->plan);
-    plan_destroy(&tr->planner);
-    data_stream_free(&tr->stream);
-    data_sources_close(&tr->data);
+    if (lead)
+        print_banner(tr, cfg);
+    int rc = 0;
+    double t_start = model_clock();
+    for (int64_t step = 1; rc == 0 && step <= cfg->train.steps; step++) {
+        double t0 = model_clock();
+        TrainStats st;
+        rc = inject_fault(fault, tr, step, err);
+        if (rc == 0)
+            rc = trainer_forward_backward(tr, &st, err);
+        if (rc == 0 && !isfinite(st.loss))
+            rc = error_runtime(err, "train", "step %lld: the loss is %f; stopping (lower train.lr?)", (long long)step,
+                               st.loss);
+        if (rc == 0)
+            rc = trainer_update(tr, &st, err);
+        if (rc != 0 || !lead)
+            continue;
+        double ms = (model_clock() - t0) * 1e3;
+        if (metrics)
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, ms, err);
+        if (step % cfg->log.every == 0 || step == 1 || step == cfg->train.steps) {
+            char left[32];
+            double elapsed = model_clock() - t_start;
+            format_duration(elapsed / (double)step * (double)(cfg->train.steps - step), left, sizeof left);
+            printf("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  tokens %lld  tokens/s %.0f  %.0f ms  "
+                   "(%s left)\n", (long long)step, (long long)cfg->train.steps, st.loss, st.lr, st.grad_norm,
+                   (long long)st.tokens, st.tokens / (ms / 1e3), ms, left);
+            fflush(stdout);
+        }
+    }
+    if (metrics && fclose(metrics) != 0 && rc == 0)
+        rc = error_errno(err, cfg->log.metrics, "cannot write");
+    return rc;
 }
 
 int train_run(const Config *cfg, Error *err)
 {
-    Trainer tr;
-    int rc = setup(&tr, cfg, err);
-    if (rc == 0)
-        printf("train: %s model, %lld parameters, %lld steps of %lld tokens (window %lld, %lld micro-batches), "
-               "backend %s\n", cfg->model.preset ? cfg->model.preset : "custom", (long long)tr.model.n_params,
-               (long long)cfg->train.steps, (long long)cfg->data.global_batch_tokens, (long long)cfg->data.context_window,
-               (long long)config_micro_batches(cfg), tr.model.ops->name);
-    double t_start = now_s();
-    for (int64_t step = 1; rc == 0 && step <= cfg->train.steps; step++) {
-        double t0 = now_s(), loss = 0, norm = 0, lr = 0;
-        int64_t tokens = 0;
-        rc = train_step(&tr, &loss, &norm, &lr, &tokens, err);
-        if (rc != 0)
-            break;
-        double ms = (now_s() - t0) * 1e3, tps = tokens / (ms / 1e3);
-        if (tr.metrics) {
-            fprintf(tr.metrics, "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,"
-                                "\"tokens_per_s\":%.1f,\"step_ms\":%.2f}\n",
-                    (long long)step, loss, lr, norm, (long long)tokens, tps, ms);
-            if (fflush(tr.metrics) != 0 || ferror(tr.metrics))
-                rc = error_errno(err, cfg->log.metrics, "cannot write");
-        }
-        if (step % cfg->log.every == 0 || step == 1 || step == cfg->train.steps) {
-            char left[32];
-            double elapsed = now_s() - t_start;
-            format_duration(elapsed / (double)step * (double)(cfg->train.steps - step), left, sizeof left);
-            printf("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  tokens %lld  tokens/s %.0f  %.0f ms  "
-                   "(%s left)\n", (long long)step, (long long)cfg->train.steps, loss, lr, norm, (long long)tokens, tps,
-                   ms, left);
-            fflush(stdout);
-        }
+    RuntimeLaunch launch = runtime_launch_from_env();
+    Fault fault;
+    if (parse_fault(&fault, err) != 0)
+        return -1;
+    Comm comm;
+    const ConfigParallel *p = &cfg->parallel;
+    if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
+        comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp, err) != 0) {
+        comm_finish(&comm);
+        return -1;
     }
-    teardown(&tr);
+    Trainer tr;
+    int rc = trainer_init(&tr, cfg, &comm, err);
+    if (rc == 0)
+        rc = train_loop(&tr, cfg, &fault, err);
+    if (rc != 0 && comm_world_size(&comm) > 1) {
+        /* Alone, this rank would leave the others waiting in their next collective. */
+        fprintf(stderr, "wlbtrain: error: rank %d: %s\n", comm_world_rank(&comm), err->msg);
+        comm_abort(&comm, err->status ? err->status : 1);
+    }
+    trainer_free(&tr);
+    comm_finish(&comm);
     return rc;
 }

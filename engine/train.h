@@ -1,18 +1,107 @@
 /*
- * engine/train.h - training: the loop of steps.
+ * engine/train.h - training: the loop of steps, on one process or on the 4D layout under MPI.
  *
- * Each step: the planner packs the step's documents (plan.h); every micro-batch is read (batch.h),
- * run forward and backward (model.h) with its gradients accumulated; the loss is the sum of token
- * losses over the step divided by its labeled tokens; then gradient clipping and AdamW (optim.h).
- * A line per log.every steps on stdout (step, loss, lr, grad norm, tokens, tokens/s, ms, time left)
- * and one JSON object per step in log.metrics.
+ * Each step, on every rank:
+ *   1. The planner packs the step's documents (plan.h). Every rank plans every step itself, from
+ *      the same config and data; a CRC of the plan is compared over all ranks (a rank that planned
+ *      differently stops the job).
+ *   2. The rank's pipeline stage runs its replica's micro-batches in 1F1B order (sched.h, with
+ *      interleaved virtual stages when parallel.virtual_stages > 1): forward and backward of its
+ *      model chunks (model.h), activations received from the previous stage and sent to the next,
+ *      their gradients the other way. The loss of a token is scaled by 1 / (the step's labeled
+ *      tokens), so the step's loss is the token sum over the global batch over its token count.
+ *   3. Gradients: the replicas of a kv head over TP are summed (tp > n_kv_heads), the two copies
+ *      of tied embeddings (first and last stage) are summed, and everything is summed over DP x CP
+ *      (all-reduce; with parallel.zero = 1 reduce-scattered: each rank of DP x CP owns a shard).
+ *   4. Global gradient norm (each element counted once over the job), clipping, AdamW (on the
+ *      shard with ZeRO-1, then the parameters all-gathered).
+ *   5. Rank 0 prints a line per log.every steps and writes one JSON object per step to
+ *      log.metrics: loss, lr, grad_norm, tokens, time, and the predicted and measured pipeline and
+ *      context-parallel imbalance (the measured compute seconds of every micro-batch on every rank,
+ *      gathered).
+ * A rank that fails prints its error and takes the whole job down (comm_abort): no rank waits for
+ * a dead peer.
  */
 #ifndef WLB_ENGINE_TRAIN_H
 #define WLB_ENGINE_TRAIN_H
 
+#include <stdio.h>
+
 #include "config/config.h"
+#include "data/data_sources.h"
+#include "engine/batch.h"
+#include "engine/comm.h"
+#include "engine/cost.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "engine/plan.h"
+#include "engine/sched.h"
 #include "util/error.h"
 
+/* One model chunk of this rank (one, or v with interleaving) and what runs it. */
+typedef struct TrainChunk {
+    Model model;
+    Optim optim;
+    int *slot_of;            /* per micro-batch of the replica: its activation slot, -1 none */
+    int *slot_busy;          /* per slot */
+    CommRequest *send_h;     /* per slot: the send of its output (forward) */
+    CommRequest *send_dx;    /* per slot: the send of its input gradient (backward) */
+    float *shard_grads;      /* ZeRO-1: this rank's shard of the summed gradients */
+} TrainChunk;
+
+typedef struct TrainStats {
+    double loss, grad_norm, lr;
+    int64_t tokens;
+    double pp_imbalance, cp_imbalance;                   /* predicted by the plan */
+    double pp_imbalance_measured, cp_imbalance_measured; /* from the measured compute */
+} TrainStats;
+
+typedef struct Trainer {
+    const Config *cfg;
+    Comm *comm;
+    Layout lay;
+    int pp, v, n_chunks, m;  /* stages, chunks per stage, chunks in all, micro-batches per replica */
+    DataSources data;
+    DataStream stream;
+    CostModel cost;
+    Planner planner;
+    StepPlan plan;
+    TrainChunk *chunks;      /* v: chunk c is global chunk c * pp + pp_rank */
+    BatchBuffers *batches;   /* m: the inputs of the replica's k-th micro-batch */
+    ModelBatch *inputs;
+    int64_t *mb_index;       /* m: plan index of the replica's k-th micro-batch */
+    SchedOp *ops;
+    int n_ops;
+    float *recv;             /* a received activation or gradient */
+    int64_t recv_cap;
+    double *mb_compute;      /* m: this rank's compute seconds per micro-batch (comm excluded) */
+    double *all_compute;     /* world x m, gathered */
+    int64_t n_targets;       /* labeled tokens of the step */
+    double loss_sum;
+    int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
+    uint32_t fault_plan;     /* test hook: perturb the plan of this step (0: no) */
+} Trainer;
+
+/* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
+ * or loaded from train.init_from), optimizer. */
+int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err);
+void trainer_free(Trainer *tr);
+/* Plans the next step and runs its forward and backward: afterwards every rank of DP x CP holds
+ * the summed gradients (without ZeRO) and st has the loss, tokens and imbalance. */
+int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err);
+/* Clipping and AdamW with the gradients of trainer_forward_backward; st gets grad_norm and lr. */
+int trainer_update(Trainer *tr, TrainStats *st, Error *err);
+/* A full tensor (Hugging Face name), gathered from every rank's block onto every rank (host, rows x
+ * cols): the parameters, or with grads the gradients (before trainer_update). Every rank of the
+ * job must call it. Returns 0, or -1 when no rank has that name. */
+int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err);
+
+/* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
+ * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
+int train_reduce_grads(Trainer *tr, Error *err);
+void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
+
+/* The whole job: starts MPI when launched, trains cfg->train.steps steps. */
 int train_run(const Config *cfg, Error *err);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * test/test_train.c - training as a user runs it: the loss falls on a learnable corpus, the
  * metrics file has a line per step with every field, runs are repeatable bit for bit (also with
- * another number of threads), and the errors of what this version does not train.
+ * another number of threads), and the errors.
  */
 #include "test/testlib.h"
 
@@ -145,12 +145,16 @@ static void test_errors(void **state)
     RUN(&r, "--config", cfg, "--set", "parallel.tp=2");
     test_assert_error(&r, "parallel.dp: tp * cp * pp * dp = 2 * 1 * 1 * 1 = 2, but the job has 1 ranks");
     test_cmd_free(&r);
-    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
-    RUN(&r, "--config", cfg, "--set", "parallel.tp=2");
-    unsetenv("OMPI_COMM_WORLD_SIZE");
-    unsetenv("OMPI_COMM_WORLD_RANK");
-    test_assert_error(&r, "parallel: this version trains in one process");
+    setenv("WLBTRAIN_FAULT", "crash@0:1", 1);
+    RUN(&r, "--config", cfg);
+    unsetenv("WLBTRAIN_FAULT");
+    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill or plan)");
+    test_cmd_free(&r);
+    setenv("WLBTRAIN_FAULT", "error@0:2", 1);
+    RUN(&r, "--config", cfg);
+    unsetenv("WLBTRAIN_FAULT");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "wlbtrain: error: WLBTRAIN_FAULT: injected failure at step 2"));
     test_cmd_free(&r);
     RUN(&r, "--config", cfg, "--set", "data.path=", "--set", "data.lengths_file=x.txt");
     test_assert_error(&r, "data.path: training reads tokens: set data.path");
