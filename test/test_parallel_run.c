@@ -1,0 +1,204 @@
+/*
+ * test/test_parallel_run.c - wlbtrain itself under mpirun: 16 ranks (dp = tp = pp = cp = 2) give
+ * the losses of one process; rank 0 alone reports, with the measured imbalance beside the
+ * predicted; and a failing rank - an error, a SIGKILL, a plan that differs - ends the whole job
+ * within seconds with a non-zero status, never a hang.
+ */
+#include "test/testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "data/data_idx.h"
+#include "util/rng.h"
+
+static char *dir, *config;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    dir = test_tmpdir();
+    char *prefix = test_format("%s/docs", dir);
+    DataIdxWriter w;
+    Error err = {0};
+    Rng rng;
+    rng_seed(&rng, 11);
+    if (data_idx_writer_open(&w, prefix, DATA_DTYPE_UINT16, &err) != 0)
+        return -1;
+    for (int d = 0; d < 400; d++) {
+        int32_t tok[32];
+        int len = 1 + (int)rng_below(&rng, 30);
+        for (int i = 0; i < len; i++)
+            tok[i] = i ? (tok[i - 1] + 1) % 128 : (int32_t)rng_below(&rng, 128);
+        if (data_idx_writer_add(&w, tok, (uint64_t)len, &err) != 0)
+            return -1;
+    }
+    if (data_idx_writer_finish(&w, &err) != 0)
+        return -1;
+    char *yaml = test_format(
+        "model: {n_layers: 4, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 128,"
+        " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
+        "parallel: {tp: 2, cp: 2, pp: 2, dp: 2}\n"
+        "data: {path: %s, context_window: 128, global_batch_tokens: 1024}\n"
+        "balance: {hardware: cpu, packer: wlb, cp_sharding: hybrid}\n"
+        "train: {device: cpu, steps: 4, lr: 0.003, warmup_steps: 1}\n"
+        "log: {every: 1, metrics: %s/run/metrics.jsonl}\n",
+        prefix, dir);
+    config = test_write_file(dir, "4d.yaml", yaml, strlen(yaml));
+    free(yaml);
+    free(prefix);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    test_rm_rf(dir);
+    free(dir);
+    free(config);
+    return 0;
+}
+
+/* timeout 120 mpirun -np N [-x VAR] $WLBTRAIN --config 4d.yaml ARGS...; seconds it took. */
+static double run_mpi(CmdResult *r, int n, const char *env, const char *const *args)
+{
+    const char *argv[48];
+    int k = 0;
+    char np[16];
+    snprintf(np, sizeof np, "%d", n);
+    const char *bin = getenv("WLBTRAIN");
+    const char *head[] = {"timeout", "120", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", np};
+    for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+        argv[k++] = head[i];
+    if (env) {
+        argv[k++] = "-x";
+        argv[k++] = env;
+    }
+    argv[k++] = bin ? bin : "./wlbtrain";
+    argv[k++] = "--config";
+    argv[k++] = config;
+    for (int i = 0; args[i]; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    test_run(r, argv);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+}
+
+/* The losses of a metrics file; the count. */
+static int read_metric(const char *path, const char *key, double *v, int max)
+{
+    char *text = test_read_file(path, NULL), pat[64];
+    assert_non_null(text);
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    int n = 0;
+    for (char *p = strstr(text, pat); p && n < max; p = strstr(p + 1, pat))
+        v[n++] = strtod(p + strlen(pat), NULL);
+    free(text);
+    return n;
+}
+
+static void test_16_ranks_equal_one(void **state)
+{
+    (void)state;
+    char *metrics = test_format("%s/run/metrics.jsonl", dir);
+    CmdResult r;
+    const char *none[] = {NULL};
+    double s = run_mpi(&r, 16, NULL, none);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    printf("# 16 ranks, 4 steps: %.1f s\n", s);
+    /* Rank 0 alone reports. */
+    const char *banner = strstr(r.out, "train: 16 ranks: tp 2, cp 2, pp 2, dp 2;");
+    assert_non_null(banner);
+    assert_null(strstr(banner + 1, "train: 16 ranks"));
+    assert_non_null(strstr(r.out, "step     4/4  loss "));
+    test_cmd_free(&r);
+    double par[8], one[8], measured[8], predicted[8];
+    assert_int_equal(read_metric(metrics, "loss", par, 8), 4);
+    assert_int_equal(read_metric(metrics, "pp_imbalance_measured", measured, 8), 4);
+    assert_int_equal(read_metric(metrics, "pp_imbalance", predicted, 8), 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(measured[i] >= 1 && predicted[i] >= 1);
+    assert_int_equal(read_metric(metrics, "cp_imbalance_measured", measured, 8), 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(measured[i] >= 1);
+    const char *args[] = {"--config", config, "--set", "parallel.tp=1", "--set", "parallel.cp=1", "--set",
+                          "parallel.pp=1", "--set", "parallel.dp=1", NULL};
+    test_run_wlbtrain(&r, args);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    assert_int_equal(read_metric(metrics, "loss", one, 8), 4);
+    for (int i = 0; i < 4; i++) {
+        printf("# step %d: loss %.6f with 16 ranks, %.6f in one process\n", i + 1, par[i], one[i]);
+        assert_true(fabs(par[i] - one[i]) <= 1e-5 * fabs(one[i]));
+    }
+    free(metrics);
+}
+
+/* A fault on one rank: the job ends, non-zero, quickly, with `expect` on stderr (if given). */
+static void check_fault(const char *fault, const char *expect)
+{
+    char *env = test_format("WLBTRAIN_FAULT=%s", fault);
+    setenv("WLBTRAIN_FAULT", fault, 1);
+    CmdResult r;
+    const char *dp1[] = {"--set", "parallel.dp=1", NULL};
+    double s = run_mpi(&r, 8, "WLBTRAIN_FAULT", dp1);
+    unsetenv("WLBTRAIN_FAULT");
+    printf("# WLBTRAIN_FAULT=%s: exit status %d after %.1f s\n", fault, r.status, s);
+    if (r.status == 0 || r.status == 124 || s > 60 || (expect && !strstr(r.err, expect)))
+        print_error("stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    assert_true(r.status != 0 && r.status != 124);
+    assert_true(s < 60);
+    if (expect)
+        assert_non_null(strstr(r.err, expect));
+    test_cmd_free(&r);
+    free(env);
+}
+
+static void test_rank_error_stops_job(void **state)
+{
+    (void)state;
+    check_fault("error@5:2", "wlbtrain: error: rank 5: WLBTRAIN_FAULT: injected failure at step 2");
+}
+
+static void test_rank_killed_stops_job(void **state)
+{
+    (void)state;
+    check_fault("kill@3:2", "signal 9");
+}
+
+static void test_plan_mismatch_stops_job(void **state)
+{
+    (void)state;
+    check_fault("plan@6:3", "the ranks planned different steps");
+}
+
+static void test_layout_must_fit_job(void **state)
+{
+    (void)state;
+    CmdResult r;
+    const char *args[] = {"--set", "parallel.dp=1", NULL};
+    run_mpi(&r, 4, NULL, args);
+    assert_true(r.status != 0);
+    assert_non_null(strstr(r.err, "wlbtrain: error: --set parallel.dp=1: parallel.dp: tp * cp * pp * dp = "
+                                  "2 * 2 * 2 * 1 = 8, but the job has 4 ranks"));
+    test_cmd_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_16_ranks_equal_one),       cmocka_unit_test(test_rank_error_stops_job),
+        cmocka_unit_test(test_rank_killed_stops_job),    cmocka_unit_test(test_plan_mismatch_stops_job),
+        cmocka_unit_test(test_layout_must_fit_job),
+    };
+    return cmocka_run_group_tests_name("parallel_run", tests, group_setup, group_teardown);
+}
