@@ -25,6 +25,7 @@ typedef struct Comm {
     void *groups[GROUP_COUNT];    /* MPI_Comm handles */
     int size[GROUP_COUNT], rank[GROUP_COUNT];
     int tag_limit;                /* the largest message tag (MPI_TAG_UB) */
+    int node_ranks;               /* ranks of the job on this machine */
 } Comm;
 
 /* A send in flight (comm_isend), until comm_wait. */

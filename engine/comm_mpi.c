@@ -39,6 +39,7 @@ int comm_start(Comm *c, int launched, Error *err)
         c->size[g] = 1;
         c->rank[g] = 0;
     }
+    c->node_ranks = 1;
     if (!launched)
         return 0;
     int provided;
@@ -51,6 +52,11 @@ int comm_start(Comm *c, int launched, Error *err)
     int *ub, flag = 0;
     CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag), "MPI_Comm_get_attr");
     c->tag_limit = flag ? *ub : 32767; /* the standard's minimum */
+    MPI_Comm node;
+    CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int rc = MPI_Comm_size(node, &c->node_ranks);
+    MPI_Comm_free(&node);
+    CHECK(rc, "MPI_Comm_size");
     return 0;
 }
 

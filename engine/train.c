@@ -12,11 +12,13 @@
 #include "engine/train.h"
 
 #include <math.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/cpu_info.h"
 #include "engine/runtime.h"
 #include "util/fileio.h"
 #include "util/parse.h"
@@ -98,12 +100,14 @@ static void print_banner(const Trainer *tr, const Config *cfg)
         params += tr->chunks[c].model.n_params;
     const ConfigParallel *p = &cfg->parallel;
     printf("train: %s model, %lld steps of %lld tokens (window %lld, %lld micro-batches per replica), backend %s\n"
-           "train: %d ranks: tp %lld, cp %lld, pp %lld%s, dp %lld%s; rank 0 holds %lld parameters\n",
+           "train: %d rank%s: tp %lld, cp %lld, pp %lld%s, dp %lld%s; rank 0 holds %lld parameters; %d OpenMP "
+           "thread%s per rank\n",
            cfg->model.preset ? cfg->model.preset : "custom", (long long)cfg->train.steps,
            (long long)cfg->data.global_batch_tokens, (long long)cfg->data.context_window, (long long)tr->m,
-           tr->chunks[0].model.ops->name, comm_world_size(tr->comm), (long long)p->tp, (long long)p->cp,
+           tr->chunks[0].model.ops->name, comm_world_size(tr->comm), comm_world_size(tr->comm) > 1 ? "s" : "",
+           (long long)p->tp, (long long)p->cp,
            (long long)p->pp, p->virtual_stages > 1 ? " (interleaved)" : "", (long long)p->dp,
-           p->zero ? ", ZeRO-1" : "", (long long)params);
+           p->zero ? ", ZeRO-1" : "", (long long)params, omp_get_max_threads(), omp_get_max_threads() > 1 ? "s" : "");
     fflush(stdout);
 }
 
@@ -166,6 +170,7 @@ int train_run(const Config *cfg, Error *err)
         comm_finish(&comm);
         return -1;
     }
+    cpu_share_cores(comm.node_ranks);
     Trainer tr;
     int rc = trainer_init(&tr, cfg, &comm, err);
     if (rc == 0)

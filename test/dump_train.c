@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "cpu/cpu_info.h"
 #include "engine/runtime.h"
 #include "engine/train.h"
 #include "util/safetensors.h"
@@ -68,6 +69,7 @@ int main(int argc, char **argv)
     if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, &err) != 0 ||
         comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp, &err) != 0)
         die(NULL, &err);
+    cpu_share_cores(comm.node_ranks);
     Trainer tr;
     if (trainer_init(&tr, &cfg, &comm, &err) != 0)
         die(&comm, &err);
