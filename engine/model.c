@@ -120,8 +120,8 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
     m->tensors = calloc((size_t)d->n_layers * MODEL_LAYER_TENSORS + 4, sizeof *m->tensors);
     if (!m->tensors)
         return error_runtime(err, "model", "out of memory");
-    /* The embedding: on the first stage, and on the last when it is also the output projection.
-     * With pp > 1 that copy does not count (the first stage's does). */
+    /* The embedding: on the first chunk, and on the last when it is also the output projection.
+     * With more than one chunk that copy does not count (the first chunk's does). */
     if (d->has_embed || (d->has_head && d->tied))
         add_tensor(m, T_EMBED, -1, d->vocab, d->d, d->vocab0, d->local_vocab, 0, d->d, d->has_embed);
     for (int l = d->layer_begin; l < d->layer_end; l++) {
@@ -267,7 +267,7 @@ int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err)
         T = T > m->cap ? T : m->cap;
         mb = mb > m->cap_mb ? mb : m->cap_mb;
         free_scratch(m);
-        int64_t x = mb * 2 * lkv > T * D ? mb * 2 * lkv : T * D; /* the K/V exchange and the PP sends */
+        int64_t x = mb * 2 * lkv > T * D ? mb * 2 * lkv : T * D; /* the K/V exchange */
         int64_t sizes[N_SCRATCH] = {T * D,    T * D,    T * F,     T * lhd, T * lhd, T * lkv, T * lkv,
                                     mb * lkv, mb * lkv, T * F,     T * F,   model_head_chunk(m) * d->local_vocab,
                                     x,        x};

@@ -1,6 +1,6 @@
 /*
- * engine/model.h - the Llama model of one pipeline stage on one rank, forward and backward, written
- * once over the ops interface (ops.h) and the collectives of comm.h.
+ * engine/model.h - the Llama model of one model chunk (a pipeline stage's layers) on one rank,
+ * forward and backward, written once over the ops interface (ops.h) and the collectives of comm.h.
  *
  * Architecture (Hugging Face Llama): token embedding; per layer h += Wo attn(rope(Wq a), rope(Wk a),
  * Wv a) with a = rmsnorm(h), then h += Wd (silu(Wg b) * (Wu b)) with b = rmsnorm(h); final rmsnorm;
@@ -18,8 +18,8 @@
  *   CP  a rank computes its own rows of the micro-batch; before attention the K and V rows of the
  *       documents that are sharded are all-gathered over CP into a buffer in micro-batch
  *       coordinates, and their gradients are reduce-scattered back in the backward.
- *   PP  a stage holds layers [layer_begin, layer_end), the embedding on the first stage, the final
- *       norm and the output projection on the last (with tied embeddings the last stage keeps a
+ *   PP  a chunk holds layers [layer_begin, layer_end), the embedding on the first chunk, the final
+ *       norm and the output projection on the last (with tied embeddings the last chunk keeps a
  *       copy of the embedding; the trainer sums the two copies' gradients).
  *
  * Parameters live in one allocation, gradients in another of the same layout, as named tensors
@@ -83,7 +83,7 @@ typedef struct LayerActs {
 typedef struct ModelSlot {
     int64_t cap, cap_mb;
     LayerActs *layers;
-    float *h, *hn, *rstd_f, *dhn, *dx; /* dx: gradient of the stage input (to send back) */
+    float *h, *hn, *rstd_f, *dhn, *dx; /* dx: gradient of the chunk input (to send back) */
 } ModelSlot;
 
 /* One micro-batch as this rank computes it. */
@@ -137,15 +137,15 @@ const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer)
 const ModelTensor *model_tensor_by_name(const Model *m, const char *name);
 
 /* Forward of the chunk on a micro-batch into slot. h_in: the chunk input [T, d] (NULL on the first
- * chunk). On the last stage the output projection runs in chunks of rows, and with train its
+ * chunk). On the last chunk the output projection runs a block of rows at a time, and with train its
  * backward too, so logits never outlive a chunk: *loss_sum gets the sum of the token losses of this
- * rank's rows, and the gradients dloss times their derivative. On other stages the output waits in
+ * rank's rows, and the gradients dloss times their derivative. On other chunks the output waits in
  * model_output(m, slot). */
 int model_forward(Model *m, int slot, const ModelBatch *b, const float *h_in, int train, float dloss,
                   double *loss_sum, Error *err);
-/* Backward of slot after model_forward(train = 1): dh_out is the gradient of the stage output (NULL
- * on the last stage); accumulates every parameter gradient; the gradient of the stage input waits
- * in model_input_grad(m, slot) (not on the first stage). */
+/* Backward of slot after model_forward(train = 1): dh_out is the gradient of the chunk output (NULL
+ * on the last chunk); accumulates every parameter gradient; the gradient of the chunk input waits
+ * in model_input_grad(m, slot) (not on the first chunk). */
 int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out, Error *err);
 float *model_output(const Model *m, int slot);
 float *model_input_grad(const Model *m, int slot);
