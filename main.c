@@ -76,6 +76,9 @@ int main(int argc, char **argv)
         case CLI_CONVERT:
             rc = cli_convert(&opt.convert, &err);
             break;
+        case CLI_EXPORT:
+            rc = cli_export(&opt.export_, &err);
+            break;
         case CLI_RUN:
             rc = run(&opt, &err);
             break;

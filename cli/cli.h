@@ -5,6 +5,7 @@
  *            [--print-config]
  *   wlbtrain inspect PREFIX
  *   wlbtrain convert --out PREFIX [options] INPUT...
+ *   wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]
  *   wlbtrain --help | --help-config | --version
  *
  * cli_parse only reads argv: it checks every flag and value and fills CliOptions; nothing is
@@ -22,6 +23,7 @@ typedef enum CliCommand {
     CLI_RUN,          /* --config: train, dry run or print the config */
     CLI_INSPECT,      /* inspect PREFIX */
     CLI_CONVERT,      /* convert ... */
+    CLI_EXPORT,       /* export ... */
     CLI_HELP,         /* --help (or a subcommand's --help) */
     CLI_HELP_CONFIG,  /* --help-config: every config key */
     CLI_VERSION,      /* --version */
@@ -41,9 +43,15 @@ typedef struct CliConvert {
     int n_inputs;
 } CliConvert;
 
+typedef struct CliExport {
+    const char *checkpoint;    /* --checkpoint PATH: a step folder, or a checkpoint folder (its latest) */
+    const char *out;           /* --out DIR */
+    const char *dtype;         /* --dtype float32|bfloat16 */
+} CliExport;
+
 typedef struct CliOptions {
     CliCommand command;
-    const char *help_topic;    /* for CLI_HELP: NULL, "inspect" or "convert" */
+    const char *help_topic;    /* for CLI_HELP: NULL, "inspect", "convert" or "export" */
     const char *config_path;   /* --config */
     const char **sets;         /* --set KEY=VALUE, in order (pointers into argv) */
     int n_sets;
@@ -54,6 +62,7 @@ typedef struct CliOptions {
     const char *stats_out;     /* --stats-out FILE (with --dry-run) */
     const char *inspect_prefix;
     CliConvert convert;
+    CliExport export_;
 } CliOptions;
 
 /* Parses argv into o. On error fills err ("--flag: what") and returns -1. cli_free releases the
@@ -68,5 +77,6 @@ void cli_print_version(void);
 /* Subcommands: return the process exit status (0 on success); errors are printed by the caller. */
 int cli_inspect(const char *prefix, Error *err);
 int cli_convert(const CliConvert *c, Error *err);
+int cli_export(const CliExport *x, Error *err);
 
 #endif

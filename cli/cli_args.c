@@ -155,6 +155,36 @@ static int parse_convert(int argc, char **argv, CliOptions *o, Error *err)
     return 0;
 }
 
+static int parse_export(int argc, char **argv, CliOptions *o, Error *err)
+{
+    CliExport *x = &o->export_;
+    const StrFlag flags[] = {
+        {"--checkpoint", &x->checkpoint, NULL},
+        {"--out", &x->out, NULL},
+        {"--dtype", &x->dtype, "float32|bfloat16"},
+    };
+    o->command = CLI_EXPORT;
+    x->dtype = "float32";
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            o->command = CLI_HELP;
+            o->help_topic = "export";
+            return 0;
+        }
+        int r = match_str_flags(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv, &i, err);
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            return error_set(err, a, "unknown argument for export (see wlbtrain export --help)");
+    }
+    if (!x->checkpoint)
+        return error_set(err, "export", "needs --checkpoint PATH (a checkpoint folder or one of its step-NNNNNNNN)");
+    if (!x->out)
+        return error_set(err, "export", "needs --out DIR");
+    return 0;
+}
+
 int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
 {
     memset(o, 0, sizeof *o);
@@ -165,6 +195,8 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         return parse_inspect(argc, argv, o, err);
     if (!strcmp(argv[1], "convert"))
         return parse_convert(argc, argv, o, err);
+    if (!strcmp(argv[1], "export"))
+        return parse_export(argc, argv, o, err);
 
     o->sets = calloc((size_t)argc, sizeof *o->sets);
     if (!o->sets)
@@ -223,7 +255,7 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         }
         if (a[0] == '-')
             return error_set(err, a, "unknown flag (see wlbtrain --help)");
-        return error_set(err, a, "unexpected argument (subcommands are inspect and convert; see wlbtrain --help)");
+        return error_set(err, a, "unexpected argument (subcommands are inspect, convert and export; see wlbtrain --help)");
     }
     if (!o->config_path)
         return error_set(err, "--config", "is required (see wlbtrain --help)");

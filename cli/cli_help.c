@@ -25,6 +25,7 @@ static const char help_main[] =
     "  mpirun -np N wlbtrain --config FILE ...      (or srun -n N wlbtrain ...)\n"
     "  wlbtrain inspect PREFIX\n"
     "  wlbtrain convert --out PREFIX [options] INPUT...\n"
+    "  wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]\n"
     "  wlbtrain --help | --help-config | --version\n"
     "\n"
     "Run options:\n"
@@ -46,9 +47,10 @@ static const char help_main[] =
     "                     tokens, token type, vocabulary bound, document length percentiles\n"
     "  convert            tokenize text files or JSON lines into a Megatron data set\n"
     "                     (wlbtrain convert --help)\n"
+    "  export             a checkpoint as a Hugging Face model folder (wlbtrain export --help)\n"
     "\n"
     "Other:\n"
-    "  --help, -h         this text (wlbtrain inspect --help, wlbtrain convert --help for theirs)\n"
+    "  --help, -h         this text (wlbtrain SUBCOMMAND --help for a subcommand's)\n"
     "  --help-config      every config key: type, range, default and meaning\n"
     "  --version          version, and whether the CUDA backend is compiled in\n"
     "\n"
@@ -94,12 +96,29 @@ static const char help_convert[] =
     "\n"
     "Prints one summary line on stdout: documents, tokens, dtype, vocabulary, output.\n";
 
+static const char help_export[] =
+    "Usage: wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]\n"
+    "\n"
+    "Writes a Hugging Face model folder that transformers loads with\n"
+    "LlamaForCausalLM.from_pretrained(DIR): config.json (a LlamaConfig made from the checkpoint's\n"
+    "config.yaml) and model.safetensors (the checkpoint's weights, Hugging Face names).\n"
+    "\n"
+    "Options:\n"
+    "  --checkpoint PATH    a checkpoint folder (checkpoint.dir: its latest is taken) or one of\n"
+    "                       its step-NNNNNNNN folders\n"
+    "  --out DIR            the model folder (created; config.json and model.safetensors in it are\n"
+    "                       replaced only when complete)\n"
+    "  --dtype D            float32 (default: the checkpoint's values) or bfloat16 (rounded to\n"
+    "                       nearest even)\n";
+
 void cli_print_help(const char *topic)
 {
     if (topic && !strcmp(topic, "inspect"))
         fputs(help_inspect, stdout);
     else if (topic && !strcmp(topic, "convert"))
         fputs(help_convert, stdout);
+    else if (topic && !strcmp(topic, "export"))
+        fputs(help_export, stdout);
     else
         fputs(help_main, stdout);
 }

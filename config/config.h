@@ -27,6 +27,7 @@ typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
 typedef enum LrSchedule { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT } LrSchedule;
+typedef enum NonfinitePolicy { NONFINITE_STOP, NONFINITE_SKIP } NonfinitePolicy;
 typedef enum RopeScaling { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 } RopeScaling;
 
 /* Lists own their arrays; n == 0 is the empty list. */
@@ -97,6 +98,7 @@ typedef struct ConfigTrain {
     bool decay_norms_and_embeddings;
     int64_t seed;
     char *init_from; /* NULL = random init */
+    NonfinitePolicy nonfinite;
 } ConfigTrain;
 
 typedef struct ConfigCheckpoint {

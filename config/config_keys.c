@@ -135,6 +135,9 @@ const ConfigKey config_keys[] = {
     INT_KEY("train.seed", train.seed, 0, INT64_MAX, "42", NULL, "seed of the weight initialisation"),
     STR_KEY("train.init_from", train.init_from, "none",
             "initial weights: safetensors (Hugging Face names) or llama2.c .bin; none = random"),
+    ENUM_KEY("train.nonfinite", train.nonfinite, "stop|skip", "stop", NULL,
+             "a step whose loss or gradients are NaN or infinite: stop the run (exit 1), or skip its update "
+             "and count it"),
 
     STR_KEY("checkpoint.dir", checkpoint.dir, "none", "folder of checkpoints; none = no checkpoints"),
     INT_KEY("checkpoint.every", checkpoint.every, 0, BIG, "0", NULL, "save every N steps; 0 = only at the end"),

@@ -5,9 +5,14 @@
  * rank R: WHERE: WHAT") and ends the whole job through comm_abort with the error's status; a rank
  * that dies is noticed by the launcher, which stops the others. Either way no rank is left waiting.
  *
- * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at the start of step STEP:
- * KIND error (an error, status 1), kill (SIGKILL, as a crashed node), or plan (its plan of that
- * step differs from the other ranks', which the plan check must catch).
+ * Checkpoints: after step s, when checkpoint.dir is set and s is a multiple of checkpoint.every
+ * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
+ * goes on from the step after it, and log.metrics keeps its lines up to that step.
+ *
+ * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at step STEP: KIND error (an
+ * error, status 1), kill (SIGKILL, as a crashed node), plan (its plan of that step differs from
+ * the other ranks', which the plan check must catch), nan (a NaN in one of its gradients) or
+ * savekill (SIGKILL in the middle of the checkpoint saved after that step).
  */
 #include "engine/train.h"
 
@@ -23,7 +28,7 @@
 #include "util/fileio.h"
 #include "util/parse.h"
 
-typedef enum FaultKind { FAULT_NONE, FAULT_ERROR, FAULT_KILL, FAULT_PLAN } FaultKind;
+typedef enum FaultKind { FAULT_NONE, FAULT_ERROR, FAULT_KILL, FAULT_PLAN, FAULT_NAN, FAULT_SAVEKILL } FaultKind;
 
 typedef struct Fault {
     FaultKind kind;
@@ -41,15 +46,14 @@ static int parse_fault(Fault *f, Error *err)
     long long rank, step;
     int used = 0;
     if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
-        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill or plan), got '%s'", s);
-    if (!strcmp(kind, "error"))
-        f->kind = FAULT_ERROR;
-    else if (!strcmp(kind, "kill"))
-        f->kind = FAULT_KILL;
-    else if (!strcmp(kind, "plan"))
-        f->kind = FAULT_PLAN;
-    else
-        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill or plan)", kind);
+        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan or savekill), "
+                         "got '%s'", s);
+    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill"};
+    for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
+        if (!strcmp(kind, kinds[k]))
+            f->kind = (FaultKind)k;
+    if (f->kind == FAULT_NONE)
+        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan or savekill)", kind);
     f->rank = (int)rank;
     f->step = step;
     return 0;
@@ -58,7 +62,12 @@ static int parse_fault(Fault *f, Error *err)
 static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
 {
     tr->fault_plan = 0;
+    tr->fault_nan = tr->fault_kill_in_save = 0;
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
+        return 0;
+    tr->fault_nan = f->kind == FAULT_NAN;
+    tr->fault_kill_in_save = f->kind == FAULT_SAVEKILL;
+    if (f->kind == FAULT_NAN || f->kind == FAULT_SAVEKILL)
         return 0;
     if (f->kind == FAULT_ERROR)
         return error_runtime(err, "WLBTRAIN_FAULT", "injected failure at step %lld", (long long)step);
@@ -81,13 +90,17 @@ static void format_duration(double s, char *buf, size_t size)
         snprintf(buf, size, "%lds", t);
 }
 
-static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, double ms, Error *err)
+/* One JSON object per step; loss and grad_norm with all their digits (a resumed run must match
+ * bit for bit). */
+static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
+                         Error *err)
 {
-    fprintf(f, "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
+    fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
-               "\"cp_imbalance_measured\":%.4f}\n",
+               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld}\n",
             (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
-            st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured);
+            st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
+            (long long)st->queued, (long long)skipped);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
     return 0;
@@ -111,41 +124,90 @@ static void print_banner(const Trainer *tr, const Config *cfg)
     fflush(stdout);
 }
 
-/* The steps, on every rank; rank 0 reports. */
-static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, Error *err)
+/* log.metrics for a run that starts after step `first` - 1: a fresh file, or after a resume the
+ * old one cut after that step (replaced atomically) and appended to. */
+static int open_metrics(const char *path, int64_t first, FILE **out, Error *err)
+{
+    *out = NULL;
+    if (file_make_parents(path, err) != 0)
+        return -1;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *probe = first > 1 ? fopen(path, "r") : NULL;
+    if (probe) {
+        fclose(probe);
+        if (file_read_text(path, "metrics file", &text, &len, err) != 0)
+            return -1;
+        AtomicFile a;
+        if (atomic_open(&a, path, err) != 0) {
+            free(text);
+            return -1;
+        }
+        for (char *line = text, *next; line && *line; line = next) {
+            next = strchr(line, '\n');
+            if (next)
+                *next++ = '\0';
+            long long step = 0;
+            if (sscanf(line, "{\"step\":%lld", &step) == 1 && step < first)
+                fprintf(a.f, "%s\n", line);
+        }
+        free(text);
+        if (atomic_commit(&a, err) != 0)
+            return -1;
+    }
+    if (!(*out = fopen(path, probe ? "a" : "w")))
+        return error_errno(err, path, "cannot create");
+    return 0;
+}
+
+/* After `step`: a checkpoint when one is due. */
+static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, Error *err)
+{
+    const ConfigCheckpoint *c = &cfg->checkpoint;
+    if (!c->dir || !((c->every > 0 && step % c->every == 0) || step == cfg->train.steps))
+        return 0;
+    double t0 = model_clock();
+    if (trainer_save(tr, step, err) != 0)
+        return -1;
+    if (tr->lay.rank == 0) {
+        printf("checkpoint: %s/step-%08lld (%.1f s)\n", c->dir, (long long)step, model_clock() - t0);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* The steps after `done`, on every rank; rank 0 reports. */
+static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_t done, Error *err)
 {
     FILE *metrics = NULL;
     int lead = tr->lay.rank == 0;
-    if (lead && cfg->log.metrics) {
-        if (file_make_parents(cfg->log.metrics, err) != 0)
-            return -1;
-        if (!(metrics = fopen(cfg->log.metrics, "w")))
-            return error_errno(err, cfg->log.metrics, "cannot create");
-    }
-    if (lead)
-        print_banner(tr, cfg);
+    if (lead && cfg->log.metrics && open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0)
+        return -1;
     int rc = 0;
     double t_start = model_clock();
-    for (int64_t step = 1; rc == 0 && step <= cfg->train.steps; step++) {
+    for (int64_t step = done + 1; rc == 0 && step <= cfg->train.steps; step++) {
         double t0 = model_clock();
         TrainStats st;
         rc = inject_fault(fault, tr, step, err);
         if (rc == 0)
             rc = trainer_forward_backward(tr, &st, err);
-        if (rc == 0 && !isfinite(st.loss))
-            rc = error_runtime(err, "train", "step %lld: the loss is %f; stopping (lower train.lr?)", (long long)step,
-                               st.loss);
         if (rc == 0)
             rc = trainer_update(tr, &st, err);
+        if (rc == 0)
+            rc = maybe_save(tr, cfg, step, err);
         if (rc != 0 || !lead)
             continue;
         double ms = (model_clock() - t0) * 1e3;
         if (metrics)
-            rc = write_metrics(metrics, cfg->log.metrics, step, &st, ms, err);
-        if (step % cfg->log.every == 0 || step == 1 || step == cfg->train.steps) {
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, err);
+        if (st.skipped) {
+            printf("step %5lld/%lld  loss %g  grad_norm %g: not finite, update skipped (%lld so far)\n",
+                   (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
+            fflush(stdout);
+        } else if (step % cfg->log.every == 0 || step == done + 1 || step == cfg->train.steps) {
             char left[32];
             double elapsed = model_clock() - t_start;
-            format_duration(elapsed / (double)step * (double)(cfg->train.steps - step), left, sizeof left);
+            format_duration(elapsed / (double)(step - done) * (double)(cfg->train.steps - step), left, sizeof left);
             printf("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  tokens %lld  tokens/s %.0f  %.0f ms  "
                    "(%s left)\n", (long long)step, (long long)cfg->train.steps, st.loss, st.lr, st.grad_norm,
                    (long long)st.tokens, st.tokens / (ms / 1e3), ms, left);
@@ -154,6 +216,27 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, Error 
     }
     if (metrics && fclose(metrics) != 0 && rc == 0)
         rc = error_errno(err, cfg->log.metrics, "cannot write");
+    return rc;
+}
+
+/* Loads the checkpoint that checkpoint.resume names, if any: *done = the step it was saved after. */
+static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
+{
+    *done = 0;
+    char *path = NULL;
+    if (trainer_checkpoint_path(cfg, &path, err) != 0)
+        return -1;
+    int lead = tr->lay.rank == 0, rc = 0;
+    if (!path) {
+        if (lead && cfg->checkpoint.resume)
+            printf("resume: no checkpoint in %s yet, starting at step 1\n", cfg->checkpoint.dir);
+        return 0;
+    }
+    rc = trainer_resume(tr, path, done, err);
+    if (rc == 0 && lead)
+        printf("resume: %s, after step %lld%s\n", path, (long long)*done,
+               *done >= cfg->train.steps ? " - train.steps is reached, nothing to train" : "");
+    free(path);
     return rc;
 }
 
@@ -172,9 +255,14 @@ int train_run(const Config *cfg, Error *err)
     }
     cpu_share_cores(comm.node_ranks);
     Trainer tr;
+    int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
+    if (rc == 0 && tr.lay.rank == 0)
+        print_banner(&tr, cfg);
     if (rc == 0)
-        rc = train_loop(&tr, cfg, &fault, err);
+        rc = resume(&tr, cfg, &done, err);
+    if (rc == 0)
+        rc = train_loop(&tr, cfg, &fault, done, err);
     if (rc != 0 && comm_world_size(&comm) > 1) {
         /* Alone, this rank would leave the others waiting in their next collective. */
         fprintf(stderr, "wlbtrain: error: rank %d: %s\n", comm_world_rank(&comm), err->msg);

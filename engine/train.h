@@ -54,6 +54,8 @@ typedef struct TrainStats {
     int64_t tokens;
     double pp_imbalance, cp_imbalance;                   /* predicted by the plan */
     double pp_imbalance_measured, cp_imbalance_measured; /* from the measured compute */
+    int64_t queued;          /* documents waiting in the outlier queues after the step */
+    int skipped;             /* the update was skipped: the loss or the gradients were not finite */
 } TrainStats;
 
 typedef struct Trainer {
@@ -79,7 +81,10 @@ typedef struct Trainer {
     int64_t n_targets;       /* labeled tokens of the step */
     double loss_sum;
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
-    uint32_t fault_plan;     /* test hook: perturb the plan of this step (0: no) */
+    int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
+    /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
+    uint32_t fault_plan;
+    int fault_nan, fault_kill_in_save;
 } Trainer;
 
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
@@ -89,12 +94,25 @@ void trainer_free(Trainer *tr);
 /* Plans the next step and runs its forward and backward: afterwards every rank of DP x CP holds
  * the summed gradients (without ZeRO) and st has the loss, tokens and imbalance. */
 int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err);
-/* Clipping and AdamW with the gradients of trainer_forward_backward; st gets grad_norm and lr. */
+/* Clipping and AdamW with the gradients of trainer_forward_backward; st gets grad_norm and lr.
+ * When the loss or the gradient norm is not finite: with train.nonfinite skip the update is left
+ * out (st->skipped, counted in tr->skipped), else it is an Error. */
 int trainer_update(Trainer *tr, TrainStats *st, Error *err);
 /* A full tensor (Hugging Face name), gathered from every rank's block onto every rank (host, rows x
  * cols): the parameters, or with grads the gradients (before trainer_update). Every rank of the
  * job must call it. Returns 0, or -1 when no rank has that name. */
 int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err);
+/* The same from any arrays laid out like each chunk's parameters (arrays[c] for chunk c). */
+int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arrays, float *full, Error *err);
+
+/* Checkpoints (train_ckpt.c). trainer_save writes checkpoint.dir/step-NNNNNNNN after `step`
+ * (every rank takes part, rank 0 writes). trainer_checkpoint_path: the checkpoint that
+ * checkpoint.resume names (auto: the latest in checkpoint.dir, *path NULL when there is none yet;
+ * a path: a step folder, or a checkpoint folder whose latest is taken). trainer_resume loads it
+ * into a freshly initialised trainer of any layout and gives the step it was saved after. */
+int trainer_save(Trainer *tr, int64_t step, Error *err);
+int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
+int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */

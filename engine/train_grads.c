@@ -153,6 +153,18 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
     if (comm_allreduce_sum_f64(c, GROUP_WORLD, &sumsq, 1, err) != 0)
         return -1;
     st->grad_norm = sqrt(sumsq);
+    st->lr = optim_lr(&tr->cfg->train, tr->chunks[0].optim.step + 1);
+    /* Every rank sees the same loss and norm, so all of them decide alike. */
+    if (!isfinite(st->loss) || !isfinite(st->grad_norm)) {
+        if (tr->cfg->train.nonfinite != NONFINITE_SKIP)
+            return error_runtime(err, "train", "step %lld: the %s is %g; stopping (train.nonfinite: stop; lower "
+                                 "train.lr, or skip such steps with train.nonfinite: skip)",
+                                 (long long)tr->plan.step + 1, isfinite(st->loss) ? "gradient norm" : "loss",
+                                 isfinite(st->loss) ? st->grad_norm : st->loss);
+        st->skipped = 1;
+        tr->skipped++;
+        return 0;
+    }
     for (int k = 0; k < tr->v; k++) {
         TrainChunk *ch = &tr->chunks[k];
         Model *m = &ch->model;
@@ -196,23 +208,18 @@ static int gather_shard_grads(Trainer *tr, Error *err)
     return 0;
 }
 
-int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err)
+int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arrays, float *full, Error *err)
 {
     const ModelDims *d = &tr->chunks[0].model.dims;
     int64_t rows = 0, cols = 0;
     int vec, found = 0;
-    for (int i = 0; i < model_full_tensor_count(d); i++) {
+    for (int i = 0; i < model_full_tensor_count(d) && !found; i++) {
         char n[96];
         model_full_tensor(d, i, n, sizeof n, &rows, &cols, &vec);
-        if (!strcmp(n, name)) {
-            found = 1;
-            break;
-        }
+        found = !strcmp(n, name);
     }
     if (!found)
         return error_runtime(err, "train", "no tensor %s in the model", name);
-    if (grads && gather_shard_grads(tr, err) != 0)
-        return -1;
     memset(full, 0, (size_t)(rows * cols) * sizeof *full);
     /* The ranks with dp = cp = 0 add the blocks they count; the sum over the job is each block
      * once (x + 0 = x exactly). */
@@ -225,10 +232,20 @@ int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error 
             float *host = malloc((size_t)(t->rows * t->cols) * sizeof *host);
             if (!host)
                 return error_runtime(err, "train", "out of memory");
-            m->ops->to_host(host, (grads ? m->grads : m->params) + t->offset, (size_t)(t->rows * t->cols) * sizeof *host);
+            m->ops->to_host(host, arrays[k] + t->offset, (size_t)(t->rows * t->cols) * sizeof *host);
             for (int64_t r = 0; r < t->rows; r++)
                 memcpy(full + (t->row0 + r) * t->full_cols + t->col0, host + r * t->cols, (size_t)t->cols * sizeof *host);
             free(host);
         }
     return comm_allreduce_sum(tr->comm, GROUP_WORLD, full, rows * cols, err);
+}
+
+int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err)
+{
+    if (grads && gather_shard_grads(tr, err) != 0)
+        return -1;
+    const float *arrays[64];
+    for (int k = 0; k < tr->v; k++)
+        arrays[k] = grads ? tr->chunks[k].model.grads : tr->chunks[k].model.params;
+    return trainer_gather_arrays(tr, name, arrays, full, err);
 }

@@ -11,6 +11,7 @@
  * the order of its schedule, and the schedule's passes only wait for passes that come earlier in
  * the dependency order (sched.c runs the same order), so no rank waits forever.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -208,5 +209,11 @@ int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
     if (comm_allgather_f64(tr->comm, GROUP_WORLD, tr->mb_compute, tr->all_compute, tr->m, err) != 0)
         return -1;
     measured_imbalance(tr, st);
+    st->queued = tr->plan.queued;
+    if (tr->fault_nan) {
+        float nan = NAN;
+        Model *m = &tr->chunks[0].model;
+        m->ops->to_device(m->grads, &nan, sizeof nan);
+    }
     return train_reduce_grads(tr, err);
 }

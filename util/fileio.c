@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,4 +214,32 @@ void atomic_abort(AtomicFile *a)
     free(a->path);
     free(a->tmp);
     a->path = a->tmp = NULL;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+int file_remove_tree(const char *path, Error *err)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : error_errno(err, path, "cannot remove");
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return error_errno(err, path, "cannot remove");
+    return 0;
+}
+
+int file_sync_dir(const char *dir, Error *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return error_errno(err, dir, "cannot open");
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? 0 : error_errno(err, dir, "cannot sync");
 }

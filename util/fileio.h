@@ -33,6 +33,11 @@ int file_read_text(const char *path, const char *what, char **text, size_t *len,
 /* Creates the folders above path (like mkdir -p of its dirname); 0 when they exist. */
 int file_make_parents(const char *path, Error *err);
 
+/* Removes a file or a folder with everything in it; 0 when it does not exist. */
+int file_remove_tree(const char *path, Error *err);
+/* fsync a folder, so that renames and creations inside it survive a crash. */
+int file_sync_dir(const char *dir, Error *err);
+
 typedef struct AtomicFile {
     FILE *f;   /* write here between atomic_open and atomic_commit */
     char *path;

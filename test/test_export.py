@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""test/test_export.py - `wlbtrain export`: a checkpoint as a Hugging Face model folder.
+
+A tiny model (grouped-query heads, tied embeddings, Llama 3.1 RoPE scaling) trains 2 steps with a
+checkpoint, then is exported in float32 and bfloat16.
+1   config.json is the LlamaConfig of the model (every field transformers reads).
+2   float32: every tensor of the checkpoint, under the same name and shape, bit for bit.
+3   bfloat16: every tensor rounded to nearest even (recomputed here), dtype BF16.
+4   transformers: LlamaForCausalLM.from_pretrained loads the float32 folder and its logits on a
+    sequence equal the float64 numpy reference (ref_llama, itself checked against the C model)
+    within 1e-4 relative. Needs torch and transformers in the python of $WLB_HF_PYTHON (default
+    this one); skipped with that reason when they are missing.
+5   errors: a missing checkpoint, a corrupted config.yaml: one error line, exit status 2, the
+    output folder left as it was.
+
+Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+WLBTRAIN = os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain")
+HF_PYTHON = os.environ.get("WLB_HF_PYTHON") or sys.executable
+
+from taplib import Skip, check, comment, import_numpy  # noqa: E402
+
+np = import_numpy()
+if not isinstance(np, Skip):
+    import ref_llama as R
+
+MODEL = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ffn=64, vocab_size=320, rope_theta=500000.0,
+             norm_eps=1e-5, tie_embeddings=True, rope_scaling="llama3", rope_scaling_factor=8.0,
+             rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_seq_len=64)
+
+CONFIG = """model: {n_layers: 2, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 320,
+        rope_theta: 500000, norm_eps: 1.0e-5, tie_embeddings: true, max_seq_len: 256,
+        rope_scaling: llama3, rope_scaling_factor: 8, rope_low_freq_factor: 1, rope_high_freq_factor: 4,
+        rope_original_max_seq_len: 64}
+parallel: {dp: 1}
+data: {path: %(prefix)s, context_window: 128, global_batch_tokens: 256}
+balance: {hardware: cpu}
+train: {device: cpu, steps: 2, lr: 0.01, warmup_steps: 1}
+checkpoint: {dir: %(ckpt)s}
+"""
+
+HF_SCRIPT = r"""
+import json, sys, torch
+from transformers import LlamaForCausalLM
+model = LlamaForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+model.eval()
+tokens = json.loads(sys.argv[2])
+with torch.no_grad():
+    logits = model(torch.tensor([tokens])).logits[0].double().numpy()
+print(json.dumps(logits.tolist()))
+"""
+
+
+def run(args, **kw):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, **kw)
+
+
+class Fixture:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="wlbexport-")
+        text = os.path.join(self.dir, "doc.txt")
+        with open(text, "w") as f:
+            f.write("the quick brown fox jumps over the lazy dog. " * 40)
+        prefix = os.path.join(self.dir, "docs")
+        r = run([WLBTRAIN, "convert", "--quiet", "--out", prefix, text])
+        check(r.returncode == 0, "convert failed: %s" % r.stderr)
+        self.ckpt = os.path.join(self.dir, "ckpt")
+        cfg = os.path.join(self.dir, "tiny.yaml")
+        with open(cfg, "w") as f:
+            f.write(CONFIG % {"prefix": prefix, "ckpt": self.ckpt})
+        r = run([WLBTRAIN, "--config", cfg])
+        check(r.returncode == 0, "training failed: %s%s" % (r.stdout, r.stderr))
+        self.out32 = os.path.join(self.dir, "hf32")
+        self.out16 = os.path.join(self.dir, "hf16")
+        for out, dtype in ((self.out32, "float32"), (self.out16, "bfloat16")):
+            r = run([WLBTRAIN, "export", "--checkpoint", self.ckpt, "--out", out, "--dtype", dtype])
+            check(r.returncode == 0, "export failed: %s" % r.stderr)
+            comment(r.stdout.strip())
+
+
+def test_config(fx):
+    with open(os.path.join(fx.out32, "config.json")) as f:
+        c = json.load(f)
+    want = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "vocab_size": 320, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0, "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "float32",
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 64}}
+    for k, v in want.items():
+        check(c.get(k) == v, "config.json %s = %r, want %r" % (k, c.get(k), v))
+
+
+def step_dir(fx):
+    with open(os.path.join(fx.ckpt, "latest")) as f:
+        return os.path.join(fx.ckpt, f.read().strip())
+
+
+def test_float32(fx):
+    src, _ = R.load_safetensors(os.path.join(step_dir(fx), "model.safetensors"))
+    out, _ = R.load_safetensors(os.path.join(fx.out32, "model.safetensors"))
+    check(sorted(src) == sorted(out), "tensor names differ")
+    check(sorted(out) == sorted(R.weight_names(MODEL)), "not the model's Hugging Face names")
+    for n in src:
+        check(out[n].dtype == np.float32 and out[n].shape == src[n].shape, n + ": dtype or shape")
+        check(np.array_equal(out[n].view(np.uint32), src[n].view(np.uint32)), n + ": values differ")
+
+
+def test_bfloat16(fx):
+    src, _ = R.load_safetensors(os.path.join(step_dir(fx), "model.safetensors"))
+    with open(os.path.join(fx.out16, "model.safetensors"), "rb") as f:
+        raw = f.read()
+    n_head = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n_head])
+    for n, x in src.items():
+        h = header[n]
+        check(h["dtype"] == "BF16" and tuple(h["shape"]) == x.shape, n + ": dtype or shape")
+        a, b = h["data_offsets"]
+        got = np.frombuffer(raw[8 + n_head + a:8 + n_head + b], dtype=np.uint16)
+        u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        check(np.array_equal(got, want.ravel()), n + ": not float32 rounded to nearest even")
+
+
+def test_transformers(fx):
+    probe = run([HF_PYTHON, "-c", "import torch, transformers"])
+    if probe.returncode != 0:
+        raise Skip("torch and transformers are not importable by %s (set WLB_HF_PYTHON to a python that has them)"
+                   % HF_PYTHON)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(0, 320, size=40)]
+    r = run([HF_PYTHON, "-c", HF_SCRIPT, fx.out32, json.dumps(tokens)], timeout=600)
+    check(r.returncode == 0, "transformers could not run the export: %s" % r.stderr[-2000:])
+    hf = np.array(json.loads(r.stdout.strip().splitlines()[-1]))
+    weights, _ = R.load_safetensors(os.path.join(fx.out32, "model.safetensors"))
+    n = len(tokens)
+    ref = R.forward_logits(R.make_cfg(**MODEL), weights, np.array(tokens), np.arange(n), np.zeros(n, dtype=np.int64))
+    err = np.abs(hf - ref).max() / np.abs(ref).max()
+    comment("transformers logits against the numpy reference: max |diff| / max |ref| = %.2e" % err)
+    check(err <= 1e-4, "logits differ by %.2e" % err)
+
+
+def test_errors(fx):
+    before = sorted(os.listdir(fx.out32))
+    r = run([WLBTRAIN, "export", "--checkpoint", os.path.join(fx.dir, "none"), "--out", fx.out32])
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("wlbtrain: error: "),
+          "missing checkpoint: status %d, stderr %r" % (r.returncode, r.stderr))
+    bad = os.path.join(fx.dir, "bad")
+    shutil.copytree(step_dir(fx), bad)
+    with open(os.path.join(bad, "config.yaml"), "a") as f:
+        f.write("model: {n_layers: [\n")
+    mtime = os.path.getmtime(os.path.join(fx.out32, "model.safetensors"))
+    r = run([WLBTRAIN, "export", "--checkpoint", bad, "--out", fx.out32])
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 2 and len(lines) == 1 and "config.yaml" in lines[0],
+          "corrupted config: status %d, stderr %r" % (r.returncode, r.stderr))
+    check(sorted(os.listdir(fx.out32)) == before and
+          os.path.getmtime(os.path.join(fx.out32, "model.safetensors")) == mtime, "the output folder was touched")
+
+
+TESTS = [("config.json is the model's LlamaConfig", test_config),
+         ("float32 export: the checkpoint's tensors bit for bit", test_float32),
+         ("bfloat16 export: rounded to nearest even", test_bfloat16),
+         ("transformers loads the export; its logits = the numpy reference", test_transformers),
+         ("export errors: one line, exit 2, output untouched", test_errors)]
+
+
+def main():
+    print("1..%d" % len(TESTS))
+    fx, why = None, None
+    if isinstance(np, Skip):
+        why = str(np)
+    elif not os.path.exists(WLBTRAIN):
+        why = "%s is not built" % WLBTRAIN
+    else:
+        try:
+            fx = Fixture()
+        except Exception as e:
+            why = None
+            failure = "".join(traceback.format_exception_only(type(e), e)).strip()
+    failed = 0
+    for i, (name, fn) in enumerate(TESTS, 1):
+        if why:
+            print("ok %d - %s # SKIP %s" % (i, name, why))
+            continue
+        if fx is None:
+            print("not ok %d - %s" % (i, name))
+            comment("fixture failed: " + failure)
+            failed += 1
+            continue
+        try:
+            fn(fx)
+            print("ok %d - %s" % (i, name))
+        except Skip as s:
+            print("ok %d - %s # SKIP %s" % (i, name, s))
+        except Exception:
+            print("not ok %d - %s" % (i, name))
+            comment(traceback.format_exc())
+            failed += 1
+    if fx:
+        shutil.rmtree(fx.dir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+/* util/statefile.c - see statefile.h. */
+#include "util/statefile.h"
+
+#include <string.h>
+#include <zlib.h>
+
+enum { HEAD = 24, ENTRY = 56, TAIL = 8 };
+static const char MAGIC[8] = {'W', 'L', 'B', 'S', 'T', 'A', 'T', 'E'};
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* CRC-32 of n bytes, in pieces small enough for zlib's uInt. */
+static uint32_t crc_of(const void *data, uint64_t n)
+{
+    uLong crc = crc32(0L, Z_NULL, 0);
+    const Bytef *p = data;
+    while (n > 0) {
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        crc = crc32(crc, p, k);
+        p += k;
+        n -= k;
+    }
+    return (uint32_t)crc;
+}
+
+static uint64_t align8(uint64_t x) { return (x + 7) & ~(uint64_t)7; }
+
+int statefile_write(const char *path, const StateSection *s, int n, Error *err)
+{
+    if (n < 0 || n > STATE_MAX_SECTIONS)
+        return error_runtime(err, path, "%d sections (at most %d)", n, STATE_MAX_SECTIONS);
+    unsigned char head[HEAD + ENTRY * STATE_MAX_SECTIONS + TAIL];
+    uint64_t header = HEAD + (uint64_t)ENTRY * n + TAIL, at = align8(header);
+    memset(head, 0, sizeof head);
+    memcpy(head, MAGIC, 8);
+    put_u32(head + 8, 1);
+    put_u32(head + 12, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        unsigned char *e = head + HEAD + ENTRY * i;
+        size_t len = strnlen(s[i].name, STATE_NAME_LEN);
+        if (len == 0 || len == STATE_NAME_LEN)
+            return error_runtime(err, path, "section name of %zu characters", len);
+        memcpy(e, s[i].name, len);
+        put_u64(e + 32, at);
+        put_u64(e + 40, s[i].size);
+        put_u32(e + 48, crc_of(s[i].data, s[i].size));
+        at = align8(at + s[i].size);
+    }
+    put_u64(head + 16, at);
+    put_u32(head + header - TAIL, crc_of(head, header - TAIL));
+    AtomicFile a;
+    if (atomic_open(&a, path, err) != 0)
+        return -1;
+    static const unsigned char zeros[8];
+    int bad = fwrite(head, 1, (size_t)header, a.f) != header;
+    bad |= fwrite(zeros, 1, (size_t)(align8(header) - header), a.f) != align8(header) - header;
+    for (int i = 0; i < n && !bad; i++) {
+        bad |= s[i].size && fwrite(s[i].data, 1, (size_t)s[i].size, a.f) != s[i].size;
+        size_t pad = (size_t)(align8(s[i].size) - s[i].size);
+        bad |= fwrite(zeros, 1, pad, a.f) != pad;
+    }
+    if (bad) {
+        atomic_abort(&a);
+        return error_errno(err, path, "cannot write");
+    }
+    return atomic_commit(&a, err);
+}
+
+int statefile_open(StateFile *f, const char *path, Error *err)
+{
+    memset(f, 0, sizeof *f);
+    if (file_map(path, &f->map, err) != 0)
+        return -1;
+    const unsigned char *p = f->map.data;
+    uint64_t size = f->map.size;
+    int rc = 0;
+    if (size < HEAD + TAIL || memcmp(p, MAGIC, 8) != 0) {
+        rc = error_set(err, path, "not a wlbtrain state file (%llu bytes, no WLBSTATE magic)",
+                       (unsigned long long)size);
+    } else if (get_u32(p + 8) != 1) {
+        rc = error_set(err, path, "state file version %u; this wlbtrain reads version 1", get_u32(p + 8));
+    } else if (get_u32(p + 12) > STATE_MAX_SECTIONS) {
+        rc = error_set(err, path, "corrupted: %u sections", get_u32(p + 12));
+    } else if (get_u64(p + 16) != size) {
+        rc = error_set(err, path, "truncated or extended: %llu bytes, the header says %llu",
+                       (unsigned long long)size, (unsigned long long)get_u64(p + 16));
+    }
+    if (rc != 0) {
+        statefile_close(f);
+        return rc;
+    }
+    int n = (int)get_u32(p + 12);
+    uint64_t header = HEAD + (uint64_t)ENTRY * n + TAIL;
+    if (header > size || get_u32(p + header - TAIL) != crc_of(p, header - TAIL)) {
+        statefile_close(f);
+        return error_set(err, path, "corrupted header (CRC mismatch)");
+    }
+    for (int i = 0; i < n; i++) {
+        const unsigned char *e = p + HEAD + ENTRY * i;
+        StateSection *s = &f->sections[i];
+        memcpy(s->name, e, STATE_NAME_LEN);
+        s->name[STATE_NAME_LEN - 1] = '\0';
+        uint64_t off = get_u64(e + 32), len = get_u64(e + 40);
+        int rc = 0;
+        if (off < header || off > size || len > size - off)
+            rc = error_set(err, path, "corrupted: section %s lies outside the file", s->name);
+        else if (crc_of(p + off, len) != get_u32(e + 48))
+            rc = error_set(err, path, "corrupted: section %s fails its CRC-32", s->name);
+        if (rc != 0) {
+            statefile_close(f);
+            return rc;
+        }
+        s->data = p + off;
+        s->size = len;
+    }
+    f->n = n;
+    return 0;
+}
+
+void statefile_close(StateFile *f)
+{
+    file_unmap(&f->map);
+    memset(f, 0, sizeof *f);
+}
+
+const StateSection *statefile_find(const StateFile *f, const char *name)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->sections[i].name, name))
+            return &f->sections[i];
+    return NULL;
+}

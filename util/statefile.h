@@ -1,0 +1,48 @@
+/*
+ * util/statefile.h - a binary file of named sections, each checked by a CRC-32 (zlib's): the
+ * training state of a checkpoint.
+ *
+ * Layout, little-endian:
+ *     0   magic "WLBSTATE"
+ *     8   u32 version (1), u32 number of sections n (at most STATE_MAX_SECTIONS)
+ *    16   u64 size of the whole file
+ *    24   n entries of 56 bytes: name (32 bytes, NUL-padded), u64 offset, u64 size, u32 CRC-32 of
+ *         the section's bytes, u32 zero
+ *         then u32 CRC-32 of every byte before it (the header), u32 zero
+ *   then the sections' bytes, each starting at a multiple of 8.
+ * Reading checks everything before any of it is used: magic, version, the file's size (a truncated
+ * file is an error), every entry inside the file, the header's CRC and each section's CRC. Every
+ * failure is a bad-input Error (status 2) "PATH: what".
+ */
+#ifndef WLB_UTIL_STATEFILE_H
+#define WLB_UTIL_STATEFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/error.h"
+#include "util/fileio.h"
+
+enum { STATE_MAX_SECTIONS = 64, STATE_NAME_LEN = 32 };
+
+typedef struct StateSection {
+    char name[STATE_NAME_LEN];
+    const void *data;
+    uint64_t size;
+} StateSection;
+
+/* Writes the sections to path atomically (temporary name, fsync, rename). */
+int statefile_write(const char *path, const StateSection *sections, int n, Error *err);
+
+typedef struct StateFile {
+    MappedFile map;
+    StateSection sections[STATE_MAX_SECTIONS];
+    int n;
+} StateFile;
+
+int statefile_open(StateFile *f, const char *path, Error *err);
+void statefile_close(StateFile *f);
+/* The section called name, or NULL. */
+const StateSection *statefile_find(const StateFile *f, const char *name);
+
+#endif
