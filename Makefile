@@ -100,6 +100,13 @@ $(B)/test/dump_%: $(B)/obj/test/dump_%.o $(B)/libwlb.a
 	@echo "  LD    $@"
 	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ $(LIBS) $(CUDA_LIBS)
 
+# The fuzz regression test replays test/fuzz/ through the fuzz targets (scripts/fuzz.sh fuzzes them).
+$(B)/test/test_fuzz_corpus: $(B)/obj/test/test_fuzz_corpus.o $(B)/obj/fuzz/fuzz_targets.o $(B)/obj/test/testlib.o \
+                            $(B)/libwlb.a
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
+
 $(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/libwlb.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"

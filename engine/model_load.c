@@ -16,6 +16,7 @@
  *                head as Hugging Face's conversion script does, which gives the same model.
  * Each full tensor is read whole and every rank copies out its block (model_put_block).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,8 @@ static int load_llama2c(Model *m, const char *path, const MappedFile *map, Error
     int32_t h[7];
     memcpy(h, map->data, sizeof h);
     int shared = h[5] > 0;
+    if (h[5] == INT32_MIN)
+        return error_set(err, path, "not a llama2.c model (vocabulary size %d)", h[5]);
     int32_t vocab = shared ? h[5] : -h[5];
     const char *keys[] = {"model.d_model", "model.d_ffn", "model.n_layers", "model.n_heads", "model.n_kv_heads",
                           "model.vocab_size"};

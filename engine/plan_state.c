@@ -56,7 +56,32 @@ void plan_state_save(const Planner *pl, uint64_t *w)
 }
 
 /* Reads a queue of pieces at w[*at]; checks the counts against the words left. */
-static int read_queue(PlanQueue *q, const uint64_t *w, size_t n, size_t *at, int64_t window, Error *err)
+/* A saved piece must be a piece of a document of the stream's sources, read at or before the
+ * saved step and position (the piece held back has no arrival step yet: -1). */
+static int check_piece(const Planner *pl, const PlanDoc *d, const uint64_t *w, Error *err)
+{
+    const DataStream *st = pl->stream;
+    uint64_t step = w[0], seq = w[1];
+    if (d->source >= (uint32_t)st->n_sources)
+        return error_set(err, "planner state", "a piece of source %u; the data has %d source(s)", d->source,
+                         st->n_sources);
+    const DataSource *src = &st->sources[d->source].src;
+    if (d->doc >= src->n_docs)
+        return error_set(err, "planner state", "a piece of document %llu; source %u has %llu",
+                         (unsigned long long)d->doc, d->source, (unsigned long long)src->n_docs);
+    uint64_t doc_len = data_source_doc_len(src, d->doc);
+    if (d->len <= 0 || d->len > pl->window || d->offset > doc_len || (uint64_t)d->len > doc_len - d->offset)
+        return error_set(err, "planner state", "a piece [%llu, +%lld) of a document of %llu tokens (window %lld)",
+                         (unsigned long long)d->offset, (long long)d->len, (unsigned long long)doc_len,
+                         (long long)pl->window);
+    if (d->seq < 0 || (uint64_t)d->seq > seq || d->arrival < -1 || (d->arrival >= 0 && (uint64_t)d->arrival > step))
+        return error_set(err, "planner state", "a piece read at step %lld, position %lld, after the saved step %llu, "
+                         "position %llu", (long long)d->arrival, (long long)d->seq, (unsigned long long)step,
+                         (unsigned long long)seq);
+    return 0;
+}
+
+static int read_queue(const Planner *pl, PlanQueue *q, const uint64_t *w, size_t n, size_t *at, Error *err)
 {
     if (*at >= n || w[*at] > (n - *at - 1) / PIECE_WORDS)
         return error_set(err, "planner state", "truncated");
@@ -66,11 +91,9 @@ static int read_queue(PlanQueue *q, const uint64_t *w, size_t n, size_t *at, int
         return error_runtime(err, "planner state", "out of memory");
     for (int64_t i = 0; i < count; i++, *at += PIECE_WORDS) {
         items[i] = get_piece(w + *at);
-        int64_t len = items[i].len;
-        if (len <= 0 || len > window) {
+        if (check_piece(pl, &items[i], w, err) != 0) {
             free(items);
-            return error_set(err, "planner state", "a queued piece of %lld tokens does not fit the window of %lld",
-                             (long long)len, (long long)window);
+            return -1;
         }
     }
     free(q->items);
@@ -87,17 +110,23 @@ int plan_state_restore(Planner *pl, const uint64_t *w, size_t n, Error *err)
                          (unsigned long long)w[2], pl->n_queues);
     if (w[3] > 1)
         return error_set(err, "planner state", "corrupted (pending flag %llu)", (unsigned long long)w[3]);
+    if (w[0] > ((uint64_t)1 << 48) || w[1] > ((uint64_t)1 << 62))
+        return error_set(err, "planner state", "corrupted (step %llu, position %llu)", (unsigned long long)w[0],
+                         (unsigned long long)w[1]);
+    PlanDoc pending = get_piece(w + 4);
+    if (w[3] && check_piece(pl, &pending, w, err) != 0)
+        return -1;
     size_t at = 4 + PIECE_WORDS;
     for (int q = 0; q < pl->n_queues; q++)
-        if (read_queue(&pl->queues[q], w, n, &at, pl->window, err) != 0)
+        if (read_queue(pl, &pl->queues[q], w, n, &at, err) != 0)
             return -1;
-    if (read_queue(&pl->remained, w, n, &at, pl->window, err) != 0)
+    if (read_queue(pl, &pl->remained, w, n, &at, err) != 0)
         return -1;
     if (at != n)
         return error_set(err, "planner state", "%zu words, %zu expected", n, at);
     pl->step = (int64_t)w[0];
     pl->seq = (int64_t)w[1];
     pl->has_pending = (int)w[3];
-    pl->pending = get_piece(w + 4);
+    pl->pending = pending;
     return 0;
 }

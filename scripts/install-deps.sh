@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs, non-interactively, the Debian packages wlbtrain builds and tests with, when any is missing.
 # Called by `make` (build deps) and `make test` (also test deps); safe to run again: it only looks
-# when everything is present. Usage: scripts/install-deps.sh [build|test]
+# when everything is present. Usage: scripts/install-deps.sh [build|test|fuzz]
 set -euo pipefail
 what=${1:-build}
 
@@ -19,6 +19,10 @@ if [ "$what" = test ]; then
   printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <cmocka.h>\n' \
     | cc -E -x c - >/dev/null 2>&1 || need+=(libcmocka-dev)
   command -v python3 >/dev/null 2>&1 || need+=(python3)
+fi
+if [ "$what" = fuzz ]; then
+  command -v clang >/dev/null 2>&1 || need+=(clang)
+  printf '#include <omp.h>\n' | clang -fopenmp -E -x c - >/dev/null 2>&1 || need+=(libomp-dev)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 

@@ -299,7 +299,9 @@ static void test_state_restore_is_exact(void **state)
         data_stream_save(&a.stream, ws);
         plan_state_save(&a.pl, wp);
         assert_int_equal(data_stream_restore(&b.stream, ws, ns, &err), 0);
-        assert_int_equal(plan_state_restore(&b.pl, wp, np, &err), 0);
+        if (plan_state_restore(&b.pl, wp, np, &err) != 0)
+            print_error("%s\n", err.msg);
+        assert_int_equal(err.status, 0);
         for (int step = 0; step < 10; step++) {
             assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
             assert_int_equal(plan_step(&b.pl, &pb, &err), 0);

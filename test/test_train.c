@@ -148,7 +148,7 @@ static void test_errors(void **state)
     setenv("WLBTRAIN_FAULT", "crash@0:1", 1);
     RUN(&r, "--config", cfg);
     unsetenv("WLBTRAIN_FAULT");
-    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill or plan)");
+    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan or savekill)");
     test_cmd_free(&r);
     setenv("WLBTRAIN_FAULT", "error@0:2", 1);
     RUN(&r, "--config", cfg);

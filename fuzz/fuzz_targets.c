@@ -1,0 +1,245 @@
+/* fuzz/fuzz_targets.c - the fuzz targets (see fuzz_targets.h). */
+#include "fuzz/fuzz_targets.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "cpu/cpu_ops.h"
+#include "data/data_idx.h"
+#include "data/data_sources.h"
+#include "data/data_stream.h"
+#include "engine/cost.h"
+#include "engine/model.h"
+#include "engine/plan.h"
+#include "util/fileio.h"
+#include "util/statefile.h"
+
+/* The model whose weights mode 2 loads (test/fuzz/checkpoint's seeds are of this shape). */
+#define FUZZ_MODEL                                                                                  \
+    "model: {n_layers: 1, d_model: 16, n_heads: 2, n_kv_heads: 1, d_ffn: 32, vocab_size: 260, rope_theta: " \
+    "10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 64}\n"
+
+/* A folder of this process for the files a target writes, removed at exit. */
+static char scratch_dir[64];
+
+static void remove_scratch(void)
+{
+    Error err = {0};
+    file_remove_tree(scratch_dir, &err);
+}
+
+static const char *scratch(void)
+{
+    if (!scratch_dir[0]) {
+        snprintf(scratch_dir, sizeof scratch_dir, "/tmp/wlbfuzz-%d-XXXXXX", (int)getpid());
+        if (!mkdtemp(scratch_dir) || atexit(remove_scratch) != 0)
+            abort();
+    }
+    return scratch_dir;
+}
+
+static void write_file(const char *path, const uint8_t *data, size_t size)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f) != 0)
+        abort();
+}
+
+int fuzz_config(const uint8_t *data, size_t size)
+{
+    char *yaml = malloc(size + 1);
+    if (!yaml)
+        abort();
+    memcpy(yaml, data, size);
+    yaml[size] = '\0';
+    Config a, b;
+    Error err = {0};
+    config_init(&a);
+    config_init(&b);
+    if (config_load_string(&a, yaml, "fuzz.yaml", &err) == 0 && config_resolve(&a, 0, &err) == 0) {
+        /* Printed, it loads back to the same config. */
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (!f || config_print(&a, f, &err) != 0 || fclose(f) != 0)
+            abort();
+        if (config_load_string(&b, text, "printed.yaml", &err) != 0 || config_resolve(&b, 0, &err) != 0 ||
+            !config_equal(&a, &b)) {
+            fprintf(stderr, "fuzz_config: the printed config does not load back equal: %s\n%s\n", err.msg, text);
+            abort();
+        }
+        free(text);
+    }
+    config_free(&a);
+    config_free(&b);
+    free(yaml);
+    return 0;
+}
+
+int fuzz_idx(const uint8_t *data, size_t size)
+{
+    if (size < 2)
+        return 0;
+    size_t n_idx = (size_t)(data[0] | data[1] << 8);
+    if (n_idx > size - 2)
+        n_idx = size - 2;
+    char prefix[128], path[160];
+    snprintf(prefix, sizeof prefix, "%s/set", scratch());
+    snprintf(path, sizeof path, "%s.idx", prefix);
+    write_file(path, data + 2, n_idx);
+    snprintf(path, sizeof path, "%s.bin", prefix);
+    write_file(path, data + 2 + n_idx, size - 2 - n_idx);
+    DataIdx d;
+    Error err = {0};
+    if (data_idx_open(&d, prefix, &err) != 0)
+        return 0;
+    static int32_t tokens[4096];
+    for (uint64_t doc = 0; doc < d.n_docs && doc < 64; doc++) {
+        uint64_t len = data_idx_doc_len(&d, doc), n = len < 4096 ? len : 4096;
+        if (data_idx_read_tokens(&d, doc, len - n, n, tokens, &err) != 0) {
+            fprintf(stderr, "fuzz_idx: an opened set fails to read document %llu: %s\n", (unsigned long long)doc,
+                    err.msg);
+            abort();
+        }
+    }
+    data_idx_close(&d);
+    return 0;
+}
+
+/* The planner and the data stream of a tiny dry-run config, over a list of lengths. */
+typedef struct PlanSetup {
+    Config cfg;
+    DataSources data;
+    DataStream stream;
+    CostModel cost;
+    Planner planner;
+} PlanSetup;
+
+static void plan_setup(PlanSetup *s)
+{
+    char lengths[128];
+    snprintf(lengths, sizeof lengths, "%s/lengths.txt", scratch());
+    if (access(lengths, F_OK) != 0) {
+        static const uint8_t list[] = "5\n300\n17\n64\n1\n128\n40\n90\n250\n33\n8\n";
+        write_file(lengths, list, sizeof list - 1);
+    }
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "model: {preset: tiny}\nparallel: {tp: 1, cp: 2, pp: 1, dp: 2}\n"
+             "data: {lengths_file: %s, context_window: 128, global_batch_tokens: 512}\n"
+             "balance: {packer: wlb, cp_sharding: hybrid, hardware: cpu}\n",
+             lengths);
+    Error err = {0};
+    config_init(&s->cfg);
+    if (config_load_string(&s->cfg, yaml, "fuzz", &err) != 0 || config_resolve(&s->cfg, 0, &err) != 0 ||
+        data_sources_open(&s->data, NULL, NULL, 0, lengths, NULL, &err) != 0 ||
+        data_stream_init(&s->stream, s->data.src, NULL, s->data.n, 1, 128, &err) != 0 ||
+        cost_model_init(&s->cost, &s->cfg, &err) != 0 ||
+        plan_init(&s->planner, &s->cfg, &s->cost, &s->stream, PACKER_WLB, CP_HYBRID, &err) != 0) {
+        fprintf(stderr, "fuzz_checkpoint: setup: %s\n", err.msg);
+        abort();
+    }
+}
+
+static void plan_teardown(PlanSetup *s)
+{
+    plan_destroy(&s->planner);
+    data_stream_free(&s->stream);
+    data_sources_close(&s->data);
+    config_free(&s->cfg);
+}
+
+/* Restores planner and stream from words and plans two steps: errors are fine, crashes are not. */
+static void restore_and_plan(const uint64_t *planner, size_t n_planner, const uint64_t *stream, size_t n_stream)
+{
+    PlanSetup setup;
+    plan_setup(&setup);
+    Error err = {0};
+    int ok = plan_state_restore(&setup.planner, planner, n_planner, &err) == 0 &&
+             data_stream_restore(&setup.stream, stream, n_stream, &err) == 0;
+    StepPlan plan = {0};
+    for (int i = 0; ok && i < 2; i++)
+        ok = plan_step(&setup.planner, &plan, &err) == 0;
+    plan_free(&plan);
+    plan_teardown(&setup);
+}
+
+/* A genuine planner and stream state after `steps` planned steps, edited by the input: records of
+ * a u16 word index (modulo the words of both states) and a u64 value. */
+static void edited_state(const uint8_t *data, size_t size)
+{
+    PlanSetup setup;
+    plan_setup(&setup);
+    Error err = {0};
+    StepPlan plan = {0};
+    int steps = size ? data[0] % 4 : 0;
+    for (int i = 0; i < steps; i++)
+        if (plan_step(&setup.planner, &plan, &err) != 0)
+            abort();
+    plan_free(&plan);
+    size_t np = plan_state_words(&setup.planner), ns = data_stream_state_words(&setup.stream);
+    uint64_t *w = malloc((np + ns + 1) * sizeof *w);
+    if (!w)
+        abort();
+    plan_state_save(&setup.planner, w);
+    data_stream_save(&setup.stream, w + np);
+    plan_teardown(&setup);
+    for (size_t at = size ? 1 : 0; at + 10 <= size; at += 10) {
+        size_t k = (size_t)(data[at] | data[at + 1] << 8) % (np + ns);
+        memcpy(&w[k], data + at + 2, 8);
+    }
+    restore_and_plan(w, np, w + np, ns);
+    free(w);
+}
+
+int fuzz_checkpoint(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    int mode = data[0] % 3;
+    data++;
+    size--;
+    char path[160];
+    Error err = {0};
+    if (mode == 2) {
+        static Model m;
+        static int ready;
+        if (!ready) {
+            Config cfg;
+            config_init(&cfg);
+            if (config_load_string(&cfg, FUZZ_MODEL, "fuzz", &err) != 0 ||
+                config_resolve(&cfg, 0, &err) != 0 || model_init(&m, &cfg.model, cpu_ops(), NULL, &err) != 0)
+                abort();
+            config_free(&cfg);
+            ready = 1;
+        }
+        snprintf(path, sizeof path, "%s/model.safetensors", scratch());
+        write_file(path, data, size);
+        model_load(&m, path, &err);
+        return 0;
+    }
+    if (mode == 1) {
+        edited_state(data, size);
+        return 0;
+    }
+    snprintf(path, sizeof path, "%s/state.bin", scratch());
+    write_file(path, data, size);
+    StateFile f;
+    if (statefile_open(&f, path, &err) != 0)
+        return 0;
+    const StateSection *p = statefile_find(&f, "planner"), *s = statefile_find(&f, "stream");
+    if (p && s) {
+        uint64_t *words = malloc((size_t)(p->size + s->size) + 16);
+        if (!words)
+            abort();
+        memcpy(words, p->data, (size_t)p->size);
+        memcpy(words + p->size / 8 + 1, s->data, (size_t)s->size);
+        restore_and_plan(words, (size_t)(p->size / 8), words + p->size / 8 + 1, (size_t)(s->size / 8));
+        free(words);
+    }
+    statefile_close(&f);
+    return 0;
+}

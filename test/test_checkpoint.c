@@ -1,0 +1,363 @@
+/*
+ * test/test_checkpoint.c - checkpoints through the wlbtrain binary: a run killed after a
+ * checkpoint and resumed gives the uninterrupted run's losses and gradient norms bit for bit (on
+ * one process with and without outlier documents queued at the checkpoint, and on 8 ranks); a
+ * checkpoint resumes on another layout; a kill in the middle of a save leaves the previous
+ * checkpoint in charge; checkpoint.keep; damaged checkpoints are one error line with exit 2 and
+ * nothing overwritten; non-finite gradients stop the run or skip the update as configured.
+ */
+#include "test/testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "data/data_idx.h"
+#include "util/rng.h"
+
+static char *dir, *config;
+
+/* Short documents, and with long ones, some of 100..255 tokens: over the outlier thresholds of a
+ * 128-token window (32, 64), so the wlb planner queues them. */
+static int group_setup(void **state)
+{
+    (void)state;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    dir = test_tmpdir();
+    char *prefix = test_format("%s/docs", dir);
+    DataIdxWriter w;
+    Error err = {0};
+    Rng rng;
+    rng_seed(&rng, 5);
+    if (data_idx_writer_open(&w, prefix, DATA_DTYPE_UINT16, &err) != 0)
+        return -1;
+    for (int d = 0; d < 600; d++) {
+        int32_t tok[256];
+        int len = rng_below(&rng, 8) ? 1 + (int)rng_below(&rng, 30) : 100 + (int)rng_below(&rng, 156);
+        for (int i = 0; i < len; i++)
+            tok[i] = i ? (tok[i - 1] * 5 + 1) % 200 : (int32_t)rng_below(&rng, 200);
+        if (data_idx_writer_add(&w, tok, (uint64_t)len, &err) != 0)
+            return -1;
+    }
+    if (data_idx_writer_finish(&w, &err) != 0)
+        return -1;
+    char *yaml = test_format(
+        "model: {n_layers: 4, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 256,"
+        " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
+        "parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
+        "data: {path: %s, context_window: 128, global_batch_tokens: 512}\n"
+        "balance: {hardware: cpu, packer: wlb, cp_sharding: hybrid}\n"
+        "train: {device: cpu, steps: 8, lr: 0.003, warmup_steps: 2}\n"
+        "checkpoint: {every: 3, keep: 10}\n"
+        "log: {every: 100}\n",
+        prefix);
+    config = test_write_file(dir, "ckpt.yaml", yaml, strlen(yaml));
+    free(yaml);
+    free(prefix);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    test_rm_rf(dir);
+    free(dir);
+    free(config);
+    return 0;
+}
+
+/* [timeout 120] [mpirun -np N -x WLBTRAIN_FAULT] $WLBTRAIN --config ckpt.yaml --set checkpoint.dir=DIR/NAME
+ * --set log.metrics=DIR/NAME.jsonl ARGS... (ranks 0: one process). */
+static void train(CmdResult *r, int ranks, const char *name, const char *fault, const char *const *args)
+{
+    const char *argv[64];
+    int k = 0;
+    char np[16];
+    snprintf(np, sizeof np, "%d", ranks);
+    const char *bin = getenv("WLBTRAIN");
+    argv[k++] = "timeout";
+    argv[k++] = "120";
+    if (fault)
+        setenv("WLBTRAIN_FAULT", fault, 1);
+    if (ranks > 0) {
+        const char *mpi[] = {"mpirun", "--oversubscribe", "--bind-to", "none", "-np", np, "-x", "WLBTRAIN_FAULT"};
+        for (size_t i = 0; i < sizeof mpi / sizeof mpi[0]; i++)
+            argv[k++] = mpi[i];
+    }
+    char *ck = test_format("checkpoint.dir=%s/%s", dir, name), *mt = test_format("log.metrics=%s/%s.jsonl", dir, name);
+    argv[k++] = bin ? bin : "./wlbtrain";
+    argv[k++] = "--config";
+    argv[k++] = config;
+    argv[k++] = "--set";
+    argv[k++] = ck;
+    argv[k++] = "--set";
+    argv[k++] = mt;
+    for (int i = 0; args[i]; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    test_run(r, argv);
+    unsetenv("WLBTRAIN_FAULT");
+    free(ck);
+    free(mt);
+}
+
+/* The "loss" and "grad_norm" texts of each line of NAME.jsonl (full precision), and "queued". */
+typedef struct Metrics {
+    int n;
+    char loss[32][40], norm[32][40];
+    long long queued[32], skipped[32];
+} Metrics;
+
+static void field(const char *line, const char *key, char *out, size_t size)
+{
+    char pat[40];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    assert_non_null(p);
+    p += strlen(pat);
+    size_t n = strcspn(p, ",}");
+    snprintf(out, size, "%.*s", (int)n, p);
+}
+
+static void read_metrics(const char *name, Metrics *m)
+{
+    char *path = test_format("%s/%s.jsonl", dir, name), *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    memset(m, 0, sizeof *m);
+    for (char *line = strtok(text, "\n"); line && m->n < 32; line = strtok(NULL, "\n"), m->n++) {
+        char v[40];
+        field(line, "loss", m->loss[m->n], sizeof m->loss[0]);
+        field(line, "grad_norm", m->norm[m->n], sizeof m->norm[0]);
+        field(line, "queued", v, sizeof v);
+        m->queued[m->n] = atoll(v);
+        field(line, "skipped", v, sizeof v);
+        m->skipped[m->n] = atoll(v);
+    }
+    free(text);
+    free(path);
+}
+
+static void assert_same_run(const Metrics *a, const Metrics *b)
+{
+    assert_int_equal(a->n, b->n);
+    for (int i = 0; i < a->n; i++) {
+        if (strcmp(a->loss[i], b->loss[i]) || strcmp(a->norm[i], b->norm[i]))
+            print_error("step %d: loss %s / %s, grad_norm %s / %s\n", i + 1, a->loss[i], b->loss[i], a->norm[i],
+                        b->norm[i]);
+        assert_string_equal(a->loss[i], b->loss[i]);
+        assert_string_equal(a->norm[i], b->norm[i]);
+    }
+}
+
+/* Uninterrupted, then killed at step `kill_at` and resumed: the same metrics. */
+static void check_resume(int ranks, const char *tag, int kill_at, const char *const *layout, Metrics *whole)
+{
+    CmdResult r;
+    char *a = test_format("%s-whole", tag), *b = test_format("%s-resumed", tag), *fault = test_format("kill@0:%d", kill_at);
+    train(&r, ranks, a, NULL, layout);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    train(&r, ranks, b, fault, layout);
+    assert_true(r.status != 0);
+    test_cmd_free(&r);
+    const char *resume[16] = {"--set", "checkpoint.resume=auto"};
+    int k = 2;
+    for (int i = 0; layout[i]; i++)
+        resume[k++] = layout[i];
+    resume[k] = NULL;
+    train(&r, ranks, b, NULL, resume);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "resume: "));
+    assert_non_null(strstr(r.out, "/step-00000003, after step 3"));
+    test_cmd_free(&r);
+    Metrics m;
+    read_metrics(a, whole);
+    read_metrics(b, &m);
+    assert_same_run(whole, &m);
+    free(a);
+    free(b);
+    free(fault);
+}
+
+static void test_resume_bit_identical(void **state)
+{
+    (void)state;
+    Metrics whole;
+    const char *none[] = {NULL};
+    check_resume(0, "one", 5, none, &whole);
+    printf("# one process, wlb: %lld documents queued at the checkpoint (step 3)\n", whole.queued[2]);
+    assert_true(whole.queued[2] > 0);
+    const char *fixed[] = {"--set", "balance.packer=fixed", NULL};
+    check_resume(0, "fixed", 5, fixed, &whole);
+    printf("# one process, fixed: %lld documents queued at the checkpoint\n", whole.queued[2]);
+    assert_int_equal(whole.queued[2], 0);
+}
+
+static void test_resume_8_ranks_and_other_layout(void **state)
+{
+    (void)state;
+    Metrics whole, other;
+    const char *layout[] = {"--set", "parallel.tp=2", "--set", "parallel.pp=2", "--set", "parallel.cp=2", NULL};
+    check_resume(8, "eight", 5, layout, &whole);
+    /* The 8-rank checkpoint of step 6, resumed in one process with ZeRO-1 off, and on 4 ranks with
+     * ZeRO-1 over dp 2 x cp 2. */
+    char *from = test_format("checkpoint.resume=%s/eight-whole/step-00000006", dir);
+    const char *one[] = {"--set", from, NULL};
+    CmdResult r;
+    char *copy = test_format("cp %s/eight-whole.jsonl %s/other.jsonl", dir, dir);
+    assert_int_equal(system(copy), 0);
+    train(&r, 0, "other", NULL, one);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    read_metrics("other", &other);
+    assert_int_equal(other.n, 8);
+    for (int i = 6; i < 8; i++) {
+        double a = atof(whole.loss[i]), b = atof(other.loss[i]);
+        printf("# step %d: loss %.9f on 8 ranks, %.9f resumed in one process\n", i + 1, a, b);
+        assert_true(fabs(a - b) <= 1e-5 * fabs(a));
+    }
+    assert_int_equal(system(copy), 0);
+    const char *zero[] = {"--set", from, "--set", "parallel.dp=2", "--set", "parallel.cp=2", "--set", "parallel.zero=1",
+                          NULL};
+    train(&r, 4, "other", NULL, zero);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    read_metrics("other", &other);
+    for (int i = 6; i < 8; i++)
+        assert_true(fabs(atof(whole.loss[i]) - atof(other.loss[i])) <= 1e-5 * fabs(atof(whole.loss[i])));
+    free(copy);
+    free(from);
+}
+
+static int exists(const char *rel)
+{
+    struct stat st;
+    char *p = test_format("%s/%s", dir, rel);
+    int ok = stat(p, &st) == 0;
+    free(p);
+    return ok;
+}
+
+static void test_kill_during_save(void **state)
+{
+    (void)state;
+    CmdResult r;
+    const char *none[] = {NULL};
+    train(&r, 0, "savekill", "savekill@0:6", none);
+    assert_int_equal(r.status, 128 + 9);
+    test_cmd_free(&r);
+    /* step 6 died half-written; latest still names step 3 */
+    char *latest = test_format("%s/savekill/latest", dir), *text = test_read_file(latest, NULL);
+    assert_string_equal(text, "step-00000003\n");
+    assert_true(exists("savekill/.tmp-step-00000006/model.safetensors"));
+    assert_false(exists("savekill/step-00000006"));
+    const char *resume[] = {"--set", "checkpoint.resume=auto", NULL};
+    train(&r, 0, "savekill", NULL, resume);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    Metrics whole, m;
+    read_metrics("one-whole", &whole);
+    read_metrics("savekill", &m);
+    assert_same_run(&whole, &m);
+    assert_false(exists("savekill/.tmp-step-00000006"));
+    assert_true(exists("savekill/step-00000006/state.bin"));
+    free(text);
+    free(latest);
+}
+
+static void test_keep(void **state)
+{
+    (void)state;
+    CmdResult r;
+    const char *args[] = {"--set", "checkpoint.every=1", "--set", "checkpoint.keep=2", NULL};
+    train(&r, 0, "keep", NULL, args);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    for (int s = 1; s <= 8; s++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "keep/step-%08d", s);
+        assert_int_equal(exists(rel), s >= 7);
+    }
+}
+
+/* Resuming from a damaged checkpoint: one error line, exit 2, the metrics file untouched. */
+static void check_damaged(const char *what, const char *cmd, const char *expect)
+{
+    char *sh = test_format("rm -rf %s/dmg && cp -r %s/one-whole %s/dmg && cp %s/one-whole.jsonl %s/dmg.jsonl && "
+                           "cd %s/dmg/step-00000008 && %s", dir, dir, dir, dir, dir, dir, cmd);
+    assert_int_equal(system(sh), 0);
+    char *before = test_format("%s/dmg.jsonl", dir), *text = test_read_file(before, NULL);
+    CmdResult r;
+    const char *resume[] = {"--set", "checkpoint.resume=auto", "--steps", "9", NULL};
+    train(&r, 0, "dmg", NULL, resume);
+    printf("# %s: %s", what, r.err);
+    test_assert_error(&r, expect);
+    test_cmd_free(&r);
+    char *after = test_read_file(before, NULL);
+    assert_string_equal(text, after);
+    free(after);
+    free(text);
+    free(before);
+    free(sh);
+}
+
+static void test_damaged_checkpoints(void **state)
+{
+    (void)state;
+    check_damaged("a flipped byte", "printf X | dd of=state.bin bs=1 seek=3000 conv=notrunc 2>/dev/null",
+                  "state.bin: corrupted: section moments fails its CRC-32");
+    check_damaged("truncated state", "truncate -s 2000 state.bin", "state.bin: truncated or extended: 2000 bytes");
+    check_damaged("truncated weights", "truncate -s 9000 model.safetensors", "model.safetensors: ");
+    check_damaged("not a state file", "echo hello > state.bin", "state.bin: not a wlbtrain state file");
+    check_damaged("bad pointer", "echo step-x > ../latest", "latest: names 'step-x', not a step-NNNNNNNN folder");
+    check_damaged("missing state", "rm state.bin", "state.bin: cannot open: No such file or directory");
+    CmdResult r;
+    const char *other[] = {"--set", "checkpoint.resume=auto", "--set", "model.d_ffn=128", NULL};
+    train(&r, 0, "one-whole", NULL, other);
+    test_assert_error(&r, "saved for a model with model.d_ffn 64, the config has 128");
+    test_cmd_free(&r);
+}
+
+static void test_nonfinite(void **state)
+{
+    (void)state;
+    CmdResult r;
+    const char *none[] = {NULL};
+    train(&r, 0, "nan-stop", "nan@0:4", none);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "wlbtrain: error: train: step 4: the gradient norm is nan; stopping"));
+    test_cmd_free(&r);
+    const char *skip[] = {"--set", "train.nonfinite=skip", "--set", "checkpoint.every=1", NULL};
+    train(&r, 0, "nan-skip", "nan@0:4", skip);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "step     4/8  loss "));
+    assert_non_null(strstr(r.out, "not finite, update skipped (1 so far)"));
+    test_cmd_free(&r);
+    Metrics m;
+    read_metrics("nan-skip", &m);
+    assert_int_equal(m.n, 8);
+    assert_int_equal(m.skipped[2], 0);
+    assert_int_equal(m.skipped[3], 1);
+    assert_int_equal(m.skipped[7], 1);
+    /* The skipped step left the weights as they were. */
+    char *cmp = test_format("cmp -s %s/nan-skip/step-00000003/model.safetensors %s/nan-skip/step-00000004/model.safetensors",
+                            dir, dir);
+    assert_int_equal(system(cmp), 0);
+    free(cmp);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resume_bit_identical), cmocka_unit_test(test_resume_8_ranks_and_other_layout),
+        cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
+        cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_nonfinite),
+    };
+    return cmocka_run_group_tests_name("checkpoint", tests, group_setup, group_teardown);
+}

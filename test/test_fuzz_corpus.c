@@ -1,0 +1,66 @@
+/*
+ * test/test_fuzz_corpus.c - replays every input kept in test/fuzz/TARGET/ (the seeds, and what the
+ * fuzzers of scripts/fuzz.sh found) through its fuzz target (fuzz/fuzz_targets.h): in make test,
+ * under ASan and UBSan too, each input must end without a crash, a sanitizer report or an abort.
+ */
+#include "test/testlib.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz/fuzz_targets.h"
+
+static void replay(const char *target, int (*fn)(const uint8_t *, size_t))
+{
+    char *dir = test_format("test/fuzz/%s", target);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "README.md"))
+            continue;
+        char *path = test_format("%s/%s", dir, e->d_name);
+        size_t len;
+        char *data = test_read_file(path, &len);
+        assert_non_null(data);
+        fn((const uint8_t *)data, len);
+        free(data);
+        free(path);
+        n++;
+    }
+    closedir(d);
+    printf("# %s: %d inputs replayed\n", target, n);
+    assert_true(n > 0);
+    free(dir);
+}
+
+static void test_config(void **state)
+{
+    (void)state;
+    replay("config", fuzz_config);
+}
+
+static void test_idx(void **state)
+{
+    (void)state;
+    replay("idx", fuzz_idx);
+}
+
+static void test_checkpoint(void **state)
+{
+    (void)state;
+    replay("checkpoint", fuzz_checkpoint);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_idx),
+        cmocka_unit_test(test_checkpoint),
+    };
+    return cmocka_run_group_tests_name("fuzz_corpus", tests, NULL, NULL);
+}
