@@ -14,8 +14,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "data/data_idx.h"
-#include "util/rng.h"
 
 static char *dir, *config;
 
@@ -26,23 +24,7 @@ static int group_setup(void **state)
     (void)state;
     setenv("OMP_NUM_THREADS", "1", 1);
     dir = test_tmpdir();
-    char *prefix = test_format("%s/docs", dir);
-    DataIdxWriter w;
-    Error err = {0};
-    Rng rng;
-    rng_seed(&rng, 5);
-    if (data_idx_writer_open(&w, prefix, DATA_DTYPE_UINT16, &err) != 0)
-        return -1;
-    for (int d = 0; d < 600; d++) {
-        int32_t tok[256];
-        int len = rng_below(&rng, 8) ? 1 + (int)rng_below(&rng, 30) : 100 + (int)rng_below(&rng, 156);
-        for (int i = 0; i < len; i++)
-            tok[i] = i ? (tok[i - 1] * 5 + 1) % 200 : (int32_t)rng_below(&rng, 200);
-        if (data_idx_writer_add(&w, tok, (uint64_t)len, &err) != 0)
-            return -1;
-    }
-    if (data_idx_writer_finish(&w, &err) != 0)
-        return -1;
+    char *prefix = test_write_docs(dir, "docs", 5, 600, 8, 200);
     char *yaml = test_format(
         "model: {n_layers: 4, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 256,"
         " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
@@ -75,17 +57,10 @@ static void train(CmdResult *r, int ranks, const char *name, const char *fault, 
     const char *argv[64];
     int k = 0;
     char np[16];
-    snprintf(np, sizeof np, "%d", ranks);
     const char *bin = getenv("WLBTRAIN");
-    argv[k++] = "timeout";
-    argv[k++] = "120";
     if (fault)
         setenv("WLBTRAIN_FAULT", fault, 1);
-    if (ranks > 0) {
-        const char *mpi[] = {"mpirun", "--oversubscribe", "--bind-to", "none", "-np", np, "-x", "WLBTRAIN_FAULT"};
-        for (size_t i = 0; i < sizeof mpi / sizeof mpi[0]; i++)
-            argv[k++] = mpi[i];
-    }
+    test_launch_argv(argv, &k, 120, ranks, fault ? "WLBTRAIN_FAULT" : NULL, np);
     char *ck = test_format("checkpoint.dir=%s/%s", dir, name), *mt = test_format("log.metrics=%s/%s.jsonl", dir, name);
     argv[k++] = bin ? bin : "./wlbtrain";
     argv[k++] = "--config";

@@ -24,8 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "data/data_idx.h"
-#include "util/rng.h"
 #include "util/safetensors.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -44,41 +42,13 @@ static Fixture fx;
 static const char *const packers[2] = {"fixed", "wlb"};
 static const char *const modes[4] = {"per_seq", "per_doc", "adaptive", "hybrid"};
 
-static void write_corpus(const char *prefix)
-{
-    DataIdxWriter w;
-    Error err = {0};
-    Rng rng;
-    rng_seed(&rng, 7);
-    assert_int_equal(data_idx_writer_open(&w, prefix, DATA_DTYPE_UINT16, &err), 0);
-    for (int d = 0; d < 300; d++) {
-        int32_t tok[32];
-        int len = 1 + (int)rng_below(&rng, 30);
-        tok[0] = (int32_t)rng_below(&rng, 256);
-        for (int i = 1; i < len; i++)
-            tok[i] = rng_below(&rng, 4) ? (tok[i - 1] * 7 + 3) % 256 : (int32_t)rng_below(&rng, 256);
-        assert_int_equal(data_idx_writer_add(&w, tok, (uint64_t)len, &err), 0);
-    }
-    assert_int_equal(data_idx_writer_finish(&w, &err), 0);
-}
-
 /* Runs dump_train on n ranks (n = 0: one process without mpirun) with the --set arguments. */
 static int run_dump(int n, const char *out, const char *const *sets, char **log)
 {
     const char *argv[64];
     int k = 0;
     char np[16];
-    snprintf(np, sizeof np, "%d", n);
-    argv[k++] = "timeout";
-    argv[k++] = "300";
-    if (n > 0) {
-        argv[k++] = "mpirun";
-        argv[k++] = "--oversubscribe";
-        argv[k++] = "--bind-to";
-        argv[k++] = "none";
-        argv[k++] = "-np";
-        argv[k++] = np;
-    }
+    test_launch_argv(argv, &k, 300, n, NULL, np);
     argv[k++] = fx.bin;
     argv[k++] = fx.config;
     argv[k++] = out;
@@ -100,8 +70,7 @@ static int group_setup(void **state)
     (void)state;
     setenv("OMP_NUM_THREADS", "1", 1);
     fx.dir = test_tmpdir();
-    char *prefix = test_format("%s/docs", fx.dir);
-    write_corpus(prefix);
+    char *prefix = test_write_docs(fx.dir, "docs", 7, 300, 0, 256);
     char *yaml = test_format(
         "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
         " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"

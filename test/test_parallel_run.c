@@ -12,8 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "data/data_idx.h"
-#include "util/rng.h"
 
 static char *dir, *config;
 
@@ -22,23 +20,7 @@ static int group_setup(void **state)
     (void)state;
     setenv("OMP_NUM_THREADS", "1", 1);
     dir = test_tmpdir();
-    char *prefix = test_format("%s/docs", dir);
-    DataIdxWriter w;
-    Error err = {0};
-    Rng rng;
-    rng_seed(&rng, 11);
-    if (data_idx_writer_open(&w, prefix, DATA_DTYPE_UINT16, &err) != 0)
-        return -1;
-    for (int d = 0; d < 400; d++) {
-        int32_t tok[32];
-        int len = 1 + (int)rng_below(&rng, 30);
-        for (int i = 0; i < len; i++)
-            tok[i] = i ? (tok[i - 1] + 1) % 128 : (int32_t)rng_below(&rng, 128);
-        if (data_idx_writer_add(&w, tok, (uint64_t)len, &err) != 0)
-            return -1;
-    }
-    if (data_idx_writer_finish(&w, &err) != 0)
-        return -1;
+    char *prefix = test_write_docs(dir, "docs", 11, 400, 0, 128);
     char *yaml = test_format(
         "model: {n_layers: 4, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 128,"
         " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
@@ -69,15 +51,8 @@ static double run_mpi(CmdResult *r, int n, const char *env, const char *const *a
     const char *argv[48];
     int k = 0;
     char np[16];
-    snprintf(np, sizeof np, "%d", n);
     const char *bin = getenv("WLBTRAIN");
-    const char *head[] = {"timeout", "120", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", np};
-    for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
-        argv[k++] = head[i];
-    if (env) {
-        argv[k++] = "-x";
-        argv[k++] = env;
-    }
+    test_launch_argv(argv, &k, 120, n, env, np);
     argv[k++] = bin ? bin : "./wlbtrain";
     argv[k++] = "--config";
     argv[k++] = config;

@@ -11,6 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "data/data_idx.h"
+#include "util/rng.h"
+
 static char *slurp_fd(int fd, size_t *len)
 {
     size_t cap = 4096, n = 0;
@@ -157,4 +160,44 @@ char *test_format(const char *fmt, ...)
     assert_true(vasprintf(&s, fmt, ap) >= 0);
     va_end(ap);
     return s;
+}
+
+char *test_write_docs(const char *dir, const char *name, uint64_t seed, int n_docs, int long_every, int vocab)
+{
+    char *prefix = test_format("%s/%s", dir, name);
+    DataIdxWriter w;
+    Error err = {0};
+    Rng rng;
+    rng_seed(&rng, seed);
+    assert_int_equal(data_idx_writer_open(&w, prefix, DATA_DTYPE_UINT16, &err), 0);
+    for (int d = 0; d < n_docs; d++) {
+        int32_t tok[256];
+        int longer = long_every > 0 && rng_below(&rng, (uint64_t)long_every) == 0;
+        int len = longer ? 100 + (int)rng_below(&rng, 156) : 1 + (int)rng_below(&rng, 30);
+        /* Mostly a fixed successor, sometimes a random token: something to learn. */
+        tok[0] = (int32_t)rng_below(&rng, (uint64_t)vocab);
+        for (int i = 1; i < len; i++)
+            tok[i] = rng_below(&rng, 4) ? (tok[i - 1] * 5 + 1) % vocab : (int32_t)rng_below(&rng, (uint64_t)vocab);
+        assert_int_equal(data_idx_writer_add(&w, tok, (uint64_t)len, &err), 0);
+    }
+    assert_int_equal(data_idx_writer_finish(&w, &err), 0);
+    return prefix;
+}
+
+void test_launch_argv(const char **argv, int *k, int seconds, int ranks, const char *var, char *np)
+{
+    static char secs[16];
+    snprintf(secs, sizeof secs, "%d", seconds);
+    argv[(*k)++] = "timeout";
+    argv[(*k)++] = secs;
+    if (ranks <= 0)
+        return;
+    snprintf(np, 16, "%d", ranks);
+    const char *mpi[] = {"mpirun", "--oversubscribe", "--bind-to", "none", "-np", np};
+    for (size_t i = 0; i < sizeof mpi / sizeof mpi[0]; i++)
+        argv[(*k)++] = mpi[i];
+    if (var) {
+        argv[(*k)++] = "-x";
+        argv[(*k)++] = var;
+    }
 }

@@ -48,6 +48,15 @@ void test_rm_rf(const char *dir);
 char *test_write_file(const char *dir, const char *name, const char *content, size_t len);
 /* Reads a whole file (NUL-terminated, malloc'd); NULL if it cannot. */
 char *test_read_file(const char *path, size_t *len);
+/* A Megatron data set DIR/NAME (uint16) of n_docs documents of 1..30 tokens - with long_every > 0,
+ * one in long_every on average of 100..255 tokens instead - with ids below vocab; returns the
+ * malloc'd prefix. */
+char *test_write_docs(const char *dir, const char *name, uint64_t seed, int n_docs, int long_every, int vocab);
+/* Appends to argv from *k: timeout SECONDS, then with ranks > 0 mpirun --oversubscribe --bind-to none
+ * -np RANKS [-x VAR] (VAR: an environment variable the ranks get; NULL: none). np: 16 bytes that must
+ * outlive argv. */
+void test_launch_argv(const char **argv, int *k, int seconds, int ranks, const char *var, char *np);
+
 /* malloc'd snprintf. */
 char *test_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
