@@ -10,7 +10,7 @@
  * AdamW's eps is 1e-3 here, not 1e-8: with a tiny eps the first updates are lr * sign(g), and a
  * gradient element a 10^-7 of its tensor's largest - whose sign the summation order decides - moves
  * its parameter by +lr or -lr (3e-4 relative with 1e-8, 3e-6 with 1e-4). The gradients agree to
- * about 1.3e-6 whatever eps is; with 1e-3 the parameters do too.
+ * about 2e-6 whatever eps is; with 1e-3 the parameters do too.
  *
  * The corpus has documents of 1 to 30 tokens with a 128-token window: no document reaches the
  * outlier threshold (32) and wlb carries nothing over, so every layout trains the same documents
