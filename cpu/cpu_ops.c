@@ -233,6 +233,7 @@ static void adamw(float *p, const float *g, float *m, float *v, int64_t n, AdamW
 
 static const Ops ops = {
     .name = "cpu",
+    .host_memory = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_device = cpu_memcpy,

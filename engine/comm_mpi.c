@@ -90,8 +90,51 @@ int comm_split(Comm *c, int tp, int cp, int pp, int dp, Error *err)
     return 0;
 }
 
+void comm_set_backend(Comm *c, const Ops *ops, int stage)
+{
+    c->ops = ops;
+    c->stage = stage || (ops && !ops->host_memory);
+}
+
+/* Host staging room for n floats in c->host (and c->host2 with two). */
+static int stage_room(Comm *c, int64_t n, Error *err)
+{
+    if (n <= c->cap_host)
+        return 0;
+    free(c->host);
+    free(c->host2);
+    c->host = malloc((size_t)(n ? n : 1) * sizeof *c->host);
+    c->host2 = malloc((size_t)(n ? n : 1) * sizeof *c->host2);
+    c->cap_host = c->host && c->host2 ? n : 0;
+    return c->cap_host ? 0 : error_runtime(err, "comm", "out of memory for %lld staged floats", (long long)n);
+}
+
+static void to_host(const Comm *c, float *dst, const float *src, int64_t n)
+{
+    if (n > 0)
+        c->ops->to_host(dst, src, (size_t)n * sizeof *dst);
+}
+
+static void to_device(const Comm *c, float *dst, const float *src, int64_t n)
+{
+    if (n > 0)
+        c->ops->to_device(dst, src, (size_t)n * sizeof *dst);
+}
+
+static int64_t total(const int64_t *counts, int n)
+{
+    int64_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += counts[i];
+    return t;
+}
+
 void comm_finish(Comm *c)
 {
+    free(c->host);
+    free(c->host2);
+    c->host = c->host2 = NULL;
+    c->cap_host = 0;
     for (int g = 0; g < GROUP_COUNT; g++) {
         if (c->groups[g]) {
             MPI_Comm_free((MPI_Comm *)c->groups[g]);
@@ -119,7 +162,20 @@ int comm_world_rank(const Comm *c) { return c->rank[GROUP_WORLD]; }
 /* A group of one needs no MPI: its collectives are the identity. */
 static int alone(const Comm *c, LayoutGroup g) { return !c->mpi || c->size[g] == 1; }
 
-int comm_allreduce_sum(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+{
+    if (alone(c, g) || n == 0 || !c->stage)
+        return comm_allreduce_sum_host(c, g, buf, n, err);
+    if (stage_room(c, n, err) != 0)
+        return -1;
+    to_host(c, c->host, buf, n);
+    if (comm_allreduce_sum_host(c, g, c->host, n, err) != 0)
+        return -1;
+    to_device(c, buf, c->host, n);
+    return 0;
+}
+
+int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
     if (alone(c, g) || n == 0)
         return 0;
@@ -163,16 +219,27 @@ static int displs(const Comm *c, LayoutGroup g, const int64_t *counts, int *cnt,
     return 0;
 }
 
-int comm_allgatherv(const Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
+int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
     if (alone(c, g)) {
         if (send && counts[0] && recv != send)
-            memmove(recv, send, (size_t)counts[0] * sizeof *recv);
+            c->ops ? c->ops->copy(recv, send, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * sizeof *recv);
         return 0;
     }
     int cnt[4096], dsp[4096];
     if (c->size[g] > 4096 || displs(c, g, counts, cnt, dsp, err) != 0)
         return -1;
+    if (c->stage) {
+        /* Everything through the host: this rank's part in place, then the whole result back. */
+        int64_t n = total(counts, c->size[g]), mine = dsp[c->rank[g]];
+        if (stage_room(c, n, err) != 0)
+            return -1;
+        to_host(c, c->host + mine, send ? send : recv + mine, counts[c->rank[g]]);
+        CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, c->host, cnt, dsp, MPI_FLOAT, group_comm(c, g)),
+              "MPI_Allgatherv");
+        to_device(c, recv, c->host, n);
+        return 0;
+    }
     const void *from = send ? (const void *)send : MPI_IN_PLACE;
     CHECK(MPI_Allgatherv(from, cnt[c->rank[g]], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, group_comm(c, g)),
           "MPI_Allgatherv");
@@ -192,17 +259,26 @@ int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double 
     return 0;
 }
 
-int comm_reduce_scatterv(const Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
                          Error *err)
 {
     if (alone(c, g)) {
         if (counts[0] && recv != send)
-            memmove(recv, send, (size_t)counts[0] * sizeof *recv);
+            c->ops ? c->ops->copy(recv, send, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * sizeof *recv);
         return 0;
     }
     int cnt[4096], dsp[4096];
     if (c->size[g] > 4096 || displs(c, g, counts, cnt, dsp, err) != 0)
         return -1;
+    if (c->stage) {
+        int64_t n = total(counts, c->size[g]), mine = counts[c->rank[g]];
+        if (stage_room(c, n, err) != 0)
+            return -1;
+        to_host(c, c->host, send, n);
+        CHECK(MPI_Reduce_scatter(c->host, c->host2, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+        to_device(c, recv, c->host2, mine);
+        return 0;
+    }
     CHECK(MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
     return 0;
 }
@@ -229,8 +305,21 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf
     if (tag < 0 || tag > c->tag_limit)
         return error_runtime(err, "mpi", "message tag %d above MPI's limit %d (fewer micro-batches?)", tag,
                              c->tag_limit);
+    /* Staged: the host copy lives until comm_wait. */
+    req->staged = NULL;
+    if (c->stage) {
+        if (!(req->staged = malloc((size_t)(n ? n : 1) * sizeof *req->staged)))
+            return error_runtime(err, "comm", "out of memory for a staged send of %lld floats", (long long)n);
+        to_host(c, req->staged, buf, n);
+        buf = req->staged;
+    }
     MPI_Request r;
-    CHECK(MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), &r), "MPI_Isend");
+    int rc = MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), &r);
+    if (rc != MPI_SUCCESS) {
+        free(req->staged);
+        req->staged = NULL;
+        return mpi_error(rc, "MPI_Isend", err);
+    }
     memcpy(req->handle, &r, sizeof r);
     req->active = 1;
     return 0;
@@ -244,17 +333,23 @@ int comm_wait(const Comm *c, CommRequest *req, Error *err)
     MPI_Request r;
     memcpy(&r, req->handle, sizeof r);
     req->active = 0;
-    CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+    int rc = MPI_Wait(&r, MPI_STATUS_IGNORE);
+    free(req->staged);
+    req->staged = NULL;
+    CHECK(rc, "MPI_Wait");
     return 0;
 }
 
-int comm_recv(const Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
+int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
-    if (count_ok(n, "recv", err) != 0)
+    if (count_ok(n, "recv", err) != 0 || (c->stage && stage_room(c, n, err) != 0))
         return -1;
-    CHECK(MPI_Recv(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), MPI_STATUS_IGNORE), "MPI_Recv");
+    CHECK(MPI_Recv(c->stage ? c->host : buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), MPI_STATUS_IGNORE),
+          "MPI_Recv");
+    if (c->stage)
+        to_device(c, buf, c->host, n);
     return 0;
 }
 

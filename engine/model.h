@@ -70,7 +70,7 @@ typedef struct ModelDims {
  * n_chunks holds the g-th run of layers). comm NULL: one process. */
 typedef struct ModelParallel {
     int tp, tp_rank, cp, chunk, n_chunks;
-    const Comm *comm;
+    Comm *comm;
 } ModelParallel;
 
 /* What a layer's backward needs from its forward, per token row. */
@@ -106,7 +106,7 @@ typedef struct ModelBatch {
 typedef struct Model {
     ModelDims dims;
     const Ops *ops;
-    const Comm *comm;
+    Comm *comm;
     ModelTensor *tensors;
     int n_tensors;
     int64_t n_params;

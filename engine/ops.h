@@ -36,6 +36,7 @@ typedef struct AdamWStep {
 
 typedef struct Ops {
     const char *name;
+    int host_memory; /* 1: its memory is host memory (MPI can use it as it is) */
     /* Memory of the backend. alloc returns zeroed memory or NULL. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);

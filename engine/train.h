@@ -60,6 +60,7 @@ typedef struct TrainStats {
 
 typedef struct Trainer {
     const Config *cfg;
+    const Ops *ops;          /* the backend: cpu, or cuda */
     Comm *comm;
     Layout lay;
     int pp, v, n_chunks, m;  /* stages, chunks per stage, chunks in all, micro-batches per replica */
@@ -72,9 +73,9 @@ typedef struct Trainer {
     BatchBuffers *batches;   /* m: the inputs of the replica's k-th micro-batch */
     ModelBatch *inputs;
     int64_t *mb_index;       /* m: plan index of the replica's k-th micro-batch */
-    SchedOp *ops;
-    int n_ops;
-    float *recv;             /* a received activation or gradient */
+    SchedOp *sched;          /* this stage's passes, in order */
+    int n_sched;
+    float *recv;             /* a received activation or gradient (backend memory) */
     int64_t recv_cap;
     double *mb_compute;      /* m: this rank's compute seconds per micro-batch (comm excluded) */
     double *all_compute;     /* world x m, gathered */

@@ -28,25 +28,24 @@ static int sum_kv_replicas(Trainer *tr, Model *m, Error *err)
     const ModelDims *d = &m->dims;
     if (d->kv_replicas == 1)
         return 0;
+    const Ops *o = m->ops;
     int64_t kvd = (int64_t)d->n_kv_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
     int64_t layers = d->layer_end - d->layer_begin, per = 2 * kvd * d->d, n = layers * per;
-    float *buf = calloc((size_t)(n ? n : 1), sizeof *buf);
+    float *buf = o->alloc((size_t)(n ? n : 1) * sizeof *buf); /* zeroed */
     if (!buf)
         return error_runtime(err, "train", "out of memory");
     for (int l = d->layer_begin; l < d->layer_end; l++)
         for (int j = 0; j < 2; j++) {
             const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
-            float *at = buf + (l - d->layer_begin) * per + j * kvd * d->d + t->row0 * d->d;
-            m->ops->to_host(at, m->grads + t->offset, (size_t)(lkv * d->d) * sizeof *at);
+            o->copy(buf + (l - d->layer_begin) * per + j * kvd * d->d + t->row0 * d->d, m->grads + t->offset, lkv * d->d);
         }
     int rc = comm_allreduce_sum(tr->comm, GROUP_TP, buf, n, err);
     for (int l = d->layer_begin; rc == 0 && l < d->layer_end; l++)
         for (int j = 0; j < 2; j++) {
             const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
-            const float *at = buf + (l - d->layer_begin) * per + j * kvd * d->d + t->row0 * d->d;
-            m->ops->to_device(m->grads + t->offset, at, (size_t)(lkv * d->d) * sizeof *at);
+            o->copy(m->grads + t->offset, buf + (l - d->layer_begin) * per + j * kvd * d->d + t->row0 * d->d, lkv * d->d);
         }
-    free(buf);
+    o->free(buf);
     return rc;
 }
 
@@ -59,42 +58,30 @@ static int sum_tied_embeddings(Trainer *tr, Error *err)
     if (!first && !last)
         return 0;
     Model *a = &tr->chunks[0].model, *z = &tr->chunks[tr->v - 1].model;
-    const ModelTensor *ta = first ? model_tensor(a, T_EMBED, -1) : NULL;
-    const ModelTensor *tz = last ? model_tensor(z, T_EMBED, -1) : NULL;
-    int64_t n = (ta ? ta : tz)->rows * (ta ? ta : tz)->cols;
-    float *other = malloc((size_t)n * sizeof *other);
+    const Ops *o = a->ops;
+    float *ga = first ? a->grads + model_tensor(a, T_EMBED, -1)->offset : NULL;
+    float *gz = last ? z->grads + model_tensor(z, T_EMBED, -1)->offset : NULL;
+    const ModelTensor *t = model_tensor(first ? a : z, T_EMBED, -1);
+    int64_t n = t->rows * t->cols;
+    if (first && last) { /* pp = 1: both chunks are here */
+        o->add(ga, gz, n);
+        o->copy(gz, ga, n);
+        return 0;
+    }
+    /* mine + other on one side, other + mine on the other: the same bits. */
+    float *mine = first ? ga : gz, *other = o->alloc((size_t)n * sizeof *other);
     if (!other)
         return error_runtime(err, "train", "out of memory");
-    int rc = 0;
-    if (first && last) { /* pp = 1: both chunks are here */
-        a->ops->to_host(other, z->grads + tz->offset, (size_t)n * sizeof *other);
-        a->ops->add(a->grads + ta->offset, other, n);
-        a->ops->copy(z->grads + tz->offset, a->grads + ta->offset, n);
-    } else {
-        Model *m = first ? a : z;
-        const ModelTensor *t = first ? ta : tz;
-        float *mine = malloc((size_t)n * sizeof *mine);
-        CommRequest req = {0};
-        int peer = first ? tr->pp - 1 : 0;
-        rc = mine ? 0 : error_runtime(err, "train", "out of memory");
-        if (rc == 0) {
-            m->ops->to_host(mine, m->grads + t->offset, (size_t)n * sizeof *mine);
-            rc = comm_isend(tr->comm, GROUP_PP, peer, 0, mine, n, &req, err);
-        }
-        if (rc == 0)
-            rc = comm_recv(tr->comm, GROUP_PP, peer, 0, other, n, err);
-        if (comm_wait(tr->comm, &req, rc == 0 ? err : &(Error){0}) != 0)
-            rc = -1;
-        /* mine + other on one side, other + mine on the other: the same bits. */
-        if (rc == 0) {
-            float *o = other;
-            for (int64_t i = 0; i < n; i++)
-                o[i] += mine[i];
-            m->ops->to_device(m->grads + t->offset, o, (size_t)n * sizeof *o);
-        }
-        free(mine);
-    }
-    free(other);
+    CommRequest req = {0};
+    int peer = first ? tr->pp - 1 : 0;
+    int rc = comm_isend(tr->comm, GROUP_PP, peer, 0, mine, n, &req, err);
+    if (rc == 0)
+        rc = comm_recv(tr->comm, GROUP_PP, peer, 0, other, n, err);
+    if (comm_wait(tr->comm, &req, rc == 0 ? err : &(Error){0}) != 0)
+        rc = -1;
+    if (rc == 0)
+        o->add(mine, other, n);
+    o->free(other);
     return rc;
 }
 
@@ -118,7 +105,7 @@ static void shard_counts(const Trainer *tr, const Model *m, int64_t *counts)
 
 int train_reduce_grads(Trainer *tr, Error *err)
 {
-    const Comm *c = tr->comm;
+    Comm *c = tr->comm;
     tr->grads_gathered = 0;
     for (int k = 0; k < tr->v; k++)
         if (sum_kv_replicas(tr, &tr->chunks[k].model, err) != 0)
@@ -143,7 +130,7 @@ int train_reduce_grads(Trainer *tr, Error *err)
 
 int trainer_update(Trainer *tr, TrainStats *st, Error *err)
 {
-    const Comm *c = tr->comm;
+    Comm *c = tr->comm;
     int zero = (int)tr->cfg->parallel.zero, counts_here = zero || (tr->lay.dp_rank == 0 && tr->lay.cp_rank == 0);
     double sumsq = 0;
     for (int k = 0; k < tr->v && counts_here; k++) {
@@ -229,15 +216,11 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
             const ModelTensor *t = model_tensor_by_name(m, name);
             if (!t || !t->counts)
                 continue;
-            float *host = malloc((size_t)(t->rows * t->cols) * sizeof *host);
-            if (!host)
-                return error_runtime(err, "train", "out of memory");
-            m->ops->to_host(host, arrays[k] + t->offset, (size_t)(t->rows * t->cols) * sizeof *host);
             for (int64_t r = 0; r < t->rows; r++)
-                memcpy(full + (t->row0 + r) * t->full_cols + t->col0, host + r * t->cols, (size_t)t->cols * sizeof *host);
-            free(host);
+                m->ops->to_host(full + (t->row0 + r) * t->full_cols + t->col0, arrays[k] + t->offset + r * t->cols,
+                                (size_t)t->cols * sizeof *full);
         }
-    return comm_allreduce_sum(tr->comm, GROUP_WORLD, full, rows * cols, err);
+    return comm_allreduce_sum_host(tr->comm, GROUP_WORLD, full, rows * cols, err);
 }
 
 int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err)

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "engine/train.h"
-#include "util/array.h"
 
 static int message_tag(const Trainer *tr, int k, int g, int backward)
 {
@@ -60,10 +59,12 @@ static int ensure_recv(Trainer *tr, int64_t n, Error *err)
 {
     if (n <= tr->recv_cap)
         return 0;
-    float *r = array_grow(tr->recv, &tr->recv_cap, n, sizeof *r);
-    if (!r)
+    int64_t cap = n > 2 * tr->recv_cap ? n : 2 * tr->recv_cap;
+    tr->ops->free(tr->recv);
+    tr->recv_cap = 0;
+    if (!(tr->recv = tr->ops->alloc((size_t)cap * sizeof *tr->recv)))
         return error_runtime(err, "train", "out of memory");
-    tr->recv = r;
+    tr->recv_cap = cap;
     return 0;
 }
 
@@ -187,8 +188,8 @@ int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
         m->ops->zero(m->grads, m->n_params);
     }
     memset(tr->mb_compute, 0, (size_t)tr->m * sizeof *tr->mb_compute);
-    for (int i = 0; i < tr->n_ops; i++) {
-        const SchedOp *op = &tr->ops[i];
+    for (int i = 0; i < tr->n_sched; i++) {
+        const SchedOp *op = &tr->sched[i];
         if ((op->backward ? run_backward(tr, op->mb, op->chunk, err) : run_forward(tr, op->mb, op->chunk, dloss, err)) != 0)
             return -1;
     }

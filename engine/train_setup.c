@@ -6,7 +6,11 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "engine/runtime.h"
 #include "engine/train.h"
+#ifdef WLB_CUDA
+#include "cuda/cuda_ops.h"
+#endif
 
 /* Most micro-batches that chunk c holds activations for at once, over the stage's schedule. */
 static int max_in_flight(const SchedOp *ops, int n, int c)
@@ -27,10 +31,10 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     TrainChunk *ch = &tr->chunks[c];
     ModelParallel par = {tr->lay.tp, tr->lay.tp_rank, tr->lay.cp, c * tr->pp + tr->lay.pp_rank, tr->n_chunks,
                          tr->comm};
-    if (model_init(&ch->model, &cfg->model, cpu_ops(), &par, err) != 0)
+    if (model_init(&ch->model, &cfg->model, tr->ops, &par, err) != 0)
         return -1;
     Model *m = &ch->model;
-    int slots = max_in_flight(tr->ops, tr->n_ops, c);
+    int slots = max_in_flight(tr->sched, tr->n_sched, c);
     if (model_set_slots(m, slots > 0 ? slots : 1, err) != 0)
         return -1;
     ch->slot_of = malloc((size_t)tr->m * sizeof *ch->slot_of);
@@ -54,11 +58,25 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     return optim_init(&ch->optim, &cfg->train, m, begin, end, err);
 }
 
+/* The backend of train.device. */
+static int open_backend(Trainer *tr, Error *err)
+{
+    if (tr->cfg->train.device == DEVICE_CPU) {
+        tr->ops = cpu_ops();
+        return 0;
+    }
+#ifdef WLB_CUDA
+    RuntimeLaunch launch = runtime_launch_from_env();
+    return (tr->ops = cuda_ops_open(launch.local_rank, tr->cfg->train.precision == PRECISION_BF16, err)) ? 0 : -1;
+#else
+    return error_set(err, "train.device", "this wlbtrain was built without the CUDA backend (nvcc was not found at "
+                     "build time, or make CUDA=0); set train.device: cpu or rebuild with nvcc");
+#endif
+}
+
 static int check_layout(const Trainer *tr, Error *err)
 {
     const ConfigParallel *p = &tr->cfg->parallel;
-    if (tr->cfg->train.device != DEVICE_CPU)
-        return error_set(err, "train.device", "training on cuda is not in this version yet; set train.device: cpu");
     if (tr->cfg->data.path.n == 0)
         return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
     if (p->virtual_stages > 1 && p->pp == 1)
@@ -86,8 +104,10 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
     tr->v = (int)cfg->parallel.virtual_stages;
     tr->n_chunks = tr->pp * tr->v;
     tr->m = (int)config_micro_batches(cfg);
-    if (check_layout(tr, err) != 0)
+    if (check_layout(tr, err) != 0 || open_backend(tr, err) != 0)
         return -1;
+    const char *stage = getenv("WLBTRAIN_COMM_STAGE");
+    comm_set_backend(comm, tr->ops, stage && !strcmp(stage, "1"));
     const ConfigData *d = &cfg->data;
     if (cost_model_init(&tr->cost, cfg, err) != 0 ||
         data_sources_open(&tr->data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, NULL, NULL, err) != 0)
@@ -97,19 +117,19 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
         plan_init(&tr->planner, cfg, &tr->cost, &tr->stream, cfg->balance.packer, cfg->balance.cp_sharding, err) != 0)
         return -1;
     int world = comm->size[GROUP_WORLD];
-    tr->ops = malloc((size_t)2 * tr->m * tr->v * sizeof *tr->ops);
+    tr->sched = malloc((size_t)2 * tr->m * tr->v * sizeof *tr->sched);
     tr->chunks = calloc((size_t)tr->v, sizeof *tr->chunks);
     tr->batches = calloc((size_t)tr->m, sizeof *tr->batches);
     tr->inputs = calloc((size_t)tr->m, sizeof *tr->inputs);
     tr->mb_index = malloc((size_t)tr->m * sizeof *tr->mb_index);
     tr->mb_compute = calloc((size_t)tr->m, sizeof *tr->mb_compute);
     tr->all_compute = calloc((size_t)tr->m * world, sizeof *tr->all_compute);
-    if (!tr->ops || !tr->chunks || !tr->batches || !tr->inputs || !tr->mb_index || !tr->mb_compute ||
+    if (!tr->sched || !tr->chunks || !tr->batches || !tr->inputs || !tr->mb_index || !tr->mb_compute ||
         !tr->all_compute)
         return error_runtime(err, "train", "out of memory");
-    tr->n_ops = sched_stage_ops(tr->lay.pp_rank, tr->pp, tr->v, tr->m, tr->ops);
+    tr->n_sched = sched_stage_ops(tr->lay.pp_rank, tr->pp, tr->v, tr->m, tr->sched);
     for (int k = 0; k < tr->m; k++)
-        tr->batches[k].ops = cpu_ops();
+        tr->batches[k].ops = tr->ops;
     for (int c = 0; c < tr->v; c++)
         if (init_chunk(tr, c, err) != 0)
             return -1;
@@ -137,8 +157,9 @@ void trainer_free(Trainer *tr)
     free(tr->mb_index);
     free(tr->mb_compute);
     free(tr->all_compute);
-    free(tr->ops);
-    free(tr->recv);
+    free(tr->sched);
+    if (tr->ops)
+        tr->ops->free(tr->recv);
     plan_free(&tr->plan);
     plan_destroy(&tr->planner);
     data_stream_free(&tr->stream);

@@ -5,7 +5,8 @@
  * of each step, every gradient of step 1 and every parameter after step 3 must agree within 1e-5
  * relative (per tensor: max |x - ref| / max |ref|); tokens per step exactly. Also the extras: kv
  * heads replicated over TP (tp 4 > 2 kv heads), interleaved virtual stages, ZeRO-1, tied
- * embeddings split over stages. The ASan build runs a smaller matrix (the same code paths).
+ * embeddings split over stages, and every message staged through host buffers (what a GPU backend
+ * does with parallel.comm: mpi; WLBTRAIN_COMM_STAGE=1 turns it on for the CPU backend). The ASan build runs a smaller matrix (the same code paths).
  *
  * AdamW's eps is 1e-3 here, not 1e-8: with a tiny eps the first updates are lr * sign(g), and a
  * gradient element a 10^-7 of its tensor's largest - whose sign the summation order decides - moves
@@ -42,13 +43,14 @@ static Fixture fx;
 static const char *const packers[2] = {"fixed", "wlb"};
 static const char *const modes[4] = {"per_seq", "per_doc", "adaptive", "hybrid"};
 
-/* Runs dump_train on n ranks (n = 0: one process without mpirun) with the --set arguments. */
-static int run_dump(int n, const char *out, const char *const *sets, char **log)
+/* Runs dump_train on n ranks (n = 0: one process without mpirun) with the --set arguments; the
+ * ranks get the environment variable `var` (NULL: none). */
+static int run_dump_env(int n, const char *out, const char *const *sets, const char *var, char **log)
 {
     const char *argv[64];
     int k = 0;
     char np[16];
-    test_launch_argv(argv, &k, 300, n, NULL, np);
+    test_launch_argv(argv, &k, 300, n, var, np);
     argv[k++] = fx.bin;
     argv[k++] = fx.config;
     argv[k++] = out;
@@ -63,6 +65,11 @@ static int run_dump(int n, const char *out, const char *const *sets, char **log)
     int status = r.status;
     test_cmd_free(&r);
     return status;
+}
+
+static int run_dump(int n, const char *out, const char *const *sets, char **log)
+{
+    return run_dump_env(n, out, sets, NULL, log);
 }
 
 static int group_setup(void **state)
@@ -180,8 +187,10 @@ static double compare_dumps(const char *out, const char *ref, char *worst_name, 
     return worst;
 }
 
-/* One layout with the given extra settings against a reference; prints one line. */
-static int check_layout(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra, const char *what)
+/* One layout with the given extra settings (and the environment variable var, NULL: none) against
+ * a reference; prints one line. */
+static int check_layout_env(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra,
+                            const char *var, const char *what)
 {
     char *out = test_format("%s/out.safetensors", fx.dir);
     char lay[4][32];
@@ -198,7 +207,7 @@ static int check_layout(int dp, int tp, int pp, int cp, const char *ref, const c
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     remove(out);
-    int status = run_dump(dp * tp * pp * cp, out, sets, &log);
+    int status = run_dump_env(dp * tp * pp * cp, out, sets, var, &log);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     char name[1100];
     double e = status == 0 ? compare_dumps(out, ref, name, sizeof name) : INFINITY;
@@ -214,6 +223,11 @@ static int check_layout(int dp, int tp, int pp, int cp, const char *ref, const c
     remove(out);
     free(out);
     return ok;
+}
+
+static int check_layout(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra, const char *what)
+{
+    return check_layout_env(dp, tp, pp, cp, ref, extra, NULL, what);
 }
 
 /* A layout under both packers and, with cp > 1, every CP mode. */
@@ -257,6 +271,11 @@ static void test_extras(void **state)
     ok &= check_layout(2, 1, 1, 2, fx.ref[1], zero, "ZeRO-1 over DP x CP");
     const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 2, 2, 1, fx.ref_tied, tied, "tied embeddings over 2 stages");
+    /* The path of a GPU backend with parallel.comm: mpi: every buffer copied through the host. */
+    setenv("WLBTRAIN_COMM_STAGE", "1", 1);
+    const char *staged[] = {"balance.packer=wlb", "parallel.zero=1", "model.tie_embeddings=true", NULL};
+    ok &= check_layout_env(2, 2, 2, 2, fx.ref_tied, staged, "WLBTRAIN_COMM_STAGE", "staged through host buffers");
+    unsetenv("WLBTRAIN_COMM_STAGE");
     assert_true(ok);
 }
 
