@@ -78,14 +78,19 @@ static int group_setup(void **state)
     setenv("OMP_NUM_THREADS", "1", 1);
     fx.dir = test_tmpdir();
     char *prefix = test_write_docs(fx.dir, "docs", 7, 300, 0, 256);
+    /* WLB_TEST_DEVICE=cuda: the same suite on the GPU (scripts/device/), every rank of every layout
+     * on the one GPU, messages staged through the host (parallel.comm: mpi). */
+    const char *env = getenv("WLB_TEST_DEVICE");
+    const char *device = env && !strcmp(env, "cuda") ? "cuda, precision: fp32" : "cpu";
+    printf("# device: %s\n", device);
     char *yaml = test_format(
         "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
         " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
         "parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
         "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3}\n"
         "balance: {hardware: cpu}\n"
-        "train: {device: cpu, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9}\n",
-        prefix);
+        "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9}\n",
+        prefix, device);
     fx.config = test_write_file(fx.dir, "base.yaml", yaml, strlen(yaml));
     free(yaml);
     free(prefix);
@@ -125,68 +130,6 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* max |a - b| / max |b| of one tensor (either dtype). */
-static double tensor_error(const StTensor *a, const StTensor *b, int64_t n)
-{
-    double *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
-    float *f = malloc((size_t)n * sizeof *f);
-    assert_non_null(x);
-    assert_non_null(y);
-    assert_non_null(f);
-    const StTensor *t[2] = {a, b};
-    double *out[2] = {x, y};
-    for (int k = 0; k < 2; k++) {
-        st_read_f32(t[k], f);
-        for (int64_t i = 0; i < n; i++)
-            out[k][i] = f[i];
-        if (t[k]->dtype == ST_F64)
-            memcpy(out[k], t[k]->data, (size_t)n * sizeof(double));
-    }
-    double diff = 0, scale = 0;
-    for (int64_t i = 0; i < n; i++) {
-        diff = fmax(diff, fabs(x[i] - y[i]));
-        scale = fmax(scale, fabs(y[i]));
-    }
-    free(x);
-    free(y);
-    free(f);
-    return scale > 0 ? diff / scale : diff;
-}
-
-/* Every tensor of out against ref. Returns the worst relative error (inf when a tensor is missing
- * or the tokens differ) and names it. */
-static double compare_dumps(const char *out, const char *ref, char *worst_name, size_t size)
-{
-    StFile a, b;
-    Error err = {0};
-    if (st_open(&a, out, &err) != 0) {
-        snprintf(worst_name, size, "%s", err.msg);
-        return INFINITY;
-    }
-    assert_int_equal(st_open(&b, ref, &err), 0);
-    double worst = 0;
-    snprintf(worst_name, size, "-");
-    for (int i = 0; i < b.n_tensors; i++) {
-        const StTensor *r = &b.tensors[i], *x = st_find(&a, r->name);
-        int64_t n = 1;
-        for (int d = 0; d < r->n_dims; d++)
-            n *= r->shape[d];
-        double e = INFINITY;
-        if (x && x->n_dims == r->n_dims && x->shape[0] == r->shape[0] &&
-            (r->n_dims == 1 || x->shape[1] == r->shape[1]))
-            e = tensor_error(x, r, n);
-        if (!strcmp(r->name, "tokens") && e != 0)
-            e = INFINITY;
-        if (e > worst || (e == worst && worst == 0 && !strcmp(worst_name, "-"))) {
-            worst = e;
-            snprintf(worst_name, size, "%s", r->name);
-        }
-    }
-    st_close(&a);
-    st_close(&b);
-    return worst;
-}
-
 /* One layout with the given extra settings (and the environment variable var, NULL: none) against
  * a reference; prints one line. */
 static int check_layout_env(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra,
@@ -210,7 +153,7 @@ static int check_layout_env(int dp, int tp, int pp, int cp, const char *ref, con
     int status = run_dump_env(dp * tp * pp * cp, out, sets, var, &log);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     char name[1100];
-    double e = status == 0 ? compare_dumps(out, ref, name, sizeof name) : INFINITY;
+    double e = status == 0 ? test_compare_tensors(out, ref, "", name, sizeof name) : INFINITY;
     if (status != 0)
         snprintf(name, sizeof name, "exit status %d", status);
     int ok = e <= 1e-5;

@@ -138,8 +138,12 @@ static void test_errors(void **state)
     (void)state;
     char *dir = test_tmpdir(), *prefix = write_corpus(dir), *cfg = write_config(dir, prefix);
     CmdResult r;
-    RUN(&r, "--config", cfg, "--set", "train.device=cuda", "--set", "train.precision=fp32");
-    test_assert_error(&r, "train.device: training on cuda is not in this version yet");
+    /* Without a GPU (or a CUDA build), train.device: cuda is one line and exit 2; with one it trains. */
+    RUN(&r, "--config", cfg, "--set", "train.device=cuda", "--set", "train.precision=fp32", "--steps", "2");
+    if (r.status != 0)
+        test_assert_error(&r, strstr(r.err, "built without") ? "train.device: this wlbtrain was built without the CUDA "
+                                                              "backend"
+                                                            : "train.device: cuda: no GPU visible");
     test_cmd_free(&r);
     /* Started by hand, the job is one process: a layout of more ranks does not fit it. */
     RUN(&r, "--config", cfg, "--set", "parallel.tp=2");

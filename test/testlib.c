@@ -2,6 +2,7 @@
 #include "test/testlib.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "data/data_idx.h"
 #include "util/rng.h"
+#include "util/safetensors.h"
 
 static char *slurp_fd(int fd, size_t *len)
 {
@@ -201,3 +203,66 @@ void test_launch_argv(const char **argv, int *k, int seconds, int ranks, const c
         argv[(*k)++] = var;
     }
 }
+
+/* max |a - b| / max |b| of one tensor (either dtype). */
+static double tensor_error(const StTensor *a, const StTensor *b, int64_t n)
+{
+    double *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+    float *f = malloc((size_t)n * sizeof *f);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_non_null(f);
+    const StTensor *t[2] = {a, b};
+    double *out[2] = {x, y};
+    for (int k = 0; k < 2; k++) {
+        st_read_f32(t[k], f);
+        for (int64_t i = 0; i < n; i++)
+            out[k][i] = f[i];
+        if (t[k]->dtype == ST_F64)
+            memcpy(out[k], t[k]->data, (size_t)n * sizeof(double));
+    }
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs(x[i] - y[i]));
+        scale = fmax(scale, fabs(y[i]));
+    }
+    free(x);
+    free(y);
+    free(f);
+    return scale > 0 ? diff / scale : diff;
+}
+
+double test_compare_tensors(const char *out, const char *ref, const char *prefix, char *worst_name, size_t size)
+{
+    StFile a, b;
+    Error err = {0};
+    if (st_open(&a, out, &err) != 0) {
+        snprintf(worst_name, size, "%s", err.msg);
+        return INFINITY;
+    }
+    assert_int_equal(st_open(&b, ref, &err), 0);
+    double worst = 0;
+    snprintf(worst_name, size, "-");
+    for (int i = 0; i < b.n_tensors; i++) {
+        const StTensor *r = &b.tensors[i], *x = st_find(&a, r->name);
+        if (strncmp(r->name, prefix, strlen(prefix)) != 0)
+            continue;
+        int64_t n = 1;
+        for (int d = 0; d < r->n_dims; d++)
+            n *= r->shape[d];
+        double e = INFINITY;
+        if (x && x->n_dims == r->n_dims && x->shape[0] == r->shape[0] &&
+            (r->n_dims == 1 || x->shape[1] == r->shape[1]))
+            e = tensor_error(x, r, n);
+        if (!strcmp(r->name, "tokens") && e != 0)
+            e = INFINITY;
+        if (e > worst || (e == worst && worst == 0 && !strcmp(worst_name, "-"))) {
+            worst = e;
+            snprintf(worst_name, size, "%s", r->name);
+        }
+    }
+    st_close(&a);
+    st_close(&b);
+    return worst;
+}
+

@@ -57,6 +57,11 @@ char *test_write_docs(const char *dir, const char *name, uint64_t seed, int n_do
  * outlive argv. */
 void test_launch_argv(const char **argv, int *k, int seconds, int ranks, const char *var, char *np);
 
+/* Every tensor of the safetensors file ref whose name starts with prefix ("" for all) against the
+ * same tensor of out: the worst max |out - ref| / max |ref| (infinity when a tensor is missing, or
+ * "tokens" differ at all), named in worst_name. */
+double test_compare_tensors(const char *out, const char *ref, const char *prefix, char *worst_name, size_t size);
+
 /* malloc'd snprintf. */
 char *test_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -12,7 +12,13 @@
 #ifndef WLB_UTIL_ERROR_H
 #define WLB_UTIL_ERROR_H
 
+#ifdef __cplusplus
+#define WLB_NORETURN [[noreturn]]
+extern "C" {
+#else
 #include <stdnoreturn.h>
+#define WLB_NORETURN noreturn
+#endif
 
 enum { ERROR_RUNTIME = 1, ERROR_INPUT = 2 };
 
@@ -32,6 +38,10 @@ int error_runtime(Error *err, const char *where, const char *fmt, ...)
 int error_errno(Error *err, const char *where, const char *what);
 
 /* Prints "wlbtrain: error: MSG" on stderr and exits with err->status (1 if none was set). */
-noreturn void error_exit(const Error *err);
+WLB_NORETURN void error_exit(const Error *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,164 @@
+/*
+ * test/test_cuda_model.c - the CUDA backend trains the model the CPU backend trains:
+ *   fp32: a tiny model's loss and every gradient of step 1, and the parameters after 3 steps
+ *         (test/dump_train), equal the CPU's within 1e-5 relative per tensor;
+ *   bf16: the loss within 1e-2 relative, the gradients within 5e-2 (operands rounded to bf16);
+ *   50 training steps of wlbtrain in bf16 follow the CPU's loss curve: every step within 3%.
+ * Skipped when the build has no CUDA backend or no GPU is visible (CI); scripts/device/ runs it.
+ */
+#include "test/testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *dir, *config;
+static int have_gpu;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    CmdResult r;
+    const char *args[] = {"--version", NULL};
+    test_run_wlbtrain(&r, args);
+    const char *line = strstr(r.out, "backend cuda");
+    have_gpu = line && strstr(line, "compiled in") && strstr(line, "GPU(s)");
+    if (!have_gpu)
+        printf("# skip: %.*s\n", line ? (int)strcspn(line, "\n") : 20, line ? line : "no backend line");
+    test_cmd_free(&r);
+    dir = test_tmpdir();
+    char *prefix = test_write_docs(dir, "docs", 3, 400, 8, 256);
+    char *yaml = test_format(
+        "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
+        " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
+        "parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
+        "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3}\n"
+        "balance: {hardware: cpu, packer: wlb}\n"
+        "train: {device: cpu, steps: 3, lr: 0.003, warmup_steps: 1, eps: 1.0e-3, seed: 9}\n"
+        "log: {every: 10}\n",
+        prefix);
+    config = test_write_file(dir, "gpu.yaml", yaml, strlen(yaml));
+    free(yaml);
+    free(prefix);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    test_rm_rf(dir);
+    free(dir);
+    free(config);
+    return 0;
+}
+
+/* dump_train in one process with the --set arguments into DIR/NAME.safetensors. */
+static char *dump(const char *name, const char *const *sets)
+{
+    const char *bin_dir = getenv("WLB_TEST_BIN_DIR");
+    char *bin = test_format("%s/dump_train", bin_dir ? bin_dir : "build/release/test");
+    char *out = test_format("%s/%s.safetensors", dir, name);
+    const char *argv[32] = {bin, config, out};
+    int k = 3;
+    for (int i = 0; sets[i]; i++) {
+        argv[k++] = "--set";
+        argv[k++] = sets[i];
+    }
+    argv[k] = NULL;
+    CmdResult r;
+    test_run(&r, argv);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    free(bin);
+    return out;
+}
+
+static void check(const char *out, const char *ref, const char *prefix, double tol, const char *what)
+{
+    char name[1100];
+    double e = test_compare_tensors(out, ref, prefix, name, sizeof name);
+    printf("# %-40s worst %.2e (%s), tolerance %.0e\n", what, e, name, tol);
+    assert_true(e <= tol);
+}
+
+static void test_fp32_equals_cpu(void **state)
+{
+    (void)state;
+    if (!have_gpu) {
+        skip();
+        return;
+    }
+    const char *cpu[] = {NULL}, *gpu[] = {"train.device=cuda", "train.precision=fp32", NULL};
+    char *a = dump("cpu", cpu), *b = dump("cuda-fp32", gpu);
+    check(b, a, "", 1e-5, "cuda fp32 against cpu: everything");
+    free(a);
+    free(b);
+}
+
+static void test_bf16_close_to_cpu(void **state)
+{
+    (void)state;
+    if (!have_gpu) {
+        skip();
+        return;
+    }
+    const char *cpu[] = {NULL}, *gpu[] = {"train.device=cuda", "train.precision=bf16", NULL};
+    char *a = dump("cpu", cpu), *b = dump("cuda-bf16", gpu);
+    check(b, a, "loss", 1e-2, "cuda bf16 against cpu: loss");
+    check(b, a, "grad.", 5e-2, "cuda bf16 against cpu: step-1 gradients");
+    free(a);
+    free(b);
+}
+
+static int read_losses(const char *path, double *loss, int max)
+{
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    int n = 0;
+    for (char *p = strstr(text, "\"loss\":"); p && n < max; p = strstr(p + 1, "\"loss\":"))
+        loss[n++] = strtod(p + 7, NULL);
+    free(text);
+    return n;
+}
+
+static void test_50_steps_follow_cpu(void **state)
+{
+    (void)state;
+    if (!have_gpu) {
+        skip();
+        return;
+    }
+    double loss[2][64];
+    for (int b = 0; b < 2; b++) {
+        char *metrics = test_format("log.metrics=%s/curve-%d.jsonl", dir, b);
+        const char *args[] = {"--config", config, "--steps", "50", "--set", metrics, "--set",
+                              b ? "train.device=cuda" : "train.device=cpu", NULL};
+        CmdResult r;
+        test_run_wlbtrain(&r, args);
+        assert_int_equal(r.status, 0);
+        test_cmd_free(&r);
+        char *path = test_format("%s/curve-%d.jsonl", dir, b);
+        assert_int_equal(read_losses(path, loss[b], 64), 50);
+        free(path);
+        free(metrics);
+    }
+    double worst = 0;
+    for (int s = 0; s < 50; s++)
+        worst = fmax(worst, fabs(loss[1][s] - loss[0][s]) / loss[0][s]);
+    printf("# 50 steps: loss %.4f -> %.4f (cpu), %.4f -> %.4f (cuda bf16); worst step differs by %.2f%%\n",
+           loss[0][0], loss[0][49], loss[1][0], loss[1][49], 100 * worst);
+    assert_true(worst <= 0.03);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp32_equals_cpu),
+        cmocka_unit_test(test_bf16_close_to_cpu),
+        cmocka_unit_test(test_50_steps_follow_cpu),
+    };
+    return cmocka_run_group_tests_name("cuda_model", tests, group_setup, group_teardown);
+}
