@@ -484,6 +484,16 @@ static void adamw(float *p, const float *g, float *m, float *v, int64_t n, AdamW
 
 /* ---------------------------------------------------------------------------------------------- */
 
+int cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 static Ops ops_table;
 
 const Ops *cuda_ops_open(int local_rank, int bf16, Error *err)

@@ -28,6 +28,8 @@ extern "C" {
  * (opening again switches the precision: one backend per process); NULL and an Error (status 2,
  * "train.device: ...") when there is no GPU. */
 const Ops *cuda_ops_open(int local_rank, int bf16, Error *err);
+/* GPUs visible to this process (0 without a driver). */
+int cuda_device_count(void);
 
 #ifdef __cplusplus
 }

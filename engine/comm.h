@@ -33,6 +33,7 @@ typedef struct Comm {
     int stage;                    /* copy float buffers through host memory */
     float *host, *host2;          /* staging buffers, cap_host floats each */
     int64_t cap_host;
+    void *nccl;                   /* CudaNccl: float collectives and messages through NCCL */
 } Comm;
 
 /* A send in flight (comm_isend), until comm_wait. */
@@ -40,6 +41,7 @@ typedef struct CommRequest {
     int active;
     unsigned char handle[16]; /* the MPI_Request */
     float *staged;            /* the host copy being sent, when staging */
+    void *event;              /* the send's completion, with NCCL */
 } CommRequest;
 
 /* Starts MPI when the job was launched (by mpirun, srun, ...), else runs as a world of one. */
@@ -50,6 +52,11 @@ void comm_finish(Comm *c);
 /* Float buffers are ops's memory from now on: staged through the host unless ops keeps host memory
  * (ops->host_memory); stage forces staging anyway (the tests run the staging path on the CPU). */
 void comm_set_backend(Comm *c, const Ops *ops, int stage);
+/* From now on the float collectives and messages go through NCCL (device buffers; builds with the
+ * CUDA backend only): communicators for every group, split from one world communicator whose id
+ * rank 0 broadcasts over MPI. Collective over the job. Messages (comm_isend, comm_recv) only in
+ * the pipeline group. */
+int comm_use_nccl(Comm *c, Error *err);
 /* Ends every rank of the job now with this exit status (after this rank printed why). */
 void comm_abort(const Comm *c, int status);
 int comm_world_size(const Comm *c);

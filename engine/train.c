@@ -97,10 +97,10 @@ static int write_metrics(FILE *f, const char *path, int64_t step, const TrainSta
 {
     fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
-               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld}\n",
+               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld,\"attn_pairs\":%lld}\n",
             (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
-            (long long)st->queued, (long long)skipped);
+            (long long)st->queued, (long long)skipped, (long long)st->attn_pairs);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
     return 0;

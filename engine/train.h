@@ -55,6 +55,7 @@ typedef struct TrainStats {
     double pp_imbalance, cp_imbalance;                   /* predicted by the plan */
     double pp_imbalance_measured, cp_imbalance_measured; /* from the measured compute */
     int64_t queued;          /* documents waiting in the outlier queues after the step */
+    int64_t attn_pairs;      /* (query, key) pairs attention computes: sum over pieces of l (l + 1) / 2 */
     int skipped;             /* the update was skipped: the loss or the gradients were not finite */
 } TrainStats;
 

@@ -211,6 +211,11 @@ int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
         return -1;
     measured_imbalance(tr, st);
     st->queued = tr->plan.queued;
+    for (int64_t i = 0; i < tr->plan.n_docs; i++) {
+        const PlanDoc *d = &tr->plan.docs[i];
+        if (d->source != PLAN_PAD_SOURCE)
+            st->attn_pairs += d->len * (d->len + 1) / 2;
+    }
     if (tr->fault_nan) {
         float nan = NAN;
         Model *m = &tr->chunks[0].model;

@@ -74,6 +74,33 @@ static int open_backend(Trainer *tr, Error *err)
 #endif
 }
 
+/* parallel.comm: mpi (host-staged on a GPU), or nccl; auto is nccl when every rank of this machine
+ * has a GPU of its own (NCCL cannot put two ranks of one communicator on one GPU). */
+static int choose_comm(Trainer *tr, Error *err)
+{
+    const ConfigParallel *p = &tr->cfg->parallel;
+    if (tr->cfg->train.device != DEVICE_CUDA || p->comm == COMM_MPI)
+        return 0;
+#ifdef WLB_CUDA
+    int gpus = cuda_device_count(), ranks = tr->comm->node_ranks;
+    if (p->comm == COMM_AUTO && ranks > gpus)
+        return 0;
+    if (ranks > gpus)
+        return error_set(err, "parallel.comm", "nccl cannot put two ranks on one GPU (%d ranks on this machine, %d "
+                         "GPU(s)); use parallel.comm: mpi", ranks, gpus);
+    if (p->virtual_stages > 1) {
+        if (p->comm == COMM_AUTO)
+            return 0;
+        return error_set(err, "parallel.comm", "nccl carries the pipeline's messages in order, which interleaved "
+                         "stages do not keep; use parallel.comm: mpi with parallel.virtual_stages > 1");
+    }
+    return comm_use_nccl(tr->comm, err);
+#else
+    (void)err;
+    return 0; /* open_backend has refused cuda already */
+#endif
+}
+
 static int check_layout(const Trainer *tr, Error *err)
 {
     const ConfigParallel *p = &tr->cfg->parallel;
@@ -108,6 +135,8 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
         return -1;
     const char *stage = getenv("WLBTRAIN_COMM_STAGE");
     comm_set_backend(comm, tr->ops, stage && !strcmp(stage, "1"));
+    if (choose_comm(tr, err) != 0)
+        return -1;
     const ConfigData *d = &cfg->data;
     if (cost_model_init(&tr->cost, cfg, err) != 0 ||
         data_sources_open(&tr->data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, NULL, NULL, err) != 0)
