@@ -114,13 +114,15 @@ static void print_banner(const Trainer *tr, const Config *cfg)
     const ConfigParallel *p = &cfg->parallel;
     printf("train: %s model, %lld steps of %lld tokens (window %lld, %lld micro-batches per replica), backend %s\n"
            "train: %d rank%s: tp %lld, cp %lld, pp %lld%s, dp %lld%s; rank 0 holds %lld parameters; %d OpenMP "
-           "thread%s per rank\n",
+           "thread%s per rank; comm %s\n",
            cfg->model.preset ? cfg->model.preset : "custom", (long long)cfg->train.steps,
            (long long)cfg->data.global_batch_tokens, (long long)cfg->data.context_window, (long long)tr->m,
            tr->chunks[0].model.ops->name, comm_world_size(tr->comm), comm_world_size(tr->comm) > 1 ? "s" : "",
            (long long)p->tp, (long long)p->cp,
            (long long)p->pp, p->virtual_stages > 1 ? " (interleaved)" : "", (long long)p->dp,
-           p->zero ? ", ZeRO-1" : "", (long long)params, omp_get_max_threads(), omp_get_max_threads() > 1 ? "s" : "");
+           p->zero ? ", ZeRO-1" : "", (long long)params, omp_get_max_threads(), omp_get_max_threads() > 1 ? "s" : "",
+           tr->comm->nccl ? "nccl" : !tr->comm->mpi ? "none (one process)" : tr->comm->stage ? "mpi, staged through the host"
+                                                                                             : "mpi");
     fflush(stdout);
 }
 
