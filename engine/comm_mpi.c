@@ -230,34 +230,31 @@ int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err
     return 0;
 }
 
-int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+/* An in-place all-reduce of host memory. */
+static int allreduce_host(const Comm *c, LayoutGroup g, void *buf, int64_t n, MPI_Datatype type, MPI_Op op,
+                          Error *err)
 {
     if (alone(c, g) || n == 0)
         return 0;
     if (count_ok(n, "allreduce", err) != 0)
         return -1;
-    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Allreduce");
+    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, type, op, group_comm(c, g)), "MPI_Allreduce");
     return 0;
+}
+
+int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+{
+    return allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err);
 }
 
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
-    if (alone(c, g) || n == 0)
-        return 0;
-    if (count_ok(n, "allreduce", err) != 0)
-        return -1;
-    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, group_comm(c, g)), "MPI_Allreduce");
-    return 0;
+    return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err);
 }
 
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
-    if (alone(c, g) || n == 0)
-        return 0;
-    if (count_ok(n, "allreduce", err) != 0)
-        return -1;
-    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_MAX, group_comm(c, g)), "MPI_Allreduce");
-    return 0;
+    return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err);
 }
 
 /* int counts and displacements for the v-collectives. */

@@ -120,6 +120,9 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
 int train_reduce_grads(Trainer *tr, Error *err);
 void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
+/* ZeRO-1: full gets every rank's shard of an array laid out like m's parameters, all-gathered over
+ * DP x CP; this rank's shard is copied into place first (shard NULL: it is there already). */
+int train_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err);
 
 /* The whole job: starts MPI when launched, trains cfg->train.steps steps. */
 int train_run(const Config *cfg, Error *err);

@@ -62,17 +62,12 @@ static int full_moments(Trainer *tr, const float **m, const float **v, float **o
             v[k] = o->v;
             continue;
         }
-        int g = tr->comm->size[GROUP_DPCP];
-        int64_t counts[4096];
-        for (int r = 0; r < g; r++)
-            counts[r] = md->n_params * (r + 1) / g - md->n_params * r / g;
         for (int j = 0; j < 2; j++) {
             float *full = md->ops->alloc((size_t)md->n_params * sizeof *full);
             if (!full)
                 return error_runtime(err, "checkpoint", "out of memory");
             own[2 * k + j] = full;
-            md->ops->copy(full + o->begin, j ? o->v : o->m, o->end - o->begin);
-            if (comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, err) != 0)
+            if (train_gather_shards(tr, md, full, j ? o->v : o->m, err) != 0)
                 return -1;
             (j ? v : m)[k] = full;
         }

@@ -103,6 +103,16 @@ static void shard_counts(const Trainer *tr, const Model *m, int64_t *counts)
     }
 }
 
+int train_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err)
+{
+    int64_t counts[4096], b, e;
+    shard_counts(tr, m, counts);
+    trainer_optim_range(tr, m, &b, &e);
+    if (shard && shard != full + b)
+        m->ops->copy(full + b, shard, e - b);
+    return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, err);
+}
+
 int train_reduce_grads(Trainer *tr, Error *err)
 {
     Comm *c = tr->comm;
@@ -156,11 +166,7 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
         TrainChunk *ch = &tr->chunks[k];
         Model *m = &ch->model;
         st->lr = optim_update(&ch->optim, m, zero ? ch->shard_grads : m->grads, st->grad_norm);
-        if (!zero)
-            continue;
-        int64_t counts[4096];
-        shard_counts(tr, m, counts);
-        if (comm_allgatherv(c, GROUP_DPCP, NULL, m->params, counts, err) != 0)
+        if (zero && train_gather_shards(tr, m, m->params, NULL, err) != 0)
             return -1;
     }
     return 0;
@@ -181,16 +187,10 @@ static int gather_shard_grads(Trainer *tr, Error *err)
 {
     if (!tr->cfg->parallel.zero || tr->grads_gathered)
         return 0;
-    for (int k = 0; k < tr->v; k++) {
-        TrainChunk *ch = &tr->chunks[k];
-        Model *m = &ch->model;
-        int64_t counts[4096], b, e;
-        shard_counts(tr, m, counts);
-        trainer_optim_range(tr, m, &b, &e);
-        m->ops->copy(m->grads + b, ch->shard_grads, e - b);
-        if (comm_allgatherv(tr->comm, GROUP_DPCP, NULL, m->grads, counts, err) != 0)
+    for (int k = 0; k < tr->v; k++)
+        if (train_gather_shards(tr, &tr->chunks[k].model, tr->chunks[k].model.grads, tr->chunks[k].shard_grads,
+                                err) != 0)
             return -1;
-    }
     tr->grads_gathered = 1;
     return 0;
 }
