@@ -9,9 +9,9 @@
 
 #include "cli/cli.h"
 #include "config/config.h"
-#include "engine/dryrun.h"
-#include "engine/runtime.h"
-#include "engine/train.h"
+#include "engine/plan/dryrun.h"
+#include "engine/comm/runtime.h"
+#include "engine/train/train.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
 static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, Error *err)

@@ -1,5 +1,5 @@
 /*
- * cuda/cuda_nccl.h - NCCL communicators for engine/comm_mpi.c (parallel.comm: nccl).
+ * cuda/cuda_nccl.h - NCCL communicators for engine/comm/comm_mpi.c (parallel.comm: nccl).
  *
  * One world communicator from a unique id that rank 0 makes and the caller broadcasts over MPI,
  * then one communicator per group by ncclCommSplit (color: the group's lowest member, key: the

@@ -11,9 +11,9 @@
 #include "data/data_idx.h"
 #include "data/data_sources.h"
 #include "data/data_stream.h"
-#include "engine/cost.h"
-#include "engine/model.h"
-#include "engine/plan.h"
+#include "engine/plan/cost.h"
+#include "engine/model/model.h"
+#include "engine/plan/plan.h"
 #include "util/fileio.h"
 #include "util/statefile.h"
 

@@ -14,8 +14,8 @@
 
 #include "config/config.h"
 #include "cpu/cpu_info.h"
-#include "engine/runtime.h"
-#include "engine/train.h"
+#include "engine/comm/runtime.h"
+#include "engine/train/train.h"
 #include "util/safetensors.h"
 
 static void die(const Comm *c, const Error *err)

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "config/config.h"
-#include "engine/cost.h"
+#include "engine/plan/cost.h"
 
 /* A resolved config from YAML plus --set style overrides. */
 static void make_config(Config *cfg, const char *yaml)

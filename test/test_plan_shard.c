@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "config/config.h"
-#include "engine/cost.h"
-#include "engine/plan.h"
+#include "engine/plan/cost.h"
+#include "engine/plan/plan.h"
 #include "util/rng.h"
 
 static void make_model(CostModel *m, const char *yaml)

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "engine/sched.h"
+#include "engine/plan/sched.h"
 
 static double uniform(int pp, int v, int n_mb, double f, double b, double hop)
 {

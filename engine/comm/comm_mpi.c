@@ -1,0 +1,446 @@
+/* engine/comm/comm_mpi.c - the MPI implementation of comm.h. */
+#include "engine/comm/comm.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef WLB_CUDA
+#include "cuda/cuda_nccl.h"
+#endif
+
+static int mpi_error(int rc, const char *what, Error *err)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "MPI error %d", rc);
+    return error_runtime(err, "mpi", "%s: %s", what, msg);
+}
+
+#define CHECK(call, what)                                                                          \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != MPI_SUCCESS)                                                                    \
+            return mpi_error(rc_, what, err);                                                      \
+    } while (0)
+
+static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
+
+static int count_ok(int64_t n, const char *what, Error *err)
+{
+    if (n < 0 || n > INT_MAX)
+        return error_runtime(err, "mpi", "%s: %lld elements in one message", what, (long long)n);
+    return 0;
+}
+
+int comm_start(Comm *c, int launched, Error *err)
+{
+    memset(c, 0, sizeof *c);
+    for (int g = 0; g < GROUP_COUNT; g++) {
+        c->size[g] = 1;
+        c->rank[g] = 0;
+    }
+    c->node_ranks = 1;
+    if (!launched)
+        return 0;
+    int provided;
+    /* OpenMP threads compute; only the main thread calls MPI. */
+    CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    c->mpi = 1;
+    CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->size[GROUP_WORLD]), "MPI_Comm_size");
+    CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank[GROUP_WORLD]), "MPI_Comm_rank");
+    int *ub, flag = 0;
+    CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag), "MPI_Comm_get_attr");
+    c->tag_limit = flag ? *ub : 32767; /* the standard's minimum */
+    MPI_Comm node;
+    CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int rc = MPI_Comm_size(node, &c->node_ranks);
+    MPI_Comm_free(&node);
+    CHECK(rc, "MPI_Comm_size");
+    return 0;
+}
+
+int comm_split(Comm *c, int tp, int cp, int pp, int dp, Error *err)
+{
+    c->layout = layout_of(tp, cp, pp, dp, c->rank[GROUP_WORLD]);
+    if (layout_world(&c->layout) != c->size[GROUP_WORLD])
+        return error_set(err, "parallel", "tp * cp * pp * dp = %d, but the job has %d ranks", layout_world(&c->layout),
+                         c->size[GROUP_WORLD]);
+    if (!c->mpi)
+        return 0;
+    for (int g = 0; g < GROUP_COUNT; g++) {
+        MPI_Comm *h = malloc(sizeof *h);
+        if (!h)
+            return error_runtime(err, "mpi", "out of memory");
+        c->groups[g] = h;
+        int members[4096];
+        int n = c->size[GROUP_WORLD] <= 4096 ? layout_group(&c->layout, (LayoutGroup)g, members) : 0;
+        if (n == 0 && c->size[GROUP_WORLD] > 4096)
+            return error_runtime(err, "mpi", "the CPU engine runs at most 4096 ranks");
+        /* The group's color: its lowest member, the same for every member. */
+        int color = members[0];
+        for (int i = 1; i < n; i++)
+            color = members[i] < color ? members[i] : color;
+        CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, layout_group_rank(&c->layout, (LayoutGroup)g), h),
+              "MPI_Comm_split");
+        CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+        CHECK(MPI_Comm_size(*h, &c->size[g]), "MPI_Comm_size");
+        CHECK(MPI_Comm_rank(*h, &c->rank[g]), "MPI_Comm_rank");
+    }
+    return 0;
+}
+
+void comm_set_backend(Comm *c, const Ops *ops, int stage)
+{
+    c->ops = ops;
+    c->stage = stage || (ops && !ops->host_memory);
+}
+
+/* Host staging room for n floats in c->host (and c->host2 with two). */
+static int stage_room(Comm *c, int64_t n, Error *err)
+{
+    if (n <= c->cap_host)
+        return 0;
+    free(c->host);
+    free(c->host2);
+    c->host = malloc((size_t)(n ? n : 1) * sizeof *c->host);
+    c->host2 = malloc((size_t)(n ? n : 1) * sizeof *c->host2);
+    c->cap_host = c->host && c->host2 ? n : 0;
+    return c->cap_host ? 0 : error_runtime(err, "comm", "out of memory for %lld staged floats", (long long)n);
+}
+
+static void to_host(const Comm *c, float *dst, const float *src, int64_t n)
+{
+    if (n > 0)
+        c->ops->to_host(dst, src, (size_t)n * sizeof *dst);
+}
+
+static void to_device(const Comm *c, float *dst, const float *src, int64_t n)
+{
+    if (n > 0)
+        c->ops->to_device(dst, src, (size_t)n * sizeof *dst);
+}
+
+static int64_t total(const int64_t *counts, int n)
+{
+    int64_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += counts[i];
+    return t;
+}
+
+/* The NCCL communicators: one per group (slot = the group), and the pipeline group's two
+ * directions (messages to higher ranks, to lower ranks). */
+enum { SLOT_PP_UP = GROUP_COUNT, SLOT_PP_DOWN = GROUP_COUNT + 1 };
+
+int comm_use_nccl(Comm *c, Error *err)
+{
+#ifdef WLB_CUDA
+    unsigned char id[CUDA_NCCL_ID_BYTES];
+    if (c->rank[GROUP_WORLD] == 0 && cuda_nccl_unique_id(id, err) != 0)
+        return -1;
+    if (c->mpi)
+        CHECK(MPI_Bcast(id, CUDA_NCCL_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    CudaNccl *n = cuda_nccl_open(id, c->size[GROUP_WORLD], c->rank[GROUP_WORLD], err);
+    if (!n)
+        return -1;
+    c->nccl = n;
+    int members[4096];
+    for (int g = 0; g < GROUP_COUNT + 2; g++) {
+        LayoutGroup lg = g < GROUP_COUNT ? (LayoutGroup)g : GROUP_PP;
+        int size = layout_group(&c->layout, lg, members), color = members[0];
+        for (int i = 1; i < size; i++)
+            color = members[i] < color ? members[i] : color;
+        if (cuda_nccl_split(n, g, color, layout_group_rank(&c->layout, lg), err) != 0)
+            return -1;
+    }
+    return 0;
+#else
+    (void)c;
+    return error_set(err, "parallel.comm", "nccl needs the CUDA backend, which this wlbtrain was built without");
+#endif
+}
+
+#ifdef WLB_CUDA
+/* The pipeline direction of a message between group ranks from and to. */
+static int p2p_slot(const Comm *c, LayoutGroup g, int from, int to, Error *err)
+{
+    if (g != GROUP_PP)
+        return error_runtime(err, "nccl", "messages are for the pipeline group only");
+    (void)c;
+    return to > from ? SLOT_PP_UP : SLOT_PP_DOWN;
+}
+#endif
+
+void comm_finish(Comm *c)
+{
+#ifdef WLB_CUDA
+    cuda_nccl_close((CudaNccl *)c->nccl);
+#endif
+    c->nccl = NULL;
+    free(c->host);
+    free(c->host2);
+    c->host = c->host2 = NULL;
+    c->cap_host = 0;
+    for (int g = 0; g < GROUP_COUNT; g++) {
+        if (c->groups[g]) {
+            MPI_Comm_free((MPI_Comm *)c->groups[g]);
+            free(c->groups[g]);
+        }
+        c->groups[g] = NULL;
+    }
+    if (c->mpi)
+        MPI_Finalize();
+    c->mpi = 0;
+}
+
+void comm_abort(const Comm *c, int status)
+{
+    fflush(stdout);
+    fflush(stderr);
+    if (c->mpi && c->size[GROUP_WORLD] > 1)
+        MPI_Abort(MPI_COMM_WORLD, status);
+    exit(status);
+}
+
+int comm_world_size(const Comm *c) { return c->size[GROUP_WORLD]; }
+int comm_world_rank(const Comm *c) { return c->rank[GROUP_WORLD]; }
+
+/* A group of one needs no MPI: its collectives are the identity. */
+static int alone(const Comm *c, LayoutGroup g) { return !c->mpi || c->size[g] == 1; }
+
+int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+{
+#ifdef WLB_CUDA
+    if (c->nccl)
+        return n ? cuda_nccl_allreduce((CudaNccl *)c->nccl, g, buf, n, err) : 0;
+#endif
+    if (alone(c, g) || n == 0 || !c->stage)
+        return comm_allreduce_sum_host(c, g, buf, n, err);
+    if (stage_room(c, n, err) != 0)
+        return -1;
+    to_host(c, c->host, buf, n);
+    if (comm_allreduce_sum_host(c, g, c->host, n, err) != 0)
+        return -1;
+    to_device(c, buf, c->host, n);
+    return 0;
+}
+
+/* An in-place all-reduce of host memory. */
+static int allreduce_host(const Comm *c, LayoutGroup g, void *buf, int64_t n, MPI_Datatype type, MPI_Op op,
+                          Error *err)
+{
+    if (alone(c, g) || n == 0)
+        return 0;
+    if (count_ok(n, "allreduce", err) != 0)
+        return -1;
+    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, type, op, group_comm(c, g)), "MPI_Allreduce");
+    return 0;
+}
+
+int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+{
+    return allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err);
+}
+
+int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
+{
+    return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err);
+}
+
+int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
+{
+    return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err);
+}
+
+/* int counts and displacements for the v-collectives. */
+static int displs(const Comm *c, LayoutGroup g, const int64_t *counts, int *cnt, int *dsp, Error *err)
+{
+    int64_t at = 0;
+    for (int i = 0; i < c->size[g]; i++) {
+        if (count_ok(counts[i], "collective", err) != 0 || count_ok(at, "collective", err) != 0)
+            return -1;
+        cnt[i] = (int)counts[i];
+        dsp[i] = (int)at;
+        at += counts[i];
+    }
+    return 0;
+}
+
+int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
+{
+#ifdef WLB_CUDA
+    if (c->nccl)
+        return cuda_nccl_allgatherv((CudaNccl *)c->nccl, g, send, recv, counts, c->size[g], c->rank[g], err);
+#endif
+    if (alone(c, g)) {
+        if (send && counts[0] && recv != send)
+            c->ops ? c->ops->copy(recv, send, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * sizeof *recv);
+        return 0;
+    }
+    int cnt[4096], dsp[4096];
+    if (c->size[g] > 4096 || displs(c, g, counts, cnt, dsp, err) != 0)
+        return -1;
+    if (c->stage) {
+        /* Everything through the host: this rank's part in place, then the whole result back. */
+        int64_t n = total(counts, c->size[g]), mine = dsp[c->rank[g]];
+        if (stage_room(c, n, err) != 0)
+            return -1;
+        to_host(c, c->host + mine, send ? send : recv + mine, counts[c->rank[g]]);
+        CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, c->host, cnt, dsp, MPI_FLOAT, group_comm(c, g)),
+              "MPI_Allgatherv");
+        to_device(c, recv, c->host, n);
+        return 0;
+    }
+    const void *from = send ? (const void *)send : MPI_IN_PLACE;
+    CHECK(MPI_Allgatherv(from, cnt[c->rank[g]], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, group_comm(c, g)),
+          "MPI_Allgatherv");
+    return 0;
+}
+
+int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
+{
+    if (alone(c, g)) {
+        if (n && recv != send)
+            memmove(recv, send, (size_t)n * sizeof *recv);
+        return 0;
+    }
+    if (count_ok(n, "allgather", err) != 0 || count_ok(n * c->size[g], "allgather", err) != 0)
+        return -1;
+    CHECK(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, group_comm(c, g)), "MPI_Allgather");
+    return 0;
+}
+
+int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                         Error *err)
+{
+#ifdef WLB_CUDA
+    if (c->nccl)
+        return cuda_nccl_reduce_scatterv((CudaNccl *)c->nccl, g, send, recv, counts, c->size[g], c->rank[g], err);
+#endif
+    if (alone(c, g)) {
+        if (counts[0] && recv != send)
+            c->ops ? c->ops->copy(recv, send, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * sizeof *recv);
+        return 0;
+    }
+    int cnt[4096], dsp[4096];
+    if (c->size[g] > 4096 || displs(c, g, counts, cnt, dsp, err) != 0)
+        return -1;
+    if (c->stage) {
+        int64_t n = total(counts, c->size[g]), mine = counts[c->rank[g]];
+        if (stage_room(c, n, err) != 0)
+            return -1;
+        to_host(c, c->host, send, n);
+        CHECK(MPI_Reduce_scatter(c->host, c->host2, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+        to_device(c, recv, c->host2, mine);
+        return 0;
+    }
+    CHECK(MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+    return 0;
+}
+
+int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t bytes, Error *err)
+{
+    if (alone(c, g) || bytes == 0)
+        return 0;
+    if (count_ok(bytes, "broadcast", err) != 0)
+        return -1;
+    CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, group_comm(c, g)), "MPI_Bcast");
+    return 0;
+}
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(((CommRequest *)0)->handle), "CommRequest holds an MPI_Request");
+
+int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
+               Error *err)
+{
+    if (!c->mpi)
+        return error_runtime(err, "comm", "send to %d in a world of one", peer);
+    if (count_ok(n, "send", err) != 0)
+        return -1;
+    if (tag < 0 || tag > c->tag_limit)
+        return error_runtime(err, "mpi", "message tag %d above MPI's limit %d (fewer micro-batches?)", tag,
+                             c->tag_limit);
+    req->staged = NULL;
+    req->event = NULL;
+#ifdef WLB_CUDA
+    if (c->nccl) {
+        int slot = p2p_slot(c, g, c->rank[g], peer, err);
+        if (slot < 0 || cuda_nccl_send((CudaNccl *)c->nccl, slot, peer, buf, n, &req->event, err) != 0)
+            return -1;
+        req->active = 1;
+        return 0;
+    }
+#endif
+    /* Staged: the host copy lives until comm_wait. */
+    if (c->stage) {
+        if (!(req->staged = malloc((size_t)(n ? n : 1) * sizeof *req->staged)))
+            return error_runtime(err, "comm", "out of memory for a staged send of %lld floats", (long long)n);
+        to_host(c, req->staged, buf, n);
+        buf = req->staged;
+    }
+    MPI_Request r;
+    int rc = MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), &r);
+    if (rc != MPI_SUCCESS) {
+        free(req->staged);
+        req->staged = NULL;
+        return mpi_error(rc, "MPI_Isend", err);
+    }
+    memcpy(req->handle, &r, sizeof r);
+    req->active = 1;
+    return 0;
+}
+
+int comm_wait(const Comm *c, CommRequest *req, Error *err)
+{
+    (void)c;
+    if (!req->active)
+        return 0;
+#ifdef WLB_CUDA
+    if (req->event) {
+        void *e = req->event;
+        req->event = NULL;
+        req->active = 0;
+        return cuda_nccl_wait(e, err);
+    }
+#endif
+    MPI_Request r;
+    memcpy(&r, req->handle, sizeof r);
+    req->active = 0;
+    int rc = MPI_Wait(&r, MPI_STATUS_IGNORE);
+    free(req->staged);
+    req->staged = NULL;
+    CHECK(rc, "MPI_Wait");
+    return 0;
+}
+
+int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
+{
+    if (!c->mpi)
+        return error_runtime(err, "comm", "receive from %d in a world of one", peer);
+#ifdef WLB_CUDA
+    if (c->nccl) {
+        int slot = p2p_slot(c, g, peer, c->rank[g], err);
+        return slot < 0 ? -1 : cuda_nccl_recv((CudaNccl *)c->nccl, slot, peer, buf, n, err);
+    }
+#endif
+    if (count_ok(n, "recv", err) != 0 || (c->stage && stage_room(c, n, err) != 0))
+        return -1;
+    CHECK(MPI_Recv(c->stage ? c->host : buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), MPI_STATUS_IGNORE),
+          "MPI_Recv");
+    if (c->stage)
+        to_device(c, buf, c->host, n);
+    return 0;
+}
+
+int comm_barrier(const Comm *c, Error *err)
+{
+    if (!c->mpi)
+        return 0;
+    CHECK(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+    return 0;
+}

@@ -1,0 +1,375 @@
+/*
+ * engine/model/model.c - the tensor table of a rank (its blocks of the full tensors), initialisation, and
+ * the activation buffers (see model.h).
+ */
+#include "engine/model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/plan/cost.h"
+#include "util/rng.h"
+
+static const char *const layer_names[MODEL_LAYER_TENSORS] = {
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
+};
+
+/* Adds the rank's block [row0, row0 + rows) x [col0, col0 + cols) of a full tensor. */
+static void add_tensor(Model *m, ModelTensorKind kind, int layer, int64_t full_rows, int64_t full_cols, int64_t row0,
+                       int64_t rows, int64_t col0, int64_t cols, int counts)
+{
+    ModelTensor *t = &m->tensors[m->n_tensors++];
+    memset(t, 0, sizeof *t);
+    t->kind = kind;
+    t->layer = layer;
+    t->full_rows = full_rows;
+    t->full_cols = full_cols;
+    t->row0 = row0;
+    t->rows = rows;
+    t->col0 = col0;
+    t->cols = cols;
+    t->offset = m->n_params;
+    t->is_vector = kind == T_ATTN_NORM || kind == T_MLP_NORM || kind == T_FINAL_NORM;
+    t->decay = !t->is_vector && kind != T_EMBED;
+    t->counts = counts;
+    if (kind == T_EMBED)
+        snprintf(t->name, sizeof t->name, "model.embed_tokens.weight");
+    else if (kind == T_FINAL_NORM)
+        snprintf(t->name, sizeof t->name, "model.norm.weight");
+    else if (kind == T_HEAD)
+        snprintf(t->name, sizeof t->name, "lm_head.weight");
+    else
+        snprintf(t->name, sizeof t->name, "model.layers.%d.%s", layer, layer_names[kind - T_ATTN_NORM]);
+    m->n_params += rows * cols;
+}
+
+/* RoPE frequencies 1 / theta^(2i / D), with Llama 3.1's scaling when configured (Hugging Face's
+ * _compute_llama3_parameters): long wavelengths slowed by factor, short ones kept, a smooth blend
+ * between low_freq_wavelen = original / low_freq_factor and high_freq_wavelen = original /
+ * high_freq_factor. */
+static void rope_frequencies(const ConfigModel *c, int head_dim, float *out)
+{
+    for (int i = 0; i < head_dim / 2; i++) {
+        double f = 1.0 / pow(c->rope_theta, 2.0 * i / head_dim);
+        if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
+            double orig = (double)c->rope_original_max_seq_len, wavelen = 2 * M_PI / f;
+            double low_wl = orig / c->rope_low_freq_factor, high_wl = orig / c->rope_high_freq_factor;
+            if (wavelen > low_wl) {
+                f /= c->rope_scaling_factor;
+            } else if (wavelen >= high_wl) {
+                double smooth = (orig / wavelen - c->rope_low_freq_factor) /
+                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (1 - smooth) * f / c->rope_scaling_factor + smooth * f;
+            }
+        }
+        out[i] = (float)f;
+    }
+}
+
+/* The rank's share of the model (see model.h, Parallelism). */
+static void set_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
+{
+    d->n_layers = (int)c->n_layers;
+    d->d = (int)c->d_model;
+    d->n_heads = (int)c->n_heads;
+    d->n_kv_heads = (int)c->n_kv_heads;
+    d->head_dim = d->d / d->n_heads;
+    d->d_ffn = (int)c->d_ffn;
+    d->vocab = (int)c->vocab_size;
+    d->norm_eps = (float)c->norm_eps;
+    d->tied = c->tie_embeddings;
+    int tp = p ? p->tp : 1, tr = p ? p->tp_rank : 0, chunks = p ? p->n_chunks : 1, g = p ? p->chunk : 0;
+    d->tp = tp;
+    d->tp_rank = tr;
+    d->cp = p ? p->cp : 1;
+    d->layer_begin = 0;
+    for (int s = 0; s < g; s++)
+        d->layer_begin += cost_stage_layers(d->n_layers, chunks, s);
+    d->layer_end = d->layer_begin + cost_stage_layers(d->n_layers, chunks, g);
+    d->has_embed = g == 0;
+    d->has_head = g == chunks - 1;
+    d->local_heads = d->n_heads / tp;
+    d->local_ffn = d->d_ffn / tp;
+    d->local_vocab = d->vocab / tp;
+    d->vocab0 = (int64_t)tr * d->local_vocab;
+    if (d->n_kv_heads >= tp) {
+        d->local_kv_heads = d->n_kv_heads / tp;
+        d->kv_head0 = tr * d->local_kv_heads;
+        d->kv_replicas = 1;
+    } else { /* fewer kv heads than TP ranks: tp / n_kv_heads ranks share one */
+        d->local_kv_heads = 1;
+        d->kv_replicas = tp / d->n_kv_heads;
+        d->kv_head0 = tr / d->kv_replicas;
+    }
+}
+
+int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParallel *par, Error *err)
+{
+    memset(m, 0, sizeof *m);
+    m->ops = ops;
+    m->comm = par ? par->comm : NULL;
+    ModelDims *d = &m->dims;
+    set_dims(d, c, par);
+    int64_t D = d->head_dim, hd = (int64_t)d->n_heads * D, kvd = (int64_t)d->n_kv_heads * D;
+    int64_t lhd = (int64_t)d->local_heads * D, lkv = (int64_t)d->local_kv_heads * D;
+    int first_tp = d->tp_rank == 0, kv_lead = d->tp_rank % d->kv_replicas == 0;
+    m->tensors = calloc((size_t)d->n_layers * MODEL_LAYER_TENSORS + 4, sizeof *m->tensors);
+    if (!m->tensors)
+        return error_runtime(err, "model", "out of memory");
+    /* The embedding: on the first chunk, and on the last when it is also the output projection.
+     * With more than one chunk that copy does not count (the first chunk's does). */
+    if (d->has_embed || (d->has_head && d->tied))
+        add_tensor(m, T_EMBED, -1, d->vocab, d->d, d->vocab0, d->local_vocab, 0, d->d, d->has_embed);
+    for (int l = d->layer_begin; l < d->layer_end; l++) {
+        add_tensor(m, T_ATTN_NORM, l, 1, d->d, 0, 1, 0, d->d, first_tp);
+        add_tensor(m, T_WQ, l, hd, d->d, d->tp_rank * lhd, lhd, 0, d->d, 1);
+        add_tensor(m, T_WK, l, kvd, d->d, d->kv_head0 * D, lkv, 0, d->d, kv_lead);
+        add_tensor(m, T_WV, l, kvd, d->d, d->kv_head0 * D, lkv, 0, d->d, kv_lead);
+        add_tensor(m, T_WO, l, d->d, hd, 0, d->d, d->tp_rank * lhd, lhd, 1);
+        add_tensor(m, T_MLP_NORM, l, 1, d->d, 0, 1, 0, d->d, first_tp);
+        add_tensor(m, T_WGATE, l, d->d_ffn, d->d, (int64_t)d->tp_rank * d->local_ffn, d->local_ffn, 0, d->d, 1);
+        add_tensor(m, T_WUP, l, d->d_ffn, d->d, (int64_t)d->tp_rank * d->local_ffn, d->local_ffn, 0, d->d, 1);
+        add_tensor(m, T_WDOWN, l, d->d, d->d_ffn, 0, d->d, (int64_t)d->tp_rank * d->local_ffn, d->local_ffn, 1);
+    }
+    if (d->has_head) {
+        add_tensor(m, T_FINAL_NORM, -1, 1, d->d, 0, 1, 0, d->d, first_tp);
+        if (!d->tied)
+            add_tensor(m, T_HEAD, -1, d->vocab, d->d, d->vocab0, d->local_vocab, 0, d->d, 1);
+    }
+    m->params = ops->alloc((size_t)m->n_params * sizeof(float));
+    m->grads = ops->alloc((size_t)m->n_params * sizeof(float));
+    m->inv_freq = ops->alloc((size_t)(d->head_dim / 2) * sizeof(float));
+    float freq[4096];
+    if (!m->params || !m->grads || !m->inv_freq || d->head_dim / 2 > 4096) {
+        model_free(m);
+        return error_runtime(err, "model", "out of memory for %lld parameters", (long long)m->n_params);
+    }
+    rope_frequencies(c, d->head_dim, freq);
+    ops->to_device(m->inv_freq, freq, (size_t)(d->head_dim / 2) * sizeof(float));
+    return model_set_slots(m, 1, err);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Activation buffers                                                                              */
+
+enum { N_LAYER_BUFS = 16, N_SLOT_BUFS = 5, N_SCRATCH = 14 };
+
+static void layer_buffers(LayerActs *a, float **out[N_LAYER_BUFS])
+{
+    float **p[N_LAYER_BUFS] = {&a->x, &a->a, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->lse,
+                               &a->y, &a->b, &a->rstd2, &a->g, &a->u, &a->s, &a->k_mb, &a->v_mb};
+    memcpy(out, p, sizeof p);
+}
+
+static void free_slot(const Model *m, ModelSlot *s)
+{
+    float **p[N_LAYER_BUFS];
+    for (int l = 0; s->layers && l < m->dims.layer_end - m->dims.layer_begin; l++) {
+        layer_buffers(&s->layers[l], p);
+        for (int i = 0; i < N_LAYER_BUFS; i++) {
+            m->ops->free(*p[i]);
+            *p[i] = NULL;
+        }
+    }
+    free(s->layers);
+    float **q[N_SLOT_BUFS] = {&s->h, &s->hn, &s->rstd_f, &s->dhn, &s->dx};
+    for (int i = 0; i < N_SLOT_BUFS; i++) {
+        m->ops->free(*q[i]);
+        *q[i] = NULL;
+    }
+    memset(s, 0, sizeof *s);
+}
+
+static void scratch_buffers(Model *m, float **out[N_SCRATCH])
+{
+    float **p[N_SCRATCH] = {&m->dh, &m->tmp_d, &m->tmp_d2, &m->datt, &m->dq, &m->dk, &m->dv,
+                            &m->dk_mb, &m->dv_mb, &m->dg, &m->du, &m->logits, &m->xfer, &m->xfer2};
+    memcpy(out, p, sizeof p);
+}
+
+static void free_scratch(Model *m)
+{
+    float **p[N_SCRATCH];
+    scratch_buffers(m, p);
+    for (int i = 0; i < N_SCRATCH; i++) {
+        m->ops->free(*p[i]);
+        *p[i] = NULL;
+    }
+    double **q[3] = {&m->row_max, &m->row_sum, &m->row_tgt};
+    for (int i = 0; i < 3; i++) {
+        m->ops->free(*q[i]);
+        *q[i] = NULL;
+    }
+    free(m->h_max);
+    free(m->h_sum);
+    free(m->h_tgt);
+    free(m->h_targets);
+    m->h_max = m->h_sum = m->h_tgt = NULL;
+    m->h_targets = NULL;
+    m->cap = m->cap_mb = 0;
+}
+
+int model_set_slots(Model *m, int n, Error *err)
+{
+    for (int i = 0; i < m->n_slots; i++)
+        free_slot(m, &m->slots[i]);
+    free(m->slots);
+    m->slots = calloc((size_t)n, sizeof *m->slots);
+    m->n_slots = m->slots ? n : 0;
+    return m->slots ? 0 : error_runtime(err, "model", "out of memory");
+}
+
+int64_t model_head_chunk(const Model *m)
+{
+    int64_t c = (INT64_C(1) << 24) / m->dims.local_vocab;
+    return c < 1 ? 1 : c;
+}
+
+/* Room for T rows (and a micro-batch of T_mb rows, with CP) in slot and in the scratch. */
+int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err)
+{
+    const ModelDims *d = &m->dims;
+    const Ops *o = m->ops;
+    int64_t lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
+    int64_t F = d->local_ffn, H = d->local_heads, D = d->d;
+    int64_t mb = d->cp > 1 ? T_mb : 0;
+    ModelSlot *s = &m->slots[slot];
+    int ok = 1;
+    if (T > s->cap || mb > s->cap_mb) {
+        /* Grow to cover what the slot held before as well: shapes vary from micro-batch to
+         * micro-batch. */
+        T = T > s->cap ? T : s->cap;
+        mb = mb > s->cap_mb ? mb : s->cap_mb;
+        free_slot(m, s);
+        int n_layers = d->layer_end - d->layer_begin;
+        if (!(s->layers = calloc((size_t)n_layers + 1, sizeof *s->layers)))
+            return error_runtime(err, "model", "out of memory");
+        int64_t sizes[N_LAYER_BUFS] = {T * D, T * D, T,     T * lhd, T * lkv, T * lkv, T * lhd, T * H,
+                                       T * D, T * D, T,     T * F,   T * F,   T * F,   mb * lkv, mb * lkv};
+        float **p[N_LAYER_BUFS];
+        for (int l = 0; l < n_layers; l++) {
+            layer_buffers(&s->layers[l], p);
+            for (int i = 0; i < N_LAYER_BUFS; i++)
+                ok &= (*p[i] = o->alloc((size_t)sizes[i] * sizeof(float))) != NULL;
+        }
+        float **q[N_SLOT_BUFS] = {&s->h, &s->hn, &s->rstd_f, &s->dhn, &s->dx};
+        int64_t qs[N_SLOT_BUFS] = {T * D, T * D, T, T * D, T * D};
+        for (int i = 0; i < N_SLOT_BUFS; i++)
+            ok &= (*q[i] = o->alloc((size_t)qs[i] * sizeof(float))) != NULL;
+        s->cap = T;
+        s->cap_mb = mb;
+    }
+    if (ok && (T > m->cap || mb > m->cap_mb)) {
+        T = T > m->cap ? T : m->cap;
+        mb = mb > m->cap_mb ? mb : m->cap_mb;
+        free_scratch(m);
+        int64_t x = mb * 2 * lkv > T * D ? mb * 2 * lkv : T * D; /* the K/V exchange */
+        int64_t sizes[N_SCRATCH] = {T * D,    T * D,    T * F,     T * lhd, T * lhd, T * lkv, T * lkv,
+                                    mb * lkv, mb * lkv, T * F,     T * F,   model_head_chunk(m) * d->local_vocab,
+                                    x,        x};
+        float **p[N_SCRATCH];
+        scratch_buffers(m, p);
+        for (int i = 0; i < N_SCRATCH; i++)
+            ok &= (*p[i] = o->alloc((size_t)sizes[i] * sizeof(float))) != NULL;
+        size_t chunk = (size_t)model_head_chunk(m);
+        double **q[3] = {&m->row_max, &m->row_sum, &m->row_tgt};
+        for (int i = 0; i < 3; i++)
+            ok &= (*q[i] = o->alloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_max = malloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_sum = malloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_tgt = malloc(chunk * sizeof(double))) != NULL;
+        ok &= (m->h_targets = malloc(chunk * sizeof(int32_t))) != NULL;
+        m->cap = T;
+        m->cap_mb = mb;
+    }
+    if (!ok) {
+        free_slot(m, s);
+        free_scratch(m);
+        return error_runtime(err, "model", "out of memory for the activations of %lld tokens", (long long)T);
+    }
+    return 0;
+}
+
+void model_free(Model *m)
+{
+    if (m->ops) {
+        for (int i = 0; i < m->n_slots; i++)
+            free_slot(m, &m->slots[i]);
+        free_scratch(m);
+        m->ops->free(m->params);
+        m->ops->free(m->grads);
+        m->ops->free(m->inv_freq);
+    }
+    free(m->slots);
+    free(m->tensors);
+    memset(m, 0, sizeof *m);
+}
+
+const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer)
+{
+    if (kind == T_HEAD && m->dims.tied)
+        kind = T_EMBED;
+    int in_layer = kind >= T_ATTN_NORM && kind <= T_WDOWN;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].kind == kind && m->tensors[i].layer == (in_layer ? layer : -1))
+            return &m->tensors[i];
+    return NULL;
+}
+
+const ModelTensor *model_tensor_by_name(const Model *m, const char *name)
+{
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return &m->tensors[i];
+    return NULL;
+}
+
+float *model_output(const Model *m, int slot) { return m->slots[slot].h; }
+float *model_input_grad(const Model *m, int slot) { return m->slots[slot].dx; }
+
+void model_init_weights(Model *m, uint64_t seed)
+{
+    float *host = malloc((size_t)m->n_params * sizeof *host);
+    int64_t widest = 1;
+    for (int i = 0; i < m->n_tensors; i++)
+        widest = m->tensors[i].full_cols > widest ? m->tensors[i].full_cols : widest;
+    float *row = malloc((size_t)widest * sizeof *row);
+    if (!host || !row) {
+        fputs("wlbtrain: error: model: out of memory\n", stderr);
+        exit(1);
+    }
+    double out_scale = 1.0 / sqrt(2.0 * m->dims.n_layers);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ModelTensor *t = &m->tensors[i];
+        float *w = host + t->offset;
+        if (t->is_vector) {
+            for (int64_t j = 0; j < t->cols; j++)
+                w[j] = 1.0f;
+            continue;
+        }
+        double std = 0.02 * (t->kind == T_WO || t->kind == T_WDOWN ? out_scale : 1.0);
+        /* A stream per full row, keyed by the tensor's identity (the head of tied embeddings is the
+         * embedding): the values of a block do not depend on the layout. */
+        uint64_t id = (uint64_t)(t->kind == T_HEAD && m->dims.tied ? T_EMBED : t->kind) * 100003u + (uint64_t)(t->layer + 1);
+        for (int64_t r = 0; r < t->rows; r++) {
+            Rng rng;
+            rng_seed(&rng, rng_hash3(seed, id, (uint64_t)(t->row0 + r)));
+            for (int64_t j = 0; j < t->full_cols; j += 2) {
+                /* Box-Muller: two standard normals from two uniforms in (0, 1]. */
+                double u1 = 1.0 - rng_uniform(&rng), u2 = rng_uniform(&rng);
+                double rad = sqrt(-2.0 * log(u1));
+                row[j] = (float)(std * rad * cos(2 * M_PI * u2));
+                if (j + 1 < t->full_cols)
+                    row[j + 1] = (float)(std * rad * sin(2 * M_PI * u2));
+            }
+            memcpy(w + r * t->cols, row + t->col0, (size_t)t->cols * sizeof *row);
+        }
+    }
+    m->ops->to_device(m->params, host, (size_t)m->n_params * sizeof *host);
+    free(host);
+    free(row);
+}

@@ -1,0 +1,40 @@
+/*
+ * engine/model/model_impl.h - what the model's source files share (model_pass.c, model_head.c,
+ * model_cp.c); not for callers outside the model.
+ */
+#ifndef WLB_ENGINE_MODEL_IMPL_H
+#define WLB_ENGINE_MODEL_IMPL_H
+
+#include "engine/model/model.h"
+
+static inline float *model_param(const Model *m, ModelTensorKind kind, int layer)
+{
+    return m->params + model_tensor(m, kind, layer)->offset;
+}
+
+static inline float *model_grad(const Model *m, ModelTensorKind kind, int layer)
+{
+    return m->grads + model_tensor(m, kind, layer)->offset;
+}
+
+/* Sums x over the TP group in place (nothing with tp = 1); the time goes to m->comm_s. */
+int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err);
+/* The same over f64 host arrays, sum or max. */
+int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
+
+/* CP: K and V of this rank's rows into a->k_mb, a->v_mb in micro-batch rows, with the rows of
+ * the sharded documents from every CP rank; and back in the backward: m->dk, m->dv of this rank's
+ * rows from m->dk_mb, m->dv_mb, the sharded rows summed over the CP group. */
+int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err);
+int model_cp_scatter_dkv(Model *m, const ModelBatch *b, Error *err);
+
+/* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP), and its
+ * backward from dh. */
+int model_embed_fwd(Model *m, float *h, const ModelBatch *b, Error *err);
+void model_embed_bwd(Model *m, const float *dh, const ModelBatch *b);
+/* The output projection and the vocabulary-parallel cross-entropy of the last chunk on slot's
+ * normalized rows, in chunks of rows; with train, slot->dhn gets their gradient. */
+int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float dloss, double *loss_sum,
+                   Error *err);
+
+#endif

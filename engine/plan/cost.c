@@ -1,0 +1,222 @@
+/* engine/plan/cost.c - the cost model (see cost.h for the formulas and where the numbers come from). */
+#include "engine/plan/cost.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "engine/plan/calibration.h"
+
+/*
+ * Profiles. Sources: ../shared/reference/performance.md.
+ * H100 SXM: 989 TF dense bf16 (§1); large GEMMs reach ~780 TF (§4: MAMF 792, XLA 783-808);
+ *   FA3 causal forward hd128 616 TF at 16K (§2.1) and the length curve 630 L/(L+238) (§2.2 fit);
+ *   FA3 backward hd128 561 vs forward 648 TF (ratio 0.87, §2.1); HBM3 3.35 TB/s; NCCL ring busBW
+ *   on NVLink ~370 GB/s (§1); 400 Gb/s RoCE per GPU (Llama 3 cluster, papers.md §3).
+ * H200: same compute (989 TF), HBM3e 4.8 TB/s, same NVLink.
+ * A100: 312 TF; FA2 forward+backward ~203 TF (65%, §2.3); HBM 2.0 TB/s; NVLink 3 busBW ~230 GB/s;
+ *   200 Gb/s InfiniBand.
+ * GPU stacks overlap the TP collectives with the GEMMs (Megatron's TP communication overlap, used by
+ *   WLB-LLM's and Llama 3's stacks): tp_comm_overlap 1, so only TP traffic longer than the GEMMs shows.
+ * cpu: the reference backend on a laptop-class core pair; rough, meant to be calibrated.
+ */
+static const CostHardware profiles[] = {
+    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 1},
+    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 1},
+    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 1},
+    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0},
+};
+
+const CostHardware *cost_hardware_profile(HardwareKind kind)
+{
+    return &profiles[kind];
+}
+
+int cost_stage_layers(int n_layers, int pp, int stage)
+{
+    return n_layers / pp + (stage < n_layers % pp);
+}
+
+int cost_model_init(CostModel *m, const Config *cfg, Error *err)
+{
+    memset(m, 0, sizeof *m);
+    m->hw = profiles[cfg->balance.hardware];
+    if (cfg->balance.calibration &&
+        calibration_load(cfg->balance.calibration, &m->hw, &m->table, err) != 0)
+        return -1;
+    /* Explicit config keys win over the profile and the calibration file (0 = not set). */
+    const ConfigBalance *b = &cfg->balance;
+    if (b->peak_tflops > 0)
+        m->hw.peak_tflops = b->peak_tflops;
+    if (b->gemm_efficiency > 0)
+        m->hw.gemm_efficiency = b->gemm_efficiency;
+    if (b->attn_efficiency > 0)
+        m->hw.attn_efficiency = b->attn_efficiency;
+    if (b->attn_half_tokens > 0)
+        m->hw.attn_half_tokens = b->attn_half_tokens;
+    if (b->attn_tile > 0)
+        m->hw.attn_tile = (int)b->attn_tile;
+    if (b->hbm_gbps > 0)
+        m->hw.hbm_gbps = b->hbm_gbps;
+    if (b->intra_node_gbps > 0)
+        m->hw.intra_node_gbps = b->intra_node_gbps;
+    if (b->inter_node_gbps > 0)
+        m->hw.inter_node_gbps = b->inter_node_gbps;
+    if (b->gpus_per_node > 0)
+        m->hw.gpus_per_node = (int)b->gpus_per_node;
+    if (b->tp_comm_overlap >= 0)
+        m->hw.tp_comm_overlap = b->tp_comm_overlap;
+
+    const ConfigModel *md = &cfg->model;
+    int tp = (int)cfg->parallel.tp, cp = (int)cfg->parallel.cp, pp = (int)cfg->parallel.pp;
+    m->tp = tp;
+    m->cp = cp;
+    m->pp = pp;
+    m->v = (int)cfg->parallel.virtual_stages;
+    m->n_layers = (int)md->n_layers;
+    m->head_dim = (int)(md->d_model / md->n_heads);
+    m->local_heads = (int)(md->n_heads / tp);
+    /* With fewer kv heads than TP ranks, each rank keeps a replica of one kv head. */
+    m->local_kv_heads = md->n_kv_heads >= tp ? (int)(md->n_kv_heads / tp) : 1;
+    double d = (double)md->d_model, f = (double)md->d_ffn / tp, dh = m->head_dim;
+    double hq = m->local_heads, hkv = m->local_kv_heads;
+    double elem = cfg->train.precision == PRECISION_BF16 ? 2 : 4;
+    /* q, k, v and output projections, then gate, up and down. */
+    m->gemm_flops_fwd = 2 * d * dh * (2 * hq + 2 * hkv) + 6 * d * f;
+    /* Element-wise reads and writes: 2 RMSNorms (4d), 2 residual adds (6d), RoPE on q and k,
+     * SwiGLU (3f); the backward touches about twice as much: x3 in all. */
+    m->elem_bytes = 3 * (10 * d + 2 * (hq + hkv) * dh + 3 * f) * elem;
+    m->vocab_local = (double)md->vocab_size / tp;
+    m->head_flops_fwd = 2 * d * m->vocab_local;
+    m->act_bytes = d * elem;
+    m->kv_bytes = 2 * hkv * dh * elem;
+    int g = m->hw.gpus_per_node;
+    m->tp_bw = tp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
+    m->cp_bw = tp * cp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
+    m->pp_bw = tp * cp * pp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static int64_t pad_to_tile(const CostModel *m, int64_t q)
+{
+    int64_t t = m->hw.attn_tile > 0 ? m->hw.attn_tile : 1;
+    return (q + t - 1) / t * t;
+}
+
+double cost_attn_pairs(const CostModel *m, int64_t q_len, int64_t kv_len)
+{
+    if (q_len <= 0)
+        return 0;
+    double qp = (double)pad_to_tile(m, q_len);
+    return qp * (double)(kv_len - q_len) + qp * (qp + 1) / 2;
+}
+
+/* Linear interpolation in log2(q) through the calibration table, clamped at its ends. */
+static double table_rate(const CostAttnTable *t, const double *tflops, double q)
+{
+    if (q <= t->q[0])
+        return tflops[0];
+    for (int i = 1; i < t->n; i++)
+        if (q <= t->q[i]) {
+            double x = (log2(q) - log2(t->q[i - 1])) / (log2(t->q[i]) - log2(t->q[i - 1]));
+            return tflops[i - 1] + x * (tflops[i] - tflops[i - 1]);
+        }
+    return tflops[t->n - 1];
+}
+
+static double attn_rate_tflops(const CostModel *m, int64_t q_len, int backward)
+{
+    double qp = (double)pad_to_tile(m, q_len);
+    if (m->table.n > 0)
+        return table_rate(&m->table, backward ? m->table.bwd_tflops : m->table.fwd_tflops, qp);
+    double r = m->hw.peak_tflops * m->hw.attn_efficiency * qp / (qp + m->hw.attn_half_tokens);
+    return backward ? r * m->hw.attn_bwd_ratio : r;
+}
+
+static double attn_flops_fwd(const CostModel *m, int64_t q_len, int64_t kv_len)
+{
+    return 4.0 * m->head_dim * m->local_heads * cost_attn_pairs(m, q_len, kv_len);
+}
+
+double cost_attn_fwd_s(const CostModel *m, int64_t q_len, int64_t kv_len)
+{
+    if (q_len <= 0)
+        return 0;
+    return attn_flops_fwd(m, q_len, kv_len) / (attn_rate_tflops(m, q_len, 0) * 1e12);
+}
+
+double cost_attn_bwd_s(const CostModel *m, int64_t q_len, int64_t kv_len)
+{
+    if (q_len <= 0)
+        return 0;
+    return 2.5 * attn_flops_fwd(m, q_len, kv_len) / (attn_rate_tflops(m, q_len, 1) * 1e12);
+}
+
+static double gemm_s(const CostModel *m, double flops)
+{
+    return flops / (m->hw.peak_tflops * m->hw.gemm_efficiency * 1e12);
+}
+
+double cost_linear_fwd_s(const CostModel *m, int64_t tokens)
+{
+    /* A third of the element-wise traffic is the forward's. */
+    return gemm_s(m, m->gemm_flops_fwd * (double)tokens) + m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9);
+}
+
+double cost_linear_bwd_s(const CostModel *m, int64_t tokens)
+{
+    return gemm_s(m, 2 * m->gemm_flops_fwd * (double)tokens) +
+           2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9);
+}
+
+/* One collective: bytes over a bus bandwidth (GB/s) scaled by the algorithm's factor, plus latency. */
+static double collective_s(const CostModel *m, double bytes, double factor, double gbps)
+{
+    return bytes * factor / (gbps * 1e9) + m->hw.link_latency_us * 1e-6;
+}
+
+double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
+{
+    if (m->tp <= 1 || tokens_rank <= 0)
+        return 0;
+    /* Two ring all-reduces (after the attention output and the MLP down projection): 2 (n - 1) / n.
+     * Overlapped with the GEMMs (tp_comm_overlap of the forward GEMM time can hide it), only the
+     * rest is exposed. */
+    double t = 2 * collective_s(m, m->act_bytes * (double)tokens_rank, 2.0 * (m->tp - 1) / m->tp, m->tp_bw);
+    double hidden = m->hw.tp_comm_overlap * gemm_s(m, m->gemm_flops_fwd * (double)tokens_rank);
+    return t > hidden ? t - hidden : 0;
+}
+
+double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens)
+{
+    if (m->cp <= 1 || sharded_tokens <= 0)
+        return 0;
+    /* One all-gather of K and V (backward: one reduce-scatter of dK, dV): (n - 1) / n. */
+    return collective_s(m, m->kv_bytes * (double)sharded_tokens, (m->cp - 1.0) / m->cp, m->cp_bw);
+}
+
+double cost_head_fwd_s(const CostModel *m, int64_t tokens)
+{
+    /* Logits GEMM, then the softmax over the local vocabulary slice: read the fp32 logits, write
+     * the probabilities. */
+    double softmax_bytes = 2 * 4 * m->vocab_local * (double)tokens;
+    return gemm_s(m, m->head_flops_fwd * (double)tokens) + softmax_bytes / (m->hw.hbm_gbps * 1e9);
+}
+
+double cost_head_bwd_s(const CostModel *m, int64_t tokens)
+{
+    return gemm_s(m, 2 * m->head_flops_fwd * (double)tokens);
+}
+
+double cost_p2p_s(const CostModel *m, int64_t tokens)
+{
+    if (m->pp <= 1 || tokens <= 0)
+        return 0;
+    return m->act_bytes * (double)tokens / (m->pp_bw * 1e9) + m->hw.link_latency_us * 1e-6;
+}
+
+double cost_doc_s(const CostModel *m, int64_t n)
+{
+    return cost_attn_fwd_s(m, n, n) + cost_attn_bwd_s(m, n, n) + cost_linear_fwd_s(m, n) + cost_linear_bwd_s(m, n);
+}

@@ -1,0 +1,105 @@
+/*
+ * engine/plan/cost.h - the cost model: predicted time of the work a rank does for a micro-batch.
+ *
+ * The planner, the CP sharding selector and the dry run all predict with this one model, and the
+ * trainer logs its predictions beside measured times. Per transformer layer and per rank:
+ *
+ *   attention  For each attention segment (q_len query tokens against kv_len keys, document-causal,
+ *              so query i sees kv_len - q_len + i + 1 keys) the kernel works on q_len rounded up to
+ *              the tile (128 query rows on Hopper FlashAttention):
+ *                  pairs  = qp * (kv_len - q_len) + qp * (qp + 1) / 2,   qp = ceil(q_len / tile) * tile
+ *                  FLOPs  = 4 * head_dim * local_heads * pairs  (forward: Q K^T and P V)
+ *                           x 2.5 for the backward (5 matmuls, recompute included)
+ *              at an achieved rate that falls for short query chunks:
+ *                  rate(qp) = peak * attn_efficiency * qp / (qp + attn_half_tokens)
+ *              (a fit of FA3's forward TFLOP/s against length, performance.md §2.2: 430 TF at 512
+ *              tokens to 621 at 16K on H100 is 630 * L / (L + 238) within 2%), backward at
+ *              attn_bwd_ratio of the forward rate. A calibration file replaces the curve by a table.
+ *   linear     GEMM FLOPs of the layer's local TP shard per token, x 3 for forward + backward,
+ *              at peak * gemm_efficiency; norms, RoPE, SwiGLU and residuals as HBM bytes per token.
+ *   comm       TP all-reduces (2 forward, 2 backward) of the rank's activations, less what runs
+ *              under the GEMMs (tp_comm_overlap); CP all-gather of
+ *              K and V of the sharded tokens (forward) and reduce-scatter of dK, dV (backward);
+ *              PP send/receive of activations between stages; each over the bandwidth of the link
+ *              the group uses (NVLink inside a node, the network across nodes).
+ * The first stage also embeds, the last also runs the output projection and cross-entropy.
+ */
+#ifndef WLB_ENGINE_COST_H
+#define WLB_ENGINE_COST_H
+
+#include <stdint.h>
+
+#include "config/config.h"
+#include "util/error.h"
+
+/* A hardware profile; any field can be overridden by config keys or a calibration file. */
+typedef struct CostHardware {
+    const char *name;
+    double peak_tflops;       /* dense bf16 (fp32 for cpu) per device */
+    double gemm_efficiency;   /* achieved / peak for large GEMMs */
+    double attn_efficiency;   /* achieved / peak of the attention forward at long queries */
+    double attn_bwd_ratio;    /* backward rate / forward rate */
+    double attn_half_tokens;  /* query length at which the attention rate is half its maximum */
+    int attn_tile;            /* query rows per kernel tile */
+    double hbm_gbps;          /* memory bandwidth, GB/s */
+    double intra_node_gbps;   /* collective bus bandwidth inside a node (NVLink), GB/s */
+    double inter_node_gbps;   /* per GPU across nodes (network), GB/s */
+    double link_latency_us;   /* per collective or send */
+    int gpus_per_node;
+    double tp_comm_overlap;   /* fraction of the forward GEMM time that can hide TP collectives */
+} CostHardware;
+
+/* Attention rate from a calibration table: TFLOP/s measured at query lengths q[i] (ascending). */
+enum { COST_TABLE_MAX = 32 };
+typedef struct CostAttnTable {
+    int n;
+    double q[COST_TABLE_MAX], fwd_tflops[COST_TABLE_MAX], bwd_tflops[COST_TABLE_MAX];
+} CostAttnTable;
+
+typedef struct CostModel {
+    CostHardware hw;
+    CostAttnTable table;      /* n == 0: use the efficiency curve */
+    int tp, cp, pp, v; /* v: virtual stages (model chunks) per pipeline rank */
+    int n_layers;
+    int head_dim, local_heads, local_kv_heads;
+    /* Per token per layer, this rank's share: */
+    double gemm_flops_fwd;    /* forward GEMM FLOPs */
+    double elem_bytes;        /* forward + backward element-wise HBM traffic */
+    double head_flops_fwd;    /* output projection (last stage) */
+    double vocab_local;       /* vocabulary rows on this TP rank */
+    double act_bytes;         /* one activation row: d_model * 2 bytes */
+    double kv_bytes;          /* K and V rows of the local kv heads */
+    double tp_bw, cp_bw, pp_bw; /* GB/s of the link each group uses */
+} CostModel;
+
+/* The built-in profiles: "h100", "h200", "a100", "cpu". */
+const CostHardware *cost_hardware_profile(HardwareKind kind);
+/* Builds the model for a resolved config (profile, config overrides, calibration file). */
+int cost_model_init(CostModel *m, const Config *cfg, Error *err);
+
+/* Number of (query, key) pairs the kernel computes for a segment, with the tile rounding. */
+double cost_attn_pairs(const CostModel *m, int64_t q_len, int64_t kv_len);
+/* Seconds of one layer's attention forward / backward for one segment. */
+double cost_attn_fwd_s(const CostModel *m, int64_t q_len, int64_t kv_len);
+double cost_attn_bwd_s(const CostModel *m, int64_t q_len, int64_t kv_len);
+/* Seconds of one layer's GEMMs and element-wise work, forward / backward, for n tokens on a rank. */
+double cost_linear_fwd_s(const CostModel *m, int64_t tokens);
+double cost_linear_bwd_s(const CostModel *m, int64_t tokens);
+/* Seconds of one layer's communication in one direction (the backward mirrors the forward):
+ * the TP all-reduces of a rank's tokens_rank activation rows, and the CP all-gather (backward:
+ * reduce-scatter) of the K/V rows of the micro-batch's sharded_tokens. */
+double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank);
+double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens);
+/* Seconds of the output projection + loss (last stage) forward / backward for n tokens on a rank. */
+double cost_head_fwd_s(const CostModel *m, int64_t tokens);
+double cost_head_bwd_s(const CostModel *m, int64_t tokens);
+/* Seconds to send n tokens' activations to the next stage. */
+double cost_p2p_s(const CostModel *m, int64_t tokens);
+/* A whole document of n tokens on one rank (no CP), one layer, forward + backward: the packer's
+ * workload estimate W_a(n) + W_l(n). */
+double cost_doc_s(const CostModel *m, int64_t n);
+
+/* Layers of pipeline stage s: floor(L / pp), one more for the first L % pp stages. */
+int cost_stage_layers(int n_layers, int pp, int stage);
+
+#endif

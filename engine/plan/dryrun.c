@@ -1,0 +1,360 @@
+/* engine/plan/dryrun.c - the dry run (see dryrun.h): steps, stats, summary, and --compare. */
+#include "engine/plan/dryrun.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "data/data_sources.h"
+#include "engine/plan/cost.h"
+#include "engine/plan/plan.h"
+#include "engine/plan/sched.h"
+#include "util/fileio.h"
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* What one step of one run predicts. */
+typedef struct StepStats {
+    double pp_imbalance, cp_imbalance, predicted_ms, baseline_ms, packer_ms;
+    int64_t tokens;
+    double delay_token_steps;
+} StepStats;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* JSON lines                                                                                      */
+
+static void json_mb_costs(FILE *f, const char *key, const StepPlan *p, const CostModel *cost)
+{
+    fprintf(f, ",\"%s\":[", key);
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+        fprintf(f, "%s%.4g", i ? "," : "", (p->mbs[i].fwd_s + p->mbs[i].bwd_s) * cost->n_layers * 1e3);
+    fputc(']', f);
+}
+
+/* Per-rank compute of micro-batch i of p under each CP mode, for the plots. */
+static int json_cp_ranks(FILE *f, const StepPlan *p, int64_t i, const CostModel *cost, int64_t capacity, Error *err)
+{
+    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_HYBRID};
+    StepPlan one = {0};
+    int rc = 0;
+    fprintf(f, ",\"cp_rank_mb\":%lld,\"cp_rank_ms\":{", (long long)i);
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        plan_reset(&one, p->step, 1, 1, p->cp);
+        if (!one.mbs) {
+            rc = error_runtime(err, "dry run", "out of memory");
+            break;
+        }
+        const PlanMicroBatch *src = &p->mbs[i];
+        one.mbs[0] = *src;
+        one.mbs[0].first_doc = 0;
+        for (int64_t d = 0; d < src->n_docs && rc == 0; d++)
+            if (plan_add_doc(&one, &p->docs[src->first_doc + d]) < 0)
+                rc = error_runtime(err, "dry run", "out of memory");
+        if (rc == 0)
+            rc = plan_shard(&one, 0, modes[k], cost, capacity, err);
+        fprintf(f, "%s\"%s\":[", k ? "," : "", config_cp_sharding_name(modes[k]));
+        for (int r = 0; rc == 0 && r < p->cp; r++)
+            fprintf(f, "%s%.4g", r ? "," : "", plan_rank_compute(&one, &one.mbs[0], r) * cost->n_layers * 1e3);
+        fputc(']', f);
+    }
+    fputc('}', f);
+    plan_free(&one);
+    return rc;
+}
+
+static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepPlan *p, const StepStats *s)
+{
+    int counts[4] = {0};
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+        counts[p->mbs[i].mode]++;
+    int64_t docs = 0;
+    for (int64_t k = 0; k < p->n_docs; k++)
+        docs += p->docs[k].source != PLAN_PAD_SOURCE;
+    fprintf(f, "{\"step\":%lld,\"packer\":\"%s\",\"cp_sharding\":\"%s\",\"docs\":%lld,\"tokens\":%lld,"
+               "\"pad_tokens\":%lld,\"queued\":%lld,\"carried\":%lld,\"mb_tokens\":[",
+            (long long)p->step + 1, config_packer_name(pl->packer), config_cp_sharding_name(pl->sharding),
+            (long long)docs, (long long)p->tokens, (long long)p->pad_tokens, (long long)p->queued,
+            (long long)p->carried);
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+        fprintf(f, "%s%lld", i ? "," : "", (long long)p->mbs[i].tokens);
+    fprintf(f, "],\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"sharding\":{\"per_seq\":%d,\"per_doc\":%d,"
+               "\"hybrid\":%d},\"predicted_ms\":%.6g,\"baseline_ms\":%.6g,\"speedup\":%.6g,\"packer_ms\":%.4g,"
+               "\"token_delay_steps\":%.4g",
+            s->pp_imbalance, s->cp_imbalance, counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
+            s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
+            p->tokens ? s->delay_token_steps / (double)p->tokens : 0);
+    (void)cfg;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Summaries                                                                                       */
+
+typedef struct Dist {
+    double mean, p50, p95, max;
+} Dist;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Mean and nearest-rank percentiles of v[0..n) (v is sorted in place). */
+static Dist dist_of(double *v, int64_t n)
+{
+    Dist d = {0, 0, 0, 0};
+    if (n == 0)
+        return d;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    for (int64_t i = 0; i < n; i++)
+        d.mean += v[i];
+    d.mean /= (double)n;
+    d.p50 = v[(int64_t)ceil(0.50 * (double)n) - 1];
+    d.p95 = v[(int64_t)ceil(0.95 * (double)n) - 1];
+    d.max = v[n - 1];
+    return d;
+}
+
+typedef struct RunSummary {
+    int64_t steps, tokens;
+    double predicted_s, baseline_s, delay_token_steps;
+    Dist pp, cp, speedup, packer_ms;
+} RunSummary;
+
+static void json_dist(FILE *f, const char *key, Dist d)
+{
+    fprintf(f, ",\"%s\":{\"mean\":%.6g,\"p50\":%.6g,\"p95\":%.6g,\"max\":%.6g}", key, d.mean, d.p50, d.p95, d.max);
+}
+
+static void json_summary(FILE *f, const RunSummary *s, const Planner *pl)
+{
+    fprintf(f, "{\"summary\":true,\"packer\":\"%s\",\"cp_sharding\":\"%s\",\"steps\":%lld,\"tokens\":%lld,"
+               "\"predicted_s\":%.6g,\"baseline_s\":%.6g,\"throughput_speedup\":%.6g",
+            config_packer_name(pl->packer), config_cp_sharding_name(pl->sharding), (long long)s->steps,
+            (long long)s->tokens, s->predicted_s, s->baseline_s, s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1);
+    json_dist(f, "pp_imbalance", s->pp);
+    json_dist(f, "cp_imbalance", s->cp);
+    json_dist(f, "speedup", s->speedup);
+    json_dist(f, "packer_ms", s->packer_ms);
+    fprintf(f, ",\"token_delay_steps\":%.6g}\n", s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* One run: a packer and a CP mode over the stream                                                 */
+
+typedef struct Run {
+    const Config *cfg;
+    const DataSources *data;
+    const CostModel *cost;
+    PackerKind packer;
+    CpSharding sharding;
+    int64_t steps;
+    int print_steps;   /* one stdout line per log.every steps */
+    int with_baseline; /* simulate Plain-4D on the same documents */
+    FILE *stats;       /* JSON lines, or NULL */
+} Run;
+
+static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
+{
+    int counts[4] = {0};
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+        counts[p->mbs[i].mode]++;
+    printf("step %5lld  tokens %9lld  queued %3lld  pp_imb %.3f  cp_imb %.3f", (long long)p->step + 1,
+           (long long)p->tokens, (long long)p->queued, s->pp_imbalance, s->cp_imbalance);
+    if (cfg->parallel.cp > 1)
+        printf("  seq/doc/hyb %d/%d/%d", counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID]);
+    printf("  pred %9.2f ms  base %9.2f ms  x%.3f  plan %.2f ms\n", s->predicted_ms, s->baseline_ms,
+           s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1.0, s->packer_ms);
+}
+
+static int run_steps(const Run *run, RunSummary *sum, Error *err)
+{
+    memset(sum, 0, sizeof *sum);
+    const Config *cfg = run->cfg;
+    DataStream stream;
+    Planner pl;
+    StepPlan plan = {0}, base = {0};
+    double *v_pp = NULL, *v_cp = NULL, *v_speed = NULL, *v_ms = NULL;
+    int rc = data_stream_init(&stream, run->data->src, run->data->weights, run->data->n, (uint64_t)cfg->data.seed,
+                              (uint64_t)cfg->data.context_window, err);
+    if (rc != 0)
+        return -1;
+    rc = plan_init(&pl, cfg, run->cost, &stream, run->packer, run->sharding, err);
+    int64_t n = run->steps;
+    if (rc == 0) {
+        v_pp = malloc((size_t)n * sizeof *v_pp);
+        v_cp = malloc((size_t)n * sizeof *v_cp);
+        v_speed = malloc((size_t)n * sizeof *v_speed);
+        v_ms = malloc((size_t)n * sizeof *v_ms);
+        if (!v_pp || !v_cp || !v_speed || !v_ms)
+            rc = error_runtime(err, "dry run", "out of memory");
+    }
+    for (int64_t step = 0; step < n && rc == 0; step++) {
+        StepStats s = {0};
+        double t0 = now_ms();
+        rc = plan_step(&pl, &plan, err);
+        s.packer_ms = now_ms() - t0;
+        double seconds = 0, base_s = 0;
+        if (rc == 0)
+            rc = sched_step_time(&plan, run->cost, &seconds, err);
+        if (rc == 0 && run->with_baseline && (rc = plan_baseline(&pl, &plan, &base, err)) == 0)
+            rc = sched_step_time(&base, run->cost, &base_s, err);
+        if (rc != 0)
+            break;
+        int64_t worst_mb;
+        s.pp_imbalance = plan_pp_imbalance(&plan);
+        s.cp_imbalance = plan_cp_imbalance(&plan, &worst_mb);
+        s.predicted_ms = seconds * 1e3;
+        s.baseline_ms = base_s * 1e3;
+        s.tokens = plan.tokens;
+        s.delay_token_steps = plan.delay_token_steps;
+        v_pp[step] = s.pp_imbalance;
+        v_cp[step] = s.cp_imbalance;
+        v_speed[step] = run->with_baseline && seconds > 0 ? base_s / seconds : 1;
+        v_ms[step] = s.packer_ms;
+        sum->tokens += plan.tokens;
+        sum->predicted_s += seconds;
+        sum->baseline_s += base_s;
+        sum->delay_token_steps += plan.delay_token_steps;
+        if (run->print_steps && ((step + 1) % cfg->log.every == 0 || step == 0 || step + 1 == n))
+            print_step(cfg, &plan, &s);
+        if (run->stats) {
+            json_step(run->stats, cfg, &pl, &plan, &s);
+            json_mb_costs(run->stats, "mb_cost_ms", &plan, run->cost);
+            if (run->with_baseline)
+                json_mb_costs(run->stats, "baseline_mb_cost_ms", &base, run->cost);
+            if (cfg->parallel.cp > 1 && worst_mb >= 0)
+                rc = json_cp_ranks(run->stats, &plan, worst_mb, run->cost, pl.rank_capacity, err);
+            fputs("}\n", run->stats);
+        }
+    }
+    if (rc == 0) {
+        sum->steps = n;
+        sum->pp = dist_of(v_pp, n);
+        sum->cp = dist_of(v_cp, n);
+        sum->speedup = dist_of(v_speed, n);
+        sum->packer_ms = dist_of(v_ms, n);
+        if (run->stats)
+            json_summary(run->stats, sum, &pl);
+    }
+    free(v_pp);
+    free(v_cp);
+    free(v_speed);
+    free(v_ms);
+    plan_free(&plan);
+    plan_free(&base);
+    plan_destroy(&pl);
+    data_stream_free(&stream);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void print_header(const Config *cfg, const DataSources *data, const CostModel *cost, int64_t steps)
+{
+    const ConfigParallel *p = &cfg->parallel;
+    int64_t gpus = p->tp * p->cp * p->pp * p->dp;
+    printf("dry run: %lld GPUs (tp %lld, cp %lld, pp %lld, dp %lld), %lld steps of %lld tokens "
+           "(M = %lld micro-batches per replica, window %lld), hardware %s\n",
+           (long long)gpus, (long long)p->tp, (long long)p->cp, (long long)p->pp, (long long)p->dp, (long long)steps,
+           (long long)cfg->data.global_batch_tokens, (long long)config_micro_batches(cfg),
+           (long long)cfg->data.context_window, cost->hw.name);
+    uint64_t docs = 0, tokens = 0;
+    for (int i = 0; i < data->n; i++) {
+        docs += data->src[i].n_docs;
+        tokens += data->src[i].n_tokens;
+    }
+    printf("data: %s, %llu documents, %llu tokens\n", cfg->data.lengths_file ? cfg->data.lengths_file : cfg->data.path.v[0],
+           (unsigned long long)docs, (unsigned long long)tokens);
+}
+
+static void print_summary(const RunSummary *s)
+{
+    printf("summary: %lld steps, %lld tokens; pp_imbalance mean %.3f p95 %.3f max %.3f; cp_imbalance mean %.3f "
+           "max %.3f\n",
+           (long long)s->steps, (long long)s->tokens, s->pp.mean, s->pp.p95, s->pp.max, s->cp.mean, s->cp.max);
+    printf("summary: predicted %.2f s vs Plain-4D %.2f s on the same documents: speedup %.3fx (per step mean "
+           "%.3f, p50 %.3f); planning %.3f ms/step mean, %.3f max; token delay %.3f steps\n",
+           s->predicted_s, s->baseline_s, s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1, s->speedup.mean,
+           s->speedup.p50, s->packer_ms.mean, s->packer_ms.max,
+           s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
+}
+
+static int compare_all(const Run *base_run, Error *err)
+{
+    static const PackerKind packers[] = {PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB};
+    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID};
+    int n_modes = base_run->cfg->parallel.cp > 1 ? 4 : 1;
+    double plain_tps = 0;
+    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s\n", "packer", "cp", "pp_imb", "p95", "cp_imb", "tokens/s",
+           "speedup", "plan_ms", "delay");
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < n_modes; b++) {
+            Run run = *base_run;
+            run.packer = packers[a];
+            run.sharding = modes[b];
+            run.print_steps = 0;
+            run.with_baseline = 0;
+            RunSummary s;
+            if (run_steps(&run, &s, err) != 0)
+                return -1;
+            double tps = s.predicted_s > 0 ? (double)s.tokens / s.predicted_s : 0;
+            if (a == 0 && b == 0)
+                plain_tps = tps;
+            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f\n", config_packer_name(run.packer),
+                   config_cp_sharding_name(run.sharding), s.pp.mean, s.pp.p95, s.cp.mean, tps,
+                   plain_tps > 0 ? tps / plain_tps : 1, s.packer_ms.mean,
+                   s.tokens ? s.delay_token_steps / (double)s.tokens : 0);
+            fflush(stdout);
+        }
+    printf("tokens/s: predicted for the whole cluster; speedup: against fixed + per_seq (Plain-4D) on the same "
+           "stream\n");
+    return 0;
+}
+
+int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
+{
+    DataSources data;
+    CostModel cost;
+    if (cfg->parallel.dp <= 0)
+        return error_set(err, "parallel.dp", "a dry run needs a number for dp (auto takes it from a launch): set "
+                         "parallel.dp or --set parallel.dp=N");
+    if (cost_model_init(&cost, cfg, err) != 0)
+        return -1;
+    if (cost.v > 1 && config_micro_batches(cfg) % cfg->parallel.pp)
+        return error_set(err, "parallel.virtual_stages", "interleaved 1F1B needs the micro-batches per replica "
+                         "(%lld) to be a multiple of parallel.pp (%lld)", (long long)config_micro_batches(cfg),
+                         (long long)cfg->parallel.pp);
+    if (data_sources_open(&data, cfg->data.path.v, cfg->data.weights.n ? cfg->data.weights.v : NULL,
+                          cfg->data.path.n, cfg->data.lengths_file, cfg->data.lengths_column, err) != 0)
+        return -1;
+    AtomicFile stats = {0};
+    int rc = 0;
+    if (opt->stats_out)
+        rc = atomic_open(&stats, opt->stats_out, err);
+    Run run = {cfg, &data, &cost, cfg->balance.packer, cfg->balance.cp_sharding, opt->steps, 1, 1, stats.f};
+    if (rc == 0) {
+        print_header(cfg, &data, &cost, opt->steps);
+        if (opt->compare) {
+            rc = compare_all(&run, err);
+        } else {
+            RunSummary s;
+            rc = run_steps(&run, &s, err);
+            if (rc == 0)
+                print_summary(&s);
+        }
+    }
+    if (opt->stats_out && rc == 0)
+        rc = atomic_commit(&stats, err);
+    else if (opt->stats_out)
+        atomic_abort(&stats);
+    data_sources_close(&data);
+    return rc;
+}

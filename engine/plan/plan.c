@@ -1,0 +1,318 @@
+/*
+ * engine/plan/plan.c - the planner's step: take the step's documents from the stream, pack them
+ * (plan_pack.c), shard every micro-batch over the CP ranks (plan_shard.c), and give the micro-batches
+ * to the DP replicas and order them in each replica's pipeline.
+ */
+#include "engine/plan/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "engine/plan/sched.h"
+#include "util/array.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* StepPlan arrays                                                                                 */
+
+void plan_free(StepPlan *p)
+{
+    plan_shard_scratch_free(p);
+    free(p->mbs);
+    free(p->docs);
+    free(p->ranges);
+    free(p->segments);
+    free(p->ranks);
+    memset(p, 0, sizeof *p);
+}
+
+void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
+{
+    int64_t n_mb = (int64_t)dp * m;
+    if (p->dp * p->m < n_mb) {
+        free(p->mbs);
+        p->mbs = calloc((size_t)n_mb, sizeof *p->mbs);
+    }
+    if (p->mbs)
+        memset(p->mbs, 0, (size_t)n_mb * sizeof *p->mbs);
+    p->step = step;
+    p->dp = p->mbs ? dp : 0;
+    p->m = m;
+    p->cp = cp;
+    p->n_docs = p->n_ranges = p->n_segments = p->n_ranks = 0;
+    p->tokens = p->pad_tokens = p->queued = p->carried = 0;
+    p->delay_token_steps = 0;
+}
+
+int64_t plan_add_doc(StepPlan *p, const PlanDoc *d)
+{
+    void *bigger = array_grow(p->docs, &p->cap_docs, p->n_docs + 1, sizeof *p->docs);
+    if (!bigger)
+        return -1;
+    p->docs = bigger;
+    p->docs[p->n_docs] = *d;
+    return p->n_docs++;
+}
+
+int64_t plan_add_range(StepPlan *p, int32_t rank, int64_t start, int64_t len)
+{
+    void *bigger = array_grow(p->ranges, &p->cap_ranges, p->n_ranges + 1, sizeof *p->ranges);
+    if (!bigger)
+        return -1;
+    p->ranges = bigger;
+    p->ranges[p->n_ranges] = (PlanRange){rank, start, len};
+    return p->n_ranges++;
+}
+
+int64_t plan_add_segment(StepPlan *p, int32_t rank, int64_t q_start, int64_t q_len, int64_t kv_start)
+{
+    void *bigger = array_grow(p->segments, &p->cap_segments, p->n_segments + 1, sizeof *p->segments);
+    if (!bigger)
+        return -1;
+    p->segments = bigger;
+    p->segments[p->n_segments] = (PlanSegment){rank, q_start, q_len, kv_start};
+    return p->n_segments++;
+}
+
+int64_t plan_add_rank(StepPlan *p)
+{
+    void *bigger = array_grow(p->ranks, &p->cap_ranks, p->n_ranks + 1, sizeof *p->ranks);
+    if (!bigger)
+        return -1;
+    p->ranks = bigger;
+    memset(&p->ranks[p->n_ranks], 0, sizeof *p->ranks);
+    return p->n_ranks++;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The planner                                                                                     */
+
+int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream *stream, PackerKind packer,
+              CpSharding sharding, Error *err)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->cost = cost;
+    pl->stream = stream;
+    pl->packer = packer;
+    pl->sharding = sharding;
+    pl->dp = (int)cfg->parallel.dp;
+    pl->cp = (int)cfg->parallel.cp;
+    pl->pp = (int)cfg->parallel.pp;
+    pl->m = (int)config_micro_batches(cfg);
+    if (pl->dp <= 0 || pl->m <= 0)
+        return error_set(err, "parallel.dp", "the planner needs a number for dp (auto is resolved by a launch; "
+                         "set parallel.dp, e.g. --set parallel.dp=8)");
+    pl->n_mb = pl->dp * pl->m;
+    pl->window = cfg->data.context_window;
+    pl->batch_tokens = cfg->data.global_batch_tokens;
+    /* Micro-batches are padded to a multiple of 2 * CP; keep the padded size within S_max. */
+    int64_t unit = pl->cp > 1 ? 2 * pl->cp : 1;
+    pl->s_max = cfg->balance.max_tokens_per_micro_batch / unit * unit;
+    /* A CP rank may hold at most its share of S_max (its activation memory). */
+    pl->rank_capacity = pl->s_max / pl->cp;
+    pl->n_queues = cfg->balance.outlier_thresholds.n;
+    if (pl->n_queues > PLAN_MAX_QUEUES)
+        return error_set(err, "balance.outlier_thresholds", "at most %d thresholds, got %d", PLAN_MAX_QUEUES,
+                         pl->n_queues);
+    for (int i = 0; i < pl->n_queues; i++)
+        pl->thresholds[i] = cfg->balance.outlier_thresholds.v[i];
+    return 0;
+}
+
+void plan_destroy(Planner *pl)
+{
+    for (int i = 0; i < pl->n_queues; i++)
+        free(pl->queues[i].items);
+    free(pl->remained.items);
+    memset(pl, 0, sizeof *pl);
+}
+
+int64_t plan_waiting_docs(const Planner *pl)
+{
+    int64_t n = pl->remained.n + pl->has_pending;
+    for (int i = 0; i < pl->n_queues; i++)
+        n += pl->queues[i].n;
+    return n;
+}
+
+/* Replica assignment: micro-batches by descending cost, each to the replica with the least total
+ * so far among those with fewer than M (longest-processing-time first with a count limit). */
+static void assign_replicas(StepPlan *p, int64_t *load_scratch_count, double *load)
+{
+    int64_t n = (int64_t)p->dp * p->m;
+    int64_t *idx = load_scratch_count; /* n entries: order, then counts */
+    for (int64_t i = 0; i < n; i++)
+        idx[i] = i;
+    /* insertion sort by cost, descending: n is the number of micro-batches, small */
+    for (int64_t i = 1; i < n; i++) {
+        int64_t k = idx[i];
+        double c = p->mbs[k].fwd_s + p->mbs[k].bwd_s;
+        int64_t j = i - 1;
+        while (j >= 0 && p->mbs[idx[j]].fwd_s + p->mbs[idx[j]].bwd_s < c) {
+            idx[j + 1] = idx[j];
+            j--;
+        }
+        idx[j + 1] = k;
+    }
+    int *count = calloc((size_t)p->dp, sizeof *count);
+    for (int r = 0; r < p->dp; r++)
+        load[r] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        PlanMicroBatch *mb = &p->mbs[idx[i]];
+        int best = -1;
+        for (int r = 0; r < p->dp; r++)
+            if (count[r] < p->m && (best < 0 || load[r] < load[best]))
+                best = r;
+        mb->replica = best;
+        mb->order = count[best]++;
+        load[best] += mb->fwd_s + mb->bwd_s;
+    }
+    free(count);
+}
+
+int plan_step(Planner *pl, StepPlan *p, Error *err)
+{
+    plan_reset(p, pl->step, pl->dp, pl->m, pl->cp);
+    if (!p->mbs)
+        return error_runtime(err, "planner", "out of memory");
+    int rc;
+    switch (pl->packer) {
+    case PACKER_FIXED:
+        rc = plan_pack_fixed(pl, p, err);
+        break;
+    case PACKER_FIXED_GREEDY:
+        rc = plan_pack_fixed_greedy(pl, p, err);
+        break;
+    default:
+        rc = plan_pack_wlb(pl, p, err);
+        break;
+    }
+    if (rc != 0)
+        return -1;
+    int64_t n_mb = (int64_t)pl->n_mb;
+    for (int64_t i = 0; i < n_mb; i++)
+        if (plan_shard(p, i, pl->sharding, pl->cost, pl->rank_capacity, err) != 0)
+            return -1;
+    if (pl->packer == PACKER_FIXED) {
+        /* Plain-4D: the stream's windows in order, replica after replica. */
+        for (int64_t i = 0; i < n_mb; i++) {
+            p->mbs[i].replica = (int32_t)(i / pl->m);
+            p->mbs[i].order = (int32_t)(i % pl->m);
+        }
+    } else {
+        int64_t *scratch = malloc((size_t)n_mb * sizeof *scratch);
+        double *load = malloc((size_t)pl->dp * sizeof *load);
+        if (!scratch || !load) {
+            free(scratch);
+            free(load);
+            return error_runtime(err, "planner", "out of memory");
+        }
+        assign_replicas(p, scratch, load);
+        free(scratch);
+        free(load);
+        if (sched_order_replicas(p, pl->cost, err) != 0)
+            return -1;
+    }
+    for (int64_t i = 0; i < p->n_docs; i++) {
+        const PlanDoc *d = &p->docs[i];
+        if (d->source == PLAN_PAD_SOURCE) {
+            p->pad_tokens += d->len;
+        } else {
+            p->tokens += d->len;
+            p->delay_token_steps += (double)d->len * (double)(p->step - d->arrival);
+        }
+    }
+    p->queued = 0;
+    for (int i = 0; i < pl->n_queues; i++)
+        p->queued += pl->queues[i].n;
+    p->carried = pl->remained.n;
+    pl->step++;
+    return 0;
+}
+
+double plan_pp_imbalance(const StepPlan *p)
+{
+    int64_t n = (int64_t)p->dp * p->m;
+    double worst = 0, total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double c = p->mbs[i].fwd_s + p->mbs[i].bwd_s;
+        worst = c > worst ? c : worst;
+        total += c;
+    }
+    return total > 0 ? worst * (double)n / total : 1;
+}
+
+double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r)
+{
+    const PlanRank *k = &p->ranks[mb->first_rank + r];
+    return k->attn_fwd_s + k->attn_bwd_s + k->linear_fwd_s + k->linear_bwd_s;
+}
+
+double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb)
+{
+    double worst = 1;
+    *worst_mb = -1;
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        double mx = 0, sum = 0;
+        for (int r = 0; r < p->cp; r++) {
+            double c = plan_rank_compute(p, mb, r);
+            mx = c > mx ? c : mx;
+            sum += c;
+        }
+        if (sum > 0 && mx * p->cp / sum >= worst) {
+            worst = mx * p->cp / sum;
+            *worst_mb = i;
+        }
+    }
+    return worst;
+}
+
+/* CRC-32 of n fixed-size fields, field by field (no struct padding). */
+#define DIGEST(crc, v) ((crc) = crc32((crc), (const Bytef *)&(v), sizeof(v)))
+
+uint32_t plan_digest(const StepPlan *p)
+{
+    uLong crc = crc32(0L, Z_NULL, 0);
+    DIGEST(crc, p->step);
+    DIGEST(crc, p->dp);
+    DIGEST(crc, p->m);
+    DIGEST(crc, p->cp);
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        DIGEST(crc, mb->replica);
+        DIGEST(crc, mb->order);
+        DIGEST(crc, mb->tokens);
+        DIGEST(crc, mb->first_doc);
+        DIGEST(crc, mb->n_docs);
+        DIGEST(crc, mb->first_rank);
+    }
+    for (int64_t i = 0; i < p->n_docs; i++) {
+        const PlanDoc *d = &p->docs[i];
+        DIGEST(crc, d->source);
+        DIGEST(crc, d->doc);
+        DIGEST(crc, d->offset);
+        DIGEST(crc, d->len);
+        DIGEST(crc, d->start);
+        DIGEST(crc, d->rank);
+    }
+    for (int64_t i = 0; i < p->n_ranges; i++) {
+        DIGEST(crc, p->ranges[i].rank);
+        DIGEST(crc, p->ranges[i].start);
+        DIGEST(crc, p->ranges[i].len);
+    }
+    for (int64_t i = 0; i < p->n_segments; i++) {
+        DIGEST(crc, p->segments[i].rank);
+        DIGEST(crc, p->segments[i].q_start);
+        DIGEST(crc, p->segments[i].q_len);
+        DIGEST(crc, p->segments[i].kv_start);
+    }
+    for (int64_t i = 0; i < p->n_ranks; i++) {
+        DIGEST(crc, p->ranks[i].tokens);
+        DIGEST(crc, p->ranks[i].first_range);
+        DIGEST(crc, p->ranks[i].n_ranges);
+        DIGEST(crc, p->ranks[i].first_segment);
+        DIGEST(crc, p->ranks[i].n_segments);
+    }
+    return (uint32_t)crc;
+}

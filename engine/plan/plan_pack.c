@@ -1,0 +1,386 @@
+/*
+ * engine/plan/plan_pack.c - the packers: which document pieces go into which of the step's N = DP x M
+ * micro-batches (see plan.h for what each packer does and why).
+ *
+ * Every packer draws from the stream through the planner, so the pieces it does not use this step
+ * (the boundary piece, queued outliers, leftovers) are the planner's state and come first later:
+ * no token is lost or read twice.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/plan/plan.h"
+#include "util/array.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Queues and scratch                                                                              */
+
+static int queue_push(PlanQueue *q, const PlanDoc *d)
+{
+    if (q->head + q->n == q->cap && q->head > 0) { /* slide to the front before growing */
+        memmove(q->items, q->items + q->head, (size_t)q->n * sizeof *q->items);
+        q->head = 0;
+    }
+    PlanDoc *bigger = array_grow(q->items, &q->cap, q->head + q->n + 1, sizeof *bigger);
+    if (!bigger)
+        return -1;
+    q->items = bigger;
+    q->items[q->head + q->n++] = *d;
+    return 0;
+}
+
+static PlanDoc queue_pop(PlanQueue *q)
+{
+    PlanDoc d = q->items[q->head++];
+    if (--q->n == 0)
+        q->head = 0;
+    return d;
+}
+
+/* Room for n docs in the planner's scratch arrays (docs and their micro-batch). */
+typedef struct Packed {
+    PlanDoc *docs;
+    int32_t *mb;
+    int64_t n, cap;
+} Packed;
+
+static int packed_add(Packed *pk, const PlanDoc *d, int32_t mb)
+{
+    int64_t cap = pk->cap;
+    PlanDoc *docs = array_grow(pk->docs, &cap, pk->n + 1, sizeof *docs);
+    if (!docs)
+        return -1;
+    pk->docs = docs;
+    int32_t *mbs = array_grow(pk->mb, &pk->cap, pk->n + 1, sizeof *mbs);
+    if (!mbs)
+        return -1;
+    pk->mb = mbs;
+    pk->docs[pk->n] = *d;
+    pk->mb[pk->n++] = mb;
+    return 0;
+}
+
+static void packed_free(Packed *pk)
+{
+    free(pk->docs);
+    free(pk->mb);
+}
+
+/* Writes the packed docs into the plan, micro-batch by micro-batch (keeping their order within each),
+ * setting start offsets and padding each micro-batch to a multiple of pad_unit tokens. */
+static int emit(StepPlan *p, const Packed *pk, int n_mb, int64_t pad_unit, Error *err)
+{
+    /* Counting sort of the docs by micro-batch, stable. */
+    int64_t *first = calloc((size_t)n_mb + 1, sizeof *first), *order = malloc(((size_t)pk->n + 1) * sizeof *order);
+    if (!first || !order) {
+        free(first);
+        free(order);
+        return error_runtime(err, "planner", "out of memory");
+    }
+    for (int64_t k = 0; k < pk->n; k++)
+        first[pk->mb[k] + 1]++;
+    for (int i = 0; i < n_mb; i++)
+        first[i + 1] += first[i];
+    for (int64_t k = 0; k < pk->n; k++)
+        order[first[pk->mb[k]]++] = k;
+    int rc = 0;
+    for (int32_t i = 0, k = 0; i < n_mb && rc == 0; i++) {
+        PlanMicroBatch *mb = &p->mbs[i];
+        mb->first_doc = p->n_docs;
+        int64_t at = 0;
+        for (; k < first[i]; k++) {
+            PlanDoc d = pk->docs[order[k]];
+            d.start = at;
+            at += d.len;
+            if (plan_add_doc(p, &d) < 0)
+                rc = error_runtime(err, "planner", "out of memory");
+        }
+        int64_t pad = at % pad_unit ? pad_unit - at % pad_unit : 0;
+        if (pad) {
+            PlanDoc d = {PLAN_PAD_SOURCE, 0, 0, pad, at, -1, p->step, -1};
+            if (plan_add_doc(p, &d) < 0)
+                rc = error_runtime(err, "planner", "out of memory");
+        }
+        mb->tokens = at + pad;
+        mb->pad = pad;
+        mb->n_docs = p->n_docs - mb->first_doc;
+    }
+    free(first);
+    free(order);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Reading the step's pieces                                                                       */
+
+/* The next piece: the one held back last time, or a new one from the stream. */
+static void take_piece(Planner *pl, PlanDoc *d)
+{
+    if (pl->has_pending) {
+        *d = pl->pending;
+        pl->has_pending = 0;
+    } else {
+        DataPiece piece;
+        data_stream_next(pl->stream, &piece);
+        *d = (PlanDoc){piece.source, piece.doc, piece.offset, (int64_t)piece.len, 0, pl->seq++, -1, -1};
+    }
+    if (d->arrival < 0) /* it joins this step's batch now */
+        d->arrival = pl->step;
+}
+
+static void hold_back(Planner *pl, const PlanDoc *d)
+{
+    pl->pending = *d;
+    pl->has_pending = 1;
+}
+
+/* Takes exactly want tokens, splitting the last piece; its remainder waits for the next step. */
+static int take_exact(Planner *pl, int64_t want, Packed *pk, int32_t mb, Error *err)
+{
+    while (want > 0) {
+        PlanDoc d;
+        take_piece(pl, &d);
+        if (d.len > want) {
+            PlanDoc rest = d;
+            rest.offset += (uint64_t)want;
+            rest.len -= want;
+            hold_back(pl, &rest);
+            d.len = want;
+        }
+        want -= d.len;
+        if (packed_add(pk, &d, mb) != 0)
+            return error_runtime(err, "planner", "out of memory");
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+int plan_pack_fixed(Planner *pl, StepPlan *p, Error *err)
+{
+    Packed pk = {0};
+    int rc = 0;
+    for (int32_t i = 0; i < pl->n_mb && rc == 0; i++)
+        rc = take_exact(pl, pl->window, &pk, i, err);
+    if (rc == 0)
+        rc = emit(p, &pk, pl->n_mb, 1, err);
+    packed_free(&pk);
+    return rc;
+}
+
+/* Longest first; equal lengths in stream order. */
+static int by_length_desc(const void *a, const void *b)
+{
+    const PlanDoc *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len < y->len ? 1 : -1;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+int plan_pack_fixed_greedy(Planner *pl, StepPlan *p, Error *err)
+{
+    Packed in = {0}, pk = {0};
+    int n = pl->n_mb, rc = take_exact(pl, (int64_t)n * pl->window, &in, 0, err);
+    double *load = calloc((size_t)n, sizeof *load);
+    int64_t *room = malloc((size_t)n * sizeof *room);
+    if (rc == 0 && (!load || !room))
+        rc = error_runtime(err, "planner", "out of memory");
+    for (int i = 0; rc == 0 && i < n; i++)
+        room[i] = pl->window;
+    if (rc == 0)
+        qsort(in.docs, (size_t)in.n, sizeof *in.docs, by_length_desc);
+    for (int64_t k = 0; rc == 0 && k < in.n; k++) {
+        PlanDoc d = in.docs[k];
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (room[i] >= d.len && (best < 0 || load[i] < load[best]))
+                best = i;
+        if (best >= 0) {
+            room[best] -= d.len;
+            load[best] += cost_doc_s(pl->cost, d.len);
+            if (packed_add(&pk, &d, best) != 0)
+                rc = error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        /* No window has room for all of it: fill the roomiest windows with parts of it. */
+        while (rc == 0 && d.len > 0) {
+            int j = 0;
+            for (int i = 1; i < n; i++)
+                if (room[i] > room[j])
+                    j = i;
+            PlanDoc part = d;
+            part.len = d.len < room[j] ? d.len : room[j];
+            room[j] -= part.len;
+            load[j] += cost_doc_s(pl->cost, part.len);
+            d.offset += (uint64_t)part.len;
+            d.len -= part.len;
+            if (packed_add(&pk, &part, j) != 0)
+                rc = error_runtime(err, "planner", "out of memory");
+        }
+    }
+    if (rc == 0)
+        rc = emit(p, &pk, n, 1, err);
+    free(load);
+    free(room);
+    packed_free(&in);
+    packed_free(&pk);
+    return rc;
+}
+
+/* The queue of an outlier of length len: the last threshold it reaches (-1: not an outlier). */
+static int queue_of(const Planner *pl, int64_t len)
+{
+    int q = -1;
+    for (int i = 0; i < pl->n_queues; i++)
+        if (len >= pl->thresholds[i])
+            q = i;
+    return q;
+}
+
+/* Moves the n oldest outliers of queue q into the step's set; returns their tokens, -1 out of memory. */
+static int64_t release(Planner *pl, int q, int n, Packed *set)
+{
+    int64_t tokens = 0;
+    for (int i = 0; i < n; i++) {
+        PlanDoc d = queue_pop(&pl->queues[q]);
+        tokens += d.len;
+        if (packed_add(set, &d, 0) != 0)
+            return -1;
+    }
+    return tokens;
+}
+
+int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
+{
+    int n = pl->n_mb, rc = 0;
+    Packed set = {0}, pk = {0};
+    /* 1. The step's documents: global_batch_tokens of the stream, as the data loader gives a
+     *    global batch (whole pieces; the first that does not fit is held back for the next step).
+     *    An outlier goes to its queue instead; a queue that holds one outlier per micro-batch
+     *    releases them all into this step, so that each micro-batch gets one. Tokens move between
+     *    steps but average global_batch_tokens. If the step would otherwise be empty (all of it
+     *    queued), reading goes on until something can be trained. */
+    int64_t intake = 0;
+    while (intake < pl->batch_tokens || (set.n == 0 && pl->remained.n == 0)) {
+        PlanDoc d;
+        take_piece(pl, &d);
+        int q = queue_of(pl, d.len);
+        if (intake + d.len > pl->batch_tokens && q < 0 && (set.n > 0 || pl->remained.n > 0)) {
+            d.arrival = -1; /* it belongs to the next step's batch */
+            hold_back(pl, &d);
+            break;
+        }
+        intake += d.len;
+        if (q < 0) {
+            if (packed_add(&set, &d, 0) != 0)
+                return error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        if (queue_push(&pl->queues[q], &d) != 0)
+            return error_runtime(err, "planner", "out of memory");
+        if (pl->queues[q].n >= n && release(pl, q, n, &set) < 0)
+            return error_runtime(err, "planner", "out of memory");
+    }
+    /* 2. Longest first, after last step's leftovers. */
+    qsort(set.docs, (size_t)set.n, sizeof *set.docs, by_length_desc);
+    int64_t n_left = pl->remained.n;
+    double *load = calloc((size_t)n, sizeof *load);
+    int64_t *tokens = calloc((size_t)n, sizeof *tokens);
+    if (!load || !tokens)
+        rc = error_runtime(err, "planner", "out of memory");
+    /* 3. Each on the least loaded micro-batch with room under S_max, else the one with the fewest
+     *    tokens, else it waits for the next step. */
+    for (int64_t k = 0; rc == 0 && k < n_left + set.n; k++) {
+        PlanDoc d = k < n_left ? queue_pop(&pl->remained) : set.docs[k - n_left];
+        int w = 0, l = 0;
+        for (int i = 1; i < n; i++) {
+            if (load[i] < load[w])
+                w = i;
+            if (tokens[i] < tokens[l])
+                l = i;
+        }
+        int dest = tokens[w] + d.len <= pl->s_max ? w : tokens[l] + d.len <= pl->s_max ? l : -1;
+        if (dest < 0) {
+            if (queue_push(&pl->remained, &d) != 0)
+                rc = error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        load[dest] += cost_doc_s(pl->cost, d.len);
+        tokens[dest] += d.len;
+        if (packed_add(&pk, &d, dest) != 0)
+            rc = error_runtime(err, "planner", "out of memory");
+    }
+    if (rc == 0)
+        rc = emit(p, &pk, n, pl->cp > 1 ? 2 * pl->cp : 1, err);
+    free(load);
+    free(tokens);
+    packed_free(&set);
+    packed_free(&pk);
+    return rc;
+}
+
+/* Stream order: by position in the stream, then by offset within a split document. */
+static int by_stream_order(const void *a, const void *b)
+{
+    const PlanDoc *x = a, *y = b;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
+{
+    Packed in = {0}, pk = {0};
+    int rc = 0;
+    int64_t total = 0;
+    for (int64_t k = 0; k < src->n_docs && rc == 0; k++)
+        if (src->docs[k].source != PLAN_PAD_SOURCE) {
+            total += src->docs[k].len;
+            if (packed_add(&in, &src->docs[k], 0) != 0)
+                rc = error_runtime(err, "planner", "out of memory");
+        }
+    int64_t n_mb = (total + pl->window - 1) / pl->window, m = (n_mb + pl->dp - 1) / pl->dp;
+    if (m == 0)
+        m = 1;
+    /* Interleaved 1F1B runs micro-batches in groups of pp: round up with empty ones. */
+    if (pl->cost->v > 1)
+        m = (m + pl->pp - 1) / pl->pp * pl->pp;
+    plan_reset(out, src->step, pl->dp, (int)m, pl->cp);
+    if (rc == 0 && !out->mbs)
+        rc = error_runtime(err, "planner", "out of memory");
+    if (rc == 0)
+        qsort(in.docs, (size_t)in.n, sizeof *in.docs, by_stream_order);
+    /* Concatenate and cut at every multiple of the window, as Plain-4D's loader does. */
+    int64_t fill = 0;
+    int32_t mb = 0;
+    for (int64_t k = 0; k < in.n && rc == 0; k++) {
+        PlanDoc d = in.docs[k];
+        while (d.len > 0 && rc == 0) {
+            PlanDoc part = d;
+            part.len = d.len < pl->window - fill ? d.len : pl->window - fill;
+            if (packed_add(&pk, &part, mb) != 0)
+                rc = error_runtime(err, "planner", "out of memory");
+            d.offset += (uint64_t)part.len;
+            d.len -= part.len;
+            fill += part.len;
+            if (fill == pl->window) {
+                fill = 0;
+                mb++;
+            }
+        }
+    }
+    if (rc == 0)
+        rc = emit(out, &pk, pl->dp * (int)m, 1, err);
+    for (int64_t i = 0; i < (int64_t)pl->dp * m && rc == 0; i++) {
+        out->mbs[i].replica = (int32_t)(i / m);
+        out->mbs[i].order = (int32_t)(i % m);
+        rc = plan_shard(out, i, CP_PER_SEQ, pl->cost, pl->rank_capacity, err);
+    }
+    for (int64_t k = 0; k < out->n_docs; k++)
+        out->tokens += out->docs[k].len;
+    packed_free(&in);
+    packed_free(&pk);
+    return rc;
+}

@@ -1,0 +1,415 @@
+/*
+ * engine/plan/plan_shard.c - splitting a micro-batch over the CP ranks (balance.cp_sharding).
+ *
+ *   per_seq   Llama 3: the micro-batch cut into 2 CP equal chunks; rank i holds chunks i and
+ *             2 CP - 1 - i. Balanced for one long document, not for a mix: the rank holding the
+ *             tail of a long document does most of its attention.
+ *   per_doc   WLB-LLM: every document cut into 2 CP chunks, rank i holds chunks i and 2 CP - 1 - i
+ *             of each. The d mod 2 CP leftover tokens of a document enlarge single chunks, chosen by
+ *             a counter that runs on across documents through the front chunks of ranks 0..CP-1,
+ *             then their back chunks: every rank ends with the same token count when the
+ *             micro-batch is a multiple of 2 CP tokens, without padding (papers.md §1.5).
+ *             Short documents make chunks shorter than the kernel tile, which wastes work.
+ *   adaptive  WLB-LLM's selector: per micro-batch, whichever of the two predicts the lower time.
+ *   hybrid    ours (FlexSP's idea inside an all-gather CP group): per document, shard it as
+ *             per_doc or place it whole on one rank, where it needs no K/V exchange and runs at
+ *             full kernel tiles. Short documents gain most from staying whole (their per_doc chunks
+ *             are shorter than a tile) and cost least to balance; long ones must be sharded. So the
+ *             candidates are length thresholds L = tile, 2 tile, 4 tile, ... up to a rank's share of
+ *             S_max: documents of L tokens or more are sharded, the shorter ones placed whole,
+ *             longest first, each on the rank with the least predicted time that has room
+ *             (longest-processing-time first). Every candidate is predicted exactly, with per_seq
+ *             and per_doc beside them, and the fastest is kept: hybrid never predicts worse than
+ *             either. (A document-by-document greedy does not work: the first whole document
+ *             always makes one rank slower than sharding it would, before the later ones even it.)
+ * Times are per layer: a CP rank's attention over its segments, its GEMMs and element-wise work for
+ * its tokens, its TP all-reduces, and the group's K/V all-gather; CP ranks meet at every layer, so
+ * a micro-batch takes the slowest rank's time, forward plus backward.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/plan/plan.h"
+#include "util/array.h"
+
+/* One candidate layout of a micro-batch over the CP ranks. */
+typedef struct Shard {
+    int cp;
+    PlanRange *ranges;
+    PlanSegment *segs;
+    int64_t n_ranges, cap_ranges, n_segs, cap_segs;
+    int64_t *last_range;   /* per rank: its last range (to merge contiguous ones), -1 none */
+    int64_t *tokens;       /* per rank */
+    double *attn;          /* per rank: attention seconds, forward + backward */
+    double *attn_fwd, *attn_bwd;
+    int64_t sharded;       /* tokens in the K/V all-gather */
+    int counter;           /* per_doc leftover-token counter */
+    int32_t *doc_rank;     /* per document: the rank holding it whole, or -1 when sharded */
+    int64_t cap_docs;
+} Shard;
+
+enum { SHARD_SEQ, SHARD_DOC, SHARD_BEST, SHARD_TRY, SHARD_N };
+
+typedef struct ShardScratch {
+    Shard cand[SHARD_N];
+    int64_t *order;
+    int64_t cap_order;
+} ShardScratch;
+
+static int shard_alloc(Shard *s, int cp)
+{
+    if (s->cp == cp)
+        return 0;
+    free(s->last_range);
+    free(s->tokens);
+    free(s->attn);
+    free(s->attn_fwd);
+    free(s->attn_bwd);
+    s->cp = cp;
+    s->last_range = malloc((size_t)cp * sizeof *s->last_range);
+    s->tokens = malloc((size_t)cp * sizeof *s->tokens);
+    s->attn = malloc((size_t)cp * sizeof *s->attn);
+    s->attn_fwd = malloc((size_t)cp * sizeof *s->attn_fwd);
+    s->attn_bwd = malloc((size_t)cp * sizeof *s->attn_bwd);
+    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd ? 0 : -1;
+}
+
+static int shard_reset(Shard *s, int64_t n_docs)
+{
+    int32_t *doc_rank = array_grow(s->doc_rank, &s->cap_docs, n_docs, sizeof *doc_rank);
+    if (!doc_rank)
+        return -1;
+    s->doc_rank = doc_rank;
+    for (int64_t k = 0; k < n_docs; k++)
+        s->doc_rank[k] = -1;
+    s->n_ranges = s->n_segs = s->sharded = 0;
+    s->counter = 0;
+    for (int r = 0; r < s->cp; r++) {
+        s->last_range[r] = -1;
+        s->tokens[r] = 0;
+        s->attn[r] = s->attn_fwd[r] = s->attn_bwd[r] = 0;
+    }
+    return 0;
+}
+
+static void shard_free(Shard *s)
+{
+    free(s->doc_rank);
+    free(s->ranges);
+    free(s->segs);
+    free(s->last_range);
+    free(s->tokens);
+    free(s->attn);
+    free(s->attn_fwd);
+    free(s->attn_bwd);
+}
+
+static int add_range(Shard *s, int r, int64_t start, int64_t len)
+{
+    if (len <= 0)
+        return 0;
+    s->tokens[r] += len;
+    int64_t last = s->last_range[r];
+    if (last >= 0 && s->ranges[last].start + s->ranges[last].len == start) {
+        s->ranges[last].len += len;
+        return 0;
+    }
+    PlanRange *ranges = array_grow(s->ranges, &s->cap_ranges, s->n_ranges + 1, sizeof *ranges);
+    if (!ranges)
+        return -1;
+    s->ranges = ranges;
+    s->last_range[r] = s->n_ranges;
+    s->ranges[s->n_ranges++] = (PlanRange){r, start, len};
+    return 0;
+}
+
+static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, int64_t q_len, int64_t kv_start)
+{
+    if (q_len <= 0)
+        return 0;
+    PlanSegment *segs = array_grow(s->segs, &s->cap_segs, s->n_segs + 1, sizeof *segs);
+    if (!segs)
+        return -1;
+    s->segs = segs;
+    s->segs[s->n_segs++] = (PlanSegment){r, q_start, q_len, kv_start};
+    int64_t kv_len = q_start + q_len - kv_start;
+    double f = cost_attn_fwd_s(cost, q_len, kv_len), b = cost_attn_bwd_s(cost, q_len, kv_len);
+    s->attn_fwd[r] += f;
+    s->attn_bwd[r] += b;
+    s->attn[r] += f + b;
+    return 0;
+}
+
+/* Document k held whole by rank r: one range, one segment, nothing exchanged. */
+static int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int r)
+{
+    s->doc_rank[k] = r;
+    if (add_range(s, r, docs[k].start, docs[k].len) != 0)
+        return -1;
+    return add_segment(s, cost, r, docs[k].start, docs[k].len, docs[k].start);
+}
+
+/* Chunk sizes of a document of len tokens cut per_doc: len / 2CP each, and the len mod 2CP leftover
+ * tokens one each to the chunks the counter points at, the counter running on across documents
+ * (as WLB-LLM's artifact does). Chunk c and chunk 2CP - 1 - c share a rank, so every rank gets one
+ * of the first CP leftovers of a cycle and one of the next CP: rank counts differ by at most one,
+ * and not at all when the micro-batch is a multiple of 2 CP tokens. */
+static void per_doc_chunks(int cp, int64_t len, int *counter, int64_t *size)
+{
+    int n = 2 * cp;
+    for (int c = 0; c < n; c++)
+        size[c] = len / n;
+    for (int64_t e = 0; e < len % n; e++)
+        size[(*counter)++ % n]++;
+}
+
+/* A document sharded per_doc: chunk i and 2 CP - 1 - i of it on rank i. */
+static int shard_per_doc(Shard *s, const CostModel *cost, const PlanDoc *d)
+{
+    int n = 2 * s->cp;
+    int64_t size[2 * 1024], at = d->start;
+    per_doc_chunks(s->cp, d->len, &s->counter, size);
+    for (int c = 0; c < n; c++) {
+        int r = c < s->cp ? c : n - 1 - c;
+        if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
+            return -1;
+        at += size[c];
+    }
+    s->sharded += d->len;
+    return 0;
+}
+
+/* The whole micro-batch per_seq: chunk c is [c T / 2CP, (c + 1) T / 2CP); a document crossing
+ * chunks gives one segment per chunk, each with keys from the document's start. */
+static int shard_per_seq(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t n_docs, int64_t total)
+{
+    int n = 2 * s->cp;
+    int64_t k = 0;
+    for (int c = 0; c < n; c++) {
+        int64_t cs = total * c / n, ce = total * (c + 1) / n;
+        int r = c < s->cp ? c : n - 1 - c;
+        if (add_range(s, r, cs, ce - cs) != 0)
+            return -1;
+        while (k < n_docs && docs[k].start + docs[k].len <= cs)
+            k++;
+        for (int64_t j = k; j < n_docs && docs[j].start < ce; j++) {
+            int64_t qs = docs[j].start > cs ? docs[j].start : cs;
+            int64_t qe = docs[j].start + docs[j].len < ce ? docs[j].start + docs[j].len : ce;
+            if (add_segment(s, cost, r, qs, qe - qs, docs[j].start) != 0)
+                return -1;
+        }
+    }
+    s->sharded = total;
+    return 0;
+}
+
+/* Predicted seconds of one layer, forward + backward, of a rank with this attention time and tokens:
+ * attention, GEMMs and element-wise work, TP all-reduces. */
+static double rank_time_with(const CostModel *cost, double attn, int64_t tokens)
+{
+    return attn + cost_linear_fwd_s(cost, tokens) + cost_linear_bwd_s(cost, tokens) + 2 * cost_tp_comm_s(cost, tokens);
+}
+
+static double rank_time(const Shard *s, const CostModel *cost, int r)
+{
+    return rank_time_with(cost, s->attn[r], s->tokens[r]);
+}
+
+/* The slowest rank plus the group's K/V exchange: CP ranks meet at every layer. */
+static double shard_time(const Shard *s, const CostModel *cost)
+{
+    double worst = 0;
+    for (int r = 0; r < s->cp; r++) {
+        double t = rank_time(s, cost, r);
+        worst = t > worst ? t : worst;
+    }
+    return worst + 2 * cost_cp_comm_s(cost, s->sharded);
+}
+
+/* Longest first; equal lengths by position. */
+static int by_len_desc(const void *a, const void *b, void *docs_)
+{
+    const PlanDoc *docs = docs_;
+    const PlanDoc *x = &docs[*(const int64_t *)a], *y = &docs[*(const int64_t *)b];
+    if (x->len != y->len)
+        return x->len < y->len ? 1 : -1;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* One hybrid candidate: documents of at least threshold tokens sharded, the others whole, longest
+ * first on the least loaded rank with room (sharded when none has room). order: the documents
+ * longest first. */
+static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t n_docs, const int64_t *order,
+                        int64_t threshold, int64_t capacity)
+{
+    if (shard_reset(s, n_docs) != 0)
+        return -1;
+    for (int64_t k = 0; k < n_docs; k++)
+        if (docs[k].len >= threshold && shard_per_doc(s, cost, &docs[k]) != 0)
+            return -1;
+    for (int64_t i = 0; i < n_docs; i++) {
+        int64_t k = order[i];
+        if (docs[k].len >= threshold)
+            continue;
+        int best = -1;
+        double best_t = 0;
+        for (int r = 0; r < s->cp; r++) {
+            double t = rank_time(s, cost, r);
+            if (s->tokens[r] + docs[k].len <= capacity && (best < 0 || t < best_t)) {
+                best = r;
+                best_t = t;
+            }
+        }
+        if ((best >= 0 ? shard_whole(s, cost, docs, k, best) : shard_per_doc(s, cost, &docs[k])) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Copies candidate s into the plan as micro-batch i's ranks, ranges and segments (rank by rank). */
+static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostModel *cost)
+{
+    for (int64_t k = 0; k < mb->n_docs; k++)
+        p->docs[mb->first_doc + k].rank = s->doc_rank[k];
+    mb->first_rank = p->n_ranks;
+    mb->sharded_tokens = s->sharded;
+    mb->fwd_s = mb->bwd_s = 0;
+    double cp_comm = cost_cp_comm_s(cost, s->sharded);
+    for (int r = 0; r < s->cp; r++) {
+        int64_t k = plan_add_rank(p);
+        if (k < 0)
+            return -1;
+        PlanRank *pr = &p->ranks[k];
+        pr->tokens = s->tokens[r];
+        pr->first_range = p->n_ranges;
+        for (int64_t i = 0; i < s->n_ranges; i++)
+            if (s->ranges[i].rank == r && plan_add_range(p, r, s->ranges[i].start, s->ranges[i].len) < 0)
+                return -1;
+        pr->n_ranges = p->n_ranges - pr->first_range;
+        pr->first_segment = p->n_segments;
+        for (int64_t i = 0; i < s->n_segs; i++) {
+            const PlanSegment *g = &s->segs[i];
+            if (g->rank == r && plan_add_segment(p, r, g->q_start, g->q_len, g->kv_start) < 0)
+                return -1;
+        }
+        pr->n_segments = p->n_segments - pr->first_segment;
+        pr->attn_fwd_s = s->attn_fwd[r];
+        pr->attn_bwd_s = s->attn_bwd[r];
+        pr->linear_fwd_s = cost_linear_fwd_s(cost, pr->tokens);
+        pr->linear_bwd_s = cost_linear_bwd_s(cost, pr->tokens);
+        pr->comm_fwd_s = pr->comm_bwd_s = cost_tp_comm_s(cost, pr->tokens) + cp_comm;
+        double f = pr->attn_fwd_s + pr->linear_fwd_s + pr->comm_fwd_s;
+        double b = pr->attn_bwd_s + pr->linear_bwd_s + pr->comm_bwd_s;
+        mb->fwd_s = f > mb->fwd_s ? f : mb->fwd_s;
+        mb->bwd_s = b > mb->bwd_s ? b : mb->bwd_s;
+    }
+    return 0;
+}
+
+static ShardScratch *scratch_for(StepPlan *p, int cp, int64_t n_docs)
+{
+    ShardScratch *sc = p->shard_scratch;
+    if (!sc) {
+        sc = p->shard_scratch = calloc(1, sizeof *sc);
+        if (!sc)
+            return NULL;
+    }
+    for (int i = 0; i < SHARD_N; i++)
+        if (shard_alloc(&sc->cand[i], cp) != 0)
+            return NULL;
+    int64_t *order = array_grow(sc->order, &sc->cap_order, n_docs, sizeof *order);
+    if (!order)
+        return NULL;
+    sc->order = order;
+    return sc;
+}
+
+void plan_shard_scratch_free(StepPlan *p)
+{
+    ShardScratch *sc = p->shard_scratch;
+    if (!sc)
+        return;
+    for (int i = 0; i < SHARD_N; i++)
+        shard_free(&sc->cand[i]);
+    free(sc->order);
+    free(sc);
+    p->shard_scratch = NULL;
+}
+
+/* Tries every hybrid threshold; leaves the fastest layout in sc->cand[SHARD_BEST] (its time in *best_t). */
+static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
+                       double *best_t)
+{
+    for (int64_t k = 0; k < n; k++)
+        sc->order[k] = k;
+    qsort_r(sc->order, (size_t)n, sizeof *sc->order, by_len_desc, (void *)docs);
+    int64_t longest = n ? docs[sc->order[0]].len : 0;
+    int64_t first = cost->hw.attn_tile > 16 ? cost->hw.attn_tile : 16;
+    *best_t = -1;
+    for (int64_t threshold = first;; threshold *= 2) {
+        Shard *trial = &sc->cand[SHARD_TRY];
+        if (shard_hybrid(trial, cost, docs, n, sc->order, threshold, capacity) != 0)
+            return -1;
+        double t = shard_time(trial, cost);
+        if (*best_t < 0 || t < *best_t) {
+            Shard tmp = sc->cand[SHARD_BEST];
+            sc->cand[SHARD_BEST] = *trial;
+            *trial = tmp;
+            *best_t = t;
+        }
+        if (threshold > longest || threshold > capacity)
+            break;
+    }
+    return 0;
+}
+
+int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err)
+{
+    PlanMicroBatch *mb = &p->mbs[i];
+    PlanDoc *docs = p->docs + mb->first_doc;
+    int cp = p->cp;
+    if (cp > 1024)
+        return error_set(err, "parallel.cp", "at most 1024, got %d", cp);
+    int64_t n = mb->n_docs;
+    ShardScratch *sc = scratch_for(p, cp, n);
+    if (!sc)
+        return error_runtime(err, "planner", "out of memory");
+    Shard *seq = &sc->cand[SHARD_SEQ], *doc = &sc->cand[SHARD_DOC], *hyb = &sc->cand[SHARD_BEST];
+    if (shard_reset(seq, n) != 0 || shard_reset(doc, n) != 0)
+        return error_runtime(err, "planner", "out of memory");
+    const Shard *chosen;
+    int rc = 0;
+    if (cp == 1) {
+        /* One rank holds everything; every document is whole. */
+        for (int64_t k = 0; k < n && rc == 0; k++)
+            rc = shard_whole(seq, cost, docs, k, 0);
+        chosen = seq;
+        mb->mode = CP_PER_SEQ;
+    } else {
+        double t_seq = -1, t_doc = -1, t_hyb = -1;
+        if (mode != CP_PER_DOC && (rc = shard_per_seq(seq, cost, docs, n, mb->tokens)) == 0)
+            t_seq = shard_time(seq, cost);
+        for (int64_t k = 0; k < n && rc == 0 && mode != CP_PER_SEQ; k++)
+            rc = shard_per_doc(doc, cost, &docs[k]);
+        if (rc == 0 && mode != CP_PER_SEQ)
+            t_doc = shard_time(doc, cost);
+        if (rc == 0 && mode == CP_HYBRID)
+            rc = best_hybrid(sc, cost, docs, n, rank_capacity, &t_hyb);
+        /* The fastest of the computed candidates; ties go to the simpler layout. */
+        chosen = t_seq >= 0 ? seq : doc;
+        mb->mode = t_seq >= 0 ? CP_PER_SEQ : CP_PER_DOC;
+        if (t_doc >= 0 && t_seq >= 0 && t_doc < t_seq) {
+            chosen = doc;
+            mb->mode = CP_PER_DOC;
+        }
+        if (t_hyb >= 0 && t_hyb < (chosen == seq ? t_seq : t_doc)) {
+            chosen = hyb;
+            mb->mode = CP_HYBRID;
+        }
+    }
+    if (rc == 0)
+        rc = commit(p, mb, chosen, cost);
+    if (rc != 0)
+        return error_runtime(err, "planner", "out of memory");
+    return 0;
+}

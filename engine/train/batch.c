@@ -1,0 +1,217 @@
+/* engine/train/batch.c - one micro-batch's model inputs (see batch.h). */
+#include "engine/train/batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/array.h"
+
+/* 1 when the piece ends its document (its last token has no target). */
+static int ends_document(const PlanDoc *d, const DataSources *data)
+{
+    return d->offset + (uint64_t)d->len >= data_source_doc_len(&data->src[d->source], d->doc);
+}
+
+int64_t batch_step_targets(const StepPlan *p, const DataSources *data)
+{
+    int64_t n = 0;
+    for (int64_t k = 0; k < p->n_docs; k++)
+        if (p->docs[k].source != PLAN_PAD_SOURCE)
+            n += p->docs[k].len - ends_document(&p->docs[k], data);
+    return n;
+}
+
+/* Room for T micro-batch rows on the host (tokens, targets, positions side by side in one array)
+ * and `rows` rows in the backend. */
+static int reserve(BatchBuffers *bb, int64_t T, int64_t rows, Error *err)
+{
+    if (3 * (T + 1) > bb->cap) {
+        int32_t *host = array_grow(bb->tokens, &bb->cap, 3 * (T + 1), sizeof *host);
+        if (!host)
+            return error_runtime(err, "batch", "out of memory");
+        bb->tokens = host;
+    }
+    bb->targets = bb->tokens + (T + 1);
+    bb->positions = bb->tokens + 2 * (T + 1);
+    if (rows > bb->d_cap) {
+        const Ops *o = bb->ops;
+        o->free(bb->d_tokens);
+        o->free(bb->d_targets);
+        o->free(bb->d_positions);
+        bb->d_tokens = o->alloc((size_t)rows * sizeof(int32_t));
+        bb->d_targets = o->alloc((size_t)rows * sizeof(int32_t));
+        bb->d_positions = o->alloc((size_t)rows * sizeof(int32_t));
+        if (!bb->d_tokens || !bb->d_targets || !bb->d_positions) {
+            bb->d_cap = 0;
+            return error_runtime(err, "batch", "out of memory");
+        }
+        bb->d_cap = rows;
+    }
+    return 0;
+}
+
+/* Tokens, targets and positions of one piece at micro-batch row d->start. */
+static int read_piece(BatchBuffers *bb, const PlanDoc *d, const DataSources *data, int64_t vocab, Error *err)
+{
+    int32_t *tok = bb->tokens + d->start, *tgt = bb->targets + d->start, *pos = bb->positions + d->start;
+    if (d->source == PLAN_PAD_SOURCE) {
+        for (int64_t i = 0; i < d->len; i++) {
+            tok[i] = 0;
+            tgt[i] = -1;
+            pos[i] = (int32_t)i;
+        }
+        return 0;
+    }
+    const DataIdx *idx = &data->idx[d->source];
+    int last = ends_document(d, data);
+    /* Read one token more when the document goes on: it is the last token's target. The target
+     * row reads it into tgt, the tokens into tok. */
+    if (data_idx_read_tokens(idx, d->doc, d->offset, (uint64_t)d->len, tok, err) != 0)
+        return -1;
+    if (!last && data_idx_read_tokens(idx, d->doc, d->offset + (uint64_t)d->len, 1, &tgt[d->len - 1], err) != 0)
+        return -1;
+    for (int64_t i = 0; i < d->len; i++) {
+        if (tok[i] < 0 || tok[i] >= vocab)
+            return error_set(err, idx->prefix, "document %llu has token id %d, outside model.vocab_size (%lld)",
+                             (unsigned long long)d->doc, tok[i], (long long)vocab);
+        if (i + 1 < d->len)
+            tgt[i] = tok[i + 1];
+        pos[i] = (int32_t)(d->offset + (uint64_t)i);
+    }
+    if (last)
+        tgt[d->len - 1] = -1;
+    else if (tgt[d->len - 1] < 0 || tgt[d->len - 1] >= vocab)
+        return error_set(err, idx->prefix, "document %llu has token id %d, outside model.vocab_size (%lld)",
+                         (unsigned long long)d->doc, tgt[d->len - 1], (long long)vocab);
+    return 0;
+}
+
+/* The K/V exchange of micro-batch mb for CP rank `rank` (ModelBatch's CP fields): which rows are
+ * of sharded documents, this rank's rows in micro-batch coordinates, and what every rank sends, in
+ * CP rank order and each rank's own row order - the order all of them agree on. */
+static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch *mb, int rank, ModelBatch *out,
+                       Error *err)
+{
+    const PlanRank *own = &p->ranks[mb->first_rank + rank];
+    int64_t T_mb = mb->tokens, need = 3 * T_mb + own->tokens + 1;
+    if (need > bb->cap_index) {
+        int64_t *ix = array_grow(bb->index, &bb->cap_index, need, sizeof *ix);
+        if (!ix)
+            return error_runtime(err, "batch", "out of memory");
+        bb->index = ix;
+    }
+    if (!bb->recv_counts && !(bb->recv_counts = calloc((size_t)p->cp, sizeof *bb->recv_counts)))
+        return error_runtime(err, "batch", "out of memory");
+    int64_t *mb_row = bb->index, *send_rows = mb_row + own->tokens, *recv_rows = send_rows + own->tokens;
+    int64_t *sharded = recv_rows + T_mb;
+    for (int64_t k = 0; k < mb->n_docs; k++) {
+        const PlanDoc *d = &p->docs[mb->first_doc + k];
+        for (int64_t t = d->start; t < d->start + d->len; t++)
+            sharded[t] = d->rank < 0;
+    }
+    int64_t n_recv = 0, n_send = 0, local = 0;
+    for (int r = 0; r < p->cp; r++) {
+        const PlanRank *pr = &p->ranks[mb->first_rank + r];
+        bb->recv_counts[r] = 0;
+        for (int64_t g = 0; g < pr->n_ranges; g++) {
+            const PlanRange *rg = &p->ranges[pr->first_range + g];
+            for (int64_t t = rg->start; t < rg->start + rg->len; t++) {
+                if (r == rank)
+                    mb_row[local] = t;
+                if (sharded[t]) {
+                    recv_rows[n_recv++] = t;
+                    bb->recv_counts[r]++;
+                    if (r == rank)
+                        send_rows[n_send++] = local;
+                }
+                local += r == rank;
+            }
+        }
+    }
+    /* Backend copy: mb_row, send_rows, recv_rows side by side. */
+    int64_t n = 2 * own->tokens + n_recv + 1;
+    if (n > bb->d_cap_index) {
+        bb->ops->free(bb->d_index);
+        if (!(bb->d_index = bb->ops->alloc((size_t)n * sizeof *bb->d_index))) {
+            bb->d_cap_index = 0;
+            return error_runtime(err, "batch", "out of memory");
+        }
+        bb->d_cap_index = n;
+    }
+    int64_t *d = bb->d_index;
+    bb->ops->to_device(d, mb_row, (size_t)own->tokens * sizeof *d);
+    bb->ops->to_device(d + own->tokens, send_rows, (size_t)n_send * sizeof *d);
+    bb->ops->to_device(d + 2 * own->tokens, recv_rows, (size_t)n_recv * sizeof *d);
+    out->T_mb = T_mb;
+    out->mb_row = d;
+    out->send_rows = d + own->tokens;
+    out->n_send = n_send;
+    out->recv_counts = bb->recv_counts;
+    out->recv_rows = d + 2 * own->tokens;
+    return 0;
+}
+
+int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const DataSources *data, int64_t vocab,
+                ModelBatch *out, Error *err)
+{
+    const PlanMicroBatch *mb = &p->mbs[i];
+    const PlanRank *pr = &p->ranks[mb->first_rank + rank];
+    if (reserve(bb, mb->tokens, pr->tokens, err) != 0)
+        return -1;
+    for (int64_t k = 0; k < mb->n_docs; k++)
+        if (read_piece(bb, &p->docs[mb->first_doc + k], data, vocab, err) != 0)
+            return -1;
+    /* This rank's rows: its ranges, in order. A local row per micro-batch row it holds. */
+    int64_t rows = 0;
+    int32_t *tok = malloc((size_t)(pr->tokens + 1) * 3 * sizeof *tok);
+    int64_t *local = malloc((size_t)(mb->tokens + 1) * sizeof *local);
+    if (!tok || !local) {
+        free(tok);
+        free(local);
+        return error_runtime(err, "batch", "out of memory");
+    }
+    for (int64_t r = 0; r < pr->n_ranges; r++) {
+        const PlanRange *g = &p->ranges[pr->first_range + r];
+        for (int64_t t = g->start; t < g->start + g->len; t++, rows++) {
+            local[t] = rows;
+            tok[rows] = bb->tokens[t];
+            tok[pr->tokens + rows] = bb->targets[t];
+            tok[2 * pr->tokens + rows] = bb->positions[t];
+        }
+    }
+    const Ops *o = bb->ops;
+    o->to_device(bb->d_tokens, tok, (size_t)rows * sizeof *tok);
+    o->to_device(bb->d_targets, tok + pr->tokens, (size_t)rows * sizeof *tok);
+    o->to_device(bb->d_positions, tok + 2 * pr->tokens, (size_t)rows * sizeof *tok);
+    AttnSegment *segs = array_grow(bb->segs, &bb->cap_segs, pr->n_segments + 1, sizeof *segs);
+    if (!segs) {
+        free(tok);
+        free(local);
+        return error_runtime(err, "batch", "out of memory");
+    }
+    bb->segs = segs;
+    for (int64_t s = 0; s < pr->n_segments; s++) {
+        const PlanSegment *g = &p->segments[pr->first_segment + s];
+        segs[s] = (AttnSegment){local[g->q_start], g->q_len, g->kv_start, g->q_start + g->q_len - g->kv_start};
+    }
+    free(tok);
+    free(local);
+    *out = (ModelBatch){.T = rows, .tokens = bb->d_tokens, .targets = bb->d_targets, .positions = bb->d_positions,
+                        .segs = bb->segs, .n_segs = pr->n_segments, .T_mb = rows};
+    return p->cp > 1 ? cp_exchange(bb, p, mb, rank, out, err) : 0;
+}
+
+void batch_free(BatchBuffers *bb)
+{
+    free(bb->tokens); /* targets and positions live in the same array */
+    free(bb->segs);
+    free(bb->index);
+    free(bb->recv_counts);
+    if (bb->ops) {
+        bb->ops->free(bb->d_tokens);
+        bb->ops->free(bb->d_targets);
+        bb->ops->free(bb->d_positions);
+        bb->ops->free(bb->d_index);
+    }
+    memset(bb, 0, sizeof *bb);
+}

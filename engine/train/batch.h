@@ -1,0 +1,42 @@
+/*
+ * engine/train/batch.h - the inputs of one micro-batch on one CP rank, from the step's plan and the data.
+ *
+ * For every document piece of the micro-batch the rank holds: its tokens (read from the Megatron
+ * set), their targets (the next token of the same document; the last token of a document has
+ * none, a piece that stops inside its document takes the document's next token), and their RoPE
+ * positions (the piece's offset in its document onward). Padding pieces are token 0 with no
+ * target. The rank's rows are its ranges of the micro-batch, in the plan's order; its attention
+ * segments point at its own rows for the queries and at micro-batch coordinates for the keys,
+ * which with CP = 1 are the same rows.
+ */
+#ifndef WLB_ENGINE_BATCH_H
+#define WLB_ENGINE_BATCH_H
+
+#include "data/data_sources.h"
+#include "engine/model/model.h"
+#include "engine/plan/plan.h"
+
+typedef struct BatchBuffers {
+    const Ops *ops;
+    int32_t *tokens, *targets, *positions;      /* host, micro-batch rows (one allocation) */
+    int32_t *d_tokens, *d_targets, *d_positions; /* backend copies of this rank's rows */
+    int64_t cap, d_cap;
+    AttnSegment *segs;
+    int64_t cap_segs;
+    /* CP: host index arrays (one allocation: mb_row, send_rows, recv_rows, sharded flags) and
+     * their backend copies; recv_counts per CP rank. */
+    int64_t *index, *d_index, *recv_counts;
+    int64_t cap_index, d_cap_index;
+} BatchBuffers;
+
+/* Labeled tokens (tokens with a target) of a step: the loss is their mean. */
+int64_t batch_step_targets(const StepPlan *p, const DataSources *data);
+
+/* Fills out with micro-batch i of p as CP rank `rank` computes it, with the K/V exchange of the
+ * documents sharded over CP when p->cp > 1. Token ids must be below vocab (a data set with larger
+ * ids is an Error naming it). */
+int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const DataSources *data, int64_t vocab,
+                ModelBatch *out, Error *err);
+void batch_free(BatchBuffers *bb);
+
+#endif

@@ -1,0 +1,276 @@
+/*
+ * engine/train/train.c - the training job: start the ranks, run the steps, report (see train.h).
+ *
+ * Failure: an error on any rank after MPI started is printed by that rank ("wlbtrain: error:
+ * rank R: WHERE: WHAT") and ends the whole job through comm_abort with the error's status; a rank
+ * that dies is noticed by the launcher, which stops the others. Either way no rank is left waiting.
+ *
+ * Checkpoints: after step s, when checkpoint.dir is set and s is a multiple of checkpoint.every
+ * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
+ * goes on from the step after it, and log.metrics keeps its lines up to that step.
+ *
+ * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at step STEP: KIND error (an
+ * error, status 1), kill (SIGKILL, as a crashed node), plan (its plan of that step differs from
+ * the other ranks', which the plan check must catch), nan (a NaN in one of its gradients) or
+ * savekill (SIGKILL in the middle of the checkpoint saved after that step).
+ */
+#include "engine/train/train.h"
+
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_info.h"
+#include "engine/comm/runtime.h"
+#include "util/fileio.h"
+#include "util/parse.h"
+
+typedef enum FaultKind { FAULT_NONE, FAULT_ERROR, FAULT_KILL, FAULT_PLAN, FAULT_NAN, FAULT_SAVEKILL } FaultKind;
+
+typedef struct Fault {
+    FaultKind kind;
+    int rank;
+    int64_t step;
+} Fault;
+
+static int parse_fault(Fault *f, Error *err)
+{
+    memset(f, 0, sizeof *f);
+    const char *s = getenv("WLBTRAIN_FAULT");
+    if (!s || !*s)
+        return 0;
+    char kind[16];
+    long long rank, step;
+    int used = 0;
+    if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
+        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan or savekill), "
+                         "got '%s'", s);
+    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill"};
+    for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
+        if (!strcmp(kind, kinds[k]))
+            f->kind = (FaultKind)k;
+    if (f->kind == FAULT_NONE)
+        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan or savekill)", kind);
+    f->rank = (int)rank;
+    f->step = step;
+    return 0;
+}
+
+static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
+{
+    tr->fault_plan = 0;
+    tr->fault_nan = tr->fault_kill_in_save = 0;
+    if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
+        return 0;
+    tr->fault_nan = f->kind == FAULT_NAN;
+    tr->fault_kill_in_save = f->kind == FAULT_SAVEKILL;
+    if (f->kind == FAULT_NAN || f->kind == FAULT_SAVEKILL)
+        return 0;
+    if (f->kind == FAULT_ERROR)
+        return error_runtime(err, "WLBTRAIN_FAULT", "injected failure at step %lld", (long long)step);
+    if (f->kind == FAULT_KILL) {
+        fflush(stdout);
+        raise(SIGKILL);
+    }
+    tr->fault_plan = 0x5eed;
+    return 0;
+}
+
+static void format_duration(double s, char *buf, size_t size)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, size, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, size, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, size, "%lds", t);
+}
+
+/* One JSON object per step; loss and grad_norm with all their digits (a resumed run must match
+ * bit for bit). */
+static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
+                         Error *err)
+{
+    fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
+               "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
+               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld,\"attn_pairs\":%lld}\n",
+            (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
+            st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
+            (long long)st->queued, (long long)skipped, (long long)st->attn_pairs);
+    if (fflush(f) != 0 || ferror(f))
+        return error_errno(err, path, "cannot write");
+    return 0;
+}
+
+static void print_banner(const Trainer *tr, const Config *cfg)
+{
+    int64_t params = 0;
+    for (int c = 0; c < tr->v; c++)
+        params += tr->chunks[c].model.n_params;
+    const ConfigParallel *p = &cfg->parallel;
+    printf("train: %s model, %lld steps of %lld tokens (window %lld, %lld micro-batches per replica), backend %s\n"
+           "train: %d rank%s: tp %lld, cp %lld, pp %lld%s, dp %lld%s; rank 0 holds %lld parameters; %d OpenMP "
+           "thread%s per rank; comm %s\n",
+           cfg->model.preset ? cfg->model.preset : "custom", (long long)cfg->train.steps,
+           (long long)cfg->data.global_batch_tokens, (long long)cfg->data.context_window, (long long)tr->m,
+           tr->chunks[0].model.ops->name, comm_world_size(tr->comm), comm_world_size(tr->comm) > 1 ? "s" : "",
+           (long long)p->tp, (long long)p->cp,
+           (long long)p->pp, p->virtual_stages > 1 ? " (interleaved)" : "", (long long)p->dp,
+           p->zero ? ", ZeRO-1" : "", (long long)params, omp_get_max_threads(), omp_get_max_threads() > 1 ? "s" : "",
+           tr->comm->nccl ? "nccl" : !tr->comm->mpi ? "none (one process)" : tr->comm->stage ? "mpi, staged through the host"
+                                                                                             : "mpi");
+    fflush(stdout);
+}
+
+/* log.metrics for a run that starts after step `first` - 1: a fresh file, or after a resume the
+ * old one cut after that step (replaced atomically) and appended to. */
+static int open_metrics(const char *path, int64_t first, FILE **out, Error *err)
+{
+    *out = NULL;
+    if (file_make_parents(path, err) != 0)
+        return -1;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *probe = first > 1 ? fopen(path, "r") : NULL;
+    if (probe) {
+        fclose(probe);
+        if (file_read_text(path, "metrics file", &text, &len, err) != 0)
+            return -1;
+        AtomicFile a;
+        if (atomic_open(&a, path, err) != 0) {
+            free(text);
+            return -1;
+        }
+        for (char *line = text, *next; line && *line; line = next) {
+            next = strchr(line, '\n');
+            if (next)
+                *next++ = '\0';
+            long long step = 0;
+            if (sscanf(line, "{\"step\":%lld", &step) == 1 && step < first)
+                fprintf(a.f, "%s\n", line);
+        }
+        free(text);
+        if (atomic_commit(&a, err) != 0)
+            return -1;
+    }
+    if (!(*out = fopen(path, probe ? "a" : "w")))
+        return error_errno(err, path, "cannot create");
+    return 0;
+}
+
+/* After `step`: a checkpoint when one is due. */
+static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, Error *err)
+{
+    const ConfigCheckpoint *c = &cfg->checkpoint;
+    if (!c->dir || !((c->every > 0 && step % c->every == 0) || step == cfg->train.steps))
+        return 0;
+    double t0 = model_clock();
+    if (trainer_save(tr, step, err) != 0)
+        return -1;
+    if (tr->lay.rank == 0) {
+        printf("checkpoint: %s/step-%08lld (%.1f s)\n", c->dir, (long long)step, model_clock() - t0);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* The steps after `done`, on every rank; rank 0 reports. */
+static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_t done, Error *err)
+{
+    FILE *metrics = NULL;
+    int lead = tr->lay.rank == 0;
+    if (lead && cfg->log.metrics && open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0)
+        return -1;
+    int rc = 0;
+    double t_start = model_clock();
+    for (int64_t step = done + 1; rc == 0 && step <= cfg->train.steps; step++) {
+        double t0 = model_clock();
+        TrainStats st;
+        rc = inject_fault(fault, tr, step, err);
+        if (rc == 0)
+            rc = trainer_forward_backward(tr, &st, err);
+        if (rc == 0)
+            rc = trainer_update(tr, &st, err);
+        if (rc == 0)
+            rc = maybe_save(tr, cfg, step, err);
+        if (rc != 0 || !lead)
+            continue;
+        double ms = (model_clock() - t0) * 1e3;
+        if (metrics)
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, err);
+        if (st.skipped) {
+            printf("step %5lld/%lld  loss %g  grad_norm %g: not finite, update skipped (%lld so far)\n",
+                   (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
+            fflush(stdout);
+        } else if (step % cfg->log.every == 0 || step == done + 1 || step == cfg->train.steps) {
+            char left[32];
+            double elapsed = model_clock() - t_start;
+            format_duration(elapsed / (double)(step - done) * (double)(cfg->train.steps - step), left, sizeof left);
+            printf("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  tokens %lld  tokens/s %.0f  %.0f ms  "
+                   "(%s left)\n", (long long)step, (long long)cfg->train.steps, st.loss, st.lr, st.grad_norm,
+                   (long long)st.tokens, st.tokens / (ms / 1e3), ms, left);
+            fflush(stdout);
+        }
+    }
+    if (metrics && fclose(metrics) != 0 && rc == 0)
+        rc = error_errno(err, cfg->log.metrics, "cannot write");
+    return rc;
+}
+
+/* Loads the checkpoint that checkpoint.resume names, if any: *done = the step it was saved after. */
+static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
+{
+    *done = 0;
+    char *path = NULL;
+    if (trainer_checkpoint_path(cfg, &path, err) != 0)
+        return -1;
+    int lead = tr->lay.rank == 0, rc = 0;
+    if (!path) {
+        if (lead && cfg->checkpoint.resume)
+            printf("resume: no checkpoint in %s yet, starting at step 1\n", cfg->checkpoint.dir);
+        return 0;
+    }
+    rc = trainer_resume(tr, path, done, err);
+    if (rc == 0 && lead)
+        printf("resume: %s, after step %lld%s\n", path, (long long)*done,
+               *done >= cfg->train.steps ? " - train.steps is reached, nothing to train" : "");
+    free(path);
+    return rc;
+}
+
+int train_run(const Config *cfg, Error *err)
+{
+    RuntimeLaunch launch = runtime_launch_from_env();
+    Fault fault;
+    if (parse_fault(&fault, err) != 0)
+        return -1;
+    Comm comm;
+    const ConfigParallel *p = &cfg->parallel;
+    if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
+        comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp, err) != 0) {
+        comm_finish(&comm);
+        return -1;
+    }
+    cpu_share_cores(comm.node_ranks);
+    Trainer tr;
+    int64_t done = 0;
+    int rc = trainer_init(&tr, cfg, &comm, err);
+    if (rc == 0 && tr.lay.rank == 0)
+        print_banner(&tr, cfg);
+    if (rc == 0)
+        rc = resume(&tr, cfg, &done, err);
+    if (rc == 0)
+        rc = train_loop(&tr, cfg, &fault, done, err);
+    if (rc != 0 && comm_world_size(&comm) > 1) {
+        /* Alone, this rank would leave the others waiting in their next collective. */
+        fprintf(stderr, "wlbtrain: error: rank %d: %s\n", comm_world_rank(&comm), err->msg);
+        comm_abort(&comm, err->status ? err->status : 1);
+    }
+    trainer_free(&tr);
+    comm_finish(&comm);
+    return rc;
+}

@@ -1,0 +1,130 @@
+/*
+ * engine/train/train.h - training: the loop of steps, on one process or on the 4D layout under MPI.
+ *
+ * Each step, on every rank:
+ *   1. The planner packs the step's documents (plan.h). Every rank plans every step itself, from
+ *      the same config and data; a CRC of the plan is compared over all ranks (a rank that planned
+ *      differently stops the job).
+ *   2. The rank's pipeline stage runs its replica's micro-batches in 1F1B order (sched.h, with
+ *      interleaved virtual stages when parallel.virtual_stages > 1): forward and backward of its
+ *      model chunks (model.h), activations received from the previous stage and sent to the next,
+ *      their gradients the other way. The loss of a token is scaled by 1 / (the step's labeled
+ *      tokens), so the step's loss is the token sum over the global batch over its token count.
+ *   3. Gradients: the replicas of a kv head over TP are summed (tp > n_kv_heads), the two copies
+ *      of tied embeddings (first and last stage) are summed, and everything is summed over DP x CP
+ *      (all-reduce; with parallel.zero = 1 reduce-scattered: each rank of DP x CP owns a shard).
+ *   4. Global gradient norm (each element counted once over the job), clipping, AdamW (on the
+ *      shard with ZeRO-1, then the parameters all-gathered).
+ *   5. Rank 0 prints a line per log.every steps and writes one JSON object per step to
+ *      log.metrics: loss, lr, grad_norm, tokens, time, and the predicted and measured pipeline and
+ *      context-parallel imbalance (the measured compute seconds of every micro-batch on every rank,
+ *      gathered).
+ * A rank that fails prints its error and takes the whole job down (comm_abort): no rank waits for
+ * a dead peer.
+ */
+#ifndef WLB_ENGINE_TRAIN_H
+#define WLB_ENGINE_TRAIN_H
+
+#include <stdio.h>
+
+#include "config/config.h"
+#include "data/data_sources.h"
+#include "engine/train/batch.h"
+#include "engine/comm/comm.h"
+#include "engine/plan/cost.h"
+#include "engine/model/model.h"
+#include "engine/train/optim.h"
+#include "engine/plan/plan.h"
+#include "engine/plan/sched.h"
+#include "util/error.h"
+
+/* One model chunk of this rank (one, or v with interleaving) and what runs it. */
+typedef struct TrainChunk {
+    Model model;
+    Optim optim;
+    int *slot_of;            /* per micro-batch of the replica: its activation slot, -1 none */
+    int *slot_busy;          /* per slot */
+    CommRequest *send_h;     /* per slot: the send of its output (forward) */
+    CommRequest *send_dx;    /* per slot: the send of its input gradient (backward) */
+    float *shard_grads;      /* ZeRO-1: this rank's shard of the summed gradients */
+} TrainChunk;
+
+typedef struct TrainStats {
+    double loss, grad_norm, lr;
+    int64_t tokens;
+    double pp_imbalance, cp_imbalance;                   /* predicted by the plan */
+    double pp_imbalance_measured, cp_imbalance_measured; /* from the measured compute */
+    int64_t queued;          /* documents waiting in the outlier queues after the step */
+    int64_t attn_pairs;      /* (query, key) pairs attention computes: sum over pieces of l (l + 1) / 2 */
+    int skipped;             /* the update was skipped: the loss or the gradients were not finite */
+} TrainStats;
+
+typedef struct Trainer {
+    const Config *cfg;
+    const Ops *ops;          /* the backend: cpu, or cuda */
+    Comm *comm;
+    Layout lay;
+    int pp, v, n_chunks, m;  /* stages, chunks per stage, chunks in all, micro-batches per replica */
+    DataSources data;
+    DataStream stream;
+    CostModel cost;
+    Planner planner;
+    StepPlan plan;
+    TrainChunk *chunks;      /* v: chunk c is global chunk c * pp + pp_rank */
+    BatchBuffers *batches;   /* m: the inputs of the replica's k-th micro-batch */
+    ModelBatch *inputs;
+    int64_t *mb_index;       /* m: plan index of the replica's k-th micro-batch */
+    SchedOp *sched;          /* this stage's passes, in order */
+    int n_sched;
+    float *recv;             /* a received activation or gradient (backend memory) */
+    int64_t recv_cap;
+    double *mb_compute;      /* m: this rank's compute seconds per micro-batch (comm excluded) */
+    double *all_compute;     /* world x m, gathered */
+    int64_t n_targets;       /* labeled tokens of the step */
+    double loss_sum;
+    int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
+    int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
+    /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
+    uint32_t fault_plan;
+    int fault_nan, fault_kill_in_save;
+} Trainer;
+
+/* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
+ * or loaded from train.init_from), optimizer. */
+int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err);
+void trainer_free(Trainer *tr);
+/* Plans the next step and runs its forward and backward: afterwards every rank of DP x CP holds
+ * the summed gradients (without ZeRO) and st has the loss, tokens and imbalance. */
+int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err);
+/* Clipping and AdamW with the gradients of trainer_forward_backward; st gets grad_norm and lr.
+ * When the loss or the gradient norm is not finite: with train.nonfinite skip the update is left
+ * out (st->skipped, counted in tr->skipped), else it is an Error. */
+int trainer_update(Trainer *tr, TrainStats *st, Error *err);
+/* A full tensor (Hugging Face name), gathered from every rank's block onto every rank (host, rows x
+ * cols): the parameters, or with grads the gradients (before trainer_update). Every rank of the
+ * job must call it. Returns 0, or -1 when no rank has that name. */
+int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err);
+/* The same from any arrays laid out like each chunk's parameters (arrays[c] for chunk c). */
+int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arrays, float *full, Error *err);
+
+/* Checkpoints (train_ckpt.c). trainer_save writes checkpoint.dir/step-NNNNNNNN after `step`
+ * (every rank takes part, rank 0 writes). trainer_checkpoint_path: the checkpoint that
+ * checkpoint.resume names (auto: the latest in checkpoint.dir, *path NULL when there is none yet;
+ * a path: a step folder, or a checkpoint folder whose latest is taken). trainer_resume loads it
+ * into a freshly initialised trainer of any layout and gives the step it was saved after. */
+int trainer_save(Trainer *tr, int64_t step, Error *err);
+int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
+int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
+
+/* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
+ * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
+int train_reduce_grads(Trainer *tr, Error *err);
+void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
+/* ZeRO-1: full gets every rank's shard of an array laid out like m's parameters, all-gathered over
+ * DP x CP; this rank's shard is copied into place first (shard NULL: it is there already). */
+int train_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err);
+
+/* The whole job: starts MPI when launched, trains cfg->train.steps steps. */
+int train_run(const Config *cfg, Error *err);
+
+#endif

@@ -1,0 +1,225 @@
+/*
+ * engine/train/train_pipeline.c - one rank's share of a step: plan, check the plan against the other
+ * ranks, run the replica's micro-batches through this pipeline stage, and measure (see train.h).
+ *
+ * Pipeline messages. Global chunk g = c * pp + s (local chunk c on stage s) takes its input from
+ * chunk g - 1 on stage (s - 1) mod pp and sends its output to chunk g + 1 on stage (s + 1) mod pp;
+ * gradients go the opposite way. A message is tagged (micro-batch, receiving chunk, direction), so
+ * with interleaving - where two stages exchange activations and gradients of several chunks - every
+ * receive matches its own send. Sends do not block: a slot's output stays untouched until its send
+ * completed, which is waited for before the slot takes its next micro-batch. A stage receives in
+ * the order of its schedule, and the schedule's passes only wait for passes that come earlier in
+ * the dependency order (sched.c runs the same order), so no rank waits forever.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/train/train.h"
+
+static int message_tag(const Trainer *tr, int k, int g, int backward)
+{
+    return ((k * tr->n_chunks) + g) * 2 + backward;
+}
+
+/* The replica's micro-batches in pipeline order: mb_index[k] = plan index of the k-th. */
+static int replica_order(Trainer *tr, Error *err)
+{
+    const StepPlan *p = &tr->plan;
+    for (int k = 0; k < tr->m; k++)
+        tr->mb_index[k] = -1;
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        if (mb->replica == tr->lay.dp_rank && mb->order >= 0 && mb->order < tr->m)
+            tr->mb_index[mb->order] = i;
+    }
+    for (int k = 0; k < tr->m; k++)
+        if (tr->mb_index[k] < 0)
+            return error_runtime(err, "train", "step %lld: replica %d has no micro-batch at pipeline place %d",
+                                 (long long)p->step + 1, tr->lay.dp_rank, k);
+    return 0;
+}
+
+/* Every rank planned the step itself; they must agree. The CRC's min and max over the job. */
+static int check_plan_digest(Trainer *tr, Error *err)
+{
+    double d[2];
+    d[0] = (double)(plan_digest(&tr->plan) ^ tr->fault_plan);
+    d[1] = -d[0];
+    if (comm_allreduce_max_f64(tr->comm, GROUP_WORLD, d, 2, err) != 0)
+        return -1;
+    if (d[0] != -d[1])
+        return error_runtime(err, "train", "step %lld: the ranks planned different steps (plan CRCs %08x .. %08x); "
+                             "every rank must read the same data with the same config",
+                             (long long)tr->plan.step + 1, (unsigned)-d[1], (unsigned)d[0]);
+    return 0;
+}
+
+static int ensure_recv(Trainer *tr, int64_t n, Error *err)
+{
+    if (n <= tr->recv_cap)
+        return 0;
+    int64_t cap = n > 2 * tr->recv_cap ? n : 2 * tr->recv_cap;
+    tr->ops->free(tr->recv);
+    tr->recv_cap = 0;
+    if (!(tr->recv = tr->ops->alloc((size_t)cap * sizeof *tr->recv)))
+        return error_runtime(err, "train", "out of memory");
+    tr->recv_cap = cap;
+    return 0;
+}
+
+/* A free activation slot of chunk c for micro-batch k (its earlier sends finished first). */
+static int take_slot(Trainer *tr, TrainChunk *ch, int k, Error *err)
+{
+    for (int s = 0; s < ch->model.n_slots; s++) {
+        if (ch->slot_busy[s])
+            continue;
+        if (comm_wait(tr->comm, &ch->send_h[s], err) != 0 || comm_wait(tr->comm, &ch->send_dx[s], err) != 0)
+            return -1;
+        ch->slot_busy[s] = 1;
+        ch->slot_of[k] = s;
+        return s;
+    }
+    return error_runtime(err, "train", "no free activation slot for micro-batch %d (%d slots)", k, ch->model.n_slots);
+}
+
+static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
+{
+    TrainChunk *ch = &tr->chunks[c];
+    Model *m = &ch->model;
+    int s = tr->lay.pp_rank, g = c * tr->pp + s, prev = (s - 1 + tr->pp) % tr->pp, next = (s + 1) % tr->pp;
+    ModelBatch *b = &tr->inputs[k];
+    if (c == 0 && batch_build(&tr->batches[k], &tr->plan, tr->mb_index[k], tr->lay.cp_rank, &tr->data,
+                              m->dims.vocab, b, err) != 0)
+        return -1;
+    int slot = take_slot(tr, ch, k, err);
+    if (slot < 0)
+        return -1;
+    const float *h_in = NULL;
+    int64_t n = b->T * m->dims.d;
+    if (g > 0) {
+        if (ensure_recv(tr, n, err) != 0 ||
+            comm_recv(tr->comm, GROUP_PP, prev, message_tag(tr, k, g, 0), tr->recv, n, err) != 0)
+            return -1;
+        h_in = tr->recv;
+    }
+    double loss = 0, t0 = model_clock(), comm0 = m->comm_s;
+    if (model_forward(m, slot, b, h_in, 1, dloss, &loss, err) != 0)
+        return -1;
+    tr->mb_compute[k] += model_clock() - t0 - (m->comm_s - comm0);
+    if (m->dims.has_head && tr->lay.tp_rank == 0)
+        tr->loss_sum += loss;
+    if (g < tr->n_chunks - 1)
+        return comm_isend(tr->comm, GROUP_PP, next, message_tag(tr, k, g + 1, 0), model_output(m, slot), n,
+                          &ch->send_h[slot], err);
+    return 0;
+}
+
+static int run_backward(Trainer *tr, int k, int c, Error *err)
+{
+    TrainChunk *ch = &tr->chunks[c];
+    Model *m = &ch->model;
+    int s = tr->lay.pp_rank, g = c * tr->pp + s, prev = (s - 1 + tr->pp) % tr->pp, next = (s + 1) % tr->pp;
+    const ModelBatch *b = &tr->inputs[k];
+    int slot = ch->slot_of[k];
+    const float *dh_out = NULL;
+    int64_t n = b->T * m->dims.d;
+    if (g < tr->n_chunks - 1) {
+        if (ensure_recv(tr, n, err) != 0 ||
+            comm_recv(tr->comm, GROUP_PP, next, message_tag(tr, k, g, 1), tr->recv, n, err) != 0)
+            return -1;
+        dh_out = tr->recv;
+    }
+    double t0 = model_clock(), comm0 = m->comm_s;
+    if (model_backward(m, slot, b, dh_out, err) != 0)
+        return -1;
+    tr->mb_compute[k] += model_clock() - t0 - (m->comm_s - comm0);
+    ch->slot_busy[slot] = 0;
+    ch->slot_of[k] = -1;
+    if (g > 0)
+        return comm_isend(tr->comm, GROUP_PP, prev, message_tag(tr, k, g - 1, 1), model_input_grad(m, slot), n,
+                          &ch->send_dx[slot], err);
+    return 0;
+}
+
+/* Measured balance of the step from every rank's compute per micro-batch (tr->all_compute):
+ * a micro-batch on CP rank r takes the sum over stages of the slowest TP rank; pp is the costliest
+ * micro-batch (its slowest CP rank) over the mean, cp the worst micro-batch's slowest CP rank over
+ * its CP mean - the definitions of plan_pp_imbalance and plan_cp_imbalance. */
+static void measured_imbalance(const Trainer *tr, TrainStats *st)
+{
+    const Layout *l = &tr->lay;
+    double worst_mb = 0, total = 0, worst_cp = 1;
+    for (int dp = 0; dp < l->dp; dp++)
+        for (int k = 0; k < tr->m; k++) {
+            double mx = 0, sum = 0;
+            for (int cp = 0; cp < l->cp; cp++) {
+                double t = 0;
+                for (int pp = 0; pp < l->pp; pp++) {
+                    double slowest = 0;
+                    for (int tp = 0; tp < l->tp; tp++) {
+                        double x = tr->all_compute[(size_t)layout_rank_at(l, tp, cp, pp, dp) * tr->m + k];
+                        slowest = x > slowest ? x : slowest;
+                    }
+                    t += slowest;
+                }
+                mx = t > mx ? t : mx;
+                sum += t;
+            }
+            if (sum > 0 && mx * l->cp / sum > worst_cp)
+                worst_cp = mx * l->cp / sum;
+            worst_mb = mx > worst_mb ? mx : worst_mb;
+            total += mx;
+        }
+    st->pp_imbalance_measured = total > 0 ? worst_mb * l->dp * tr->m / total : 1;
+    st->cp_imbalance_measured = worst_cp;
+}
+
+int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
+{
+    memset(st, 0, sizeof *st);
+    if (plan_step(&tr->planner, &tr->plan, err) != 0 || check_plan_digest(tr, err) != 0 || replica_order(tr, err) != 0)
+        return -1;
+    tr->n_targets = batch_step_targets(&tr->plan, &tr->data);
+    tr->loss_sum = 0;
+    float dloss = tr->n_targets > 0 ? 1.0f / (float)tr->n_targets : 0.0f;
+    for (int c = 0; c < tr->v; c++) {
+        Model *m = &tr->chunks[c].model;
+        m->ops->zero(m->grads, m->n_params);
+    }
+    memset(tr->mb_compute, 0, (size_t)tr->m * sizeof *tr->mb_compute);
+    for (int i = 0; i < tr->n_sched; i++) {
+        const SchedOp *op = &tr->sched[i];
+        if ((op->backward ? run_backward(tr, op->mb, op->chunk, err) : run_forward(tr, op->mb, op->chunk, dloss, err)) != 0)
+            return -1;
+    }
+    for (int c = 0; c < tr->v; c++)
+        for (int s = 0; s < tr->chunks[c].model.n_slots; s++)
+            if (comm_wait(tr->comm, &tr->chunks[c].send_h[s], err) != 0 ||
+                comm_wait(tr->comm, &tr->chunks[c].send_dx[s], err) != 0)
+                return -1;
+    /* The loss over the job: the head's TP rank 0 of every CP rank and replica holds a part. */
+    double loss = tr->loss_sum;
+    if (comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, &loss, 1, err) != 0)
+        return -1;
+    st->loss = tr->n_targets > 0 ? loss / (double)tr->n_targets : 0;
+    st->tokens = tr->plan.tokens;
+    int64_t worst;
+    st->pp_imbalance = plan_pp_imbalance(&tr->plan);
+    st->cp_imbalance = plan_cp_imbalance(&tr->plan, &worst);
+    if (comm_allgather_f64(tr->comm, GROUP_WORLD, tr->mb_compute, tr->all_compute, tr->m, err) != 0)
+        return -1;
+    measured_imbalance(tr, st);
+    st->queued = tr->plan.queued;
+    for (int64_t i = 0; i < tr->plan.n_docs; i++) {
+        const PlanDoc *d = &tr->plan.docs[i];
+        if (d->source != PLAN_PAD_SOURCE)
+            st->attn_pairs += d->len * (d->len + 1) / 2;
+    }
+    if (tr->fault_nan) {
+        float nan = NAN;
+        Model *m = &tr->chunks[0].model;
+        m->ops->to_device(m->grads, &nan, sizeof nan);
+    }
+    return train_reduce_grads(tr, err);
+}

@@ -1,0 +1,197 @@
+/*
+ * engine/train/train_setup.c - a rank's trainer: data, planner, its model chunks, optimizer, and the
+ * buffers of its pipeline schedule (see train.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+#include "engine/comm/runtime.h"
+#include "engine/train/train.h"
+#ifdef WLB_CUDA
+#include "cuda/cuda_ops.h"
+#endif
+
+/* Most micro-batches that chunk c holds activations for at once, over the stage's schedule. */
+static int max_in_flight(const SchedOp *ops, int n, int c)
+{
+    int now = 0, most = 0;
+    for (int i = 0; i < n; i++) {
+        if (ops[i].chunk != c)
+            continue;
+        now += ops[i].backward ? -1 : 1;
+        most = now > most ? now : most;
+    }
+    return most;
+}
+
+static int init_chunk(Trainer *tr, int c, Error *err)
+{
+    const Config *cfg = tr->cfg;
+    TrainChunk *ch = &tr->chunks[c];
+    ModelParallel par = {tr->lay.tp, tr->lay.tp_rank, tr->lay.cp, c * tr->pp + tr->lay.pp_rank, tr->n_chunks,
+                         tr->comm};
+    if (model_init(&ch->model, &cfg->model, tr->ops, &par, err) != 0)
+        return -1;
+    Model *m = &ch->model;
+    int slots = max_in_flight(tr->sched, tr->n_sched, c);
+    if (model_set_slots(m, slots > 0 ? slots : 1, err) != 0)
+        return -1;
+    ch->slot_of = malloc((size_t)tr->m * sizeof *ch->slot_of);
+    ch->slot_busy = calloc((size_t)m->n_slots, sizeof *ch->slot_busy);
+    ch->send_h = calloc((size_t)m->n_slots, sizeof *ch->send_h);
+    ch->send_dx = calloc((size_t)m->n_slots, sizeof *ch->send_dx);
+    if (!ch->slot_of || !ch->slot_busy || !ch->send_h || !ch->send_dx)
+        return error_runtime(err, "train", "out of memory");
+    for (int k = 0; k < tr->m; k++)
+        ch->slot_of[k] = -1;
+    if (cfg->train.init_from) {
+        if (model_load(m, cfg->train.init_from, err) != 0)
+            return -1;
+    } else {
+        model_init_weights(m, (uint64_t)cfg->train.seed);
+    }
+    int64_t begin, end;
+    trainer_optim_range(tr, m, &begin, &end);
+    if (cfg->parallel.zero && !(ch->shard_grads = m->ops->alloc((size_t)(end - begin + 1) * sizeof(float))))
+        return error_runtime(err, "train", "out of memory");
+    return optim_init(&ch->optim, &cfg->train, m, begin, end, err);
+}
+
+/* The backend of train.device. */
+static int open_backend(Trainer *tr, Error *err)
+{
+    if (tr->cfg->train.device == DEVICE_CPU) {
+        tr->ops = cpu_ops();
+        return 0;
+    }
+#ifdef WLB_CUDA
+    RuntimeLaunch launch = runtime_launch_from_env();
+    return (tr->ops = cuda_ops_open(launch.local_rank, tr->cfg->train.precision == PRECISION_BF16, err)) ? 0 : -1;
+#else
+    return error_set(err, "train.device", "this wlbtrain was built without the CUDA backend (nvcc was not found at "
+                     "build time, or make CUDA=0); set train.device: cpu or rebuild with nvcc");
+#endif
+}
+
+/* parallel.comm: mpi (host-staged on a GPU), or nccl; auto is nccl when every rank of this machine
+ * has a GPU of its own (NCCL cannot put two ranks of one communicator on one GPU). */
+static int choose_comm(Trainer *tr, Error *err)
+{
+    const ConfigParallel *p = &tr->cfg->parallel;
+    if (tr->cfg->train.device != DEVICE_CUDA || p->comm == COMM_MPI)
+        return 0;
+#ifdef WLB_CUDA
+    int gpus = cuda_device_count(), ranks = tr->comm->node_ranks;
+    if (p->comm == COMM_AUTO && ranks > gpus)
+        return 0;
+    if (ranks > gpus)
+        return error_set(err, "parallel.comm", "nccl cannot put two ranks on one GPU (%d ranks on this machine, %d "
+                         "GPU(s)); use parallel.comm: mpi", ranks, gpus);
+    if (p->virtual_stages > 1) {
+        if (p->comm == COMM_AUTO)
+            return 0;
+        return error_set(err, "parallel.comm", "nccl carries the pipeline's messages in order, which interleaved "
+                         "stages do not keep; use parallel.comm: mpi with parallel.virtual_stages > 1");
+    }
+    return comm_use_nccl(tr->comm, err);
+#else
+    (void)err;
+    return 0; /* open_backend has refused cuda already */
+#endif
+}
+
+static int check_layout(const Trainer *tr, Error *err)
+{
+    const ConfigParallel *p = &tr->cfg->parallel;
+    if (tr->cfg->data.path.n == 0)
+        return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
+    if (p->virtual_stages > 1 && p->pp == 1)
+        return error_set(err, "parallel.virtual_stages", "interleaving splits pipeline stages: it needs parallel.pp "
+                         "> 1 (got virtual_stages %lld with pp 1)", (long long)p->virtual_stages);
+    if (p->virtual_stages > 1 && tr->m % tr->pp)
+        return error_set(err, "parallel.virtual_stages", "interleaved 1F1B takes micro-batches in groups of pp: the "
+                         "%d micro-batches per replica must be a multiple of parallel.pp = %d", tr->m, tr->pp);
+    if (tr->comm->size[GROUP_WORLD] > 4096)
+        return error_set(err, "parallel", "the CPU engine runs at most 4096 ranks");
+    int64_t tags = (int64_t)tr->m * tr->n_chunks * 2;
+    if (tr->comm->mpi && tags - 1 > tr->comm->tag_limit)
+        return error_set(err, "data.global_batch_tokens", "%d micro-batches x %d chunks need %lld message tags, "
+                         "MPI allows %d", tr->m, tr->n_chunks, (long long)tags, tr->comm->tag_limit);
+    return 0;
+}
+
+int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
+{
+    memset(tr, 0, sizeof *tr);
+    tr->cfg = cfg;
+    tr->comm = comm;
+    tr->lay = comm->layout;
+    tr->pp = (int)cfg->parallel.pp;
+    tr->v = (int)cfg->parallel.virtual_stages;
+    tr->n_chunks = tr->pp * tr->v;
+    tr->m = (int)config_micro_batches(cfg);
+    if (check_layout(tr, err) != 0 || open_backend(tr, err) != 0)
+        return -1;
+    const char *stage = getenv("WLBTRAIN_COMM_STAGE");
+    comm_set_backend(comm, tr->ops, stage && !strcmp(stage, "1"));
+    if (choose_comm(tr, err) != 0)
+        return -1;
+    const ConfigData *d = &cfg->data;
+    if (cost_model_init(&tr->cost, cfg, err) != 0 ||
+        data_sources_open(&tr->data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, NULL, NULL, err) != 0)
+        return -1;
+    if (data_stream_init(&tr->stream, tr->data.src, tr->data.weights, tr->data.n, (uint64_t)d->seed,
+                         (uint64_t)d->context_window, err) != 0 ||
+        plan_init(&tr->planner, cfg, &tr->cost, &tr->stream, cfg->balance.packer, cfg->balance.cp_sharding, err) != 0)
+        return -1;
+    int world = comm->size[GROUP_WORLD];
+    tr->sched = malloc((size_t)2 * tr->m * tr->v * sizeof *tr->sched);
+    tr->chunks = calloc((size_t)tr->v, sizeof *tr->chunks);
+    tr->batches = calloc((size_t)tr->m, sizeof *tr->batches);
+    tr->inputs = calloc((size_t)tr->m, sizeof *tr->inputs);
+    tr->mb_index = malloc((size_t)tr->m * sizeof *tr->mb_index);
+    tr->mb_compute = calloc((size_t)tr->m, sizeof *tr->mb_compute);
+    tr->all_compute = calloc((size_t)tr->m * world, sizeof *tr->all_compute);
+    if (!tr->sched || !tr->chunks || !tr->batches || !tr->inputs || !tr->mb_index || !tr->mb_compute ||
+        !tr->all_compute)
+        return error_runtime(err, "train", "out of memory");
+    tr->n_sched = sched_stage_ops(tr->lay.pp_rank, tr->pp, tr->v, tr->m, tr->sched);
+    for (int k = 0; k < tr->m; k++)
+        tr->batches[k].ops = tr->ops;
+    for (int c = 0; c < tr->v; c++)
+        if (init_chunk(tr, c, err) != 0)
+            return -1;
+    return 0;
+}
+
+void trainer_free(Trainer *tr)
+{
+    for (int c = 0; tr->chunks && c < tr->v; c++) {
+        TrainChunk *ch = &tr->chunks[c];
+        optim_free(&ch->optim, &ch->model);
+        if (ch->model.ops)
+            ch->model.ops->free(ch->shard_grads);
+        model_free(&ch->model);
+        free(ch->slot_of);
+        free(ch->slot_busy);
+        free(ch->send_h);
+        free(ch->send_dx);
+    }
+    for (int k = 0; tr->batches && k < tr->m; k++)
+        batch_free(&tr->batches[k]);
+    free(tr->chunks);
+    free(tr->batches);
+    free(tr->inputs);
+    free(tr->mb_index);
+    free(tr->mb_compute);
+    free(tr->all_compute);
+    free(tr->sched);
+    if (tr->ops)
+        tr->ops->free(tr->recv);
+    plan_free(&tr->plan);
+    plan_destroy(&tr->planner);
+    data_stream_free(&tr->stream);
+    data_sources_close(&tr->data);
+    memset(tr, 0, sizeof *tr);
+}
