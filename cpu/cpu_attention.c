@@ -101,7 +101,7 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
             const float *kb = k + g->kv_row * a.kv_stride + kh * D, *vb = v + g->kv_row * a.kv_stride + kh * D;
             for (int64_t i = 0; i < g->q_len; i++) {
                 int64_t row = g->q_row + i;
-                lse[row * H + h] = row_fwd(out + row * a.q_stride + h * D, q + row * a.q_stride + h * D, kb, vb,
+                lse[row * H + h] = row_fwd(out + row * a.o_stride + h * D, q + row * a.q_stride + h * D, kb, vb,
                                            a.kv_stride, g->kv_len - g->q_len + i + 1, D, scale, s);
             }
         }
@@ -126,8 +126,8 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
             int64_t kv = g->kv_row * a.kv_stride + kh * D;
             for (int h = kh * group; h < (kh + 1) * group; h++)
                 for (int64_t i = 0; i < g->q_len; i++) {
-                    int64_t row = g->q_row + i, at = row * a.q_stride + h * D;
-                    row_bwd(dq + at, dk + kv, dv + kv, q + at, dout + at, out + at, k + kv, v + kv, a.kv_stride,
+                    int64_t row = g->q_row + i, at = row * a.q_stride + h * D, ot = row * a.o_stride + h * D;
+                    row_bwd(dq + at, dk + kv, dv + kv, q + at, dout + ot, out + ot, k + kv, v + kv, a.kv_stride,
                             g->kv_len - g->q_len + i + 1, D, scale, lse[row * H + h]);
                 }
         }

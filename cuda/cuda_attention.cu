@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_fwd(float *out, float *ls
     for (int e = tid; e < BM * D; e += ATTN_THREADS) {
         int i = e / D, d = e % D;
         if (i < rows)
-            out[(g.q_row + i0 + i) * a.q_stride + (int64_t)h * D + d] = Os[e] / l_s[i];
+            out[(g.q_row + i0 + i) * a.o_stride + (int64_t)h * D + d] = Os[e] / l_s[i];
     }
     for (int i = tid; i < rows; i += ATTN_THREADS)
         lse[(g.q_row + i0 + i) * a.n_heads + h] = m_s[i] + logf(l_s[i]);
@@ -155,7 +155,7 @@ __global__ void k_attn_delta(float *delta, const float *dout, const float *out, 
         int h = e % a.n_heads;
         if (i >= g.q_len)
             continue;
-        int64_t at = (g.q_row + i) * a.q_stride + (int64_t)h * a.head_dim;
+        int64_t at = (g.q_row + i) * a.o_stride + (int64_t)h * a.head_dim;
         float s = 0.0f;
         for (int d = 0; d < a.head_dim; d++)
             s += dout[at + d] * out[at + d];
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
             int i = e / D, d = e % D;
             int64_t at = (g.q_row + i0 + i) * a.q_stride + (int64_t)h * D + d;
             Qs[e] = i < rows ? q[at] : 0.0f;
-            dOs[e] = i < rows ? dout[at] : 0.0f;
+            dOs[e] = i < rows ? dout[(g.q_row + i0 + i) * a.o_stride + (int64_t)h * D + d] : 0.0f;
         }
         for (int i = tid; i < BM; i += ATTN_THREADS) {
             int64_t r = (g.q_row + i0 + i) * a.n_heads + h;

@@ -26,7 +26,9 @@ typedef struct AttnSegment {
 
 typedef struct AttnShape {
     int n_heads, n_kv_heads, head_dim;
-    int64_t q_stride, kv_stride; /* floats between consecutive rows of q (and out) and of k, v */
+    /* Elements between consecutive rows: of q (and dq), of k and v (and dk, dv), of out (and dout).
+     * q, k and v may be column ranges of one fused [T, q + k + v] array. */
+    int64_t q_stride, kv_stride, o_stride;
 } AttnShape;
 
 typedef struct AdamWStep {

@@ -315,7 +315,7 @@ static void check_attention(int n_heads, int n_kv, int D)
     segs[n++] = (AttnSegment){rows + 20, 40, rows, 60};
     segs[n++] = (AttnSegment){rows + 150, 50, rows, 200};
     int64_t T = kv_rows, qs = (int64_t)n_heads * D, ks = (int64_t)n_kv * D;
-    AttnShape a = {n_heads, n_kv, D, qs, ks};
+    AttnShape a = {n_heads, n_kv, D, qs, ks, qs};
     float *q = randn(T * qs, 1), *k = randn(T * ks, 1), *v = randn(T * ks, 1);
     float *out = calloc((size_t)(T * qs), 4), *lse = calloc((size_t)(T * n_heads), 4);
     float *gq = dev(q, (size_t)(T * qs) * 4), *gk = dev(k, (size_t)(T * ks) * 4), *gv = dev(v, (size_t)(T * ks) * 4);

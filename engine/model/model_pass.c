@@ -53,7 +53,7 @@ int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err)
 static AttnShape attn_shape(const ModelDims *d)
 {
     return (AttnShape){d->local_heads, d->local_kv_heads, d->head_dim, (int64_t)d->local_heads * d->head_dim,
-                       (int64_t)d->local_kv_heads * d->head_dim};
+                       (int64_t)d->local_kv_heads * d->head_dim, (int64_t)d->local_heads * d->head_dim};
 }
 
 static int layer_forward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Error *err)
