@@ -41,7 +41,7 @@ CFLAGS = -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Wall -Wextra -Werror -fo
          -MMD -MP $(OPT) $(MPI_CFLAGS) $(if $(filter 1,$(CUDA_BUILD)),-DWLB_CUDA)
 LIBS = -lyaml -lz -ljansson -lpcre2-8 -lm $(MPI_LIBS)
 
-LIB_SRCS := $(wildcard util/*.c cli/*.c config/*.c data/*.c engine/*/*.c cpu/*.c)
+LIB_SRCS := backends.c $(wildcard util/*.c cli/*.c config/*.c data/*.c engine/*/*.c cpu/*.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 CU_SRCS := $(wildcard cuda/*.cu)
 ifeq ($(CUDA_BUILD),1)

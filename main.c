@@ -48,7 +48,7 @@ static int run(const CliOptions *opt, Error *err)
         DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare};
         rc = dryrun_run(&cfg, &dr, err);
     } else if (rc == 0) {
-        rc = train_run(&cfg, err);
+        rc = trainer_run(&cfg, err);
     }
     config_free(&cfg);
     return rc;

@@ -9,10 +9,7 @@
 #include <pcre2.h>
 
 #include "cli/cli.h"
-#include "cpu/cpu_info.h"
-#ifdef WLB_CUDA
-#include "cuda/cuda_info.h"
-#endif
+#include "engine/backend.h"
 
 #define WLB_VERSION "0.1.0"
 
@@ -127,14 +124,10 @@ void cli_print_version(void)
 {
     char line[512];
     printf("wlbtrain %s\n", WLB_VERSION);
-    cpu_describe(line, sizeof line);
-    printf("backend cpu: %s\n", line);
-#ifdef WLB_CUDA
-    cuda_describe(line, sizeof line);
-    printf("backend cuda: compiled in (%s)\n", line);
-#else
-    printf("backend cuda: not compiled in (built without nvcc, or with make CUDA=0)\n");
-#endif
+    for (int i = 0; backend_at(i); i++) {
+        backend_at(i)->describe(line, sizeof line);
+        printf("backend %s: %s\n", backend_at(i)->name, line);
+    }
     int mpi_major = 0, mpi_minor = 0;
     MPI_Get_version(&mpi_major, &mpi_minor);
     printf("libraries: Open MPI %d.%d.%d (MPI %d.%d), libyaml %s, zlib %s, jansson %s, PCRE2 %d.%d\n",

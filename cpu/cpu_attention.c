@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "util/error.h"
 
 /* One query row, one head, forward: keys k[t * stride], t < n. s is scratch of n floats. */
 CPU_HOT static float row_fwd(float *restrict out, const float *restrict qi, const float *restrict k,
@@ -107,10 +108,8 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
         }
         free(s);
     }
-    if (failed) {
-        fputs("wlbtrain: error: cpu backend: out of memory\n", stderr);
-        exit(1);
-    }
+    if (failed)
+        wlb_fatal("cpu backend: out of memory");
 }
 
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "util/error.h"
 
 /* Eight floats; aligned(4) makes loads and stores through a cast pointer legal at any float. */
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -88,10 +89,8 @@ static void transpose(float *restrict dst, const float *restrict src, int64_t ro
 static float *scratch(int64_t n)
 {
     float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
-    if (!p) {
-        fputs("wlbtrain: error: cpu backend: out of memory\n", stderr);
-        exit(1);
-    }
+    if (!p)
+        wlb_fatal("cpu backend: out of memory");
     return p;
 }
 

@@ -2,7 +2,9 @@
  * cpu/cpu_ops.c - the element-wise and row-wise operations of the reference backend, and its Ops
  * table (see engine/ops.h for each operation's contract, cpu_ops.h for determinism).
  */
+#include "cpu/cpu_info.h"
 #include "cpu/cpu_ops.h"
+#include "util/error.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -201,10 +203,8 @@ static double sum_squares(const float *x, int64_t n)
     enum { BLOCK = 4096 };
     int64_t nb = (n + BLOCK - 1) / BLOCK;
     double *part = malloc((size_t)(nb ? nb : 1) * sizeof *part);
-    if (!part) {
-        fputs("wlbtrain: error: cpu backend: out of memory\n", stderr);
-        exit(1);
-    }
+    if (!part)
+        wlb_fatal("cpu backend: out of memory");
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         double s = 0;
@@ -267,3 +267,16 @@ const Ops *cpu_ops(void)
 {
     return &ops;
 }
+
+static const Ops *cpu_open(const BackendOpen *opt, Error *err)
+{
+    (void)opt;
+    (void)err;
+    return &ops;
+}
+
+static int cpu_device_count(void) { return 0; }
+
+static void cpu_share_node(int ranks_here) { cpu_share_cores(ranks_here); }
+
+const Backend cpu_backend = {"cpu", cpu_describe, cpu_open, cpu_device_count, cpu_share_node};

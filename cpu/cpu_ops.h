@@ -11,8 +11,11 @@
 #ifndef WLB_CPU_CPU_OPS_H
 #define WLB_CPU_CPU_OPS_H
 
+#include "engine/backend.h"
 #include "engine/ops.h"
 
+/* The backend's table for backends.c (train.device: cpu), and its ops. */
+extern const Backend cpu_backend;
 const Ops *cpu_ops(void);
 
 /* The kernels, for the table in cpu_ops.c and for tests. */

@@ -11,9 +11,11 @@
 #include <stdlib.h>
 
 #include "engine/ops.h"
+#include "util/error.h"
 
-/* A failed CUDA call ends the process: the ops have no error path (see cuda_ops.h). */
-[[noreturn]] void cuda_fatal(const char *where, const char *what);
+/* A failed CUDA call ends the process through the one fatal path (util/error.h): the ops have no
+ * error path (see cuda_ops.h). */
+#define cuda_fatal(where, what) wlb_fatal_at(__FILE__, __LINE__, "cuda: %s: %s", (where), (what))
 
 #define CUDA_CHECK(call)                                                                           \
     do {                                                                                           \

@@ -1,6 +1,6 @@
 /*
  * cuda/cuda_info.h - what the CUDA backend was built with and what it finds at run time.
- * Compiled only when nvcc is found (WLB_CUDA); callers guard with #ifdef WLB_CUDA.
+ * Compiled only when nvcc is found (WLB_CUDA): the CUDA backend's --version line (cuda_ops.cu).
  */
 #ifndef WLB_CUDA_CUDA_INFO_H
 #define WLB_CUDA_CUDA_INFO_H

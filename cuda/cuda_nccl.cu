@@ -1,10 +1,13 @@
-/* cuda/cuda_nccl.cu - NCCL communicators (see cuda_nccl.h). */
+/* cuda/cuda_nccl.cu - NCCL's data path (see cuda_nccl.h). */
 #include "cuda/cuda_nccl.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* One communicator per group (slot = the LayoutGroup), and the pipeline group's two directions. */
+enum { SLOT_PP_UP = GROUP_COUNT, SLOT_PP_DOWN = GROUP_COUNT + 1, CUDA_NCCL_SLOTS = GROUP_COUNT + 2 };
 
 struct CudaNccl {
     ncclComm_t world;
@@ -36,34 +39,10 @@ static int cuda_error(cudaError_t e, const char *what, Error *err)
             return cuda_error(e_, what, err);                                                      \
     } while (0)
 
-int cuda_nccl_unique_id(void *id, Error *err)
+static void nccl_close(Comm *c)
 {
-    ncclUniqueId u;
-    NCCL_TRY(ncclGetUniqueId(&u), "ncclGetUniqueId");
-    memcpy(id, &u, sizeof u);
-    return 0;
-}
-
-CudaNccl *cuda_nccl_open(const void *id, int world, int rank, Error *err)
-{
-    CudaNccl *n = (CudaNccl *)calloc(1, sizeof *n);
-    if (!n) {
-        error_runtime(err, "nccl", "out of memory");
-        return nullptr;
-    }
-    ncclUniqueId u;
-    memcpy(&u, id, sizeof u);
-    ncclResult_t r = ncclCommInitRank(&n->world, world, u, rank);
-    if (r != ncclSuccess) {
-        nccl_error(r, "ncclCommInitRank", err);
-        free(n);
-        return nullptr;
-    }
-    return n;
-}
-
-void cuda_nccl_close(CudaNccl *n)
-{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    c->impl_state = nullptr;
     if (!n)
         return;
     for (int s = 0; s < CUDA_NCCL_SLOTS; s++) {
@@ -72,16 +51,42 @@ void cuda_nccl_close(CudaNccl *n)
         if (n->stream[s])
             cudaStreamDestroy(n->stream[s]);
     }
-    ncclCommDestroy(n->world);
+    if (n->world)
+        ncclCommDestroy(n->world);
     free(n);
 }
 
-int cuda_nccl_split(CudaNccl *n, int slot, int color, int key, Error *err)
+static int split(CudaNccl *n, int slot, int color, int key, Error *err)
 {
-    if (slot < 0 || slot >= CUDA_NCCL_SLOTS)
-        return error_runtime(err, "nccl", "no communicator slot %d", slot);
     NCCL_TRY(ncclCommSplit(n->world, color, key, &n->comm[slot], NULL), "ncclCommSplit");
     CUDA_TRY(cudaStreamCreateWithFlags(&n->stream[slot], cudaStreamNonBlocking), "cudaStreamCreate");
+    return 0;
+}
+
+/* The world communicator from rank 0's unique id, then every slot's by splitting it. */
+static int nccl_open(Comm *c, Error *err)
+{
+    CudaNccl *n = (CudaNccl *)calloc(1, sizeof *n);
+    if (!n)
+        return error_runtime(err, "nccl", "out of memory");
+    c->impl_state = n;
+    ncclUniqueId id;
+    if (c->rank[GROUP_WORLD] == 0)
+        NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (comm_broadcast(c, GROUP_WORLD, 0, &id, (int64_t)sizeof id, err) != 0)
+        return -1;
+    NCCL_TRY(ncclCommInitRank(&n->world, c->size[GROUP_WORLD], id, c->rank[GROUP_WORLD]), "ncclCommInitRank");
+    if (c->size[GROUP_WORLD] > 4096)
+        return error_runtime(err, "nccl", "at most 4096 ranks");
+    int members[4096];
+    for (int slot = 0; slot < CUDA_NCCL_SLOTS; slot++) {
+        LayoutGroup g = slot < GROUP_COUNT ? (LayoutGroup)slot : GROUP_PP;
+        int size = layout_group(&c->layout, g, members), color = members[0];
+        for (int i = 1; i < size; i++)
+            color = members[i] < color ? members[i] : color;
+        if (split(n, slot, color, layout_group_rank(&c->layout, g), err) != 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -118,8 +123,9 @@ static int check_slot(const CudaNccl *n, int slot, Error *err)
     return 0;
 }
 
-int cuda_nccl_allreduce(CudaNccl *n, int slot, float *buf, int64_t count, Error *err)
+static int nccl_allreduce(Comm *c, LayoutGroup slot, float *buf, int64_t count, Error *err)
 {
+    CudaNccl *n = (CudaNccl *)c->impl_state;
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
     NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, ncclFloat, ncclSum, n->comm[slot], n->stream[slot]),
@@ -129,9 +135,11 @@ int cuda_nccl_allreduce(CudaNccl *n, int slot, float *buf, int64_t count, Error 
 
 /* NCCL has no v-collectives: a broadcast from every rank (gather) or a reduce to every rank
  * (scatter), fused in one group. */
-int cuda_nccl_allgatherv(CudaNccl *n, int slot, const float *send, float *recv, const int64_t *counts, int size,
-                         int me, Error *err)
+static int nccl_allgatherv(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
+                           Error *err)
 {
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    int size = c->size[slot], me = c->rank[slot];
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
     int64_t at = 0;
@@ -150,9 +158,11 @@ int cuda_nccl_allgatherv(CudaNccl *n, int slot, const float *send, float *recv, 
     return compute_after(n, slot, NULL, err);
 }
 
-int cuda_nccl_reduce_scatterv(CudaNccl *n, int slot, const float *send, float *recv, const int64_t *counts,
-                              int size, int me, Error *err)
+static int nccl_reduce_scatterv(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
+                                Error *err)
 {
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    int size = c->size[slot], me = c->rank[slot];
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
     int64_t at = 0;
@@ -170,26 +180,53 @@ int cuda_nccl_reduce_scatterv(CudaNccl *n, int slot, const float *send, float *r
     return compute_after(n, slot, NULL, err);
 }
 
-int cuda_nccl_send(CudaNccl *n, int slot, int peer, const float *buf, int64_t count, void **event, Error *err)
+/* The pipeline direction of a message between group ranks from and to. */
+static int p2p_slot(LayoutGroup g, int from, int to, Error *err)
 {
-    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
-        return -1;
-    NCCL_TRY(ncclSend(buf, (size_t)count, ncclFloat, peer, n->comm[slot], n->stream[slot]), "ncclSend");
-    return compute_after(n, slot, event, err);
+    if (g != GROUP_PP)
+        return error_runtime(err, "nccl", "messages are for the pipeline group only");
+    return to > from ? SLOT_PP_UP : SLOT_PP_DOWN;
 }
 
-int cuda_nccl_wait(void *event, Error *err)
+static int nccl_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t count,
+                      CommRequest *req, Error *err)
 {
-    cudaEvent_t e = (cudaEvent_t)event;
+    (void)tag; /* a direction's messages arrive in the order they were sent */
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    int slot = p2p_slot(g, c->rank[g], peer, err);
+    if (slot < 0 || check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+        return -1;
+    NCCL_TRY(ncclSend(buf, (size_t)count, ncclFloat, peer, n->comm[slot], n->stream[slot]), "ncclSend");
+    req->staged = nullptr;
+    if (compute_after(n, slot, &req->event, err) != 0)
+        return -1;
+    req->active = 1;
+    return 0;
+}
+
+static int nccl_wait(const Comm *c, CommRequest *req, Error *err)
+{
+    (void)c;
+    cudaEvent_t e = (cudaEvent_t)req->event;
+    req->event = nullptr;
+    req->active = 0;
     CUDA_TRY(cudaEventSynchronize(e), "cudaEventSynchronize");
     CUDA_TRY(cudaEventDestroy(e), "cudaEventDestroy");
     return 0;
 }
 
-int cuda_nccl_recv(CudaNccl *n, int slot, int peer, float *buf, int64_t count, Error *err)
+static int nccl_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t count, Error *err)
 {
-    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+    (void)tag;
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    int slot = p2p_slot(g, peer, c->rank[g], err);
+    if (slot < 0 || check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
     NCCL_TRY(ncclRecv(buf, (size_t)count, ncclFloat, peer, n->comm[slot], n->stream[slot]), "ncclRecv");
     return compute_after(n, slot, NULL, err);
 }
+
+extern "C" const CommImpl cuda_nccl_comm = {
+    "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_isend, nccl_wait,
+    nccl_recv,
+};

@@ -10,13 +10,7 @@
 #include <string.h>
 
 #include "cuda/cuda_common.cuh"
-
-[[noreturn]] void cuda_fatal(const char *where, const char *what)
-{
-    fprintf(stderr, "wlbtrain: error: cuda: %s: %s\n", where, what);
-    fflush(stderr);
-    exit(1);
-}
+#include "cuda/cuda_info.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Reductions inside a block (blockDim.x a multiple of 32, at most 1024): every thread gets the sum. */
@@ -548,3 +542,18 @@ const Ops *cuda_ops_open(int local_rank, int bf16, Error *err)
     }
     return &ops_table;
 }
+
+/* --version: what the build has and what it finds (cuda_info.cu). */
+static void cuda_backend_describe(char *buf, size_t size)
+{
+    char line[448];
+    cuda_describe(line, sizeof line);
+    snprintf(buf, size, "compiled in (%s)", line);
+}
+
+static const Ops *cuda_backend_open(const BackendOpen *opt, Error *err)
+{
+    return cuda_ops_open(opt->local_rank, opt->bf16, err);
+}
+
+extern "C" const Backend cuda_backend = {"cuda", cuda_backend_describe, cuda_backend_open, cuda_device_count, nullptr};

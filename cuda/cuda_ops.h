@@ -17,12 +17,16 @@
 #ifndef WLB_CUDA_CUDA_OPS_H
 #define WLB_CUDA_CUDA_OPS_H
 
+#include "engine/backend.h"
 #include "engine/ops.h"
 #include "util/error.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The backend's table for backends.c (train.device: cuda). */
+extern const Backend cuda_backend;
 
 /* Picks GPU local_rank mod the GPUs visible and returns its ops, bf16 matrix products or fp32 ones
  * (opening again switches the precision: one backend per process); NULL and an Error (status 2,

@@ -1,7 +1,8 @@
 /*
  * engine/ops.h - the operations a backend implements; the model (model.c) is written once against
- * them. cpu/ implements them in fp32 (the reference), cuda/ will implement them in bf16 with fp32
- * accumulation. Pointers are to backend memory (host for cpu, device for cuda).
+ * them. cpu/ implements them in fp32 (the reference), cuda/ on the GPU (matrix products in bf16
+ * with fp32 accumulation when train.precision is bf16; everything else fp32). Pointers are to
+ * backend memory (host for cpu, device for cuda).
  *
  * Shapes are row-major, one row per token. A weight W of a linear layer is [out, in] (Hugging Face
  * and PyTorch layout) and the layer computes y = x W^T. Gradients of weights are always

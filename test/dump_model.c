@@ -177,7 +177,7 @@ static void run_tiny(const char *model_yaml, const char *out)
         data_stream_init(&stream, data.src, NULL, data.n, 3, 16, &err) || cost_model_init(&cost, &cfg, &err) ||
         plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_SEQ, &err) || model_init(&m, &cfg.model, cpu_ops(), NULL, &err))
         die(&err);
-    model_init_weights(&m, 5);
+    model_init_weights(&m, 5, &err);
     /* Plan two steps and take the second: outliers are queued by then and leftovers carried. */
     for (int step = 0; step < 2; step++)
         if (plan_step(&pl, &plan, &err) != 0)

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "config/config.h"
-#include "cpu/cpu_info.h"
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
 #include "util/safetensors.h"
@@ -69,7 +68,6 @@ int main(int argc, char **argv)
     if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, &err) != 0 ||
         comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp, &err) != 0)
         die(NULL, &err);
-    cpu_share_cores(comm.node_ranks);
     Trainer tr;
     if (trainer_init(&tr, &cfg, &comm, &err) != 0)
         die(&comm, &err);

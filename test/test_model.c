@@ -43,7 +43,7 @@ static void new_model(Model *m, Config *cfg)
     free(yaml);
     Error err = {0};
     assert_int_equal(model_init(m, &cfg->model, cpu_ops(), NULL, &err), 0);
-    model_init_weights(m, 11);
+    assert_int_equal(model_init_weights(m, 11, &err), 0);
 }
 
 /* A batch of documents of the given lengths, back to back, random tokens (seeded). */
@@ -247,7 +247,7 @@ static void test_packers_give_the_same_step(void **state)
     assert_int_equal(cost_model_init(&cost, &cfg, &err), 0);
     Model m;
     assert_int_equal(model_init(&m, &cfg.model, cpu_ops(), NULL, &err), 0);
-    model_init_weights(&m, 4);
+    assert_int_equal(model_init_weights(&m, 4, &err), 0);
     float *ref = malloc((size_t)m.n_params * sizeof *ref);
     double ref_loss = 0;
     const PackerKind packers[] = {PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB};
@@ -372,7 +372,7 @@ static void test_adamw_and_schedule(void **state)
     Model m;
     Error err = {0};
     assert_int_equal(model_init(&m, &cfg.model, cpu_ops(), NULL, &err), 0);
-    model_init_weights(&m, 1);
+    assert_int_equal(model_init_weights(&m, 1, &err), 0);
     Optim o;
     assert_int_equal(optim_init(&o, t, &m, 0, m.n_params, &err), 0);
     const ModelTensor *wq = model_tensor(&m, T_WQ, 0), *emb = model_tensor(&m, T_EMBED, -1);

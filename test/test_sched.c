@@ -22,7 +22,10 @@ static double uniform(int pp, int v, int n_mb, double f, double b, double hop)
     for (int i = 0; i < n_mb; i++)
         p2p[i] = hop;
     SchedReplica r = {pp, v, n_mb, fwd, bwd, p2p};
-    double t = sched_makespan(&r);
+    double t;
+    Error err = {0};
+    if (sched_makespan(&r, &t, &err) != 0)
+        t = -err.status; /* -2: the schedule cannot run (bad input) */
     free(fwd);
     free(bwd);
     free(p2p);
@@ -60,8 +63,8 @@ static void test_uniform_interleaved(void **state)
                     fail();
                 }
             }
-    /* Interleaving needs the micro-batches in groups of pp. */
-    assert_true(uniform(4, 2, 6, 1, 2, 0) < 0);
+    /* Interleaving needs the micro-batches in groups of pp: a bad-input error. */
+    assert_true(uniform(4, 2, 6, 1, 2, 0) == -ERROR_INPUT);
 }
 
 static void test_one_slow_micro_batch(void **state)
@@ -75,12 +78,14 @@ static void test_one_slow_micro_batch(void **state)
         bwd[i] = 2;
     }
     SchedReplica r = {pp, 1, m, fwd, bwd, p2p};
-    double base = sched_makespan(&r);
+    double base, slow, all;
+    Error err = {0};
+    assert_int_equal(sched_makespan(&r, &base, &err), 0);
     for (int s = 0; s < pp; s++) {
         fwd[3 * pp + s] = 3;
         bwd[3 * pp + s] = 6;
     }
-    double slow = sched_makespan(&r);
+    assert_int_equal(sched_makespan(&r, &slow, &err), 0);
     /* At least the extra work of one stage, at most the extra work on every stage in sequence. */
     assert_true(slow >= base + 6 - 1e-9);
     assert_true(slow <= base + 6 * pp + 1e-9);
@@ -89,7 +94,8 @@ static void test_one_slow_micro_batch(void **state)
     double sum = 0;
     for (int i = 0; i < 8; i++)
         sum += fwd[i] + bwd[i];
-    assert_true(fabs(sched_makespan(&one) - sum) < 1e-9);
+    assert_int_equal(sched_makespan(&one, &all, &err), 0);
+    assert_true(fabs(all - sum) < 1e-9);
 }
 
 int main(void)

@@ -56,3 +56,30 @@ noreturn void error_exit(const Error *err)
     fprintf(stderr, "wlbtrain: error: %s\n", err && err->status ? err->msg : "unknown error");
     exit(err && err->status ? err->status : ERROR_RUNTIME);
 }
+
+static int fatal_rank = -1;
+static void (*fatal_end)(int status);
+
+void error_set_fatal_context(int rank, void (*end)(int status))
+{
+    fatal_rank = rank;
+    fatal_end = end;
+}
+
+noreturn void wlb_fatal_at(const char *file, int line, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    if (fatal_rank >= 0)
+        fprintf(stderr, "wlbtrain: error: rank %d: %s:%d: %s\n", fatal_rank, file, line, msg);
+    else
+        fprintf(stderr, "wlbtrain: error: %s:%d: %s\n", file, line, msg);
+    fflush(stderr);
+    if (fatal_end)
+        fatal_end(ERROR_RUNTIME);
+    exit(ERROR_RUNTIME);
+}

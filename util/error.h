@@ -8,6 +8,11 @@
  *   2  bad input: a config, flag, data file or checkpoint is wrong; nothing was overwritten.
  *   1  a failure at run time: a rank died, the loss is NaN, memory ran out, a write failed.
  * Tests call the same functions and assert on err->msg and err->status.
+ *
+ * Where there is no error path - out of memory inside an op, a state that cannot happen - the one
+ * fatal path is wlb_fatal: "wlbtrain: error: [rank R: ]FILE:LINE: MESSAGE" and exit status 1 (under
+ * MPI the whole job ends: the comm layer installs MPI_Abort as the exit). WLB_ASSERT checks an
+ * invariant through it and stays on in release builds.
  */
 #ifndef WLB_UTIL_ERROR_H
 #define WLB_UTIL_ERROR_H
@@ -39,6 +44,15 @@ int error_errno(Error *err, const char *where, const char *what);
 
 /* Prints "wlbtrain: error: MSG" on stderr and exits with err->status (1 if none was set). */
 WLB_NORETURN void error_exit(const Error *err);
+
+/* The fatal path (see above); call it through wlb_fatal(...) for the file and line. */
+WLB_NORETURN void wlb_fatal_at(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define wlb_fatal(...) wlb_fatal_at(__FILE__, __LINE__, __VA_ARGS__)
+#define WLB_ASSERT(cond) ((cond) ? (void)0 : wlb_fatal_at(__FILE__, __LINE__, "invariant broken: %s", #cond))
+/* From now on wlb_fatal names this rank (-1: none) and ends the process with end(status) instead
+ * of exit(status) (the comm layer passes one that aborts the MPI job; exit follows if it returns). */
+void error_set_fatal_context(int rank, void (*end)(int status));
 
 #ifdef __cplusplus
 }

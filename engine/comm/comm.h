@@ -1,12 +1,14 @@
 /*
  * engine/comm/comm.h - collectives and point-to-point messages on the groups of the layout.
  *
- * The implementation here is MPI (comm_mpi.c): one communicator per group, split from the world
- * by the layout. Float buffers are the backend's memory (comm_set_backend): host memory for the
- * CPU backend, passed to MPI as they are; device memory for a GPU backend, staged through host
- * buffers (copied out before and back after each call). The f64 collectives and
- * comm_allreduce_sum_host take host memory. A job started without a launcher has no MPI at all:
- * every group is this one process, collectives are copies and nothing is sent.
+ * The job's ranks and groups are MPI's (comm_mpi.c): one communicator per group, split from the
+ * world by the layout; the f64 collectives, broadcast, barrier and comm_allreduce_sum_host take host
+ * memory and always go through MPI. The float collectives and the pipeline's messages take the
+ * backend's memory (comm_set_backend) and go through a CommImpl, a table like Ops: MPI's
+ * (comm_mpi.c: host memory as it is, a GPU backend's memory staged through host buffers, copied out
+ * before and back after each call) unless comm_use switches to another (NCCL's, cuda/cuda_nccl.cu,
+ * registered by backends.c). A job started without a launcher has no MPI at all: every group is
+ * this one process, collectives are copies and nothing is sent.
  *
  * Errors: MPI calls return their errors (MPI_ERRORS_RETURN) and each becomes an Error (status 1).
  * A rank that fails calls comm_abort, which takes the whole job down (MPI_Abort): no rank is left
@@ -22,6 +24,12 @@
 #include "engine/ops.h"
 #include "util/error.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CommImpl CommImpl;
+
 typedef struct Comm {
     Layout layout;
     int mpi;                      /* 1 when MPI is initialised (a launched job) */
@@ -33,7 +41,8 @@ typedef struct Comm {
     int stage;                    /* copy float buffers through host memory */
     float *host, *host2;          /* staging buffers, cap_host floats each */
     int64_t cap_host;
-    void *nccl;                   /* CudaNccl: float collectives and messages through NCCL */
+    const CommImpl *impl;         /* the float data path: MPI's, or the one comm_use chose */
+    void *impl_state;             /* what that path keeps (NCCL's communicators and streams) */
 } Comm;
 
 /* A send in flight (comm_isend), until comm_wait. */
@@ -44,6 +53,26 @@ typedef struct CommRequest {
     void *event;              /* the send's completion, with NCCL */
 } CommRequest;
 
+/* A data path for the float collectives and messages (see above). Same contracts as the comm_
+ * functions of the same names below. */
+struct CommImpl {
+    const char *name; /* parallel.comm: mpi, nccl */
+    /* Collective over the job, after comm_split: sets up c->impl_state. NULL: nothing to set up. */
+    int (*open)(Comm *c, Error *err);
+    void (*close)(Comm *c);
+    int (*allreduce_sum)(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err);
+    int (*allgatherv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err);
+    int (*reduce_scatterv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                           Error *err);
+    int (*isend)(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
+                 Error *err);
+    int (*wait)(const Comm *c, CommRequest *req, Error *err);
+    int (*recv)(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err);
+};
+
+/* MPI's data path (comm_mpi.c), every Comm's until comm_use. */
+extern const CommImpl comm_mpi;
+
 /* Starts MPI when the job was launched (by mpirun, srun, ...), else runs as a world of one. */
 int comm_start(Comm *c, int launched, Error *err);
 /* The layout's groups; the world must have tp * cp * pp * dp ranks. */
@@ -52,11 +81,9 @@ void comm_finish(Comm *c);
 /* Float buffers are ops's memory from now on: staged through the host unless ops keeps host memory
  * (ops->host_memory); stage forces staging anyway (the tests run the staging path on the CPU). */
 void comm_set_backend(Comm *c, const Ops *ops, int stage);
-/* From now on the float collectives and messages go through NCCL (device buffers; builds with the
- * CUDA backend only): communicators for every group, split from one world communicator whose id
- * rank 0 broadcasts over MPI. Collective over the job. Messages (comm_isend, comm_recv) only in
- * the pipeline group. */
-int comm_use_nccl(Comm *c, Error *err);
+/* From now on the float collectives and messages go through impl (collective over the job: every
+ * rank switches). */
+int comm_use(Comm *c, const CommImpl *impl, Error *err);
 /* Ends every rank of the job now with this exit status (after this rank printed why). */
 void comm_abort(const Comm *c, int status);
 int comm_world_size(const Comm *c);
@@ -84,5 +111,9 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf
 int comm_wait(const Comm *c, CommRequest *req, Error *err);
 int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err);
 int comm_barrier(const Comm *c, Error *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,4 +1,7 @@
-/* engine/comm/comm_mpi.c - the MPI implementation of comm.h. */
+/*
+ * engine/comm/comm_mpi.c - the job's ranks and groups under MPI, the host-memory collectives, and
+ * MPI's data path for the float collectives and messages (comm_mpi, see comm.h).
+ */
 #include "engine/comm/comm.h"
 
 #include <limits.h>
@@ -6,10 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef WLB_CUDA
-#include "cuda/cuda_nccl.h"
-#endif
 
 static int mpi_error(int rc, const char *what, Error *err)
 {
@@ -36,9 +35,16 @@ static int count_ok(int64_t n, const char *what, Error *err)
     return 0;
 }
 
+/* wlb_fatal's way out under MPI: the whole job ends, no rank waits for this one. */
+static void abort_job(int status)
+{
+    MPI_Abort(MPI_COMM_WORLD, status);
+}
+
 int comm_start(Comm *c, int launched, Error *err)
 {
     memset(c, 0, sizeof *c);
+    c->impl = &comm_mpi;
     for (int g = 0; g < GROUP_COUNT; g++) {
         c->size[g] = 1;
         c->rank[g] = 0;
@@ -56,6 +62,8 @@ int comm_start(Comm *c, int launched, Error *err)
     int *ub, flag = 0;
     CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag), "MPI_Comm_get_attr");
     c->tag_limit = flag ? *ub : 32767; /* the standard's minimum */
+    if (c->size[GROUP_WORLD] > 1)
+        error_set_fatal_context(c->rank[GROUP_WORLD], abort_job);
     MPI_Comm node;
     CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
     int rc = MPI_Comm_size(node, &c->node_ranks);
@@ -133,55 +141,12 @@ static int64_t total(const int64_t *counts, int n)
     return t;
 }
 
-/* The NCCL communicators: one per group (slot = the group), and the pipeline group's two
- * directions (messages to higher ranks, to lower ranks). */
-enum { SLOT_PP_UP = GROUP_COUNT, SLOT_PP_DOWN = GROUP_COUNT + 1 };
-
-int comm_use_nccl(Comm *c, Error *err)
-{
-#ifdef WLB_CUDA
-    unsigned char id[CUDA_NCCL_ID_BYTES];
-    if (c->rank[GROUP_WORLD] == 0 && cuda_nccl_unique_id(id, err) != 0)
-        return -1;
-    if (c->mpi)
-        CHECK(MPI_Bcast(id, CUDA_NCCL_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
-    CudaNccl *n = cuda_nccl_open(id, c->size[GROUP_WORLD], c->rank[GROUP_WORLD], err);
-    if (!n)
-        return -1;
-    c->nccl = n;
-    int members[4096];
-    for (int g = 0; g < GROUP_COUNT + 2; g++) {
-        LayoutGroup lg = g < GROUP_COUNT ? (LayoutGroup)g : GROUP_PP;
-        int size = layout_group(&c->layout, lg, members), color = members[0];
-        for (int i = 1; i < size; i++)
-            color = members[i] < color ? members[i] : color;
-        if (cuda_nccl_split(n, g, color, layout_group_rank(&c->layout, lg), err) != 0)
-            return -1;
-    }
-    return 0;
-#else
-    (void)c;
-    return error_set(err, "parallel.comm", "nccl needs the CUDA backend, which this wlbtrain was built without");
-#endif
-}
-
-#ifdef WLB_CUDA
-/* The pipeline direction of a message between group ranks from and to. */
-static int p2p_slot(const Comm *c, LayoutGroup g, int from, int to, Error *err)
-{
-    if (g != GROUP_PP)
-        return error_runtime(err, "nccl", "messages are for the pipeline group only");
-    (void)c;
-    return to > from ? SLOT_PP_UP : SLOT_PP_DOWN;
-}
-#endif
-
 void comm_finish(Comm *c)
 {
-#ifdef WLB_CUDA
-    cuda_nccl_close((CudaNccl *)c->nccl);
-#endif
-    c->nccl = NULL;
+    if (c->impl && c->impl->close)
+        c->impl->close(c);
+    c->impl = &comm_mpi;
+    c->impl_state = NULL;
     free(c->host);
     free(c->host2);
     c->host = c->host2 = NULL;
@@ -193,8 +158,10 @@ void comm_finish(Comm *c)
         }
         c->groups[g] = NULL;
     }
-    if (c->mpi)
+    if (c->mpi) {
+        error_set_fatal_context(-1, NULL);
         MPI_Finalize();
+    }
     c->mpi = 0;
 }
 
@@ -213,12 +180,8 @@ int comm_world_rank(const Comm *c) { return c->rank[GROUP_WORLD]; }
 /* A group of one needs no MPI: its collectives are the identity. */
 static int alone(const Comm *c, LayoutGroup g) { return !c->mpi || c->size[g] == 1; }
 
-int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+static int mpi_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
-#ifdef WLB_CUDA
-    if (c->nccl)
-        return n ? cuda_nccl_allreduce((CudaNccl *)c->nccl, g, buf, n, err) : 0;
-#endif
     if (alone(c, g) || n == 0 || !c->stage)
         return comm_allreduce_sum_host(c, g, buf, n, err);
     if (stage_room(c, n, err) != 0)
@@ -271,12 +234,8 @@ static int displs(const Comm *c, LayoutGroup g, const int64_t *counts, int *cnt,
     return 0;
 }
 
-int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
+static int mpi_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
-#ifdef WLB_CUDA
-    if (c->nccl)
-        return cuda_nccl_allgatherv((CudaNccl *)c->nccl, g, send, recv, counts, c->size[g], c->rank[g], err);
-#endif
     if (alone(c, g)) {
         if (send && counts[0] && recv != send)
             c->ops ? c->ops->copy(recv, send, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * sizeof *recv);
@@ -315,13 +274,9 @@ int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double 
     return 0;
 }
 
-int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
-                         Error *err)
+static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                               Error *err)
 {
-#ifdef WLB_CUDA
-    if (c->nccl)
-        return cuda_nccl_reduce_scatterv((CudaNccl *)c->nccl, g, send, recv, counts, c->size[g], c->rank[g], err);
-#endif
     if (alone(c, g)) {
         if (counts[0] && recv != send)
             c->ops ? c->ops->copy(recv, send, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * sizeof *recv);
@@ -355,11 +310,9 @@ int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t by
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((CommRequest *)0)->handle), "CommRequest holds an MPI_Request");
 
-int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
-               Error *err)
+static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
+                     Error *err)
 {
-    if (!c->mpi)
-        return error_runtime(err, "comm", "send to %d in a world of one", peer);
     if (count_ok(n, "send", err) != 0)
         return -1;
     if (tag < 0 || tag > c->tag_limit)
@@ -367,15 +320,6 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf
                              c->tag_limit);
     req->staged = NULL;
     req->event = NULL;
-#ifdef WLB_CUDA
-    if (c->nccl) {
-        int slot = p2p_slot(c, g, c->rank[g], peer, err);
-        if (slot < 0 || cuda_nccl_send((CudaNccl *)c->nccl, slot, peer, buf, n, &req->event, err) != 0)
-            return -1;
-        req->active = 1;
-        return 0;
-    }
-#endif
     /* Staged: the host copy lives until comm_wait. */
     if (c->stage) {
         if (!(req->staged = malloc((size_t)(n ? n : 1) * sizeof *req->staged)))
@@ -395,19 +339,9 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf
     return 0;
 }
 
-int comm_wait(const Comm *c, CommRequest *req, Error *err)
+static int mpi_wait(const Comm *c, CommRequest *req, Error *err)
 {
     (void)c;
-    if (!req->active)
-        return 0;
-#ifdef WLB_CUDA
-    if (req->event) {
-        void *e = req->event;
-        req->event = NULL;
-        req->active = 0;
-        return cuda_nccl_wait(e, err);
-    }
-#endif
     MPI_Request r;
     memcpy(&r, req->handle, sizeof r);
     req->active = 0;
@@ -418,16 +352,8 @@ int comm_wait(const Comm *c, CommRequest *req, Error *err)
     return 0;
 }
 
-int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
+static int mpi_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
 {
-    if (!c->mpi)
-        return error_runtime(err, "comm", "receive from %d in a world of one", peer);
-#ifdef WLB_CUDA
-    if (c->nccl) {
-        int slot = p2p_slot(c, g, peer, c->rank[g], err);
-        return slot < 0 ? -1 : cuda_nccl_recv((CudaNccl *)c->nccl, slot, peer, buf, n, err);
-    }
-#endif
     if (count_ok(n, "recv", err) != 0 || (c->stage && stage_room(c, n, err) != 0))
         return -1;
     CHECK(MPI_Recv(c->stage ? c->host : buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), MPI_STATUS_IGNORE),
@@ -444,3 +370,13 @@ int comm_barrier(const Comm *c, Error *err)
     CHECK(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
     return 0;
 }
+
+const CommImpl comm_mpi = {
+    .name = "mpi",
+    .allreduce_sum = mpi_allreduce_sum,
+    .allgatherv = mpi_allgatherv,
+    .reduce_scatterv = mpi_reduce_scatterv,
+    .isend = mpi_isend,
+    .wait = mpi_wait,
+    .recv = mpi_recv,
+};

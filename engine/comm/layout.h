@@ -10,6 +10,10 @@
 #ifndef WLB_ENGINE_LAYOUT_H
 #define WLB_ENGINE_LAYOUT_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum LayoutGroup { GROUP_TP, GROUP_CP, GROUP_PP, GROUP_DP, GROUP_DPCP, GROUP_WORLD, GROUP_COUNT } LayoutGroup;
 
 typedef struct Layout {
@@ -25,5 +29,9 @@ int layout_rank_at(const Layout *l, int tp_rank, int cp_rank, int pp_rank, int d
 int layout_group(const Layout *l, LayoutGroup g, int *members);
 /* This rank's index within group g. */
 int layout_group_rank(const Layout *l, LayoutGroup g);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,11 +12,22 @@
 #include "engine/plan/cost.h"
 #include "util/rng.h"
 
-static const char *const layer_names[MODEL_LAYER_TENSORS] = {
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
-};
+void model_tensor_name(ModelTensorKind kind, int layer, char *buf, size_t size)
+{
+    static const char *const layer_names[MODEL_LAYER_TENSORS] = {
+        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
+    };
+    if (kind == T_EMBED)
+        snprintf(buf, size, "model.embed_tokens.weight");
+    else if (kind == T_FINAL_NORM)
+        snprintf(buf, size, "model.norm.weight");
+    else if (kind == T_HEAD)
+        snprintf(buf, size, "lm_head.weight");
+    else
+        snprintf(buf, size, "model.layers.%d.%s", layer, layer_names[kind - T_ATTN_NORM]);
+}
 
 /* Adds the rank's block [row0, row0 + rows) x [col0, col0 + cols) of a full tensor. */
 static void add_tensor(Model *m, ModelTensorKind kind, int layer, int64_t full_rows, int64_t full_cols, int64_t row0,
@@ -36,14 +47,7 @@ static void add_tensor(Model *m, ModelTensorKind kind, int layer, int64_t full_r
     t->is_vector = kind == T_ATTN_NORM || kind == T_MLP_NORM || kind == T_FINAL_NORM;
     t->decay = !t->is_vector && kind != T_EMBED;
     t->counts = counts;
-    if (kind == T_EMBED)
-        snprintf(t->name, sizeof t->name, "model.embed_tokens.weight");
-    else if (kind == T_FINAL_NORM)
-        snprintf(t->name, sizeof t->name, "model.norm.weight");
-    else if (kind == T_HEAD)
-        snprintf(t->name, sizeof t->name, "lm_head.weight");
-    else
-        snprintf(t->name, sizeof t->name, "model.layers.%d.%s", layer, layer_names[kind - T_ATTN_NORM]);
+    model_tensor_name(kind, layer, t->name, sizeof t->name);
     m->n_params += rows * cols;
 }
 
@@ -331,7 +335,7 @@ const ModelTensor *model_tensor_by_name(const Model *m, const char *name)
 float *model_output(const Model *m, int slot) { return m->slots[slot].h; }
 float *model_input_grad(const Model *m, int slot) { return m->slots[slot].dx; }
 
-void model_init_weights(Model *m, uint64_t seed)
+int model_init_weights(Model *m, uint64_t seed, Error *err)
 {
     float *host = malloc((size_t)m->n_params * sizeof *host);
     int64_t widest = 1;
@@ -339,8 +343,10 @@ void model_init_weights(Model *m, uint64_t seed)
         widest = m->tensors[i].full_cols > widest ? m->tensors[i].full_cols : widest;
     float *row = malloc((size_t)widest * sizeof *row);
     if (!host || !row) {
-        fputs("wlbtrain: error: model: out of memory\n", stderr);
-        exit(1);
+        free(host);
+        free(row);
+        return error_runtime(err, "model", "out of memory for the initial weights of %lld parameters",
+                             (long long)m->n_params);
     }
     double out_scale = 1.0 / sqrt(2.0 * m->dims.n_layers);
     for (int i = 0; i < m->n_tensors; i++) {
@@ -372,4 +378,5 @@ void model_init_weights(Model *m, uint64_t seed)
     m->ops->to_device(m->params, host, (size_t)m->n_params * sizeof *host);
     free(host);
     free(row);
+    return 0;
 }

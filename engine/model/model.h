@@ -29,6 +29,7 @@
 #ifndef WLB_ENGINE_MODEL_H
 #define WLB_ENGINE_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config/config.h"
@@ -132,8 +133,10 @@ int model_set_slots(Model *m, int n, Error *err);
 /* Seeded normal(0, 0.02) for matrices and embeddings, 1 for norms, output projections (o_proj,
  * down_proj) scaled by 1 / sqrt(2 n_layers). Each row of a full tensor has its own stream seeded by
  * (seed, tensor, row): every rank gets its block of the same values whatever the layout. */
-void model_init_weights(Model *m, uint64_t seed);
+int model_init_weights(Model *m, uint64_t seed, Error *err);
 const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer);
+/* The Hugging Face name of a tensor (layer: its layer, -1 outside the layers). */
+void model_tensor_name(ModelTensorKind kind, int layer, char *buf, size_t size);
 const ModelTensor *model_tensor_by_name(const Model *m, const char *name);
 
 /* Forward of the chunk on a micro-batch into slot. h_in: the chunk input [T, d] (NULL on the first
@@ -169,8 +172,5 @@ void model_full_tensor(const ModelDims *d, int i, char *name, size_t name_size, 
 /* Copies this rank's block of full tensor `name` from full (host, rows x cols) into dst (host, the
  * rank's layout of params); 0 if the rank holds none of it. */
 int model_put_block(const Model *m, const char *name, const float *full, float *dst);
-
-/* Monotonic seconds (the trainer measures compute with it, the model its collectives). */
-double model_clock(void);
 
 #endif

@@ -16,6 +16,7 @@
  * Message layout for CP rank r: its n_r rows of K, then its n_r rows of V (2 n_r lkv floats).
  */
 #include "engine/model/model_impl.h"
+#include "util/clock.h"
 
 /* Elements each CP rank contributes, and their total. */
 static int64_t exchange_counts(const Model *m, const ModelBatch *b, int64_t *counts)
@@ -38,9 +39,9 @@ int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err)
         return 0;
     o->gather_rows(m->xfer, a->k, b->send_rows, b->n_send, lkv);
     o->gather_rows(m->xfer + b->n_send * lkv, a->v, b->send_rows, b->n_send, lkv);
-    double t0 = model_clock();
+    double t0 = clock_seconds();
     int rc = comm_allgatherv(m->comm, GROUP_CP, m->xfer, m->xfer2, counts, err);
-    m->comm_s += model_clock() - t0;
+    m->comm_s += clock_seconds() - t0;
     if (rc != 0)
         return -1;
     int64_t at = 0, row = 0;
@@ -70,9 +71,9 @@ int model_cp_scatter_dkv(Model *m, const ModelBatch *b, Error *err)
         at += 2 * n * lkv;
         row += n;
     }
-    double t0 = model_clock();
+    double t0 = clock_seconds();
     int rc = comm_reduce_scatterv(m->comm, GROUP_CP, m->xfer, m->xfer2, counts, err);
-    m->comm_s += model_clock() - t0;
+    m->comm_s += clock_seconds() - t0;
     if (rc != 0)
         return -1;
     o->scatter_rows(m->dk, b->send_rows, m->xfer2, b->n_send, lkv);

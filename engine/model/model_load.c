@@ -33,23 +33,18 @@ int model_full_tensor_count(const ModelDims *d)
 void model_full_tensor(const ModelDims *d, int i, char *name, size_t name_size, int64_t *rows, int64_t *cols,
                        int *is_vector)
 {
-    static const char *const layer_names[MODEL_LAYER_TENSORS] = {
-        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-        "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-        "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
-    };
     int64_t D = d->d, hd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
     int64_t F = d->d_ffn;
     *is_vector = 0;
     if (i == 0) {
-        snprintf(name, name_size, "model.embed_tokens.weight");
+        model_tensor_name(T_EMBED, -1, name, name_size);
         *rows = d->vocab, *cols = D;
         return;
     }
     int k = i - 1;
     if (k < d->n_layers * MODEL_LAYER_TENSORS) {
         int l = k / MODEL_LAYER_TENSORS, j = k % MODEL_LAYER_TENSORS;
-        snprintf(name, name_size, "model.layers.%d.%s", l, layer_names[j]);
+        model_tensor_name((ModelTensorKind)(T_ATTN_NORM + j), l, name, name_size);
         const int64_t shape[MODEL_LAYER_TENSORS][2] = {{1, D}, {hd, D}, {kvd, D}, {kvd, D}, {D, hd},
                                                        {1, D}, {F, D},  {F, D},   {D, F}};
         *rows = shape[j][0], *cols = shape[j][1];
@@ -57,11 +52,11 @@ void model_full_tensor(const ModelDims *d, int i, char *name, size_t name_size, 
         return;
     }
     if (k == d->n_layers * MODEL_LAYER_TENSORS) {
-        snprintf(name, name_size, "model.norm.weight");
+        model_tensor_name(T_FINAL_NORM, -1, name, name_size);
         *rows = 1, *cols = D, *is_vector = 1;
         return;
     }
-    snprintf(name, name_size, "lm_head.weight");
+    model_tensor_name(T_HEAD, -1, name, name_size);
     *rows = d->vocab, *cols = D;
 }
 

@@ -17,24 +17,17 @@
  */
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 #include "engine/model/model_impl.h"
-
-double model_clock(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "util/clock.h"
 
 int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err)
 {
     if (m->dims.tp == 1)
         return 0;
-    double t0 = model_clock();
+    double t0 = clock_seconds();
     int rc = comm_allreduce_sum(m->comm, GROUP_TP, x, n, err);
-    m->comm_s += model_clock() - t0;
+    m->comm_s += clock_seconds() - t0;
     return rc;
 }
 
@@ -42,10 +35,10 @@ int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err)
 {
     if (m->dims.tp == 1)
         return 0;
-    double t0 = model_clock();
+    double t0 = clock_seconds();
     int rc = max ? comm_allreduce_max_f64(m->comm, GROUP_TP, x, n, err)
                  : comm_allreduce_sum_f64(m->comm, GROUP_TP, x, n, err);
-    m->comm_s += model_clock() - t0;
+    m->comm_s += clock_seconds() - t0;
     return rc;
 }
 

@@ -1,8 +1,8 @@
 /*
  * engine/plan/calibration.h - the cost-model calibration file (balance.calibration).
  *
- * JSON, written by `wlbtrain calibrate` on the real GPU (or by hand); every field but the first
- * two is optional and replaces the hardware profile's value:
+ * JSON, written by hand from measurements on the real hardware (a `calibrate` command is planned);
+ * every field but the first two is optional and replaces the hardware profile's value:
  *   {
  *     "format": "wlbtrain-calibration", "version": 1,
  *     "device": "NVIDIA H100 80GB HBM3",

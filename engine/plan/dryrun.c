@@ -5,24 +5,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "data/data_sources.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/sched.h"
 #include "util/fileio.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+#include "util/clock.h"
 
 /* What one step of one run predicts. */
 typedef struct StepStats {
     double pp_imbalance, cp_imbalance, predicted_ms, baseline_ms, packer_ms;
+    double predicted_s, baseline_s; /* the same times in seconds, as the simulator gave them */
     int64_t tokens;
     double delay_token_steps;
 } StepStats;
@@ -174,6 +168,99 @@ static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
            s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1.0, s->packer_ms);
 }
 
+/* Plans the next step (timing the planner) and predicts it: s gets the imbalances and the step times,
+ * *worst_mb the micro-batch with the worst CP imbalance. With run->with_baseline, base gets Plain-4D's
+ * plan of the same documents. */
+static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPlan *base, StepStats *s,
+                            int64_t *worst_mb, Error *err)
+{
+    memset(s, 0, sizeof *s);
+    double t0 = clock_seconds();
+    if (plan_step(pl, plan, err) != 0)
+        return -1;
+    s->packer_ms = (clock_seconds() - t0) * 1e3;
+    double seconds = 0, base_s = 0;
+    if (sched_step_time(plan, run->cost, &seconds, err) != 0)
+        return -1;
+    if (run->with_baseline &&
+        (plan_baseline(pl, plan, base, err) != 0 || sched_step_time(base, run->cost, &base_s, err) != 0))
+        return -1;
+    s->pp_imbalance = plan_pp_imbalance(plan);
+    s->cp_imbalance = plan_cp_imbalance(plan, worst_mb);
+    s->predicted_s = seconds;
+    s->baseline_s = base_s;
+    s->predicted_ms = seconds * 1e3;
+    s->baseline_ms = base_s * 1e3;
+    s->tokens = plan->tokens;
+    s->delay_token_steps = plan->delay_token_steps;
+    return 0;
+}
+
+/* The per-step figures a run's summary is made of. */
+typedef struct Series {
+    double *pp, *cp, *speedup, *packer_ms;
+} Series;
+
+static int series_alloc(Series *v, int64_t n, Error *err)
+{
+    v->pp = malloc((size_t)(n ? n : 1) * sizeof *v->pp);
+    v->cp = malloc((size_t)(n ? n : 1) * sizeof *v->cp);
+    v->speedup = malloc((size_t)(n ? n : 1) * sizeof *v->speedup);
+    v->packer_ms = malloc((size_t)(n ? n : 1) * sizeof *v->packer_ms);
+    return v->pp && v->cp && v->speedup && v->packer_ms ? 0 : error_runtime(err, "dry run", "out of memory");
+}
+
+static void series_free(Series *v)
+{
+    free(v->pp);
+    free(v->cp);
+    free(v->speedup);
+    free(v->packer_ms);
+}
+
+static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats *s, int with_baseline)
+{
+    v->pp[step] = s->pp_imbalance;
+    v->cp[step] = s->cp_imbalance;
+    v->speedup[step] = with_baseline && s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1;
+    v->packer_ms[step] = s->packer_ms;
+    sum->tokens += s->tokens;
+    sum->predicted_s += s->predicted_s;
+    sum->baseline_s += s->baseline_s;
+    sum->delay_token_steps += s->delay_token_steps;
+}
+
+static void series_summarize(Series *v, RunSummary *sum, int64_t n)
+{
+    sum->steps = n;
+    sum->pp = dist_of(v->pp, n);
+    sum->cp = dist_of(v->cp, n);
+    sum->speedup = dist_of(v->speedup, n);
+    sum->packer_ms = dist_of(v->packer_ms, n);
+}
+
+/* The step's stdout line (every log.every steps, the first and the last) and its JSON line. */
+static int report_step(const Run *run, const Planner *pl, const StepPlan *plan, const StepPlan *base,
+                       const StepStats *s, int64_t worst_mb, Error *err)
+{
+    const Config *cfg = run->cfg;
+    int64_t step = plan->step + 1;
+    if (run->print_steps && (step % cfg->log.every == 0 || step == 1 || step == run->steps))
+        print_step(cfg, plan, s);
+    if (!run->stats)
+        return 0;
+    json_step(run->stats, cfg, pl, plan, s);
+    json_mb_costs(run->stats, "mb_cost_ms", plan, run->cost);
+    if (run->with_baseline)
+        json_mb_costs(run->stats, "baseline_mb_cost_ms", base, run->cost);
+    int rc = 0;
+    if (cfg->parallel.cp > 1 && worst_mb >= 0)
+        rc = json_cp_ranks(run->stats, plan, worst_mb, run->cost, pl->rank_capacity, err);
+    fputs("}\n", run->stats);
+    return rc;
+}
+
+/* Plans, predicts and reports run->steps steps; sum gets the run's summary. */
 static int run_steps(const Run *run, RunSummary *sum, Error *err)
 {
     memset(sum, 0, sizeof *sum);
@@ -181,73 +268,28 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     DataStream stream;
     Planner pl;
     StepPlan plan = {0}, base = {0};
-    double *v_pp = NULL, *v_cp = NULL, *v_speed = NULL, *v_ms = NULL;
-    int rc = data_stream_init(&stream, run->data->src, run->data->weights, run->data->n, (uint64_t)cfg->data.seed,
-                              (uint64_t)cfg->data.context_window, err);
-    if (rc != 0)
+    Series v = {0};
+    if (data_stream_init(&stream, run->data->src, run->data->weights, run->data->n, (uint64_t)cfg->data.seed,
+                         (uint64_t)cfg->data.context_window, err) != 0)
         return -1;
-    rc = plan_init(&pl, cfg, run->cost, &stream, run->packer, run->sharding, err);
-    int64_t n = run->steps;
-    if (rc == 0) {
-        v_pp = malloc((size_t)n * sizeof *v_pp);
-        v_cp = malloc((size_t)n * sizeof *v_cp);
-        v_speed = malloc((size_t)n * sizeof *v_speed);
-        v_ms = malloc((size_t)n * sizeof *v_ms);
-        if (!v_pp || !v_cp || !v_speed || !v_ms)
-            rc = error_runtime(err, "dry run", "out of memory");
-    }
-    for (int64_t step = 0; step < n && rc == 0; step++) {
-        StepStats s = {0};
-        double t0 = now_ms();
-        rc = plan_step(&pl, &plan, err);
-        s.packer_ms = now_ms() - t0;
-        double seconds = 0, base_s = 0;
-        if (rc == 0)
-            rc = sched_step_time(&plan, run->cost, &seconds, err);
-        if (rc == 0 && run->with_baseline && (rc = plan_baseline(&pl, &plan, &base, err)) == 0)
-            rc = sched_step_time(&base, run->cost, &base_s, err);
-        if (rc != 0)
-            break;
-        int64_t worst_mb;
-        s.pp_imbalance = plan_pp_imbalance(&plan);
-        s.cp_imbalance = plan_cp_imbalance(&plan, &worst_mb);
-        s.predicted_ms = seconds * 1e3;
-        s.baseline_ms = base_s * 1e3;
-        s.tokens = plan.tokens;
-        s.delay_token_steps = plan.delay_token_steps;
-        v_pp[step] = s.pp_imbalance;
-        v_cp[step] = s.cp_imbalance;
-        v_speed[step] = run->with_baseline && seconds > 0 ? base_s / seconds : 1;
-        v_ms[step] = s.packer_ms;
-        sum->tokens += plan.tokens;
-        sum->predicted_s += seconds;
-        sum->baseline_s += base_s;
-        sum->delay_token_steps += plan.delay_token_steps;
-        if (run->print_steps && ((step + 1) % cfg->log.every == 0 || step == 0 || step + 1 == n))
-            print_step(cfg, &plan, &s);
-        if (run->stats) {
-            json_step(run->stats, cfg, &pl, &plan, &s);
-            json_mb_costs(run->stats, "mb_cost_ms", &plan, run->cost);
-            if (run->with_baseline)
-                json_mb_costs(run->stats, "baseline_mb_cost_ms", &base, run->cost);
-            if (cfg->parallel.cp > 1 && worst_mb >= 0)
-                rc = json_cp_ranks(run->stats, &plan, worst_mb, run->cost, pl.rank_capacity, err);
-            fputs("}\n", run->stats);
+    int rc = plan_init(&pl, cfg, run->cost, &stream, run->packer, run->sharding, err);
+    if (rc == 0)
+        rc = series_alloc(&v, run->steps, err);
+    for (int64_t step = 0; step < run->steps && rc == 0; step++) {
+        StepStats s;
+        int64_t worst_mb = -1;
+        rc = plan_and_predict(run, &pl, &plan, &base, &s, &worst_mb, err);
+        if (rc == 0) {
+            series_add(&v, sum, step, &s, run->with_baseline);
+            rc = report_step(run, &pl, &plan, &base, &s, worst_mb, err);
         }
     }
     if (rc == 0) {
-        sum->steps = n;
-        sum->pp = dist_of(v_pp, n);
-        sum->cp = dist_of(v_cp, n);
-        sum->speedup = dist_of(v_speed, n);
-        sum->packer_ms = dist_of(v_ms, n);
+        series_summarize(&v, sum, run->steps);
         if (run->stats)
             json_summary(run->stats, sum, &pl);
     }
-    free(v_pp);
-    free(v_cp);
-    free(v_speed);
-    free(v_ms);
+    series_free(&v);
     plan_free(&plan);
     plan_free(&base);
     plan_destroy(&pl);

@@ -33,21 +33,25 @@ int sched_stage_ops(int s, int pp, int v, int n_mb, SchedOp *ops)
     return n;
 }
 
-double sched_makespan(const SchedReplica *r)
+int sched_makespan(const SchedReplica *r, double *makespan, Error *err)
 {
     int pp = r->pp, v = r->v, n_mb = r->n_mb, chunks = pp * v, per_stage = 2 * n_mb * v;
+    *makespan = 0;
     if (n_mb == 0)
         return 0;
     if (v > 1 && n_mb % pp)
-        return -1; /* interleaving takes micro-batches in groups of pp */
+        return error_set(err, "parallel.virtual_stages", "interleaved 1F1B takes micro-batches in groups of pp: "
+                         "%d micro-batches per replica with pp %d", n_mb, pp);
     size_t n_ends = (size_t)n_mb * chunks;
     SchedOp *ops = malloc((size_t)pp * per_stage * sizeof *ops);
     double *end_f = malloc(n_ends * sizeof *end_f), *end_b = malloc(n_ends * sizeof *end_b);
     double *free_at = calloc((size_t)pp, sizeof *free_at);
     int *next = calloc((size_t)pp, sizeof *next);
-    double makespan = -1;
-    if (!ops || !end_f || !end_b || !free_at || !next)
+    int rc = 0;
+    if (!ops || !end_f || !end_b || !free_at || !next) {
+        rc = error_runtime(err, "pipeline", "out of memory for the schedule of %d micro-batches", n_mb);
         goto done;
+    }
     for (int s = 0; s < pp; s++)
         sched_stage_ops(s, pp, v, n_mb, ops + (size_t)s * per_stage);
     for (size_t i = 0; i < n_ends; i++)
@@ -86,19 +90,17 @@ double sched_makespan(const SchedReplica *r)
                 progress = 1;
             }
         }
-        if (!progress)
-            goto done; /* cannot happen for a valid 1F1B order */
+        WLB_ASSERT(progress); /* a valid 1F1B order always has a pass whose inputs are ready */
     }
-    makespan = 0;
     for (int s = 0; s < pp; s++)
-        makespan = free_at[s] > makespan ? free_at[s] : makespan;
+        *makespan = free_at[s] > *makespan ? free_at[s] : *makespan;
 done:
     free(ops);
     free(end_f);
     free(end_b);
     free(free_at);
     free(next);
-    return makespan;
+    return rc;
 }
 
 void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const CostModel *cost, double *fwd,
@@ -123,15 +125,15 @@ void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const 
 }
 
 /* Simulates replica r with its micro-batches in the order given by mb_index (count n). */
-static double replica_makespan(const StepPlan *p, const CostModel *cost, const int64_t *mb_index, int n,
-                               double *fwd, double *bwd, double *p2p)
+static int replica_makespan(const StepPlan *p, const CostModel *cost, const int64_t *mb_index, int n, double *fwd,
+                            double *bwd, double *p2p, double *makespan, Error *err)
 {
     int chunks = cost->pp * cost->v;
     for (int i = 0; i < n; i++)
         sched_micro_batch_times(p, &p->mbs[mb_index[i]], cost, fwd + (size_t)i * chunks, bwd + (size_t)i * chunks,
                                 &p2p[i]);
     SchedReplica rep = {cost->pp, cost->v, n, fwd, bwd, p2p};
-    return sched_makespan(&rep);
+    return sched_makespan(&rep, makespan, err);
 }
 
 /* The micro-batches of each replica in their order: idx[r * m + order]. */
@@ -181,11 +183,9 @@ int sched_replica_times(const StepPlan *p, const CostModel *cost, double *replic
     int rc = scratch_alloc(&s, p, cost, err);
     if (rc == 0) {
         replica_lists(p, s.idx, s.count);
-        for (int r = 0; r < p->dp && rc == 0; r++) {
-            replica_s[r] = replica_makespan(p, cost, s.idx + (int64_t)r * p->m, s.count[r], s.fwd, s.bwd, s.p2p);
-            if (replica_s[r] < 0)
-                rc = error_runtime(err, "pipeline", "internal: the 1F1B schedule of replica %d cannot run", r);
-        }
+        for (int r = 0; r < p->dp && rc == 0; r++)
+            rc = replica_makespan(p, cost, s.idx + (int64_t)r * p->m, s.count[r], s.fwd, s.bwd, s.p2p,
+                                  &replica_s[r], err);
     }
     scratch_free(&s);
     return rc;
@@ -245,13 +245,16 @@ int sched_order_replicas(StepPlan *p, const CostModel *cost, Error *err)
         sort_desc(p, list, n);
         /* Small micro-batches fill and drain the pipeline faster; which order wins depends on the
          * mix, so simulate each candidate and keep the fastest. */
-        double best = -1;
+        double best = -1, t;
         int best_kind = 0;
         for (int kind = 0; kind < 3 && n > 1; kind++) {
             for (int i = 0; i < n; i++)
                 s.cand[position(kind, i, n)] = list[i];
-            double t = replica_makespan(p, cost, s.cand, n, s.fwd, s.bwd, s.p2p);
-            if (t >= 0 && (best < 0 || t < best)) {
+            if (replica_makespan(p, cost, s.cand, n, s.fwd, s.bwd, s.p2p, &t, err) != 0) {
+                scratch_free(&s);
+                return -1;
+            }
+            if (best < 0 || t < best) {
                 best = t;
                 best_kind = kind;
             }

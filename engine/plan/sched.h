@@ -35,8 +35,9 @@ typedef struct SchedOp {
  * order; the simulator times it). Returns the count. */
 int sched_stage_ops(int s, int pp, int v, int n_mb, SchedOp *ops);
 
-/* Makespan in seconds; -1 if the schedule cannot run: with v > 1, n_mb must be a multiple of pp. */
-double sched_makespan(const SchedReplica *r);
+/* *makespan: seconds until the replica's last pass ends. An Error when the schedule cannot run
+ * (status 2: with v > 1, n_mb must be a multiple of pp) or memory runs out (status 1). */
+int sched_makespan(const SchedReplica *r, double *makespan, Error *err);
 
 /* Per-chunk times of micro-batch mb of a plan, written to fwd[g], bwd[g] (g < pp * v), and its p2p. */
 void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const CostModel *cost, double *fwd,

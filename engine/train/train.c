@@ -16,6 +16,7 @@
  */
 #include "engine/train/train.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -23,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu_info.h"
 #include "engine/comm/runtime.h"
+#include "util/clock.h"
 #include "util/fileio.h"
 #include "util/parse.h"
 
@@ -121,9 +122,20 @@ static void print_banner(const Trainer *tr, const Config *cfg)
            (long long)p->tp, (long long)p->cp,
            (long long)p->pp, p->virtual_stages > 1 ? " (interleaved)" : "", (long long)p->dp,
            p->zero ? ", ZeRO-1" : "", (long long)params, omp_get_max_threads(), omp_get_max_threads() > 1 ? "s" : "",
-           tr->comm->nccl ? "nccl" : !tr->comm->mpi ? "none (one process)" : tr->comm->stage ? "mpi, staged through the host"
-                                                                                             : "mpi");
+           !tr->comm->mpi ? "none (one process)" : tr->comm->impl != &comm_mpi ? tr->comm->impl->name
+                                                : tr->comm->stage ? "mpi, staged through the host" : "mpi");
     fflush(stdout);
+}
+
+/* The step of a log.metrics line (a JSON object with "step"), or INT64_MAX for a line that is not one:
+ * such lines are dropped when the file is cut back. */
+static int64_t metrics_line_step(const char *line)
+{
+    json_t *o = json_loads(line, 0, NULL);
+    json_t *step = o ? json_object_get(o, "step") : NULL;
+    int64_t s = json_is_integer(step) ? (int64_t)json_integer_value(step) : INT64_MAX;
+    json_decref(o);
+    return s;
 }
 
 /* log.metrics for a run that starts after step `first` - 1: a fresh file, or after a resume the
@@ -149,8 +161,7 @@ static int open_metrics(const char *path, int64_t first, FILE **out, Error *err)
             next = strchr(line, '\n');
             if (next)
                 *next++ = '\0';
-            long long step = 0;
-            if (sscanf(line, "{\"step\":%lld", &step) == 1 && step < first)
+            if (metrics_line_step(line) < first)
                 fprintf(a.f, "%s\n", line);
         }
         free(text);
@@ -168,11 +179,11 @@ static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, Error *err)
     const ConfigCheckpoint *c = &cfg->checkpoint;
     if (!c->dir || !((c->every > 0 && step % c->every == 0) || step == cfg->train.steps))
         return 0;
-    double t0 = model_clock();
+    double t0 = clock_seconds();
     if (trainer_save(tr, step, err) != 0)
         return -1;
     if (tr->lay.rank == 0) {
-        printf("checkpoint: %s/step-%08lld (%.1f s)\n", c->dir, (long long)step, model_clock() - t0);
+        printf("checkpoint: %s/step-%08lld (%.1f s)\n", c->dir, (long long)step, clock_seconds() - t0);
         fflush(stdout);
     }
     return 0;
@@ -186,9 +197,9 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
     if (lead && cfg->log.metrics && open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0)
         return -1;
     int rc = 0;
-    double t_start = model_clock();
+    double t_start = clock_seconds();
     for (int64_t step = done + 1; rc == 0 && step <= cfg->train.steps; step++) {
-        double t0 = model_clock();
+        double t0 = clock_seconds();
         TrainStats st;
         rc = inject_fault(fault, tr, step, err);
         if (rc == 0)
@@ -199,7 +210,7 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             rc = maybe_save(tr, cfg, step, err);
         if (rc != 0 || !lead)
             continue;
-        double ms = (model_clock() - t0) * 1e3;
+        double ms = (clock_seconds() - t0) * 1e3;
         if (metrics)
             rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, err);
         if (st.skipped) {
@@ -208,7 +219,7 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             fflush(stdout);
         } else if (step % cfg->log.every == 0 || step == done + 1 || step == cfg->train.steps) {
             char left[32];
-            double elapsed = model_clock() - t_start;
+            double elapsed = clock_seconds() - t_start;
             format_duration(elapsed / (double)(step - done) * (double)(cfg->train.steps - step), left, sizeof left);
             printf("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  tokens %lld  tokens/s %.0f  %.0f ms  "
                    "(%s left)\n", (long long)step, (long long)cfg->train.steps, st.loss, st.lr, st.grad_norm,
@@ -242,7 +253,7 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     return rc;
 }
 
-int train_run(const Config *cfg, Error *err)
+int trainer_run(const Config *cfg, Error *err)
 {
     RuntimeLaunch launch = runtime_launch_from_env();
     Fault fault;
@@ -255,7 +266,6 @@ int train_run(const Config *cfg, Error *err)
         comm_finish(&comm);
         return -1;
     }
-    cpu_share_cores(comm.node_ranks);
     Trainer tr;
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);

@@ -30,6 +30,7 @@
 #include "config/config.h"
 #include "data/data_sources.h"
 #include "engine/train/batch.h"
+#include "engine/backend.h"
 #include "engine/comm/comm.h"
 #include "engine/plan/cost.h"
 #include "engine/model/model.h"
@@ -61,7 +62,8 @@ typedef struct TrainStats {
 
 typedef struct Trainer {
     const Config *cfg;
-    const Ops *ops;          /* the backend: cpu, or cuda */
+    const Backend *backend;  /* train.device's (engine/backend.h) */
+    const Ops *ops;          /* its ops */
     Comm *comm;
     Layout lay;
     int pp, v, n_chunks, m;  /* stages, chunks per stage, chunks in all, micro-batches per replica */
@@ -118,13 +120,13 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
-int train_reduce_grads(Trainer *tr, Error *err);
+int trainer_reduce_grads(Trainer *tr, Error *err);
 void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
 /* ZeRO-1: full gets every rank's shard of an array laid out like m's parameters, all-gathered over
  * DP x CP; this rank's shard is copied into place first (shard NULL: it is there already). */
-int train_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err);
+int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err);
 
 /* The whole job: starts MPI when launched, trains cfg->train.steps steps. */
-int train_run(const Config *cfg, Error *err);
+int trainer_run(const Config *cfg, Error *err);
 
 #endif

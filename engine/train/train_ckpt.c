@@ -67,7 +67,7 @@ static int full_moments(Trainer *tr, const float **m, const float **v, float **o
             if (!full)
                 return error_runtime(err, "checkpoint", "out of memory");
             own[2 * k + j] = full;
-            if (train_gather_shards(tr, md, full, j ? o->v : o->m, err) != 0)
+            if (trainer_gather_shards(tr, md, full, j ? o->v : o->m, err) != 0)
                 return -1;
             (j ? v : m)[k] = full;
         }

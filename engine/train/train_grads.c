@@ -103,7 +103,7 @@ static void shard_counts(const Trainer *tr, const Model *m, int64_t *counts)
     }
 }
 
-int train_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err)
+int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err)
 {
     int64_t counts[4096], b, e;
     shard_counts(tr, m, counts);
@@ -113,7 +113,7 @@ int train_gather_shards(Trainer *tr, const Model *m, float *full, const float *s
     return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, err);
 }
 
-int train_reduce_grads(Trainer *tr, Error *err)
+int trainer_reduce_grads(Trainer *tr, Error *err)
 {
     Comm *c = tr->comm;
     tr->grads_gathered = 0;
@@ -166,7 +166,7 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
         TrainChunk *ch = &tr->chunks[k];
         Model *m = &ch->model;
         st->lr = optim_update(&ch->optim, m, zero ? ch->shard_grads : m->grads, st->grad_norm);
-        if (zero && train_gather_shards(tr, m, m->params, NULL, err) != 0)
+        if (zero && trainer_gather_shards(tr, m, m->params, NULL, err) != 0)
             return -1;
     }
     return 0;
@@ -188,7 +188,7 @@ static int gather_shard_grads(Trainer *tr, Error *err)
     if (!tr->cfg->parallel.zero || tr->grads_gathered)
         return 0;
     for (int k = 0; k < tr->v; k++)
-        if (train_gather_shards(tr, &tr->chunks[k].model, tr->chunks[k].model.grads, tr->chunks[k].shard_grads,
+        if (trainer_gather_shards(tr, &tr->chunks[k].model, tr->chunks[k].model.grads, tr->chunks[k].shard_grads,
                                 err) != 0)
             return -1;
     tr->grads_gathered = 1;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "engine/train/train.h"
+#include "util/clock.h"
 
 static int message_tag(const Trainer *tr, int k, int g, int backward)
 {
@@ -103,10 +104,10 @@ static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
             return -1;
         h_in = tr->recv;
     }
-    double loss = 0, t0 = model_clock(), comm0 = m->comm_s;
+    double loss = 0, t0 = clock_seconds(), comm0 = m->comm_s;
     if (model_forward(m, slot, b, h_in, 1, dloss, &loss, err) != 0)
         return -1;
-    tr->mb_compute[k] += model_clock() - t0 - (m->comm_s - comm0);
+    tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
     if (m->dims.has_head && tr->lay.tp_rank == 0)
         tr->loss_sum += loss;
     if (g < tr->n_chunks - 1)
@@ -130,10 +131,10 @@ static int run_backward(Trainer *tr, int k, int c, Error *err)
             return -1;
         dh_out = tr->recv;
     }
-    double t0 = model_clock(), comm0 = m->comm_s;
+    double t0 = clock_seconds(), comm0 = m->comm_s;
     if (model_backward(m, slot, b, dh_out, err) != 0)
         return -1;
-    tr->mb_compute[k] += model_clock() - t0 - (m->comm_s - comm0);
+    tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
     ch->slot_busy[slot] = 0;
     ch->slot_of[k] = -1;
     if (g > 0)
@@ -221,5 +222,5 @@ int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
         Model *m = &tr->chunks[0].model;
         m->ops->to_device(m->grads, &nan, sizeof nan);
     }
-    return train_reduce_grads(tr, err);
+    return trainer_reduce_grads(tr, err);
 }

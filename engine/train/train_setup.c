@@ -5,12 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu_ops.h"
+#include "engine/backend.h"
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
-#ifdef WLB_CUDA
-#include "cuda/cuda_ops.h"
-#endif
 
 /* Most micro-batches that chunk c holds activations for at once, over the stage's schedule. */
 static int max_in_flight(const SchedOp *ops, int n, int c)
@@ -48,8 +45,8 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     if (cfg->train.init_from) {
         if (model_load(m, cfg->train.init_from, err) != 0)
             return -1;
-    } else {
-        model_init_weights(m, (uint64_t)cfg->train.seed);
+    } else if (model_init_weights(m, (uint64_t)cfg->train.seed, err) != 0) {
+        return -1;
     }
     int64_t begin, end;
     trainer_optim_range(tr, m, &begin, &end);
@@ -58,20 +55,21 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     return optim_init(&ch->optim, &cfg->train, m, begin, end, err);
 }
 
-/* The backend of train.device. */
+/* The backend of train.device (backends.c has the table of those this build knows). */
 static int open_backend(Trainer *tr, Error *err)
 {
-    if (tr->cfg->train.device == DEVICE_CPU) {
-        tr->ops = cpu_ops();
-        return 0;
-    }
-#ifdef WLB_CUDA
+    const char *name = tr->cfg->train.device == DEVICE_CUDA ? "cuda" : "cpu";
+    const Backend *b = backend_find(name);
+    if (!b)
+        return error_set(err, "train.device", "no backend %s in this build", name);
     RuntimeLaunch launch = runtime_launch_from_env();
-    return (tr->ops = cuda_ops_open(launch.local_rank, tr->cfg->train.precision == PRECISION_BF16, err)) ? 0 : -1;
-#else
-    return error_set(err, "train.device", "this wlbtrain was built without the CUDA backend (nvcc was not found at "
-                     "build time, or make CUDA=0); set train.device: cpu or rebuild with nvcc");
-#endif
+    BackendOpen opt = {launch.local_rank, tr->cfg->train.precision == PRECISION_BF16, 1};
+    if (!(tr->ops = b->open(&opt, err)))
+        return -1;
+    tr->backend = b;
+    if (b->share_node)
+        b->share_node(tr->comm->node_ranks);
+    return 0;
 }
 
 /* parallel.comm: mpi (host-staged on a GPU), or nccl; auto is nccl when every rank of this machine
@@ -81,8 +79,11 @@ static int choose_comm(Trainer *tr, Error *err)
     const ConfigParallel *p = &tr->cfg->parallel;
     if (tr->cfg->train.device != DEVICE_CUDA || p->comm == COMM_MPI)
         return 0;
-#ifdef WLB_CUDA
-    int gpus = cuda_device_count(), ranks = tr->comm->node_ranks;
+    const CommImpl *nccl = backend_comm("nccl");
+    if (!nccl)
+        return p->comm == COMM_AUTO ? 0 : error_set(err, "parallel.comm", "nccl needs the CUDA backend, which this "
+                                                     "wlbtrain was built without");
+    int gpus = tr->backend->device_count(), ranks = tr->comm->node_ranks;
     if (p->comm == COMM_AUTO && ranks > gpus)
         return 0;
     if (ranks > gpus)
@@ -94,11 +95,7 @@ static int choose_comm(Trainer *tr, Error *err)
         return error_set(err, "parallel.comm", "nccl carries the pipeline's messages in order, which interleaved "
                          "stages do not keep; use parallel.comm: mpi with parallel.virtual_stages > 1");
     }
-    return comm_use_nccl(tr->comm, err);
-#else
-    (void)err;
-    return 0; /* open_backend has refused cuda already */
-#endif
+    return comm_use(tr->comm, nccl, err);
 }
 
 static int check_layout(const Trainer *tr, Error *err)
