@@ -1,7 +1,9 @@
 /*
  * main.c - wlbtrain's entry: parse the command line, load and resolve the config, run the job.
  *
- * Dependencies point one way: main -> cli, config -> engine -> (data, cpu | cuda).
+ * Dependencies point one way: main -> cli, config, engine -> data, util; the engine reaches the
+ * backends (cpu/, cuda/) only through the tables that backends.c registers (docs/architecture.md;
+ * test/test_layering.py checks every include).
  * Every error ends here: "wlbtrain: error: WHERE: WHAT" on stderr, exit 2 for bad input, 1 at run time.
  */
 #include <stdio.h>
