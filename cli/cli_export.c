@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "config/config.h"
+#include "util/bf16.h"
 #include "util/fileio.h"
 #include "util/safetensors.h"
 
@@ -69,16 +70,6 @@ static json_t *llama_config(const ConfigModel *m, const char *dtype)
     return j;
 }
 
-/* float32 -> bfloat16, round to nearest even (NaN stays NaN). */
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
 /* The weights of the checkpoint into a writer, as float32 or bfloat16. */
 static int add_weights(const StFile *in, StWriter *w, int bf16, Error *err)
 {
@@ -92,7 +83,7 @@ static int add_weights(const StFile *in, StWriter *w, int bf16, Error *err)
         if (rc == 0) {
             st_read_f32(t, f);
             for (int64_t k = 0; bf16 && k < t->numel; k++)
-                h[k] = to_bf16(f[k]);
+                h[k] = bf16_from_float(f[k]);
             rc = st_writer_add(w, t->name, bf16 ? ST_BF16 : ST_F32, t->shape, t->n_dims, bf16 ? (void *)h : (void *)f,
                                err);
         }

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/bf16.h"
+
 static const struct {
     const char *name;
     int size;
@@ -172,14 +174,6 @@ static float half_to_float(uint16_t h)
     int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
     float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024), e - 25);
     return sign ? -v : v;
-}
-
-static float bf16_to_float(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 void st_read_f32(const StTensor *t, float *out)
