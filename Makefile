@@ -26,6 +26,7 @@ B := $(if $(filter asan,$(VARIANT)),build/asan,$(RELEASE))
 Q := $(if $(V),,@)
 
 CC := gcc
+CXX := g++
 ifeq ($(VARIANT),asan)
   OPT := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
   CUDA_BUILD := 0
@@ -52,9 +53,16 @@ ifeq ($(CUDA_BUILD),1)
 endif
 TEST_SRCS := $(wildcard test/test_*.c)
 TEST_BINS := $(TEST_SRCS:test/%.c=$(B)/test/%)
+# C++ tests: the CUDA kernels' own source on the host, under test/flash_emu.cc (no GPU needed).
+CXXFLAGS = -std=c++17 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unknown-pragmas -fopenmp -I. -MMD -MP $(OPT)
+TEST_CXX_SRCS := $(wildcard test/test_*.cc)
+TEST_BINS += $(TEST_CXX_SRCS:test/%.cc=$(B)/test/%)
 # Tools the Python tests run (test/dump_*.c): plain programs over libwlb.a, no test framework.
 TOOL_SRCS := $(wildcard test/dump_*.c)
 TOOL_BINS := $(TOOL_SRCS:test/%.c=$(B)/test/%)
+# Benchmark programs (bench/*.c) the bench scripts run.
+BENCH_SRCS := $(wildcard bench/*.c)
+TOOL_BINS += $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 .PHONY: all deps test-deps variant variant-tests test run demo clean
 all: deps
@@ -90,6 +98,11 @@ $(B)/obj/%.o: %.c
 	@echo "  CC    $< ($(VARIANT))"
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
 
+$(B)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	@echo "  CXX   $< ($(VARIANT))"
+	$(Q)$(CXX) $(CXXFLAGS) -c -o $@ $<
+
 $(B)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
@@ -100,12 +113,22 @@ $(B)/test/dump_%: $(B)/obj/test/dump_%.o $(B)/libwlb.a
 	@echo "  LD    $@"
 	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ $(LIBS) $(CUDA_LIBS)
 
+$(B)/bench/%: $(B)/obj/bench/%.o $(B)/libwlb.a
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ $(LIBS) $(CUDA_LIBS)
+
 # The fuzz regression test replays test/fuzz/ through the fuzz targets (scripts/fuzz.sh fuzzes them).
 $(B)/test/test_fuzz_corpus: $(B)/obj/test/test_fuzz_corpus.o $(B)/obj/fuzz/fuzz_targets.o $(B)/obj/test/testlib.o \
                             $(B)/libwlb.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
+
+$(B)/test/test_flash_emulated: $(B)/obj/test/test_flash_emulated.o $(B)/obj/test/flash_emu.o $(B)/libwlb.a
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	$(Q)$(CXX) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
 
 $(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/libwlb.a
 	@mkdir -p $(dir $@)

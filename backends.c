@@ -28,7 +28,7 @@ static const Ops *cuda_absent_open(const BackendOpen *opt, Error *err)
 
 static int cuda_absent_count(void) { return 0; }
 
-static const Backend cuda_backend = {"cuda", cuda_absent_describe, cuda_absent_open, cuda_absent_count, NULL};
+static const Backend cuda_backend = {"cuda", cuda_absent_describe, cuda_absent_open, cuda_absent_count, NULL, NULL};
 #endif
 
 static const Backend *const backends[] = {&cpu_backend, &cuda_backend};

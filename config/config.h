@@ -26,6 +26,7 @@ typedef enum CpSharding { CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID } CpSha
 typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
+typedef enum Recompute { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
 typedef enum LrSchedule { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT } LrSchedule;
 typedef enum NonfinitePolicy { NONFINITE_STOP, NONFINITE_SKIP } NonfinitePolicy;
 typedef enum RopeScaling { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 } RopeScaling;
@@ -99,6 +100,8 @@ typedef struct ConfigTrain {
     int64_t seed;
     char *init_from; /* NULL = random init */
     NonfinitePolicy nonfinite;
+    Recompute recompute;
+    bool deterministic;
 } ConfigTrain;
 
 typedef struct ConfigCheckpoint {

@@ -117,7 +117,15 @@ const ConfigKey config_keys[] = {
 
     ENUM_KEY("train.device", train.device, "cpu|cuda", "cuda", NULL, "backend"),
     ENUM_KEY("train.precision", train.precision, "fp32|bf16", NULL, "bf16 on cuda, fp32 on cpu",
-             "compute precision (master weights are always fp32)"),
+             "compute precision of products and attention, and of the activations they read (master "
+             "weights, gradients and the residual stream are always fp32; bf16 on cpu is an emulation "
+             "for tests)"),
+    ENUM_KEY("train.recompute", train.recompute, "none|selective|full", "none", NULL,
+             "activations recomputed in the backward instead of kept: selective = the norms and SwiGLU "
+             "outputs, full = each layer from its input"),
+    BOOL_KEY("train.deterministic", train.deterministic, "true", NULL,
+             "bit-identical results run after run (no floating-point atomics); false lets the GPU use its "
+             "fastest attention backward"),
     INT_KEY("train.steps", train.steps, 1, BIG, "1000", NULL, "optimizer steps"),
     FLOAT_KEY("train.lr", train.lr, 0, 10, KEY_MIN_OPEN, "3e-4", NULL, "peak learning rate"),
     FLOAT_KEY("train.min_lr", train.min_lr, 0, 10, 0, NULL, "lr / 10", "learning rate at the end of the schedule"),

@@ -206,9 +206,6 @@ static int check_balance(const Config *cfg, Error *err)
 static int check_train(const Config *cfg, Error *err)
 {
     const ConfigTrain *t = &cfg->train;
-    if (t->precision == PRECISION_BF16 && t->device == DEVICE_CPU)
-        return rule_error(cfg, err, "train.precision", "train.device",
-                          "bf16 needs train.device: cuda (the CPU backend computes in fp32)");
     if (t->min_lr > t->lr)
         return rule_error(cfg, err, "train.min_lr", "train.lr", "must not exceed train.lr (%g), got %g", t->lr,
                           t->min_lr);

@@ -7,7 +7,8 @@
 
 void cpu_describe(char *buf, size_t size)
 {
-    snprintf(buf, size, "fp32, OpenMP %d thread(s) per rank (OMP_NUM_THREADS)", omp_get_max_threads());
+    snprintf(buf, size, "fp32 (bf16 emulated with train.precision: bf16), OpenMP %d thread(s) per rank "
+             "(OMP_NUM_THREADS)", omp_get_max_threads());
 }
 
 int cpu_share_cores(int ranks_here)

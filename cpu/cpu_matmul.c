@@ -5,6 +5,7 @@
  *     forward   y[T, n_out]  = x[T, n_in]       W^T[n_in, n_out]   (W transposed once per call)
  *     dx        dx[T, n_in]  = dout[T, n_out]   W[n_out, n_in]
  *     dW        dW[n_out, n_in] += dout^T[n_out, T] x[T, n_in]     (dout transposed once)
+ * (out and dx may start from a given c: the residual add, or an accumulation.)
  * The kernel keeps a block of 4 rows x 16 columns of C in registers (GCC vector types: AVX2 and
  * FMA where the CPU has them, SSE otherwise) and walks the summed index once, so every element of
  * C is one running sum in a fixed order: the result does not depend on the thread count. Threads
@@ -85,32 +86,32 @@ static void transpose(float *restrict dst, const float *restrict src, int64_t ro
                     dst[c * rows + r] = src[r * cols + c];
 }
 
-/* The ops have no error path: a backend out of memory stops the program (a run-time failure). */
-static float *scratch(int64_t n)
+/* C = c + product: C starts as c (a copy unless c is C itself) and the product accumulates. */
+static int start_from(float *C, const float *c, int64_t n)
 {
-    float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
-    if (!p)
-        wlb_fatal("cpu backend: out of memory");
-    return p;
+    if (c && c != C)
+        memcpy(C, c, (size_t)n * sizeof *C);
+    return c != NULL;
 }
 
-void cpu_matmul_fwd(float *out, const float *x, const float *w, int64_t T, int64_t n_in, int64_t n_out)
+void cpu_k_matmul(float *out, const float *c, const float *x, const float *w, int64_t T, int64_t n_in, int64_t n_out)
 {
-    float *wt = scratch(n_in * n_out);
+    float *wt = cpu_scratch((size_t)(n_in * n_out + 1) * sizeof *wt);
     transpose(wt, w, n_out, n_in);
-    gemm(out, x, wt, T, n_in, n_out, 0);
+    gemm(out, x, wt, T, n_in, n_out, start_from(out, c, T * n_out));
     free(wt);
 }
 
-void cpu_matmul_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, int64_t T,
-                    int64_t n_in, int64_t n_out, int accumulate_dx)
+void cpu_k_matmul_dx(float *dx, const float *c, const float *dout, const float *w, int64_t T, int64_t n_in,
+                     int64_t n_out)
 {
-    if (dx)
-        gemm(dx, dout, w, T, n_out, n_in, accumulate_dx);
-    if (dw) {
-        float *dt = scratch(T * n_out);
-        transpose(dt, dout, T, n_out);
-        gemm(dw, dt, x, n_out, T, n_in, 1);
-        free(dt);
-    }
+    gemm(dx, dout, w, T, n_out, n_in, start_from(dx, c, T * n_in));
+}
+
+void cpu_k_matmul_dw(float *dw, const float *dout, const float *x, int64_t T, int64_t n_in, int64_t n_out)
+{
+    float *dt = cpu_scratch((size_t)(T * n_out + 1) * sizeof *dt);
+    transpose(dt, dout, T, n_out);
+    gemm(dw, dt, x, n_out, T, n_in, 1);
+    free(dt);
 }

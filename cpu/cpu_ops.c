@@ -1,19 +1,82 @@
 /*
- * cpu/cpu_ops.c - the element-wise and row-wise operations of the reference backend, and its Ops
- * table (see engine/ops.h for each operation's contract, cpu_ops.h for determinism).
+ * cpu/cpu_ops.c - the element-wise and row-wise kernels of the reference backend, and its two Ops
+ * tables (see engine/ops.h for each operation's contract, cpu_ops.h for the tables and
+ * determinism). The float32 table calls the kernels directly (its Act arrays are float arrays); the
+ * bfloat16 table's ops are in cpu_bf16.c.
  */
-#include "cpu/cpu_info.h"
 #include "cpu/cpu_ops.h"
-#include "util/error.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "cpu/cpu_bf16.h"
+#include "cpu/cpu_info.h"
+#include "util/bf16.h"
+#include "util/error.h"
 
 static void *cpu_alloc(size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
 static void cpu_free(void *p) { free(p); }
-static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_memcpy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memmove(dst, src, bytes);
+}
+static void cpu_sync(void) {}
+
+static void cpu_memory(size_t *free_bytes, size_t *total_bytes)
+{
+    long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES), phys = sysconf(_SC_PHYS_PAGES);
+    *free_bytes = page > 0 && avail > 0 ? (size_t)page * (size_t)avail : 0;
+    *total_bytes = page > 0 && phys > 0 ? (size_t)page * (size_t)phys : 0;
+}
+
+void *cpu_scratch(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        wlb_fatal("cpu backend: out of memory for %zu bytes of scratch", bytes);
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Rows between dtypes                                                                             */
+
+void cpu_copy_rows(int act_bf16, void *dst, Dt dst_dt, int64_t dst_stride, const int64_t *dst_rows, const void *src,
+                   Dt src_dt, int64_t src_stride, const int64_t *src_rows, int64_t n, int64_t width)
+{
+    int d16 = act_bf16 && dst_dt == DT_ACT, s16 = act_bf16 && src_dt == DT_ACT;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        int64_t dr = dst_rows ? dst_rows[i] : i, sr = src_rows ? src_rows[i] : i;
+        if (!d16 && !s16) {
+            memmove((float *)dst + dr * dst_stride, (const float *)src + sr * src_stride, (size_t)width * 4);
+        } else if (d16 && s16) {
+            memmove((uint16_t *)dst + dr * dst_stride, (const uint16_t *)src + sr * src_stride, (size_t)width * 2);
+        } else if (d16) {
+            uint16_t *o = (uint16_t *)dst + dr * dst_stride;
+            const float *x = (const float *)src + sr * src_stride;
+            for (int64_t j = 0; j < width; j++)
+                o[j] = bf16_from_float(x[j]);
+        } else {
+            float *o = (float *)dst + dr * dst_stride;
+            const uint16_t *x = (const uint16_t *)src + sr * src_stride;
+            for (int64_t j = 0; j < width; j++)
+                o[j] = bf16_to_float(x[j]);
+        }
+    }
+}
+
+static void f32_copy_rows(void *dst, Dt dst_dt, int64_t dst_stride, const int64_t *dst_rows, const void *src,
+                          Dt src_dt, int64_t src_stride, const int64_t *src_rows, int64_t n, int64_t width)
+{
+    cpu_copy_rows(0, dst, dst_dt, dst_stride, dst_rows, src, src_dt, src_stride, src_rows, n, width);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Embedding                                                                                       */
 
 static void embedding_fwd(float *out, const int32_t *tokens, int64_t T, const float *table, int64_t row0,
                           int64_t rows, int64_t d)
@@ -41,7 +104,10 @@ static void embedding_bwd(float *dtable, const int32_t *tokens, const float *dou
         }
 }
 
-static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps)
+/* ---------------------------------------------------------------------------------------------- */
+/* RMSNorm                                                                                         */
+
+void cpu_k_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
@@ -57,8 +123,8 @@ static void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w,
 }
 
 /* y = x r w, r = (mean(x^2) + eps)^-1/2: dx = r (dy w) - x r^3 mean(dy w x); dw = sum_t dy x r. */
-static void rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
-                        int64_t T, int64_t d)
+void cpu_k_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                       int64_t T, int64_t d)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
@@ -79,8 +145,24 @@ static void rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x,
     }
 }
 
-static void rope(float *x, const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq,
-                 int inverse)
+static void f32_rmsnorm_fwd(Act *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps)
+{
+    cpu_k_rmsnorm_fwd((float *)out, rstd, x, w, T, d, eps);
+}
+
+static void f32_rmsnorm_bwd(float *dx, Act *dx_act, float *dw, const float *dout, const float *x, const float *w,
+                            const float *rstd, int64_t T, int64_t d)
+{
+    cpu_k_rmsnorm_bwd(dx, dw, dout, x, w, rstd, T, d);
+    if (dx_act && (float *)dx_act != dx)
+        memcpy(dx_act, dx, (size_t)(T * d) * sizeof *dx);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* RoPE                                                                                            */
+
+void cpu_k_rope(float *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
+                const float *inv_freq, int inverse)
 {
     int half = head_dim / 2;
 #pragma omp parallel for schedule(static)
@@ -90,7 +172,7 @@ static void rope(float *x, const int32_t *positions, int64_t T, int n_heads, int
             double angle = (double)positions[t] * inv_freq[i];
             float c = (float)cos(angle), s = (float)(inverse ? -sin(angle) : sin(angle));
             for (int h = 0; h < n_heads; h++) {
-                float *p = x + t * (int64_t)n_heads * head_dim + (int64_t)h * head_dim;
+                float *p = x + t * stride + (int64_t)h * head_dim;
                 float a = p[i], b = p[i + half];
                 p[i] = a * c - b * s;
                 p[i + half] = b * c + a * s;
@@ -98,25 +180,63 @@ static void rope(float *x, const int32_t *positions, int64_t T, int n_heads, int
         }
 }
 
-static void swiglu_fwd(float *out, const float *gate, const float *up, int64_t n)
+static void f32_rope_fwd(Act *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
+                         const float *inv_freq)
 {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    cpu_k_rope((float *)x, stride, positions, T, n_heads, head_dim, inv_freq, 0);
 }
 
-/* silu(g) = g s(g), s = sigmoid: d silu / dg = s (1 + g (1 - s)). */
-static void swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n)
+static void f32_rope_bwd(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
+                         const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq)
+{
+    if ((const float *)dx != g || dx_stride != g_stride)
+        cpu_copy_rows(0, dx, DT_ACT, dx_stride, NULL, g, DT_F32, g_stride, NULL, T, width);
+    cpu_k_rope((float *)dx, dx_stride, positions, T, n_heads, head_dim, inv_freq, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* SwiGLU: row t of gu is g (F columns) then u (F columns)                                         */
+
+void cpu_k_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t F)
 {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-gate[i]));
-        dgate[i] = dout[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
-        dup[i] = dout[i] * gate[i] * s;
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * F, *u = g + F;
+        for (int64_t i = 0; i < F; i++)
+            out[t * F + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
 
-static void ce_row_max(double *mx, const float *logits, int64_t T, int64_t V)
+/* silu(g) = g s(g), s = sigmoid: d silu / dg = s (1 + g (1 - s)). */
+void cpu_k_swiglu_bwd(float *dgu, const float *dout, const float *gu, int64_t T, int64_t F)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * F, *u = g + F, *dy = dout + t * F;
+        float *dg = dgu + t * 2 * F, *du = dg + F;
+        for (int64_t i = 0; i < F; i++) {
+            float s = 1.0f / (1.0f + expf(-g[i]));
+            dg[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+            du[i] = dy[i] * g[i] * s;
+        }
+    }
+}
+
+static void f32_swiglu_fwd(Act *out, const Act *gu, int64_t T, int64_t F)
+{
+    cpu_k_swiglu_fwd((float *)out, (const float *)gu, T, F);
+}
+
+static void f32_swiglu_bwd(Act *dgu, const float *dout, const Act *gu, int64_t T, int64_t F)
+{
+    cpu_k_swiglu_bwd((float *)dgu, dout, (const float *)gu, T, F);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Cross-entropy                                                                                   */
+
+static void ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t T, int64_t V,
+                     int64_t vocab0)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
@@ -124,33 +244,18 @@ static void ce_row_max(double *mx, const float *logits, int64_t T, int64_t V)
         float m = z[0];
         for (int64_t i = 1; i < V; i++)
             m = z[i] > m ? z[i] : m;
-        mx[t] = m;
-    }
-}
-
-static void ce_row_sumexp(double *sum, const float *logits, const double *mx, int64_t T, int64_t V)
-{
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        const float *z = logits + t * V;
         double s = 0;
         for (int64_t i = 0; i < V; i++)
-            s += exp((double)z[i] - mx[t]);
-        sum[t] = s;
-    }
-}
-
-static void ce_target_logit(double *z, const float *logits, const int32_t *targets, int64_t T, int64_t V,
-                            int64_t vocab0)
-{
-    for (int64_t t = 0; t < T; t++) {
+            s += exp((double)z[i] - m);
         int64_t c = (int64_t)targets[t] - vocab0;
-        z[t] = targets[t] >= 0 && c >= 0 && c < V ? logits[t * V + c] : 0.0;
+        stats[3 * t] = m;
+        stats[3 * t + 1] = s;
+        stats[3 * t + 2] = targets[t] >= 0 && c >= 0 && c < V ? z[c] : 0.0;
     }
 }
 
-static void ce_grad(float *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
-                    int64_t V, int64_t vocab0, float dloss)
+void cpu_k_ce_grad(float *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
+                   int64_t V, int64_t vocab0, float dloss)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
@@ -165,46 +270,40 @@ static void ce_grad(float *dlogits, const float *logits, const double *lse, cons
     }
 }
 
-static void gather_rows(float *dst, const float *src, const int64_t *rows, int64_t n, int64_t width)
+static void f32_ce_grad(Act *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
+                        int64_t V, int64_t vocab0, float dloss)
+{
+    cpu_k_ce_grad((float *)dlogits, logits, lse, targets, T, V, vocab0, dloss);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Element-wise, sums                                                                              */
+
+static void add(float *out, const float *a, const float *b, int64_t n)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        memcpy(dst + i * width, src + rows[i] * width, (size_t)width * sizeof *dst);
+        out[i] = a[i] + b[i];
 }
 
-static void scatter_rows(float *dst, const int64_t *rows, const float *src, int64_t n, int64_t width)
+static void copy(float *dst, const float *src, int64_t n)
 {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        memcpy(dst + rows[i] * width, src + i * width, (size_t)width * sizeof *dst);
+    if (n > 0 && dst != src)
+        memmove(dst, src, (size_t)n * sizeof *dst);
 }
 
-static void add(float *out, const float *a, int64_t n)
+static void zero(float *x, int64_t n)
 {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        out[i] += a[i];
+    if (n > 0)
+        memset(x, 0, (size_t)n * sizeof *x);
 }
-
-static void copy(float *dst, const float *src, int64_t n) { memcpy(dst, src, (size_t)n * sizeof *dst); }
-
-static void scale(float *x, float s, int64_t n)
-{
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        x[i] *= s;
-}
-
-static void zero(float *x, int64_t n) { memset(x, 0, (size_t)n * sizeof *x); }
 
 static double sum_squares(const float *x, int64_t n)
 {
     /* Fixed blocks summed in order: the same result for any thread count. */
     enum { BLOCK = 4096 };
     int64_t nb = (n + BLOCK - 1) / BLOCK;
-    double *part = malloc((size_t)(nb ? nb : 1) * sizeof *part);
-    if (!part)
-        wlb_fatal("cpu backend: out of memory");
+    double *part = cpu_scratch((size_t)(nb ? nb : 1) * sizeof *part);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         double s = 0;
@@ -219,64 +318,130 @@ static double sum_squares(const float *x, int64_t n)
     return total;
 }
 
-/* PyTorch's AdamW: p -= lr wd p; m, v moments; p -= lr (m / bias1) / (sqrt(v / bias2) + eps). */
-static void adamw(float *p, const float *g, float *m, float *v, int64_t n, AdamWStep s)
+/* PyTorch's AdamW, span by span: g *= grad_scale; p -= lr wd p; m, v moments;
+ * p -= lr (m / bias1) / (sqrt(v / bias2) + eps). */
+void cpu_k_adamw(float *p, const float *g, float *m, float *v, int64_t n, const AdamWSpan *spans, int n_spans,
+                 AdamWStep s)
 {
+    for (int k = 0; k < n_spans; k++) {
+        int64_t a = spans[k].begin > 0 ? spans[k].begin : 0, b = spans[k].end < n ? spans[k].end : n;
+        float wd = spans[k].weight_decay;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        m[i] = s.beta1 * m[i] + (1 - s.beta1) * g[i];
-        v[i] = s.beta2 * v[i] + (1 - s.beta2) * g[i] * g[i];
-        p[i] -= s.lr * s.weight_decay * p[i];
-        p[i] -= s.lr * (m[i] / s.bias1) / (sqrtf(v[i] / s.bias2) + s.eps);
+        for (int64_t i = a; i < b; i++) {
+            float gi = g[i] * s.grad_scale;
+            m[i] = s.beta1 * m[i] + (1 - s.beta1) * gi;
+            v[i] = s.beta2 * v[i] + (1 - s.beta2) * gi * gi;
+            p[i] -= s.lr * wd * p[i];
+            p[i] -= s.lr * (m[i] / s.bias1) / (sqrtf(v[i] / s.bias2) + s.eps);
+        }
     }
 }
 
-static const Ops ops = {
+static void f32_adamw(float *p, const float *g, float *m, float *v, Act *p_act, int64_t n, const AdamWSpan *spans,
+                      int n_spans, AdamWStep s)
+{
+    cpu_k_adamw(p, g, m, v, n, spans, n_spans, s);
+    if (p_act && (float *)p_act != p)
+        memcpy(p_act, p, (size_t)n * sizeof *p);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Products and attention of the float32 table                                                     */
+
+static void f32_matmul_fwd(MatOut out, const Act *x, const Act *w, int64_t T, int64_t n_in, int64_t n_out)
+{
+    cpu_k_matmul((float *)out.p, out.kind == MAT_F32_PLUS ? out.c : NULL, (const float *)x, (const float *)w, T,
+                 n_in, n_out);
+}
+
+static void f32_matmul_bwd_dx(MatOut dx, const Act *dout, const Act *w, int64_t T, int64_t n_in, int64_t n_out)
+{
+    cpu_k_matmul_dx((float *)dx.p, dx.kind == MAT_F32_PLUS ? dx.c : NULL, (const float *)dout, (const float *)w, T,
+                    n_in, n_out);
+}
+
+static void f32_matmul_bwd_dw(float *dw, const Act *dout, const Act *x, int64_t T, int64_t n_in, int64_t n_out)
+{
+    cpu_k_matmul_dw(dw, (const float *)dout, (const float *)x, T, n_in, n_out);
+}
+
+static void f32_attention_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
+                              int64_t n_segs, AttnShape shape)
+{
+    cpu_attention_fwd((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, segs, n_segs, shape);
+}
+
+static void f32_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
+                              const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs,
+                              AttnShape shape)
+{
+    cpu_attention_bwd(dq, dk, dv, (const float *)dout, (const float *)out, lse, (const float *)q, (const float *)k,
+                      (const float *)v, segs, n_segs, shape);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The tables                                                                                      */
+
+/* The fields both tables share: memory and the ops without an Act argument. */
+#define CPU_COMMON_OPS                                                                             \
+    .host_memory = 1, .logits_floats = INT64_C(1) << 24, .alloc = cpu_alloc, .free = cpu_free,      \
+    .to_device = cpu_memcpy, .to_host = cpu_memcpy, .memory = cpu_memory, .sync = cpu_sync,         \
+    .embedding_fwd = embedding_fwd, .embedding_bwd = embedding_bwd, .ce_stats = ce_stats, .add = add, \
+    .copy = copy, .zero = zero, .sum_squares = sum_squares
+
+static const Ops ops_f32 = {
+    CPU_COMMON_OPS,
     .name = "cpu",
-    .host_memory = 1,
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .to_device = cpu_memcpy,
-    .to_host = cpu_memcpy,
-    .embedding_fwd = embedding_fwd,
-    .embedding_bwd = embedding_bwd,
-    .rmsnorm_fwd = rmsnorm_fwd,
-    .rmsnorm_bwd = rmsnorm_bwd,
-    .matmul_fwd = cpu_matmul_fwd,
-    .matmul_bwd = cpu_matmul_bwd,
-    .rope = rope,
-    .attention_fwd = cpu_attention_fwd,
-    .attention_bwd = cpu_attention_bwd,
-    .swiglu_fwd = swiglu_fwd,
-    .swiglu_bwd = swiglu_bwd,
-    .ce_row_max = ce_row_max,
-    .ce_row_sumexp = ce_row_sumexp,
-    .ce_target_logit = ce_target_logit,
-    .ce_grad = ce_grad,
-    .gather_rows = gather_rows,
-    .scatter_rows = scatter_rows,
-    .add = add,
-    .copy = copy,
-    .scale = scale,
-    .zero = zero,
-    .sum_squares = sum_squares,
-    .adamw = adamw,
+    .act_bytes = 4,
+    .act_is_f32 = 1,
+    .copy_rows = f32_copy_rows,
+    .rmsnorm_fwd = f32_rmsnorm_fwd,
+    .rmsnorm_bwd = f32_rmsnorm_bwd,
+    .matmul_fwd = f32_matmul_fwd,
+    .matmul_bwd_dx = f32_matmul_bwd_dx,
+    .matmul_bwd_dw = f32_matmul_bwd_dw,
+    .rope_fwd = f32_rope_fwd,
+    .rope_bwd = f32_rope_bwd,
+    .attention_fwd = f32_attention_fwd,
+    .attention_bwd = f32_attention_bwd,
+    .swiglu_fwd = f32_swiglu_fwd,
+    .swiglu_bwd = f32_swiglu_bwd,
+    .ce_grad = f32_ce_grad,
+    .adamw = f32_adamw,
 };
 
-const Ops *cpu_ops(void)
-{
-    return &ops;
-}
+static const Ops ops_bf16 = {
+    CPU_COMMON_OPS,
+    .name = "cpu (bf16 emulated)",
+    .act_bytes = 2,
+    .act_is_f32 = 0,
+    .copy_rows = cpu_bf16_copy_rows,
+    .rmsnorm_fwd = cpu_bf16_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_bf16_rmsnorm_bwd,
+    .matmul_fwd = cpu_bf16_matmul_fwd,
+    .matmul_bwd_dx = cpu_bf16_matmul_bwd_dx,
+    .matmul_bwd_dw = cpu_bf16_matmul_bwd_dw,
+    .rope_fwd = cpu_bf16_rope_fwd,
+    .rope_bwd = cpu_bf16_rope_bwd,
+    .attention_fwd = cpu_bf16_attention_fwd,
+    .attention_bwd = cpu_bf16_attention_bwd,
+    .swiglu_fwd = cpu_bf16_swiglu_fwd,
+    .swiglu_bwd = cpu_bf16_swiglu_bwd,
+    .ce_grad = cpu_bf16_ce_grad,
+    .adamw = cpu_bf16_adamw,
+};
+
+const Ops *cpu_ops(void) { return &ops_f32; }
+const Ops *cpu_ops_bf16(void) { return &ops_bf16; }
 
 static const Ops *cpu_open(const BackendOpen *opt, Error *err)
 {
-    (void)opt;
     (void)err;
-    return &ops;
+    return opt->bf16 ? &ops_bf16 : &ops_f32;
 }
 
 static int cpu_device_count(void) { return 0; }
 
 static void cpu_share_node(int ranks_here) { cpu_share_cores(ranks_here); }
 
-const Backend cpu_backend = {"cpu", cpu_describe, cpu_open, cpu_device_count, cpu_share_node};
+const Backend cpu_backend = {"cpu", cpu_describe, cpu_open, cpu_device_count, cpu_share_node, NULL};

@@ -1,7 +1,13 @@
 /*
- * cuda/cuda_attention.cu - document-causal attention over segments on the GPU (see engine/ops.h),
- * flash-style: tiles of queries and keys in shared memory, an online softmax, no score matrix in
- * device memory. float32 throughout; written to be right first (tuning comes later).
+ * cuda/cuda_attention.cu - document-causal attention over segments on the GPU (see engine/ops.h).
+ *
+ * The ops: with the compute dtype bf16, the tensor-core kernels of cuda_flash_*.cu (cuda_flash.h)
+ * for the head sizes they are built for; otherwise (fp32, or another head size) the float32
+ * reference kernels below, which the tensor-core ones are tested against (bf16 operands widened to
+ * float32 scratch first).
+ *
+ * The reference kernels are flash-style: tiles of queries and keys in shared memory, an online
+ * softmax, no score matrix in device memory; float32 throughout, written to be right first.
  *
  * Forward: a block per (tile of BM query rows of one segment, query head). For each tile of BN keys
  * the block computes the scores S = q k / sqrt(D) (masked: query i of the segment sees keys up to
@@ -17,13 +23,15 @@
 #include <vector>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/cuda_flash.h"
 
 struct Tile {
     int64_t seg, start; /* a tile's segment and its first query (forward) or key (backward) */
 };
 
 /* The segments and a tile list in device memory, rebuilt each call (host data, small). */
-static CudaScratch seg_buf, tile_buf, delta_buf;
+static CudaScratch seg_buf, tile_buf, delta_buf, widen_buf;
+static int deterministic_bwd = 1;
 
 static const AttnSegment *upload_segments(const AttnSegment *segs, int64_t n)
 {
@@ -328,19 +336,112 @@ int cuda_attention_supports(int head_dim)
     }                                                                                              \
     }
 
-void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                        const AttnSegment *segs, int64_t n_segs, AttnShape a)
+void cuda_attention_fwd_f32(float *out, float *lse, const float *q, const float *k, const float *v,
+                            const AttnSegment *segs, int64_t n_segs, AttnShape a)
 {
 #define FWD(D, BM, BN) launch_fwd<D, BM, BN>(out, lse, q, k, v, segs, n_segs, a)
     ATTN_DISPATCH(FWD)
 #undef FWD
 }
 
-void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                        const float *q, const float *k, const float *v, const AttnSegment *segs, int64_t n_segs,
-                        AttnShape a)
+void cuda_attention_bwd_f32(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                            const float *q, const float *k, const float *v, const AttnSegment *segs, int64_t n_segs,
+                            AttnShape a)
 {
 #define BWD(D, BM, BN) launch_bwd<D, BM, BN>(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a)
     ATTN_DISPATCH(BWD)
 #undef BWD
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The ops                                                                                         */
+
+void cuda_attention_set_deterministic(int deterministic) { deterministic_bwd = deterministic; }
+
+void cuda_attention_close(void)
+{
+    seg_buf.release();
+    tile_buf.release();
+    delta_buf.release();
+    widen_buf.release();
+}
+
+/* Rows the segments read: of queries (and outputs), of keys and values. */
+static void segment_rows(const AttnSegment *segs, int64_t n, int64_t *q_rows, int64_t *kv_rows)
+{
+    *q_rows = *kv_rows = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t q = segs[i].q_row + segs[i].q_len, kv = segs[i].kv_row + segs[i].kv_len;
+        *q_rows = q > *q_rows ? q : *q_rows;
+        *kv_rows = kv > *kv_rows ? kv : *kv_rows;
+    }
+}
+
+static int64_t extent(int64_t rows, int64_t stride, int64_t width) { return rows > 0 ? (rows - 1) * stride + width : 0; }
+
+/* bf16 arrays of the given extents widened into one float32 scratch: views[i] = the i-th. */
+static void widen(const bf16 *const *src, const int64_t *n, int count, float **views)
+{
+    int64_t total = 0;
+    for (int i = 0; i < count; i++)
+        total += n[i];
+    float *w = (float *)widen_buf.get((size_t)(total + 1) * sizeof(float));
+    for (int i = 0; i < count; i++) {
+        views[i] = w;
+        cuda_copy_rows<bf16>(w, DT_F32, n[i], nullptr, src[i], DT_ACT, n[i], nullptr, 1, n[i]);
+        w += n[i];
+    }
+}
+
+template <class T>
+void cuda_attention_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
+                        int64_t n_segs, AttnShape a)
+{
+    if constexpr (sizeof(T) == sizeof(float)) {
+        cuda_attention_fwd_f32((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, segs, n_segs,
+                               a);
+    } else if (cuda_flash_supports(a.head_dim)) {
+        cuda_flash_fwd(out, lse, q, k, v, segs, n_segs, a);
+    } else {
+        int64_t qr, kvr, H = (int64_t)a.n_heads * a.head_dim, Hkv = (int64_t)a.n_kv_heads * a.head_dim;
+        segment_rows(segs, n_segs, &qr, &kvr);
+        const bf16 *src[4] = {(const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)out};
+        int64_t n[4] = {extent(qr, a.q_stride, H), extent(kvr, a.kv_stride, Hkv), extent(kvr, a.kv_stride, Hkv),
+                        extent(qr, a.o_stride, H)};
+        float *f[4];
+        widen(src, n, 4, f);
+        cuda_attention_fwd_f32(f[3], lse, f[0], f[1], f[2], segs, n_segs, a);
+        cuda_copy_rows<bf16>(out, DT_ACT, n[3], nullptr, f[3], DT_F32, n[3], nullptr, 1, n[3]);
+    }
+}
+
+template <class T>
+void cuda_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
+                        const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs, AttnShape a)
+{
+    if constexpr (sizeof(T) == sizeof(float)) {
+        cuda_attention_bwd_f32(dq, dk, dv, (const float *)dout, (const float *)out, lse, (const float *)q,
+                               (const float *)k, (const float *)v, segs, n_segs, a);
+    } else if (cuda_flash_supports(a.head_dim)) {
+        cuda_flash_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a, deterministic_bwd);
+    } else {
+        int64_t qr, kvr, H = (int64_t)a.n_heads * a.head_dim, Hkv = (int64_t)a.n_kv_heads * a.head_dim;
+        segment_rows(segs, n_segs, &qr, &kvr);
+        const bf16 *src[5] = {(const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)out,
+                              (const bf16 *)dout};
+        int64_t n[5] = {extent(qr, a.q_stride, H), extent(kvr, a.kv_stride, Hkv), extent(kvr, a.kv_stride, Hkv),
+                        extent(qr, a.o_stride, H), extent(qr, a.o_stride, H)};
+        float *f[5];
+        widen(src, n, 5, f);
+        cuda_attention_bwd_f32(dq, dk, dv, f[4], f[3], lse, f[0], f[1], f[2], segs, n_segs, a);
+    }
+}
+
+#define INSTANTIATE(T)                                                                             \
+    template void cuda_attention_fwd<T>(Act *, float *, const Act *, const Act *, const Act *, const AttnSegment *, \
+                                        int64_t, AttnShape);                                      \
+    template void cuda_attention_bwd<T>(float *, float *, float *, const Act *, const Act *, const float *,       \
+                                        const Act *, const Act *, const Act *, const AttnSegment *, int64_t,      \
+                                        AttnShape);
+INSTANTIATE(float)
+INSTANTIATE(bf16)

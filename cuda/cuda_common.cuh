@@ -1,10 +1,15 @@
 /*
  * cuda/cuda_common.cuh - what the CUDA backend's files share: error checks, launch shapes, the
- * backend's scratch memory, and the kernels' entry points across files.
+ * compute dtype, the backend's scratch memory, and the entry points across files.
+ *
+ * The compute dtype (engine/ops.h) is a template parameter of the kernels: float for
+ * train.precision: fp32, __nv_bfloat16 for bf16. Each op is one template instantiated twice, and
+ * the two op tables of cuda_ops.cu point at the two instances.
  */
 #ifndef WLB_CUDA_CUDA_COMMON_CUH
 #define WLB_CUDA_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,14 +39,62 @@
 
 enum { CUDA_THREADS = 256 };
 
-/* Blocks for a grid-stride loop over n elements (at most 65535 x 1024: the loop covers the rest). */
+/* Blocks for a grid-stride loop over n elements (at most 65535 x 64: the loop covers the rest). */
 static inline unsigned cuda_blocks(int64_t n)
 {
     int64_t b = (n + CUDA_THREADS - 1) / CUDA_THREADS;
     return (unsigned)(b < 1 ? 1 : b > 65535 * 64 ? 65535 * 64 : b);
 }
 
-/* A device buffer that grows on demand (contents not kept). */
+#define GRID_STRIDE(i, n)                                                                          \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+/* The compute dtype: load as float, store rounded to nearest even. */
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+/* Sums over a block (blockDim.x a multiple of 32, at most 1024): every thread gets the sum, in an
+ * order fixed by the block shape (the same bits every run): warps by shuffles, then the warps'
+ * partial results in order. */
+static __device__ __forceinline__ double block_sum(double v)
+{
+    __shared__ double part[32];
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    double s = 0;
+    for (int i = 0; i < warps; i++)
+        s += part[i];
+    return s;
+}
+
+static __device__ __forceinline__ float block_max(float v)
+{
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    float m = part[0];
+    for (int i = 1; i < warps; i++)
+        m = fmaxf(m, part[i]);
+    return m;
+}
+
+
+/* A device buffer that grows on demand (contents not kept); release() at close. */
 struct CudaScratch {
     void *p = nullptr;
     size_t bytes = 0;
@@ -56,21 +109,75 @@ struct CudaScratch {
         }
         return p;
     }
+    void release()
+    {
+        if (p)
+            CUDA_CHECK(cudaFree(p));
+        p = nullptr;
+        bytes = 0;
+    }
 };
 
-/* cuda_matmul.cu: init (again) with bf16 or fp32 products */
-void cuda_matmul_init(int bf16);
-void cuda_matmul_fwd(float *out, const float *x, const float *w, int64_t T, int64_t n_in, int64_t n_out);
-void cuda_matmul_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, int64_t T,
-                     int64_t n_in, int64_t n_out, int accumulate_dx);
-
+/* The ops that depend on the compute dtype T (float or bf16), each instantiated for both; see
+ * engine/ops.h for their contracts. The file is named after each group. */
+/* cuda_kernels.cu */
+template <class T> void cuda_copy_rows(void *dst, Dt dst_dt, int64_t dst_stride, const int64_t *dst_rows,
+                                       const void *src, Dt src_dt, int64_t src_stride, const int64_t *src_rows,
+                                       int64_t n, int64_t width);
+template <class T> void cuda_rmsnorm_fwd(Act *out, float *rstd, const float *x, const float *w, int64_t T_, int64_t d,
+                                         float eps);
+template <class T> void cuda_rmsnorm_bwd(float *dx, Act *dx_act, float *dw, const float *dout, const float *x,
+                                         const float *w, const float *rstd, int64_t T_, int64_t d);
+template <class T> void cuda_rope_fwd(Act *x, int64_t stride, const int32_t *positions, int64_t T_, int n_heads,
+                                      int head_dim, const float *inv_freq);
+template <class T> void cuda_rope_bwd(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
+                                      const int32_t *positions, int64_t T_, int n_heads, int head_dim,
+                                      const float *inv_freq);
+template <class T> void cuda_swiglu_fwd(Act *out, const Act *gu, int64_t T_, int64_t F);
+template <class T> void cuda_swiglu_bwd(Act *dgu, const float *dout, const Act *gu, int64_t T_, int64_t F);
+template <class T> void cuda_adamw(float *p, const float *g, float *m, float *v, Act *p_act, int64_t n,
+                                   const AdamWSpan *spans, int n_spans, AdamWStep s);
+/* cuda_loss.cu */
+void cuda_ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t T_, int64_t V, int64_t vocab0);
+template <class T> void cuda_ce_grad(Act *dlogits, const float *logits, const double *lse, const int32_t *targets,
+                                     int64_t T_, int64_t V, int64_t vocab0, float dloss);
+/* cuda_embedding.cu */
+void cuda_embedding_fwd(float *out, const int32_t *tokens, int64_t T_, const float *table, int64_t row0, int64_t rows,
+                        int64_t d);
+void cuda_embedding_bwd(float *dtable, const int32_t *tokens, const float *dout, int64_t T_, int64_t row0,
+                        int64_t rows, int64_t d);
+/* cuda_matmul.cu */
+template <class T> void cuda_matmul_fwd(MatOut out, const Act *x, const Act *w, int64_t T_, int64_t n_in,
+                                        int64_t n_out);
+template <class T> void cuda_matmul_bwd_dx(MatOut dx, const Act *dout, const Act *w, int64_t T_, int64_t n_in,
+                                           int64_t n_out);
+template <class T> void cuda_matmul_bwd_dw(float *dw, const Act *dout, const Act *x, int64_t T_, int64_t n_in,
+                                           int64_t n_out);
 /* cuda_attention.cu */
-void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                        const AttnSegment *segs, int64_t n_segs, AttnShape shape);
-void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                        const float *q, const float *k, const float *v, const AttnSegment *segs, int64_t n_segs,
-                        AttnShape shape);
-/* Whether the attention kernels are built for this head size. */
+template <class T> void cuda_attention_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v,
+                                           const AttnSegment *segs, int64_t n_segs, AttnShape shape);
+template <class T> void cuda_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out,
+                                           const float *lse, const Act *q, const Act *k, const Act *v,
+                                           const AttnSegment *segs, int64_t n_segs, AttnShape shape);
+
+/* Scratch of the element-wise and loss kernels, and the embedding's sort, released at close. */
+void cuda_kernels_close(void);
+void cuda_embedding_close(void);
+
+/* cuda_matmul.cu: the cuBLASLt handle, its workspace and its plan cache (opened once), released at
+ * close; with deterministic no algorithm that reduces with atomics. */
+void cuda_matmul_open(int deterministic);
+void cuda_matmul_close(void);
+
+/* cuda_attention.cu: the float32 reference kernels (any head size in cuda_attention_supports), and
+ * whether the next backward must be deterministic (train.deterministic). */
+void cuda_attention_fwd_f32(float *out, float *lse, const float *q, const float *k, const float *v,
+                            const AttnSegment *segs, int64_t n_segs, AttnShape shape);
+void cuda_attention_bwd_f32(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                            const float *q, const float *k, const float *v, const AttnSegment *segs, int64_t n_segs,
+                            AttnShape shape);
 int cuda_attention_supports(int head_dim);
+void cuda_attention_set_deterministic(int deterministic);
+void cuda_attention_close(void);
 
 #endif

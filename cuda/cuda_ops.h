@@ -1,14 +1,14 @@
 /*
  * cuda/cuda_ops.h - the CUDA backend: every operation of engine/ops.h on one GPU.
  *
- * Memory is device memory (cudaMalloc, zeroed). Activations, gradients, the fp32 master weights
- * and AdamW's moments are float32; with bf16 the matrix products run on the tensor cores in
- * bfloat16 with float32 accumulation (cuBLASLt): the operands are rounded to bf16 into scratch
- * buffers right before each product (the weights' bf16 copies are these roundings of the fp32
- * master weights), the results are float32. Element-wise work (norms, RoPE, SwiGLU, softmax, the
- * cross-entropy, AdamW) runs in float32, reductions in float32 or float64 as the CPU backend does.
- * Attention is a tiled online-softmax kernel (no score matrix in memory) over the plan's segments,
- * in float32 (cuda_attention.cu).
+ * Memory is device memory (cudaMalloc, zeroed). The compute dtype (an Act array, engine/ops.h) is
+ * bfloat16 with train.precision: bf16, float32 otherwise. With bf16: the products read bf16
+ * operands (activations, and the bf16 copy of the weights the optimizer writes in its own kernel)
+ * and run on the tensor cores with float32 accumulation (cuBLASLt); attention runs on the tensor
+ * cores (cuda_flash.h) at head sizes 64 and 128; norms, RoPE, SwiGLU, the cross-entropy and AdamW
+ * compute in float32 and round what they store in the compute dtype. Gradients, the fp32 master
+ * weights and AdamW's moments are float32. Reductions run in a fixed order with
+ * train.deterministic: true (no floating-point atomics), so a run repeats bit for bit.
  *
  * Everything runs on the default stream, in order; copies to and from the host synchronize. A CUDA
  * error is fatal: "wlbtrain: error: cuda: WHERE: WHAT" and exit status 1 (a rank of an MPI job that
@@ -28,10 +28,12 @@ extern "C" {
 /* The backend's table for backends.c (train.device: cuda). */
 extern const Backend cuda_backend;
 
-/* Picks GPU local_rank mod the GPUs visible and returns its ops, bf16 matrix products or fp32 ones
- * (opening again switches the precision: one backend per process); NULL and an Error (status 2,
- * "train.device: ...") when there is no GPU. */
-const Ops *cuda_ops_open(int local_rank, int bf16, Error *err);
+/* Picks GPU local_rank mod the GPUs visible and returns its ops with compute dtype bf16 or fp32;
+ * deterministic: no floating-point atomics anywhere (train.deterministic). NULL and an Error (status
+ * 2, "train.device: ...") when there is no GPU. Opening again may change both (one GPU per process).
+ * cuda_ops_close frees the backend's own scratch (the arrays the ops allocated are the caller's). */
+const Ops *cuda_ops_open(int local_rank, int bf16, int deterministic, Error *err);
+void cuda_ops_close(void);
 /* GPUs visible to this process (0 without a driver). */
 int cuda_device_count(void);
 

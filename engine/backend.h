@@ -38,6 +38,8 @@ typedef struct Backend {
     int (*device_count)(void);
     /* The job has ranks_here ranks on this machine (the CPU divides its cores among them); may be NULL. */
     void (*share_node)(int ranks_here);
+    /* Frees what the backend holds for itself (scratch, handles) once nothing runs on it; may be NULL. */
+    void (*close)(void);
 } Backend;
 
 /* The backend named `name` (train.device), or NULL when no backend has that name. */

@@ -1,13 +1,22 @@
 /*
- * engine/ops.h - the operations a backend implements; the model (model.c) is written once against
- * them. cpu/ implements them in fp32 (the reference), cuda/ on the GPU (matrix products in bf16
- * with fp32 accumulation when train.precision is bf16; everything else fp32). Pointers are to
- * backend memory (host for cpu, device for cuda).
+ * engine/ops.h - the operations a backend implements; the model (engine/model/) is written once
+ * against them. Pointers are to backend memory (host for cpu, device for cuda).
+ *
+ * Mixed precision. A backend has a compute dtype, the dtype of what its matrix products and its
+ * attention read: float32 (the CPU reference, and train.precision: fp32) or bfloat16
+ * (train.precision: bf16, on the GPU; the CPU backend emulates it for tests). Arrays of the compute
+ * dtype have the type Act: only ops read or write their elements, the model just passes them
+ * around (ops_act for an offset). Everything else is float32 (float *): the master weights, the
+ * gradients of the weights, the residual stream and its gradient, the norms' statistics, the
+ * attention's log-sum-exp, the logits, and the gradients that are accumulated or reduced. So a
+ * product reads Act operands and writes Act or float32 (MatOut); nothing converts a weight inside
+ * a forward or backward (the optimizer writes the compute copy of the weights as it updates them).
  *
  * Shapes are row-major, one row per token. A weight W of a linear layer is [out, in] (Hugging Face
- * and PyTorch layout) and the layer computes y = x W^T. Gradients of weights are always
- * accumulated (+=): micro-batches add up. Gradients of activations are overwritten unless the op
- * says "accumulate".
+ * and PyTorch layout) and the layer computes y = x W^T; consecutive weights in memory form one
+ * product (Wq, Wk, Wv as [q + k + v, in]; Wgate, Wup as [2 ffn, in]). Gradients of weights are
+ * always accumulated (+=): micro-batches add up. Gradients of activations are overwritten unless
+ * the op says "accumulate".
  *
  * Attention runs over segments (AttnSegment): the query rows [q_row, q_row + q_len) against the
  * key/value rows [kv_row, kv_row + kv_len), aligned at the end (document-causal): query i sees keys
@@ -21,6 +30,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An array of the backend's compute dtype (an incomplete type: never dereferenced outside a
+ * backend). */
+typedef struct Act Act;
+
+/* The dtype of an argument that may be either: float32, or the backend's compute dtype. */
+typedef enum Dt { DT_F32, DT_ACT } Dt;
+
 typedef struct AttnSegment {
     int64_t q_row, q_len, kv_row, kv_len;
 } AttnSegment;
@@ -32,74 +52,129 @@ typedef struct AttnShape {
     int64_t q_stride, kv_stride, o_stride;
 } AttnShape;
 
+/* Where a product writes: the compute dtype, float32, or float32 as c + the product (c may be the
+ * output itself: an accumulation). */
+typedef enum MatOutKind { MAT_ACT, MAT_F32, MAT_F32_PLUS } MatOutKind;
+typedef struct MatOut {
+    void *p;
+    const float *c;
+    MatOutKind kind;
+} MatOut;
+
+static inline MatOut mat_act(Act *p) { MatOut o = {p, NULL, MAT_ACT}; return o; }
+static inline MatOut mat_f32(float *p) { MatOut o = {p, NULL, MAT_F32}; return o; }
+static inline MatOut mat_f32_plus(float *p, const float *c) { MatOut o = {p, c, MAT_F32_PLUS}; return o; }
+
+/* One AdamW step (PyTorch's: decoupled weight decay, bias correction). The gradient is multiplied
+ * by grad_scale first (global-norm clipping: clip / norm, or 1). */
 typedef struct AdamWStep {
-    float lr, beta1, beta2, eps, weight_decay;
+    float lr, beta1, beta2, eps;
     float bias1, bias2; /* 1 - beta1^t, 1 - beta2^t */
+    float grad_scale;
 } AdamWStep;
+
+/* A run of parameters [begin, end) with the same weight decay. */
+typedef struct AdamWSpan {
+    int64_t begin, end;
+    float weight_decay;
+} AdamWSpan;
 
 typedef struct Ops {
     const char *name;
-    int host_memory; /* 1: its memory is host memory (MPI can use it as it is) */
+    int host_memory;       /* 1: its memory is host memory (MPI can use it as it is) */
+    size_t act_bytes;      /* bytes of one element of the compute dtype: 4 (float32) or 2 (bfloat16) */
+    int act_is_f32;        /* the compute dtype is float32: an Act array may alias a float array */
+    int64_t logits_floats; /* the largest block of logits (rows x vocabulary slice) the model makes */
+
     /* Memory of the backend. alloc returns zeroed memory or NULL. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
     void (*to_device)(void *dst, const void *src, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
+    /* Free and total bytes of the device's memory now (for the out-of-memory message). */
+    void (*memory)(size_t *free_bytes, size_t *total_bytes);
+    /* Waits until every op issued so far has finished (a no-op where ops are synchronous). */
+    void (*sync)(void);
+
+    /* Rows of `width` elements: dst row dst_rows[i] (i when dst_rows is NULL) = src row src_rows[i]
+     * (i when NULL), for i < n, converted between the dtypes; rows are `stride` elements apart. A
+     * cast of n elements is one row (ops_cast). Index arrays are backend memory. */
+    void (*copy_rows)(void *dst, Dt dst_dt, int64_t dst_stride, const int64_t *dst_rows, const void *src, Dt src_dt,
+                      int64_t src_stride, const int64_t *src_rows, int64_t n, int64_t width);
 
     /* out[t] = table[tokens[t] - row0], or zero when the token is outside [row0, row0 + rows) (the
-     * vocabulary-parallel slice of this rank). */
+     * vocabulary-parallel slice of this rank); the table is the float32 master weights. */
     void (*embedding_fwd)(float *out, const int32_t *tokens, int64_t T, const float *table, int64_t row0,
                           int64_t rows, int64_t d);
+    /* dtable += the rows of dout, each at its token's row (every sum in a fixed order). */
     void (*embedding_bwd)(float *dtable, const int32_t *tokens, const float *dout, int64_t T, int64_t row0,
                           int64_t rows, int64_t d);
     /* out = x / sqrt(mean(x^2) + eps) * w; rstd[t] = 1 / sqrt(mean(x_t^2) + eps). */
-    void (*rmsnorm_fwd)(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps);
-    /* dx += (accumulate), dw += */
-    void (*rmsnorm_bwd)(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
-                        int64_t T, int64_t d);
+    void (*rmsnorm_fwd)(Act *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps);
+    /* dx += the gradient of x (accumulate), then dx_act = dx in the compute dtype (dx_act may be
+     * NULL); dw += the gradient of w. */
+    void (*rmsnorm_bwd)(float *dx, Act *dx_act, float *dw, const float *dout, const float *x, const float *w,
+                        const float *rstd, int64_t T, int64_t d);
     /* out[T, n_out] = x[T, n_in] W^T */
-    void (*matmul_fwd)(float *out, const float *x, const float *w, int64_t T, int64_t n_in, int64_t n_out);
-    /* dx[T, n_in] = dout W (accumulated into dx when accumulate_dx; dx may be NULL), dw += dout^T x */
-    void (*matmul_bwd)(float *dx, float *dw, const float *dout, const float *x, const float *w, int64_t T,
-                       int64_t n_in, int64_t n_out, int accumulate_dx);
-    /* Rotates pairs (i, i + head_dim/2) of every head of x[T, n_heads * head_dim] in place by
-     * positions[t] * inv_freq[i] (Hugging Face's rotate_half form); inverse = 1 rotates back (the
-     * backward of a rotation is the inverse rotation). */
-    void (*rope)(float *x, const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq,
-                 int inverse);
-    void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
-                          const AttnSegment *segs, int64_t n_segs, AttnShape shape);
-    /* dq, dk, dv overwritten on the rows the segments touch (the caller zeroes them first). */
-    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                          const float *q, const float *k, const float *v, const AttnSegment *segs, int64_t n_segs,
+    void (*matmul_fwd)(MatOut out, const Act *x, const Act *w, int64_t T, int64_t n_in, int64_t n_out);
+    /* dx[T, n_in] = dout[T, n_out] W */
+    void (*matmul_bwd_dx)(MatOut dx, const Act *dout, const Act *w, int64_t T, int64_t n_in, int64_t n_out);
+    /* dw[n_out, n_in] += dout^T x */
+    void (*matmul_bwd_dw)(float *dw, const Act *dout, const Act *x, int64_t T, int64_t n_in, int64_t n_out);
+    /* Rotates pairs (i, i + head_dim/2) of the first n_heads heads of every row of x (rows `stride`
+     * apart) in place by positions[t] * inv_freq[i] (Hugging Face's rotate_half form). */
+    void (*rope_fwd)(Act *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
+                     const float *inv_freq);
+    /* The backward: dx[t, :width] = g[t, :width] in the compute dtype, its first n_heads heads
+     * rotated back (the backward of a rotation is the inverse rotation). */
+    void (*rope_bwd)(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
+                     const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq);
+    void (*attention_fwd)(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
+                          int64_t n_segs, AttnShape shape);
+    /* Accumulates into dq, dk, dv (float32; the caller zeroes them first) on the rows the segments
+     * touch; segments that share keys add their parts. */
+    void (*attention_bwd)(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
+                          const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs,
                           AttnShape shape);
-    /* out = silu(gate) * up, elementwise */
-    void (*swiglu_fwd)(float *out, const float *gate, const float *up, int64_t n);
-    void (*swiglu_bwd)(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
+    /* out[t] = silu(g[t]) * u[t], where row t of gu holds g (columns 0 .. F-1) then u (F .. 2F-1). */
+    void (*swiglu_fwd)(Act *out, const Act *gu, int64_t T, int64_t F);
+    /* dgu[t] = (dout silu'(g) u, dout silu(g)) in gu's layout. */
+    void (*swiglu_bwd)(Act *dgu, const float *dout, const Act *gu, int64_t T, int64_t F);
     /* Cross-entropy over a vocabulary split by rows between ranks: logits[T, V] hold the columns
-     * [vocab0, vocab0 + V) of the full vocabulary. The caller combines the per-row results of all
-     * ranks (max of the maxima, sums of the rest) into lse = max + log(sum exp(z - max)); the loss
-     * of a row with a target is lse - z_target. */
-    void (*ce_row_max)(double *mx, const float *logits, int64_t T, int64_t V);
-    void (*ce_row_sumexp)(double *sum, const float *logits, const double *mx, int64_t T, int64_t V);
-    /* z of the target when it falls in this rank's columns, else 0 (also for no target). */
-    void (*ce_target_logit)(double *z, const float *logits, const int32_t *targets, int64_t T, int64_t V,
-                            int64_t vocab0);
-    /* dlogits = dloss * (softmax - onehot), from the full lse (zero rows for no target); dlogits may
-     * be logits (in place). */
-    void (*ce_grad)(float *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
+     * [vocab0, vocab0 + V) of the full vocabulary. stats[3 t ..] of row t, in one pass over it: its
+     * max m, sum exp(z - m), and z of the target when the target falls in this rank's columns (else
+     * 0, also for no target). The caller combines the ranks' rows into lse = max + log(sum exp); the
+     * loss of a row with a target is lse - z_target. */
+    void (*ce_stats)(double *stats, const float *logits, const int32_t *targets, int64_t T, int64_t V,
+                     int64_t vocab0);
+    /* dlogits = dloss * (softmax - onehot), from the full lse (zero rows for no target). */
+    void (*ce_grad)(Act *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
                     int64_t V, int64_t vocab0, float dloss);
-    /* Rows of width floats: gather dst[i] = src[rows[i]], scatter dst[rows[i]] = src[i] (i < n; rows
-     * in backend memory). The context-parallel K/V exchange packs and places rows with them. */
-    void (*gather_rows)(float *dst, const float *src, const int64_t *rows, int64_t n, int64_t width);
-    void (*scatter_rows)(float *dst, const int64_t *rows, const float *src, int64_t n, int64_t width);
-    void (*add)(float *out, const float *a, int64_t n); /* out += a */
+    void (*add)(float *out, const float *a, const float *b, int64_t n); /* out = a + b (out may be a) */
     void (*copy)(float *dst, const float *src, int64_t n);
-    void (*scale)(float *x, float s, int64_t n);
     void (*zero)(float *x, int64_t n);
     double (*sum_squares)(const float *x, int64_t n);
-    /* AdamW with bias correction and decoupled weight decay (PyTorch's), on n parameters. */
-    void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, AdamWStep s);
+    /* AdamW on n parameters p with gradients g and moments m, v; weight decay by spans (covering
+     * [0, n) in order); p_act (NULL: none) gets the updated p in the compute dtype. */
+    void (*adamw)(float *p, const float *g, float *m, float *v, Act *p_act, int64_t n, const AdamWSpan *spans,
+                  int n_spans, AdamWStep s);
 } Ops;
+
+/* The element i of an Act array (pointer arithmetic in the compute dtype). */
+static inline Act *ops_act(const Ops *o, const Act *p, int64_t i)
+{
+    return (Act *)((char *)(uintptr_t)p + i * (int64_t)o->act_bytes);
+}
+
+/* dst = src (n elements) converted between the dtypes. */
+static inline void ops_cast(const Ops *o, void *dst, Dt dst_dt, const void *src, Dt src_dt, int64_t n)
+{
+    if (n > 0)
+        o->copy_rows(dst, dst_dt, n, NULL, src, src_dt, n, NULL, 1, n);
+}
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

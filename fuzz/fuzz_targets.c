@@ -211,7 +211,7 @@ int fuzz_checkpoint(const uint8_t *data, size_t size)
             Config cfg;
             config_init(&cfg);
             if (config_load_string(&cfg, FUZZ_MODEL, "fuzz", &err) != 0 ||
-                config_resolve(&cfg, 0, &err) != 0 || model_init(&m, &cfg.model, cpu_ops(), NULL, &err) != 0)
+                config_resolve(&cfg, 0, &err) != 0 || model_init(&m, &cfg.model, cpu_ops(), NULL, RECOMPUTE_NONE, &err) != 0)
                 abort();
             config_free(&cfg);
             ready = 1;

@@ -175,7 +175,7 @@ static void run_tiny(const char *model_yaml, const char *out)
     BatchBuffers bb = {.ops = cpu_ops()};
     if (data_sources_open(&data, cfg.data.path.v, NULL, cfg.data.path.n, NULL, NULL, &err) ||
         data_stream_init(&stream, data.src, NULL, data.n, 3, 16, &err) || cost_model_init(&cost, &cfg, &err) ||
-        plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_SEQ, &err) || model_init(&m, &cfg.model, cpu_ops(), NULL, &err))
+        plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_SEQ, &err) || model_init(&m, &cfg.model, cpu_ops(), NULL, RECOMPUTE_NONE, &err))
         die(&err);
     model_init_weights(&m, 5, &err);
     /* Plan two steps and take the second: outliers are queued by then and leftovers carried. */
@@ -222,7 +222,7 @@ static void run_stories(const char *path, const char *out)
     load_config(&cfg, "model: {preset: stories260k}\nparallel: {dp: 1}\ntrain: {device: cpu}\n");
     Model m;
     Error err = {0};
-    if (model_init(&m, &cfg.model, cpu_ops(), NULL, &err) || model_load(&m, path, &err))
+    if (model_init(&m, &cfg.model, cpu_ops(), NULL, RECOMPUTE_NONE, &err) || model_load(&m, path, &err))
         die(&err);
     int32_t tokens[N + 1], targets[N + 1], positions[N + 1], doc[N + 1];
     float logits[512];

@@ -190,8 +190,8 @@ static void test_cross_field_rules(void **state)
     expect_error("model:\n  preset: tiny\ndata:\n  path: a\n  lengths_file: l.txt\n", NULL, 0,
                  "t.yaml:5:17: data.lengths_file: set data.path (a data set) or data.lengths_file (lengths for a "
                  "dry run), not both");
-    expect_error("model:\n  preset: tiny\ntrain:\n  device: cpu\n  precision: bf16\n", NULL, 0,
-                 "t.yaml:5:14: train.precision: bf16 needs train.device: cuda (the CPU backend computes in fp32)");
+    expect_error("model:\n  preset: tiny\ntrain:\n  device: cpu\n  recompute: some\n", NULL, 0,
+                 "t.yaml:5:14: train.recompute: expected one of none|selective|full, got 'some'");
     expect_error("model:\n  preset: tiny\ntrain:\n  lr: 0.001\n  min_lr: 0.01\n", NULL, 0,
                  "t.yaml:5:11: train.min_lr: must not exceed train.lr (0.001), got 0.01");
     expect_error("model:\n  preset: tiny\ncheckpoint:\n  every: 10\n", NULL, 0,

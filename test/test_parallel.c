@@ -37,6 +37,7 @@ typedef struct Fixture {
     char *dir, *config, *bin;
     char *ref[2];      /* reference dumps: packer fixed, wlb */
     char *ref_tied;
+    char *ref_bf16;    /* wlb, train.precision: bf16 */
 } Fixture;
 
 static Fixture fx;
@@ -108,9 +109,15 @@ static int group_setup(void **state)
         free(set);
     }
     fx.ref_tied = test_format("%s/ref-tied.safetensors", fx.dir);
+    fx.ref_bf16 = test_format("%s/ref-bf16.safetensors", fx.dir);
     const char *sets[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
+    const char *sets16[] = {"balance.packer=wlb", "train.precision=bf16", NULL};
     char *log;
     int rc = run_dump(0, fx.ref_tied, sets, &log);
+    if (rc == 0) {
+        free(log);
+        rc = run_dump(0, fx.ref_bf16, sets16, &log);
+    }
     if (rc != 0)
         fprintf(stderr, "reference run failed:\n%s\n", log);
     free(log);
@@ -127,13 +134,14 @@ static int group_teardown(void **state)
     free(fx.ref[0]);
     free(fx.ref[1]);
     free(fx.ref_tied);
+    free(fx.ref_bf16);
     return 0;
 }
 
 /* One layout with the given extra settings (and the environment variable var, NULL: none) against
- * a reference; prints one line. */
-static int check_layout_env(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra,
-                            const char *var, const char *what)
+ * a reference, within tol; prints one line. */
+static int check_layout_tol(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra,
+                            const char *var, const char *what, double tol)
 {
     char *out = test_format("%s/out.safetensors", fx.dir);
     char lay[4][32];
@@ -156,7 +164,7 @@ static int check_layout_env(int dp, int tp, int pp, int cp, const char *ref, con
     double e = status == 0 ? test_compare_tensors(out, ref, "", name, sizeof name) : INFINITY;
     if (status != 0)
         snprintf(name, sizeof name, "exit status %d", status);
-    int ok = e <= 1e-5;
+    int ok = e <= tol;
     printf("# (dp %d, tp %d, pp %d, cp %d) %-40s worst %.2e (%s)  %.1fs%s\n", dp, tp, pp, cp, what, e, name,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, ok ? "" : "  FAIL");
     if (!ok)
@@ -166,6 +174,12 @@ static int check_layout_env(int dp, int tp, int pp, int cp, const char *ref, con
     remove(out);
     free(out);
     return ok;
+}
+
+static int check_layout_env(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra,
+                            const char *var, const char *what)
+{
+    return check_layout_tol(dp, tp, pp, cp, ref, extra, var, what, 1e-5);
 }
 
 static int check_layout(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra, const char *what)
@@ -222,12 +236,30 @@ static void test_extras(void **state)
     assert_true(ok);
 }
 
+/* train.recompute recomputes with the same ops (collectives included under full): the same
+ * tolerance as every layout; train.precision: bf16 (on the CPU the GPU's roundings emulated)
+ * against one bf16 process: each layout sums in its own order before rounding, so the tolerance is
+ * bf16's. */
+static void test_modes(void **state)
+{
+    (void)state;
+    int ok = 1;
+    const char *full[] = {"balance.packer=wlb", "balance.cp_sharding=hybrid", "train.recompute=full", NULL};
+    ok &= check_layout(1, 2, 2, 2, fx.ref[1], full, "recompute full");
+    const char *selective[] = {"balance.packer=wlb", "train.recompute=selective", NULL};
+    ok &= check_layout(2, 1, 2, 1, fx.ref[1], selective, "recompute selective");
+    const char *bf16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
+    ok &= check_layout_tol(1, 2, 1, 2, fx.ref_bf16, bf16, NULL, "bf16, per_doc", 1e-2);
+    assert_true(ok);
+}
+
 int main(void)
 {
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_dp2),         cmocka_unit_test(test_tp2),         cmocka_unit_test(test_pp2),
         cmocka_unit_test(test_cp2),         cmocka_unit_test(test_cp4),         cmocka_unit_test(test_dp2_tp2_pp2),
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
+        cmocka_unit_test(test_modes),
     };
     return cmocka_run_group_tests_name("parallel", all, group_setup, group_teardown);
 }

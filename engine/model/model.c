@@ -3,6 +3,7 @@
  * the activation buffers (see model.h).
  */
 #include "engine/model/model.h"
+#include "engine/model/model_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -111,10 +112,12 @@ static void set_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
     }
 }
 
-int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParallel *par, Error *err)
+int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParallel *par, Recompute recompute,
+               Error *err)
 {
     memset(m, 0, sizeof *m);
     m->ops = ops;
+    m->recompute = recompute;
     m->comm = par ? par->comm : NULL;
     ModelDims *d = &m->dims;
     set_dims(d, c, par);
@@ -146,9 +149,10 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
     }
     m->params = ops->alloc((size_t)m->n_params * sizeof(float));
     m->grads = ops->alloc((size_t)m->n_params * sizeof(float));
+    m->wact = ops->act_is_f32 ? (Act *)m->params : ops->alloc((size_t)m->n_params * ops->act_bytes);
     m->inv_freq = ops->alloc((size_t)(d->head_dim / 2) * sizeof(float));
     float freq[4096];
-    if (!m->params || !m->grads || !m->inv_freq || d->head_dim / 2 > 4096) {
+    if (!m->params || !m->grads || !m->wact || !m->inv_freq || d->head_dim / 2 > 4096) {
         model_free(m);
         return error_runtime(err, "model", "out of memory for %lld parameters", (long long)m->n_params);
     }
@@ -157,153 +161,12 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
     return model_set_slots(m, 1, err);
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* Activation buffers                                                                              */
-
-enum { N_LAYER_BUFS = 16, N_SLOT_BUFS = 5, N_SCRATCH = 14 };
-
-static void layer_buffers(LayerActs *a, float **out[N_LAYER_BUFS])
-{
-    float **p[N_LAYER_BUFS] = {&a->x, &a->a, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->lse,
-                               &a->y, &a->b, &a->rstd2, &a->g, &a->u, &a->s, &a->k_mb, &a->v_mb};
-    memcpy(out, p, sizeof p);
-}
-
-static void free_slot(const Model *m, ModelSlot *s)
-{
-    float **p[N_LAYER_BUFS];
-    for (int l = 0; s->layers && l < m->dims.layer_end - m->dims.layer_begin; l++) {
-        layer_buffers(&s->layers[l], p);
-        for (int i = 0; i < N_LAYER_BUFS; i++) {
-            m->ops->free(*p[i]);
-            *p[i] = NULL;
-        }
-    }
-    free(s->layers);
-    float **q[N_SLOT_BUFS] = {&s->h, &s->hn, &s->rstd_f, &s->dhn, &s->dx};
-    for (int i = 0; i < N_SLOT_BUFS; i++) {
-        m->ops->free(*q[i]);
-        *q[i] = NULL;
-    }
-    memset(s, 0, sizeof *s);
-}
-
-static void scratch_buffers(Model *m, float **out[N_SCRATCH])
-{
-    float **p[N_SCRATCH] = {&m->dh, &m->tmp_d, &m->tmp_d2, &m->datt, &m->dq, &m->dk, &m->dv,
-                            &m->dk_mb, &m->dv_mb, &m->dg, &m->du, &m->logits, &m->xfer, &m->xfer2};
-    memcpy(out, p, sizeof p);
-}
-
-static void free_scratch(Model *m)
-{
-    float **p[N_SCRATCH];
-    scratch_buffers(m, p);
-    for (int i = 0; i < N_SCRATCH; i++) {
-        m->ops->free(*p[i]);
-        *p[i] = NULL;
-    }
-    double **q[3] = {&m->row_max, &m->row_sum, &m->row_tgt};
-    for (int i = 0; i < 3; i++) {
-        m->ops->free(*q[i]);
-        *q[i] = NULL;
-    }
-    free(m->h_max);
-    free(m->h_sum);
-    free(m->h_tgt);
-    free(m->h_targets);
-    m->h_max = m->h_sum = m->h_tgt = NULL;
-    m->h_targets = NULL;
-    m->cap = m->cap_mb = 0;
-}
-
-int model_set_slots(Model *m, int n, Error *err)
-{
-    for (int i = 0; i < m->n_slots; i++)
-        free_slot(m, &m->slots[i]);
-    free(m->slots);
-    m->slots = calloc((size_t)n, sizeof *m->slots);
-    m->n_slots = m->slots ? n : 0;
-    return m->slots ? 0 : error_runtime(err, "model", "out of memory");
-}
-
-int64_t model_head_chunk(const Model *m)
-{
-    int64_t c = (INT64_C(1) << 24) / m->dims.local_vocab;
-    return c < 1 ? 1 : c;
-}
-
-/* Room for T rows (and a micro-batch of T_mb rows, with CP) in slot and in the scratch. */
-int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err)
-{
-    const ModelDims *d = &m->dims;
-    const Ops *o = m->ops;
-    int64_t lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    int64_t F = d->local_ffn, H = d->local_heads, D = d->d;
-    int64_t mb = d->cp > 1 ? T_mb : 0;
-    ModelSlot *s = &m->slots[slot];
-    int ok = 1;
-    if (T > s->cap || mb > s->cap_mb) {
-        /* Grow to cover what the slot held before as well: shapes vary from micro-batch to
-         * micro-batch. */
-        T = T > s->cap ? T : s->cap;
-        mb = mb > s->cap_mb ? mb : s->cap_mb;
-        free_slot(m, s);
-        int n_layers = d->layer_end - d->layer_begin;
-        if (!(s->layers = calloc((size_t)n_layers + 1, sizeof *s->layers)))
-            return error_runtime(err, "model", "out of memory");
-        int64_t sizes[N_LAYER_BUFS] = {T * D, T * D, T,     T * lhd, T * lkv, T * lkv, T * lhd, T * H,
-                                       T * D, T * D, T,     T * F,   T * F,   T * F,   mb * lkv, mb * lkv};
-        float **p[N_LAYER_BUFS];
-        for (int l = 0; l < n_layers; l++) {
-            layer_buffers(&s->layers[l], p);
-            for (int i = 0; i < N_LAYER_BUFS; i++)
-                ok &= (*p[i] = o->alloc((size_t)sizes[i] * sizeof(float))) != NULL;
-        }
-        float **q[N_SLOT_BUFS] = {&s->h, &s->hn, &s->rstd_f, &s->dhn, &s->dx};
-        int64_t qs[N_SLOT_BUFS] = {T * D, T * D, T, T * D, T * D};
-        for (int i = 0; i < N_SLOT_BUFS; i++)
-            ok &= (*q[i] = o->alloc((size_t)qs[i] * sizeof(float))) != NULL;
-        s->cap = T;
-        s->cap_mb = mb;
-    }
-    if (ok && (T > m->cap || mb > m->cap_mb)) {
-        T = T > m->cap ? T : m->cap;
-        mb = mb > m->cap_mb ? mb : m->cap_mb;
-        free_scratch(m);
-        int64_t x = mb * 2 * lkv > T * D ? mb * 2 * lkv : T * D; /* the K/V exchange */
-        int64_t sizes[N_SCRATCH] = {T * D,    T * D,    T * F,     T * lhd, T * lhd, T * lkv, T * lkv,
-                                    mb * lkv, mb * lkv, T * F,     T * F,   model_head_chunk(m) * d->local_vocab,
-                                    x,        x};
-        float **p[N_SCRATCH];
-        scratch_buffers(m, p);
-        for (int i = 0; i < N_SCRATCH; i++)
-            ok &= (*p[i] = o->alloc((size_t)sizes[i] * sizeof(float))) != NULL;
-        size_t chunk = (size_t)model_head_chunk(m);
-        double **q[3] = {&m->row_max, &m->row_sum, &m->row_tgt};
-        for (int i = 0; i < 3; i++)
-            ok &= (*q[i] = o->alloc(chunk * sizeof(double))) != NULL;
-        ok &= (m->h_max = malloc(chunk * sizeof(double))) != NULL;
-        ok &= (m->h_sum = malloc(chunk * sizeof(double))) != NULL;
-        ok &= (m->h_tgt = malloc(chunk * sizeof(double))) != NULL;
-        ok &= (m->h_targets = malloc(chunk * sizeof(int32_t))) != NULL;
-        m->cap = T;
-        m->cap_mb = mb;
-    }
-    if (!ok) {
-        free_slot(m, s);
-        free_scratch(m);
-        return error_runtime(err, "model", "out of memory for the activations of %lld tokens", (long long)T);
-    }
-    return 0;
-}
-
 void model_free(Model *m)
 {
     if (m->ops) {
-        for (int i = 0; i < m->n_slots; i++)
-            free_slot(m, &m->slots[i]);
-        free_scratch(m);
+        model_free_activations(m);
+        if (m->wact != (Act *)m->params)
+            m->ops->free(m->wact);
         m->ops->free(m->params);
         m->ops->free(m->grads);
         m->ops->free(m->inv_freq);
@@ -311,6 +174,12 @@ void model_free(Model *m)
     free(m->slots);
     free(m->tensors);
     memset(m, 0, sizeof *m);
+}
+
+void model_weights_changed(Model *m)
+{
+    if (m->wact != (Act *)m->params)
+        ops_cast(m->ops, m->wact, DT_ACT, m->params, DT_F32, m->n_params);
 }
 
 const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer)
@@ -332,7 +201,10 @@ const ModelTensor *model_tensor_by_name(const Model *m, const char *name)
     return NULL;
 }
 
-float *model_output(const Model *m, int slot) { return m->slots[slot].h; }
+float *model_output(const Model *m, int slot)
+{
+    return m->slots[slot].h[m->dims.layer_end - m->dims.layer_begin];
+}
 float *model_input_grad(const Model *m, int slot) { return m->slots[slot].dx; }
 
 int model_init_weights(Model *m, uint64_t seed, Error *err)
@@ -376,6 +248,7 @@ int model_init_weights(Model *m, uint64_t seed, Error *err)
         }
     }
     m->ops->to_device(m->params, host, (size_t)m->n_params * sizeof *host);
+    model_weights_changed(m);
     free(host);
     free(row);
     return 0;

@@ -24,7 +24,13 @@
  *
  * Parameters live in one allocation, gradients in another of the same layout, as named tensors
  * with Hugging Face names (model.layers.3.self_attn.q_proj.weight, ...), each the rank's block
- * [row0, row0 + rows) x [col0, col0 + cols) of the full tensor.
+ * [row0, row0 + rows) x [col0, col0 + cols) of the full tensor. A layer's Wq, Wk, Wv blocks are
+ * consecutive, and so are Wgate, Wup: each group is one product ([q + k + v, d] and [2 ffn, d]).
+ *
+ * Precision (ops.h): the parameters are the float32 master weights; the products read wact, their
+ * copy in the backend's compute dtype, which the optimizer writes as it updates them. Activations
+ * a product or attention reads are in the compute dtype; the residual stream, its gradient, the
+ * norms' statistics, attention's log-sum-exp and the logits stay float32 (see LayerActs).
  */
 #ifndef WLB_ENGINE_MODEL_H
 #define WLB_ENGINE_MODEL_H
@@ -74,17 +80,35 @@ typedef struct ModelParallel {
     Comm *comm;
 } ModelParallel;
 
-/* What a layer's backward needs from its forward, per token row. */
+/* What a layer's backward needs from its forward. Act arrays are in the backend's compute dtype
+ * (bf16 on the GPU), the rest float32: rstd and lse are statistics of a sum, y is the residual
+ * stream (kept in float32 so that every layer adds to the full-precision sum). Under
+ * train.recompute some of them are not kept per layer but recomputed in the backward into the
+ * model's scratch (model_memory lists which). */
 typedef struct LayerActs {
-    float *x, *a, *rstd1, *q, *k, *v, *att, *lse, *y, *b, *rstd2, *g, *u, *s;
-    float *k_mb, *v_mb; /* with CP: K and V of the micro-batch, in micro-batch rows */
+    Act *a;             /* rmsnorm(x), the input of the Q/K/V product      [T, d] */
+    float *rstd1;       /*                                                  [T] */
+    Act *qkv;           /* q | k | v after RoPE on q and k                  [T, q + k + v] */
+    Act *k_mb, *v_mb;   /* with CP: K and V in micro-batch rows             [T_mb, k] */
+    Act *att;           /* attention output                                 [T, q] */
+    float *lse;         /* its log-sum-exp per row and head                 [T, heads] */
+    float *y;           /* x + the attention block                          [T, d] */
+    Act *b;             /* rmsnorm(y), the input of the gate/up product     [T, d] */
+    float *rstd2;       /*                                                  [T] */
+    Act *gu;            /* gate | up                                        [T, 2 ffn] */
+    Act *s;             /* silu(gate) * up, the input of the down product   [T, ffn] */
 } LayerActs;
 
 /* The activations of one micro-batch in flight (1F1B keeps up to pp of them). */
 typedef struct ModelSlot {
     int64_t cap, cap_mb;
-    LayerActs *layers;
-    float *h, *hn, *rstd_f, *dhn, *dx; /* dx: gradient of the chunk input (to send back) */
+    float **h;          /* n + 1 residual buffers [T, d]: h[0] the chunk input, h[i + 1] the output of
+                         * its layer i (h[n] the chunk's output, or the final norm's input) */
+    LayerActs *layers;  /* per layer: the slot's own arrays, or the model's scratch where recomputed */
+    Act *hn;            /* last chunk: the final norm's output                 [T, d] */
+    float *rstd_f;      /*                                                     [T] */
+    float *dhn;         /* last chunk: the gradient of hn                      [T, d] */
+    float *dx;          /* not the first chunk: the gradient of its input     [T, d] (to send back) */
 } ModelSlot;
 
 /* One micro-batch as this rank computes it. */
@@ -108,25 +132,44 @@ typedef struct Model {
     ModelDims dims;
     const Ops *ops;
     Comm *comm;
+    Recompute recompute;
     ModelTensor *tensors;
     int n_tensors;
     int64_t n_params;
-    float *params, *grads; /* backend memory, n_params each */
+    float *params, *grads; /* backend memory, n_params each: float32 master weights, their gradients */
+    Act *wact;             /* the weights in the compute dtype, the layout of params (params itself when
+                            * that is float32); written by the optimizer (model_weights_changed) */
     float *inv_freq;       /* backend memory, head_dim / 2 RoPE frequencies */
     ModelSlot *slots;
     int n_slots;
     /* Scratch shared by the slots (one op at a time), for up to cap rows / cap_mb micro-batch rows. */
     int64_t cap, cap_mb;
-    float *dh, *tmp_d, *tmp_d2, *datt, *dq, *dk, *dv, *dk_mb, *dv_mb, *dg, *du, *logits, *xfer, *xfer2;
-    double *row_max, *row_sum, *row_tgt;       /* backend, a head chunk of rows each */
-    double *h_max, *h_sum, *h_tgt;             /* host copies, for the TP reductions */
+    LayerActs rc;          /* the arrays train.recompute does not keep per layer, one layer's worth */
+    float *dh, *tmp, *g32; /* gradient of the residual stream, TP partial sums, [T, max(ffn, qkv)] */
+    Act *dh_act, *dgu, *datt, *dqkv;
+    float *dk_mb, *dv_mb, *xfer, *xfer2;      /* CP: dK, dV in micro-batch rows; the exchange */
+    float *logits;                            /* a block of rows of logits */
+    Act *dlogits;                             /* their gradient */
+    double *stats, *lse;                      /* backend, per row of a logits block: 3, 1 */
+    double *h_stats, *h_lse;                  /* host copies, for the TP reductions */
     int32_t *h_targets;
-    double comm_s;                             /* seconds spent in collectives, summed */
+    double comm_s;                            /* seconds spent in collectives, summed */
 } Model;
 
+/* The bytes of a model's activations: what a slot keeps for a micro-batch of T rows (T_mb
+ * micro-batch rows with CP), and the scratch the slots share, under recompute mode r with
+ * act_bytes-byte compute elements and logits blocks of logits_floats. model_reserve allocates
+ * exactly these. */
+typedef struct ModelMemory {
+    int64_t slot_bytes, scratch_bytes;
+} ModelMemory;
+ModelMemory model_memory(const ModelDims *d, int64_t T, int64_t T_mb, Recompute r, size_t act_bytes,
+                         int64_t logits_floats);
+
 /* Builds this rank's tensor table and allocates parameters and gradients (zero). par NULL: the
- * whole model in one process. */
-int model_init(Model *m, const ConfigModel *cfg, const Ops *ops, const ModelParallel *par, Error *err);
+ * whole model in one process. recompute: train.recompute. */
+int model_init(Model *m, const ConfigModel *cfg, const Ops *ops, const ModelParallel *par, Recompute recompute,
+               Error *err);
 void model_free(Model *m);
 /* Activations for n micro-batches in flight (1 after model_init). */
 int model_set_slots(Model *m, int n, Error *err);
@@ -134,6 +177,9 @@ int model_set_slots(Model *m, int n, Error *err);
  * down_proj) scaled by 1 / sqrt(2 n_layers). Each row of a full tensor has its own stream seeded by
  * (seed, tensor, row): every rank gets its block of the same values whatever the layout. */
 int model_init_weights(Model *m, uint64_t seed, Error *err);
+/* After params changed other than through the optimizer's update (init, load, resume, a gather):
+ * writes the compute-dtype copy of the weights (nothing when it is params itself). */
+void model_weights_changed(Model *m);
 const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer);
 /* The Hugging Face name of a tensor (layer: its layer, -1 outside the layers). */
 void model_tensor_name(ModelTensorKind kind, int layer, char *buf, size_t size);
@@ -156,7 +202,8 @@ float *model_input_grad(const Model *m, int slot);
 int model_predict(Model *m, const ModelBatch *b, int64_t row, float *logits, Error *err);
 
 /* Room for T rows (and T_mb micro-batch rows with CP) in slot and in the scratch, grown on demand;
- * and the rows of logits the output projection handles at a time. */
+ * out of memory is an Error that says how much was needed, how much is free and which keys would
+ * help. model_head_chunk: the rows of logits the output projection handles at a time. */
 int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err);
 int64_t model_head_chunk(const Model *m);
 

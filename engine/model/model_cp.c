@@ -13,7 +13,8 @@
  * every rank whose queries read it: the shares are reduce-scattered over CP, each rank receiving
  * the sum for its own sharded rows - the transpose of the all-gather.
  *
- * Message layout for CP rank r: its n_r rows of K, then its n_r rows of V (2 n_r lkv floats).
+ * Message layout for CP rank r: its n_r rows of K, then its n_r rows of V (2 n_r lkv floats; K and
+ * V are converted from the compute dtype to float32 for the message, which is exact).
  */
 #include "engine/model/model_impl.h"
 #include "util/clock.h"
@@ -32,42 +33,49 @@ static int64_t exchange_counts(const Model *m, const ModelBatch *b, int64_t *cou
 int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err)
 {
     const Ops *o = m->ops;
-    int64_t lkv = (int64_t)m->dims.local_kv_heads * m->dims.head_dim, counts[1024];
-    o->scatter_rows(a->k_mb, b->mb_row, a->k, b->T, lkv);
-    o->scatter_rows(a->v_mb, b->mb_row, a->v, b->T, lkv);
+    const ModelDims *d = &m->dims;
+    int64_t lq = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
+    int64_t Q = lq + 2 * lkv, counts[1024];
+    const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
+    o->copy_rows(a->k_mb, DT_ACT, lkv, b->mb_row, k, DT_ACT, Q, NULL, b->T, lkv);
+    o->copy_rows(a->v_mb, DT_ACT, lkv, b->mb_row, v, DT_ACT, Q, NULL, b->T, lkv);
     if (exchange_counts(m, b, counts) == 0)
         return 0;
-    o->gather_rows(m->xfer, a->k, b->send_rows, b->n_send, lkv);
-    o->gather_rows(m->xfer + b->n_send * lkv, a->v, b->send_rows, b->n_send, lkv);
+    /* The message travels in float32 (exact for the compute dtype). */
+    o->copy_rows(m->xfer, DT_F32, lkv, NULL, k, DT_ACT, Q, b->send_rows, b->n_send, lkv);
+    o->copy_rows(m->xfer + b->n_send * lkv, DT_F32, lkv, NULL, v, DT_ACT, Q, b->send_rows, b->n_send, lkv);
     double t0 = clock_seconds();
     int rc = comm_allgatherv(m->comm, GROUP_CP, m->xfer, m->xfer2, counts, err);
     m->comm_s += clock_seconds() - t0;
     if (rc != 0)
         return -1;
     int64_t at = 0, row = 0;
-    for (int r = 0; r < m->dims.cp; r++) {
+    for (int r = 0; r < d->cp; r++) {
         int64_t n = b->recv_counts[r];
-        o->scatter_rows(a->k_mb, b->recv_rows + row, m->xfer2 + at, n, lkv);
-        o->scatter_rows(a->v_mb, b->recv_rows + row, m->xfer2 + at + n * lkv, n, lkv);
+        o->copy_rows(a->k_mb, DT_ACT, lkv, b->recv_rows + row, m->xfer2 + at, DT_F32, lkv, NULL, n, lkv);
+        o->copy_rows(a->v_mb, DT_ACT, lkv, b->recv_rows + row, m->xfer2 + at + n * lkv, DT_F32, lkv, NULL, n, lkv);
         at += 2 * n * lkv;
         row += n;
     }
     return 0;
 }
 
-int model_cp_scatter_dkv(Model *m, const ModelBatch *b, Error *err)
+int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err)
 {
     const Ops *o = m->ops;
-    int64_t lkv = (int64_t)m->dims.local_kv_heads * m->dims.head_dim, counts[1024];
-    o->gather_rows(m->dk, m->dk_mb, b->mb_row, b->T, lkv);
-    o->gather_rows(m->dv, m->dv_mb, b->mb_row, b->T, lkv);
+    const ModelDims *d = &m->dims;
+    int64_t lq = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
+    int64_t Q = lq + 2 * lkv, counts[1024];
+    float *dk = dqkv + lq, *dv = dqkv + lq + lkv;
+    o->copy_rows(dk, DT_F32, Q, NULL, m->dk_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
+    o->copy_rows(dv, DT_F32, Q, NULL, m->dv_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
     if (exchange_counts(m, b, counts) == 0)
         return 0;
     int64_t at = 0, row = 0;
-    for (int r = 0; r < m->dims.cp; r++) {
+    for (int r = 0; r < d->cp; r++) {
         int64_t n = b->recv_counts[r];
-        o->gather_rows(m->xfer + at, m->dk_mb, b->recv_rows + row, n, lkv);
-        o->gather_rows(m->xfer + at + n * lkv, m->dv_mb, b->recv_rows + row, n, lkv);
+        o->copy_rows(m->xfer + at, DT_F32, lkv, NULL, m->dk_mb, DT_F32, lkv, b->recv_rows + row, n, lkv);
+        o->copy_rows(m->xfer + at + n * lkv, DT_F32, lkv, NULL, m->dv_mb, DT_F32, lkv, b->recv_rows + row, n, lkv);
         at += 2 * n * lkv;
         row += n;
     }
@@ -76,7 +84,7 @@ int model_cp_scatter_dkv(Model *m, const ModelBatch *b, Error *err)
     m->comm_s += clock_seconds() - t0;
     if (rc != 0)
         return -1;
-    o->scatter_rows(m->dk, b->send_rows, m->xfer2, b->n_send, lkv);
-    o->scatter_rows(m->dv, b->send_rows, m->xfer2 + b->n_send * lkv, b->n_send, lkv);
+    o->copy_rows(dk, DT_F32, Q, b->send_rows, m->xfer2, DT_F32, lkv, NULL, b->n_send, lkv);
+    o->copy_rows(dv, DT_F32, Q, b->send_rows, m->xfer2 + b->n_send * lkv, DT_F32, lkv, NULL, b->n_send, lkv);
     return 0;
 }

@@ -8,12 +8,14 @@
  * all-reduce over TP puts every token's row on every rank. Cross-entropy of a row with logits z
  * spread over the ranks:
  *     m = max_r max_i z_i                       (all-reduce max)
- *     S = sum_r sum_i exp(z_i - m)              (all-reduce sum)
+ *     S = sum_r exp(m_r - m) sum_i exp(z_i - m_r) (each rank's sum from its own max m_r; all-reduce sum)
  *     lse = m + log S;   loss = lse - z_target  (z_target from the rank that holds it: all-reduce sum)
  *     dz_i = dloss (exp(z_i - lse) - [i = target])   on every rank for its own columns,
  * and the gradient of the normalized hidden state, dz W, is a partial sum over the vocabulary
  * slices, all-reduced over TP. Every TP rank ends with the same loss; the trainer counts one.
- * The rows go through in chunks (model_head_chunk) so that [T, V] logits never exist at once.
+ * The rows go through in blocks (model_head_chunk) so that [T, V] logits never exist at once; the
+ * logits are float32 (the loss is a difference of large numbers), their gradient is in the compute
+ * dtype for the two products that read it.
  */
 #include <math.h>
 
@@ -32,36 +34,42 @@ void model_embed_bwd(Model *m, const float *dh, const ModelBatch *b)
     m->ops->embedding_bwd(model_grad(m, T_EMBED, -1), b->tokens, dh, b->T, d->vocab0, d->local_vocab, d->d);
 }
 
-/* Rows [r, r + n) of the slot: logits, the loss of each row with a target, and with train dz in
- * place of the logits. */
-static int head_rows(Model *m, const ModelBatch *b, const float *hn, int64_t r, int64_t n, int train, float dloss,
+/* Rows [r, r + n) of the slot: logits, the loss of each row with a target, and with train their
+ * gradient in m->dlogits. One pass over each row's logits gives its max, sum of exponentials and
+ * target logit (ce_stats); the ranks' rows combine on the host in double. */
+static int head_rows(Model *m, const ModelBatch *b, const Act *hn, int64_t r, int64_t n, int train, float dloss,
                      double *loss_sum, Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
     int64_t V = d->local_vocab;
     const int32_t *targets = b->targets + r;
-    o->matmul_fwd(m->logits, hn + r * d->d, model_param(m, T_HEAD, -1), n, d->d, V);
-    o->ce_row_max(m->row_max, m->logits, n, V);
-    o->to_host(m->h_max, m->row_max, (size_t)n * sizeof(double));
-    if (model_tp_allreduce_f64(m, m->h_max, n, 1, err) != 0)
-        return -1;
-    o->to_device(m->row_max, m->h_max, (size_t)n * sizeof(double));
-    o->ce_row_sumexp(m->row_sum, m->logits, m->row_max, n, V);
-    o->ce_target_logit(m->row_tgt, m->logits, targets, n, V, d->vocab0);
-    o->to_host(m->h_sum, m->row_sum, (size_t)n * sizeof(double));
-    o->to_host(m->h_tgt, m->row_tgt, (size_t)n * sizeof(double));
+    o->matmul_fwd(mat_f32(m->logits), ops_act(o, hn, r * d->d), model_weight(m, T_HEAD, -1), n, d->d, V);
+    o->ce_stats(m->stats, m->logits, targets, n, V, d->vocab0);
+    o->to_host(m->h_stats, m->stats, (size_t)(3 * n) * sizeof(double));
     o->to_host(m->h_targets, targets, (size_t)n * sizeof(int32_t));
-    if (model_tp_allreduce_f64(m, m->h_sum, n, 0, err) != 0 || model_tp_allreduce_f64(m, m->h_tgt, n, 0, err) != 0)
-        return -1;
+    double *mx = m->h_lse; /* the row maxima, then lse in place */
+    for (int64_t i = 0; i < n; i++)
+        mx[i] = m->h_stats[3 * i];
+    if (d->tp > 1) {
+        /* The max over the ranks, each rank's sum rescaled to it, then the sums and target logits. */
+        if (model_tp_allreduce_f64(m, mx, n, 1, err) != 0)
+            return -1;
+        for (int64_t i = 0; i < n; i++) {
+            m->h_stats[3 * i + 1] *= exp(m->h_stats[3 * i] - mx[i]);
+            m->h_stats[3 * i] = 0;
+        }
+        if (model_tp_allreduce_f64(m, m->h_stats, 3 * n, 0, err) != 0)
+            return -1;
+    }
     for (int64_t i = 0; i < n; i++) {
-        m->h_max[i] += log(m->h_sum[i]); /* now lse */
+        mx[i] += log(m->h_stats[3 * i + 1]); /* now lse */
         if (m->h_targets[i] >= 0)
-            *loss_sum += m->h_max[i] - m->h_tgt[i];
+            *loss_sum += mx[i] - m->h_stats[3 * i + 2];
     }
     if (train) {
-        o->to_device(m->row_max, m->h_max, (size_t)n * sizeof(double));
-        o->ce_grad(m->logits, m->logits, m->row_max, targets, n, V, d->vocab0, dloss);
+        o->to_device(m->lse, mx, (size_t)n * sizeof(double));
+        o->ce_grad(m->dlogits, m->logits, m->lse, targets, n, V, d->vocab0, dloss);
     }
     return 0;
 }
@@ -69,10 +77,11 @@ static int head_rows(Model *m, const ModelBatch *b, const float *hn, int64_t r, 
 int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float dloss, double *loss_sum,
                    Error *err)
 {
+    const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
-    int64_t chunk = model_head_chunk(m);
+    int64_t chunk = model_head_chunk(m), V = d->local_vocab;
     float *dw_out = model_grad(m, T_HEAD, -1);
-    const float *w_out = model_param(m, T_HEAD, -1);
+    const Act *w_out = model_weight(m, T_HEAD, -1);
     for (int64_t r = 0; r < b->T; r += chunk) {
         int64_t n = b->T - r < chunk ? b->T - r : chunk;
         if (head_rows(m, b, s->hn, r, n, train, dloss, loss_sum, err) != 0)
@@ -80,7 +89,8 @@ int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float
         if (!train)
             continue;
         float *dhn = s->dhn + r * d->d;
-        m->ops->matmul_bwd(dhn, dw_out, m->logits, s->hn + r * d->d, w_out, n, d->d, d->local_vocab, 0);
+        o->matmul_bwd_dw(dw_out, m->dlogits, ops_act(o, s->hn, r * d->d), n, d->d, V);
+        o->matmul_bwd_dx(mat_f32(dhn), m->dlogits, w_out, n, d->d, V);
         if (model_tp_allreduce(m, dhn, n * d->d, err) != 0)
             return -1;
     }

@@ -17,16 +17,27 @@ static inline float *model_grad(const Model *m, ModelTensorKind kind, int layer)
     return m->grads + model_tensor(m, kind, layer)->offset;
 }
 
+/* A weight in the compute dtype, as the products read it. Consecutive weights are one product:
+ * model_weight(m, T_WQ, l) is [q + k + v, d], model_weight(m, T_WGATE, l) is [2 ffn, d]. */
+static inline Act *model_weight(const Model *m, ModelTensorKind kind, int layer)
+{
+    return ops_act(m->ops, m->wact, model_tensor(m, kind, layer)->offset);
+}
+
+/* Frees every slot's activations and the scratch (model_memory.c). */
+void model_free_activations(Model *m);
+
 /* Sums x over the TP group in place (nothing with tp = 1); the time goes to m->comm_s. */
 int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err);
 /* The same over f64 host arrays, sum or max. */
 int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
 
-/* CP: K and V of this rank's rows into a->k_mb, a->v_mb in micro-batch rows, with the rows of
- * the sharded documents from every CP rank; and back in the backward: m->dk, m->dv of this rank's
- * rows from m->dk_mb, m->dv_mb, the sharded rows summed over the CP group. */
+/* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
+ * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V
+ * columns of dqkv (float32, this rank's rows) from m->dk_mb, m->dv_mb, the sharded rows summed over
+ * the CP group. */
 int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err);
-int model_cp_scatter_dkv(Model *m, const ModelBatch *b, Error *err);
+int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err);
 
 /* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP), and its
  * backward from dh. */

@@ -114,8 +114,10 @@ static int load_safetensors(Model *m, const char *path, Error *err)
         st_read_f32(s, full);
         model_put_block(m, t->name, full, host);
     }
-    if (rc == 0)
+    if (rc == 0) {
         m->ops->to_device(m->params, host, (size_t)m->n_params * sizeof *host);
+        model_weights_changed(m);
+    }
     free(host);
     free(full);
     st_close(&f);
@@ -203,6 +205,7 @@ static int load_llama2c(Model *m, const char *path, const MappedFile *map, Error
     if (!shared)
         llama2c_tensor(m, "lm_head.weight", p, vocab * dm, 0, full, tmp, host);
     m->ops->to_device(m->params, host, (size_t)m->n_params * sizeof *host);
+    model_weights_changed(m);
     free(host);
     free(full);
     free(tmp);

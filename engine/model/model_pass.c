@@ -1,19 +1,26 @@
 /*
  * engine/model/model_pass.c - forward and backward of a model chunk (see model.h), one op at a time.
  *
- * Forward of layer l on this rank's rows, keeping what the backward needs (LayerActs). With TP a
- * rank holds heads and FFN columns of its own (Wq, Wk, Wv, Wg, Wu split by output rows, Wo and
- * Wd by input columns), so the two output projections give partial sums, all-reduced over TP:
- *     x = h;  a = rmsnorm(x);  q, k, v = a Wq^T, a Wk^T, a Wv^T;  rope(q), rope(k)
+ * Forward of layer l on this rank's rows, keeping what the backward needs (LayerActs; [A] is the
+ * compute dtype, everything else float32). With TP a rank holds heads and FFN columns of its own
+ * (Wq, Wk, Wv, Wgate, Wup split by output rows, Wo and Wdown by input columns), so the two output
+ * products give partial sums, all-reduced over TP before they join the residual stream:
+ *     a = rmsnorm(x) [A];  qkv = a Wqkv^T [A] (Wq, Wk, Wv as one product);  rope(q), rope(k)
  *     [CP: K, V of the sharded documents all-gathered into micro-batch rows]
- *     att = attention(q, k, v);  h = x + allreduce(att Wo^T)  (= y)
- *     b = rmsnorm(y);  g, u = b Wg^T, b Wu^T;  s = silu(g) u;  h = y + allreduce(s Wd^T)
- * Backward of layer l, dh arriving as d(h out) (the same on every TP rank):
- *     ds = dh Wd;  dg, du = swiglu'(ds);  db = allreduce(dg Wg + du Wu);  dh += rmsnorm'(db)  (= dy)
- *     datt = dh Wo;  dq, dk, dv = attention'(datt)  [CP: dK, dV reduce-scattered];  unrotate;
- *     da = allreduce(dq Wq + dk Wk + dv Wv);  dh += rmsnorm'(da)                           (= dx)
- * The all-reduces of db and da sum each rank's part of the input gradient: every rank's heads and
- * FFN columns read the whole input.
+ *     att = attention(q, k, v) [A];  y = x + allreduce(att Wo^T)
+ *     b = rmsnorm(y) [A];  gu = b Wgu^T [A] (Wgate, Wup as one product);  s = silu(g) u [A]
+ *     out = y + allreduce(s Wdown^T)
+ * (with tp = 1 the products add into the residual stream directly: y = x + att Wo^T in one call).
+ * Backward of layer l, dh = d(out) in float32 and in the compute dtype (dh_act), the same on every
+ * TP rank:
+ *     dWdown += dh^T s;  ds = dh Wdown;  dgu = swiglu'(ds) [A];  dWgu += dgu^T b
+ *     dh += rmsnorm'(allreduce(dgu Wgu))                                         (= dy)
+ *     dWo += dh^T att;  datt = dh Wo [A];  dq, dk, dv = attention'(datt) (float32, accumulated)
+ *     [CP: dK, dV reduce-scattered];  dqkv = unrotate(dq, dk), dv [A];  dWqkv += dqkv^T a
+ *     dh += rmsnorm'(allreduce(dqkv Wqkv))                                       (= dx)
+ * The all-reduces of the input gradients sum each rank's part: every rank's heads and FFN columns
+ * read the whole input. train.recompute: what a layer did not keep (model_memory.c) is computed
+ * again at the start of its backward, by the same ops, so the gradients are the same bits.
  */
 #include <math.h>
 #include <string.h>
@@ -42,98 +49,130 @@ int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err)
     return rc;
 }
 
-/* This rank's heads: query head h uses key/value head h / (local_heads / local_kv_heads). */
+/* Widths of this rank's q heads, k (= v) heads, and the fused q | k | v row. */
+static int64_t q_width(const ModelDims *d) { return (int64_t)d->local_heads * d->head_dim; }
+static int64_t kv_width(const ModelDims *d) { return (int64_t)d->local_kv_heads * d->head_dim; }
+static int64_t qkv_width(const ModelDims *d) { return q_width(d) + 2 * kv_width(d); }
+
+/* Attention reads q, k, v from the fused qkv rows, or with CP k and v from the micro-batch rows. */
 static AttnShape attn_shape(const ModelDims *d)
 {
-    return (AttnShape){d->local_heads, d->local_kv_heads, d->head_dim, (int64_t)d->local_heads * d->head_dim,
-                       (int64_t)d->local_kv_heads * d->head_dim, (int64_t)d->local_heads * d->head_dim};
+    int64_t kv = d->cp > 1 ? kv_width(d) : qkv_width(d);
+    return (AttnShape){d->local_heads, d->local_kv_heads, d->head_dim, qkv_width(d), kv, q_width(d)};
 }
 
-static int layer_forward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Error *err)
+/* out = res + the TP-reduced product x W^T: into out directly with tp = 1, else through m->tmp. */
+static int residual_product(Model *m, float *out, const float *res, const Act *x, const Act *w, int64_t T,
+                            int64_t n_in, Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t D = m->dims.d;
+    if (m->dims.tp == 1) {
+        o->matmul_fwd(mat_f32_plus(out, res), x, w, T, n_in, D);
+        return 0;
+    }
+    o->matmul_fwd(mat_f32(m->tmp), x, w, T, n_in, D);
+    if (model_tp_allreduce(m, m->tmp, T * D, err) != 0)
+        return -1;
+    o->add(out, res, m->tmp, T * D);
+    return 0;
+}
+
+/* Layer l from its input x into a; out = its output (NULL: stop before the down product, which
+ * only a recomputation does). */
+static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, float *out, LayerActs *a, Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
-    LayerActs *a = &s->layers[l - d->layer_begin];
-    int64_t T = b->T, D = d->d, F = d->local_ffn;
-    int64_t lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    o->copy(a->x, s->h, T * D);
-    o->rmsnorm_fwd(a->a, a->rstd1, a->x, model_param(m, T_ATTN_NORM, l), T, D, d->norm_eps);
-    o->matmul_fwd(a->q, a->a, model_param(m, T_WQ, l), T, D, lhd);
-    o->matmul_fwd(a->k, a->a, model_param(m, T_WK, l), T, D, lkv);
-    o->matmul_fwd(a->v, a->a, model_param(m, T_WV, l), T, D, lkv);
-    o->rope(a->q, b->positions, T, d->local_heads, d->head_dim, m->inv_freq, 0);
-    o->rope(a->k, b->positions, T, d->local_kv_heads, d->head_dim, m->inv_freq, 0);
-    const float *k = a->k, *v = a->v;
+    int64_t T = b->T, D = d->d, F = d->local_ffn, Q = qkv_width(d);
+    o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), T, D, d->norm_eps);
+    o->matmul_fwd(mat_act(a->qkv), a->a, model_weight(m, T_WQ, l), T, D, Q);
+    o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq);
+    const Act *k = ops_act(o, a->qkv, q_width(d)), *v = ops_act(o, a->qkv, q_width(d) + kv_width(d));
     if (d->cp > 1) {
         if (model_cp_gather_kv(m, a, b, err) != 0)
             return -1;
         k = a->k_mb;
         v = a->v_mb;
     }
-    o->attention_fwd(a->att, a->lse, a->q, k, v, b->segs, b->n_segs, attn_shape(d));
-    o->matmul_fwd(m->tmp_d, a->att, model_param(m, T_WO, l), T, lhd, D);
-    if (model_tp_allreduce(m, m->tmp_d, T * D, err) != 0)
+    o->attention_fwd(a->att, a->lse, a->qkv, k, v, b->segs, b->n_segs, attn_shape(d));
+    if (residual_product(m, a->y, x, a->att, model_weight(m, T_WO, l), T, q_width(d), err) != 0)
         return -1;
-    o->add(s->h, m->tmp_d, T * D);
-    o->copy(a->y, s->h, T * D);
     o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), T, D, d->norm_eps);
-    o->matmul_fwd(a->g, a->b, model_param(m, T_WGATE, l), T, D, F);
-    o->matmul_fwd(a->u, a->b, model_param(m, T_WUP, l), T, D, F);
-    o->swiglu_fwd(a->s, a->g, a->u, T * F);
-    o->matmul_fwd(m->tmp_d, a->s, model_param(m, T_WDOWN, l), T, F, D);
-    if (model_tp_allreduce(m, m->tmp_d, T * D, err) != 0)
-        return -1;
-    o->add(s->h, m->tmp_d, T * D);
+    o->matmul_fwd(mat_act(a->gu), a->b, model_weight(m, T_WGATE, l), T, D, 2 * F);
+    o->swiglu_fwd(a->s, a->gu, T, F);
+    if (!out)
+        return 0;
+    return residual_product(m, out, a->y, a->s, model_weight(m, T_WDOWN, l), T, F, err);
+}
+
+/* What train.recompute left out of a, computed again from the layer's input x. */
+static int recompute_layer(Model *m, const ModelBatch *b, int l, const float *x, LayerActs *a, Error *err)
+{
+    const Ops *o = m->ops;
+    const ModelDims *d = &m->dims;
+    if (m->recompute == RECOMPUTE_FULL)
+        return layer_forward(m, b, l, x, NULL, a, err);
+    if (m->recompute == RECOMPUTE_SELECTIVE) {
+        o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), b->T, d->d, d->norm_eps);
+        o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), b->T, d->d, d->norm_eps);
+        o->swiglu_fwd(a->s, a->gu, b->T, d->local_ffn);
+    }
     return 0;
 }
 
+/* The layer's backward: m->dh (and m->dh_act) hold d(out) and get d(x). */
 static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
-    LayerActs *a = &s->layers[l - d->layer_begin];
-    int64_t T = b->T, D = d->d, F = d->local_ffn;
-    int64_t lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    float *ds = m->tmp_d2;
-    /* MLP */
-    o->matmul_bwd(ds, model_grad(m, T_WDOWN, l), m->dh, a->s, model_param(m, T_WDOWN, l), T, F, D, 0);
-    o->swiglu_bwd(m->dg, m->du, ds, a->g, a->u, T * F);
-    o->matmul_bwd(m->tmp_d, model_grad(m, T_WGATE, l), m->dg, a->b, model_param(m, T_WGATE, l), T, D, F, 0);
-    o->matmul_bwd(m->tmp_d, model_grad(m, T_WUP, l), m->du, a->b, model_param(m, T_WUP, l), T, D, F, 1);
-    if (model_tp_allreduce(m, m->tmp_d, T * D, err) != 0)
+    int i = l - d->layer_begin;
+    LayerActs *a = &s->layers[i];
+    const float *x = s->h[i];
+    int64_t T = b->T, D = d->d, F = d->local_ffn, lq = q_width(d), lkv = kv_width(d), Q = qkv_width(d);
+    if (recompute_layer(m, b, l, x, a, err) != 0)
         return -1;
-    o->rmsnorm_bwd(m->dh, model_grad(m, T_MLP_NORM, l), m->tmp_d, a->y, model_param(m, T_MLP_NORM, l), a->rstd2, T,
-                   D);
-    /* Attention */
-    o->matmul_bwd(m->datt, model_grad(m, T_WO, l), m->dh, a->att, model_param(m, T_WO, l), T, lhd, D, 0);
-    o->zero(m->dq, T * lhd);
+    /* MLP */
+    float *ds = m->g32;
+    o->matmul_bwd_dw(model_grad(m, T_WDOWN, l), m->dh_act, a->s, T, F, D);
+    o->matmul_bwd_dx(mat_f32(ds), m->dh_act, model_weight(m, T_WDOWN, l), T, F, D);
+    o->swiglu_bwd(m->dgu, ds, a->gu, T, F);
+    o->matmul_bwd_dw(model_grad(m, T_WGATE, l), m->dgu, a->b, T, D, 2 * F);
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
+    if (model_tp_allreduce(m, m->tmp, T * D, err) != 0)
+        return -1;
+    o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_MLP_NORM, l), m->tmp, a->y, model_param(m, T_MLP_NORM, l),
+                   a->rstd2, T, D);
+    /* Attention: dq, dk, dv accumulate in float32 (dqkv32); with CP dk, dv in micro-batch rows. */
+    float *dqkv32 = m->g32;
+    o->matmul_bwd_dw(model_grad(m, T_WO, l), m->dh_act, a->att, T, lq, D);
+    o->matmul_bwd_dx(mat_act(m->datt), m->dh_act, model_weight(m, T_WO, l), T, lq, D);
+    o->zero(dqkv32, T * Q);
+    const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
     if (d->cp > 1) {
         o->zero(m->dk_mb, b->T_mb * lkv);
         o->zero(m->dv_mb, b->T_mb * lkv);
-        o->attention_bwd(m->dq, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->q, a->k_mb, a->v_mb, b->segs,
+        o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb, b->segs,
                          b->n_segs, attn_shape(d));
-        if (model_cp_scatter_dkv(m, b, err) != 0)
+        if (model_cp_scatter_dkv(m, dqkv32, b, err) != 0)
             return -1;
     } else {
-        o->zero(m->dk, T * lkv);
-        o->zero(m->dv, T * lkv);
-        o->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, b->segs, b->n_segs,
-                         attn_shape(d));
+        o->attention_bwd(dqkv32, dqkv32 + lq, dqkv32 + lq + lkv, m->datt, a->att, a->lse, a->qkv, k, v, b->segs,
+                         b->n_segs, attn_shape(d));
     }
-    o->rope(m->dq, b->positions, T, d->local_heads, d->head_dim, m->inv_freq, 1);
-    o->rope(m->dk, b->positions, T, d->local_kv_heads, d->head_dim, m->inv_freq, 1);
-    o->matmul_bwd(m->tmp_d, model_grad(m, T_WQ, l), m->dq, a->a, model_param(m, T_WQ, l), T, D, lhd, 0);
-    o->matmul_bwd(m->tmp_d, model_grad(m, T_WK, l), m->dk, a->a, model_param(m, T_WK, l), T, D, lkv, 1);
-    o->matmul_bwd(m->tmp_d, model_grad(m, T_WV, l), m->dv, a->a, model_param(m, T_WV, l), T, D, lkv, 1);
-    if (model_tp_allreduce(m, m->tmp_d, T * D, err) != 0)
+    o->rope_bwd(m->dqkv, Q, dqkv32, Q, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim,
+                m->inv_freq);
+    o->matmul_bwd_dw(model_grad(m, T_WQ, l), m->dqkv, a->a, T, D, Q);
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
+    if (model_tp_allreduce(m, m->tmp, T * D, err) != 0)
         return -1;
-    o->rmsnorm_bwd(m->dh, model_grad(m, T_ATTN_NORM, l), m->tmp_d, a->x, model_param(m, T_ATTN_NORM, l), a->rstd1,
-                   T, D);
+    o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_ATTN_NORM, l), m->tmp, x, model_param(m, T_ATTN_NORM, l),
+                   a->rstd1, T, D);
     return 0;
 }
 
-/* The chunk's input (embedding or h_in), its layers, and on the last chunk the final norm into
- * slot->hn. */
+/* The chunk's input (embedding or h_in) into h[0], its layers, and on the last chunk the final
+ * norm into slot->hn. */
 static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *h_in, Error *err)
 {
     const ModelDims *d = &m->dims;
@@ -145,16 +184,19 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
         return -1;
     ModelSlot *s = &m->slots[slot];
     if (d->has_embed) {
-        if (model_embed_fwd(m, s->h, b, err) != 0)
+        if (model_embed_fwd(m, s->h[0], b, err) != 0)
             return -1;
     } else {
-        m->ops->copy(s->h, h_in, b->T * d->d);
+        m->ops->copy(s->h[0], h_in, b->T * d->d);
     }
-    for (int l = d->layer_begin; l < d->layer_end; l++)
-        if (layer_forward(m, s, l, b, err) != 0)
+    for (int l = d->layer_begin; l < d->layer_end; l++) {
+        int i = l - d->layer_begin;
+        if (layer_forward(m, b, l, s->h[i], s->h[i + 1], &s->layers[i], err) != 0)
             return -1;
+    }
     if (d->has_head)
-        m->ops->rmsnorm_fwd(s->hn, s->rstd_f, s->h, model_param(m, T_FINAL_NORM, -1), b->T, d->d, d->norm_eps);
+        m->ops->rmsnorm_fwd(s->hn, s->rstd_f, s->h[d->layer_end - d->layer_begin], model_param(m, T_FINAL_NORM, -1),
+                            b->T, d->d, d->norm_eps);
     return 0;
 }
 
@@ -167,8 +209,10 @@ int model_predict(Model *m, const ModelBatch *b, int64_t row, float *logits, Err
         return error_runtime(err, "model", "no row %lld in a micro-batch of %lld", (long long)row, (long long)b->T);
     if (forward_hidden(m, 0, b, NULL, err) != 0)
         return -1;
-    m->ops->matmul_fwd(m->logits, m->slots[0].hn + row * d->d, model_param(m, T_HEAD, -1), 1, d->d, d->vocab);
-    m->ops->to_host(logits, m->logits, (size_t)d->vocab * sizeof *logits);
+    const Ops *o = m->ops;
+    o->matmul_fwd(mat_f32(m->logits), ops_act(o, m->slots[0].hn, row * d->d), model_weight(m, T_HEAD, -1), 1, d->d,
+                  d->vocab);
+    o->to_host(logits, m->logits, (size_t)d->vocab * sizeof *logits);
     return 0;
 }
 
@@ -187,18 +231,19 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
-    int64_t T = b->T;
+    int64_t T = b->T, D = d->d;
     if (slot < 0 || slot >= m->n_slots)
         return error_runtime(err, "model", "no activation slot %d (%d slots)", slot, m->n_slots);
     if (!d->has_head && !dh_out)
         return error_runtime(err, "model", "chunk of layers %d.. needs the gradient of its output", d->layer_begin);
     ModelSlot *s = &m->slots[slot];
     if (d->has_head) {
-        o->zero(m->dh, T * d->d);
-        o->rmsnorm_bwd(m->dh, model_grad(m, T_FINAL_NORM, -1), s->dhn, s->h, model_param(m, T_FINAL_NORM, -1),
-                       s->rstd_f, T, d->d);
+        o->zero(m->dh, T * D);
+        o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_FINAL_NORM, -1), s->dhn, s->h[d->layer_end - d->layer_begin],
+                       model_param(m, T_FINAL_NORM, -1), s->rstd_f, T, D);
     } else {
-        o->copy(m->dh, dh_out, T * d->d);
+        o->copy(m->dh, dh_out, T * D);
+        ops_cast(o, m->dh_act, DT_ACT, m->dh, DT_F32, T * D);
     }
     for (int l = d->layer_end - 1; l >= d->layer_begin; l--)
         if (layer_backward(m, s, l, b, err) != 0)
@@ -206,6 +251,6 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
     if (d->has_embed)
         model_embed_bwd(m, m->dh, b);
     else
-        o->copy(s->dx, m->dh, T * d->d);
+        o->copy(s->dx, m->dh, T * D);
     return 0;
 }

@@ -10,8 +10,8 @@
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/sched.h"
-#include "util/fileio.h"
 #include "util/clock.h"
+#include "util/fileio.h"
 
 /* What one step of one run predicts. */
 typedef struct StepStats {

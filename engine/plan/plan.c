@@ -119,6 +119,19 @@ int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream 
     return 0;
 }
 
+void plan_largest(const Planner *pl, int64_t *mb_tokens, int64_t *rank_rows)
+{
+    int64_t unit = pl->cp > 1 ? 2 * pl->cp : 1;
+    int64_t mb = pl->packer == PACKER_WLB ? pl->s_max : (pl->window + unit - 1) / unit * unit;
+    /* per_seq and per_doc give every CP rank mb / cp rows; hybrid may put whole documents on a rank
+     * up to its capacity. */
+    int64_t rows = mb / pl->cp;
+    if (pl->cp > 1 && pl->sharding == CP_HYBRID && pl->rank_capacity > rows)
+        rows = pl->rank_capacity < mb ? pl->rank_capacity : mb;
+    *mb_tokens = mb;
+    *rank_rows = rows;
+}
+
 void plan_destroy(Planner *pl)
 {
     for (int i = 0; i < pl->n_queues; i++)

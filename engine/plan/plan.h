@@ -168,6 +168,10 @@ double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r);
  * planned the same step get the same digest. */
 uint32_t plan_digest(const StepPlan *p);
 
+/* The largest micro-batch this planner makes (*mb_tokens: a window for the fixed packers, S_max for
+ * wlb) and the most rows one CP rank holds of it (*rank_rows): what activation memory must hold. */
+void plan_largest(const Planner *pl, int64_t *mb_tokens, int64_t *rank_rows);
+
 /* Shards micro-batch i of p over the CP ranks in the given mode (adaptive and hybrid choose) and
  * fills its PlanRank entries and per-layer costs (plan_shard.c). */
 int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err);

@@ -22,8 +22,10 @@
 typedef struct Optim {
     const ConfigTrain *cfg;
     int64_t begin, end;
-    float *m, *v; /* backend memory, end - begin each */
-    int64_t step; /* updates done */
+    float *m, *v;       /* backend memory, end - begin each */
+    int64_t step;       /* updates done */
+    AdamWSpan *spans;   /* the range's runs of equal weight decay, relative to begin */
+    int n_spans;
 } Optim;
 
 int optim_init(Optim *o, const ConfigTrain *cfg, const Model *model, int64_t begin, int64_t end, Error *err);
@@ -32,8 +34,9 @@ double optim_lr(const ConfigTrain *cfg, int64_t step);
 /* The sum of squares of g over the tensors that count (ModelTensor.counts): this rank's part of the
  * squared global norm. */
 double optim_grad_sumsq(const Optim *o, const Model *model, const float *g);
-/* Clips g by the global norm (scales it in place when norm > grad_clip) and updates the range with
- * the lr of the next step, which it returns. */
-double optim_update(Optim *o, Model *model, float *g, double norm);
+/* Updates the range with the lr of the next step, which it returns: one AdamW over the range, its
+ * gradients scaled by grad_clip / norm when norm > grad_clip (g itself is left as it is). With
+ * write_act the compute-dtype copy of the range's weights is written in the same pass. */
+double optim_update(Optim *o, Model *model, const float *g, double norm, int write_act);
 
 #endif

@@ -98,10 +98,11 @@ static int write_metrics(FILE *f, const char *path, int64_t step, const TrainSta
 {
     fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
-               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld,\"attn_pairs\":%lld}\n",
+               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld,\"attn_pairs\":%lld,"
+               "\"mem_used_gb\":%.2f}\n",
             (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
-            (long long)st->queued, (long long)skipped, (long long)st->attn_pairs);
+            (long long)st->queued, (long long)skipped, (long long)st->attn_pairs, st->mem_used_gb);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
     return 0;
@@ -206,6 +207,11 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             rc = trainer_forward_backward(tr, &st, err);
         if (rc == 0)
             rc = trainer_update(tr, &st, err);
+        if (rc == 0) {
+            size_t free_b, total_b;
+            tr->ops->memory(&free_b, &total_b);
+            st.mem_used_gb = (double)(total_b - free_b) / 1e9;
+        }
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, err);
         if (rc != 0 || !lead)

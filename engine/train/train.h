@@ -58,6 +58,7 @@ typedef struct TrainStats {
     int64_t queued;          /* documents waiting in the outlier queues after the step */
     int64_t attn_pairs;      /* (query, key) pairs attention computes: sum over pieces of l (l + 1) / 2 */
     int skipped;             /* the update was skipped: the loss or the gradients were not finite */
+    double mem_used_gb;      /* the device's memory in use after the step (GB; for cpu the machine's) */
 } TrainStats;
 
 typedef struct Trainer {

@@ -64,7 +64,7 @@ static int sum_tied_embeddings(Trainer *tr, Error *err)
     const ModelTensor *t = model_tensor(first ? a : z, T_EMBED, -1);
     int64_t n = t->rows * t->cols;
     if (first && last) { /* pp = 1: both chunks are here */
-        o->add(ga, gz, n);
+        o->add(ga, ga, gz, n);
         o->copy(gz, ga, n);
         return 0;
     }
@@ -80,7 +80,7 @@ static int sum_tied_embeddings(Trainer *tr, Error *err)
     if (comm_wait(tr->comm, &req, rc == 0 ? err : &(Error){0}) != 0)
         rc = -1;
     if (rc == 0)
-        o->add(mine, other, n);
+        o->add(mine, mine, other, n);
     o->free(other);
     return rc;
 }
@@ -165,9 +165,12 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
     for (int k = 0; k < tr->v; k++) {
         TrainChunk *ch = &tr->chunks[k];
         Model *m = &ch->model;
-        st->lr = optim_update(&ch->optim, m, zero ? ch->shard_grads : m->grads, st->grad_norm);
-        if (zero && trainer_gather_shards(tr, m, m->params, NULL, err) != 0)
-            return -1;
+        st->lr = optim_update(&ch->optim, m, zero ? ch->shard_grads : m->grads, st->grad_norm, !zero);
+        if (zero) { /* every rank's updated shard; then the compute copy of the whole */
+            if (trainer_gather_shards(tr, m, m->params, NULL, err) != 0)
+                return -1;
+            model_weights_changed(m);
+        }
     }
     return 0;
 }

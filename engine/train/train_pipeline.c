@@ -104,9 +104,12 @@ static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
             return -1;
         h_in = tr->recv;
     }
+    /* Compute time: a device that runs ops asynchronously is waited for at both ends. */
+    m->ops->sync();
     double loss = 0, t0 = clock_seconds(), comm0 = m->comm_s;
     if (model_forward(m, slot, b, h_in, 1, dloss, &loss, err) != 0)
         return -1;
+    m->ops->sync();
     tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
     if (m->dims.has_head && tr->lay.tp_rank == 0)
         tr->loss_sum += loss;
@@ -131,9 +134,11 @@ static int run_backward(Trainer *tr, int k, int c, Error *err)
             return -1;
         dh_out = tr->recv;
     }
+    m->ops->sync();
     double t0 = clock_seconds(), comm0 = m->comm_s;
     if (model_backward(m, slot, b, dh_out, err) != 0)
         return -1;
+    m->ops->sync();
     tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
     ch->slot_busy[slot] = 0;
     ch->slot_of[k] = -1;

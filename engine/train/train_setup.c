@@ -28,12 +28,19 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     TrainChunk *ch = &tr->chunks[c];
     ModelParallel par = {tr->lay.tp, tr->lay.tp_rank, tr->lay.cp, c * tr->pp + tr->lay.pp_rank, tr->n_chunks,
                          tr->comm};
-    if (model_init(&ch->model, &cfg->model, tr->ops, &par, err) != 0)
+    if (model_init(&ch->model, &cfg->model, tr->ops, &par, cfg->train.recompute, err) != 0)
         return -1;
     Model *m = &ch->model;
     int slots = max_in_flight(tr->sched, tr->n_sched, c);
     if (model_set_slots(m, slots > 0 ? slots : 1, err) != 0)
         return -1;
+    /* The activations of the largest micro-batch the planner can make, now: a layout that does not
+     * fit stops here, before the first step. */
+    int64_t mb_tokens, rank_rows;
+    plan_largest(&tr->planner, &mb_tokens, &rank_rows);
+    for (int s = 0; s < m->n_slots; s++)
+        if (model_reserve(m, s, rank_rows, mb_tokens, err) != 0)
+            return -1;
     ch->slot_of = malloc((size_t)tr->m * sizeof *ch->slot_of);
     ch->slot_busy = calloc((size_t)m->n_slots, sizeof *ch->slot_busy);
     ch->send_h = calloc((size_t)m->n_slots, sizeof *ch->send_h);
@@ -63,7 +70,7 @@ static int open_backend(Trainer *tr, Error *err)
     if (!b)
         return error_set(err, "train.device", "no backend %s in this build", name);
     RuntimeLaunch launch = runtime_launch_from_env();
-    BackendOpen opt = {launch.local_rank, tr->cfg->train.precision == PRECISION_BF16, 1};
+    BackendOpen opt = {launch.local_rank, tr->cfg->train.precision == PRECISION_BF16, tr->cfg->train.deterministic};
     if (!(tr->ops = b->open(&opt, err)))
         return -1;
     tr->backend = b;
@@ -186,9 +193,12 @@ void trainer_free(Trainer *tr)
     free(tr->sched);
     if (tr->ops)
         tr->ops->free(tr->recv);
+    const Backend *backend = tr->backend;
     plan_free(&tr->plan);
     plan_destroy(&tr->planner);
     data_stream_free(&tr->stream);
     data_sources_close(&tr->data);
     memset(tr, 0, sizeof *tr);
+    if (backend && backend->close)
+        backend->close();
 }
