@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# tokens/s and MFU of wlbtrain (CUDA backend, bf16) beside plain PyTorch (bench/torch_llama.py) on
-# the same GPU, in the same run: a llama3.2-1b-shaped model, 8K and 32K windows, one GPU, 4 windows
-# (4 micro-batches) a step, documents with the lengths of the WLB-LLM list (cut to the window) and
-# random tokens (bench/make_corpus.py). Median over steps 3-8.
+# tokens/s, MFU and peak memory of wlbtrain (CUDA backend, bf16) beside PyTorch on the same GPU, in
+# the same run: a llama3.2-1b-shaped model at 8K, 32K and 64K windows, one GPU, 4 windows (4
+# micro-batches) a step, documents with the lengths of the WLB-LLM list (cut to the window) and
+# random tokens (bench/make_corpus.py); then the llama3-8b layer shape (4 layers, so that the
+# weights fit beside the activations) at a 32K window. Median over the steps after the second.
+#
+# PyTorch (bench/torch_llama.py), the same batches and FLOP count:
+#   flex   FlexAttention over a document-causal block mask from document ids, every layer compiled,
+#          autocast bf16, fused AdamW - the strong baseline;
+#   sdpa   scaled_dot_product_attention with a dense document mask, uncompiled (8K only: the dense
+#          mask of a 32K window does not fit).
+# wlbtrain: packers fixed (Plain-4D's windows) and wlb; train.recompute as each row says (none
+# where it fits, full at 64K).
 # FLOPs of a step, both sides alike: 6 N per token (N parameters; the tied output projection counts
 # once) + 12 L H D per (query, key) pair that attends - causal pairs within a document only (the
 # document mask), each side counting the pairs of its own batches (wlbtrain's metrics attn_pairs;
 # PyTorch packs the same documents in file order). MFU = FLOPs / step time / 989 TFLOP/s (dense
-# bf16 of an H100 SXM, also the H200's).
+# bf16 of an H100 SXM, also the H200's). Peak memory: wlbtrain's device memory in use after the
+# last step (metrics mem_used_gb: every buffer is allocated before the first step and kept), and
+# PyTorch's torch.cuda.max_memory_allocated.
 # Usage (on the GPU machine, see scripts/device/gpu_check.sh): bash bench/gpu_throughput.sh [STEPS]
+#   WINDOWS="8192 32768" to choose the windows; SKIP_8B=1 to leave out the 8B layer rows.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 steps=${1:-8}
@@ -17,39 +29,46 @@ lengths=.devdata/distca_wlbllm_lengths.json
 [ -f "$lengths" ] || lengths=../shared/real-data/lengths/distca_wlbllm_lengths.json
 wlb=${WLBTRAIN:-./wlbtrain}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-echo "# wlbtrain (cuda, bf16) beside PyTorch, llama3.2-1b shape, one GPU: ${gpu:-unknown}; $(date -u +%Y-%m-%d)"
+echo "# wlbtrain (cuda, bf16) beside PyTorch, one GPU: ${gpu:-unknown}; $(date -u +%Y-%m-%d); $("$wlb" --version | head -1)"
 rows=()
-for ctx in 8192 32768; do
-  docs=$((ctx * steps * 4 / 2000 + 200))
-  python3 bench/make_corpus.py --out "$out/c$ctx" --docs "$docs" --vocab 128256 --lengths "$lengths" \
-    --max-len "$ctx" >/dev/null
-  for packer in fixed wlb; do
-    cat > "$out/w.yaml" <<YAML
-model: {preset: llama3.2-1b}
+
+# wlbtrain on corpus $1 at window $2: label, model keys, "LAYERS HEADS HEAD_DIM", packer, recompute
+run_wlbtrain() {
+  local corpus=$1 ctx=$2 label=$3 model=$4 shape=$5 packer=$6 recompute=$7
+  cat > "$out/w.yaml" <<YAML
+model: $model
 parallel: {tp: 1, cp: 1, pp: 1, dp: 1}
-data: {path: $out/c$ctx, context_window: $ctx, global_batch_tokens: $((ctx * 4))}
+data: {path: $corpus, context_window: $ctx, global_batch_tokens: $((ctx * 4))}
 balance: {packer: $packer, hardware: h100, max_tokens_per_micro_batch: $ctx}
-train: {device: cuda, precision: bf16, steps: $steps, lr: 3.0e-4, warmup_steps: 1}
+train: {device: cuda, precision: bf16, recompute: $recompute, steps: $steps, lr: 3.0e-4, warmup_steps: 1}
 log: {every: 1000, metrics: $out/m.jsonl}
 YAML
-    if "$wlb" --config "$out/w.yaml" >"$out/w.log" 2>&1; then
-      n=$(sed -n 's/.*rank 0 holds \([0-9]*\) parameters.*/\1/p' "$out/w.log")
-      rows+=("$(python3 - "$out/m.jsonl" "$n" "$ctx" "$packer" <<'PY'
+  rm -f "$out/m.jsonl"
+  if "$wlb" --config "$out/w.yaml" >"$out/w.log" 2>&1; then
+    local n
+    n=$(sed -n 's/.*rank 0 holds \([0-9]*\) parameters.*/\1/p' "$out/w.log")
+    rows+=("$(python3 - "$out/m.jsonl" "$n" "$ctx" "$label, $packer, recompute $recompute" $shape <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][2:]
-n, ctx = int(sys.argv[2]), int(sys.argv[3])
+n, ctx, label = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+L, H, D = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 ms = statistics.median(r["step_ms"] for r in rows)
 tok = statistics.median(r["tokens"] for r in rows)
-flops = statistics.median(6 * n * r["tokens"] + 12 * 16 * 32 * 64 * r["attn_pairs"] for r in rows)
-print("| wlbtrain, %s | %d | %.0f | %.0f | %.1f%% | - |" % (sys.argv[4], ctx, tok / (ms / 1e3), ms,
-                                                           100 * flops / (ms / 1e3) / 989e12))
+flops = statistics.median(6 * n * r["tokens"] + 12 * L * H * D * r["attn_pairs"] for r in rows)
+print("| wlbtrain, %s | %d | %.0f | %.0f | %.1f%% | %.1f GB |" % (label, ctx, tok / (ms / 1e3), ms,
+      100 * flops / (ms / 1e3) / 989e12, rows[-1].get("mem_used_gb", 0)))
 PY
 )")
-    else
-      rows+=("| wlbtrain, $packer | $ctx | failed: $(grep -m1 'error' "$out/w.log" | cut -c1-80) | | | |")
-    fi
-  done
-  if python3 bench/torch_llama.py --data "$out/c$ctx" --ctx "$ctx" --micro 4 --steps "$steps" >"$out/t.json" 2>"$out/t.log"; then
+  else
+    rows+=("| wlbtrain, $label, $packer, recompute $recompute | $ctx | failed: $(grep -m1 'error' "$out/w.log" | cut -c1-160) | | | |")
+  fi
+}
+
+# PyTorch on corpus $1 at window $2 with --attention $3
+run_torch() {
+  local corpus=$1 ctx=$2 attention=$3
+  if python3 bench/torch_llama.py --data "$corpus" --ctx "$ctx" --micro 4 --steps "$steps" --attention "$attention" \
+       >"$out/t.json" 2>"$out/t.log"; then
     rows+=("$(python3 - "$out/t.json" <<'PY'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
@@ -58,9 +77,34 @@ print("| %s | %d | %.0f | %.0f | %.1f%% | %.1f GB |" % (r["impl"], r["ctx"], r["
 PY
 )")
   else
-    rows+=("| pytorch | $ctx | failed: $(tail -1 "$out/t.log" | cut -c1-80) | | | |")
+    rows+=("| PyTorch, $attention | $ctx | failed: $(grep -v '^ ' "$out/t.log" | tail -1 | cut -c1-160) | | | |")
   fi
+}
+
+corpus() { # window -> the corpus folder, made once
+  local ctx=$1
+  if [ ! -f "$out/c$ctx.idx" ]; then
+    python3 bench/make_corpus.py --out "$out/c$ctx" --docs $((ctx * steps * 4 / 2000 + 200)) --vocab 128256 \
+      --lengths "$lengths" --max-len "$ctx" >/dev/null
+  fi
+  echo "$out/c$ctx"
+}
+
+one_b="{preset: llama3.2-1b}"
+for ctx in ${WINDOWS:-8192 32768 65536}; do
+  c=$(corpus "$ctx")
+  rc=none
+  [ "$ctx" -ge 65536 ] && rc=full
+  for packer in fixed wlb; do run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" "$packer" "$rc"; done
+  [ "$rc" = none ] && run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" wlb selective
+  run_torch "$c" "$ctx" flex
+  [ "$ctx" -le 8192 ] && run_torch "$c" "$ctx" sdpa
 done
+if [ "${SKIP_8B:-0}" != 1 ]; then
+  c=$(corpus 32768)
+  eight_b="{preset: llama3-8b, n_layers: 4, tie_embeddings: false}"
+  for rc in selective full; do run_wlbtrain "$c" 32768 "llama3-8b layers x 4" "$eight_b" "4 32 128" wlb "$rc"; done
+fi
 echo "| implementation | window | tokens/s | step ms | MFU | peak memory |"
 echo "|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""bench/torch_llama.py - the PyTorch side of bench/gpu_throughput.sh: the same Llama model in plain
-PyTorch on the same GPU, for tokens/s and MFU beside wlbtrain's.
+"""bench/torch_llama.py - the PyTorch side of bench/gpu_throughput.sh: the same Llama model in PyTorch
+on the same GPU, for tokens/s and MFU beside wlbtrain's.
 
 Model: Hugging Face Llama conventions (RMSNorm, RoPE with Llama 3.1 scaling, grouped-query
 attention, SwiGLU, tied or untied output), fp32 weights and AdamW (PyTorch's, fused), the forward
 and backward under torch.autocast(bfloat16) - as wlbtrain keeps fp32 master weights and multiplies
-in bf16. Attention: scaled_dot_product_attention with a document-causal boolean mask (each token
-sees the earlier tokens of its own document), which selects the memory-efficient kernel. The loss
-is computed in chunks of rows under activation checkpointing so that the [tokens, vocabulary]
-logits never exist whole (wlbtrain does the same).
+in bf16. The loss is computed in chunks of rows under activation checkpointing so that the
+[tokens, vocabulary] logits never exist whole (wlbtrain does the same). Attention, --attention:
+  flex  FlexAttention (torch.nn.attention.flex_attention, compiled) over a document-causal block
+        mask made by create_block_mask from the document ids - no dense mask anywhere - with every
+        transformer layer compiled by torch.compile (--compile, the default with flex): the strong
+        baseline a user would pick today;
+  sdpa  scaled_dot_product_attention with a dense document-causal boolean mask (the memory-efficient
+        kernel; the dense mask does not fit at 32K windows), uncompiled: the plain baseline.
 
 Batches: the documents of a Megatron data set (bench/make_corpus.py) in file order, cut into
 windows of --ctx tokens (documents split at window ends, positions restarting in each piece); a
@@ -69,6 +73,8 @@ class Llama(torch.nn.Module):
         self.norm = torch.nn.Parameter(torch.ones(d))
         self.head = None if c["tied"] else torch.nn.Linear(d, c["vocab"], bias=False)
         self.register_buffer("inv_freq", inv_freq(c), persistent=False)
+        self.flex = None
+        self.layer_fn = self.layer
         for p in self.parameters():
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.02)
@@ -82,21 +88,27 @@ class Llama(torch.nn.Module):
         a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
-    def forward(self, tokens, pos, mask):
+    def layer(self, m, h, pos, mask):
+        """One transformer layer; mask is a dense boolean mask (sdpa) or a FlexAttention BlockMask."""
         c = self.c
         D = c["d"] // c["heads"]
-        S = tokens.shape[0]
+        S = h.shape[1]
+        a = self.rms(h, m.n1)
+        q = self.rope(m.q(a).view(1, S, c["heads"], D), pos).transpose(1, 2)
+        k = self.rope(m.k(a).view(1, S, c["kv"], D), pos).transpose(1, 2)
+        v = m.v(a).view(1, S, c["kv"], D).transpose(1, 2)
+        if self.flex is not None:
+            att = self.flex(q, k, v, block_mask=mask, enable_gqa=True)
+        else:
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        h = h + m.o(att.transpose(1, 2).reshape(1, S, c["heads"] * D))
+        b = self.rms(h, m.n2)
+        return h + m.dn(F.silu(m.g(b)) * m.u(b))
+
+    def forward(self, tokens, pos, mask):
         h = self.embed(tokens)[None]
         for m in self.layers:
-            a = self.rms(h, m.n1)
-            q = self.rope(m.q(a).view(1, S, c["heads"], D), pos)
-            k = self.rope(m.k(a).view(1, S, c["kv"], D), pos)
-            v = m.v(a).view(1, S, c["kv"], D)
-            att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 attn_mask=mask, enable_gqa=True)
-            h = h + m.o(att.transpose(1, 2).reshape(1, S, c["heads"] * D))
-            b = self.rms(h, m.n2)
-            h = h + m.dn(F.silu(m.g(b)) * m.u(b))
+            h = self.layer_fn(m, h, pos, mask)
         return self.rms(h, self.norm)[0]
 
     def loss(self, hn, targets, chunk=4096):
@@ -111,8 +123,9 @@ class Llama(torch.nn.Module):
         return total
 
 
-def windows(prefix, ctx, device):
-    """Yields (tokens, targets, positions, mask, attention pairs) per window of the data set."""
+def windows(prefix, ctx, device, flex):
+    """Yields (tokens, targets, positions, mask, attention pairs) per window of the data set; the mask is
+    a FlexAttention block mask with flex, else a dense boolean mask."""
     with open(prefix + ".idx", "rb") as f:
         raw = f.read()
     code, n = raw[17], int.from_bytes(raw[18:26], "little")
@@ -134,17 +147,25 @@ def windows(prefix, ctx, device):
             off += len(piece)
             doc_id += 1
             if len(buf_tok) == ctx:
-                yield pack(buf_tok, buf_doc, buf_pos, device)
+                yield pack(buf_tok, buf_doc, buf_pos, device, flex)
                 buf_tok, buf_doc, buf_pos = [], [], []
 
 
-def pack(tok, doc, pos, device):
+def pack(tok, doc, pos, device, flex):
     tok = torch.tensor(tok, device=device)
     doc = torch.tensor(doc, device=device)
     pos = torch.tensor(pos, device=device)
-    same = doc[None, :] == doc[:, None]
-    causal = torch.ones(len(tok), len(tok), dtype=torch.bool, device=device).tril()
-    mask = (same & causal)[None, None]
+    if flex:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def document_causal(b, h, q, kv):
+            return (doc[q] == doc[kv]) & (q >= kv)
+
+        mask = create_block_mask(document_causal, B=None, H=None, Q_LEN=len(tok), KV_LEN=len(tok), device=device)
+    else:
+        same = doc[None, :] == doc[:, None]
+        causal = torch.ones(len(tok), len(tok), dtype=torch.bool, device=device).tril()
+        mask = (same & causal)[None, None]
     tgt = torch.where(torch.cat([doc[1:] == doc[:-1], torch.tensor([False], device=device)]),
                       torch.cat([tok[1:], tok[-1:]]), torch.full_like(tok, -1))
     _, counts = torch.unique_consecutive(doc, return_counts=True)
@@ -161,16 +182,28 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda", help="cuda, or cpu to check the script without a GPU")
+    ap.add_argument("--attention", default="flex", choices=["flex", "sdpa"])
+    ap.add_argument("--compile", default=None, choices=["yes", "no"],
+                    help="compile every transformer layer (default: yes with flex, no with sdpa)")
     a = ap.parse_args()
     c = PRESETS[a.model]
     dev = torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
     model = Llama(c).to(dev)
+    flex = a.attention == "flex"
+    compiled = (a.compile or ("yes" if flex else "no")) == "yes"
+    if flex:
+        from torch.nn.attention.flex_attention import flex_attention
+        model.flex = torch.compile(flex_attention, dynamic=False)
+    if compiled:
+        model.layer_fn = torch.compile(model.layer, dynamic=False)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=dev.type == "cuda")
-    it = windows(a.data, a.ctx, dev)
+    it = windows(a.data, a.ctx, dev, flex)
     times, tokens, flops = [], 0, []
     D = c["d"] // c["heads"]
     for step in range(a.steps):
@@ -193,7 +226,9 @@ def main():
             tokens = a.micro * a.ctx
             flops.append(6 * n_params * tokens + 12 * c["n_layers"] * c["heads"] * D * pairs)
     med = float(np.median(times))
-    print(json.dumps({"impl": "pytorch " + torch.__version__, "model": a.model, "ctx": a.ctx, "params": n_params,
+    impl = "PyTorch %s, %s%s" % (torch.__version__, "FlexAttention (document-causal block mask)" if flex else
+                                 "SDPA with a dense document mask", " + torch.compile" if compiled else "")
+    print(json.dumps({"impl": impl, "model": a.model, "ctx": a.ctx, "params": n_params,
                       "tokens_per_step": tokens, "step_ms": med * 1e3, "tokens_per_s": tokens / med,
                       "flops_per_step": float(np.median(flops)),
                       "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0}))

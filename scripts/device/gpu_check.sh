@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool), from the repository root, with build/release, .ompi, .devlibs and
-# .devdata carried (scripts/device/prepare.sh makes them). Runs, in this order, and prints a summary:
-#   1. test_cuda_ops     every op against the CPU backend
-#   2. test_cuda_model   a tiny model's loss and gradients against the CPU (fp32, bf16); 50 steps
+# .devdata carried (scripts/device/prepare.sh makes them). One device call runs at most 10 minutes,
+# so the work comes in parts, named on the command line (default: tests):
+#   bash scripts/device/gpu_check.sh tests      1-5 below                      (about 4 minutes)
+#   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
+#   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh     (about 3 minutes)
+#   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
+#   bash scripts/device/gpu_check.sh profile    scripts/device/profile.sh 8192 2
+# tests:
+#   1. test_ops          every op against the CPU backend (fp32 against fp32, bf16 against the CPU's
+#                        bf16 emulation), the GPU's reductions twice for the same bits, and the
+#                        tensor-core attention against the fp32 reference at its tile edges
+#   2. test_cuda_model   a tiny model's loss and gradients against the CPU (fp32, bf16); recompute
+#                        modes; two runs and a resumed run bit for bit; 50 steps
 #   3. test_parallel     the 4D equivalence suite on the GPU (WLB_TEST_DEVICE=cuda): several ranks on
 #                        the one GPU, messages staged through the host (parallel.comm: mpi)
 #   4. the NCCL path     mpirun -np 1 with parallel.comm: nccl
 #   5. test_export.py    the export loaded by the machine's transformers
-#   6. bench/gpu_throughput.sh (when BENCH=1): wlbtrain against PyTorch
+# sanitize: compute-sanitizer over test_ops (WLB_TEST_SMALL=1: the same cases without the longest
+#   windows) and test_cuda_model: memcheck with the leak check, racecheck and initcheck on the
+#   project's kernels (k_*); any finding fails the step (exit 99). NCCL's probing of kernel images
+#   at communicator start reports API errors that are not ours: memcheck runs with
+#   --report-api-errors no (every CUDA call of the project is checked by CUDA_CHECK anyway).
 # Logs go to $OUT when set (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -34,17 +48,39 @@ step() { # name, command...
   grep -E '^# ' "$out/$name.log" | tail -40
 }
 export CMOCKA_MESSAGE_OUTPUT=TAP
-step cuda_ops build/release/test/test_cuda_ops
-step cuda_model build/release/test/test_cuda_model
-WLB_TEST_DEVICE=cuda step parallel_gpu build/release/test/test_parallel
-cat > /tmp/nccl.yaml <<'YAML'
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(tests)
+for part in "${parts[@]}"; do
+  case $part in
+  tests)
+    step ops build/release/test/test_ops
+    step cuda_model build/release/test/test_cuda_model
+    WLB_TEST_DEVICE=cuda step parallel_gpu build/release/test/test_parallel
+    cat > /tmp/nccl.yaml <<'YAML'
 model: {preset: tiny}
 parallel: {tp: 1, cp: 1, pp: 1, dp: 1, comm: nccl}
 data: {path: /tmp/nccl_docs, context_window: 512, global_batch_tokens: 4096}
 train: {device: cuda, steps: 5, lr: 0.002, warmup_steps: 1}
 YAML
-python3 bench/make_corpus.py --out /tmp/nccl_docs --docs 2000 --vocab 512 >/dev/null 2>&1
-step nccl_one_rank mpirun -np 1 "$WLBTRAIN" --config /tmp/nccl.yaml
-WLB_HF_PYTHON=python3 step export python3 test/test_export.py
-if [ "${BENCH:-0}" = 1 ]; then step bench bash bench/gpu_throughput.sh; tail -20 "$out/bench.log"; fi
+    python3 bench/make_corpus.py --out /tmp/nccl_docs --docs 2000 --vocab 512 >/dev/null 2>&1
+    step nccl_one_rank mpirun -np 1 "$WLBTRAIN" --config /tmp/nccl.yaml
+    WLB_HF_PYTHON=python3 step export python3 test/test_export.py
+    ;;
+  sanitize)
+    san=(compute-sanitizer --error-exitcode 99 --print-limit 20)
+    k=(--kernel-name regex:k_)
+    export WLB_TEST_SMALL=1
+    step memcheck_ops "${san[@]}" --tool memcheck --leak-check full build/release/test/test_ops
+    step racecheck_ops "${san[@]}" --tool racecheck "${k[@]}" build/release/test/test_ops
+    step initcheck_ops "${san[@]}" --tool initcheck "${k[@]}" build/release/test/test_ops
+    step memcheck_model "${san[@]}" --tool memcheck --leak-check full --report-api-errors no \
+      build/release/test/test_cuda_model
+    unset WLB_TEST_SMALL
+    ;;
+  attention) step attention bash bench/attention_kernels.sh; grep -E '^(#|\||$)' "$out/attention.log" ;;
+  bench) step bench bash bench/gpu_throughput.sh; tail -20 "$out/bench.log" ;;
+  profile) step profile bash scripts/device/profile.sh 8192 2; cat "$out/profile.log" ;;
+  *) echo "gpu_check: unknown part '$part' (tests, sanitize, attention, bench, profile)" >&2; exit 2 ;;
+  esac
+done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
