@@ -5,6 +5,7 @@
 #include <math.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,19 @@ const char *test_real_data(const char *rel)
         return NULL;
     }
     return path;
+}
+
+int test_gpu_visible(void)
+{
+    /* The NVIDIA driver makes a device file per GPU; CUDA_VISIBLE_DEVICES can hide them all. */
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis && (!*vis || !strcmp(vis, "-1") || !strcasecmp(vis, "none")))
+        return 0;
+    glob_t g;
+    int n = glob("/dev/nvidia[0-9]*", 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    if (n)
+        globfree(&g);
+    return n > 0;
 }
 
 int test_in_ci(void)

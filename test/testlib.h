@@ -42,6 +42,10 @@ const char *test_real_data(const char *rel);
         return;                                   \
     }
 
+/* 1 when this machine shows an NVIDIA GPU (a /dev/nvidiaN device file, not hidden by
+ * CUDA_VISIBLE_DEVICES): known without asking the CUDA backend under test. */
+int test_gpu_visible(void);
+
 /* 1 when the environment variable CI is set to something other than "", 0, false or no. */
 int test_in_ci(void);
 
