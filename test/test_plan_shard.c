@@ -364,6 +364,36 @@ static void test_hybrid_respects_rank_capacity(void **state)
     for (int r = 0; r < 4; r++)
         assert_true(p.ranks[p.mbs[0].first_rank + r].tokens <= 20000);
     check_layout(&p);
+    /* Whole documents that would overfill a rank: three of 600 tokens on 2 ranks of 1000 (placed
+     * whole, two would share a rank), and random mixes with a capacity just above an even share
+     * (multiples of 2 CP: per_doc's shares are exact). */
+    int64_t three[] = {600, 600, 600};
+    one_micro_batch(&p, 2, three, 3);
+    m.cp = 2;
+    assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, 1000, &err), 0);
+    for (int r = 0; r < 2; r++)
+        assert_true(p.ranks[p.mbs[0].first_rank + r].tokens <= 1000);
+    Rng rng;
+    rng_seed(&rng, 5);
+    for (int trial = 0; trial < 200; trial++) {
+        int cp = 2 + (int)rng_below(&rng, 3), n = 2 + (int)rng_below(&rng, 9);
+        m.cp = cp;
+        int64_t l[10], total = 0;
+        for (int i = 0; i < n; i++) {
+            l[i] = 2 * cp * (1 + (int64_t)rng_below(&rng, 300));
+            total += l[i];
+        }
+        int64_t capacity = total / cp + (int64_t)rng_below(&rng, 200);
+        one_micro_batch(&p, cp, l, n);
+        assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, capacity, &err), 0);
+        for (int r = 0; r < cp; r++)
+            if (p.ranks[p.mbs[0].first_rank + r].tokens > capacity) {
+                print_error("trial %d, cp %d: rank %d holds %lld tokens, capacity %lld\n", trial, cp, r,
+                            (long long)p.ranks[p.mbs[0].first_rank + r].tokens, (long long)capacity);
+                fail();
+            }
+        check_layout(&p);
+    }
     plan_free(&p);
 }
 
