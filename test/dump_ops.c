@@ -22,7 +22,8 @@
  *                  target logit (targets inside, outside the slice and none), gradient
  *   rows           gather and scatter of rows
  *   vec            add, scale, copy, zero, sum of squares
- *   adamw          one AdamW step with weight decay and bias correction
+ *   adamw          one AdamW step with weight decay and bias correction, some elements with
+ *                  gradients so small that eps is as large as sqrt(v)
  * Every op is called in exactly one function below (run_*): the place to change when the ops
  * interface changes.
  */
@@ -310,6 +311,9 @@ static void run_adamw(const Ops *o)
     float *p = uniform(n, -1, 1), *g = uniform(n, -0.1f, 0.1f), *m = uniform(n, -0.05f, 0.05f);
     float *v = uniform(n, 0, 0.01f);
     g[0] = 0;
+    /* Fresh moments and tiny gradients: sqrt(v) of the order of eps, where eps's place matters. */
+    for (int i = 1; i < 5; i++)
+        g[i] = 1e-7f * (float)i, m[i] = 0, v[i] = 0;
     put(c, "p_before", ST_F32, copy_of(p, n), 0, n);
     put(c, "m_before", ST_F32, copy_of(m, n), 0, n);
     put(c, "v_before", ST_F32, copy_of(v, n), 0, n);

@@ -315,6 +315,62 @@ static void test_outlier_thresholds_exact(void **state)
     config_free(&cfg);
 }
 
+
+/* S_max binds: with S_max equal to the window and documents of 300 to 1000 tokens, many do not fit
+ * where the packer would like to put them and wait for the next step; no micro-batch ever holds
+ * more than S_max tokens, and what waits is trained later (nothing lost, checked above). */
+static void test_wlb_s_max_binds(void **state)
+{
+    (void)state;
+    enum { N = 400 };
+    static uint32_t lens[N];
+    uint64_t total = 0;
+    Rng rng;
+    rng_seed(&rng, 33);
+    for (int i = 0; i < N; i++) {
+        lens[i] = 300 + (uint32_t)rng_below(&rng, 701);
+        total += lens[i];
+    }
+    Config cfg;
+    CostModel cost;
+    DataStream stream;
+    Planner pl;
+    Error err = {0};
+    config_init(&cfg);
+    if (config_load_string(&cfg, "model: {preset: tiny}\nparallel: {pp: 2, dp: 2}\n"
+                                 "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                                 "balance: {outlier_thresholds: [], max_tokens_per_micro_batch: 1024}\n",
+                           "t.yaml", &err) != 0 ||
+        config_resolve(&cfg, 0, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    DataSource src = data_source_from_lengths(lens, N, total);
+    assert_int_equal(data_stream_init(&stream, &src, NULL, 1, 4, 1024, &err), 0);
+    assert_int_equal(plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_SEQ, &err), 0);
+    StepPlan p = {0};
+    int64_t carried = 0, fullest = 0;
+    for (int step = 0; step < 20; step++) {
+        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        carried += p.carried;
+        for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
+            fullest = p.mbs[i].tokens > fullest ? p.mbs[i].tokens : fullest;
+            if (p.mbs[i].tokens > 1024) {
+                print_error("step %d: micro-batch %lld holds %lld tokens, S_max is 1024\n", step, (long long)i,
+                            (long long)p.mbs[i].tokens);
+                fail();
+            }
+        }
+    }
+    printf("# %lld documents carried over 20 steps; the fullest micro-batch held %lld tokens\n", (long long)carried,
+           (long long)fullest);
+    assert_true(carried > 0);
+    plan_free(&p);
+    plan_destroy(&pl);
+    data_stream_free(&stream);
+    config_free(&cfg);
+}
+
 static void test_baseline_same_documents(void **state)
 {
     (void)state;
@@ -424,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_fixed_windows),
         cmocka_unit_test(test_wlb_limits_and_queues),
         cmocka_unit_test(test_outlier_thresholds_exact),
+        cmocka_unit_test(test_wlb_s_max_binds),
         cmocka_unit_test(test_baseline_same_documents),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_state_restore_is_exact),

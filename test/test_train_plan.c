@@ -3,7 +3,8 @@
  * documents packed into micro-batches with and without empty ones (an empty one first in the
  * pipeline, on a fresh activation slot), or all in one, give the same loss and gradients; a plan of
  * empty micro-batches only trains nothing; a plan that leaves a pipeline place without a
- * micro-batch stops with one error. The plans are made here by hand (trainer_run_plan), not by the
+ * micro-batch stops with one error. And the inputs it builds for pieces of documents (positions
+ * from the piece's offset, targets across the piece's end) against the data set. The plans are made here by hand (trainer_run_plan), not by the
  * planner: the engine must not rely on the packer's habits (a packer that left micro-batches empty
  * on the first step crashed it).
  */
@@ -179,11 +180,58 @@ static void test_missing_pipeline_place_is_an_error(void **state)
     assert_non_null(strstr(err.msg, "replica 0 has no micro-batch at pipeline place 2"));
 }
 
+
+/* The inputs of a micro-batch (batch_build) against the data set read here: a piece from inside a
+ * document has its tokens, RoPE positions from its offset in the document on, and as its last
+ * target the document's next token; the piece that ends the document has no last target; padding
+ * is token 0, positions from 0, no targets. */
+static void test_batch_inputs_of_pieces(void **state)
+{
+    (void)state;
+    Trainer *tr = &fx.tr;
+    const DataIdx *idx = &tr->data.idx[0];
+    uint64_t doc = 0, len = 0;
+    while ((len = data_source_doc_len(&tr->data.src[0], doc)) < 12)
+        doc++;
+    int32_t want[64];
+    Error err = {0};
+    assert_int_equal(data_idx_read_tokens(idx, doc, 0, len, want, &err), 0);
+    StepPlan p = {0};
+    plan_reset(&p, 0, 1, 1, 1);
+    PlanDoc pieces[3] = {{0, doc, 4, 6, 0, 0, 0, -1},                      /* tokens 4..9: inside */
+                         {0, doc, 10, (int64_t)len - 10, 6, 1, 0, -1},     /* 10..end: ends the document */
+                         {PLAN_PAD_SOURCE, 0, 0, 3, (int64_t)len - 4, -1, 0, -1}};
+    for (int k = 0; k < 3; k++)
+        assert_true(plan_add_doc(&p, &pieces[k]) >= 0);
+    int64_t T = (int64_t)len - 4 + 3;
+    p.mbs[0] = (PlanMicroBatch){.replica = 0, .order = 0, .tokens = T, .pad = 3, .first_doc = 0, .n_docs = 3};
+    assert_int_equal(plan_shard(&p, 0, CP_PER_SEQ, &tr->cost, T, &err), 0);
+    BatchBuffers bb = {.ops = tr->ops};
+    ModelBatch b;
+    assert_int_equal(batch_build(&bb, &p, 0, 0, &tr->data, 64, &b, &err), 0);
+    assert_int_equal(b.T, T);
+    const int32_t *tok = bb.d_tokens, *tgt = bb.d_targets, *pos = bb.d_positions; /* host memory (cpu) */
+    for (int64_t r = 0; r < T; r++) {
+        int64_t at = r + 4; /* token of the document, for the data rows */
+        int pad = r >= (int64_t)len - 4;
+        int32_t w_tok = pad ? 0 : want[at], w_pos = pad ? (int32_t)(r - ((int64_t)len - 4)) : (int32_t)at;
+        int32_t w_tgt = pad || at + 1 >= (int64_t)len ? -1 : want[at + 1];
+        if (tok[r] != w_tok || pos[r] != w_pos || tgt[r] != w_tgt) {
+            print_error("row %lld: token %d position %d target %d, expected %d %d %d\n", (long long)r, tok[r], pos[r],
+                        tgt[r], w_tok, w_pos, w_tgt);
+            fail();
+        }
+    }
+    batch_free(&bb);
+    plan_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_empty_micro_batches_are_no_ops),
         cmocka_unit_test(test_missing_pipeline_place_is_an_error),
+        cmocka_unit_test(test_batch_inputs_of_pieces),
     };
     return cmocka_run_group_tests_name("train_plan", tests, group_setup, group_teardown);
 }
