@@ -19,6 +19,11 @@ if [ "$what" = test ]; then
   printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <cmocka.h>\n' \
     | cc -E -x c - >/dev/null 2>&1 || need+=(libcmocka-dev)
   command -v python3 >/dev/null 2>&1 || need+=(python3)
+  # The Python tests' modules (numpy, matplotlib, tiktoken) come from a python that has them or
+  # from the virtual environment scripts/test-python.sh makes, which needs Debian's venv module.
+  if ! "$(dirname "$0")/test-python.sh" --find >/dev/null 2>&1 && ! /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    need+=(python3-venv)
+  fi
 fi
 if [ "$what" = fuzz ]; then
   command -v clang >/dev/null 2>&1 || need+=(clang)

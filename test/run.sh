@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test program of the given build variants (default build/release build/asan) and the
-# script tests (test/*.py, once, against the first variant). Prints one line per program, the log of
-# each failure, a summary per variant, and last the total: "N passed, N failed, N skipped".
-# Exit status 0 only if nothing failed.
+# script tests (test/*.py, once, against the first variant, with the python scripts/test-python.sh
+# finds or makes). Prints one line per program, the log of each failure, a summary per variant, and
+# last the total: "N passed, N failed, N skipped". Exit status 0 only if nothing failed.
+# With CI set (CI=1, CI=true), a missing test dependency (a Python module, ../shared/real-data) is
+# a failure, not a skip; only the GPU tests skip, each with its reason.
 set -u
 cd "$(dirname "$0")/.."
 variants=("$@")
@@ -18,6 +20,10 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0:int
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# The Python tests and what they start get the interpreter that has their modules.
+WLB_PYTHON=$(scripts/test-python.sh)
+export WLB_PYTHON
+echo "python for the tests: $WLB_PYTHON"
 total_pass=0 total_fail=0 total_skip=0
 
 # Counts TAP lines of one log; sets pass fail skip. A program that died early counts the tests it
@@ -68,7 +74,7 @@ for b in "${variants[@]}"; do
     for py in test/test_*.py; do
       [ -f "$py" ] || continue
       name=$(basename "$py")
-      run_one "$name" "$b/test-logs/$name.log" python3 "$py"
+      run_one "$name" "$b/test-logs/$name.log" "$WLB_PYTHON" "$py"
     done
   fi
   echo "$b: $v_pass passed, $v_fail failed, $v_skip skipped"

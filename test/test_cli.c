@@ -45,8 +45,18 @@ static void test_version_says_cuda(void **state)
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "wlbtrain "));
     assert_non_null(strstr(r.out, "backend cuda: "));
-    /* The sanitizer build never has CUDA; the release build has it exactly when nvcc was found. */
-    assert_true(strstr(r.out, "compiled in (") || strstr(r.out, "not compiled in"));
+    /* The sanitizer build never has CUDA; the release build has it exactly when nvcc was found
+     * (this test is compiled with the same flags: WLB_CUDA). With it, the line names the CUDA
+     * runtime and the GPUs - none on a machine without an NVIDIA device file. */
+#ifdef WLB_CUDA
+    assert_non_null(strstr(r.out, "backend cuda: compiled in (CUDA runtime "));
+    if (test_gpu_visible())
+        assert_non_null(strstr(r.out, " GPU(s)"));
+    else
+        assert_true(strstr(r.out, "; no CUDA driver on this machine)") || strstr(r.out, "; no GPU visible ("));
+#else
+    assert_non_null(strstr(r.out, "backend cuda: not compiled in (built without nvcc, or with make CUDA=0)\n"));
+#endif
     test_cmd_free(&r);
 }
 

@@ -399,6 +399,82 @@ static void test_adamw_and_schedule(void **state)
     config_free(&cfg);
 }
 
+
+/* Global gradient-norm clipping: a step whose gradient norm exceeds grad_clip scales every gradient
+ * by exactly grad_clip / norm before AdamW, so after one step AdamW's first moments are clip / norm
+ * times those of the same step unclipped, the second moments (clip / norm)^2 times, and the
+ * parameters are those of an unclipped step on the scaled gradients; a step under the threshold is
+ * not touched (bit for bit the unclipped step). */
+static void test_gradient_clipping(void **state)
+{
+    (void)state;
+    const char *base = "model: {preset: tiny}\nparallel: {dp: 1}\n"
+                       "train: {device: cpu, lr: 0.01, warmup_steps: 0, weight_decay: 0.1, grad_clip: %s}\n";
+    Config clipped, unclipped;
+    char *a = test_format(base, "0.5"), *b = test_format(base, "0");
+    load_config(&clipped, a);
+    load_config(&unclipped, b);
+    free(a);
+    free(b);
+    enum { RUNS = 4 };
+    Model m[RUNS];
+    Optim o[RUNS];
+    Error err = {0};
+    for (int k = 0; k < RUNS; k++) {
+        assert_int_equal(model_init(&m[k], &clipped.model, cpu_ops(), NULL, RECOMPUTE_NONE, &err), 0);
+        assert_int_equal(model_init_weights(&m[k], 5, &err), 0);
+        assert_int_equal(optim_init(&o[k], k % 2 ? &unclipped.train : &clipped.train, &m[k], 0, m[k].n_params, &err), 0);
+    }
+    int64_t n = m[0].n_params;
+    /* Seeded gradients of norm about 5, ten times the clip of 0.5. */
+    Rng rng;
+    rng_seed(&rng, 8);
+    for (int64_t i = 0; i < n; i++)
+        m[0].grads[i] = (float)((int64_t)rng_below(&rng, 2001) - 1000) * 1e-5f;
+    double norm = sqrt(optim_grad_sumsq(&o[0], &m[0], m[0].grads)), s = 0.5 / norm;
+    printf("# gradient norm %.4f, clip 0.5: scale %.6f\n", norm, s);
+    assert_true(norm > 5);
+    /* 0: clipped; 1: unclipped; 3: unclipped on the gradients scaled here by clip / norm. */
+    for (int64_t i = 0; i < n; i++) {
+        m[1].grads[i] = m[0].grads[i];
+        m[3].grads[i] = (float)((double)m[0].grads[i] * s);
+    }
+    optim_update(&o[0], &m[0], m[0].grads, norm, 1);
+    optim_update(&o[1], &m[1], m[1].grads, norm, 1);
+    optim_update(&o[3], &m[3], m[3].grads, sqrt(optim_grad_sumsq(&o[3], &m[3], m[3].grads)), 1);
+    double worst_m = 0, worst_v = 0, worst_p = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (o[1].m[i] != 0)
+            worst_m = fmax(worst_m, fabs(o[0].m[i] / o[1].m[i] - s) / s);
+        if (o[1].v[i] != 0)
+            worst_v = fmax(worst_v, fabs(o[0].v[i] / o[1].v[i] - s * s) / (s * s));
+        worst_p = fmax(worst_p, fabs(m[0].params[i] - m[3].params[i]));
+    }
+    printf("# moments against the unclipped step: m off clip / norm by %.2e, v off its square by %.2e; "
+           "parameters against the step on scaled gradients: %.2e\n", worst_m, worst_v, worst_p);
+    assert_true(worst_m <= 1e-5 && worst_v <= 1e-5 && worst_p <= 1e-6);
+    /* Under the threshold: 2 has a clip (0.5) above its norm, 1 has none; they must stay equal. */
+    for (int64_t i = 0; i < n; i++) {
+        m[2].grads[i] = m[1].grads[i] = (float)((int64_t)rng_below(&rng, 2001) - 1000) * 1e-8f;
+        m[2].params[i] = m[1].params[i];
+    }
+    memcpy(o[2].m, o[1].m, (size_t)n * sizeof *o[2].m);
+    memcpy(o[2].v, o[1].v, (size_t)n * sizeof *o[2].v);
+    o[2].step = o[1].step;
+    double small = sqrt(optim_grad_sumsq(&o[1], &m[1], m[1].grads));
+    assert_true(small < 0.5);
+    optim_update(&o[1], &m[1], m[1].grads, small, 1);
+    optim_update(&o[2], &m[2], m[2].grads, small, 1);
+    assert_memory_equal(m[1].params, m[2].params, (size_t)n * sizeof(float));
+    assert_memory_equal(o[1].m, o[2].m, (size_t)n * sizeof(float));
+    for (int k = 0; k < RUNS; k++) {
+        optim_free(&o[k], &m[k]);
+        model_free(&m[k]);
+    }
+    config_free(&clipped);
+    config_free(&unclipped);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -407,6 +483,7 @@ int main(void)
         cmocka_unit_test(test_packers_give_the_same_step),
         cmocka_unit_test(test_weights_save_and_load),
         cmocka_unit_test(test_adamw_and_schedule),
+        cmocka_unit_test(test_gradient_clipping),
     };
     return cmocka_run_group_tests_name("model", tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * test/test_plan.c - the planner over many steps: no token is lost or trained twice with any
  * packer, fixed packers make exact windows, wlb respects S_max and pads to 2 CP, outliers wait in
  * their queue until one can go to every micro-batch, every replica gets M micro-batches in a valid
- * order, the Plain-4D baseline covers the same documents, and planning is deterministic.
+ * order, documents at, just under and just over each outlier threshold go to the right queue (or
+ * none), the Plain-4D baseline covers the same documents, and planning is deterministic.
  */
 #include "test/testlib.h"
 
@@ -223,6 +224,153 @@ static void test_wlb_limits_and_queues(void **state)
     teardown(&f);
 }
 
+
+/* The queue a document of len tokens belongs to under thresholds 256 and 512 (WLB-LLM: the last
+ * threshold it reaches), -1 for none. Written from the definition, not from the planner. */
+static int expected_queue(int64_t len) { return len >= 512 ? 1 : len >= 256 ? 0 : -1; }
+
+/* Documents of exactly 255, 256, 257, 511, 512 and 513 tokens among short ones: after every step,
+ * each document waiting in queue q has the length class of q; every document of no class is trained
+ * in the step it arrived; trained outliers come 8 (one per micro-batch) per class and step; and each
+ * of the six lengths was seen where it belongs (255 trained at once, the others queued). */
+static void test_outlier_thresholds_exact(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    static const uint32_t special[6] = {255, 256, 257, 511, 512, 513};
+    static uint32_t lens[N];
+    uint64_t total = 0;
+    Rng rng;
+    rng_seed(&rng, 21);
+    for (int i = 0; i < N; i++) {
+        lens[i] = i % 4 == 0 ? special[(i / 4) % 6] : 5 + (uint32_t)rng_below(&rng, 100);
+        total += lens[i];
+    }
+    Config cfg;
+    CostModel cost;
+    DataStream stream;
+    Planner pl;
+    Error err = {0};
+    config_init(&cfg);
+    /* S_max of 8 windows: nothing is carried, so a document of no class trains when it arrives. */
+    if (config_load_string(&cfg, "model: {preset: tiny}\nparallel: {cp: 2, pp: 2, dp: 2}\n"
+                                 "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                                 "balance: {outlier_thresholds: [256, 512], max_tokens_per_micro_batch: 8192}\n",
+                           "t.yaml", &err) != 0 ||
+        config_resolve(&cfg, 0, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    DataSource src = data_source_from_lengths(lens, N, total);
+    assert_int_equal(data_stream_init(&stream, &src, NULL, 1, 9, 1024, &err), 0);
+    assert_int_equal(plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_DOC, &err), 0);
+    StepPlan p = {0};
+    int seen_queued[6] = {0}, seen_at_once[6] = {0};
+    for (int step = 0; step < 40; step++) {
+        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        assert_int_equal(p.carried, 0);
+        for (int q = 0; q < 2; q++)
+            for (int64_t i = 0; i < pl.queues[q].n; i++) {
+                int64_t len = pl.queues[q].items[pl.queues[q].head + i].len;
+                if (expected_queue(len) != q) {
+                    print_error("a document of %lld tokens waits in queue %d (thresholds 256, 512)\n", (long long)len, q);
+                    fail();
+                }
+                for (int k = 0; k < 6; k++)
+                    seen_queued[k] += len == special[k];
+            }
+        int64_t trained[2] = {0, 0};
+        for (int64_t k = 0; k < p.n_docs; k++) {
+            const PlanDoc *d = &p.docs[k];
+            if (d->source == PLAN_PAD_SOURCE)
+                continue;
+            int q = expected_queue(d->len);
+            if (q >= 0) {
+                trained[q]++;
+                continue;
+            }
+            if (d->arrival != p.step) {
+                print_error("a document of %lld tokens (no outlier) arrived at step %lld, trained at %lld\n",
+                            (long long)d->len, (long long)d->arrival, (long long)p.step);
+                fail();
+            }
+            for (int i = 0; i < 6; i++)
+                seen_at_once[i] += d->len == special[i];
+        }
+        for (int q = 0; q < 2; q++)
+            if (trained[q] % 8) {
+                print_error("step %d trained %lld documents of queue %d's lengths: not one per micro-batch\n", step,
+                            (long long)trained[q], q);
+                fail();
+            }
+    }
+    for (int k = 0; k < 6; k++) {
+        printf("# %u tokens: seen %d times queued, %d times trained at once\n", special[k], seen_queued[k],
+               seen_at_once[k]);
+        assert_true(expected_queue(special[k]) >= 0 ? seen_queued[k] > 0 : seen_at_once[k] > 0 && !seen_queued[k]);
+    }
+    plan_free(&p);
+    plan_destroy(&pl);
+    data_stream_free(&stream);
+    config_free(&cfg);
+}
+
+
+/* S_max binds: with S_max equal to the window and documents of 300 to 1000 tokens, many do not fit
+ * where the packer would like to put them and wait for the next step; no micro-batch ever holds
+ * more than S_max tokens, and what waits is trained later (nothing lost, checked above). */
+static void test_wlb_s_max_binds(void **state)
+{
+    (void)state;
+    enum { N = 400 };
+    static uint32_t lens[N];
+    uint64_t total = 0;
+    Rng rng;
+    rng_seed(&rng, 33);
+    for (int i = 0; i < N; i++) {
+        lens[i] = 300 + (uint32_t)rng_below(&rng, 701);
+        total += lens[i];
+    }
+    Config cfg;
+    CostModel cost;
+    DataStream stream;
+    Planner pl;
+    Error err = {0};
+    config_init(&cfg);
+    if (config_load_string(&cfg, "model: {preset: tiny}\nparallel: {pp: 2, dp: 2}\n"
+                                 "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                                 "balance: {outlier_thresholds: [], max_tokens_per_micro_batch: 1024}\n",
+                           "t.yaml", &err) != 0 ||
+        config_resolve(&cfg, 0, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    DataSource src = data_source_from_lengths(lens, N, total);
+    assert_int_equal(data_stream_init(&stream, &src, NULL, 1, 4, 1024, &err), 0);
+    assert_int_equal(plan_init(&pl, &cfg, &cost, &stream, PACKER_WLB, CP_PER_SEQ, &err), 0);
+    StepPlan p = {0};
+    int64_t carried = 0, fullest = 0;
+    for (int step = 0; step < 20; step++) {
+        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        carried += p.carried;
+        for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
+            fullest = p.mbs[i].tokens > fullest ? p.mbs[i].tokens : fullest;
+            if (p.mbs[i].tokens > 1024) {
+                print_error("step %d: micro-batch %lld holds %lld tokens, S_max is 1024\n", step, (long long)i,
+                            (long long)p.mbs[i].tokens);
+                fail();
+            }
+        }
+    }
+    printf("# %lld documents carried over 20 steps; the fullest micro-batch held %lld tokens\n", (long long)carried,
+           (long long)fullest);
+    assert_true(carried > 0);
+    plan_free(&p);
+    plan_destroy(&pl);
+    data_stream_free(&stream);
+    config_free(&cfg);
+}
+
 static void test_baseline_same_documents(void **state)
 {
     (void)state;
@@ -331,6 +479,8 @@ int main(void)
         cmocka_unit_test(test_nothing_lost_wlb),
         cmocka_unit_test(test_fixed_windows),
         cmocka_unit_test(test_wlb_limits_and_queues),
+        cmocka_unit_test(test_outlier_thresholds_exact),
+        cmocka_unit_test(test_wlb_s_max_binds),
         cmocka_unit_test(test_baseline_same_documents),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_state_restore_is_exact),

@@ -1,8 +1,10 @@
 /*
  * test/test_plan_shard.c - CP sharding: every mode covers every token exactly once, per_doc gives
- * equal token counts, the segments of every mode reproduce the document-causal mask exactly
- * (against a brute-force mask on random micro-batches), adaptive picks the faster of per_seq and
- * per_doc, and hybrid never predicts worse than either.
+ * equal token counts, puts chunks i and 2 CP - 1 - i of every document on rank i and so gives every
+ * rank the same attention work, per_seq does the same for the whole micro-batch, the segments of
+ * every mode reproduce the document-causal mask exactly (against a brute-force mask on random
+ * micro-batches), adaptive picks the faster of per_seq and per_doc, and hybrid never predicts worse
+ * than either.
  */
 #include "test/testlib.h"
 
@@ -178,6 +180,141 @@ static void test_per_doc_equal_tokens(void **state)
     plan_free(&p);
 }
 
+
+/* The (query, key) pairs rank r computes in micro-batch 0: a segment's query i sees the keys from
+ * kv_start to itself. */
+static int64_t rank_pairs(const StepPlan *p, int r)
+{
+    const PlanRank *pr = &p->ranks[p->mbs[0].first_rank + r];
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < pr->n_segments; i++) {
+        const PlanSegment *g = &p->segments[pr->first_segment + i];
+        pairs += g->q_len * (g->q_start - g->kv_start) + g->q_len * (g->q_len + 1) / 2;
+    }
+    return pairs;
+}
+
+/* Which rank holds micro-batch token t (from the plan's ranges). */
+static int *holders(const StepPlan *p)
+{
+    const PlanMicroBatch *mb = &p->mbs[0];
+    int *holder = malloc(sizeof(int) * (size_t)(mb->tokens + 1));
+    assert_non_null(holder);
+    for (int r = 0; r < p->cp; r++) {
+        const PlanRank *pr = &p->ranks[mb->first_rank + r];
+        for (int64_t i = 0; i < pr->n_ranges; i++) {
+            const PlanRange *g = &p->ranges[pr->first_range + i];
+            for (int64_t t = g->start; t < g->start + g->len; t++)
+                holder[t] = r;
+        }
+    }
+    return holder;
+}
+
+/* The rank that holds chunk c of 2 CP: rank i holds chunks i and 2 CP - 1 - i. */
+static int chunk_rank(int c, int cp) { return c < cp ? c : 2 * cp - 1 - c; }
+
+/* per_doc (WLB-LLM): every document is cut into 2 CP chunks of len / 2 CP tokens (its leftover
+ * tokens make some one longer) and rank i holds chunk i and chunk 2 CP - 1 - i - an early chunk,
+ * whose queries see few keys, with a late one, whose queries see many - so that every rank does
+ * the same attention work for the document. Checked on the placement itself: in a document whose
+ * length is a multiple of 2 CP token j is on rank chunk_rank(j / (len / 2 CP)), and every rank
+ * computes the same number of (query, key) pairs; in a document of any other length (at least 2 CP
+ * tokens) the ranks along it run 0, 1, .., CP - 1, .., 1, 0, each run len / 2 CP tokens or one
+ * more (the middle one twice that: two chunks). */
+static void test_per_doc_chunk_placement(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\n");
+    Rng rng;
+    rng_seed(&rng, 17);
+    StepPlan p = {0};
+    for (int trial = 0; trial < 200; trial++) {
+        int cp = 2 + (int)rng_below(&rng, 7), n = 1 + (int)rng_below(&rng, 10);
+        m.cp = cp;
+        int64_t lens[10], total = 0;
+        int even = trial % 2; /* every length a multiple of 2 CP */
+        for (int i = 0; i < n; i++) {
+            lens[i] = even ? 2 * cp * (1 + (int64_t)rng_below(&rng, 200)) : 2 * cp + (int64_t)rng_below(&rng, 3000);
+            total += lens[i];
+        }
+        one_micro_batch(&p, cp, lens, n);
+        Error err = {0};
+        assert_int_equal(plan_shard(&p, 0, CP_PER_DOC, &m, total, &err), 0);
+        check_layout(&p);
+        int *holder = holders(&p);
+        for (int k = 0; k < n; k++) {
+            const PlanDoc *d = &p.docs[k];
+            int64_t s = d->len / (2 * cp);
+            assert_int_equal(d->rank, -1); /* sharded */
+            if (even) {
+                for (int64_t j = 0; j < d->len; j++)
+                    if (holder[d->start + j] != chunk_rank((int)(j / s), cp)) {
+                        print_error("cp %d, document %d of %lld tokens: token %lld on rank %d, chunk %lld is rank %d's\n",
+                                    cp, k, (long long)d->len, (long long)j, holder[d->start + j], (long long)(j / s),
+                                    chunk_rank((int)(j / s), cp));
+                        fail();
+                    }
+                continue;
+            }
+            /* Runs of one rank along the document: rank and length. */
+            int run_rank[64], n_runs = 0;
+            int64_t run_len[64];
+            for (int64_t j = 0; j < d->len; j++) {
+                int r = holder[d->start + j];
+                if (n_runs == 0 || run_rank[n_runs - 1] != r) {
+                    assert_true(n_runs < 64);
+                    run_rank[n_runs] = r;
+                    run_len[n_runs++] = 0;
+                }
+                run_len[n_runs - 1]++;
+            }
+            assert_int_equal(n_runs, 2 * cp - 1);
+            for (int i = 0; i < n_runs; i++) {
+                int middle = i == cp - 1;
+                assert_int_equal(run_rank[i], chunk_rank(i < cp ? i : i + 1, cp));
+                assert_true(run_len[i] >= (middle ? 2 * s : s) && run_len[i] <= (middle ? 2 * s + 2 : s + 1));
+            }
+        }
+        free(holder);
+        if (even) {
+            /* Every rank computes the same attention pairs and holds the same tokens. */
+            for (int r = 0; r < cp; r++) {
+                assert_int_equal(rank_pairs(&p, r), rank_pairs(&p, 0));
+                assert_int_equal(p.ranks[p.mbs[0].first_rank + r].tokens, total / cp);
+            }
+        }
+    }
+    plan_free(&p);
+}
+
+/* per_seq (Llama 3): the micro-batch cut into 2 CP equal chunks, rank i holding chunks i and
+ * 2 CP - 1 - i. With one document filling it (a multiple of 2 CP tokens) every rank holds exactly
+ * [i T / 2CP, (i + 1) T / 2CP) and its mirror, and computes the same attention pairs. */
+static void test_per_seq_chunk_placement(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\n");
+    StepPlan p = {0};
+    for (int cp = 2; cp <= 8; cp++) {
+        m.cp = cp;
+        int64_t T = 2 * cp * 37;
+        one_micro_batch(&p, cp, &T, 1);
+        Error err = {0};
+        assert_int_equal(plan_shard(&p, 0, CP_PER_SEQ, &m, T, &err), 0);
+        check_layout(&p);
+        int *holder = holders(&p);
+        for (int64_t t = 0; t < T; t++)
+            assert_int_equal(holder[t], chunk_rank((int)(t / 37), cp));
+        free(holder);
+        for (int r = 1; r < cp; r++)
+            assert_int_equal(rank_pairs(&p, r), rank_pairs(&p, 0));
+    }
+    plan_free(&p);
+}
+
 static void test_selectors(void **state)
 {
     (void)state;
@@ -227,6 +364,36 @@ static void test_hybrid_respects_rank_capacity(void **state)
     for (int r = 0; r < 4; r++)
         assert_true(p.ranks[p.mbs[0].first_rank + r].tokens <= 20000);
     check_layout(&p);
+    /* Whole documents that would overfill a rank: three of 600 tokens on 2 ranks of 1000 (placed
+     * whole, two would share a rank), and random mixes with a capacity just above an even share
+     * (multiples of 2 CP: per_doc's shares are exact). */
+    int64_t three[] = {600, 600, 600};
+    one_micro_batch(&p, 2, three, 3);
+    m.cp = 2;
+    assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, 1000, &err), 0);
+    for (int r = 0; r < 2; r++)
+        assert_true(p.ranks[p.mbs[0].first_rank + r].tokens <= 1000);
+    Rng rng;
+    rng_seed(&rng, 5);
+    for (int trial = 0; trial < 200; trial++) {
+        int cp = 2 + (int)rng_below(&rng, 3), n = 2 + (int)rng_below(&rng, 9);
+        m.cp = cp;
+        int64_t l[10], total = 0;
+        for (int i = 0; i < n; i++) {
+            l[i] = 2 * cp * (1 + (int64_t)rng_below(&rng, 300));
+            total += l[i];
+        }
+        int64_t capacity = total / cp + (int64_t)rng_below(&rng, 200);
+        one_micro_batch(&p, cp, l, n);
+        assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, capacity, &err), 0);
+        for (int r = 0; r < cp; r++)
+            if (p.ranks[p.mbs[0].first_rank + r].tokens > capacity) {
+                print_error("trial %d, cp %d: rank %d holds %lld tokens, capacity %lld\n", trial, cp, r,
+                            (long long)p.ranks[p.mbs[0].first_rank + r].tokens, (long long)capacity);
+                fail();
+            }
+        check_layout(&p);
+    }
     plan_free(&p);
 }
 
@@ -235,6 +402,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_layouts_match_the_mask),
         cmocka_unit_test(test_per_doc_equal_tokens),
+        cmocka_unit_test(test_per_doc_chunk_placement),
+        cmocka_unit_test(test_per_seq_chunk_placement),
         cmocka_unit_test(test_selectors),
         cmocka_unit_test(test_hybrid_respects_rank_capacity),
     };

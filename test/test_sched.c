@@ -41,6 +41,15 @@ static void test_uniform_1f1b(void **state)
             double t = uniform(pp, 1, m, 1.0, 2.0, 0);
             assert_true(fabs(t - (m + pp - 1) * 3.0) < 1e-9);
         }
+    /* One micro-batch with a send time c between stages: its forward crosses the PP - 1 boundaries
+     * one way and its backward the other, nothing overlaps: exactly PP (f + b) + 2 (PP - 1) c. */
+    for (int pp = 1; pp <= 8; pp++) {
+        double t1 = uniform(pp, 1, 1, 1.0, 2.0, 0.25), expect = pp * 3.0 + 2 * (pp - 1) * 0.25;
+        if (fabs(t1 - expect) > 1e-9) {
+            print_error("pp %d, one micro-batch, hops of 0.25: %g, expected %g\n", pp, t1, expect);
+            fail();
+        }
+    }
     /* Sending between stages: the first forward and the last backward cross every boundary, so at
      * least 2 (PP - 1) hops are added; in the steady state a stage may also wait for a round trip. */
     double t = uniform(4, 1, 8, 1.0, 2.0, 0.1);

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """test/test_tokenizer.py - `wlbtrain convert` against tiktoken and against real token counts.
 
-(a) With tiktoken (imported, or pip-installed on the spot; skipped with the reason when neither
-    works): the ids wlbtrain writes, read back from PREFIX.bin/.idx, must equal tiktoken's
-    encode_ordinary plus the EOD, for the Llama 3 and the GPT-2 rank files of ../shared/real-data
+(a) With tiktoken (in the python test/run.sh runs this with, scripts/test-python.sh; skipped with
+    the reason when it is missing, failed with CI set): the ids wlbtrain writes, read back from
+    PREFIX.bin/.idx, must equal tiktoken's encode_ordinary plus the EOD, for the Llama 3 and the GPT-2 rank files of ../shared/real-data
     (tiktoken.Encoding built from the local file: tiktoken cannot download here), on the C headers
     of libc6-dev (the demo corpus) and on a generated corpus of many scripts, numbers, whitespace
     runs, CRLF, contractions, emoji, long words and random mixtures.
     Text with invalid UTF-8 (which tiktoken cannot take) must decode back to its exact bytes.
-(b) Without tiktoken: the 1,000 OpenWebText documents of the BigScience Megatron fixture are
+(b) Without tiktoken either: the 1,000 OpenWebText documents of the BigScience Megatron fixture are
     decoded to text (GPT-2 byte-level vocabulary beside it), converted with both rank files, and the
     per-document token counts must equal lengths/openwebtext1000_lengths.csv (llama3_tokens and
     gpt2_tokens count the EOD: they are len(encode_ordinary(text)) + 1).
@@ -43,38 +43,22 @@ PAT_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!
 EOD = {"llama3": 128001, "gpt2": 50256}
 
 
-class Skip(Exception):
-    pass
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from taplib import Skip, import_module, missing  # noqa: E402
 
 
 def need(*paths):
     for p in paths:
         if not os.path.exists(p):
-            raise Skip("real data absent: %s (it lives in ../shared/real-data beside the clone)" % p)
-
-
-_tiktoken = None
+            raise missing("real data absent: %s (it lives in ../shared/real-data beside the clone)" % p)
 
 
 def tiktoken():
-    """The tiktoken module, pip-installing it once if needed; Skip when that fails."""
-    global _tiktoken
-    if _tiktoken is None:
-        try:
-            import tiktoken as tk
-        except ImportError:
-            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "tiktoken"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
-            try:
-                import tiktoken as tk
-            except ImportError:
-                last = (r.stdout.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-                _tiktoken = Skip("tiktoken is not installed and pip could not install it: %s" % last)
-        if _tiktoken is None:
-            _tiktoken = tk
-    if isinstance(_tiktoken, Skip):
-        raise _tiktoken
-    return _tiktoken
+    """The tiktoken module; Skip (Missing with CI set) when this python has none."""
+    tk = import_module("tiktoken")
+    if isinstance(tk, Exception):
+        raise tk
+    return tk
 
 
 _encodings = {}
@@ -168,10 +152,10 @@ def libc_headers():
         out = subprocess.run(["dpkg", "-L", "libc6-dev"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              check=True).stdout.decode()
     except (OSError, subprocess.CalledProcessError):
-        raise Skip("dpkg -L libc6-dev does not work here")
+        raise missing("dpkg -L libc6-dev does not work here (the libc6-dev headers are a test corpus)")
     paths = sorted(p for p in out.splitlines() if p.startswith("/") and p.endswith(".h") and os.path.isfile(p))
     if not paths:
-        raise Skip("libc6-dev lists no headers")
+        raise missing("libc6-dev lists no headers")
     return paths
 
 
@@ -361,6 +345,7 @@ def main():
             print("ok %d - %s" % (n, name))
         except Skip as e:
             print("ok %d # SKIP %s" % (n, e))
+            print("# skip: %s" % e)  # test/run.sh lists these lines once each
         except Exception:
             failed += 1
             print("not ok %d - %s" % (n, name))

@@ -32,7 +32,8 @@ void test_cmd_free(CmdResult *r);
 void test_assert_error(const CmdResult *r, const char *expect);
 
 /* Path of a file under ../shared/real-data (or $WLB_REAL_DATA), or NULL when it is absent: then
- * the caller skips with the message printed here. */
+ * the caller skips with the message printed here. With CI set (test_in_ci) an absent file fails
+ * the test instead: CI runs with ../shared beside the clone and must run every test. */
 const char *test_real_data(const char *rel);
 #define SKIP_WITHOUT_REAL_DATA(var, rel)          \
     const char *var = test_real_data(rel);        \
@@ -40,6 +41,13 @@ const char *test_real_data(const char *rel);
         skip();                                   \
         return;                                   \
     }
+
+/* 1 when this machine shows an NVIDIA GPU (a /dev/nvidiaN device file, not hidden by
+ * CUDA_VISIBLE_DEVICES): known without asking the CUDA backend under test. */
+int test_gpu_visible(void);
+
+/* 1 when the environment variable CI is set to something other than "", 0, false or no. */
+int test_in_ci(void);
 
 /* A fresh temporary directory (removed by test_rm_rf). */
 char *test_tmpdir(void);

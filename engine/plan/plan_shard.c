@@ -336,7 +336,8 @@ void plan_shard_scratch_free(StepPlan *p)
     p->shard_scratch = NULL;
 }
 
-/* Tries every hybrid threshold; leaves the fastest layout in sc->cand[SHARD_BEST] (its time in *best_t). */
+/* Tries every hybrid threshold; leaves the fastest layout that keeps every rank within capacity in
+ * sc->cand[SHARD_BEST] (its time in *best_t; -1 when none does). */
 static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
                        double *best_t)
 {
@@ -351,7 +352,13 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
         if (shard_hybrid(trial, cost, docs, n, sc->order, threshold, capacity) != 0)
             return -1;
         double t = shard_time(trial, cost);
-        if (*best_t < 0 || t < *best_t) {
+        /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
+         * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
+         * activation memory) and is not taken. per_seq and per_doc, even by construction, remain. */
+        int fits = 1;
+        for (int r = 0; r < trial->cp; r++)
+            fits &= trial->tokens[r] <= capacity;
+        if (fits && (*best_t < 0 || t < *best_t)) {
             Shard tmp = sc->cand[SHARD_BEST];
             sc->cand[SHARD_BEST] = *trial;
             *trial = tmp;

@@ -22,9 +22,11 @@ int64_t batch_step_targets(const StepPlan *p, const DataSources *data)
 }
 
 /* Room for T micro-batch rows on the host (tokens, targets, positions side by side in one array)
- * and `rows` rows in the backend. */
+ * and `rows` rows in the backend - at least one: a CP rank may hold no row of a micro-batch, and
+ * the copies to the backend still need somewhere to point. */
 static int reserve(BatchBuffers *bb, int64_t T, int64_t rows, Error *err)
 {
+    rows = rows > 0 ? rows : 1;
     if (3 * (T + 1) > bb->cap) {
         int32_t *host = array_grow(bb->tokens, &bb->cap, 3 * (T + 1), sizeof *host);
         if (!host)

@@ -99,6 +99,9 @@ void trainer_free(Trainer *tr);
 /* Plans the next step and runs its forward and backward: afterwards every rank of DP x CP holds
  * the summed gradients (without ZeRO) and st has the loss, tokens and imbalance. */
 int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err);
+/* The forward and backward of the step planned in tr->plan (trainer_forward_backward after it
+ * planned; tests put plans of their own there): every rank must hold the same plan. */
+int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err);
 /* Clipping and AdamW with the gradients of trainer_forward_backward; st gets grad_norm and lr.
  * When the loss or the gradient norm is not finite: with train.nonfinite skip the update is left
  * out (st->skipped, counted in tr->skipped), else it is an Error. */

@@ -10,6 +10,14 @@
  * completed, which is waited for before the slot takes its next micro-batch. A stage receives in
  * the order of its schedule, and the schedule's passes only wait for passes that come earlier in
  * the dependency order (sched.c runs the same order), so no rank waits forever.
+ *
+ * A micro-batch without a token (the wlb packer leaves some empty when a step has fewer documents
+ * than micro-batches) is skipped by every rank of its replica: no input, no activation slot, no
+ * message, no pass. Its forward and backward would add nothing to the loss and the gradients, and
+ * every rank of the replica executes the same plan, so the sends and receives it leaves out are left
+ * out on both sides. (Run through the model instead, an empty micro-batch first on a fresh slot
+ * found no activations there: a crash.) A CP rank that holds no token of a non-empty micro-batch
+ * still runs it: it takes part in the K/V exchange.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -56,11 +64,14 @@ static int check_plan_digest(Trainer *tr, Error *err)
     return 0;
 }
 
+/* Room for n floats to receive into. Also for n = 0 (a CP rank holding no token of a micro-batch
+ * still gets an input, of no rows): a stage's input must not be NULL. */
 static int ensure_recv(Trainer *tr, int64_t n, Error *err)
 {
-    if (n <= tr->recv_cap)
+    if (tr->recv && n <= tr->recv_cap)
         return 0;
     int64_t cap = n > 2 * tr->recv_cap ? n : 2 * tr->recv_cap;
+    cap = cap > 0 ? cap : 1;
     tr->ops->free(tr->recv);
     tr->recv_cap = 0;
     if (!(tr->recv = tr->ops->alloc((size_t)cap * sizeof *tr->recv)))
@@ -84,8 +95,16 @@ static int take_slot(Trainer *tr, TrainChunk *ch, int k, Error *err)
     return error_runtime(err, "train", "no free activation slot for micro-batch %d (%d slots)", k, ch->model.n_slots);
 }
 
+/* The replica's k-th micro-batch has no token: every rank of the replica skips it. */
+static int empty_micro_batch(const Trainer *tr, int k)
+{
+    return tr->plan.mbs[tr->mb_index[k]].tokens == 0;
+}
+
 static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
 {
+    if (empty_micro_batch(tr, k))
+        return 0;
     TrainChunk *ch = &tr->chunks[c];
     Model *m = &ch->model;
     int s = tr->lay.pp_rank, g = c * tr->pp + s, prev = (s - 1 + tr->pp) % tr->pp, next = (s + 1) % tr->pp;
@@ -121,6 +140,8 @@ static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
 
 static int run_backward(Trainer *tr, int k, int c, Error *err)
 {
+    if (empty_micro_batch(tr, k))
+        return 0;
     TrainChunk *ch = &tr->chunks[c];
     Model *m = &ch->model;
     int s = tr->lay.pp_rank, g = c * tr->pp + s, prev = (s - 1 + tr->pp) % tr->pp, next = (s + 1) % tr->pp;
@@ -184,7 +205,15 @@ static void measured_imbalance(const Trainer *tr, TrainStats *st)
 int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
 {
     memset(st, 0, sizeof *st);
-    if (plan_step(&tr->planner, &tr->plan, err) != 0 || check_plan_digest(tr, err) != 0 || replica_order(tr, err) != 0)
+    if (plan_step(&tr->planner, &tr->plan, err) != 0 || check_plan_digest(tr, err) != 0)
+        return -1;
+    return trainer_run_plan(tr, st, err);
+}
+
+int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
+{
+    memset(st, 0, sizeof *st);
+    if (replica_order(tr, err) != 0)
         return -1;
     tr->n_targets = batch_step_targets(&tr->plan, &tr->data);
     tr->loss_sum = 0;
