@@ -26,14 +26,6 @@ template <class C> __global__ void __launch_bounds__(C::THREADS) k_flash_dq(Flas
     flash_dq_cta<C>(a, smem, blockIdx.x, (int)threadIdx.x);
 }
 
-template <class K> static void flash_allow_smem(K kernel, int bytes, bool *done)
-{
-    if (!*done) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        *done = true;
-    }
-}
-
 template <int D> void flash_launch_delta(const FlashBwdArgs &a, int64_t n_items)
 {
     k_flash_delta<D, FlashTiles<D>::Dq::BM><<<(unsigned)n_items, FLASH_DELTA_THREADS>>>(a);

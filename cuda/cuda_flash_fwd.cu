@@ -12,15 +12,6 @@ template <class C> __global__ void __launch_bounds__(C::THREADS) k_flash_fwd(Fla
     flash_fwd_cta<C>(a, smem, blockIdx.x, (int)threadIdx.x);
 }
 
-/* Blocks above 48 KB of shared memory need the kernel's limit raised, once. */
-template <class K> static void flash_allow_smem(K kernel, int bytes, bool *done)
-{
-    if (!*done) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        *done = true;
-    }
-}
-
 template <int D> void flash_launch_fwd(const FlashFwdArgs &a, int64_t n_items)
 {
     using C = typename FlashTiles<D>::Fwd;

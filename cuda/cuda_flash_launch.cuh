@@ -6,7 +6,18 @@
 #ifndef WLB_CUDA_CUDA_FLASH_LAUNCH_CUH
 #define WLB_CUDA_CUDA_FLASH_LAUNCH_CUH
 
+#include "cuda/cuda_common.cuh"
 #include "cuda/cuda_flash_plan.cuh"
+
+/* Blocks above 48 KB of shared memory need the kernel's limit raised, once (done: a static flag of
+ * the launcher). */
+template <class K> static void flash_allow_smem(K kernel, int bytes, bool *done)
+{
+    if (!*done) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        *done = true;
+    }
+}
 
 /* Forward: n_items query tiles x n_heads blocks. */
 template <int D> void flash_launch_fwd(const FlashFwdArgs &a, int64_t n_items);
