@@ -14,6 +14,7 @@
 #include "engine/plan/dryrun.h"
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
+#include "engine/train/train_memory.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
 static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, Error *err)
@@ -47,8 +48,15 @@ static int run(const CliOptions *opt, Error *err)
         if (launch.rank == 0)
             rc = config_print(&cfg, stdout, err);
     } else if (rc == 0 && opt->dry_run) {
-        DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare};
-        rc = dryrun_run(&cfg, &dr, err);
+        /* The memory each rank needs: a layout that does not fit is refused here as in training. */
+        DryRunMemoryPlan memory = {0};
+        rc = cfg.parallel.dp > 0 ? trainer_memory_plan(&cfg, &memory, err) : 0;
+        if (rc == 0 && memory.stages && !opt->no_memory_check)
+            rc = trainer_memory_check(&cfg, &memory, err);
+        DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare, memory.stages ? &memory : NULL};
+        if (rc == 0)
+            rc = dryrun_run(&cfg, &dr, err);
+        trainer_memory_free(&memory);
     } else if (rc == 0) {
         rc = trainer_run(&cfg, err);
     }

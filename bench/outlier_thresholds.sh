@@ -25,7 +25,7 @@ for cfg in 550m-64k 7b-64k 7b-128k 30b-128k; do
     for c in $candidates; do
       th="[]"
       [ "$c" = none ] || th="[$(echo "$c" | tr ',' '\n' | while IFS=/ read -r a b; do echo $((w * a / b)); done | paste -sd,)]"
-      ./wlbtrain --config "bench/wlbllm/$cfg.yaml" --dry-run --steps "$steps" --set "data.lengths_file=$lists/$l" \
+      ./wlbtrain --config "bench/wlbllm/$cfg.yaml" --dry-run --no-memory-check --steps "$steps" --set "data.lengths_file=$lists/$l" \
         --set "balance.outlier_thresholds=$th" --stats-out "$out/$cfg-$l-${c//\//_}.jsonl" >/dev/null
     done
   done

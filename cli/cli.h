@@ -1,8 +1,8 @@
 /*
  * cli/cli.h - the command line of wlbtrain.
  *
- *   wlbtrain --config FILE [--set KEY=VALUE]... [--steps N] [--dry-run [--compare] [--stats-out FILE]]
- *            [--print-config]
+ *   wlbtrain --config FILE [--set KEY=VALUE]... [--steps N] [--print-config]
+ *            [--dry-run [--compare] [--stats-out FILE] [--no-memory-check]]
  *   wlbtrain inspect PREFIX
  *   wlbtrain convert --out PREFIX [options] INPUT...
  *   wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]
@@ -58,6 +58,7 @@ typedef struct CliOptions {
     int64_t steps;             /* --steps N; 0 = not given */
     bool dry_run;              /* --dry-run */
     bool compare;              /* --compare (with --dry-run) */
+    bool no_memory_check;      /* --no-memory-check (with --dry-run) */
     bool print_config;         /* --print-config */
     const char *stats_out;     /* --stats-out FILE (with --dry-run) */
     const char *inspect_prefix;

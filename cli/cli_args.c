@@ -224,6 +224,10 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
             o->compare = true;
             continue;
         }
+        if (!strcmp(a, "--no-memory-check")) {
+            o->no_memory_check = true;
+            continue;
+        }
         if (!strcmp(a, "--print-config")) {
             o->print_config = true;
             continue;
@@ -263,6 +267,9 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         return error_set(err, "--stats-out", "only with --dry-run (training writes log.metrics)");
     if (o->compare && !o->dry_run)
         return error_set(err, "--compare", "only with --dry-run");
+    if (o->no_memory_check && !o->dry_run)
+        return error_set(err, "--no-memory-check", "only with --dry-run (training never starts a layout that does "
+                         "not fit: raise train.gpu_memory_gb if the device has more)");
     return 0;
 }
 

@@ -102,6 +102,7 @@ typedef struct ConfigTrain {
     NonfinitePolicy nonfinite;
     Recompute recompute;
     bool deterministic;
+    double gpu_memory_gb; /* the memory check's budget per device, 10^9 bytes; 0 = the hardware profile's */
 } ConfigTrain;
 
 typedef struct ConfigCheckpoint {

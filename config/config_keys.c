@@ -126,6 +126,10 @@ const ConfigKey config_keys[] = {
     BOOL_KEY("train.deterministic", train.deterministic, "true", NULL,
              "bit-identical results run after run (no floating-point atomics); false lets the GPU use its "
              "fastest attention backward"),
+    FLOAT_KEY("train.gpu_memory_gb", train.gpu_memory_gb, 0, 1e6, 0, "0", NULL,
+              "memory of one device in GB (10^9 bytes): a layout whose predicted peak per rank exceeds it is "
+              "refused before training and in the dry run; 0 = from balance.hardware (80 h100, 141 h200, 80 a100; "
+              "cpu: not checked)"),
     INT_KEY("train.steps", train.steps, 1, BIG, "1000", NULL, "optimizer steps"),
     FLOAT_KEY("train.lr", train.lr, 0, 10, KEY_MIN_OPEN, "3e-4", NULL, "peak learning rate"),
     FLOAT_KEY("train.min_lr", train.min_lr, 0, 10, 0, NULL, "lr / 10", "learning rate at the end of the schedule"),

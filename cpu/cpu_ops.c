@@ -17,8 +17,34 @@
 #include "util/bf16.h"
 #include "util/error.h"
 
-static void *cpu_alloc(size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
-static void cpu_free(void *p) { free(p); }
+/* Every block carries its size in front (16 bytes keep the block aligned as malloc's), so that the
+ * bytes held and their peak are known (ops->peak_bytes; allocation is single-threaded). */
+enum { CPU_ALLOC_HEADER = 16 };
+static size_t cpu_held, cpu_peak;
+
+static void *cpu_alloc(size_t bytes)
+{
+    char *p = calloc(bytes + CPU_ALLOC_HEADER, 1);
+    if (!p)
+        return NULL;
+    memcpy(p, &bytes, sizeof bytes);
+    cpu_held += bytes;
+    cpu_peak = cpu_held > cpu_peak ? cpu_held : cpu_peak;
+    return p + CPU_ALLOC_HEADER;
+}
+
+static void cpu_free(void *p)
+{
+    if (!p)
+        return;
+    char *base = (char *)p - CPU_ALLOC_HEADER;
+    size_t bytes;
+    memcpy(&bytes, base, sizeof bytes);
+    cpu_held -= bytes;
+    free(base);
+}
+
+static size_t cpu_peak_bytes(void) { return cpu_peak; }
 static void cpu_memcpy(void *dst, const void *src, size_t bytes)
 {
     if (bytes)
@@ -384,8 +410,9 @@ static void f32_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, 
 
 /* The fields both tables share: memory and the ops without an Act argument. */
 #define CPU_COMMON_OPS                                                                             \
-    .host_memory = 1, .logits_floats = INT64_C(1) << 24, .alloc = cpu_alloc, .free = cpu_free,      \
-    .to_device = cpu_memcpy, .to_host = cpu_memcpy, .memory = cpu_memory, .sync = cpu_sync,         \
+    .host_memory = 1, .logits_floats = OPS_LOGITS_FLOATS_CPU, .alloc = cpu_alloc, .free = cpu_free, \
+    .to_device = cpu_memcpy, .to_host = cpu_memcpy, .memory = cpu_memory, .peak_bytes = cpu_peak_bytes,     \
+    .sync = cpu_sync,                                                                              \
     .embedding_fwd = embedding_fwd, .embedding_bwd = embedding_bwd, .ce_stats = ce_stats, .add = add, \
     .copy = copy, .zero = zero, .sum_squares = sum_squares
 

@@ -16,6 +16,19 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* Memory                                                                                          */
 
+/* The most the device had in use (total - free) at any allocation or peak query: what the memory
+ * model predicts, the CUDA runtime's own memory and the libraries' buffers included. */
+static size_t device_peak;
+
+static size_t cuda_peak_bytes(void)
+{
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (total_b - free_b > device_peak)
+        device_peak = total_b - free_b;
+    return device_peak;
+}
+
 static void *cuda_alloc(size_t bytes)
 {
     void *p = nullptr;
@@ -24,6 +37,7 @@ static void *cuda_alloc(size_t bytes)
         return nullptr;
     }
     CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+    cuda_peak_bytes();
     return p;
 }
 
@@ -120,10 +134,6 @@ int cuda_device_count(void)
     return n;
 }
 
-/* The logits block: 2^28 floats (1 GiB, and its bf16 gradient 512 MiB): at Llama 3's vocabulary
- * about 2,000 rows per block, wide enough for the products to run at full speed. */
-enum { LOGITS_FLOATS = 1 << 28 };
-
 template <class T> static Ops table(const char *name)
 {
     Ops o;
@@ -132,12 +142,13 @@ template <class T> static Ops table(const char *name)
     o.host_memory = 0;
     o.act_bytes = sizeof(T);
     o.act_is_f32 = sizeof(T) == sizeof(float);
-    o.logits_floats = LOGITS_FLOATS;
+    o.logits_floats = OPS_LOGITS_FLOATS_GPU;
     o.alloc = cuda_alloc;
     o.free = cuda_free;
     o.to_device = cuda_copy_bytes;
     o.to_host = cuda_copy_bytes;
     o.memory = cuda_memory;
+    o.peak_bytes = cuda_peak_bytes;
     o.sync = cuda_sync;
     o.copy_rows = cuda_copy_rows<T>;
     o.embedding_fwd = cuda_embedding_fwd;

@@ -79,12 +79,18 @@ typedef struct AdamWSpan {
     float weight_decay;
 } AdamWSpan;
 
+/* The logits block of each kind of backend: 2^24 floats on the CPU; 2^28 on a GPU (1 GiB, and its
+ * bf16 gradient 512 MiB: at Llama 3's vocabulary about 2,000 rows per block, wide enough for the
+ * products to run at full speed). */
+enum { OPS_LOGITS_FLOATS_CPU = 1 << 24, OPS_LOGITS_FLOATS_GPU = 1 << 28 };
+
 typedef struct Ops {
     const char *name;
     int host_memory;       /* 1: its memory is host memory (MPI can use it as it is) */
     size_t act_bytes;      /* bytes of one element of the compute dtype: 4 (float32) or 2 (bfloat16) */
     int act_is_f32;        /* the compute dtype is float32: an Act array may alias a float array */
-    int64_t logits_floats; /* the largest block of logits (rows x vocabulary slice) the model makes */
+    int64_t logits_floats; /* the largest block of logits (rows x vocabulary slice) the model makes:
+                            * OPS_LOGITS_FLOATS_CPU or _GPU (the memory model reads them too) */
 
     /* Memory of the backend. alloc returns zeroed memory or NULL. */
     void *(*alloc)(size_t bytes);
@@ -93,6 +99,10 @@ typedef struct Ops {
     void (*to_host)(void *dst, const void *src, size_t bytes);
     /* Free and total bytes of the device's memory now (for the out-of-memory message). */
     void (*memory)(size_t *free_bytes, size_t *total_bytes);
+    /* The peak of memory use so far, what the memory model predicts: on the CPU the most bytes held
+     * at once through alloc; on a GPU the most the device had in use (total - free, the CUDA
+     * runtime's own memory included) at any alloc and at this call. */
+    size_t (*peak_bytes)(void);
     /* Waits until every op issued so far has finished (a no-op where ops are synchronous). */
     void (*sync)(void);
 

@@ -196,16 +196,16 @@ static void test_launch_resolves_dp_auto(void **state)
 {
     (void)state;
     CmdResult r;
-    /* As mpirun -np 16 would set it: dp = 16 / (tp*cp*pp) = 16 / 4 = 4. */
+    /* As mpirun -np 16 would set it: dp = 16 / (tp*cp*pp) = 16 / 8 = 2. */
     setenv("OMPI_COMM_WORLD_SIZE", "16", 1);
     setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     RUN(&r, "--config", "config/examples/llama3-8b-8gpu.yaml", "--print-config");
     assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.out, "  dp: 4\n"));
+    assert_non_null(strstr(r.out, "  dp: 2\n"));
     test_cmd_free(&r);
     setenv("OMPI_COMM_WORLD_SIZE", "6", 1);
     RUN(&r, "--config", "config/examples/llama3-8b-8gpu.yaml", "--print-config");
-    test_assert_error(&r, "parallel.dp: auto needs the job's 6 ranks to be a multiple of tp * cp * pp = 4");
+    test_assert_error(&r, "parallel.dp: auto needs the job's 6 ranks to be a multiple of tp * cp * pp = 8");
     test_cmd_free(&r);
     /* A rank other than 0 prints nothing. */
     setenv("OMPI_COMM_WORLD_SIZE", "8", 1);

@@ -237,8 +237,10 @@ static void test_balance_on_real_lists(void **state)
         const char *packers[2] = {"balance.packer=fixed", "balance.packer=wlb"};
         for (int k = 0; k < 2; k++) {
             CmdResult r;
-            RUN(&r, "--config", cfg, "--dry-run", "--steps", "100", "--set", set, "--set", packers[k], "--stats-out",
-                stats);
+            /* The WLB-LLM layout, whose activations wlbtrain's engine cannot hold (no sequence
+             * parallelism): the planner's figures only. */
+            RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--steps", "100", "--set", set, "--set",
+                packers[k], "--stats-out", stats);
             assert_int_equal(r.status, 0);
             test_cmd_free(&r);
             pp[k] = summary_value(stats, "pp_imbalance", "mean");
@@ -293,12 +295,147 @@ static void test_large_cluster(void **state)
     /* 16,384 GPUs: TP 8, CP 16, PP 16, DP 8, 128K windows, 16M tokens a step (as Llama 3 405B). */
     char *dir = test_tmpdir(), *cfg = write_config(dir, "");
     CmdResult r;
-    RUN(&r, "--config", cfg, "--dry-run", "--steps", "2", "--set", "model.preset=llama3-405b", "--set",
-        "parallel.tp=8", "--set", "parallel.cp=16", "--set", "parallel.pp=16", "--set", "parallel.dp=8", "--set",
-        "data.context_window=131072", "--set", "data.global_batch_tokens=16777216");
+    RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--steps", "2", "--set", "model.preset=llama3-405b",
+        "--set", "parallel.tp=8", "--set", "parallel.cp=16", "--set", "parallel.pp=16", "--set", "parallel.dp=8",
+        "--set", "data.context_window=131072", "--set", "data.global_batch_tokens=16777216");
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "dry run: 16384 GPUs (tp 8, cp 16, pp 16, dp 8)"));
+    assert_non_null(strstr(r.out, "DOES NOT FIT"));
     test_cmd_free(&r);
+    free(cfg);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+/* The summary's memory object as numbers (bytes / 1e9), in the order of the keys below. */
+static const char *const memory_keys[] = {"peak_gb", "weights_gb", "grads_gb", "optimizer_gb", "activations_gb",
+                                          "other_gb"};
+enum { N_MEMORY_KEYS = 6 };
+
+static void read_memory(const char *stats, double *v)
+{
+    char *text = test_read_file(stats, NULL);
+    assert_non_null(text);
+    const char *last = strstr(text, "{\"summary\"");
+    assert_non_null(last);
+    json_t *o = json_loads(last, 0, NULL), *mem = o ? json_object_get(o, "memory") : NULL;
+    assert_non_null(mem);
+    for (int i = 0; i < N_MEMORY_KEYS; i++) {
+        json_t *x = json_object_get(mem, memory_keys[i]);
+        assert_true(json_is_number(x));
+        v[i] = json_number_value(x);
+    }
+    json_decref(o);
+    free(text);
+}
+
+/* The memory model in the dry run: the per-rank table, the summary's memory object (its parts sum
+ * to the peak), what each key changes (recompute modes keep less, ZeRO-1 shards the moments over
+ * DP x CP, S_max bounds the activations), and the refusal of a layout that does not fit, whose
+ * suggested changes do fit. The figures themselves are checked against the allocations of real runs
+ * in test_parallel_run.c. */
+/* A dry run of 8B layer shapes (4 layers) at 32K windows on tp 2 x cp 2 x pp 2 (wlb, hybrid), h100,
+ * with the given extra arguments (NULL-terminated); stats NULL: no stats file. */
+static void dry_8b(CmdResult *r, const char *cfg, const char *stats, const char *const *extra)
+{
+    const char *argv[64] = {"--config", cfg, "--dry-run", "--steps", "2", "--set", "model.preset=llama3-8b", "--set",
+                            "model.n_layers=4", "--set", "model.max_seq_len=32768", "--set",
+                            "data.context_window=32768", "--set", "data.global_batch_tokens=262144", "--set",
+                            "parallel.dp=1", "--set", "balance.hardware=h100", "--set", "train.device=cuda"};
+    int k = 21;
+    if (stats) {
+        argv[k++] = "--stats-out";
+        argv[k++] = stats;
+    }
+    for (int i = 0; extra[i]; i++)
+        argv[k++] = extra[i];
+    argv[k] = NULL;
+    test_run_wlbtrain(r, argv);
+}
+
+/* The memory model in the dry run: the per-rank table, the summary's memory object (its parts sum
+ * to the peak), what each key changes (recompute modes keep less, ZeRO-1 shards the moments over
+ * DP x CP, S_max bounds the activations), and the refusal of a layout that does not fit, whose
+ * suggested change does fit. The figures themselves are checked against the allocations of real
+ * runs in test_parallel_run.c. */
+static void test_memory_model(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *stats = test_format("%s/s.jsonl", dir);
+    char *cfg = write_config(dir, "");
+    CmdResult r;
+    double base[N_MEMORY_KEYS], v[N_MEMORY_KEYS];
+    dry_8b(&r, cfg, stats, (const char *[]){"--set", "train.gpu_memory_gb=1000", NULL});
+    if (r.status != 0)
+        print_error("%s\n", r.err);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "memory per rank, GB (train.recompute: none;"));
+    assert_non_null(strstr(r.out, " stage   weights      bf16     grads  optimizer  activations in_flight"));
+    assert_non_null(strstr(r.out, "of 1000.0 GB: fits"));
+    test_cmd_free(&r);
+    read_memory(stats, base);
+    double sum = 0;
+    for (int i = 1; i < N_MEMORY_KEYS; i++)
+        sum += base[i];
+    assert_true(fabs(sum - base[0]) <= 1e-3 * base[0]);
+    /* Weights are float32 + their bf16 copy (6 bytes a parameter), gradients 4, moments 8. */
+    assert_true(base[1] > 0 && fabs(base[2] - base[1] * 4 / 6) <= 1e-3 * base[2]);
+    assert_true(fabs(base[3] - 2 * base[2]) <= 1e-3 * base[3]);
+    dry_8b(&r, cfg, stats, (const char *[]){"--set", "train.gpu_memory_gb=1000", "--set", "train.recompute=selective",
+                                            NULL});
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    read_memory(stats, v);
+    double selective = v[4];
+    assert_true(selective < base[4] && v[1] == base[1] && v[3] == base[3]);
+    dry_8b(&r, cfg, stats, (const char *[]){"--set", "train.gpu_memory_gb=1000", "--set", "train.recompute=full", NULL});
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    read_memory(stats, v);
+    assert_true(v[4] < 0.8 * selective); /* of the worst rank; 2 layers a stage: one layer's scratch weighs */
+    /* ZeRO-1 over DP x CP = 2: the moments halve (plus the gradient shard). */
+    dry_8b(&r, cfg, stats, (const char *[]){"--set", "train.gpu_memory_gb=1000", "--set", "parallel.zero=1", NULL});
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    read_memory(stats, v);
+    assert_true(v[3] < 0.8 * base[3] && v[3] > 0.5 * base[3] && v[4] == base[4]);
+    /* Half the S_max: activations about half. */
+    dry_8b(&r, cfg, stats, (const char *[]){"--set", "train.gpu_memory_gb=1000", "--set",
+                                            "balance.max_tokens_per_micro_batch=32768", NULL});
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    read_memory(stats, v);
+    assert_true(v[4] < 0.6 * base[4] && v[4] > 0.4 * base[4] && v[1] == base[1]);
+    /* Too little memory: one line, exit 2, the stats file left as it was; the suggested change fits
+     * with the peak it promised. */
+    double budget = 0.8 * base[0];
+    char set_budget[64];
+    snprintf(set_budget, sizeof set_budget, "train.gpu_memory_gb=%.3f", budget);
+    free(test_write_file(dir, "s.jsonl", "old\n", 4));
+    dry_8b(&r, cfg, stats, (const char *[]){"--set", set_budget, NULL});
+    assert_int_equal(r.status, 2);
+    const char *line = strstr(r.err, "wlbtrain: error: train.gpu_memory_gb: the layout needs ");
+    assert_non_null(line);
+    assert_non_null(strstr(line, " GB budget; each of these alone would fit: "));
+    assert_true(strchr(line, '\n') == NULL || strchr(line, '\n')[1] == '\0');
+    char *kept = test_read_file(stats, NULL);
+    assert_string_equal(kept, "old\n");
+    free(kept);
+    const char *fix = strstr(line, "train.recompute: full (");
+    assert_non_null(fix);
+    double promised = strtod(fix + strlen("train.recompute: full ("), NULL);
+    test_cmd_free(&r);
+    dry_8b(&r, cfg, stats, (const char *[]){"--set", set_budget, "--set", "train.recompute=full", NULL});
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    read_memory(stats, v);
+    assert_true(v[0] <= budget && fabs(v[0] - promised) <= 0.06);
+    /* --no-memory-check plans it anyway and says so. */
+    dry_8b(&r, cfg, NULL, (const char *[]){"--no-memory-check", "--set", set_budget, NULL});
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "DOES NOT FIT"));
+    test_cmd_free(&r);
+    free(stats);
     free(cfg);
     test_rm_rf(dir);
     free(dir);
@@ -347,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_balance_on_real_lists),
         cmocka_unit_test(test_lengths_from_idx),
         cmocka_unit_test(test_large_cluster),
+        cmocka_unit_test(test_memory_model),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests_name("dryrun", tests, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 
 static char *dir, *config;
@@ -79,6 +80,22 @@ static int read_metric(const char *path, const char *key, double *v, int max)
     return n;
 }
 
+/* The memory model's prediction of the worst rank (mem_predicted_gb) against the most any rank
+ * allocated (mem_peak_gb) after the last step of a run. */
+static void check_memory(const char *metrics, const char *what)
+{
+    double peak[16], predicted[16];
+    int n = read_metric(metrics, "mem_peak_gb", peak, 16);
+    assert_true(n >= 1);
+    assert_int_equal(read_metric(metrics, "mem_predicted_gb", predicted, 16), n);
+    printf("# %s: %.6f GB allocated at most, %.6f GB predicted (%.2f%%)\n", what, peak[n - 1], predicted[n - 1],
+           100 * (peak[n - 1] / predicted[n - 1] - 1));
+    /* Never under (a layout it admits must fit), at most 3% over: what the model bounds from above
+     * (the batch inputs of the largest micro-batch) is small next to what it counts exactly. */
+    assert_true(peak[n - 1] > 0 && peak[n - 1] <= predicted[n - 1] * 1.0001 &&
+                peak[n - 1] >= 0.97 * predicted[n - 1]);
+}
+
 static void test_16_ranks_equal_one(void **state)
 {
     (void)state;
@@ -105,6 +122,7 @@ static void test_16_ranks_equal_one(void **state)
     assert_int_equal(read_metric(metrics, "cp_imbalance_measured", measured, 8), 4);
     for (int i = 0; i < 4; i++)
         assert_true(measured[i] >= 1);
+    check_memory(metrics, "tp 2, cp 2, pp 2, dp 2");
     const char *args[] = {"--config", config, "--set", "parallel.tp=1", "--set", "parallel.cp=1", "--set",
                           "parallel.pp=1", "--set", "parallel.dp=1", NULL};
     test_run_wlbtrain(&r, args);
@@ -156,6 +174,47 @@ static void test_plan_mismatch_stops_job(void **state)
     check_fault("plan@6:3", "the ranks planned different steps");
 }
 
+/* The memory model on more layouts and modes: ZeRO-1 with a checkpoint each step (its moment gather
+ * is the largest transient buffer), tied embeddings over two stages, bf16 with selective
+ * recomputation, kv heads replicated over TP; interleaved stages with full recomputation. And a
+ * budget the layout does not fit: refused before training with one line, exit 2, nothing written. */
+static void test_memory_model_equals_allocations(void **state)
+{
+    (void)state;
+    char *metrics = test_format("%s/run/metrics.jsonl", dir), *ckpt = test_format("checkpoint.dir=%s/ck", dir);
+    CmdResult r;
+    const char *a[] = {"--set", "parallel.dp=1", "--set", "parallel.tp=4", "--set", "parallel.cp=1", "--set",
+                       "parallel.zero=1", "--set", ckpt, "--set", "checkpoint.every=1", "--set",
+                       "model.tie_embeddings=true", "--set", "train.precision=bf16", "--set",
+                       "train.recompute=selective", "--steps", "2", NULL};
+    run_mpi(&r, 8, NULL, a);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    check_memory(metrics, "tp 4 (kv replicas), pp 2, ZeRO-1 + checkpoints, tied, bf16, selective");
+    const char *b[] = {"--set", "parallel.dp=1", "--set", "parallel.tp=1", "--set", "parallel.virtual_stages=2",
+                       "--set", "train.recompute=full", "--steps", "2", NULL};
+    run_mpi(&r, 4, NULL, b);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    check_memory(metrics, "cp 2, pp 2 x 2 interleaved, full");
+    unlink(metrics);
+    const char *c[] = {"--set", "parallel.dp=1", "--set", "train.gpu_memory_gb=0.001", NULL};
+    run_mpi(&r, 8, NULL, c);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "wlbtrain: error: train.gpu_memory_gb: the layout needs 0.0 GB on a rank of "
+                                  "pipeline stage "));
+    assert_non_null(strstr(r.err, "GB more than the 0.0 GB budget"));
+    assert_null(strstr(r.out, "step "));
+    assert_int_equal(access(metrics, F_OK), -1);
+    test_cmd_free(&r);
+    free(metrics);
+    free(ckpt);
+}
+
 static void test_layout_must_fit_job(void **state)
 {
     (void)state;
@@ -173,7 +232,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_16_ranks_equal_one),       cmocka_unit_test(test_rank_error_stops_job),
         cmocka_unit_test(test_rank_killed_stops_job),    cmocka_unit_test(test_plan_mismatch_stops_job),
-        cmocka_unit_test(test_layout_must_fit_job),
+        cmocka_unit_test(test_layout_must_fit_job),      cmocka_unit_test(test_memory_model_equals_allocations),
     };
     return cmocka_run_group_tests_name("parallel_run", tests, group_setup, group_teardown);
 }

@@ -75,9 +75,9 @@ static void rope_frequencies(const ConfigModel *c, int head_dim, float *out)
     }
 }
 
-/* The rank's share of the model (see model.h, Parallelism). */
-static void set_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
+void model_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
 {
+    memset(d, 0, sizeof *d);
     d->n_layers = (int)c->n_layers;
     d->d = (int)c->d_model;
     d->n_heads = (int)c->n_heads;
@@ -112,15 +112,11 @@ static void set_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
     }
 }
 
-int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParallel *par, Recompute recompute,
-               Error *err)
+/* The rank's tensor table (no parameter memory yet): m->tensors, m->n_tensors, m->n_params. */
+static int build_tensors(Model *m, const ConfigModel *c, const ModelParallel *par, Error *err)
 {
-    memset(m, 0, sizeof *m);
-    m->ops = ops;
-    m->recompute = recompute;
-    m->comm = par ? par->comm : NULL;
     ModelDims *d = &m->dims;
-    set_dims(d, c, par);
+    model_dims(d, c, par);
     int64_t D = d->head_dim, hd = (int64_t)d->n_heads * D, kvd = (int64_t)d->n_kv_heads * D;
     int64_t lhd = (int64_t)d->local_heads * D, lkv = (int64_t)d->local_kv_heads * D;
     int first_tp = d->tp_rank == 0, kv_lead = d->tp_rank % d->kv_replicas == 0;
@@ -147,6 +143,29 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
         if (!d->tied)
             add_tensor(m, T_HEAD, -1, d->vocab, d->d, d->vocab0, d->local_vocab, 0, d->d, 1);
     }
+    return 0;
+}
+
+int64_t model_param_count(const ConfigModel *c, const ModelParallel *par)
+{
+    Model m;
+    memset(&m, 0, sizeof m);
+    Error err = {0};
+    int64_t n = build_tensors(&m, c, par, &err) == 0 ? m.n_params : -1;
+    free(m.tensors);
+    return n;
+}
+
+int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParallel *par, Recompute recompute,
+               Error *err)
+{
+    memset(m, 0, sizeof *m);
+    m->ops = ops;
+    m->recompute = recompute;
+    m->comm = par ? par->comm : NULL;
+    ModelDims *d = &m->dims;
+    if (build_tensors(m, c, par, err) != 0)
+        return -1;
     m->params = ops->alloc((size_t)m->n_params * sizeof(float));
     m->grads = ops->alloc((size_t)m->n_params * sizeof(float));
     m->wact = ops->act_is_f32 ? (Act *)m->params : ops->alloc((size_t)m->n_params * ops->act_bytes);

@@ -166,6 +166,11 @@ typedef struct ModelMemory {
 ModelMemory model_memory(const ModelDims *d, int64_t T, int64_t T_mb, Recompute r, size_t act_bytes,
                          int64_t logits_floats);
 
+/* The shapes of a rank's share of the model (par NULL: the whole model in one process), and the
+ * parameters it holds (-1: out of host memory): what model_init would allocate, without allocating. */
+void model_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *par);
+int64_t model_param_count(const ConfigModel *c, const ModelParallel *par);
+
 /* Builds this rank's tensor table and allocates parameters and gradients (zero). par NULL: the
  * whole model in one process. recompute: train.recompute. */
 int model_init(Model *m, const ConfigModel *cfg, const Ops *ops, const ModelParallel *par, Recompute recompute,

@@ -18,12 +18,14 @@
  * GPU stacks overlap the TP collectives with the GEMMs (Megatron's TP communication overlap, used by
  *   WLB-LLM's and Llama 3's stacks): tp_comm_overlap 1, so only TP traffic longer than the GEMMs shows.
  * cpu: the reference backend on a laptop-class core pair; rough, meant to be calibrated.
+ * Device memory (train.gpu_memory_gb's default): H100 SXM 80 GB HBM3, H200 141 GB HBM3e, A100 80 GB
+ *   (the 40 GB A100: set train.gpu_memory_gb: 40); the CPU's is the host's, and it is not checked.
  */
 static const CostHardware profiles[] = {
-    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 1},
-    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 1},
-    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 1},
-    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0},
+    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 1, 80},
+    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 1, 141},
+    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 1, 80},
+    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0, 0},
 };
 
 const CostHardware *cost_hardware_profile(HardwareKind kind)

@@ -47,6 +47,7 @@ typedef struct CostHardware {
     double link_latency_us;   /* per collective or send */
     int gpus_per_node;
     double tp_comm_overlap;   /* fraction of the forward GEMM time that can hide TP collectives */
+    double memory_gb;         /* device memory, 10^9 bytes: the memory check's budget (0: none, the CPU) */
 } CostHardware;
 
 /* Attention rate from a calibration table: TFLOP/s measured at query lengths q[i] (ascending). */

@@ -127,7 +127,17 @@ static void json_dist(FILE *f, const char *key, Dist d)
     fprintf(f, ",\"%s\":{\"mean\":%.6g,\"p50\":%.6g,\"p95\":%.6g,\"max\":%.6g}", key, d.mean, d.p50, d.p95, d.max);
 }
 
-static void json_summary(FILE *f, const RunSummary *s, const Planner *pl)
+/* The worst rank's memory, in GB (10^9 bytes). */
+static void json_memory(FILE *f, const DryRunMemoryPlan *mp)
+{
+    const DryRunMemory *w = &mp->stages[mp->worst];
+    fprintf(f, ",\"memory\":{\"peak_gb\":%.4g,\"weights_gb\":%.4g,\"grads_gb\":%.4g,\"optimizer_gb\":%.4g,"
+               "\"activations_gb\":%.4g,\"other_gb\":%.4g,\"stage\":%d,\"budget_gb\":%.4g}",
+            w->peak / 1e9, (w->weights + w->weights_act) / 1e9, w->grads / 1e9, w->optimizer / 1e9,
+            w->activations / 1e9, w->other / 1e9, mp->worst, mp->budget / 1e9);
+}
+
+static void json_summary(FILE *f, const RunSummary *s, const Planner *pl, const DryRunMemoryPlan *mp)
 {
     fprintf(f, "{\"summary\":true,\"packer\":\"%s\",\"cp_sharding\":\"%s\",\"steps\":%lld,\"tokens\":%lld,"
                "\"predicted_s\":%.6g,\"baseline_s\":%.6g,\"throughput_speedup\":%.6g",
@@ -137,6 +147,8 @@ static void json_summary(FILE *f, const RunSummary *s, const Planner *pl)
     json_dist(f, "cp_imbalance", s->cp);
     json_dist(f, "speedup", s->speedup);
     json_dist(f, "packer_ms", s->packer_ms);
+    if (mp)
+        json_memory(f, mp);
     fprintf(f, ",\"token_delay_steps\":%.6g}\n", s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
 }
 
@@ -153,6 +165,7 @@ typedef struct Run {
     int print_steps;   /* one stdout line per log.every steps */
     int with_baseline; /* simulate Plain-4D on the same documents */
     FILE *stats;       /* JSON lines, or NULL */
+    const DryRunMemoryPlan *memory; /* NULL: not reported */
 } Run;
 
 static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
@@ -287,7 +300,7 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     if (rc == 0) {
         series_summarize(&v, sum, run->steps);
         if (run->stats)
-            json_summary(run->stats, sum, &pl);
+            json_summary(run->stats, sum, &pl, run->memory);
     }
     series_free(&v);
     plan_free(&plan);
@@ -315,6 +328,32 @@ static void print_header(const Config *cfg, const DataSources *data, const CostM
     }
     printf("data: %s, %llu documents, %llu tokens\n", cfg->data.lengths_file ? cfg->data.lengths_file : cfg->data.path.v[0],
            (unsigned long long)docs, (unsigned long long)tokens);
+}
+
+/* Every pipeline stage's rank: its memory by part, and the worst against the budget. */
+static void print_memory(const Config *cfg, const DryRunMemoryPlan *mp)
+{
+    static const char *const modes[] = {"none", "selective", "full"};
+    printf("memory per rank, GB (train.recompute: %s%s; largest micro-batch %lld tokens, %lld rows on a CP rank):\n",
+           modes[cfg->train.recompute], cfg->parallel.zero ? ", ZeRO-1" : "", (long long)mp->mb_tokens,
+           (long long)mp->rank_rows);
+    printf("%6s %9s %9s %9s %10s %12s %9s %9s %9s\n", "stage", "weights", "bf16", "grads", "optimizer",
+           "activations", "in_flight", "other", "peak");
+    for (int s = 0; s < mp->n_stages; s++) {
+        const DryRunMemory *m = &mp->stages[s];
+        printf("%6d %9.2f %9.2f %9.2f %10.2f %12.2f %9d %9.2f %9.2f\n", s, m->weights / 1e9, m->weights_act / 1e9,
+               m->grads / 1e9, m->optimizer / 1e9, m->activations / 1e9, m->slots, m->other / 1e9, m->peak / 1e9);
+    }
+    double peak = mp->stages[mp->worst].peak;
+    if (mp->budget > 0 && peak <= mp->budget)
+        printf("memory: peak %.1f GB per rank (stage %d) of %.1f GB: fits, %.1f GB to spare\n", peak / 1e9, mp->worst,
+               mp->budget / 1e9, (mp->budget - peak) / 1e9);
+    else if (mp->budget > 0)
+        printf("memory: peak %.1f GB per rank (stage %d) of %.1f GB: DOES NOT FIT, %.1f GB over (planned anyway: "
+               "--no-memory-check)\n", peak / 1e9, mp->worst, mp->budget / 1e9, (peak - mp->budget) / 1e9);
+    else
+        printf("memory: peak %.1f GB per rank (stage %d); no budget to check against (balance.hardware: cpu)\n",
+               peak / 1e9, mp->worst);
 }
 
 static void print_summary(const RunSummary *s)
@@ -381,9 +420,12 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
     int rc = 0;
     if (opt->stats_out)
         rc = atomic_open(&stats, opt->stats_out, err);
-    Run run = {cfg, &data, &cost, cfg->balance.packer, cfg->balance.cp_sharding, opt->steps, 1, 1, stats.f};
+    Run run = {cfg, &data, &cost, cfg->balance.packer, cfg->balance.cp_sharding, opt->steps, 1, 1, stats.f,
+               opt->memory};
     if (rc == 0) {
         print_header(cfg, &data, &cost, opt->steps);
+        if (opt->memory)
+            print_memory(cfg, opt->memory);
         if (opt->compare) {
             rc = compare_all(&run, err);
         } else {

@@ -15,10 +15,34 @@
 #include "config/config.h"
 #include "util/error.h"
 
+/* The device memory of one rank, in bytes, by what holds it (engine/train/train_memory.h computes
+ * it: the planner cannot see the model's tensors). */
+typedef struct DryRunMemory {
+    double weights;      /* float32 master weights */
+    double weights_act;  /* their copy in the compute dtype (bf16), 0 in float32 */
+    double grads;        /* float32 gradients */
+    double optimizer;    /* AdamW's two moments (a shard with ZeRO-1) and ZeRO-1's gradient shard */
+    double activations;  /* micro-batches in flight x what each keeps, and the scratch they share */
+    double other;        /* stage input, batch inputs, the largest transient buffer, workspace, context */
+    double peak;         /* the sum */
+    int slots;           /* micro-batches in flight (all of the rank's model chunks) */
+} DryRunMemory;
+
+/* Every pipeline stage's rank (the TP, CP and DP ranks of a stage hold the same), the worst of them
+ * and the budget it is checked against (0: none). */
+typedef struct DryRunMemoryPlan {
+    int n_stages;
+    DryRunMemory *stages;
+    int worst;
+    double budget;
+    int64_t mb_tokens, rank_rows; /* the largest micro-batch, and the rows one CP rank holds of it */
+} DryRunMemoryPlan;
+
 typedef struct DryRunOptions {
     int64_t steps;          /* steps to plan */
     const char *stats_out;  /* JSON lines, or NULL */
     int compare;            /* every packer x CP mode on the same stream, as a table */
+    const DryRunMemoryPlan *memory; /* printed, and in the summary line; NULL: not reported */
 } DryRunOptions;
 
 int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err);

@@ -15,6 +15,7 @@
  * savekill (SIGKILL in the middle of the checkpoint saved after that step).
  */
 #include "engine/train/train.h"
+#include "engine/train/train_memory.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -94,15 +95,15 @@ static void format_duration(double s, char *buf, size_t size)
 /* One JSON object per step; loss and grad_norm with all their digits (a resumed run must match
  * bit for bit). */
 static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
-                         Error *err)
+                         double mem_predicted, Error *err)
 {
     fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
                "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld,\"attn_pairs\":%lld,"
-               "\"mem_used_gb\":%.2f}\n",
+               "\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g}\n",
             (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
-            (long long)st->queued, (long long)skipped, (long long)st->attn_pairs, st->mem_used_gb);
+            (long long)st->queued, (long long)skipped, (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
     return 0;
@@ -211,6 +212,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             size_t free_b, total_b;
             tr->ops->memory(&free_b, &total_b);
             st.mem_used_gb = (double)(total_b - free_b) / 1e9;
+            st.mem_peak_gb = (double)tr->ops->peak_bytes() / 1e9;
+            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, &st.mem_peak_gb, 1, err);
         }
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, err);
@@ -218,7 +221,7 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             continue;
         double ms = (clock_seconds() - t0) * 1e3;
         if (metrics)
-            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, err);
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted, err);
         if (st.skipped) {
             printf("step %5lld/%lld  loss %g  grad_norm %g: not finite, update skipped (%lld so far)\n",
                    (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
@@ -265,6 +268,9 @@ int trainer_run(const Config *cfg, Error *err)
     Fault fault;
     if (parse_fault(&fault, err) != 0)
         return -1;
+    double mem_predicted = 0;
+    if (trainer_memory_admit(cfg, &mem_predicted, err) != 0)
+        return -1;
     Comm comm;
     const ConfigParallel *p = &cfg->parallel;
     if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
@@ -275,6 +281,7 @@ int trainer_run(const Config *cfg, Error *err)
     Trainer tr;
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
+    tr.mem_predicted = mem_predicted;
     if (rc == 0 && tr.lay.rank == 0)
         print_banner(&tr, cfg);
     if (rc == 0)

@@ -59,6 +59,7 @@ typedef struct TrainStats {
     int64_t attn_pairs;      /* (query, key) pairs attention computes: sum over pieces of l (l + 1) / 2 */
     int skipped;             /* the update was skipped: the loss or the gradients were not finite */
     double mem_used_gb;      /* the device's memory in use after the step (GB; for cpu the machine's) */
+    double mem_peak_gb;      /* the most any rank held so far (ops->peak_bytes, GB): what mem_predicted predicts */
 } TrainStats;
 
 typedef struct Trainer {
@@ -87,6 +88,7 @@ typedef struct Trainer {
     double loss_sum;
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
+    double mem_predicted;    /* the memory model's peak of the worst rank (bytes, train_memory.h) */
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save;
@@ -129,6 +131,9 @@ void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int6
 /* ZeRO-1: full gets every rank's shard of an array laid out like m's parameters, all-gathered over
  * DP x CP; this rank's shard is copied into place first (shard NULL: it is there already). */
 int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err);
+/* Room for n floats in the buffer a stage receives its input (or its output's gradient) into
+ * (train_pipeline.c): reserved at set-up for the largest micro-batch, so that it never grows. */
+int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err);
 
 /* The whole job: starts MPI when launched, trains cfg->train.steps steps. */
 int trainer_run(const Config *cfg, Error *err);

@@ -66,7 +66,7 @@ static int check_plan_digest(Trainer *tr, Error *err)
 
 /* Room for n floats to receive into. Also for n = 0 (a CP rank holding no token of a micro-batch
  * still gets an input, of no rows): a stage's input must not be NULL. */
-static int ensure_recv(Trainer *tr, int64_t n, Error *err)
+int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err)
 {
     if (tr->recv && n <= tr->recv_cap)
         return 0;
@@ -118,7 +118,7 @@ static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
     const float *h_in = NULL;
     int64_t n = b->T * m->dims.d;
     if (g > 0) {
-        if (ensure_recv(tr, n, err) != 0 ||
+        if (trainer_reserve_recv(tr, n, err) != 0 ||
             comm_recv(tr->comm, GROUP_PP, prev, message_tag(tr, k, g, 0), tr->recv, n, err) != 0)
             return -1;
         h_in = tr->recv;
@@ -150,7 +150,7 @@ static int run_backward(Trainer *tr, int k, int c, Error *err)
     const float *dh_out = NULL;
     int64_t n = b->T * m->dims.d;
     if (g < tr->n_chunks - 1) {
-        if (ensure_recv(tr, n, err) != 0 ||
+        if (trainer_reserve_recv(tr, n, err) != 0 ||
             comm_recv(tr->comm, GROUP_PP, next, message_tag(tr, k, g, 1), tr->recv, n, err) != 0)
             return -1;
         dh_out = tr->recv;

@@ -8,19 +8,7 @@
 #include "engine/backend.h"
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
-
-/* Most micro-batches that chunk c holds activations for at once, over the stage's schedule. */
-static int max_in_flight(const SchedOp *ops, int n, int c)
-{
-    int now = 0, most = 0;
-    for (int i = 0; i < n; i++) {
-        if (ops[i].chunk != c)
-            continue;
-        now += ops[i].backward ? -1 : 1;
-        most = now > most ? now : most;
-    }
-    return most;
-}
+#include "engine/train/train_memory.h"
 
 static int init_chunk(Trainer *tr, int c, Error *err)
 {
@@ -31,8 +19,7 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     if (model_init(&ch->model, &cfg->model, tr->ops, &par, cfg->train.recompute, err) != 0)
         return -1;
     Model *m = &ch->model;
-    int slots = max_in_flight(tr->sched, tr->n_sched, c);
-    if (model_set_slots(m, slots > 0 ? slots : 1, err) != 0)
+    if (model_set_slots(m, trainer_slots_in_flight(tr->sched, tr->n_sched, c), err) != 0)
         return -1;
     /* The activations of the largest micro-batch the planner can make, now: a layout that does not
      * fit stops here, before the first step. */
@@ -166,6 +153,11 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
     for (int c = 0; c < tr->v; c++)
         if (init_chunk(tr, c, err) != 0)
             return -1;
+    /* A stage's input (or its output's gradient) for the largest micro-batch. */
+    int64_t mb_tokens, rank_rows;
+    plan_largest(&tr->planner, &mb_tokens, &rank_rows);
+    if (tr->n_chunks > 1 && trainer_reserve_recv(tr, rank_rows * cfg->model.d_model, err) != 0)
+        return -1;
     return 0;
 }
 
