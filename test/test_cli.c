@@ -174,7 +174,7 @@ static void test_print_config_round_trip_with_sets(void **state)
     (void)state;
     char *dir = test_tmpdir();
     CmdResult r, back;
-    RUN(&r, "--config", "config/examples/llama3-8b-128k.yaml", "--set", "parallel.cp=4", "--set",
+    RUN(&r, "--config", "config/examples/llama8b.yaml", "--set", "parallel.cp=4", "--set",
         "balance.outlier_thresholds=[40000, 80000]", "--steps", "7", "--print-config");
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "  cp: 4\n"));

@@ -441,6 +441,27 @@ static void test_memory_model(void **state)
     free(dir);
 }
 
+/* The example configs users start from fit the memory of their GPUs by the memory model, and plan. */
+static void test_examples_fit(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_REAL_DATA(list, "lengths/distca_wlbllm_lengths.json");
+    char *set = test_format("data.lengths_file=%s", list);
+    const char *configs[] = {"config/examples/llama8b.yaml", "config/examples/llama70b.yaml",
+                             "config/examples/llama70b-128k.yaml", "config/examples/llama3-8b-8gpu.yaml"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        CmdResult r;
+        RUN(&r, "--config", configs[i], "--dry-run", "--steps", "2", "--set", "data.path=", "--set", "data.weights=",
+            "--set", set, "--set", "parallel.dp=1");
+        if (r.status != 0)
+            print_error("%s: %s\n", configs[i], r.err);
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, " of 80.0 GB: fits, "));
+        test_cmd_free(&r);
+    }
+    free(set);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -485,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_lengths_from_idx),
         cmocka_unit_test(test_large_cluster),
         cmocka_unit_test(test_memory_model),
+        cmocka_unit_test(test_examples_fit),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests_name("dryrun", tests, NULL, NULL);
