@@ -5,6 +5,8 @@
  * backends (cpu/, cuda/) only through the tables that backends.c registers (docs/architecture.md;
  * test/test_layering.py checks every include).
  * Every error ends here: "wlbtrain: error: WHERE: WHAT" on stderr, exit 2 for bad input, 1 at run time.
+ * A training run stopped by SIGUSR1 or SIGTERM exits 75 (TRAIN_EXIT_PREEMPTED) once its checkpoint
+ * is written.
  */
 #include <stdio.h>
 #include <string.h>
@@ -38,7 +40,8 @@ static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     return config_resolve(cfg, world, err);
 }
 
-static int run(const CliOptions *opt, Error *err)
+/* *exit_status: 0, or the trainer's TRAIN_EXIT_PREEMPTED (a run stopped by a signal). */
+static int run(const CliOptions *opt, int *exit_status, Error *err)
 {
     RuntimeLaunch launch = runtime_launch_from_env();
     Config cfg;
@@ -50,7 +53,7 @@ static int run(const CliOptions *opt, Error *err)
         DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare};
         rc = dryrun_run(&cfg, &dr, err);
     } else if (rc == 0) {
-        rc = trainer_run(&cfg, err);
+        rc = trainer_run(&cfg, exit_status, err);
     }
     config_free(&cfg);
     return rc;
@@ -60,6 +63,7 @@ int main(int argc, char **argv)
 {
     Error err = {0};
     CliOptions opt;
+    int exit_status = 0;
     int rc = cli_parse(argc, argv, &opt, &err);
     if (rc == 0) {
         switch (opt.command) {
@@ -82,7 +86,7 @@ int main(int argc, char **argv)
             rc = cli_export(&opt.export_, &err);
             break;
         case CLI_RUN:
-            rc = run(&opt, &err);
+            rc = run(&opt, &exit_status, &err);
             break;
         }
     }
@@ -93,5 +97,5 @@ int main(int argc, char **argv)
         error_runtime(&err, "stdout", "cannot write the output");
         error_exit(&err);
     }
-    return 0;
+    return exit_status;
 }
