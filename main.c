@@ -5,6 +5,8 @@
  * backends (cpu/, cuda/) only through the tables that backends.c registers (docs/architecture.md;
  * test/test_layering.py checks every include).
  * Every error ends here: "wlbtrain: error: WHERE: WHAT" on stderr, exit 2 for bad input, 1 at run time.
+ * A training run stopped by SIGUSR1 or SIGTERM exits 75 (TRAIN_EXIT_PREEMPTED) once its checkpoint
+ * is written.
  */
 #include <stdio.h>
 #include <string.h>
@@ -39,7 +41,8 @@ static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     return config_resolve(cfg, world, err);
 }
 
-static int run(const CliOptions *opt, Error *err)
+/* *exit_status: 0, or the trainer's TRAIN_EXIT_PREEMPTED (a run stopped by a signal). */
+static int run(const CliOptions *opt, int *exit_status, Error *err)
 {
     RuntimeLaunch launch = runtime_launch_from_env();
     Config cfg;
@@ -58,7 +61,7 @@ static int run(const CliOptions *opt, Error *err)
             rc = dryrun_run(&cfg, &dr, err);
         trainer_memory_free(&memory);
     } else if (rc == 0) {
-        rc = trainer_run(&cfg, err);
+        rc = trainer_run(&cfg, exit_status, err);
     }
     config_free(&cfg);
     return rc;
@@ -68,6 +71,7 @@ int main(int argc, char **argv)
 {
     Error err = {0};
     CliOptions opt;
+    int exit_status = 0;
     int rc = cli_parse(argc, argv, &opt, &err);
     if (rc == 0) {
         switch (opt.command) {
@@ -90,7 +94,7 @@ int main(int argc, char **argv)
             rc = cli_export(&opt.export_, &err);
             break;
         case CLI_RUN:
-            rc = run(&opt, &err);
+            rc = run(&opt, &exit_status, &err);
             break;
         }
     }
@@ -101,5 +105,5 @@ int main(int argc, char **argv)
         error_runtime(&err, "stdout", "cannot write the output");
         error_exit(&err);
     }
-    return 0;
+    return exit_status;
 }

@@ -56,7 +56,9 @@ static const char help_main[] =
     "\n"
     "Flags take their value as the next argument or after '=' (--steps=10).\n"
     "Errors are one line, 'wlbtrain: error: WHERE: WHAT'; exit status 2 for bad input (config,\n"
-    "flags, data), 1 for a failure at run time.\n";
+    "flags, data), 1 for a failure at run time. SIGUSR1 or SIGTERM stops training after the step\n"
+    "in flight with a checkpoint, exit status 75 (resume with checkpoint.resume=auto);\n"
+    "train.stop_after stops it the same way with status 0.\n";
 
 static const char help_inspect[] =
     "Usage: wlbtrain inspect PREFIX\n"

@@ -103,6 +103,7 @@ typedef struct ConfigTrain {
     Recompute recompute;
     bool deterministic;
     double gpu_memory_gb; /* the memory check's budget per device, 10^9 bytes; 0 = the hardware profile's */
+    char *stop_after; /* NULL = none; a step count or a wall time (config_stop_after parses it) */
 } ConfigTrain;
 
 typedef struct ConfigCheckpoint {
@@ -164,6 +165,11 @@ int config_equal(const Config *a, const Config *b);
 
 /* Micro-batches per DP replica, M = global_batch_tokens / (dp * context_window); 0 if dp is auto. */
 int64_t config_micro_batches(const Config *cfg);
+
+/* train.stop_after: a step count ("500": *steps = 500, *seconds = 0) or a wall time ("90s", "45m",
+ * "2h", "1h30m", "1h0m30s": *seconds, *steps = 0). Returns -1 for anything else (config_resolve
+ * reports it as a bad value, so a resolved config's stop_after always parses). */
+int config_stop_after(const char *s, int64_t *steps, double *seconds);
 
 /* Names of the enum values (for logs). */
 const char *config_packer_name(PackerKind k);

@@ -150,6 +150,10 @@ const ConfigKey config_keys[] = {
     ENUM_KEY("train.nonfinite", train.nonfinite, "stop|skip", "stop", NULL,
              "a step whose loss or gradients are NaN or infinite: stop the run (exit 1), or skip its update "
              "and count it"),
+    STR_KEY("train.stop_after", train.stop_after, "none",
+            "end this run early, with a checkpoint: after N steps of this run (500) or the first step that "
+            "ends past a wall time since its start (90s, 45m, 2h, 1h30m); the schedule stays that of "
+            "train.steps; none = run to train.steps"),
 
     STR_KEY("checkpoint.dir", checkpoint.dir, "none", "folder of checkpoints; none = no checkpoints"),
     INT_KEY("checkpoint.every", checkpoint.every, 0, BIG, "0", NULL, "save every N steps; 0 = only at the end"),

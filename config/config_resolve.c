@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "config/config_keys.h"
+#include "util/parse.h"
 
 static int key(const char *name)
 {
@@ -209,6 +210,11 @@ static int check_train(const Config *cfg, Error *err)
     if (t->min_lr > t->lr)
         return rule_error(cfg, err, "train.min_lr", "train.lr", "must not exceed train.lr (%g), got %g", t->lr,
                           t->min_lr);
+    int64_t steps;
+    double seconds;
+    if (t->stop_after && config_stop_after(t->stop_after, &steps, &seconds) != 0)
+        return rule_error(cfg, err, "train.stop_after", NULL,
+                          "expected a step count (500) or a wall time (90s, 45m, 2h, 1h30m), got '%s'", t->stop_after);
     const ConfigCheckpoint *c = &cfg->checkpoint;
     if (c->every > 0 && !c->dir)
         return rule_error(cfg, err, "checkpoint.every", NULL, "needs checkpoint.dir");
@@ -238,6 +244,35 @@ int config_resolve(Config *cfg, int world_size, Error *err)
     if (check_parallel(cfg, world_size, err) != 0 || check_data(cfg, err) != 0 ||
         check_balance(cfg, err) != 0 || check_train(cfg, err) != 0)
         return -1;
+    return 0;
+}
+
+int config_stop_after(const char *s, int64_t *steps, double *seconds)
+{
+    *steps = 0;
+    *seconds = 0;
+    /* A bare count is steps; otherwise whole numbers with the units h, m, s, each at most once and
+     * in that order. The bound keeps the sum exact in a double and far beyond any allocation. */
+    const int64_t most = INT64_C(1) << 40;
+    if (*s >= '0' && *s <= '9' && s[strspn(s, "0123456789")] == '\0')
+        return parse_int64(s, steps) == 0 && *steps >= 1 && *steps <= most ? 0 : -1;
+    static const char units[] = "hms";
+    static const int64_t unit_s[] = {3600, 60, 1};
+    int next = 0;
+    int64_t total = 0;
+    while (*s) {
+        size_t digits = strspn(s, "0123456789");
+        int64_t n;
+        const char *u = digits ? strchr(units + next, s[digits]) : NULL;
+        if (!u || !s[digits] || digits > 12 || parse_int64_n(s, digits, &n) != 0)
+            return -1;
+        next = (int)(u - units) + 1;
+        total += n * unit_s[u - units];
+        s += digits + 1;
+    }
+    if (total < 1 || total > most)
+        return -1;
+    *seconds = (double)total;
     return 0;
 }
 

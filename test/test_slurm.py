@@ -6,13 +6,23 @@ environment Slurm sets (SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_CPUS_PER_TASK
 and, for the srun scripts, an `srun` on PATH that records its flags and starts the ranks with
 mpirun. Each must train the tiny model on 2 ranks (dp: auto = 2) and pass the flags through.
 
+Time limits and preemption (README "Time limits and preemption"): each script asks Slurm for
+SIGUSR1 before the time limit (#SBATCH --signal=B:USR1@...) and allows requeueing (--requeue).
+Sent SIGUSR1 as Slurm would (to the batch shell) once training is under way, the script passes it
+to the ranks, which write a checkpoint and exit 75; the script then calls `scontrol requeue
+$SLURM_JOB_ID` (an `scontrol` on PATH records it) and exits 75. Run again as the requeued job
+(SLURM_RESTART_COUNT=1), it resumes from that checkpoint and finishes.
+
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -23,6 +33,11 @@ SRUN = """#!/bin/bash
 echo "$@" > "$SRUN_LOG"
 while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift; done
 exec mpirun --oversubscribe -np "$SLURM_NTASKS" "$@"
+"""
+
+SCONTROL = """#!/bin/bash
+# test stand-in for scontrol: records its arguments
+echo "$@" >> "$SCONTROL_LOG"
 """
 
 CONFIG = """model: {n_layers: 2, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 260,
@@ -38,11 +53,85 @@ CASES = [("one-node.sbatch", "--mpi=pmix --cpu-bind=cores"),
          ("multi-node-mpirun.sbatch", None)]
 
 
+def slurm_env(work, bin_dir, **more):
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], SLURM_NTASKS="2",
+               SLURM_NTASKS_PER_NODE="2", SLURM_CPUS_PER_TASK="1", SLURM_SUBMIT_DIR=work, SLURM_JOB_ID="4242",
+               SRUN_LOG=os.path.join(work, "srun.log"), SCONTROL_LOG=os.path.join(work, "scontrol.log"),
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    env.pop("SLURM_RESTART_COUNT", None)
+    env.update(more)
+    return env
+
+
+def preempt(work, bin_dir, name):
+    """Runs script `name` slowed down (WLBTRAIN_STEP_DELAY, which mpirun's ranks inherit), sends the
+    batch shell SIGUSR1 once step 2 is logged, then runs it again as the requeued job. Returns the
+    problems."""
+    tag = name.split(".")[0]
+    script = os.path.join(REPO, "scripts", "slurm", name)
+    metrics = os.path.join(work, tag + ".jsonl")
+    scontrol = os.path.join(work, "scontrol.log")
+    for f in (metrics, scontrol):
+        if os.path.exists(f):
+            os.remove(f)
+    args = ["bash", script, "tiny.yaml", "--set", "train.steps=12", "--set", "checkpoint.dir=ck-" + tag,
+            "--set", "log.metrics=" + tag + ".jsonl"]
+    p = subprocess.Popen(args, cwd="/", env=slurm_env(work, bin_dir, WLBTRAIN_STEP_DELAY="0.2"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    problems = []
+    try:
+        t0 = time.time()
+        while p.poll() is None and time.time() - t0 < 120:
+            if os.path.exists(metrics) and len(open(metrics).readlines()) >= 2:
+                break
+            time.sleep(0.02)
+        if p.poll() is not None:
+            problems.append("the job ended before step 2")
+        else:
+            os.kill(p.pid, signal.SIGUSR1)
+        out = p.communicate(timeout=120)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    got = open(scontrol).read() if os.path.exists(scontrol) else "(not called)"
+    latest = os.path.join(work, "ck-" + tag, "latest")
+    if p.returncode != 75:
+        problems.append("exit status %s, expected 75" % p.returncode)
+    if "stop: SIGUSR1 received; stopped after step" not in out:
+        problems.append("no 'stop: SIGUSR1 received' in the output")
+    if got != "requeue 4242\n":
+        problems.append("scontrol: %r, expected 'requeue 4242'" % got)
+    if not os.path.exists(latest):
+        problems.append("no checkpoint")
+    if problems:
+        for line in out.splitlines()[-20:]:
+            problems.append("| " + line)
+        return problems
+    os.remove(scontrol)
+    stopped = open(latest).read().strip()
+    r = subprocess.run(args, cwd="/", env=slurm_env(work, bin_dir, SLURM_RESTART_COUNT="1"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    if r.returncode != 0:
+        problems.append("requeued: exit status %d" % r.returncode)
+    for want in ("resume: ck-%s/%s, after step" % (tag, stopped), "step    12/12  loss "):
+        if want not in r.stdout:
+            problems.append("requeued: no %r in the output" % want)
+    if os.path.exists(scontrol):
+        problems.append("requeued: scontrol called again")
+    steps = [int(re.search(r'"step":(\d+)', line).group(1)) for line in open(metrics)]
+    if steps != list(range(1, 13)):
+        problems.append("requeued: metrics of steps %s" % steps)
+    if problems:
+        problems += ["| " + line for line in r.stdout.splitlines()[-20:]]
+    return problems
+
+
 def main():
-    print("1..%d" % len(CASES))
+    print("1..%d" % (2 * len(CASES) + 1))
     if not os.path.exists(WLBTRAIN):
-        for i, (name, _) in enumerate(CASES, 1):
-            print("ok %d - %s # SKIP %s is not built" % (i, name, WLBTRAIN))
+        for i in range(1, 2 * len(CASES) + 2):
+            print("ok %d - # SKIP %s is not built" % (i, WLBTRAIN))
         return 0
     work = tempfile.mkdtemp(prefix="wlbslurm-")
     failed = 0
@@ -61,13 +150,14 @@ def main():
         with open(os.path.join(bin_dir, "srun"), "w") as f:
             f.write(SRUN)
         os.chmod(os.path.join(bin_dir, "srun"), 0o755)
+        with open(os.path.join(bin_dir, "scontrol"), "w") as f:
+            f.write(SCONTROL)
+        os.chmod(os.path.join(bin_dir, "scontrol"), 0o755)
         for i, (name, srun_flags) in enumerate(CASES, 1):
             log = os.path.join(work, "srun.log")
             if os.path.exists(log):
                 os.remove(log)
-            env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], SLURM_NTASKS="2",
-                       SLURM_NTASKS_PER_NODE="2", SLURM_CPUS_PER_TASK="1", SLURM_SUBMIT_DIR=work, SRUN_LOG=log,
-                       OMPI_MCA_rmaps_base_oversubscribe="1")
+            env = slurm_env(work, bin_dir)
             script = os.path.join(REPO, "scripts", "slurm", name)
             r = subprocess.run(["bash", script, "tiny.yaml", "--set", "log.every=1"], cwd="/", env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
@@ -90,6 +180,25 @@ def main():
                     print("# | " + line)
             else:
                 print("ok %d - %s trains on 2 ranks" % (i, name))
+        for i, (name, _) in enumerate(CASES, len(CASES) + 1):
+            problems = preempt(work, bin_dir, name)
+            print("%sok %d - %s: SIGUSR1 before the time limit: checkpoint, exit 75, requeue, resumed"
+                  % ("not " if problems else "", i, name))
+            failed += bool(problems)
+            for p in problems:
+                print("# " + p)
+        problems = []
+        for name, _ in CASES:
+            text = open(os.path.join(REPO, "scripts", "slurm", name)).read()
+            for want in (r"^#SBATCH --signal=B:USR1@\d+$", r"^#SBATCH --requeue$", r'scontrol requeue "\$SLURM_JOB_ID"',
+                         r"^trap .*USR1"):
+                if not re.search(want, text, re.M):
+                    problems.append("%s: no line matching %s" % (name, want))
+        print("%sok %d - every script asks for SIGUSR1 before the time limit and requeues"
+              % ("not " if problems else "", 2 * len(CASES) + 1))
+        failed += bool(problems)
+        for p in problems:
+            print("# " + p)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

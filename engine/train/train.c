@@ -9,14 +9,25 @@
  * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
  * goes on from the step after it, and log.metrics keeps its lines up to that step.
  *
+ * Stopping early (README "Time limits and preemption"): SIGUSR1 or SIGTERM on any rank, or
+ * train.stop_after, ends the run after a step that every rank finishes: at the end of each step
+ * one small all-reduce (MAX) tells every rank whether any rank was signalled and whether rank 0's
+ * clock passed a stop_after wall time, so all ranks stop after the same step. Then a checkpoint of
+ * that step is written (due or not), rank 0 says why it stopped, and the job exits with
+ * TRAIN_EXIT_PREEMPTED after a signal, 0 after stop_after. The schedule is that of train.steps, so
+ * resuming continues bit for bit.
+ *
  * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at step STEP: KIND error (an
  * error, status 1), kill (SIGKILL, as a crashed node), plan (its plan of that step differs from
  * the other ranks', which the plan check must catch), nan (a NaN in one of its gradients) or
- * savekill (SIGKILL in the middle of the checkpoint saved after that step).
+ * savekill (SIGKILL in the middle of the checkpoint saved after that step). WLBTRAIN_STEP_DELAY=S
+ * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
+ * run of a tiny model.
  */
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
@@ -24,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/comm/runtime.h"
 #include "util/clock.h"
@@ -79,6 +91,108 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
     }
     tr->fault_plan = 0x5eed;
     return 0;
+}
+
+/* The signal that asked this process to stop (0: none). A handler may only touch a volatile
+ * sig_atomic_t (async-signal-safe), so this is the one global of the trainer: the step loop reads
+ * it at the end of every step. */
+static volatile sig_atomic_t train_stop_signal;
+
+static void train_on_signal(int sig) { train_stop_signal = sig; }
+
+/* SIGUSR1 (what Slurm's --signal sends ahead of the time limit, and what mpirun forwards to the
+ * ranks) and SIGTERM (what Slurm sends every task at the limit or on preemption) ask for a stop
+ * after the step in flight. SA_RESTART: a signal must not make a read or an MPI call fail. */
+static const int train_stop_signals[2] = {SIGUSR1, SIGTERM};
+
+static int install_stop_handlers(struct sigaction *old, Error *err)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = train_on_signal;
+    sa.sa_flags = SA_RESTART;
+    if (sigemptyset(&sa.sa_mask) != 0)
+        return error_errno(err, "train", "cannot set up the signal handlers");
+    train_stop_signal = 0;
+    for (int i = 0; i < 2; i++)
+        if (sigaction(train_stop_signals[i], &sa, &old[i]) != 0)
+            return error_errno(err, "train", "cannot install the handler of SIGUSR1 and SIGTERM");
+    return 0;
+}
+
+static void restore_stop_handlers(const struct sigaction *old)
+{
+    for (int i = 0; i < 2; i++)
+        sigaction(train_stop_signals[i], &old[i], NULL); /* the handlers we installed: cannot fail */
+}
+
+/* Why a run stops before train.steps. */
+typedef enum StopReason { STOP_NONE, STOP_STEPS, STOP_TIME, STOP_SIGNAL } StopReason;
+
+typedef struct StopRule {
+    int64_t steps;     /* train.stop_after as a step count of this run, 0 = none */
+    double seconds;    /* as a wall time since the run started (rank 0's clock), 0 = none */
+    double t_begin;    /* when the run started, on rank 0 */
+    double delay;      /* WLBTRAIN_STEP_DELAY (test hook) */
+    StopReason reason; /* after the step that stopped the run */
+    int signal;        /* the signal, for STOP_SIGNAL */
+} StopRule;
+
+static int stop_rule_init(StopRule *r, const Config *cfg, double t_begin, Error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->t_begin = t_begin;
+    if (cfg->train.stop_after && config_stop_after(cfg->train.stop_after, &r->steps, &r->seconds) != 0)
+        return error_set(err, "train.stop_after", "not a step count or a wall time: '%s'", cfg->train.stop_after);
+    const char *d = getenv("WLBTRAIN_STEP_DELAY");
+    if (d && *d && (parse_double(d, &r->delay) != 0 || r->delay < 0 || r->delay > 60))
+        return error_set(err, "WLBTRAIN_STEP_DELAY", "expected seconds between 0 and 60, got '%s'", d);
+    return 0;
+}
+
+/* After step `step` (the run started after `done`): whether every rank stops now. The signal and
+ * the clock are agreed over the world with one all-reduce, since a signal may reach only some
+ * ranks (mpirun forwards it to all, a kill by hand to one) and clocks differ; the step count is
+ * the same on every rank. */
+static int stop_check(StopRule *r, const Trainer *tr, int64_t step, int64_t done, Error *err)
+{
+    if (r->delay > 0 && tr->lay.rank == 0) {
+        struct timespec ts = {(time_t)r->delay, (long)((r->delay - (double)(time_t)r->delay) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    double votes[2] = {(double)train_stop_signal,
+                       tr->lay.rank == 0 && r->seconds > 0 && clock_seconds() - r->t_begin >= r->seconds};
+    if (comm_allreduce_max_f64(tr->comm, GROUP_WORLD, votes, 2, err) != 0)
+        return -1;
+    if (votes[0] > 0) {
+        r->reason = STOP_SIGNAL;
+        r->signal = (int)votes[0];
+    } else if (votes[1] > 0) {
+        r->reason = STOP_TIME;
+    } else if (r->steps > 0 && step - done >= r->steps) {
+        r->reason = STOP_STEPS;
+    }
+    return 0;
+}
+
+/* Rank 0's line on why the run stopped (after the line of the step). */
+static void stop_report(const StopRule *r, const Config *cfg, int64_t step, int saved)
+{
+    char why[160];
+    if (r->reason == STOP_SIGNAL)
+        snprintf(why, sizeof why, "%s received", r->signal == SIGTERM ? "SIGTERM" : r->signal == SIGUSR1 ? "SIGUSR1"
+                                                                                                       : "a signal");
+    else
+        snprintf(why, sizeof why, "train.stop_after %s reached", cfg->train.stop_after);
+    printf("stop: %s; stopped after step %lld of %lld (the schedule is that of train.steps %lld)%s\n", why,
+           (long long)step, (long long)cfg->train.steps, (long long)cfg->train.steps,
+           saved ? "; resume with checkpoint.resume: auto" : "");
+    if (!saved)
+        fprintf(stderr, "wlbtrain: warning: checkpoint.dir: not set, so no checkpoint was written: this run cannot "
+                        "be resumed from step %lld\n", (long long)step);
+    fflush(stdout);
+    fflush(stderr);
 }
 
 static void format_duration(double s, char *buf, size_t size)
@@ -175,11 +289,11 @@ static int open_metrics(const char *path, int64_t first, FILE **out, Error *err)
     return 0;
 }
 
-/* After `step`: a checkpoint when one is due. */
-static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, Error *err)
+/* After `step`: a checkpoint when one is due, or when the run stops there (force). */
+static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, int force, Error *err)
 {
     const ConfigCheckpoint *c = &cfg->checkpoint;
-    if (!c->dir || !((c->every > 0 && step % c->every == 0) || step == cfg->train.steps))
+    if (!c->dir || !(force || (c->every > 0 && step % c->every == 0) || step == cfg->train.steps))
         return 0;
     double t0 = clock_seconds();
     if (trainer_save(tr, step, err) != 0)
@@ -191,8 +305,9 @@ static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, Error *err)
     return 0;
 }
 
-/* The steps after `done`, on every rank; rank 0 reports. */
-static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_t done, Error *err)
+/* The steps after `done`, on every rank, until train.steps or a stop (stop->reason); rank 0
+ * reports. */
+static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_t done, StopRule *stop, Error *err)
 {
     FILE *metrics = NULL;
     int lead = tr->lay.rank == 0;
@@ -200,7 +315,7 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         return -1;
     int rc = 0;
     double t_start = clock_seconds();
-    for (int64_t step = done + 1; rc == 0 && step <= cfg->train.steps; step++) {
+    for (int64_t step = done + 1; rc == 0 && stop->reason == STOP_NONE && step <= cfg->train.steps; step++) {
         double t0 = clock_seconds();
         TrainStats st;
         rc = inject_fault(fault, tr, step, err);
@@ -215,8 +330,10 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             st.mem_peak_gb = (double)tr->ops->peak_bytes() / 1e9;
             rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, &st.mem_peak_gb, 1, err);
         }
+        if (rc == 0 && step < cfg->train.steps)
+            rc = stop_check(stop, tr, step, done, err);
         if (rc == 0)
-            rc = maybe_save(tr, cfg, step, err);
+            rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, err);
         if (rc != 0 || !lead)
             continue;
         double ms = (clock_seconds() - t0) * 1e3;
@@ -226,7 +343,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             printf("step %5lld/%lld  loss %g  grad_norm %g: not finite, update skipped (%lld so far)\n",
                    (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
             fflush(stdout);
-        } else if (step % cfg->log.every == 0 || step == done + 1 || step == cfg->train.steps) {
+        } else if (step % cfg->log.every == 0 || step == done + 1 || step == cfg->train.steps ||
+                   stop->reason != STOP_NONE) {
             char left[32];
             double elapsed = clock_seconds() - t_start;
             format_duration(elapsed / (double)(step - done) * (double)(cfg->train.steps - step), left, sizeof left);
@@ -235,6 +353,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
                    (long long)st.tokens, st.tokens / (ms / 1e3), ms, left);
             fflush(stdout);
         }
+        if (stop->reason != STOP_NONE)
+            stop_report(stop, cfg, step, cfg->checkpoint.dir != NULL);
     }
     if (metrics && fclose(metrics) != 0 && rc == 0)
         rc = error_errno(err, cfg->log.metrics, "cannot write");
@@ -262,20 +382,29 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     return rc;
 }
 
-int trainer_run(const Config *cfg, Error *err)
+int trainer_run(const Config *cfg, int *exit_status, Error *err)
 {
+    double t_begin = clock_seconds();
+    *exit_status = 0;
     RuntimeLaunch launch = runtime_launch_from_env();
     Fault fault;
-    if (parse_fault(&fault, err) != 0)
+    StopRule stop;
+    struct sigaction old[2];
+    if (parse_fault(&fault, err) != 0 || stop_rule_init(&stop, cfg, t_begin, err) != 0)
         return -1;
+    /* A layout that does not fit the device's memory stops here, before anything starts. */
     double mem_predicted = 0;
     if (trainer_memory_admit(cfg, &mem_predicted, err) != 0)
+        return -1;
+    /* Before MPI starts: a signal from then on asks for a stop instead of killing the rank. */
+    if (install_stop_handlers(old, err) != 0)
         return -1;
     Comm comm;
     const ConfigParallel *p = &cfg->parallel;
     if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
         comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp, err) != 0) {
         comm_finish(&comm);
+        restore_stop_handlers(old);
         return -1;
     }
     Trainer tr;
@@ -287,13 +416,16 @@ int trainer_run(const Config *cfg, Error *err)
     if (rc == 0)
         rc = resume(&tr, cfg, &done, err);
     if (rc == 0)
-        rc = train_loop(&tr, cfg, &fault, done, err);
+        rc = train_loop(&tr, cfg, &fault, done, &stop, err);
     if (rc != 0 && comm_world_size(&comm) > 1) {
         /* Alone, this rank would leave the others waiting in their next collective. */
         fprintf(stderr, "wlbtrain: error: rank %d: %s\n", comm_world_rank(&comm), err->msg);
         comm_abort(&comm, err->status ? err->status : 1);
     }
+    if (rc == 0 && stop.reason == STOP_SIGNAL)
+        *exit_status = TRAIN_EXIT_PREEMPTED;
     trainer_free(&tr);
     comm_finish(&comm);
+    restore_stop_handlers(old);
     return rc;
 }

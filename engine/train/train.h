@@ -135,7 +135,14 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
  * (train_pipeline.c): reserved at set-up for the largest micro-batch, so that it never grows. */
 int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err);
 
-/* The whole job: starts MPI when launched, trains cfg->train.steps steps. */
-int trainer_run(const Config *cfg, Error *err);
+/* The exit status of a job that stopped early on SIGUSR1 or SIGTERM after writing a checkpoint:
+ * "not finished, resume me" (sysexits.h's EX_TEMPFAIL, temporary failure, retry). The Slurm
+ * scripts requeue the job on it (scripts/slurm/, README "Time limits and preemption"). */
+enum { TRAIN_EXIT_PREEMPTED = 75 };
+
+/* The whole job: starts MPI when launched, trains cfg->train.steps steps, or fewer when
+ * train.stop_after or a signal stops it (train.c). *exit_status: 0, or TRAIN_EXIT_PREEMPTED after
+ * a signal. */
+int trainer_run(const Config *cfg, int *exit_status, Error *err);
 
 #endif
