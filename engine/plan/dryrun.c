@@ -35,11 +35,13 @@ static void json_mb_costs(FILE *f, const char *key, const StepPlan *p, const Cos
 /* Per-rank compute of micro-batch i of p under each CP mode, for the plots. */
 static int json_cp_ranks(FILE *f, const StepPlan *p, int64_t i, const CostModel *cost, int64_t capacity, Error *err)
 {
-    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_HYBRID};
+    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_HYBRID, CP_GROUPS};
+    /* groups only where it can run: cp a power of two. */
+    int n_modes = (p->cp & (p->cp - 1)) == 0 ? 4 : 3;
     StepPlan one = {0};
     int rc = 0;
     fprintf(f, ",\"cp_rank_mb\":%lld,\"cp_rank_ms\":{", (long long)i);
-    for (int k = 0; k < 3 && rc == 0; k++) {
+    for (int k = 0; k < n_modes && rc == 0; k++) {
         plan_reset(&one, p->step, 1, 1, p->cp);
         if (!one.mbs) {
             rc = error_runtime(err, "dry run", "out of memory");
@@ -65,7 +67,7 @@ static int json_cp_ranks(FILE *f, const StepPlan *p, int64_t i, const CostModel 
 
 static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepPlan *p, const StepStats *s)
 {
-    int counts[4] = {0};
+    int counts[5] = {0};
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         counts[p->mbs[i].mode]++;
     int64_t docs = 0;
@@ -79,10 +81,10 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         fprintf(f, "%s%lld", i ? "," : "", (long long)p->mbs[i].tokens);
     fprintf(f, "],\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"sharding\":{\"per_seq\":%d,\"per_doc\":%d,"
-               "\"hybrid\":%d},\"predicted_ms\":%.6g,\"baseline_ms\":%.6g,\"speedup\":%.6g,\"packer_ms\":%.4g,"
+               "\"hybrid\":%d,\"groups\":%d},\"predicted_ms\":%.6g,\"baseline_ms\":%.6g,\"speedup\":%.6g,\"packer_ms\":%.4g,"
                "\"token_delay_steps\":%.4g",
             s->pp_imbalance, s->cp_imbalance, counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
-            s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
+            counts[CP_GROUPS], s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
             p->tokens ? s->delay_token_steps / (double)p->tokens : 0);
     (void)cfg;
 }
@@ -157,13 +159,14 @@ typedef struct Run {
 
 static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
 {
-    int counts[4] = {0};
+    int counts[5] = {0};
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         counts[p->mbs[i].mode]++;
     printf("step %5lld  tokens %9lld  queued %3lld  pp_imb %.3f  cp_imb %.3f", (long long)p->step + 1,
            (long long)p->tokens, (long long)p->queued, s->pp_imbalance, s->cp_imbalance);
     if (cfg->parallel.cp > 1)
-        printf("  seq/doc/hyb %d/%d/%d", counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID]);
+        printf("  seq/doc/hyb/grp %d/%d/%d/%d", counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
+               counts[CP_GROUPS]);
     printf("  pred %9.2f ms  base %9.2f ms  x%.3f  plan %.2f ms\n", s->predicted_ms, s->baseline_ms,
            s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1.0, s->packer_ms);
 }
@@ -332,8 +335,10 @@ static void print_summary(const RunSummary *s)
 static int compare_all(const Run *base_run, Error *err)
 {
     static const PackerKind packers[] = {PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB};
-    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID};
-    int n_modes = base_run->cfg->parallel.cp > 1 ? 4 : 1;
+    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID, CP_GROUPS};
+    /* groups needs cp a power of two (aligned blocks). */
+    int64_t cp = base_run->cfg->parallel.cp;
+    int n_modes = cp == 1 ? 1 : (cp & (cp - 1)) == 0 ? 5 : 4;
     double plain_tps = 0;
     printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s\n", "packer", "cp", "pp_imb", "p95", "cp_imb", "tokens/s",
            "speedup", "plan_ms", "delay");

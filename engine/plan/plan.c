@@ -126,7 +126,7 @@ void plan_largest(const Planner *pl, int64_t *mb_tokens, int64_t *rank_rows)
     /* per_seq and per_doc give every CP rank mb / cp rows; hybrid may put whole documents on a rank
      * up to its capacity. */
     int64_t rows = mb / pl->cp;
-    if (pl->cp > 1 && pl->sharding == CP_HYBRID && pl->rank_capacity > rows)
+    if (pl->cp > 1 && (pl->sharding == CP_HYBRID || pl->sharding == CP_GROUPS) && pl->rank_capacity > rows)
         rows = pl->rank_capacity < mb ? pl->rank_capacity : mb;
     *mb_tokens = mb;
     *rank_rows = rows;
@@ -308,6 +308,8 @@ uint32_t plan_digest(const StepPlan *p)
         DIGEST(crc, d->len);
         DIGEST(crc, d->start);
         DIGEST(crc, d->rank);
+        DIGEST(crc, d->group_first);
+        DIGEST(crc, d->group_size);
     }
     for (int64_t i = 0; i < p->n_ranges; i++) {
         DIGEST(crc, p->ranges[i].rank);
@@ -326,6 +328,8 @@ uint32_t plan_digest(const StepPlan *p)
         DIGEST(crc, p->ranks[i].n_ranges);
         DIGEST(crc, p->ranks[i].first_segment);
         DIGEST(crc, p->ranks[i].n_segments);
+        DIGEST(crc, p->ranks[i].group_first);
+        DIGEST(crc, p->ranks[i].group_size);
     }
     return (uint32_t)crc;
 }

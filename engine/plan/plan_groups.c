@@ -1,0 +1,207 @@
+/*
+ * engine/plan/plan_groups.c - balance.cp_sharding: groups (FlexSP's heterogeneous sequence-parallel
+ * groups, in all-gather CP).
+ *
+ * Per micro-batch the CP ranks are split into groups whose sizes are powers of two, aligned in the
+ * rank order (a group of size g starts at a multiple of g), so every group is one of the blocks
+ * whose communicators are made once at start (comm.h: GROUP_CP_BLOCK). Every document goes to one
+ * group and is sharded over it per_doc (2 g chunks, chunks i and 2 g - 1 - i on the group's rank i);
+ * a group of one holds its documents whole and exchanges nothing. Why: a document sharded over all
+ * CP ranks gives chunks of d / 2 CP tokens - a 16K document at CP 16 makes chunks of 512, where the
+ * attention kernel runs at 512 / (512 + 238) = 68% of its long-query rate - and every rank gathers
+ * its K/V; over a group just large enough to balance it, its chunks are longer and its K/V go to
+ * fewer ranks over a faster link (a block of tp * g ranks within a node uses NVLink).
+ *
+ * The split and the assignment, for K = min(cp, 16) units of u = cp / K ranks:
+ *  1. Predict every document on every group size g = u, 2u, .., cp: its attention per rank when
+ *     sharded per_doc over g ranks. With chunks of c = ceil(d / 2g) tokens, chunk j sees (j + 1) c
+ *     keys; at a fixed query length the cost model is affine in the keys, f(c, (j + 1) c) =
+ *     f(c, c) + j (f(c, 2c) - f(c, c)), so the 2g chunks sum to 2g f(c, c) + g (2g - 1)
+ *     (f(c, 2c) - f(c, c)), evenly over the g ranks (the mirrored pairs balance it): four cost
+ *     evaluations per document and size. A group's time is then its documents' attention per rank,
+ *     plus GEMMs, element-wise work and TP all-reduces of ceil(tokens / g) rows, plus the K/V
+ *     all-gather and dK/dV reduce-scatter of its tokens over g ranks (cost_cp_comm_group_s).
+ *  2. Every split of the K units into power-of-two groups - a multiset of sizes, laid out largest
+ *     first, which aligns them (the sum of larger powers of two is a multiple of each smaller one;
+ *     groups of one size are interchangeable for the cost model, so positions do not matter): there
+ *     are b(K) of them, the binary partitions of K: 2, 4, 10, 36 for K = 2, 4, 8, 16.
+ *  3. For each split, documents longest first, each to the group where it would finish earliest -
+ *     longest-processing-time first on machines of different speeds (Q||Cmax) - among the groups
+ *     with room (a group of g ranks holds at most g x the rank capacity: per_doc gives its ranks
+ *     token counts within one of each other). A split whose running maximum reaches the best so far
+ *     is abandoned.
+ *  4. The best split is laid out exactly (ranges, segments) and predicted exactly; plan_shard keeps
+ *     it only when it beats hybrid, per_seq and per_doc and fits the capacity, so groups never
+ *     predicts worse than hybrid (whose sizes 1 and CP it generalises, but not its mix of the two on
+ *     the same ranks).
+ * Cost: n documents, L = log2 K + 1 sizes, G <= K groups: 4 n L attention evaluations, then
+ * b(K) n (G comparisons + L group-time evaluations); at K = 16, b = 36, L = 5: about 36 x 21 n
+ * steps, well under a millisecond for a 128K micro-batch of a few hundred documents (README: the
+ * measured planning time).
+ */
+#include <stdlib.h>
+
+#include "engine/plan/plan_shard_impl.h"
+#include "util/array.h"
+
+enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
+
+typedef struct Group {
+    int first, size, level;
+    double attn;    /* predicted attention seconds per rank, forward + backward */
+    int64_t tokens; /* of the group's documents */
+    double t;       /* predicted seconds per layer */
+} Group;
+
+typedef struct Search {
+    const CostModel *cost;
+    const PlanDoc *docs;
+    const int64_t *order;
+    int64_t n, capacity;
+    int units, unit, levels;
+    int count[GROUPS_LEVELS]; /* the split being built: groups per level */
+    const double *est;        /* est[k * levels + j]: document k's attention per rank on level j */
+    int32_t *assign, *best_assign;
+    Group best[GROUPS_UNITS];
+    int n_best;
+    double best_t; /* -1: no split yet */
+} Search;
+
+static double attn_fb(const CostModel *cost, int64_t q, int64_t kv)
+{
+    return cost_attn_fwd_s(cost, q, kv) + cost_attn_bwd_s(cost, q, kv);
+}
+
+/* Attention seconds per rank of a document of d tokens sharded per_doc over g ranks (step 1). */
+static double attn_per_rank(const CostModel *cost, int64_t d, int g)
+{
+    if (g == 1)
+        return attn_fb(cost, d, d);
+    int64_t c = (d + 2 * g - 1) / (2 * g);
+    double f1 = attn_fb(cost, c, c), f2 = attn_fb(cost, c, 2 * c);
+    return (2.0 * g * f1 + g * (2.0 * g - 1) * (f2 - f1)) / g;
+}
+
+static double group_time(const CostModel *cost, int size, double attn, int64_t tokens)
+{
+    int64_t rows = (tokens + size - 1) / size;
+    return shard_rank_time_with(cost, attn, rows) + 2 * cost_cp_comm_group_s(cost, size, tokens);
+}
+
+/* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document
+ * fits in no group or the split cannot beat the best so far. */
+static double assign_split(Search *s, Group *g, int *n_groups)
+{
+    int ng = 0, first = 0;
+    for (int j = s->levels - 1; j >= 0; j--)
+        for (int c = 0; c < s->count[j]; c++) {
+            int size = s->unit << j;
+            g[ng++] = (Group){first, size, j, 0, 0, 0};
+            first += size;
+        }
+    *n_groups = ng;
+    double worst = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        int64_t k = s->order[i], d = s->docs[k].len;
+        int pick = -1;
+        double pick_t = 0;
+        for (int a = 0; a < ng; a++) {
+            if (g[a].tokens + d > (int64_t)g[a].size * s->capacity)
+                continue;
+            double t = group_time(s->cost, g[a].size, g[a].attn + s->est[k * s->levels + g[a].level], g[a].tokens + d);
+            if (pick < 0 || t < pick_t) {
+                pick = a;
+                pick_t = t;
+            }
+        }
+        if (pick < 0 || (s->best_t >= 0 && pick_t >= s->best_t))
+            return -1;
+        g[pick].attn += s->est[k * s->levels + g[pick].level];
+        g[pick].tokens += d;
+        g[pick].t = pick_t;
+        worst = pick_t > worst ? pick_t : worst;
+        s->assign[k] = pick;
+    }
+    return worst;
+}
+
+/* Step 2: every count of groups of level `level` and below that fills `units` units. */
+static void enumerate(Search *s, int level, int units)
+{
+    if (level == 0) {
+        s->count[0] = units;
+        Group g[GROUPS_UNITS];
+        int ng;
+        double t = assign_split(s, g, &ng);
+        if (t >= 0 && (s->best_t < 0 || t < s->best_t)) {
+            s->best_t = t;
+            for (int a = 0; a < ng; a++)
+                s->best[a] = g[a];
+            s->n_best = ng;
+            int32_t *tmp = s->assign;
+            s->assign = s->best_assign;
+            s->best_assign = tmp;
+        }
+        return;
+    }
+    for (int c = units >> level; c >= 0; c--) {
+        s->count[level] = c;
+        enumerate(s, level - 1, units - (c << level));
+    }
+}
+
+int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
+                     double *t)
+{
+    Shard *out = &sc->cand[SHARD_GROUPS];
+    int cp = out->cp;
+    Search s = {.cost = cost, .docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1};
+    s.units = cp < GROUPS_UNITS ? cp : GROUPS_UNITS;
+    s.unit = cp / s.units;
+    while ((1 << s.levels) <= s.units)
+        s.levels++;
+    double *est = array_grow(sc->est, &sc->cap_est, n * s.levels + 1, sizeof *est);
+    if (!est)
+        return -1;
+    sc->est = est;
+    int32_t *assign = array_grow(sc->assign, &sc->cap_assign, n + 1, sizeof *assign);
+    if (!assign)
+        return -1;
+    sc->assign = assign;
+    int32_t *best_assign = array_grow(sc->best_assign, &sc->cap_best_assign, n + 1, sizeof *best_assign);
+    if (!best_assign)
+        return -1;
+    sc->best_assign = best_assign;
+    for (int64_t k = 0; k < n; k++)
+        for (int j = 0; j < s.levels; j++)
+            est[k * s.levels + j] = attn_per_rank(cost, docs[k].len, s.unit << j);
+    s.est = est;
+    s.assign = sc->assign;
+    s.best_assign = sc->best_assign;
+    enumerate(&s, s.levels - 1, s.units);
+    /* The search swaps its two assignment arrays; give both back to the scratch. */
+    sc->assign = s.assign;
+    sc->best_assign = s.best_assign;
+    *t = -1;
+    if (s.best_t < 0)
+        return 0;
+    /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
+     * that order, as in the other modes). */
+    if (shard_reset(out, n) != 0)
+        return -1;
+    for (int a = 0; a < s.n_best; a++)
+        for (int r = s.best[a].first; r < s.best[a].first + s.best[a].size; r++) {
+            out->grp_first[r] = s.best[a].first;
+            out->grp_size[r] = s.best[a].size;
+        }
+    for (int64_t k = 0; k < n; k++) {
+        const Group *g = &s.best[s.best_assign[k]];
+        int rc = g->size == 1 ? shard_whole(out, cost, docs, k, g->first)
+                              : shard_per_doc_group(out, cost, docs, k, g->first, g->size);
+        if (rc != 0)
+            return -1;
+    }
+    if (shard_fits(out, capacity))
+        *t = shard_time(out, cost);
+    return 0;
+}
