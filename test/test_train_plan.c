@@ -45,7 +45,7 @@ static int group_setup(void **state)
     Error err = {0};
     config_init(&fx.cfg);
     int rc = config_load_string(&fx.cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&fx.cfg, 1, &err) != 0 ||
-             comm_start(&fx.comm, 0, &err) != 0 || comm_split(&fx.comm, 1, 1, 1, 1, &err) != 0 ||
+             comm_start(&fx.comm, 0, &err) != 0 || comm_split(&fx.comm, 1, 1, 1, 1, 0, &err) != 0 ||
              trainer_init(&fx.tr, &fx.cfg, &fx.comm, &err) != 0;
     if (rc)
         fprintf(stderr, "setup: %s\n", err.msg);

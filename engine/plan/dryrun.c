@@ -86,6 +86,21 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
             s->pp_imbalance, s->cp_imbalance, counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
             counts[CP_GROUPS], s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
             p->tokens ? s->delay_token_steps / (double)p->tokens : 0);
+    /* CP ranks by the size of the group they exchange K/V in, over the step's micro-batches (the
+     * whole CP group but with sharding groups; 1: no exchange). */
+    if (p->cp > 1) {
+        fputs(",\"cp_group_ranks\":{", f);
+        int first = 1;
+        for (int g = 1; g <= p->cp; g *= 2) {
+            int64_t n = 0;
+            for (int64_t r = 0; r < p->n_ranks; r++)
+                n += p->ranks[r].group_size == g;
+            if (n)
+                fprintf(f, "%s\"%d\":%lld", first ? "" : ",", g, (long long)n);
+            first &= !n;
+        }
+        fputc('}', f);
+    }
     (void)cfg;
 }
 

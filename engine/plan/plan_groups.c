@@ -58,10 +58,14 @@ typedef struct Search {
     const PlanDoc *docs;
     const int64_t *order;
     int64_t n, capacity;
-    int units, unit, levels;
+    int units, unit, levels, cp;
+    int64_t threshold;        /* documents shorter than this go whole to one rank (phase 2) */
     int count[GROUPS_LEVELS]; /* the split being built: groups per level */
-    const double *est;        /* est[k * levels + j]: document k's attention per rank on level j */
-    int32_t *assign, *best_assign;
+    double *rank_attn, *rank_comm; /* phase 2, per rank */
+    int64_t *rank_tok;
+    const double *est;        /* est[k * (levels + 1) + j]: document k's attention per rank on level
+                               * j; j = levels: whole on one rank */
+    int32_t *assign, *best_assign; /* per document: its group, or -1 - r whole on rank r */
     Group best[GROUPS_UNITS];
     int n_best;
     double best_t; /* -1: no split yet */
@@ -101,26 +105,67 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         }
     *n_groups = ng;
     double worst = 0;
-    for (int64_t i = 0; i < s->n; i++) {
+    int64_t i = 0;
+    for (; i < s->n && s->docs[s->order[i]].len >= s->threshold; i++) {
         int64_t k = s->order[i], d = s->docs[k].len;
+        /* Groups of one size differ only in their load: of each size, the one with the least
+         * time so far that has room is the candidate (groups of a size are contiguous in g). */
         int pick = -1;
         double pick_t = 0;
-        for (int a = 0; a < ng; a++) {
-            if (g[a].tokens + d > (int64_t)g[a].size * s->capacity)
+        for (int a = 0; a < ng;) {
+            int lead = -1, b = a;
+            for (; b < ng && g[b].size == g[a].size; b++)
+                if (g[b].tokens + d <= (int64_t)g[b].size * s->capacity && (lead < 0 || g[b].t < g[lead].t))
+                    lead = b;
+            a = b;
+            if (lead < 0)
                 continue;
-            double t = group_time(s->cost, g[a].size, g[a].attn + s->est[k * s->levels + g[a].level], g[a].tokens + d);
+            double t = group_time(s->cost, g[lead].size, g[lead].attn + s->est[k * (s->levels + 1) + g[lead].level],
+                                  g[lead].tokens + d);
             if (pick < 0 || t < pick_t) {
-                pick = a;
+                pick = lead;
                 pick_t = t;
             }
         }
         if (pick < 0 || (s->best_t >= 0 && pick_t >= s->best_t))
             return -1;
-        g[pick].attn += s->est[k * s->levels + g[pick].level];
+        g[pick].attn += s->est[k * (s->levels + 1) + g[pick].level];
         g[pick].tokens += d;
         g[pick].t = pick_t;
         worst = pick_t > worst ? pick_t : worst;
         s->assign[k] = pick;
+    }
+    if (i == s->n)
+        return worst;
+    /* Phase 2: the shorter documents whole, longest first, each on the rank that would finish
+     * earliest with room (hybrid's rule, inside the split: a rank holds its group's share and its
+     * whole documents, and exchanges its group's K/V). */
+    for (int a = 0; a < ng; a++)
+        for (int r = g[a].first; r < g[a].first + g[a].size; r++) {
+            s->rank_attn[r] = g[a].attn;
+            s->rank_tok[r] = (g[a].tokens + g[a].size - 1) / g[a].size;
+            s->rank_comm[r] = 2 * cost_cp_comm_group_s(s->cost, g[a].size, g[a].tokens);
+        }
+    for (; i < s->n; i++) {
+        int64_t k = s->order[i], d = s->docs[k].len;
+        double a1 = s->est[k * (s->levels + 1) + s->levels];
+        int pick = -1;
+        double pick_t = 0;
+        for (int r = 0; r < s->cp; r++) {
+            if (s->rank_tok[r] + d > s->capacity)
+                continue;
+            double t = shard_rank_time_with(s->cost, s->rank_attn[r] + a1, s->rank_tok[r] + d) + s->rank_comm[r];
+            if (pick < 0 || t < pick_t) {
+                pick = r;
+                pick_t = t;
+            }
+        }
+        if (pick < 0 || (s->best_t >= 0 && pick_t >= s->best_t))
+            return -1;
+        s->rank_attn[pick] += a1;
+        s->rank_tok[pick] += d;
+        worst = pick_t > worst ? pick_t : worst;
+        s->assign[k] = -1 - pick;
     }
     return worst;
 }
@@ -160,7 +205,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     s.unit = cp / s.units;
     while ((1 << s.levels) <= s.units)
         s.levels++;
-    double *est = array_grow(sc->est, &sc->cap_est, n * s.levels + 1, sizeof *est);
+    double *est = array_grow(sc->est, &sc->cap_est, n * (s.levels + 1) + 1, sizeof *est);
     if (!est)
         return -1;
     sc->est = est;
@@ -172,13 +217,28 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     if (!best_assign)
         return -1;
     sc->best_assign = best_assign;
-    for (int64_t k = 0; k < n; k++)
+    for (int64_t k = 0; k < n; k++) {
         for (int j = 0; j < s.levels; j++)
-            est[k * s.levels + j] = attn_per_rank(cost, docs[k].len, s.unit << j);
+            est[k * (s.levels + 1) + j] = attn_per_rank(cost, docs[k].len, s.unit << j);
+        est[k * (s.levels + 1) + s.levels] = attn_per_rank(cost, docs[k].len, 1);
+    }
+    double rank_attn[1024], rank_comm[1024];
+    int64_t rank_tok[1024];
+    s.cp = cp;
+    s.rank_attn = rank_attn;
+    s.rank_comm = rank_comm;
+    s.rank_tok = rank_tok;
     s.est = est;
     s.assign = sc->assign;
     s.best_assign = sc->best_assign;
+    /* Every split with every document sharded, then with the documents shorter than hybrid's
+     * best threshold whole (hybrid's layout is the split {cp} with that threshold). */
+    s.threshold = 0;
     enumerate(&s, s.levels - 1, s.units);
+    if (sc->hybrid_threshold > 0) {
+        s.threshold = sc->hybrid_threshold;
+        enumerate(&s, s.levels - 1, s.units);
+    }
     /* The search swaps its two assignment arrays; give both back to the scratch. */
     sc->assign = s.assign;
     sc->best_assign = s.best_assign;
@@ -195,9 +255,11 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
             out->grp_size[r] = s.best[a].size;
         }
     for (int64_t k = 0; k < n; k++) {
-        const Group *g = &s.best[s.best_assign[k]];
-        int rc = g->size == 1 ? shard_whole(out, cost, docs, k, g->first)
-                              : shard_per_doc_group(out, cost, docs, k, g->first, g->size);
+        int a = s.best_assign[k];
+        const Group *g = a >= 0 ? &s.best[a] : NULL;
+        int rc = !g ? shard_whole(out, cost, docs, k, -1 - a)
+                 : g->size == 1 ? shard_whole(out, cost, docs, k, g->first)
+                                : shard_per_doc_group(out, cost, docs, k, g->first, g->size);
         if (rc != 0)
             return -1;
     }

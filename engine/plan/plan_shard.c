@@ -418,6 +418,7 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
     int64_t longest = n ? docs[sc->order[0]].len : 0;
     int64_t first = cost->hw.attn_tile > 16 ? cost->hw.attn_tile : 16;
     *best_t = -1;
+    sc->hybrid_threshold = -1;
     for (int64_t threshold = first;; threshold *= 2) {
         Shard *trial = &sc->cand[SHARD_TRY];
         if (shard_hybrid(trial, cost, docs, n, sc->order, threshold, capacity) != 0)
@@ -431,6 +432,7 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
             sc->cand[SHARD_BEST] = *trial;
             *trial = tmp;
             *best_t = t;
+            sc->hybrid_threshold = threshold;
         }
         if (threshold > longest || threshold > capacity)
             break;

@@ -37,6 +37,7 @@ typedef struct ShardScratch {
     Shard cand[SHARD_N];
     int64_t *order;        /* the documents, longest first */
     int64_t cap_order;
+    int64_t hybrid_threshold; /* hybrid's best: documents from this length sharded (-1: none) */
     double *est;           /* plan_groups: per document and group size, predicted seconds */
     int64_t cap_est;
     int32_t *assign, *best_assign; /* plan_groups: per document, its group */
