@@ -281,6 +281,24 @@ double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb)
     return worst;
 }
 
+double plan_cp_time_imbalance(const StepPlan *p)
+{
+    double worst = 1;
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        double mx = 0, sum = 0;
+        for (int r = 0; r < p->cp; r++) {
+            const PlanRank *k = &p->ranks[mb->first_rank + r];
+            double t = plan_rank_compute(p, mb, r) + k->comm_fwd_s + k->comm_bwd_s;
+            mx = t > mx ? t : mx;
+            sum += t;
+        }
+        if (sum > 0 && mx * p->cp / sum > worst)
+            worst = mx * p->cp / sum;
+    }
+    return worst;
+}
+
 /* CRC-32 of n fixed-size fields, field by field (no struct padding). */
 #define DIGEST(crc, v) ((crc) = crc32((crc), (const Bytef *)&(v), sizeof(v)))
 

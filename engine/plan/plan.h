@@ -170,6 +170,10 @@ int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *
  * micro-batch per layer, forward + backward. */
 double plan_pp_imbalance(const StepPlan *p);
 double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb);
+/* The same with each rank's time, its K/V exchange (and TP all-reduces) included: with sharding
+ * groups ranks of different groups exchange different amounts, and the planner evens their times,
+ * not their compute. */
+double plan_cp_time_imbalance(const StepPlan *p);
 double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r);
 /* A CRC-32 of everything the ranks execute: micro-batches, pieces, ranges, segments. Ranks that
  * planned the same step get the same digest. */
