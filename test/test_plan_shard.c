@@ -9,12 +9,14 @@
  */
 #include "test/testlib.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config/config.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
+#include "engine/plan/plan_shard_impl.h"
 #include "util/rng.h"
 
 static void make_model(CostModel *m, const char *yaml)
@@ -604,6 +606,39 @@ static void test_group_comm_cost(void **state)
     assert_true(cost_cp_comm_group_s(&m, 2, 100000) < t4);
 }
 
+/* The groups search predicts rank times from lines sampled off the cost model (plan_groups.c):
+ * they must be the cost model's, for TP 1, 2 and 8, clipped TP traffic or not, any group size. */
+static void test_groups_line_cost(void **state)
+{
+    (void)state;
+    const char *yamls[] = {
+        "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 16, dp: 1}\n",
+        "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 2, cp: 8, dp: 1}\n"
+        "balance: {tp_comm_overlap: 0}\n",
+        "model: {preset: tiny}\nparallel: {tp: 1, cp: 4, dp: 1}\nbalance: {hardware: cpu}\n",
+        "model: {preset: tiny}\nparallel: {tp: 2, cp: 4, dp: 1}\nbalance: {hardware: cpu}\n",
+    };
+    Rng rng;
+    rng_seed(&rng, 17);
+    for (size_t y = 0; y < sizeof yamls / sizeof yamls[0]; y++) {
+        CostModel m;
+        make_model(&m, yamls[y]);
+        for (int trial = 0; trial < 500; trial++) {
+            int size = 1 << rng_below(&rng, 5);
+            int64_t rows = (int64_t)rng_below(&rng, trial % 2 ? 8 : 200000), tokens = rows * size;
+            double attn = 1e-3 * (double)rng_below(&rng, 100);
+            double want = cost_linear_fwd_s(&m, rows) + cost_linear_bwd_s(&m, rows) + 2 * cost_tp_comm_s(&m, rows) +
+                          attn + 2 * cost_cp_comm_group_s(&m, size, tokens);
+            double got = plan_groups_line_check(&m, size, attn, rows, tokens);
+            if (fabs(got - want) > 1e-9 * want + 1e-15) {
+                print_error("model %zu: size %d rows %lld: %.17g, cost model %.17g\n", y, size, (long long)rows, got,
+                            want);
+                fail();
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -618,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_groups_pairs_for_mid_documents),
         cmocka_unit_test(test_digest_covers_groups),
         cmocka_unit_test(test_group_comm_cost),
+        cmocka_unit_test(test_groups_line_cost),
     };
     return cmocka_run_group_tests_name("plan_shard", tests, NULL, NULL);
 }

@@ -46,8 +46,60 @@
 
 enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
 
+/* The search evaluates rank times tens of thousands of times per micro-batch, so it takes the
+ * cost model's non-attention terms as the lines they are, sampled once: GEMMs and element-wise
+ * work are proportional to the rows, lin x rows; a TP all-reduce pair is 2 (A x + latency) less the
+ * o G x that runs under the GEMMs, clipped at 0: max(0, a x + b), with a = tp(2) - tp(1) and
+ * b = 2 tp(1) - tp(2) when tp(2) > 0 (else it is 0 from 2 rows on); an exchange over g ranks is
+ * c_g x + latency for x > 0 tokens. Tested against the cost model (test_plan_shard). */
+typedef struct LineCost {
+    double lin, tp_a, tp_b, tp_1;
+    int tp_flat;                  /* tp(2) == 0: no TP traffic shows from 2 rows on */
+    double cp_a[GROUPS_LEVELS + 11], cp_b[GROUPS_LEVELS + 11]; /* per group size 2^j */
+} LineCost;
+
+static void line_cost_init(LineCost *c, const CostModel *cost)
+{
+    enum { X = 1 << 20 };
+    c->lin = (cost_linear_fwd_s(cost, X) + cost_linear_bwd_s(cost, X)) / X;
+    double t1 = cost_tp_comm_s(cost, 1), t2 = cost_tp_comm_s(cost, 2);
+    c->tp_1 = t1;
+    c->tp_flat = t2 <= 0;
+    c->tp_a = t2 - t1;
+    c->tp_b = 2 * t1 - t2;
+    for (int j = 0; j < GROUPS_LEVELS + 11; j++) {
+        double x1 = cost_cp_comm_group_s(cost, 1 << j, 1), x2 = cost_cp_comm_group_s(cost, 1 << j, 2);
+        c->cp_a[j] = x2 - x1;
+        c->cp_b[j] = 2 * x1 - x2;
+    }
+}
+
+/* shard_rank_time_with(attn, rows), from the lines. */
+static double line_rank_time(const LineCost *c, double attn, int64_t rows)
+{
+    double x = (double)rows, tp = rows <= 0 ? 0 : rows == 1 ? c->tp_1 : c->tp_flat ? 0 : c->tp_a * x + c->tp_b;
+    return attn + c->lin * x + 2 * (tp > 0 ? tp : 0);
+}
+
+/* cost_cp_comm_group_s(2^j, tokens), from the lines. */
+static double line_cp_comm(const LineCost *c, int j, int64_t tokens)
+{
+    return tokens > 0 && j > 0 ? c->cp_a[j] * (double)tokens + c->cp_b[j] : 0;
+}
+
+double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens)
+{
+    LineCost c;
+    line_cost_init(&c, cost);
+    int j = 0;
+    while ((1 << j) < size)
+        j++;
+    return line_rank_time(&c, attn, rows) + 2 * line_cp_comm(&c, j, tokens);
+}
+
+
 typedef struct Group {
-    int first, size, level;
+    int first, size, level, log2_size;
     double attn;    /* predicted attention seconds per rank, forward + backward */
     int64_t tokens; /* of the group's documents */
     double t;       /* predicted seconds per layer */
@@ -55,6 +107,7 @@ typedef struct Group {
 
 typedef struct Search {
     const CostModel *cost;
+    LineCost line;
     const PlanDoc *docs;
     const int64_t *order;
     int64_t n, capacity;
@@ -86,10 +139,10 @@ static double attn_per_rank(const CostModel *cost, int64_t d, int g)
     return (2.0 * g * f1 + g * (2.0 * g - 1) * (f2 - f1)) / g;
 }
 
-static double group_time(const CostModel *cost, int size, double attn, int64_t tokens)
+static double group_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens)
 {
     int64_t rows = (tokens + size - 1) / size;
-    return shard_rank_time_with(cost, attn, rows) + 2 * cost_cp_comm_group_s(cost, size, tokens);
+    return line_rank_time(c, attn, rows) + 2 * line_cp_comm(c, log2_size, tokens);
 }
 
 /* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document
@@ -99,8 +152,10 @@ static double assign_split(Search *s, Group *g, int *n_groups)
     int ng = 0, first = 0;
     for (int j = s->levels - 1; j >= 0; j--)
         for (int c = 0; c < s->count[j]; c++) {
-            int size = s->unit << j;
-            g[ng++] = (Group){first, size, j, 0, 0, 0};
+            int size = s->unit << j, lg = 0;
+            while ((1 << lg) < size)
+                lg++;
+            g[ng++] = (Group){first, size, j, lg, 0, 0, 0};
             first += size;
         }
     *n_groups = ng;
@@ -120,8 +175,8 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             a = b;
             if (lead < 0)
                 continue;
-            double t = group_time(s->cost, g[lead].size, g[lead].attn + s->est[k * (s->levels + 1) + g[lead].level],
-                                  g[lead].tokens + d);
+            double t = group_time(&s->line, g[lead].size, g[lead].log2_size,
+                                  g[lead].attn + s->est[k * (s->levels + 1) + g[lead].level], g[lead].tokens + d);
             if (pick < 0 || t < pick_t) {
                 pick = lead;
                 pick_t = t;
@@ -144,7 +199,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         for (int r = g[a].first; r < g[a].first + g[a].size; r++) {
             s->rank_attn[r] = g[a].attn;
             s->rank_tok[r] = (g[a].tokens + g[a].size - 1) / g[a].size;
-            s->rank_comm[r] = 2 * cost_cp_comm_group_s(s->cost, g[a].size, g[a].tokens);
+            s->rank_comm[r] = 2 * line_cp_comm(&s->line, g[a].log2_size, g[a].tokens);
         }
     for (; i < s->n; i++) {
         int64_t k = s->order[i], d = s->docs[k].len;
@@ -154,7 +209,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         for (int r = 0; r < s->cp; r++) {
             if (s->rank_tok[r] + d > s->capacity)
                 continue;
-            double t = shard_rank_time_with(s->cost, s->rank_attn[r] + a1, s->rank_tok[r] + d) + s->rank_comm[r];
+            double t = line_rank_time(&s->line, s->rank_attn[r] + a1, s->rank_tok[r] + d) + s->rank_comm[r];
             if (pick < 0 || t < pick_t) {
                 pick = r;
                 pick_t = t;
@@ -201,6 +256,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     Shard *out = &sc->cand[SHARD_GROUPS];
     int cp = out->cp;
     Search s = {.cost = cost, .docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1};
+    line_cost_init(&s.line, cost);
     s.units = cp < GROUPS_UNITS ? cp : GROUPS_UNITS;
     s.unit = cp / s.units;
     while ((1 << s.levels) <= s.units)

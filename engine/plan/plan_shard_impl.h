@@ -63,5 +63,8 @@ int shard_fits(const Shard *s, int64_t capacity);
  * must hold the documents longest first. */
 int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
                      double *t);
+/* The groups search's rank time (its sampled lines): shard_rank_time_with(attn, rows) plus the
+ * exchange of `tokens` over `size` ranks, both directions. For the tests. */
+double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens);
 
 #endif
