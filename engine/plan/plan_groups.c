@@ -114,7 +114,9 @@ typedef struct Search {
     int units, unit, levels, cp;
     int64_t threshold;        /* documents shorter than this go whole to one rank (phase 2) */
     int count[GROUPS_LEVELS]; /* the split being built: groups per level */
-    double *rank_attn, *rank_comm; /* phase 2, per rank */
+    double *rank_attn, *rank_comm, *rank_t; /* phase 2, per rank */
+    double *rest;             /* rest[i]: a lower bound on the rank-seconds of documents i.. (order) */
+    double limit;             /* abandon a split that cannot beat this (hybrid's time), 0: none */
     int64_t *rank_tok;
     const double *est;        /* est[k * (levels + 1) + j]: document k's attention per rank on level
                                * j; j = levels: whole on one rank */
@@ -159,7 +161,8 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             first += size;
         }
     *n_groups = ng;
-    double worst = 0;
+    double worst = 0, work = 0; /* work: rank-seconds so far, the sum over ranks of their times */
+    double limit = s->best_t >= 0 ? s->best_t : s->limit;
     int64_t i = 0;
     for (; i < s->n && s->docs[s->order[i]].len >= s->threshold; i++) {
         int64_t k = s->order[i], d = s->docs[k].len;
@@ -182,11 +185,15 @@ static double assign_split(Search *s, Group *g, int *n_groups)
                 pick_t = t;
             }
         }
-        if (pick < 0 || (s->best_t >= 0 && pick_t >= s->best_t))
+        if (pick < 0 || (limit > 0 && pick_t >= limit))
             return -1;
         g[pick].attn += s->est[k * (s->levels + 1) + g[pick].level];
         g[pick].tokens += d;
+        work += (pick_t - g[pick].t) * g[pick].size;
         g[pick].t = pick_t;
+        /* The slowest rank is at least the mean: the work so far and the least the rest needs. */
+        if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
+            return -1;
         worst = pick_t > worst ? pick_t : worst;
         s->assign[k] = pick;
     }
@@ -200,6 +207,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             s->rank_attn[r] = g[a].attn;
             s->rank_tok[r] = (g[a].tokens + g[a].size - 1) / g[a].size;
             s->rank_comm[r] = 2 * line_cp_comm(&s->line, g[a].log2_size, g[a].tokens);
+            s->rank_t[r] = g[a].t;
         }
     for (; i < s->n; i++) {
         int64_t k = s->order[i], d = s->docs[k].len;
@@ -215,10 +223,14 @@ static double assign_split(Search *s, Group *g, int *n_groups)
                 pick_t = t;
             }
         }
-        if (pick < 0 || (s->best_t >= 0 && pick_t >= s->best_t))
+        if (pick < 0 || (limit > 0 && pick_t >= limit))
             return -1;
         s->rank_attn[pick] += a1;
         s->rank_tok[pick] += d;
+        work += pick_t - s->rank_t[pick];
+        s->rank_t[pick] = pick_t;
+        if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
+            return -1;
         worst = pick_t > worst ? pick_t : worst;
         s->assign[k] = -1 - pick;
     }
@@ -251,17 +263,19 @@ static void enumerate(Search *s, int level, int units)
 }
 
 int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
-                     double *t)
+                     double limit, double *t)
 {
     Shard *out = &sc->cand[SHARD_GROUPS];
     int cp = out->cp;
-    Search s = {.cost = cost, .docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1};
+    Search s = {.cost = cost, .docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1,
+                .limit = limit > 0 ? limit : 0};
     line_cost_init(&s.line, cost);
     s.units = cp < GROUPS_UNITS ? cp : GROUPS_UNITS;
     s.unit = cp / s.units;
     while ((1 << s.levels) <= s.units)
         s.levels++;
-    double *est = array_grow(sc->est, &sc->cap_est, n * (s.levels + 1) + 1, sizeof *est);
+    /* est, then rest (n + 1). */
+    double *est = array_grow(sc->est, &sc->cap_est, n * (s.levels + 1) + n + 2, sizeof *est);
     if (!est)
         return -1;
     sc->est = est;
@@ -278,12 +292,27 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
             est[k * (s.levels + 1) + j] = attn_per_rank(cost, docs[k].len, s.unit << j);
         est[k * (s.levels + 1) + s.levels] = attn_per_rank(cost, docs[k].len, 1);
     }
-    double rank_attn[1024], rank_comm[1024];
+    /* A document's least rank-seconds: its attention on the size where that is least (per rank
+     * times ranks), and its GEMM and element-wise work, which no split changes. */
+    double *rest = est + n * (s.levels + 1);
+    rest[n] = 0;
+    for (int64_t i = n - 1; i >= 0; i--) {
+        int64_t k = sc->order[i];
+        double w = est[k * (s.levels + 1) + s.levels];
+        for (int j = 0; j < s.levels; j++) {
+            double x = est[k * (s.levels + 1) + j] * (s.unit << j);
+            w = x < w ? x : w;
+        }
+        rest[i] = rest[i + 1] + w + s.line.lin * (double)docs[k].len;
+    }
+    s.rest = rest;
+    double rank_attn[1024], rank_comm[1024], rank_t[1024];
     int64_t rank_tok[1024];
     s.cp = cp;
     s.rank_attn = rank_attn;
     s.rank_comm = rank_comm;
     s.rank_tok = rank_tok;
+    s.rank_t = rank_t;
     s.est = est;
     s.assign = sc->assign;
     s.best_assign = sc->best_assign;

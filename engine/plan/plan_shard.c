@@ -475,7 +475,7 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
             rc = best_hybrid(sc, cost, docs, n, rank_capacity, &t_hyb);
         /* groups: aligned blocks need cp a power of two (the config insists); otherwise hybrid. */
         if (rc == 0 && mode == CP_GROUPS && (cp & (cp - 1)) == 0)
-            rc = plan_groups_best(sc, cost, docs, n, rank_capacity, &t_grp);
+            rc = plan_groups_best(sc, cost, docs, n, rank_capacity, t_hyb, &t_grp);
         /* The fastest of the computed candidates; ties go to the simpler layout. */
         chosen = t_seq >= 0 ? seq : doc;
         mb->mode = t_seq >= 0 ? CP_PER_SEQ : CP_PER_DOC;

@@ -59,10 +59,10 @@ double shard_time(const Shard *s, const CostModel *cost);
 int shard_fits(const Shard *s, int64_t capacity);
 
 /* groups (plan_groups.c): the best layout over aligned power-of-two groups of the CP ranks (cp a
- * power of two), in sc->cand[SHARD_GROUPS], its time in *t (-1: none within capacity). sc->order
- * must hold the documents longest first. */
+ * power of two), in sc->cand[SHARD_GROUPS], its time in *t (-1: none within capacity, or none
+ * predicted faster than limit, when limit > 0). sc->order must hold the documents longest first. */
 int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
-                     double *t);
+                     double limit, double *t);
 /* The groups search's rank time (its sampled lines): shard_rank_time_with(attn, rows) plus the
  * exchange of `tokens` over `size` ranks, both directions. For the tests. */
 double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens);
