@@ -28,16 +28,22 @@
  *  3. For each split, documents longest first, each to the group where it would finish earliest -
  *     longest-processing-time first on machines of different speeds (Q||Cmax) - among the groups
  *     with room (a group of g ranks holds at most g x the rank capacity: per_doc gives its ranks
- *     token counts within one of each other). A split whose running maximum reaches the best so far
- *     is abandoned.
+ *     token counts within one of each other); of the groups of one size only the least loaded with
+ *     room is a candidate (they differ in nothing else). Done twice: every document sharded over
+ *     its group, and with the documents shorter than hybrid's best threshold kept whole instead,
+ *     each on the rank (of any group) that would finish earliest with room - hybrid's rule inside the
+ *     split, which makes hybrid's own layout the split {CP} of this pass. A split is abandoned as
+ *     soon as it cannot beat hybrid or the best split so far: when a group's new time reaches it,
+ *     or when the mean over the ranks of the work so far plus the least work the remaining
+ *     documents need (each on its cheapest group size) does - the slowest rank is at least the mean.
  *  4. The best split is laid out exactly (ranges, segments) and predicted exactly; plan_shard keeps
- *     it only when it beats hybrid, per_seq and per_doc and fits the capacity, so groups never
- *     predicts worse than hybrid (whose sizes 1 and CP it generalises, but not its mix of the two on
- *     the same ranks).
- * Cost: n documents, L = log2 K + 1 sizes, G <= K groups: 4 n L attention evaluations, then
- * b(K) n (G comparisons + L group-time evaluations); at K = 16, b = 36, L = 5: about 36 x 21 n
- * steps, well under a millisecond for a 128K micro-batch of a few hundred documents (README: the
- * measured planning time).
+ *     it only when it beats hybrid, per_seq and per_doc on the time the plan records and fits the
+ *     capacity, so groups never predicts worse than hybrid.
+ * Bound: n documents, L = log2 K + 1 sizes, G <= K groups: 4 n (L + 1) attention evaluations, then at
+ * most 2 b(K) greedy passes of n (G comparisons + L group-time evaluations) or, for whole
+ * documents, n CP comparisons; at K = 16 that is at most 72 n (16 + 5) steps, each a few flops (step
+ * 3 evaluates the cost model's lines, not the model), and one exact layout of n documents. With
+ * hybrid's own candidates beside it: README, measured planning time.
  */
 #include <stdlib.h>
 

@@ -267,18 +267,44 @@ static void rank_fwd_bwd(const Shard *s, const CostModel *cost, int r, double *f
     *b = s->attn_bwd[r] + cost_linear_bwd_s(cost, s->tokens[r]) + comm;
 }
 
-/* The micro-batch's predicted seconds per layer as the plan records them: the slowest forward plus
- * the slowest backward (what the schedule and the dry run add up). */
-static double shard_mb_time(const Shard *s, const CostModel *cost)
+/* The micro-batch's predicted seconds per layer as the plan records them: the slowest forward and
+ * the slowest backward (what the pipeline schedule and the dry run take). */
+static void shard_mb_times(const Shard *s, const CostModel *cost, double *fwd, double *bwd)
 {
-    double fwd = 0, bwd = 0;
+    *fwd = *bwd = 0;
     for (int r = 0; r < s->cp; r++) {
         double f, b;
         rank_fwd_bwd(s, cost, r, &f, &b);
-        fwd = f > fwd ? f : fwd;
-        bwd = b > bwd ? b : bwd;
+        *fwd = f > *fwd ? f : *fwd;
+        *bwd = b > *bwd ? b : *bwd;
     }
-    return fwd + bwd;
+}
+
+static int64_t shard_max_tokens(const Shard *s)
+{
+    int64_t mx = 0;
+    for (int r = 0; r < s->cp; r++)
+        mx = s->tokens[r] > mx ? s->tokens[r] : mx;
+    return mx;
+}
+
+/* 1 when a is faster than b per layer and over the whole pipeline: the sum of what the pipeline
+ * schedule takes of a micro-batch (sched_micro_batch_times) - forward and backward of every layer,
+ * the output layer on the most rows a CP rank holds, and the sends of those rows between stages.
+ * (Uneven CP ranks cost the last stage's output layer and the sends more than their per-layer
+ * time shows.) */
+static int shard_faster(const Shard *a, const Shard *b, const CostModel *cost)
+{
+    double af, ab, bf, bb;
+    shard_mb_times(a, cost, &af, &ab);
+    shard_mb_times(b, cost, &bf, &bb);
+    int64_t ma = shard_max_tokens(a), mb = shard_max_tokens(b);
+    double sends = 2.0 * (cost->pp * cost->v - 1);
+    double ta = cost->n_layers * (af + ab) + cost_head_fwd_s(cost, ma) + cost_head_bwd_s(cost, ma) +
+                sends * cost_p2p_s(cost, ma);
+    double tb = cost->n_layers * (bf + bb) + cost_head_fwd_s(cost, mb) + cost_head_bwd_s(cost, mb) +
+                sends * cost_p2p_s(cost, mb);
+    return af + ab < bf + bb && ta < tb;
 }
 
 int shard_fits(const Shard *s, int64_t capacity)
@@ -488,9 +514,9 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
             chosen = hyb;
             mb->mode = CP_HYBRID;
         }
-        /* groups against the rest on the figure the plan records, so that it is never predicted
-         * worse than hybrid there either. */
-        if (t_grp >= 0 && shard_mb_time(grp, cost) < shard_mb_time(chosen, cost)) {
+        /* groups against the rest on the figures the plan records, forward and backward, so that it
+         * is never predicted worse than hybrid there either, nor in the pipeline. */
+        if (t_grp >= 0 && shard_faster(grp, chosen, cost)) {
             chosen = grp;
             mb->mode = CP_GROUPS;
         }
