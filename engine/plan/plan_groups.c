@@ -218,18 +218,16 @@ static double assign_split(Search *s, Group *g, int *n_groups)
     for (; i < s->n; i++) {
         int64_t k = s->order[i], d = s->docs[k].len;
         double a1 = s->est[k * (s->levels + 1) + s->levels];
+        /* The same document adds the same time to any rank (its attention, and rows on a line):
+         * the rank that finishes it earliest is the one with the least time so far. */
         int pick = -1;
-        double pick_t = 0;
-        for (int r = 0; r < s->cp; r++) {
-            if (s->rank_tok[r] + d > s->capacity)
-                continue;
-            double t = line_rank_time(&s->line, s->rank_attn[r] + a1, s->rank_tok[r] + d) + s->rank_comm[r];
-            if (pick < 0 || t < pick_t) {
+        for (int r = 0; r < s->cp; r++)
+            if (s->rank_tok[r] + d <= s->capacity && (pick < 0 || s->rank_t[r] < s->rank_t[pick]))
                 pick = r;
-                pick_t = t;
-            }
-        }
-        if (pick < 0 || (limit > 0 && pick_t >= limit))
+        if (pick < 0)
+            return -1;
+        double pick_t = line_rank_time(&s->line, s->rank_attn[pick] + a1, s->rank_tok[pick] + d) + s->rank_comm[pick];
+        if (limit > 0 && pick_t >= limit)
             return -1;
         s->rank_attn[pick] += a1;
         s->rank_tok[pick] += d;
