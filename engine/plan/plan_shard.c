@@ -336,6 +336,10 @@ static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, in
     for (int64_t k = 0; k < n_docs; k++)
         if (docs[k].len >= threshold && shard_per_doc(s, cost, docs, k) != 0)
             return -1;
+    /* Each rank's time, kept as documents arrive (only the ranks a document lands on change). */
+    double t_rank[1024];
+    for (int r = 0; r < s->cp; r++)
+        t_rank[r] = rank_time(s, cost, r);
     for (int64_t i = 0; i < n_docs; i++) {
         int64_t k = order[i];
         if (docs[k].len >= threshold)
@@ -343,14 +347,15 @@ static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, in
         int best = -1;
         double best_t = 0;
         for (int r = 0; r < s->cp; r++) {
-            double t = rank_time(s, cost, r);
-            if (s->tokens[r] + docs[k].len <= capacity && (best < 0 || t < best_t)) {
+            if (s->tokens[r] + docs[k].len <= capacity && (best < 0 || t_rank[r] < best_t)) {
                 best = r;
-                best_t = t;
+                best_t = t_rank[r];
             }
         }
         if ((best >= 0 ? shard_whole(s, cost, docs, k, best) : shard_per_doc(s, cost, docs, k)) != 0)
             return -1;
+        for (int r = best >= 0 ? best : 0; r < (best >= 0 ? best + 1 : s->cp); r++)
+            t_rank[r] = rank_time(s, cost, r);
     }
     return 0;
 }
