@@ -51,6 +51,7 @@
 #include "util/array.h"
 
 enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
+enum { LINE_SIZES = 11 };                      /* group sizes 2^0 .. 2^10: any CP up to 1024 */
 
 /* The search evaluates rank times tens of thousands of times per micro-batch, so it takes the
  * cost model's non-attention terms as the lines they are, sampled once: GEMMs and element-wise
@@ -61,7 +62,7 @@ enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u,
 typedef struct LineCost {
     double lin, tp_a, tp_b, tp_1;
     int tp_flat;                  /* tp(2) == 0: no TP traffic shows from 2 rows on */
-    double cp_a[GROUPS_LEVELS + 11], cp_b[GROUPS_LEVELS + 11]; /* per group size 2^j */
+    double cp_a[LINE_SIZES], cp_b[LINE_SIZES]; /* per group size 2^j */
 } LineCost;
 
 static void line_cost_init(LineCost *c, const CostModel *cost)
@@ -73,7 +74,7 @@ static void line_cost_init(LineCost *c, const CostModel *cost)
     c->tp_flat = t2 <= 0;
     c->tp_a = t2 - t1;
     c->tp_b = 2 * t1 - t2;
-    for (int j = 0; j < GROUPS_LEVELS + 11; j++) {
+    for (int j = 0; j < LINE_SIZES; j++) {
         double x1 = cost_cp_comm_group_s(cost, 1 << j, 1), x2 = cost_cp_comm_group_s(cost, 1 << j, 2);
         c->cp_a[j] = x2 - x1;
         c->cp_b[j] = 2 * x1 - x2;
@@ -102,7 +103,6 @@ double plan_groups_line_check(const CostModel *cost, int size, double attn, int6
         j++;
     return line_rank_time(&c, attn, rows) + 2 * line_cp_comm(&c, j, tokens);
 }
-
 
 typedef struct Group {
     int first, size, level, log2_size;
