@@ -22,7 +22,7 @@
 
 typedef enum CommKind { COMM_AUTO, COMM_MPI, COMM_NCCL } CommKind;
 typedef enum PackerKind { PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB } PackerKind;
-typedef enum CpSharding { CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID } CpSharding;
+typedef enum CpSharding { CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID, CP_GROUPS } CpSharding;
 typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;

@@ -82,8 +82,8 @@ const ConfigKey config_keys[] = {
     ENUM_KEY("balance.packer", balance.packer, "fixed|fixed_greedy|wlb", "wlb", NULL,
              "fixed: stream order cut at the window (Plain-4D); fixed_greedy: greedy repack into "
              "fixed lengths (Fixed-4D); wlb: workload-balanced variable lengths with outlier delay"),
-    ENUM_KEY("balance.cp_sharding", balance.cp_sharding, "per_seq|per_doc|adaptive|hybrid", "hybrid", NULL,
-             "how a micro-batch is split over the CP ranks"),
+    ENUM_KEY("balance.cp_sharding", balance.cp_sharding, "per_seq|per_doc|adaptive|hybrid|groups", "hybrid", NULL,
+             "how a micro-batch is split over the CP ranks (groups: over aligned power-of-two groups of them)"),
     INT_KEY("balance.max_tokens_per_micro_batch", balance.max_tokens_per_micro_batch, 1, INT32_MAX, NULL,
             "2 * context_window", "S_max: the most tokens the wlb packer puts in one micro-batch"),
     {"balance.outlier_thresholds", KEY_INT_LIST, OFF(balance.outlier_thresholds), 1, 1 << 24, 0, 0, 0,
@@ -628,7 +628,7 @@ const char *config_packer_name(PackerKind k)
 
 const char *config_cp_sharding_name(CpSharding k)
 {
-    static const char *const names[] = {"per_seq", "per_doc", "adaptive", "hybrid"};
+    static const char *const names[] = {"per_seq", "per_doc", "adaptive", "hybrid", "groups"};
     return names[k];
 }
 

@@ -201,6 +201,12 @@ static int check_balance(const Config *cfg, Error *err)
                               "must be increasing, got %lld after %lld", (long long)t,
                               (long long)b->outlier_thresholds.v[i - 1]);
     }
+    /* groups splits the CP ranks into aligned blocks of power-of-two sizes (one communicator per
+     * block, made at start): the blocks must tile the CP group. */
+    int64_t cp = cfg->parallel.cp;
+    if (b->cp_sharding == CP_GROUPS && (cp & (cp - 1)) != 0)
+        return rule_error(cfg, err, "balance.cp_sharding", "parallel.cp",
+                          "groups needs parallel.cp a power of two, got %lld", (long long)cp);
     return 0;
 }
 

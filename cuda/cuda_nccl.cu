@@ -81,6 +81,8 @@ static int nccl_open(Comm *c, Error *err)
     int members[4096];
     for (int slot = 0; slot < CUDA_NCCL_SLOTS; slot++) {
         LayoutGroup g = slot < GROUP_COUNT ? (LayoutGroup)slot : GROUP_PP;
+        if (!comm_group_made(c, g))
+            continue; /* CP blocks only for sharding groups, once per block size, as MPI's */
         int size = layout_group(&c->layout, g, members), color = members[0];
         for (int i = 1; i < size; i++)
             color = members[i] < color ? members[i] : color;

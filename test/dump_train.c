@@ -66,7 +66,8 @@ int main(int argc, char **argv)
     Comm comm;
     const ConfigParallel *p = &cfg.parallel;
     if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, &err) != 0 ||
-        comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp, &err) != 0)
+        comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp,
+                   cfg.balance.cp_sharding == CP_GROUPS, &err) != 0)
         die(NULL, &err);
     Trainer tr;
     if (trainer_init(&tr, &cfg, &comm, &err) != 0)

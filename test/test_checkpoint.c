@@ -221,6 +221,18 @@ static void test_resume_8_ranks_and_other_layout(void **state)
     free(from);
 }
 
+/* balance.cp_sharding: groups at CP 4 (blocks of 2 CP ranks among the layouts): killed after the
+ * checkpoint of step 3 and resumed, the same run bit for bit - the planner state of groups (its
+ * queues, leftovers and stream position, as every mode's) restores exactly. */
+static void test_resume_groups(void **state)
+{
+    (void)state;
+    Metrics whole;
+    const char *layout[] = {"--set", "parallel.cp=4", "--set", "balance.cp_sharding=groups", NULL};
+    check_resume(4, "groups", 5, layout, &whole);
+    printf("# cp 4, groups: %lld documents queued at the checkpoint (step 3)\n", whole.queued[2]);
+}
+
 static int exists(const char *rel)
 {
     struct stat st;
@@ -374,6 +386,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_bit_identical), cmocka_unit_test(test_resume_8_ranks_and_other_layout),
+        cmocka_unit_test(test_resume_groups),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
         cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_nonfinite),
     };

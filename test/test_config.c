@@ -196,6 +196,9 @@ static void test_cross_field_rules(void **state)
                  "t.yaml:5:11: train.min_lr: must not exceed train.lr (0.001), got 0.01");
     expect_error("model:\n  preset: tiny\ncheckpoint:\n  every: 10\n", NULL, 0,
                  "t.yaml:4:10: checkpoint.every: needs checkpoint.dir");
+    expect_error("model:\n  preset: tiny\nparallel:\n  cp: 6\ndata:\n  context_window: 4092\nbalance:\n"
+                 "  cp_sharding: groups\n", NULL, 0,
+                 "t.yaml:8:16: balance.cp_sharding: groups needs parallel.cp a power of two, got 6");
     expect_error("model:\n  preset: tiny\nbalance:\n  outlier_thresholds: [3000, 2000]\n", NULL, 0,
                  "t.yaml:4:23: balance.outlier_thresholds: must be increasing, got 2000 after 3000");
     expect_error("model:\n  preset: tiny\nbalance:\n  max_tokens_per_micro_batch: 100\n", NULL, 0,

@@ -159,19 +159,19 @@ static void test_compare_table(void **state)
     RUN(&r, "--config", cfg, "--dry-run", "--compare", "--steps", "6");
     assert_int_equal(r.status, 0);
     const char *packers[] = {"fixed ", "fixed_greedy", "wlb "};
-    const char *modes[] = {"per_seq", "per_doc", "adaptive", "hybrid"};
+    const char *modes[] = {"per_seq", "per_doc", "adaptive", "hybrid", "groups"};
     int rows = 0;
     for (char *line = r.out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
         for (int a = 0; a < 3; a++)
-            for (int b = 0; b < 4; b++)
+            for (int b = 0; b < 5; b++)
                 if (!strncmp(line, packers[a], strlen(packers[a])) && strstr(line, modes[b]) &&
                     strstr(line, modes[b]) < strchr(line, '\n'))
                     rows++;
-    assert_int_equal(rows, 12);
+    assert_int_equal(rows, 15);
     /* The rows' values: pp_imb p95 cp_imb tokens/s speedup, per packer and mode. */
-    double pp[3][4], cp[3][4], speedup[3][4];
+    double pp[3][5], cp[3][5], speedup[3][5];
     for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 4; b++) {
+        for (int b = 0; b < 5; b++) {
             char head[64];
             snprintf(head, sizeof head, "\n%-13s %-8s", a == 0 ? "fixed" : a == 1 ? "fixed_greedy" : "wlb", modes[b]);
             const char *row = strstr(r.out, head);
@@ -181,15 +181,16 @@ static void test_compare_table(void **state)
                                     &speedup[a][b]), 5);
         }
     /* Plain-4D against itself; per_doc even over the CP ranks; per micro-batch adaptive takes the
-     * faster of per_seq and per_doc and hybrid is never slower than any (the same documents: the
-     * packers do not look at the CP mode), so neither is their throughput; wlb packs more evenly
-     * than fixed (3 decimals printed). */
+     * faster of per_seq and per_doc, hybrid is never slower than any and groups never slower than
+     * hybrid (the same documents: the packers do not look at the CP mode), so neither is their
+     * throughput; wlb packs more evenly than fixed (3 decimals printed). */
     assert_true(speedup[0][0] == 1.0);
     for (int a = 0; a < 3; a++) {
         assert_true(cp[a][1] <= 1.01);
         assert_true(speedup[a][2] >= fmax(speedup[a][0], speedup[a][1]) - 0.001);
         for (int b = 0; b < 3; b++)
             assert_true(speedup[a][3] >= speedup[a][b] - 0.001);
+        assert_true(speedup[a][4] >= speedup[a][3] - 0.001);
     }
     assert_true(pp[2][1] < pp[0][1] - 0.005);
     test_cmd_free(&r);

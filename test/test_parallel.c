@@ -16,6 +16,11 @@
  * The corpus has documents of 1 to 30 tokens with a 128-token window: no document reaches the
  * outlier threshold (32) and wlb carries nothing over, so every layout trains the same documents
  * (a layout that did not would show in the tokens and the loss).
+ *
+ * balance.cp_sharding: groups needs documents worth sharding over part of the CP ranks: a second
+ * corpus where every fourth document has 100 to 255 tokens, packer fixed (which packs the stream
+ * in order whatever the layout), at CP 2, CP 4 and tp 2 x cp 4 x pp 2 (16 ranks); the dry run of the
+ * same config shows that the runs used blocks of 2 CP ranks and ranks of their own.
  */
 #include "test/testlib.h"
 
@@ -38,6 +43,8 @@ typedef struct Fixture {
     char *ref[2];      /* reference dumps: packer fixed, wlb */
     char *ref_tied;
     char *ref_bf16;    /* wlb, train.precision: bf16 */
+    char *config_long; /* the corpus with long documents */
+    char *ref_long;    /* its reference: packer fixed */
 } Fixture;
 
 static Fixture fx;
@@ -46,14 +53,20 @@ static const char *const modes[4] = {"per_seq", "per_doc", "adaptive", "hybrid"}
 
 /* Runs dump_train on n ranks (n = 0: one process without mpirun) with the --set arguments; the
  * ranks get the environment variable `var` (NULL: none). */
-static int run_dump_env(int n, const char *out, const char *const *sets, const char *var, char **log)
+static const char *config_of(const char *ref)
+{
+    return ref == fx.ref_long ? fx.config_long : fx.config;
+}
+
+static int run_dump_cfg(int n, const char *config, const char *out, const char *const *sets, const char *var,
+                        char **log)
 {
     const char *argv[64];
     int k = 0;
     char np[16];
     test_launch_argv(argv, &k, 300, n, var, np);
     argv[k++] = fx.bin;
-    argv[k++] = fx.config;
+    argv[k++] = config;
     argv[k++] = out;
     for (int i = 0; sets[i]; i++) {
         argv[k++] = "--set";
@@ -66,6 +79,11 @@ static int run_dump_env(int n, const char *out, const char *const *sets, const c
     int status = r.status;
     test_cmd_free(&r);
     return status;
+}
+
+static int run_dump_env(int n, const char *out, const char *const *sets, const char *var, char **log)
+{
+    return run_dump_cfg(n, fx.config, out, sets, var, log);
 }
 
 static int run_dump(int n, const char *out, const char *const *sets, char **log)
@@ -95,6 +113,18 @@ static int group_setup(void **state)
     fx.config = test_write_file(fx.dir, "base.yaml", yaml, strlen(yaml));
     free(yaml);
     free(prefix);
+    prefix = test_write_docs(fx.dir, "long", 7, 300, 4, 256);
+    yaml = test_format(
+        "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
+        " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
+        "parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
+        "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3}\n"
+        "balance: {hardware: cpu, packer: fixed}\n"
+        "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9}\n",
+        prefix, device);
+    fx.config_long = test_write_file(fx.dir, "long.yaml", yaml, strlen(yaml));
+    free(yaml);
+    free(prefix);
     const char *bin_dir = getenv("WLB_TEST_BIN_DIR");
     fx.bin = test_format("%s/dump_train", bin_dir ? bin_dir : "build/release/test");
     for (int p = 0; p < 2; p++) {
@@ -107,6 +137,16 @@ static int group_setup(void **state)
         }
         free(log);
         free(set);
+    }
+    fx.ref_long = test_format("%s/ref-long.safetensors", fx.dir);
+    {
+        const char *none[] = {NULL};
+        char *log;
+        if (run_dump_cfg(0, fx.config_long, fx.ref_long, none, NULL, &log) != 0) {
+            fprintf(stderr, "reference run failed:\n%s\n", log);
+            return -1;
+        }
+        free(log);
     }
     fx.ref_tied = test_format("%s/ref-tied.safetensors", fx.dir);
     fx.ref_bf16 = test_format("%s/ref-bf16.safetensors", fx.dir);
@@ -135,6 +175,8 @@ static int group_teardown(void **state)
     free(fx.ref[1]);
     free(fx.ref_tied);
     free(fx.ref_bf16);
+    free(fx.config_long);
+    free(fx.ref_long);
     return 0;
 }
 
@@ -158,7 +200,7 @@ static int check_layout_tol(int dp, int tp, int pp, int cp, const char *ref, con
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     remove(out);
-    int status = run_dump_env(dp * tp * pp * cp, out, sets, var, &log);
+    int status = run_dump_cfg(dp * tp * pp * cp, config_of(ref), out, sets, var, &log);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     char name[1100];
     double e = status == 0 ? test_compare_tensors(out, ref, "", name, sizeof name) : INFINITY;
@@ -236,6 +278,71 @@ static void test_extras(void **state)
     assert_true(ok);
 }
 
+/* How many CP ranks of the dry run of the long corpus at this layout exchange in groups of each
+ * size (its cp_group_ranks, summed over the steps): sizes[g] for g = 1, 2, 4. */
+static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes)
+{
+    const char *bin = getenv("WLBTRAIN");
+    char *stats = test_format("%s/groups.jsonl", fx.dir);
+    char lay[3][32];
+    snprintf(lay[0], 32, "parallel.tp=%d", tp);
+    snprintf(lay[1], 32, "parallel.pp=%d", pp);
+    snprintf(lay[2], 32, "parallel.cp=%d", cp);
+    const char *argv[] = {bin ? bin : "./wlbtrain", "--config", fx.config_long, "--dry-run", "--steps", "3",
+                          "--set", lay[0], "--set", lay[1], "--set", lay[2], "--set", "balance.cp_sharding=groups",
+                          "--stats-out", stats, NULL};
+    CmdResult r;
+    test_run(&r, argv);
+    if (r.status != 0)
+        print_error("dry run: %s%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    size_t len;
+    char *text = test_read_file(stats, &len);
+    for (int g = 0; g <= 4; g++)
+        sizes[g] = 0;
+    /* "cp_group_ranks":{"1":N,"2":N,...} on every step line. */
+    for (char *at = strstr(text, "\"cp_group_ranks\":{"); at; at = strstr(at + 1, "\"cp_group_ranks\":{")) {
+        char *end = strchr(at, '}');
+        for (int g = 1; g <= 4; g *= 2) {
+            char key[16];
+            snprintf(key, sizeof key, "\"%d\":", g);
+            char *k = strstr(at, key);
+            if (k && k < end)
+                sizes[g] += strtoll(k + strlen(key), NULL, 10);
+        }
+    }
+    free(text);
+    free(stats);
+}
+
+/* balance.cp_sharding: groups against one process, on the corpus with long documents (packer
+ * fixed) at CP 2, CP 4 and 16 ranks (tp 2, cp 4, pp 2), and on the short one with wlb. The dry run
+ * of the long corpus must show blocks of 2 CP ranks (their communicators) and ranks of their own
+ * (no exchange) at CP 4: otherwise the runs would not test them. */
+static void test_groups(void **state)
+{
+    (void)state;
+    int64_t sizes[5];
+    dry_run_group_ranks(1, 1, 4, sizes);
+    printf("# dry run, cp 4, groups: CP ranks in groups of 1, 2, 4: %lld, %lld, %lld\n", (long long)sizes[1],
+           (long long)sizes[2], (long long)sizes[4]);
+    assert_true(sizes[1] > 0 && sizes[2] > 0);
+    dry_run_group_ranks(2, 2, 4, sizes);
+    assert_true(sizes[2] > 0);
+    int ok = 1;
+    const char *groups[] = {"balance.cp_sharding=groups", NULL};
+    ok &= check_layout(1, 1, 1, 2, fx.ref_long, groups, "groups, long documents");
+    ok &= check_layout(1, 1, 1, 4, fx.ref_long, groups, "groups, long documents");
+    if (!SMALL_MATRIX) {
+        ok &= check_layout(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
+        const char *wlb[] = {"balance.packer=wlb", "balance.cp_sharding=groups", NULL};
+        ok &= check_layout(1, 1, 1, 2, fx.ref[1], wlb, "wlb, groups");
+        ok &= check_layout(1, 1, 1, 4, fx.ref[1], wlb, "wlb, groups");
+    }
+    assert_true(ok);
+}
+
 /* train.recompute recomputes with the same ops (collectives included under full): the same
  * tolerance as every layout; train.precision: bf16 (on the CPU the GPU's roundings emulated)
  * against one bf16 process: each layout sums in its own order before rounding, so the tolerance is
@@ -259,7 +366,10 @@ int main(void)
         cmocka_unit_test(test_dp2),         cmocka_unit_test(test_tp2),         cmocka_unit_test(test_pp2),
         cmocka_unit_test(test_cp2),         cmocka_unit_test(test_cp4),         cmocka_unit_test(test_dp2_tp2_pp2),
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
-        cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),
     };
+    const char *filter = getenv("WLB_TEST_FILTER");
+    if (filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("parallel", all, group_setup, group_teardown);
 }

@@ -45,7 +45,7 @@ static int group_setup(void **state)
     Error err = {0};
     config_init(&fx.cfg);
     int rc = config_load_string(&fx.cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&fx.cfg, 1, &err) != 0 ||
-             comm_start(&fx.comm, 0, &err) != 0 || comm_split(&fx.comm, 1, 1, 1, 1, &err) != 0 ||
+             comm_start(&fx.comm, 0, &err) != 0 || comm_split(&fx.comm, 1, 1, 1, 1, 0, &err) != 0 ||
              trainer_init(&fx.tr, &fx.cfg, &fx.comm, &err) != 0;
     if (rc)
         fprintf(stderr, "setup: %s\n", err.msg);
@@ -82,7 +82,7 @@ static void make_plan(const int docs[N_MB][MAX_DOCS], const int order[N_MB])
         int64_t at = 0;
         for (int k = 0; docs[i][k] >= 0; k++) {
             int64_t len = (int64_t)data_source_doc_len(&tr->data.src[0], (uint64_t)docs[i][k]);
-            PlanDoc d = {0, (uint64_t)docs[i][k], 0, len, at, k, 0, -1};
+            PlanDoc d = {0, (uint64_t)docs[i][k], 0, len, at, k, 0, -1, 0, 0};
             assert_true(plan_add_doc(p, &d) >= 0);
             at += len;
             p->tokens += len;
@@ -198,9 +198,9 @@ static void test_batch_inputs_of_pieces(void **state)
     assert_int_equal(data_idx_read_tokens(idx, doc, 0, len, want, &err), 0);
     StepPlan p = {0};
     plan_reset(&p, 0, 1, 1, 1);
-    PlanDoc pieces[3] = {{0, doc, 4, 6, 0, 0, 0, -1},                      /* tokens 4..9: inside */
-                         {0, doc, 10, (int64_t)len - 10, 6, 1, 0, -1},     /* 10..end: ends the document */
-                         {PLAN_PAD_SOURCE, 0, 0, 3, (int64_t)len - 4, -1, 0, -1}};
+    PlanDoc pieces[3] = {{0, doc, 4, 6, 0, 0, 0, -1, 0, 1},                  /* tokens 4..9: inside */
+                         {0, doc, 10, (int64_t)len - 10, 6, 1, 0, -1, 0, 1}, /* 10..end: ends the document */
+                         {PLAN_PAD_SOURCE, 0, 0, 3, (int64_t)len - 4, -1, 0, -1, 0, 1}};
     for (int k = 0; k < 3; k++)
         assert_true(plan_add_doc(&p, &pieces[k]) >= 0);
     int64_t T = (int64_t)len - 4 + 3;

@@ -37,6 +37,7 @@ typedef struct Comm {
     int size[GROUP_COUNT], rank[GROUP_COUNT];
     int tag_limit;                /* the largest message tag (MPI_TAG_UB) */
     int node_ranks;               /* ranks of the job on this machine */
+    int cp_blocks;                /* the CP block communicators were made (comm_split) */
     const Ops *ops;               /* whose memory the float buffers are (NULL: host) */
     int stage;                    /* copy float buffers through host memory */
     float *host, *host2;          /* staging buffers, cap_host floats each */
@@ -75,8 +76,13 @@ extern const CommImpl comm_mpi;
 
 /* Starts MPI when the job was launched (by mpirun, srun, ...), else runs as a world of one. */
 int comm_start(Comm *c, int launched, Error *err);
-/* The layout's groups; the world must have tp * cp * pp * dp ranks. */
-int comm_split(Comm *c, int tp, int cp, int pp, int dp, Error *err);
+/* The layout's groups; the world must have tp * cp * pp * dp ranks. cp_blocks: also one
+ * communicator per aligned block of CP ranks of each power-of-two size 2 .. cp / 2 (sharding
+ * groups; GROUP_CP_BLOCK in layout.h). */
+int comm_split(Comm *c, int tp, int cp, int pp, int dp, int cp_blocks, Error *err);
+/* 1 when group g has a communicator of its own (every group but the CP blocks comm_split was not
+ * asked for, and blocks as large as the CP group, which is GROUP_CP). */
+int comm_group_made(const Comm *c, LayoutGroup g);
 void comm_finish(Comm *c);
 /* Float buffers are ops's memory from now on: staged through the host unless ops keeps host memory
  * (ops->host_memory); stage forces staging anyway (the tests run the staging path on the CPU). */

@@ -72,15 +72,23 @@ int comm_start(Comm *c, int launched, Error *err)
     return 0;
 }
 
-int comm_split(Comm *c, int tp, int cp, int pp, int dp, Error *err)
+int comm_group_made(const Comm *c, LayoutGroup g)
+{
+    return g < GROUP_CP_BLOCK || (c->cp_blocks && layout_cp_block_size(g) < c->layout.cp);
+}
+
+int comm_split(Comm *c, int tp, int cp, int pp, int dp, int cp_blocks, Error *err)
 {
     c->layout = layout_of(tp, cp, pp, dp, c->rank[GROUP_WORLD]);
+    c->cp_blocks = cp_blocks;
     if (layout_world(&c->layout) != c->size[GROUP_WORLD])
         return error_set(err, "parallel", "tp * cp * pp * dp = %d, but the job has %d ranks", layout_world(&c->layout),
                          c->size[GROUP_WORLD]);
     if (!c->mpi)
         return 0;
     for (int g = 0; g < GROUP_COUNT; g++) {
+        if (!comm_group_made(c, (LayoutGroup)g))
+            continue; /* the same groups on every rank: the splits stay collective */
         MPI_Comm *h = malloc(sizeof *h);
         if (!h)
             return error_runtime(err, "mpi", "out of memory");

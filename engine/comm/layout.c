@@ -43,12 +43,33 @@ int layout_group(const Layout *l, LayoutGroup g, int *m)
             for (int c = 0; c < l->cp; c++)
                 m[n++] = layout_rank_at(l, l->tp_rank, c, l->pp_rank, d);
         break;
-    default:
+    case GROUP_WORLD:
         for (int r = 0; r < layout_world(l); r++)
             m[n++] = r;
         break;
+    default: {
+        int s = layout_cp_block_size(g), first = l->cp_rank / s * s;
+        for (int c = first; c < first + s && c < l->cp; c++)
+            m[n++] = layout_rank_at(l, l->tp_rank, c, l->pp_rank, l->dp_rank);
+        break;
+    }
     }
     return n;
+}
+
+int layout_cp_block_size(LayoutGroup g)
+{
+    return g >= GROUP_CP_BLOCK ? 2 << (g - GROUP_CP_BLOCK) : 1;
+}
+
+LayoutGroup layout_cp_block(const Layout *l, int size)
+{
+    if (size >= l->cp)
+        return GROUP_CP;
+    int k = 0;
+    while ((2 << k) < size)
+        k++;
+    return (LayoutGroup)(GROUP_CP_BLOCK + k);
 }
 
 int layout_group_rank(const Layout *l, LayoutGroup g)
@@ -64,7 +85,9 @@ int layout_group_rank(const Layout *l, LayoutGroup g)
         return l->dp_rank;
     case GROUP_DPCP:
         return l->dp_rank * l->cp + l->cp_rank;
-    default:
+    case GROUP_WORLD:
         return l->rank;
+    default:
+        return l->cp_rank % layout_cp_block_size(g);
     }
 }

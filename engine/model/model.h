@@ -124,8 +124,10 @@ typedef struct ModelBatch {
     const int64_t *mb_row;    /* T: micro-batch row of each of this rank's rows */
     const int64_t *send_rows; /* n_send: this rank's rows of the sharded documents, in order */
     int64_t n_send;
-    const int64_t *recv_counts; /* cp (host): how many rows each CP rank sends */
+    const int64_t *recv_counts; /* cp_size (host): how many rows each CP rank of the group sends */
     const int64_t *recv_rows;   /* micro-batch rows of everything sent, CP rank after CP rank */
+    int cp_first, cp_size;      /* the CP ranks this rank exchanges with: all of them, or its block
+                                 * (sharding groups; size 1: no exchange) */
 } ModelBatch;
 
 typedef struct Model {

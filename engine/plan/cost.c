@@ -192,10 +192,18 @@ double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
 
 double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens)
 {
-    if (m->cp <= 1 || sharded_tokens <= 0)
+    return cost_cp_comm_group_s(m, m->cp, sharded_tokens);
+}
+
+double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens)
+{
+    if (size <= 1 || sharded_tokens <= 0)
         return 0;
-    /* One all-gather of K and V (backward: one reduce-scatter of dK, dV): (n - 1) / n. */
-    return collective_s(m, m->kv_bytes * (double)sharded_tokens, (m->cp - 1.0) / m->cp, m->cp_bw);
+    /* One all-gather of K and V (backward: one reduce-scatter of dK, dV): (n - 1) / n. A block of the
+     * CP group is tp * size consecutive world ranks: inside a node when they fit. */
+    double bw = size >= m->cp ? m->cp_bw
+                : m->tp * size <= m->hw.gpus_per_node ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
+    return collective_s(m, m->kv_bytes * (double)sharded_tokens, (size - 1.0) / size, bw);
 }
 
 double cost_head_fwd_s(const CostModel *m, int64_t tokens)

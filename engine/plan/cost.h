@@ -91,6 +91,10 @@ double cost_linear_bwd_s(const CostModel *m, int64_t tokens);
  * reduce-scatter) of the K/V rows of the micro-batch's sharded_tokens. */
 double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank);
 double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens);
+/* The same exchange inside a group of `size` CP ranks (an aligned block of the CP group, sharding
+ * `groups`): (size - 1) / size of the group's sharded K/V rows, over NVLink when tp * size ranks fit
+ * in a node. size 1 exchanges nothing; size cp is cost_cp_comm_s. */
+double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens);
 /* Seconds of the output projection + loss (last stage) forward / backward for n tokens on a rank. */
 double cost_head_fwd_s(const CostModel *m, int64_t tokens);
 double cost_head_bwd_s(const CostModel *m, int64_t tokens);

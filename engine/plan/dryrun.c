@@ -15,7 +15,7 @@
 
 /* What one step of one run predicts. */
 typedef struct StepStats {
-    double pp_imbalance, cp_imbalance, predicted_ms, baseline_ms, packer_ms;
+    double pp_imbalance, cp_imbalance, cp_time_imbalance, predicted_ms, baseline_ms, packer_ms;
     double predicted_s, baseline_s; /* the same times in seconds, as the simulator gave them */
     int64_t tokens;
     double delay_token_steps;
@@ -35,11 +35,13 @@ static void json_mb_costs(FILE *f, const char *key, const StepPlan *p, const Cos
 /* Per-rank compute of micro-batch i of p under each CP mode, for the plots. */
 static int json_cp_ranks(FILE *f, const StepPlan *p, int64_t i, const CostModel *cost, int64_t capacity, Error *err)
 {
-    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_HYBRID};
+    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_HYBRID, CP_GROUPS};
+    /* groups only where it can run: cp a power of two. */
+    int n_modes = (p->cp & (p->cp - 1)) == 0 ? 4 : 3;
     StepPlan one = {0};
     int rc = 0;
     fprintf(f, ",\"cp_rank_mb\":%lld,\"cp_rank_ms\":{", (long long)i);
-    for (int k = 0; k < 3 && rc == 0; k++) {
+    for (int k = 0; k < n_modes && rc == 0; k++) {
         plan_reset(&one, p->step, 1, 1, p->cp);
         if (!one.mbs) {
             rc = error_runtime(err, "dry run", "out of memory");
@@ -65,7 +67,7 @@ static int json_cp_ranks(FILE *f, const StepPlan *p, int64_t i, const CostModel 
 
 static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepPlan *p, const StepStats *s)
 {
-    int counts[4] = {0};
+    int counts[5] = {0};
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         counts[p->mbs[i].mode]++;
     int64_t docs = 0;
@@ -78,12 +80,27 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
             (long long)p->carried);
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         fprintf(f, "%s%lld", i ? "," : "", (long long)p->mbs[i].tokens);
-    fprintf(f, "],\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"sharding\":{\"per_seq\":%d,\"per_doc\":%d,"
-               "\"hybrid\":%d},\"predicted_ms\":%.6g,\"baseline_ms\":%.6g,\"speedup\":%.6g,\"packer_ms\":%.4g,"
+    fprintf(f, "],\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"cp_time_imbalance\":%.6g,\"sharding\":{\"per_seq\":%d,\"per_doc\":%d,"
+               "\"hybrid\":%d,\"groups\":%d},\"predicted_ms\":%.6g,\"baseline_ms\":%.6g,\"speedup\":%.6g,\"packer_ms\":%.4g,"
                "\"token_delay_steps\":%.4g",
-            s->pp_imbalance, s->cp_imbalance, counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
-            s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
+            s->pp_imbalance, s->cp_imbalance, s->cp_time_imbalance, counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
+            counts[CP_GROUPS], s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
             p->tokens ? s->delay_token_steps / (double)p->tokens : 0);
+    /* CP ranks by the size of the group they exchange K/V in, over the step's micro-batches (the
+     * whole CP group but with sharding groups; 1: no exchange). */
+    if (p->cp > 1) {
+        fputs(",\"cp_group_ranks\":{", f);
+        int first = 1;
+        for (int g = 1; g <= p->cp; g *= 2) {
+            int64_t n = 0;
+            for (int64_t r = 0; r < p->n_ranks; r++)
+                n += p->ranks[r].group_size == g;
+            if (n)
+                fprintf(f, "%s\"%d\":%lld", first ? "" : ",", g, (long long)n);
+            first &= !n;
+        }
+        fputc('}', f);
+    }
     (void)cfg;
 }
 
@@ -119,7 +136,7 @@ static Dist dist_of(double *v, int64_t n)
 typedef struct RunSummary {
     int64_t steps, tokens;
     double predicted_s, baseline_s, delay_token_steps;
-    Dist pp, cp, speedup, packer_ms;
+    Dist pp, cp, cpt, speedup, packer_ms;
 } RunSummary;
 
 static void json_dist(FILE *f, const char *key, Dist d)
@@ -145,6 +162,7 @@ static void json_summary(FILE *f, const RunSummary *s, const Planner *pl, const 
             (long long)s->tokens, s->predicted_s, s->baseline_s, s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1);
     json_dist(f, "pp_imbalance", s->pp);
     json_dist(f, "cp_imbalance", s->cp);
+    json_dist(f, "cp_time_imbalance", s->cpt);
     json_dist(f, "speedup", s->speedup);
     json_dist(f, "packer_ms", s->packer_ms);
     if (mp)
@@ -170,13 +188,14 @@ typedef struct Run {
 
 static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
 {
-    int counts[4] = {0};
+    int counts[5] = {0};
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         counts[p->mbs[i].mode]++;
     printf("step %5lld  tokens %9lld  queued %3lld  pp_imb %.3f  cp_imb %.3f", (long long)p->step + 1,
            (long long)p->tokens, (long long)p->queued, s->pp_imbalance, s->cp_imbalance);
     if (cfg->parallel.cp > 1)
-        printf("  seq/doc/hyb %d/%d/%d", counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID]);
+        printf("  seq/doc/hyb/grp %d/%d/%d/%d", counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
+               counts[CP_GROUPS]);
     printf("  pred %9.2f ms  base %9.2f ms  x%.3f  plan %.2f ms\n", s->predicted_ms, s->baseline_ms,
            s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1.0, s->packer_ms);
 }
@@ -188,10 +207,12 @@ static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPla
                             int64_t *worst_mb, Error *err)
 {
     memset(s, 0, sizeof *s);
-    double t0 = clock_seconds();
+    /* The planner's CPU time (one thread): the same as its wall time on an idle machine, and not
+     * inflated by other processes on a busy one. */
+    double t0 = clock_thread_cpu_seconds();
     if (plan_step(pl, plan, err) != 0)
         return -1;
-    s->packer_ms = (clock_seconds() - t0) * 1e3;
+    s->packer_ms = (clock_thread_cpu_seconds() - t0) * 1e3;
     double seconds = 0, base_s = 0;
     if (sched_step_time(plan, run->cost, &seconds, err) != 0)
         return -1;
@@ -200,6 +221,7 @@ static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPla
         return -1;
     s->pp_imbalance = plan_pp_imbalance(plan);
     s->cp_imbalance = plan_cp_imbalance(plan, worst_mb);
+    s->cp_time_imbalance = plan_cp_time_imbalance(plan);
     s->predicted_s = seconds;
     s->baseline_s = base_s;
     s->predicted_ms = seconds * 1e3;
@@ -211,22 +233,24 @@ static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPla
 
 /* The per-step figures a run's summary is made of. */
 typedef struct Series {
-    double *pp, *cp, *speedup, *packer_ms;
+    double *pp, *cp, *cpt, *speedup, *packer_ms;
 } Series;
 
 static int series_alloc(Series *v, int64_t n, Error *err)
 {
     v->pp = malloc((size_t)(n ? n : 1) * sizeof *v->pp);
     v->cp = malloc((size_t)(n ? n : 1) * sizeof *v->cp);
+    v->cpt = malloc((size_t)(n ? n : 1) * sizeof *v->cpt);
     v->speedup = malloc((size_t)(n ? n : 1) * sizeof *v->speedup);
     v->packer_ms = malloc((size_t)(n ? n : 1) * sizeof *v->packer_ms);
-    return v->pp && v->cp && v->speedup && v->packer_ms ? 0 : error_runtime(err, "dry run", "out of memory");
+    return v->pp && v->cp && v->cpt && v->speedup && v->packer_ms ? 0 : error_runtime(err, "dry run", "out of memory");
 }
 
 static void series_free(Series *v)
 {
     free(v->pp);
     free(v->cp);
+    free(v->cpt);
     free(v->speedup);
     free(v->packer_ms);
 }
@@ -235,6 +259,7 @@ static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats
 {
     v->pp[step] = s->pp_imbalance;
     v->cp[step] = s->cp_imbalance;
+    v->cpt[step] = s->cp_time_imbalance;
     v->speedup[step] = with_baseline && s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1;
     v->packer_ms[step] = s->packer_ms;
     sum->tokens += s->tokens;
@@ -248,6 +273,7 @@ static void series_summarize(Series *v, RunSummary *sum, int64_t n)
     sum->steps = n;
     sum->pp = dist_of(v->pp, n);
     sum->cp = dist_of(v->cp, n);
+    sum->cpt = dist_of(v->cpt, n);
     sum->speedup = dist_of(v->speedup, n);
     sum->packer_ms = dist_of(v->packer_ms, n);
 }
@@ -359,8 +385,9 @@ static void print_memory(const Config *cfg, const DryRunMemoryPlan *mp)
 static void print_summary(const RunSummary *s)
 {
     printf("summary: %lld steps, %lld tokens; pp_imbalance mean %.3f p95 %.3f max %.3f; cp_imbalance mean %.3f "
-           "max %.3f\n",
-           (long long)s->steps, (long long)s->tokens, s->pp.mean, s->pp.p95, s->pp.max, s->cp.mean, s->cp.max);
+           "max %.3f (with the exchange: mean %.3f max %.3f)\n",
+           (long long)s->steps, (long long)s->tokens, s->pp.mean, s->pp.p95, s->pp.max, s->cp.mean, s->cp.max,
+           s->cpt.mean, s->cpt.max);
     printf("summary: predicted %.2f s (%.0f tokens/s) vs Plain-4D %.2f s on the same documents: speedup %.3fx (per "
            "step mean %.3f, p50 %.3f); planning %.3f ms/step mean, %.3f max; token delay %.3f steps\n",
            s->predicted_s, s->predicted_s > 0 ? (double)s->tokens / s->predicted_s : 0, s->baseline_s,
@@ -372,11 +399,13 @@ static void print_summary(const RunSummary *s)
 static int compare_all(const Run *base_run, Error *err)
 {
     static const PackerKind packers[] = {PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB};
-    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID};
-    int n_modes = base_run->cfg->parallel.cp > 1 ? 4 : 1;
+    static const CpSharding modes[] = {CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID, CP_GROUPS};
+    /* groups needs cp a power of two (aligned blocks). */
+    int64_t cp = base_run->cfg->parallel.cp;
+    int n_modes = cp == 1 ? 1 : (cp & (cp - 1)) == 0 ? 5 : 4;
     double plain_tps = 0;
-    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s\n", "packer", "cp", "pp_imb", "p95", "cp_imb", "tokens/s",
-           "speedup", "plan_ms", "delay");
+    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s %9s\n", "packer", "cp", "pp_imb", "p95", "cp_imb", "tokens/s",
+           "speedup", "plan_ms", "delay", "cp_t_imb");
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < n_modes; b++) {
             Run run = *base_run;
@@ -390,14 +419,14 @@ static int compare_all(const Run *base_run, Error *err)
             double tps = s.predicted_s > 0 ? (double)s.tokens / s.predicted_s : 0;
             if (a == 0 && b == 0)
                 plain_tps = tps;
-            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f\n", config_packer_name(run.packer),
+            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f %9.3f\n", config_packer_name(run.packer),
                    config_cp_sharding_name(run.sharding), s.pp.mean, s.pp.p95, s.cp.mean, tps,
                    plain_tps > 0 ? tps / plain_tps : 1, s.packer_ms.mean,
-                   s.tokens ? s.delay_token_steps / (double)s.tokens : 0);
+                   s.tokens ? s.delay_token_steps / (double)s.tokens : 0, s.cpt.mean);
             fflush(stdout);
         }
     printf("tokens/s: predicted for the whole cluster; speedup: against fixed + per_seq (Plain-4D) on the same "
-           "stream\n");
+           "stream; cp_t_imb: cp_imb with each rank's K/V exchange counted\n");
     return 0;
 }
 

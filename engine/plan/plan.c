@@ -126,7 +126,7 @@ void plan_largest(const Planner *pl, int64_t *mb_tokens, int64_t *rank_rows)
     /* per_seq and per_doc give every CP rank mb / cp rows; hybrid may put whole documents on a rank
      * up to its capacity. */
     int64_t rows = mb / pl->cp;
-    if (pl->cp > 1 && pl->sharding == CP_HYBRID && pl->rank_capacity > rows)
+    if (pl->cp > 1 && (pl->sharding == CP_HYBRID || pl->sharding == CP_GROUPS) && pl->rank_capacity > rows)
         rows = pl->rank_capacity < mb ? pl->rank_capacity : mb;
     *mb_tokens = mb;
     *rank_rows = rows;
@@ -281,6 +281,24 @@ double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb)
     return worst;
 }
 
+double plan_cp_time_imbalance(const StepPlan *p)
+{
+    double worst = 1;
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        double mx = 0, sum = 0;
+        for (int r = 0; r < p->cp; r++) {
+            const PlanRank *k = &p->ranks[mb->first_rank + r];
+            double t = plan_rank_compute(p, mb, r) + k->comm_fwd_s + k->comm_bwd_s;
+            mx = t > mx ? t : mx;
+            sum += t;
+        }
+        if (sum > 0 && mx * p->cp / sum > worst)
+            worst = mx * p->cp / sum;
+    }
+    return worst;
+}
+
 /* CRC-32 of n fixed-size fields, field by field (no struct padding). */
 #define DIGEST(crc, v) ((crc) = crc32((crc), (const Bytef *)&(v), sizeof(v)))
 
@@ -308,6 +326,8 @@ uint32_t plan_digest(const StepPlan *p)
         DIGEST(crc, d->len);
         DIGEST(crc, d->start);
         DIGEST(crc, d->rank);
+        DIGEST(crc, d->group_first);
+        DIGEST(crc, d->group_size);
     }
     for (int64_t i = 0; i < p->n_ranges; i++) {
         DIGEST(crc, p->ranges[i].rank);
@@ -326,6 +346,8 @@ uint32_t plan_digest(const StepPlan *p)
         DIGEST(crc, p->ranks[i].n_ranges);
         DIGEST(crc, p->ranks[i].first_segment);
         DIGEST(crc, p->ranks[i].n_segments);
+        DIGEST(crc, p->ranks[i].group_first);
+        DIGEST(crc, p->ranks[i].group_size);
     }
     return (uint32_t)crc;
 }

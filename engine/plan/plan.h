@@ -24,7 +24,8 @@
  *   wlb           WLB-LLM Algorithm 1: variable-length micro-batches of at most S_max tokens; long
  *                 documents (>= outlier_thresholds[0]) wait in queues until one can go to every
  *                 micro-batch; what does not fit carries to the next step.
- * CP sharding (balance.cp_sharding): per_seq, per_doc, adaptive, hybrid; see plan_shard.c.
+ * CP sharding (balance.cp_sharding): per_seq, per_doc, adaptive, hybrid (plan_shard.c), groups
+ * (plan_groups.c).
  */
 #ifndef WLB_ENGINE_PLAN_H
 #define WLB_ENGINE_PLAN_H
@@ -47,7 +48,10 @@ typedef struct PlanDoc {
     int64_t start;     /* first token within the micro-batch (once placed) */
     int64_t seq;       /* position in the stream: the baseline packs in this order */
     int64_t arrival;   /* step at which it was read from the stream */
-    int32_t rank;      /* CP rank holding it whole, or -1 when sharded over the CP group */
+    int32_t rank;      /* CP rank holding it whole, or -1 when sharded over a group of CP ranks */
+    int32_t group_first, group_size; /* once placed: the CP ranks [first, first + size) it is spread
+                                      * over (per_doc within them when size > 1); size 1: whole on
+                                      * rank `first`; the whole CP group for per_seq and per_doc */
 } PlanDoc;
 
 typedef struct PlanRange {
@@ -60,9 +64,12 @@ typedef struct PlanSegment {
     int64_t q_start, q_len, kv_start; /* keys [kv_start, q_start + q_len) */
 } PlanSegment;
 
-/* One CP rank's share of a micro-batch, and its predicted seconds per layer. */
+/* One CP rank's share of a micro-batch, and its predicted seconds per layer. The rank exchanges
+ * K/V (and dK/dV) with the CP ranks [group_first, group_first + group_size) only: the whole CP group
+ * in every mode but groups, an aligned block of a power-of-two size in groups (size 1: no exchange). */
 typedef struct PlanRank {
     int64_t tokens;
+    int32_t group_first, group_size;
     int64_t first_range, n_ranges;
     int64_t first_segment, n_segments;
     double attn_fwd_s, attn_bwd_s, linear_fwd_s, linear_bwd_s, comm_fwd_s, comm_bwd_s;
@@ -74,8 +81,8 @@ typedef struct PlanMicroBatch {
     int64_t tokens;          /* padding included */
     int64_t pad;             /* padding tokens (the last piece) */
     int64_t first_doc, n_docs;
-    CpSharding mode;         /* per_seq, per_doc or hybrid: what was chosen */
-    int64_t sharded_tokens;  /* tokens whose K/V go through the CP all-gather */
+    CpSharding mode;         /* per_seq, per_doc, hybrid or groups: what was chosen */
+    int64_t sharded_tokens;  /* tokens whose K/V go through a CP all-gather (of any group) */
     int64_t first_rank;      /* cp PlanRank entries */
     double fwd_s, bwd_s;     /* per layer: the slowest CP rank, communication included */
 } PlanMicroBatch;
@@ -163,6 +170,10 @@ int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *
  * micro-batch per layer, forward + backward. */
 double plan_pp_imbalance(const StepPlan *p);
 double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb);
+/* The same with each rank's time, its K/V exchange (and TP all-reduces) included: with sharding
+ * groups ranks of different groups exchange different amounts, and the planner evens their times,
+ * not their compute. */
+double plan_cp_time_imbalance(const StepPlan *p);
 double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r);
 /* A CRC-32 of everything the ranks execute: micro-batches, pieces, ranges, segments. Ranks that
  * planned the same step get the same digest. */

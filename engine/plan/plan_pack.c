@@ -97,7 +97,7 @@ static int emit(StepPlan *p, const Packed *pk, int n_mb, int64_t pad_unit, Error
         }
         int64_t pad = at % pad_unit ? pad_unit - at % pad_unit : 0;
         if (pad) {
-            PlanDoc d = {PLAN_PAD_SOURCE, 0, 0, pad, at, -1, p->step, -1};
+            PlanDoc d = {PLAN_PAD_SOURCE, 0, 0, pad, at, -1, p->step, -1, 0, 0};
             if (plan_add_doc(p, &d) < 0)
                 rc = error_runtime(err, "planner", "out of memory");
         }
@@ -122,7 +122,7 @@ static void take_piece(Planner *pl, PlanDoc *d)
     } else {
         DataPiece piece;
         data_stream_next(pl->stream, &piece);
-        *d = (PlanDoc){piece.source, piece.doc, piece.offset, (int64_t)piece.len, 0, pl->seq++, -1, -1};
+        *d = (PlanDoc){piece.source, piece.doc, piece.offset, (int64_t)piece.len, 0, pl->seq++, -1, -1, 0, 0};
     }
     if (d->arrival < 0) /* it joins this step's batch now */
         d->arrival = pl->step;

@@ -22,72 +22,83 @@
  *             and per_doc beside them, and the fastest is kept: hybrid never predicts worse than
  *             either. (A document-by-document greedy does not work: the first whole document
  *             always makes one rank slower than sharding it would, before the later ones even it.)
+ *   groups    hybrid, and per micro-batch the CP ranks split into aligned groups of power-of-two
+ *             sizes, each document sharded per_doc over one group (plan_groups.c); the faster of
+ *             the two is kept.
  * Times are per layer: a CP rank's attention over its segments, its GEMMs and element-wise work for
- * its tokens, its TP all-reduces, and the group's K/V all-gather; CP ranks meet at every layer, so
+ * its tokens, its TP all-reduces, and its group's K/V all-gather; CP ranks meet at every layer, so
  * a micro-batch takes the slowest rank's time, forward plus backward.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/plan/plan.h"
+#include "engine/plan/plan_shard_impl.h"
 #include "util/array.h"
 
-/* One candidate layout of a micro-batch over the CP ranks. */
-typedef struct Shard {
-    int cp;
-    PlanRange *ranges;
-    PlanSegment *segs;
-    int64_t n_ranges, cap_ranges, n_segs, cap_segs;
-    int64_t *last_range;   /* per rank: its last range (to merge contiguous ones), -1 none */
-    int64_t *tokens;       /* per rank */
-    double *attn;          /* per rank: attention seconds, forward + backward */
-    double *attn_fwd, *attn_bwd;
-    int64_t sharded;       /* tokens in the K/V all-gather */
-    int counter;           /* per_doc leftover-token counter */
-    int32_t *doc_rank;     /* per document: the rank holding it whole, or -1 when sharded */
-    int64_t cap_docs;
-} Shard;
-
-enum { SHARD_SEQ, SHARD_DOC, SHARD_BEST, SHARD_TRY, SHARD_N };
-
-typedef struct ShardScratch {
-    Shard cand[SHARD_N];
-    int64_t *order;
-    int64_t cap_order;
-} ShardScratch;
-
-static int shard_alloc(Shard *s, int cp)
+static void shard_free_ranks(Shard *s)
 {
-    if (s->cp == cp)
-        return 0;
     free(s->last_range);
     free(s->tokens);
     free(s->attn);
     free(s->attn_fwd);
     free(s->attn_bwd);
-    s->cp = cp;
-    s->last_range = malloc((size_t)cp * sizeof *s->last_range);
-    s->tokens = malloc((size_t)cp * sizeof *s->tokens);
-    s->attn = malloc((size_t)cp * sizeof *s->attn);
-    s->attn_fwd = malloc((size_t)cp * sizeof *s->attn_fwd);
-    s->attn_bwd = malloc((size_t)cp * sizeof *s->attn_bwd);
-    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd ? 0 : -1;
+    free(s->grp_first);
+    free(s->grp_size);
+    free(s->grp_sharded);
+    free(s->counter);
 }
 
-static int shard_reset(Shard *s, int64_t n_docs)
+static int shard_alloc(Shard *s, int cp)
+{
+    if (s->cp == cp)
+        return 0;
+    shard_free_ranks(s);
+    s->cp = cp;
+    size_t n = (size_t)cp;
+    s->last_range = malloc(n * sizeof *s->last_range);
+    s->tokens = malloc(n * sizeof *s->tokens);
+    s->attn = malloc(n * sizeof *s->attn);
+    s->attn_fwd = malloc(n * sizeof *s->attn_fwd);
+    s->attn_bwd = malloc(n * sizeof *s->attn_bwd);
+    s->grp_first = malloc(n * sizeof *s->grp_first);
+    s->grp_size = malloc(n * sizeof *s->grp_size);
+    s->grp_sharded = malloc(n * sizeof *s->grp_sharded);
+    s->counter = malloc(n * sizeof *s->counter);
+    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd && s->grp_first && s->grp_size &&
+                   s->grp_sharded && s->counter
+               ? 0
+               : -1;
+}
+
+int shard_reset(Shard *s, int64_t n_docs)
 {
     int32_t *doc_rank = array_grow(s->doc_rank, &s->cap_docs, n_docs, sizeof *doc_rank);
     if (!doc_rank)
         return -1;
     s->doc_rank = doc_rank;
-    for (int64_t k = 0; k < n_docs; k++)
+    int32_t *doc_first = array_grow(s->doc_first, &s->cap_doc_first, n_docs, sizeof *doc_first);
+    if (!doc_first)
+        return -1;
+    s->doc_first = doc_first;
+    int32_t *doc_size = array_grow(s->doc_size, &s->cap_doc_size, n_docs, sizeof *doc_size);
+    if (!doc_size)
+        return -1;
+    s->doc_size = doc_size;
+    for (int64_t k = 0; k < n_docs; k++) {
         s->doc_rank[k] = -1;
+        s->doc_first[k] = 0;
+        s->doc_size[k] = s->cp;
+    }
     s->n_ranges = s->n_segs = s->sharded = 0;
-    s->counter = 0;
     for (int r = 0; r < s->cp; r++) {
         s->last_range[r] = -1;
         s->tokens[r] = 0;
         s->attn[r] = s->attn_fwd[r] = s->attn_bwd[r] = 0;
+        s->grp_first[r] = 0;
+        s->grp_size[r] = s->cp;
+        s->grp_sharded[r] = 0;
+        s->counter[r] = 0;
     }
     return 0;
 }
@@ -95,13 +106,11 @@ static int shard_reset(Shard *s, int64_t n_docs)
 static void shard_free(Shard *s)
 {
     free(s->doc_rank);
+    free(s->doc_first);
+    free(s->doc_size);
     free(s->ranges);
     free(s->segs);
-    free(s->last_range);
-    free(s->tokens);
-    free(s->attn);
-    free(s->attn_fwd);
-    free(s->attn_bwd);
+    shard_free_ranks(s);
 }
 
 static int add_range(Shard *s, int r, int64_t start, int64_t len)
@@ -141,9 +150,11 @@ static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, 
 }
 
 /* Document k held whole by rank r: one range, one segment, nothing exchanged. */
-static int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int r)
+int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int r)
 {
     s->doc_rank[k] = r;
+    s->doc_first[k] = r;
+    s->doc_size[k] = 1;
     if (add_range(s, r, docs[k].start, docs[k].len) != 0)
         return -1;
     return add_segment(s, cost, r, docs[k].start, docs[k].len, docs[k].start);
@@ -154,29 +165,42 @@ static int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int
  * (as WLB-LLM's artifact does). Chunk c and chunk 2CP - 1 - c share a rank, so every rank gets one
  * of the first CP leftovers of a cycle and one of the next CP: rank counts differ by at most one,
  * and not at all when the micro-batch is a multiple of 2 CP tokens. */
-static void per_doc_chunks(int cp, int64_t len, int *counter, int64_t *size)
+static void per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
 {
-    int n = 2 * cp;
+    int n = 2 * g;
     for (int c = 0; c < n; c++)
         size[c] = len / n;
     for (int64_t e = 0; e < len % n; e++)
         size[(*counter)++ % n]++;
 }
 
-/* A document sharded per_doc: chunk i and 2 CP - 1 - i of it on rank i. */
-static int shard_per_doc(Shard *s, const CostModel *cost, const PlanDoc *d)
+/* Document k sharded per_doc over the g CP ranks first .. first + g - 1: chunk i and 2 g - 1 - i of
+ * it on rank first + i. Each group runs its own leftover counter (the group's first rank's). */
+int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g)
 {
-    int n = 2 * s->cp;
+    const PlanDoc *d = &docs[k];
+    int n = 2 * g;
     int64_t size[2 * 1024], at = d->start;
-    per_doc_chunks(s->cp, d->len, &s->counter, size);
+    per_doc_chunks(g, d->len, &s->counter[first], size);
     for (int c = 0; c < n; c++) {
-        int r = c < s->cp ? c : n - 1 - c;
+        int r = first + (c < g ? c : n - 1 - c);
         if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
             return -1;
         at += size[c];
     }
+    s->doc_rank[k] = -1;
+    s->doc_first[k] = first;
+    s->doc_size[k] = g;
+    for (int r = first; r < first + g; r++)
+        s->grp_sharded[r] += d->len;
     s->sharded += d->len;
     return 0;
+}
+
+/* A document sharded per_doc over the whole CP group. */
+static int shard_per_doc(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k)
+{
+    return shard_per_doc_group(s, cost, docs, k, 0, s->cp);
 }
 
 /* The whole micro-batch per_seq: chunk c is [c T / 2CP, (c + 1) T / 2CP); a document crossing
@@ -200,30 +224,95 @@ static int shard_per_seq(Shard *s, const CostModel *cost, const PlanDoc *docs, i
         }
     }
     s->sharded = total;
+    for (int r = 0; r < s->cp; r++)
+        s->grp_sharded[r] = total;
     return 0;
 }
 
 /* Predicted seconds of one layer, forward + backward, of a rank with this attention time and tokens:
  * attention, GEMMs and element-wise work, TP all-reduces. */
-static double rank_time_with(const CostModel *cost, double attn, int64_t tokens)
+double shard_rank_time_with(const CostModel *cost, double attn, int64_t tokens)
 {
     return attn + cost_linear_fwd_s(cost, tokens) + cost_linear_bwd_s(cost, tokens) + 2 * cost_tp_comm_s(cost, tokens);
 }
 
 static double rank_time(const Shard *s, const CostModel *cost, int r)
 {
-    return rank_time_with(cost, s->attn[r], s->tokens[r]);
+    return shard_rank_time_with(cost, s->attn[r], s->tokens[r]);
 }
 
-/* The slowest rank plus the group's K/V exchange: CP ranks meet at every layer. */
-static double shard_time(const Shard *s, const CostModel *cost)
+/* Rank r's K/V exchange in one direction: the all-gather of its group's sharded rows. */
+static double rank_cp_comm(const Shard *s, const CostModel *cost, int r)
+{
+    return cost_cp_comm_group_s(cost, s->grp_size[r], s->grp_sharded[r]);
+}
+
+/* The slowest rank, its group's K/V exchange included: CP ranks meet at every layer. (With one
+ * group, the whole CP group, this is the slowest rank's compute plus the group's exchange.) */
+double shard_time(const Shard *s, const CostModel *cost)
 {
     double worst = 0;
     for (int r = 0; r < s->cp; r++) {
-        double t = rank_time(s, cost, r);
+        double t = rank_time(s, cost, r) + 2 * rank_cp_comm(s, cost, r);
         worst = t > worst ? t : worst;
     }
-    return worst + 2 * cost_cp_comm_s(cost, s->sharded);
+    return worst;
+}
+
+/* Rank r's forward and backward seconds per layer, as the plan records them (commit). */
+static void rank_fwd_bwd(const Shard *s, const CostModel *cost, int r, double *f, double *b)
+{
+    double comm = cost_tp_comm_s(cost, s->tokens[r]) + rank_cp_comm(s, cost, r);
+    *f = s->attn_fwd[r] + cost_linear_fwd_s(cost, s->tokens[r]) + comm;
+    *b = s->attn_bwd[r] + cost_linear_bwd_s(cost, s->tokens[r]) + comm;
+}
+
+/* The micro-batch's predicted seconds per layer as the plan records them: the slowest forward and
+ * the slowest backward (what the pipeline schedule and the dry run take). */
+static void shard_mb_times(const Shard *s, const CostModel *cost, double *fwd, double *bwd)
+{
+    *fwd = *bwd = 0;
+    for (int r = 0; r < s->cp; r++) {
+        double f, b;
+        rank_fwd_bwd(s, cost, r, &f, &b);
+        *fwd = f > *fwd ? f : *fwd;
+        *bwd = b > *bwd ? b : *bwd;
+    }
+}
+
+static int64_t shard_max_tokens(const Shard *s)
+{
+    int64_t mx = 0;
+    for (int r = 0; r < s->cp; r++)
+        mx = s->tokens[r] > mx ? s->tokens[r] : mx;
+    return mx;
+}
+
+/* 1 when a is faster than b per layer and over the whole pipeline: the sum of what the pipeline
+ * schedule takes of a micro-batch (sched_micro_batch_times) - forward and backward of every layer,
+ * the output layer on the most rows a CP rank holds, and the sends of those rows between stages.
+ * (Uneven CP ranks cost the last stage's output layer and the sends more than their per-layer
+ * time shows.) */
+static int shard_faster(const Shard *a, const Shard *b, const CostModel *cost)
+{
+    double af, ab, bf, bb;
+    shard_mb_times(a, cost, &af, &ab);
+    shard_mb_times(b, cost, &bf, &bb);
+    int64_t ma = shard_max_tokens(a), mb = shard_max_tokens(b);
+    double sends = 2.0 * (cost->pp * cost->v - 1);
+    double ta = cost->n_layers * (af + ab) + cost_head_fwd_s(cost, ma) + cost_head_bwd_s(cost, ma) +
+                sends * cost_p2p_s(cost, ma);
+    double tb = cost->n_layers * (bf + bb) + cost_head_fwd_s(cost, mb) + cost_head_bwd_s(cost, mb) +
+                sends * cost_p2p_s(cost, mb);
+    return af + ab < bf + bb && ta < tb;
+}
+
+int shard_fits(const Shard *s, int64_t capacity)
+{
+    for (int r = 0; r < s->cp; r++)
+        if (s->tokens[r] > capacity)
+            return 0;
+    return 1;
 }
 
 /* Longest first; equal lengths by position. */
@@ -245,8 +334,12 @@ static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, in
     if (shard_reset(s, n_docs) != 0)
         return -1;
     for (int64_t k = 0; k < n_docs; k++)
-        if (docs[k].len >= threshold && shard_per_doc(s, cost, &docs[k]) != 0)
+        if (docs[k].len >= threshold && shard_per_doc(s, cost, docs, k) != 0)
             return -1;
+    /* Each rank's time, kept as documents arrive (only the ranks a document lands on change). */
+    double t_rank[1024];
+    for (int r = 0; r < s->cp; r++)
+        t_rank[r] = rank_time(s, cost, r);
     for (int64_t i = 0; i < n_docs; i++) {
         int64_t k = order[i];
         if (docs[k].len >= threshold)
@@ -254,14 +347,15 @@ static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, in
         int best = -1;
         double best_t = 0;
         for (int r = 0; r < s->cp; r++) {
-            double t = rank_time(s, cost, r);
-            if (s->tokens[r] + docs[k].len <= capacity && (best < 0 || t < best_t)) {
+            if (s->tokens[r] + docs[k].len <= capacity && (best < 0 || t_rank[r] < best_t)) {
                 best = r;
-                best_t = t;
+                best_t = t_rank[r];
             }
         }
-        if ((best >= 0 ? shard_whole(s, cost, docs, k, best) : shard_per_doc(s, cost, &docs[k])) != 0)
+        if ((best >= 0 ? shard_whole(s, cost, docs, k, best) : shard_per_doc(s, cost, docs, k)) != 0)
             return -1;
+        for (int r = best >= 0 ? best : 0; r < (best >= 0 ? best + 1 : s->cp); r++)
+            t_rank[r] = rank_time(s, cost, r);
     }
     return 0;
 }
@@ -269,18 +363,23 @@ static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, in
 /* Copies candidate s into the plan as micro-batch i's ranks, ranges and segments (rank by rank). */
 static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostModel *cost)
 {
-    for (int64_t k = 0; k < mb->n_docs; k++)
-        p->docs[mb->first_doc + k].rank = s->doc_rank[k];
+    for (int64_t k = 0; k < mb->n_docs; k++) {
+        PlanDoc *d = &p->docs[mb->first_doc + k];
+        d->rank = s->doc_rank[k];
+        d->group_first = s->doc_first[k];
+        d->group_size = s->doc_size[k];
+    }
     mb->first_rank = p->n_ranks;
     mb->sharded_tokens = s->sharded;
     mb->fwd_s = mb->bwd_s = 0;
-    double cp_comm = cost_cp_comm_s(cost, s->sharded);
     for (int r = 0; r < s->cp; r++) {
         int64_t k = plan_add_rank(p);
         if (k < 0)
             return -1;
         PlanRank *pr = &p->ranks[k];
         pr->tokens = s->tokens[r];
+        pr->group_first = s->grp_first[r];
+        pr->group_size = s->grp_size[r];
         pr->first_range = p->n_ranges;
         for (int64_t i = 0; i < s->n_ranges; i++)
             if (s->ranges[i].rank == r && plan_add_range(p, r, s->ranges[i].start, s->ranges[i].len) < 0)
@@ -297,7 +396,7 @@ static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMod
         pr->attn_bwd_s = s->attn_bwd[r];
         pr->linear_fwd_s = cost_linear_fwd_s(cost, pr->tokens);
         pr->linear_bwd_s = cost_linear_bwd_s(cost, pr->tokens);
-        pr->comm_fwd_s = pr->comm_bwd_s = cost_tp_comm_s(cost, pr->tokens) + cp_comm;
+        pr->comm_fwd_s = pr->comm_bwd_s = cost_tp_comm_s(cost, pr->tokens) + rank_cp_comm(s, cost, r);
         double f = pr->attn_fwd_s + pr->linear_fwd_s + pr->comm_fwd_s;
         double b = pr->attn_bwd_s + pr->linear_bwd_s + pr->comm_bwd_s;
         mb->fwd_s = f > mb->fwd_s ? f : mb->fwd_s;
@@ -332,6 +431,9 @@ void plan_shard_scratch_free(StepPlan *p)
     for (int i = 0; i < SHARD_N; i++)
         shard_free(&sc->cand[i]);
     free(sc->order);
+    free(sc->est);
+    free(sc->assign);
+    free(sc->best_assign);
     free(sc);
     p->shard_scratch = NULL;
 }
@@ -347,6 +449,7 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
     int64_t longest = n ? docs[sc->order[0]].len : 0;
     int64_t first = cost->hw.attn_tile > 16 ? cost->hw.attn_tile : 16;
     *best_t = -1;
+    sc->hybrid_threshold = -1;
     for (int64_t threshold = first;; threshold *= 2) {
         Shard *trial = &sc->cand[SHARD_TRY];
         if (shard_hybrid(trial, cost, docs, n, sc->order, threshold, capacity) != 0)
@@ -355,14 +458,12 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
         /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
          * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
          * activation memory) and is not taken. per_seq and per_doc, even by construction, remain. */
-        int fits = 1;
-        for (int r = 0; r < trial->cp; r++)
-            fits &= trial->tokens[r] <= capacity;
-        if (fits && (*best_t < 0 || t < *best_t)) {
+        if (shard_fits(trial, capacity) && (*best_t < 0 || t < *best_t)) {
             Shard tmp = sc->cand[SHARD_BEST];
             sc->cand[SHARD_BEST] = *trial;
             *trial = tmp;
             *best_t = t;
+            sc->hybrid_threshold = threshold;
         }
         if (threshold > longest || threshold > capacity)
             break;
@@ -382,6 +483,7 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
     if (!sc)
         return error_runtime(err, "planner", "out of memory");
     Shard *seq = &sc->cand[SHARD_SEQ], *doc = &sc->cand[SHARD_DOC], *hyb = &sc->cand[SHARD_BEST];
+    Shard *grp = &sc->cand[SHARD_GROUPS];
     if (shard_reset(seq, n) != 0 || shard_reset(doc, n) != 0)
         return error_runtime(err, "planner", "out of memory");
     const Shard *chosen;
@@ -393,15 +495,18 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
         chosen = seq;
         mb->mode = CP_PER_SEQ;
     } else {
-        double t_seq = -1, t_doc = -1, t_hyb = -1;
+        double t_seq = -1, t_doc = -1, t_hyb = -1, t_grp = -1;
         if (mode != CP_PER_DOC && (rc = shard_per_seq(seq, cost, docs, n, mb->tokens)) == 0)
             t_seq = shard_time(seq, cost);
         for (int64_t k = 0; k < n && rc == 0 && mode != CP_PER_SEQ; k++)
-            rc = shard_per_doc(doc, cost, &docs[k]);
+            rc = shard_per_doc(doc, cost, docs, k);
         if (rc == 0 && mode != CP_PER_SEQ)
             t_doc = shard_time(doc, cost);
-        if (rc == 0 && mode == CP_HYBRID)
+        if (rc == 0 && (mode == CP_HYBRID || mode == CP_GROUPS))
             rc = best_hybrid(sc, cost, docs, n, rank_capacity, &t_hyb);
+        /* groups: aligned blocks need cp a power of two (the config insists); otherwise hybrid. */
+        if (rc == 0 && mode == CP_GROUPS && (cp & (cp - 1)) == 0)
+            rc = plan_groups_best(sc, cost, docs, n, rank_capacity, t_hyb, &t_grp);
         /* The fastest of the computed candidates; ties go to the simpler layout. */
         chosen = t_seq >= 0 ? seq : doc;
         mb->mode = t_seq >= 0 ? CP_PER_SEQ : CP_PER_DOC;
@@ -409,9 +514,16 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
             chosen = doc;
             mb->mode = CP_PER_DOC;
         }
-        if (t_hyb >= 0 && t_hyb < (chosen == seq ? t_seq : t_doc)) {
+        double t_chosen = chosen == seq ? t_seq : t_doc;
+        if (t_hyb >= 0 && t_hyb < t_chosen) {
             chosen = hyb;
             mb->mode = CP_HYBRID;
+        }
+        /* groups against the rest on the figures the plan records, forward and backward, so that it
+         * is never predicted worse than hybrid there either, nor in the pipeline. */
+        if (t_grp >= 0 && shard_faster(grp, chosen, cost)) {
+            chosen = grp;
+            mb->mode = CP_GROUPS;
         }
     }
     if (rc == 0)

@@ -26,7 +26,7 @@ static void put_piece(uint64_t **w, const PlanDoc *d)
 
 static PlanDoc get_piece(const uint64_t *p)
 {
-    return (PlanDoc){(uint32_t)p[0], p[1], p[2], (int64_t)p[3], 0, (int64_t)p[4], (int64_t)p[5], -1};
+    return (PlanDoc){(uint32_t)p[0], p[1], p[2], (int64_t)p[3], 0, (int64_t)p[4], (int64_t)p[5], -1, 0, 0};
 }
 
 size_t plan_state_words(const Planner *pl)

@@ -89,8 +89,10 @@ static int read_piece(BatchBuffers *bb, const PlanDoc *d, const DataSources *dat
 }
 
 /* The K/V exchange of micro-batch mb for CP rank `rank` (ModelBatch's CP fields): which rows are
- * of sharded documents, this rank's rows in micro-batch coordinates, and what every rank sends, in
- * CP rank order and each rank's own row order - the order all of them agree on. */
+ * of sharded documents, this rank's rows in micro-batch coordinates, and what every rank of its
+ * exchange group sends, in CP rank order and each rank's own row order - the order all of them
+ * agree on. The group is the whole CP group, or with sharding groups the rank's block: the
+ * documents sharded over a block lie on its ranks only, and its ranks hold no other sharded rows. */
 static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch *mb, int rank, ModelBatch *out,
                        Error *err)
 {
@@ -112,9 +114,12 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
             sharded[t] = d->rank < 0;
     }
     int64_t n_recv = 0, n_send = 0, local = 0;
-    for (int r = 0; r < p->cp; r++) {
+    int first = own->group_first, size = own->group_size;
+    if (size < 1 || first < 0 || first + size > p->cp || rank < first || rank >= first + size)
+        return error_runtime(err, "batch", "CP rank %d is outside its group [%d, %d)", rank, first, first + size);
+    for (int r = first; r < first + size; r++) {
         const PlanRank *pr = &p->ranks[mb->first_rank + r];
-        bb->recv_counts[r] = 0;
+        bb->recv_counts[r - first] = 0;
         for (int64_t g = 0; g < pr->n_ranges; g++) {
             const PlanRange *rg = &p->ranges[pr->first_range + g];
             for (int64_t t = rg->start; t < rg->start + rg->len; t++) {
@@ -122,7 +127,7 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
                     mb_row[local] = t;
                 if (sharded[t]) {
                     recv_rows[n_recv++] = t;
-                    bb->recv_counts[r]++;
+                    bb->recv_counts[r - first]++;
                     if (r == rank)
                         send_rows[n_send++] = local;
                 }
@@ -150,6 +155,8 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
     out->n_send = n_send;
     out->recv_counts = bb->recv_counts;
     out->recv_rows = d + 2 * own->tokens;
+    out->cp_first = first;
+    out->cp_size = size;
     return 0;
 }
 

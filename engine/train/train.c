@@ -402,7 +402,8 @@ int trainer_run(const Config *cfg, int *exit_status, Error *err)
     Comm comm;
     const ConfigParallel *p = &cfg->parallel;
     if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
-        comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp, err) != 0) {
+        comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp,
+                   cfg->balance.cp_sharding == CP_GROUPS, err) != 0) {
         comm_finish(&comm);
         restore_stop_handlers(old);
         return -1;

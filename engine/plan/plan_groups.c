@@ -1,0 +1,358 @@
+/*
+ * engine/plan/plan_groups.c - balance.cp_sharding: groups (FlexSP's heterogeneous sequence-parallel
+ * groups, in all-gather CP).
+ *
+ * Per micro-batch the CP ranks are split into groups whose sizes are powers of two, aligned in the
+ * rank order (a group of size g starts at a multiple of g), so every group is one of the blocks
+ * whose communicators are made once at start (comm.h: GROUP_CP_BLOCK). Every document goes to one
+ * group and is sharded over it per_doc (2 g chunks, chunks i and 2 g - 1 - i on the group's rank i);
+ * a group of one holds its documents whole and exchanges nothing. Why: a document sharded over all
+ * CP ranks gives chunks of d / 2 CP tokens - a 16K document at CP 16 makes chunks of 512, where the
+ * attention kernel runs at 512 / (512 + 238) = 68% of its long-query rate - and every rank gathers
+ * its K/V; over a group just large enough to balance it, its chunks are longer and its K/V go to
+ * fewer ranks over a faster link (a block of tp * g ranks within a node uses NVLink).
+ *
+ * The split and the assignment, for K = min(cp, 16) units of u = cp / K ranks:
+ *  1. Predict every document on every group size g = u, 2u, .., cp: its attention per rank when
+ *     sharded per_doc over g ranks. With chunks of c = ceil(d / 2g) tokens, chunk j sees (j + 1) c
+ *     keys; at a fixed query length the cost model is affine in the keys, f(c, (j + 1) c) =
+ *     f(c, c) + j (f(c, 2c) - f(c, c)), so the 2g chunks sum to 2g f(c, c) + g (2g - 1)
+ *     (f(c, 2c) - f(c, c)), evenly over the g ranks (the mirrored pairs balance it): four cost
+ *     evaluations per document and size. A group's time is then its documents' attention per rank,
+ *     plus GEMMs, element-wise work and TP all-reduces of ceil(tokens / g) rows, plus the K/V
+ *     all-gather and dK/dV reduce-scatter of its tokens over g ranks (cost_cp_comm_group_s).
+ *  2. Every split of the K units into power-of-two groups - a multiset of sizes, laid out largest
+ *     first, which aligns them (the sum of larger powers of two is a multiple of each smaller one;
+ *     groups of one size are interchangeable for the cost model, so positions do not matter): there
+ *     are b(K) of them, the binary partitions of K: 2, 4, 10, 36 for K = 2, 4, 8, 16.
+ *  3. For each split, documents longest first, each to the group where it would finish earliest -
+ *     longest-processing-time first on machines of different speeds (Q||Cmax) - among the groups
+ *     with room (a group of g ranks holds at most g x the rank capacity: per_doc gives its ranks
+ *     token counts within one of each other); of the groups of one size only the least loaded with
+ *     room is a candidate (they differ in nothing else). Done twice: every document sharded over
+ *     its group, and with the documents shorter than hybrid's best threshold kept whole instead,
+ *     each on the rank (of any group) that would finish earliest with room - hybrid's rule inside the
+ *     split, which makes hybrid's own layout the split {CP} of this pass. A split is abandoned as
+ *     soon as it cannot beat hybrid or the best split so far: when a group's new time reaches it,
+ *     or when the mean over the ranks of the work so far plus the least work the remaining
+ *     documents need (each on its cheapest group size) does - the slowest rank is at least the mean.
+ *  4. The best split is laid out exactly (ranges, segments) and predicted exactly; plan_shard keeps
+ *     it only when it beats hybrid, per_seq and per_doc on the time the plan records and fits the
+ *     capacity, so groups never predicts worse than hybrid.
+ * Bound: n documents, L = log2 K + 1 sizes, G <= K groups: 4 n (L + 1) attention evaluations, then at
+ * most 2 b(K) greedy passes of n (G comparisons + L group-time evaluations) or, for whole
+ * documents, n CP comparisons; at K = 16 that is at most 72 n (16 + 5) steps, each a few flops (step
+ * 3 evaluates the cost model's lines, not the model), and one exact layout of n documents. With
+ * hybrid's own candidates beside it: README, measured planning time.
+ */
+#include <stdlib.h>
+
+#include "engine/plan/plan_shard_impl.h"
+#include "util/array.h"
+
+enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
+enum { LINE_SIZES = 11 };                      /* group sizes 2^0 .. 2^10: any CP up to 1024 */
+
+/* The search evaluates rank times tens of thousands of times per micro-batch, so it takes the
+ * cost model's non-attention terms as the lines they are, sampled once: GEMMs and element-wise
+ * work are proportional to the rows, lin x rows; a TP all-reduce pair is 2 (A x + latency) less the
+ * o G x that runs under the GEMMs, clipped at 0: max(0, a x + b), with a = tp(2) - tp(1) and
+ * b = 2 tp(1) - tp(2) when tp(2) > 0 (else it is 0 from 2 rows on); an exchange over g ranks is
+ * c_g x + latency for x > 0 tokens. Tested against the cost model (test_plan_shard). */
+typedef struct LineCost {
+    double lin, tp_a, tp_b, tp_1;
+    int tp_flat;                  /* tp(2) == 0: no TP traffic shows from 2 rows on */
+    double cp_a[LINE_SIZES], cp_b[LINE_SIZES]; /* per group size 2^j */
+} LineCost;
+
+static void line_cost_init(LineCost *c, const CostModel *cost)
+{
+    enum { X = 1 << 20 };
+    c->lin = (cost_linear_fwd_s(cost, X) + cost_linear_bwd_s(cost, X)) / X;
+    double t1 = cost_tp_comm_s(cost, 1), t2 = cost_tp_comm_s(cost, 2);
+    c->tp_1 = t1;
+    c->tp_flat = t2 <= 0;
+    c->tp_a = t2 - t1;
+    c->tp_b = 2 * t1 - t2;
+    for (int j = 0; j < LINE_SIZES; j++) {
+        double x1 = cost_cp_comm_group_s(cost, 1 << j, 1), x2 = cost_cp_comm_group_s(cost, 1 << j, 2);
+        c->cp_a[j] = x2 - x1;
+        c->cp_b[j] = 2 * x1 - x2;
+    }
+}
+
+/* shard_rank_time_with(attn, rows), from the lines. */
+static double line_rank_time(const LineCost *c, double attn, int64_t rows)
+{
+    double x = (double)rows, tp = rows <= 0 ? 0 : rows == 1 ? c->tp_1 : c->tp_flat ? 0 : c->tp_a * x + c->tp_b;
+    return attn + c->lin * x + 2 * (tp > 0 ? tp : 0);
+}
+
+/* cost_cp_comm_group_s(2^j, tokens), from the lines. */
+static double line_cp_comm(const LineCost *c, int j, int64_t tokens)
+{
+    return tokens > 0 && j > 0 ? c->cp_a[j] * (double)tokens + c->cp_b[j] : 0;
+}
+
+double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens)
+{
+    LineCost c;
+    line_cost_init(&c, cost);
+    int j = 0;
+    while ((1 << j) < size)
+        j++;
+    return line_rank_time(&c, attn, rows) + 2 * line_cp_comm(&c, j, tokens);
+}
+
+typedef struct Group {
+    int first, size, level, log2_size;
+    double attn;    /* predicted attention seconds per rank, forward + backward */
+    int64_t tokens; /* of the group's documents */
+    double t;       /* predicted seconds per layer */
+} Group;
+
+typedef struct Search {
+    const CostModel *cost;
+    LineCost line;
+    const PlanDoc *docs;
+    const int64_t *order;
+    int64_t n, capacity;
+    int units, unit, levels, cp;
+    int64_t threshold;        /* documents shorter than this go whole to one rank (phase 2) */
+    int count[GROUPS_LEVELS]; /* the split being built: groups per level */
+    double *rank_attn, *rank_comm, *rank_t; /* phase 2, per rank */
+    double *rest;             /* rest[i]: a lower bound on the rank-seconds of documents i.. (order) */
+    double limit;             /* abandon a split that cannot beat this (hybrid's time), 0: none */
+    int64_t *rank_tok;
+    const double *est;        /* est[k * (levels + 1) + j]: document k's attention per rank on level
+                               * j; j = levels: whole on one rank */
+    int32_t *assign, *best_assign; /* per document: its group, or -1 - r whole on rank r */
+    Group best[GROUPS_UNITS];
+    int n_best;
+    double best_t; /* -1: no split yet */
+} Search;
+
+static double attn_fb(const CostModel *cost, int64_t q, int64_t kv)
+{
+    return cost_attn_fwd_s(cost, q, kv) + cost_attn_bwd_s(cost, q, kv);
+}
+
+/* Attention seconds per rank of a document of d tokens sharded per_doc over g ranks (step 1). */
+static double attn_per_rank(const CostModel *cost, int64_t d, int g)
+{
+    if (g == 1)
+        return attn_fb(cost, d, d);
+    int64_t c = (d + 2 * g - 1) / (2 * g);
+    double f1 = attn_fb(cost, c, c), f2 = attn_fb(cost, c, 2 * c);
+    return (2.0 * g * f1 + g * (2.0 * g - 1) * (f2 - f1)) / g;
+}
+
+static double group_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens)
+{
+    int64_t rows = (tokens + size - 1) / size;
+    return line_rank_time(c, attn, rows) + 2 * line_cp_comm(c, log2_size, tokens);
+}
+
+/* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document
+ * fits in no group or the split cannot beat the best so far. */
+static double assign_split(Search *s, Group *g, int *n_groups)
+{
+    int ng = 0, first = 0;
+    for (int j = s->levels - 1; j >= 0; j--)
+        for (int c = 0; c < s->count[j]; c++) {
+            int size = s->unit << j, lg = 0;
+            while ((1 << lg) < size)
+                lg++;
+            g[ng++] = (Group){first, size, j, lg, 0, 0, 0};
+            first += size;
+        }
+    *n_groups = ng;
+    double worst = 0, work = 0; /* work: rank-seconds so far, the sum over ranks of their times */
+    double limit = s->best_t >= 0 ? s->best_t : s->limit;
+    int64_t i = 0;
+    for (; i < s->n && s->docs[s->order[i]].len >= s->threshold; i++) {
+        int64_t k = s->order[i], d = s->docs[k].len;
+        /* Groups of one size differ only in their load: of each size, the one with the least
+         * time so far that has room is the candidate (groups of a size are contiguous in g). */
+        int pick = -1;
+        double pick_t = 0;
+        for (int a = 0; a < ng;) {
+            int lead = -1, b = a;
+            for (; b < ng && g[b].size == g[a].size; b++)
+                if (g[b].tokens + d <= (int64_t)g[b].size * s->capacity && (lead < 0 || g[b].t < g[lead].t))
+                    lead = b;
+            a = b;
+            if (lead < 0)
+                continue;
+            double t = group_time(&s->line, g[lead].size, g[lead].log2_size,
+                                  g[lead].attn + s->est[k * (s->levels + 1) + g[lead].level], g[lead].tokens + d);
+            if (pick < 0 || t < pick_t) {
+                pick = lead;
+                pick_t = t;
+            }
+        }
+        if (pick < 0 || (limit > 0 && pick_t >= limit))
+            return -1;
+        g[pick].attn += s->est[k * (s->levels + 1) + g[pick].level];
+        g[pick].tokens += d;
+        work += (pick_t - g[pick].t) * g[pick].size;
+        g[pick].t = pick_t;
+        /* The slowest rank is at least the mean: the work so far and the least the rest needs. */
+        if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
+            return -1;
+        worst = pick_t > worst ? pick_t : worst;
+        s->assign[k] = pick;
+    }
+    if (i == s->n)
+        return worst;
+    /* Phase 2: the shorter documents whole, longest first, each on the rank that would finish
+     * earliest with room (hybrid's rule, inside the split: a rank holds its group's share and its
+     * whole documents, and exchanges its group's K/V). */
+    for (int a = 0; a < ng; a++)
+        for (int r = g[a].first; r < g[a].first + g[a].size; r++) {
+            s->rank_attn[r] = g[a].attn;
+            s->rank_tok[r] = (g[a].tokens + g[a].size - 1) / g[a].size;
+            s->rank_comm[r] = 2 * line_cp_comm(&s->line, g[a].log2_size, g[a].tokens);
+            s->rank_t[r] = g[a].t;
+        }
+    for (; i < s->n; i++) {
+        int64_t k = s->order[i], d = s->docs[k].len;
+        double a1 = s->est[k * (s->levels + 1) + s->levels];
+        /* The same document adds the same time to any rank (its attention, and rows on a line):
+         * the rank that finishes it earliest is the one with the least time so far. */
+        int pick = -1;
+        for (int r = 0; r < s->cp; r++)
+            if (s->rank_tok[r] + d <= s->capacity && (pick < 0 || s->rank_t[r] < s->rank_t[pick]))
+                pick = r;
+        if (pick < 0)
+            return -1;
+        double pick_t = line_rank_time(&s->line, s->rank_attn[pick] + a1, s->rank_tok[pick] + d) + s->rank_comm[pick];
+        if (limit > 0 && pick_t >= limit)
+            return -1;
+        s->rank_attn[pick] += a1;
+        s->rank_tok[pick] += d;
+        work += pick_t - s->rank_t[pick];
+        s->rank_t[pick] = pick_t;
+        if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
+            return -1;
+        worst = pick_t > worst ? pick_t : worst;
+        s->assign[k] = -1 - pick;
+    }
+    return worst;
+}
+
+/* Step 2: every count of groups of level `level` and below that fills `units` units. */
+static void enumerate(Search *s, int level, int units)
+{
+    if (level == 0) {
+        s->count[0] = units;
+        Group g[GROUPS_UNITS];
+        int ng;
+        double t = assign_split(s, g, &ng);
+        if (t >= 0 && (s->best_t < 0 || t < s->best_t)) {
+            s->best_t = t;
+            for (int a = 0; a < ng; a++)
+                s->best[a] = g[a];
+            s->n_best = ng;
+            int32_t *tmp = s->assign;
+            s->assign = s->best_assign;
+            s->best_assign = tmp;
+        }
+        return;
+    }
+    for (int c = units >> level; c >= 0; c--) {
+        s->count[level] = c;
+        enumerate(s, level - 1, units - (c << level));
+    }
+}
+
+int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
+                     double limit, double *t)
+{
+    Shard *out = &sc->cand[SHARD_GROUPS];
+    int cp = out->cp;
+    Search s = {.cost = cost, .docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1,
+                .limit = limit > 0 ? limit : 0};
+    line_cost_init(&s.line, cost);
+    s.units = cp < GROUPS_UNITS ? cp : GROUPS_UNITS;
+    s.unit = cp / s.units;
+    while ((1 << s.levels) <= s.units)
+        s.levels++;
+    /* est, then rest (n + 1). */
+    double *est = array_grow(sc->est, &sc->cap_est, n * (s.levels + 1) + n + 2, sizeof *est);
+    if (!est)
+        return -1;
+    sc->est = est;
+    int32_t *assign = array_grow(sc->assign, &sc->cap_assign, n + 1, sizeof *assign);
+    if (!assign)
+        return -1;
+    sc->assign = assign;
+    int32_t *best_assign = array_grow(sc->best_assign, &sc->cap_best_assign, n + 1, sizeof *best_assign);
+    if (!best_assign)
+        return -1;
+    sc->best_assign = best_assign;
+    for (int64_t k = 0; k < n; k++) {
+        for (int j = 0; j < s.levels; j++)
+            est[k * (s.levels + 1) + j] = attn_per_rank(cost, docs[k].len, s.unit << j);
+        est[k * (s.levels + 1) + s.levels] = attn_per_rank(cost, docs[k].len, 1);
+    }
+    /* A document's least rank-seconds: its attention on the size where that is least (per rank
+     * times ranks), and its GEMM and element-wise work, which no split changes. */
+    double *rest = est + n * (s.levels + 1);
+    rest[n] = 0;
+    for (int64_t i = n - 1; i >= 0; i--) {
+        int64_t k = sc->order[i];
+        double w = est[k * (s.levels + 1) + s.levels];
+        for (int j = 0; j < s.levels; j++) {
+            double x = est[k * (s.levels + 1) + j] * (s.unit << j);
+            w = x < w ? x : w;
+        }
+        rest[i] = rest[i + 1] + w + s.line.lin * (double)docs[k].len;
+    }
+    s.rest = rest;
+    double rank_attn[1024], rank_comm[1024], rank_t[1024];
+    int64_t rank_tok[1024];
+    s.cp = cp;
+    s.rank_attn = rank_attn;
+    s.rank_comm = rank_comm;
+    s.rank_tok = rank_tok;
+    s.rank_t = rank_t;
+    s.est = est;
+    s.assign = sc->assign;
+    s.best_assign = sc->best_assign;
+    /* Every split with every document sharded, then with the documents shorter than hybrid's
+     * best threshold whole (hybrid's layout is the split {cp} with that threshold). */
+    s.threshold = 0;
+    enumerate(&s, s.levels - 1, s.units);
+    if (sc->hybrid_threshold > 0) {
+        s.threshold = sc->hybrid_threshold;
+        enumerate(&s, s.levels - 1, s.units);
+    }
+    /* The search swaps its two assignment arrays; give both back to the scratch. */
+    sc->assign = s.assign;
+    sc->best_assign = s.best_assign;
+    *t = -1;
+    if (s.best_t < 0)
+        return 0;
+    /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
+     * that order, as in the other modes). */
+    if (shard_reset(out, n) != 0)
+        return -1;
+    for (int a = 0; a < s.n_best; a++)
+        for (int r = s.best[a].first; r < s.best[a].first + s.best[a].size; r++) {
+            out->grp_first[r] = s.best[a].first;
+            out->grp_size[r] = s.best[a].size;
+        }
+    for (int64_t k = 0; k < n; k++) {
+        int a = s.best_assign[k];
+        const Group *g = a >= 0 ? &s.best[a] : NULL;
+        int rc = !g ? shard_whole(out, cost, docs, k, -1 - a)
+                 : g->size == 1 ? shard_whole(out, cost, docs, k, g->first)
+                                : shard_per_doc_group(out, cost, docs, k, g->first, g->size);
+        if (rc != 0)
+            return -1;
+    }
+    if (shard_fits(out, capacity))
+        *t = shard_time(out, cost);
+    return 0;
+}

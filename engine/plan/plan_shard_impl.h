@@ -1,0 +1,70 @@
+/*
+ * engine/plan/plan_shard_impl.h - plan_shard's candidate layouts, shared with plan_groups.c.
+ *
+ * A Shard is one candidate layout of a micro-batch over the CP ranks, built document by document:
+ * ranges and segments per rank, and what the cost model needs to predict it (attention seconds and
+ * tokens per rank, the sharded tokens of every rank's exchange group).
+ */
+#ifndef WLB_ENGINE_PLAN_SHARD_IMPL_H
+#define WLB_ENGINE_PLAN_SHARD_IMPL_H
+
+#include <stdint.h>
+
+#include "engine/plan/cost.h"
+#include "engine/plan/plan.h"
+
+typedef struct Shard {
+    int cp;
+    PlanRange *ranges;
+    PlanSegment *segs;
+    int64_t n_ranges, cap_ranges, n_segs, cap_segs;
+    int64_t *last_range;   /* per rank: its last range (to merge contiguous ones), -1 none */
+    int64_t *tokens;       /* per rank */
+    double *attn;          /* per rank: attention seconds, forward + backward */
+    double *attn_fwd, *attn_bwd;
+    int32_t *grp_first, *grp_size; /* per rank: the CP ranks it exchanges K/V with (default: all) */
+    int64_t *grp_sharded;  /* per rank: the sharded tokens of its group (what its exchange moves) */
+    int *counter;          /* per group, at its first rank: per_doc's leftover-token counter */
+    int64_t sharded;       /* tokens in any K/V all-gather */
+    int32_t *doc_rank;     /* per document: the rank holding it whole, or -1 when sharded */
+    int32_t *doc_first, *doc_size; /* per document: its group */
+    int64_t cap_docs, cap_doc_first, cap_doc_size;
+} Shard;
+
+enum { SHARD_SEQ, SHARD_DOC, SHARD_BEST, SHARD_TRY, SHARD_GROUPS, SHARD_N };
+
+typedef struct ShardScratch {
+    Shard cand[SHARD_N];
+    int64_t *order;        /* the documents, longest first */
+    int64_t cap_order;
+    int64_t hybrid_threshold; /* hybrid's best: documents from this length sharded (-1: none) */
+    double *est;           /* plan_groups: per document and group size, predicted seconds */
+    int64_t cap_est;
+    int32_t *assign, *best_assign; /* plan_groups: per document, its group */
+    int64_t cap_assign, cap_best_assign;
+} ShardScratch;
+
+/* Empties s for a micro-batch of n_docs documents: every rank in the one group of all CP ranks. */
+int shard_reset(Shard *s, int64_t n_docs);
+/* Document k whole on rank r. */
+int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int r);
+/* Document k per_doc over CP ranks first .. first + g - 1 (2 g chunks, chunks i and 2 g - 1 - i on
+ * rank first + i). The caller sets those ranks' grp_first / grp_size. */
+int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g);
+/* One layer forward + backward of a rank with this attention time and tokens, exchange excluded. */
+double shard_rank_time_with(const CostModel *cost, double attn, int64_t tokens);
+/* The slowest rank's seconds per layer, forward + backward, its group's exchange included. */
+double shard_time(const Shard *s, const CostModel *cost);
+/* 1 when no rank holds more than capacity tokens. */
+int shard_fits(const Shard *s, int64_t capacity);
+
+/* groups (plan_groups.c): the best layout over aligned power-of-two groups of the CP ranks (cp a
+ * power of two), in sc->cand[SHARD_GROUPS], its time in *t (-1: none within capacity, or none
+ * predicted faster than limit, when limit > 0). sc->order must hold the documents longest first. */
+int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
+                     double limit, double *t);
+/* The groups search's rank time (its sampled lines): shard_rank_time_with(attn, rows) plus the
+ * exchange of `tokens` over `size` ranks, both directions. For the tests. */
+double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens);
+
+#endif
