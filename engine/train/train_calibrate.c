@@ -31,17 +31,17 @@ typedef struct Cal {
     int32_t *positions;
     AttnSegment *segs; /* host */
     int64_t n_segs;
+    uint64_t rng;      /* the inputs' values and the mixes' lengths */
 } Cal;
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Buffers                                                                                         */
 
-static uint64_t cal_rng = 0x9e3779b97f4a7c15ull;
-
-static float cal_uniform(void)
+/* Uniform in [-0.5, 0.5): a 64-bit LCG (Knuth's constants), its top 24 bits. */
+static float cal_uniform(uint64_t *state)
 {
-    cal_rng = cal_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((cal_rng >> 40) * (1.0 / 16777216.0)) - 0.5f;
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*state >> 40) * (1.0 / 16777216.0)) - 0.5f;
 }
 
 /* n elements of small random values (float32, or the compute dtype when act), in the backend's
@@ -57,7 +57,7 @@ static void *cal_alloc(Cal *c, int64_t n, int act, float *host, float *stage, in
         return NULL;
     }
     for (int64_t i = 0; i < n; i++)
-        host[i] = 0.1f * cal_uniform();
+        host[i] = 0.1f * cal_uniform(&c->rng);
     if (act && c->o->host_memory) {
         ops_cast(c->o, p, DT_ACT, host, DT_F32, n);
     } else if (act) {
@@ -374,7 +374,7 @@ static void cal_mixes(Cal *c, CalResult *r, const CostModel *fitted)
         int64_t left = c->W;
         pred[m] = 0;
         while (left > 0 && n < 4096) {
-            double u = cal_uniform() + 0.5; /* [0, 1) */
+            double u = cal_uniform(&c->rng) + 0.5; /* [0, 1) */
             int64_t L = (int64_t)exp(log(16.0) + u * (log((double)c->W) - log(16.0)));
             L = L < 1 ? 1 : L > left ? left : L;
             lens[n++] = L;
@@ -485,6 +485,7 @@ int calibrate_run(const Config *cfg, const char *out_path, Error *err)
     BackendOpen opt = {0, cfg->train.precision == PRECISION_BF16, 0};
     Cal c;
     memset(&c, 0, sizeof c);
+    c.rng = 0x9e3779b97f4a7c15ull;
     if (!(c.o = b->open(&opt, err)))
         return -1;
     /* The cost model of the config without its calibration file: its counts and the profile the
