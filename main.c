@@ -15,6 +15,7 @@
 #include "config/config.h"
 #include "engine/plan/dryrun.h"
 #include "engine/comm/runtime.h"
+#include "engine/train/calibrate.h"
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
 
@@ -47,7 +48,9 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
     RuntimeLaunch launch = runtime_launch_from_env();
     Config cfg;
     int rc = load_config(opt, &cfg, &launch, err);
-    if (rc == 0 && opt->print_config) {
+    if (rc == 0 && opt->command == CLI_CALIBRATE) {
+        rc = calibrate_run(&cfg, opt->calibrate_out, err);
+    } else if (rc == 0 && opt->print_config) {
         if (launch.rank == 0)
             rc = config_print(&cfg, stdout, err);
     } else if (rc == 0 && opt->dry_run) {
@@ -94,6 +97,7 @@ int main(int argc, char **argv)
             rc = cli_export(&opt.export_, &err);
             break;
         case CLI_RUN:
+        case CLI_CALIBRATE:
             rc = run(&opt, &exit_status, &err);
             break;
         }

@@ -6,6 +6,7 @@
  *   wlbtrain inspect PREFIX
  *   wlbtrain convert --out PREFIX [options] INPUT...
  *   wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]
+ *   wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE
  *   wlbtrain --help | --help-config | --version
  *
  * cli_parse only reads argv: it checks every flag and value and fills CliOptions; nothing is
@@ -24,6 +25,7 @@ typedef enum CliCommand {
     CLI_INSPECT,      /* inspect PREFIX */
     CLI_CONVERT,      /* convert ... */
     CLI_EXPORT,       /* export ... */
+    CLI_CALIBRATE,    /* calibrate --config FILE [--set ...] --out PROFILE */
     CLI_HELP,         /* --help (or a subcommand's --help) */
     CLI_HELP_CONFIG,  /* --help-config: every config key */
     CLI_VERSION,      /* --version */
@@ -51,7 +53,7 @@ typedef struct CliExport {
 
 typedef struct CliOptions {
     CliCommand command;
-    const char *help_topic;    /* for CLI_HELP: NULL, "inspect", "convert" or "export" */
+    const char *help_topic;    /* for CLI_HELP: NULL, "inspect", "convert", "export" or "calibrate" */
     const char *config_path;   /* --config */
     const char **sets;         /* --set KEY=VALUE, in order (pointers into argv) */
     int n_sets;
@@ -61,6 +63,7 @@ typedef struct CliOptions {
     bool no_memory_check;      /* --no-memory-check (with --dry-run) */
     bool print_config;         /* --print-config */
     const char *stats_out;     /* --stats-out FILE (with --dry-run) */
+    const char *calibrate_out; /* calibrate: --out PROFILE */
     const char *inspect_prefix;
     CliConvert convert;
     CliExport export_;

@@ -197,16 +197,26 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         return parse_convert(argc, argv, o, err);
     if (!strcmp(argv[1], "export"))
         return parse_export(argc, argv, o, err);
+    /* calibrate takes the run's --config and --set, and its own --out. */
+    int calibrate = !strcmp(argv[1], "calibrate");
+    if (calibrate)
+        o->command = CLI_CALIBRATE;
 
     o->sets = calloc((size_t)argc, sizeof *o->sets);
     if (!o->sets)
         return error_runtime(err, "wlbtrain", "out of memory");
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1 + calibrate; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int r;
         if (is_help(a)) {
             o->command = CLI_HELP;
+            o->help_topic = calibrate ? "calibrate" : NULL;
             return 0;
+        }
+        if (calibrate && (r = flag_value(argc, argv, &i, "--out", &o->calibrate_out, err)) != 0) {
+            if (r < 0)
+                return -1;
+            continue;
         }
         if (!strcmp(a, "--help-config")) {
             o->command = CLI_HELP_CONFIG;
@@ -259,10 +269,14 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         }
         if (a[0] == '-')
             return error_set(err, a, "unknown flag (see wlbtrain --help)");
-        return error_set(err, a, "unexpected argument (subcommands are inspect, convert and export; see wlbtrain --help)");
+        return error_set(err, a, "unexpected argument (subcommands are inspect, convert, export and calibrate; see wlbtrain --help)");
     }
     if (!o->config_path)
         return error_set(err, "--config", "is required (see wlbtrain --help)");
+    if (calibrate && !o->calibrate_out)
+        return error_set(err, "calibrate", "needs --out PROFILE (the calibration file to write)");
+    if (calibrate && (o->dry_run || o->compare || o->no_memory_check || o->print_config || o->stats_out || o->steps))
+        return error_set(err, "calibrate", "takes --config, --set and --out only (see wlbtrain calibrate --help)");
     if (o->stats_out && !o->dry_run)
         return error_set(err, "--stats-out", "only with --dry-run (training writes log.metrics)");
     if (o->compare && !o->dry_run)

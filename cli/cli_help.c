@@ -23,6 +23,7 @@ static const char help_main[] =
     "  wlbtrain inspect PREFIX\n"
     "  wlbtrain convert --out PREFIX [options] INPUT...\n"
     "  wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]\n"
+    "  wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE\n"
     "  wlbtrain --help | --help-config | --version\n"
     "\n"
     "Run options:\n"
@@ -48,6 +49,8 @@ static const char help_main[] =
     "  convert            tokenize text files or JSON lines into a Megatron data set\n"
     "                     (wlbtrain convert --help)\n"
     "  export             a checkpoint as a Hugging Face model folder (wlbtrain export --help)\n"
+    "  calibrate          measure the cost model's rates on train.device and write a profile\n"
+    "                     for balance.calibration (wlbtrain calibrate --help)\n"
     "\n"
     "Other:\n"
     "  --help, -h         this text (wlbtrain SUBCOMMAND --help for a subcommand's)\n"
@@ -113,6 +116,25 @@ static const char help_export[] =
     "  --dtype D            float32 (default: the checkpoint's values) or bfloat16 (rounded to\n"
     "                       nearest even)\n";
 
+static const char help_calibrate[] =
+    "Usage: wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE\n"
+    "\n"
+    "Times one layer of the config's model (its shapes, its TP split, train.precision) on the\n"
+    "device of train.device (cpu or cuda): the layer's matrix products and element-wise work at\n"
+    "micro-batches of 1/8 to 1 window (data.context_window), and attention forward and backward\n"
+    "over windows of documents of one length (the kernel tile to the window) and of mixed lengths.\n"
+    "Fits the cost model's rates (GEMM efficiency, element-wise GB/s, a fixed time per layer, the\n"
+    "attention rate by query length) and writes them as a calibration profile, JSON version 2\n"
+    "(README: the cost model); use it with --set balance.calibration=PROFILE in training and the\n"
+    "dry run. Prints what it measured.\n"
+    "\n"
+    "Options:\n"
+    "  --config FILE        the config whose model and device are measured\n"
+    "  --set KEY=VALUE      override a config key (repeatable)\n"
+    "  --out PROFILE        the profile to write (replaced only when complete)\n"
+    "\n"
+    "train.device: cuda without a GPU is an error (exit status 2).\n";
+
 void cli_print_help(const char *topic)
 {
     if (topic && !strcmp(topic, "inspect"))
@@ -121,6 +143,8 @@ void cli_print_help(const char *topic)
         fputs(help_convert, stdout);
     else if (topic && !strcmp(topic, "export"))
         fputs(help_export, stdout);
+    else if (topic && !strcmp(topic, "calibrate"))
+        fputs(help_calibrate, stdout);
     else
         fputs(help_main, stdout);
 }

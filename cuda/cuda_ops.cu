@@ -150,6 +150,8 @@ template <class T> static Ops table(const char *name)
     o.memory = cuda_memory;
     o.peak_bytes = cuda_peak_bytes;
     o.sync = cuda_sync;
+    o.timer_mark = cuda_timer_mark;
+    o.timer_seconds = cuda_timer_seconds;
     o.copy_rows = cuda_copy_rows<T>;
     o.embedding_fwd = cuda_embedding_fwd;
     o.embedding_bwd = cuda_embedding_bwd;
@@ -208,6 +210,7 @@ void cuda_ops_close(void)
     cuda_embedding_close();
     cuda_flash_release();
     sumsq_scratch.release();
+    cuda_timer_release();
 }
 
 /* --version: what the build has and what it finds (cuda_info.cu). */

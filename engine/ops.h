@@ -105,6 +105,13 @@ typedef struct Ops {
     size_t (*peak_bytes)(void);
     /* Waits until every op issued so far has finished (a no-op where ops are synchronous). */
     void (*sync)(void);
+    /* Device-side timing, for a backend whose ops run asynchronously (NULL on the CPU, where the
+     * host clock between two syncs measures). timer_mark(i) records mark i (i >= 0; marks are
+     * reused step after step) behind the ops issued so far, without waiting; timer_seconds(a, b)
+     * waits until mark b has passed and returns the seconds between marks a and b. The trainer
+     * marks both ends of every forward and backward pass and reads them once, at the step's end. */
+    void (*timer_mark)(int i);
+    double (*timer_seconds)(int a, int b);
 
     /* Rows of `width` elements: dst row dst_rows[i] (i when dst_rows is NULL) = src row src_rows[i]
      * (i when NULL), for i < n, converted between the dtypes; rows are `stride` elements apart. A

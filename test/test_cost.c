@@ -149,6 +149,24 @@ static void test_calibration_file(void **state)
     /* Clamped at the ends. */
     flops = 4.0 * m.head_dim * m.local_heads * cost_attn_pairs(&m, 8192, 8192);
     assert_true(fabs(cost_attn_fwd_s(&m, 8192, 8192) - flops / 300e12) < 1e-15);
+    /* Version 2 (what calibrate writes): launch_us adds a fixed part to a layer's pass with tokens,
+     * a third forward, two thirds backward; none without tokens. */
+    const char *v2 = "{\"format\": \"wlbtrain-calibration\", \"version\": 2, \"backend\": \"cpu\", \"device\": \"t\",\n"
+                     " \"model\": {\"d_model\": 128}, \"check\": {\"mixes\": 1},\n"
+                     " \"peak_tflops\": 500, \"gemm_efficiency\": 0.5, \"hbm_gbps\": 100, \"launch_us\": 30,\n"
+                     " \"attention\": {\"tile\": 1, \"q\": [64], \"fwd_tflops\": [1], \"bwd_tflops\": [1]}}\n";
+    char *path2 = test_write_file(dir, "cal2.json", v2, strlen(v2));
+    char *yaml2 = test_format("model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {calibration: %s}\n", path2);
+    CostModel m0, m2;
+    make_model(&m2, yaml2);
+    assert_true(m2.hw.launch_us == 30 && m2.hw.hbm_gbps == 100 && m2.hw.attn_tile == 1 && m2.table.n == 1);
+    m0 = m2;
+    m0.hw.launch_us = 0;
+    assert_true(fabs(cost_linear_fwd_s(&m2, 100) - cost_linear_fwd_s(&m0, 100) - 10e-6) < 1e-12);
+    assert_true(fabs(cost_linear_bwd_s(&m2, 100) - cost_linear_bwd_s(&m0, 100) - 20e-6) < 1e-12);
+    assert_true(cost_linear_fwd_s(&m2, 0) == 0);
+    free(yaml2);
+    free(path2);
     /* An explicit key beats the calibration file. */
     free(yaml);
     yaml = test_format("model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {calibration: %s, peak_tflops: 123}\n", path);
@@ -160,9 +178,20 @@ static void test_calibration_file(void **state)
         const char *text, *msg;
     } bad[] = {
         {"{\"version\": 1}", "not a wlbtrain calibration file"},
-        {"{\"format\": \"wlbtrain-calibration\", \"version\": 2}", "calibration version must be 1"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 3}", "calibration version must be 1 to 2"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": \"2\"}", "calibration version must be 1 to 2"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 2}", "backend: missing"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 2, \"backend\": \"cpu\"}", "peak_tflops: missing"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 2, \"backend\": \"tpu\"}", "backend: expected"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"gemm_efficiency\": 1.5}",
+         "gemm_efficiency: expected a number in (0, 1]"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"launch_us\": -1}", "launch_us: expected"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"gpus_per_node\": 2.5}", "gpus_per_node: expected a whole"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"peak_tflop\": 3}", "unknown key 'peak_tflop'"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"attention\": {\"q\": [1], \"fwd_tflops\": [1], "
+         "\"bwd_tflops\": [1], \"tile\": 0}}", "tile: expected a whole number in [1, 4096]"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"peak_tflops\": -1}",
-         "peak_tflops: expected a positive number"},
+         "peak_tflops: expected a number in (0, 100000]"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"attention\": {\"q\": [1, 2], \"fwd_tflops\": [1], "
          "\"bwd_tflops\": [1, 2]}}",
          "attention: q, fwd_tflops and bwd_tflops must have the same length (2, 1, 2)"},

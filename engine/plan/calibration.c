@@ -1,18 +1,38 @@
-/* engine/plan/calibration.c - reading the calibration file (see calibration.h). */
+/* engine/plan/calibration.c - reading and checking the calibration file (see calibration.h). */
 #include "engine/plan/calibration.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 
-/* A positive number field, if present. */
-static int read_number(json_t *root, const char *key, double *out, const char *path, Error *err)
+static const char *const known_keys[] = {
+    "format", "version", "device", "backend", "precision", "measured", "model", "peak_tflops",
+    "gemm_efficiency", "hbm_gbps", "launch_us", "intra_node_gbps", "inter_node_gbps", "link_latency_us",
+    "gpus_per_node", "attention", "check",
+};
+
+/* A number field in (lo, hi] (lo_open) or [lo, hi]; whole: an integer value. Absent: left as it is,
+ * unless required. */
+typedef struct NumberRule {
+    const char *key;
+    double lo, hi;
+    int lo_open, whole, required_v2;
+} NumberRule;
+
+static int read_number(json_t *root, const NumberRule *r, int version, double *out, const char *path, Error *err)
 {
-    json_t *v = json_object_get(root, key);
+    json_t *v = json_object_get(root, r->key);
     if (!v)
-        return 0;
-    if (!json_is_number(v) || json_number_value(v) <= 0)
-        return error_set(err, path, "%s: expected a positive number", key);
-    *out = json_number_value(v);
+        return version >= 2 && r->required_v2 ? error_set(err, path, "%s: missing (required in version %d)", r->key,
+                                                          version)
+                                              : 0;
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    int low_ok = r->lo_open ? x > r->lo : x >= r->lo;
+    if (!json_is_number(v) || !isfinite(x) || !low_ok || x > r->hi || (r->whole && x != floor(x)))
+        return error_set(err, path, "%s: expected a%s number in %s%g, %g], got %s", r->key,
+                         r->whole ? " whole" : "", r->lo_open ? "(" : "[", r->lo, r->hi,
+                         json_is_number(v) ? "an out-of-range value" : "another type");
+    *out = x;
     return 0;
 }
 
@@ -25,7 +45,7 @@ static int read_array(json_t *att, const char *key, double *out, int *n, const c
     *n = (int)json_array_size(a);
     for (int i = 0; i < *n; i++) {
         json_t *v = json_array_get(a, (size_t)i);
-        if (!json_is_number(v) || json_number_value(v) <= 0)
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
             return error_set(err, path, "attention.%s[%d]: expected a positive number", key, i);
         out[i] = json_number_value(v);
     }
@@ -36,8 +56,15 @@ static int read_attention(json_t *att, CostHardware *hw, CostAttnTable *t, const
 {
     if (!json_is_object(att))
         return error_set(err, path, "attention: expected an object");
+    const char *key;
+    json_t *value;
+    json_object_foreach(att, key, value) {
+        if (strcmp(key, "tile") && strcmp(key, "q") && strcmp(key, "fwd_tflops") && strcmp(key, "bwd_tflops"))
+            return error_set(err, path, "attention: unknown key '%s' (tile, q, fwd_tflops, bwd_tflops)", key);
+    }
     double tile = hw->attn_tile;
-    if (read_number(att, "tile", &tile, path, err) != 0)
+    const NumberRule tile_rule = {"tile", 1, 4096, 0, 1, 0};
+    if (read_number(att, &tile_rule, 1, &tile, path, err) != 0)
         return -1;
     hw->attn_tile = (int)tile;
     int nq, nf, nb;
@@ -54,6 +81,61 @@ static int read_attention(json_t *att, CostHardware *hw, CostAttnTable *t, const
     return 0;
 }
 
+static int check_keys(json_t *root, const char *path, Error *err)
+{
+    const char *key;
+    json_t *value;
+    json_object_foreach(root, key, value) {
+        size_t i = 0, n = sizeof known_keys / sizeof known_keys[0];
+        while (i < n && strcmp(key, known_keys[i]))
+            i++;
+        if (i == n)
+            return error_set(err, path, "unknown key '%s'", key);
+    }
+    json_t *backend = json_object_get(root, "backend");
+    if (backend && (!json_is_string(backend) ||
+                    (strcmp(json_string_value(backend), "cpu") && strcmp(json_string_value(backend), "cuda"))))
+        return error_set(err, path, "backend: expected \"cpu\" or \"cuda\"");
+    return 0;
+}
+
+/* Everything but the header, into copies: the profile changes only when the whole file is good. */
+static int read_body(json_t *root, int version, CostHardware *hw, CostAttnTable *table, const char *path, Error *err)
+{
+    CostHardware h = *hw;
+    CostAttnTable t = *table;
+    double gpus = h.gpus_per_node;
+    const struct {
+        NumberRule rule;
+        double *out;
+    } fields[] = {
+        {{"peak_tflops", 0, 1e5, 1, 0, 1}, &h.peak_tflops},
+        {{"gemm_efficiency", 0, 1, 1, 0, 1}, &h.gemm_efficiency},
+        {{"hbm_gbps", 0, 1e6, 1, 0, 1}, &h.hbm_gbps},
+        {{"launch_us", 0, 1e6, 0, 0, 1}, &h.launch_us},
+        {{"intra_node_gbps", 0, 1e6, 1, 0, 0}, &h.intra_node_gbps},
+        {{"inter_node_gbps", 0, 1e6, 1, 0, 0}, &h.inter_node_gbps},
+        {{"link_latency_us", 0, 1e6, 1, 0, 0}, &h.link_latency_us},
+        {{"gpus_per_node", 1, 1 << 16, 0, 1, 0}, &gpus},
+    };
+    if (check_keys(root, path, err) != 0)
+        return -1;
+    if (version >= 2 && !json_object_get(root, "backend"))
+        return error_set(err, path, "backend: missing (required in version %d)", version);
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (read_number(root, &fields[i].rule, version, fields[i].out, path, err) != 0)
+            return -1;
+    h.gpus_per_node = (int)gpus;
+    json_t *att = json_object_get(root, "attention");
+    if (!att && version >= 2)
+        return error_set(err, path, "attention: missing (required in version %d)", version);
+    if (att && read_attention(att, &h, &t, path, err) != 0)
+        return -1;
+    *hw = h;
+    *table = t;
+    return 0;
+}
+
 int calibration_load(const char *path, CostHardware *hw, CostAttnTable *table, Error *err)
 {
     json_error_t je;
@@ -62,22 +144,14 @@ int calibration_load(const char *path, CostHardware *hw, CostAttnTable *table, E
         return error_set(err, path, "line %d, column %d: %s", je.line, je.column, je.text);
     int rc = 0;
     json_t *format = json_object_get(root, "format"), *version = json_object_get(root, "version");
-    double gpus = hw->gpus_per_node;
     if (!json_is_object(root) || !json_is_string(format) || strcmp(json_string_value(format), "wlbtrain-calibration"))
         rc = error_set(err, path, "not a wlbtrain calibration file (no \"format\": \"wlbtrain-calibration\")");
-    else if (!json_is_integer(version) || json_integer_value(version) != 1)
-        rc = error_set(err, path, "calibration version must be 1");
-    else if (read_number(root, "peak_tflops", &hw->peak_tflops, path, err) ||
-             read_number(root, "gemm_efficiency", &hw->gemm_efficiency, path, err) ||
-             read_number(root, "hbm_gbps", &hw->hbm_gbps, path, err) ||
-             read_number(root, "intra_node_gbps", &hw->intra_node_gbps, path, err) ||
-             read_number(root, "inter_node_gbps", &hw->inter_node_gbps, path, err) ||
-             read_number(root, "link_latency_us", &hw->link_latency_us, path, err) ||
-             read_number(root, "gpus_per_node", &gpus, path, err))
-        rc = -1;
-    else if (json_object_get(root, "attention"))
-        rc = read_attention(json_object_get(root, "attention"), hw, table, path, err);
-    hw->gpus_per_node = (int)gpus;
+    else if (!json_is_integer(version) || json_integer_value(version) < 1 ||
+             json_integer_value(version) > CALIBRATION_VERSION)
+        rc = error_set(err, path, "calibration version must be 1 to %d (this wlbtrain's); rerun wlbtrain calibrate",
+                       CALIBRATION_VERSION);
+    else
+        rc = read_body(root, (int)json_integer_value(version), hw, table, path, err);
     json_decref(root);
     return rc;
 }

@@ -22,10 +22,10 @@
  *   (the 40 GB A100: set train.gpu_memory_gb: 40); the CPU's is the host's, and it is not checked.
  */
 static const CostHardware profiles[] = {
-    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 1, 80},
-    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 1, 141},
-    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 1, 80},
-    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0, 0},
+    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 1, 80, 0},
+    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 1, 141, 0},
+    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 1, 80, 0},
+    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0, 0, 0},
 };
 
 const CostHardware *cost_hardware_profile(HardwareKind kind)
@@ -160,16 +160,23 @@ static double gemm_s(const CostModel *m, double flops)
     return flops / (m->hw.peak_tflops * m->hw.gemm_efficiency * 1e12);
 }
 
+/* The fixed part of a layer's pass over a micro-batch with tokens (launch_us: a third forward). */
+static double launch_s(const CostModel *m, int64_t tokens, double share)
+{
+    return tokens > 0 ? share * m->hw.launch_us * 1e-6 : 0;
+}
+
 double cost_linear_fwd_s(const CostModel *m, int64_t tokens)
 {
     /* A third of the element-wise traffic is the forward's. */
-    return gemm_s(m, m->gemm_flops_fwd * (double)tokens) + m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9);
+    return gemm_s(m, m->gemm_flops_fwd * (double)tokens) + m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) +
+           launch_s(m, tokens, 1.0 / 3);
 }
 
 double cost_linear_bwd_s(const CostModel *m, int64_t tokens)
 {
     return gemm_s(m, 2 * m->gemm_flops_fwd * (double)tokens) +
-           2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9);
+           2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) + launch_s(m, tokens, 2.0 / 3);
 }
 
 /* One collective: bytes over a bus bandwidth (GB/s) scaled by the algorithm's factor, plus latency. */

@@ -16,7 +16,8 @@
  *              tokens to 621 at 16K on H100 is 630 * L / (L + 238) within 2%), backward at
  *              attn_bwd_ratio of the forward rate. A calibration file replaces the curve by a table.
  *   linear     GEMM FLOPs of the layer's local TP shard per token, x 3 for forward + backward,
- *              at peak * gemm_efficiency; norms, RoPE, SwiGLU and residuals as HBM bytes per token.
+ *              at peak * gemm_efficiency; norms, RoPE, SwiGLU and residuals as HBM bytes per token;
+ *              plus launch_us per layer for a micro-batch with tokens (calibrated profiles).
  *   comm       TP all-reduces (2 forward, 2 backward) of the rank's activations, less what runs
  *              under the GEMMs (tp_comm_overlap); CP all-gather of
  *              K and V of the sharded tokens (forward) and reduce-scatter of dK, dV (backward);
@@ -48,6 +49,10 @@ typedef struct CostHardware {
     int gpus_per_node;
     double tp_comm_overlap;   /* fraction of the forward GEMM time that can hide TP collectives */
     double memory_gb;         /* device memory, 10^9 bytes: the memory check's budget (0: none, the CPU) */
+    double launch_us;         /* fixed microseconds per layer per micro-batch (forward + backward) that
+                               * do not grow with its tokens: kernel launches, thread starts; a third in
+                               * the forward, two thirds in the backward (0 in the built-in profiles;
+                               * `wlbtrain calibrate` measures it) */
 } CostHardware;
 
 /* Attention rate from a calibration table: TFLOP/s measured at query lengths q[i] (ascending). */

@@ -214,10 +214,12 @@ static int write_metrics(FILE *f, const char *path, int64_t step, const TrainSta
     fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
                "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld,\"attn_pairs\":%lld,"
-               "\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g}\n",
+               "\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g",
             (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
             (long long)st->queued, (long long)skipped, (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
+    trainer_write_mb_metrics(f, st); /* train_balance.c */
+    fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
     return 0;

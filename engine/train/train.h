@@ -60,6 +60,11 @@ typedef struct TrainStats {
     int skipped;             /* the update was skipped: the loss or the gradients were not finite */
     double mem_used_gb;      /* the device's memory in use after the step (GB; for cpu the machine's) */
     double mem_peak_gb;      /* the most any rank held so far (ops->peak_bytes, GB): what mem_predicted predicts */
+    /* Micro-batch balance (train_balance.c): the worst replica's max / mean of its micro-batches'
+     * forward + backward compute, predicted and measured; replica 0's times (m of them). */
+    double mb_imbalance, mb_imbalance_measured;
+    const double *mb_s_measured, *mb_s_predicted;
+    int n_mb;
 } TrainStats;
 
 typedef struct Trainer {
@@ -84,6 +89,10 @@ typedef struct Trainer {
     int64_t recv_cap;
     double *mb_compute;      /* m: this rank's compute seconds per micro-batch (comm excluded) */
     double *all_compute;     /* world x m, gathered */
+    int *pass_timed;         /* per pass of sched: marked by the device timer this step */
+    double *pass_comm;       /* per pass: host seconds of its exchanges (taken off its device time) */
+    double *mb_s_measured;   /* m: replica 0's micro-batches in pipeline order, measured seconds */
+    double *mb_s_predicted;  /* m: the same, predicted by the cost model (train_balance.c) */
     int64_t n_targets;       /* labeled tokens of the step */
     double loss_sum;
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
@@ -134,6 +143,12 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
 /* Room for n floats in the buffer a stage receives its input (or its output's gradient) into
  * (train_pipeline.c): reserved at set-up for the largest micro-batch, so that it never grows. */
 int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err);
+
+/* Micro-batch balance of the step just run (train_balance.c), from tr->all_compute and the plan:
+ * fills st's mb_* fields. trainer_write_mb_metrics appends them to a metrics line: ,"mb_imbalance":
+ * ..., "mb_imbalance_measured": ..., "mb_ms_predicted": [...], "mb_ms_measured": [...]. */
+void trainer_mb_balance(Trainer *tr, TrainStats *st);
+void trainer_write_mb_metrics(FILE *f, const TrainStats *st);
 
 /* The exit status of a job that stopped early on SIGUSR1 or SIGTERM after writing a checkpoint:
  * "not finished, resume me" (sysexits.h's EX_TEMPFAIL, temporary failure, retry). The Slurm

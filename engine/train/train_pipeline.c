@@ -101,7 +101,45 @@ static int empty_micro_batch(const Trainer *tr, int k)
     return tr->plan.mbs[tr->mb_index[k]].tokens == 0;
 }
 
-static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
+/* The compute time of pass i of the schedule (its micro-batch k), communication excluded. A backend
+ * with a device timer (CUDA: events) gets marks 2 i and 2 i + 1 around the pass, read once at the
+ * step's end (read_pass_timers), so no pass waits for the device; otherwise (the CPU) the host clock
+ * between two syncs. Either way the host time spent in the model's exchanges (m->comm_s) is taken
+ * off: in that time the device waits for the messages (on a GPU an approximation: the host may still
+ * be ahead of the device when an exchange starts; with one rank there is none). */
+static double pass_begin(const Model *m, int i)
+{
+    if (m->ops->timer_mark) {
+        m->ops->timer_mark(2 * i);
+        return 0;
+    }
+    m->ops->sync();
+    return clock_seconds();
+}
+
+static void pass_end(Trainer *tr, const Model *m, int i, int k, double t0, double comm0)
+{
+    if (m->ops->timer_mark) {
+        m->ops->timer_mark(2 * i + 1);
+        tr->pass_timed[i] = 1;
+        tr->pass_comm[i] = m->comm_s - comm0;
+        return;
+    }
+    m->ops->sync();
+    tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
+}
+
+/* The device timer's marks of the step's passes, into mb_compute (waits for the last pass only). */
+static void read_pass_timers(Trainer *tr)
+{
+    for (int i = 0; i < tr->n_sched; i++)
+        if (tr->pass_timed[i]) {
+            double t = tr->ops->timer_seconds(2 * i, 2 * i + 1) - tr->pass_comm[i];
+            tr->mb_compute[tr->sched[i].mb] += t > 0 ? t : 0;
+        }
+}
+
+static int run_forward(Trainer *tr, int i, int k, int c, float dloss, Error *err)
 {
     if (empty_micro_batch(tr, k))
         return 0;
@@ -123,13 +161,10 @@ static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
             return -1;
         h_in = tr->recv;
     }
-    /* Compute time: a device that runs ops asynchronously is waited for at both ends. */
-    m->ops->sync();
-    double loss = 0, t0 = clock_seconds(), comm0 = m->comm_s;
+    double loss = 0, t0 = pass_begin(m, i), comm0 = m->comm_s;
     if (model_forward(m, slot, b, h_in, 1, dloss, &loss, err) != 0)
         return -1;
-    m->ops->sync();
-    tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
+    pass_end(tr, m, i, k, t0, comm0);
     if (m->dims.has_head && tr->lay.tp_rank == 0)
         tr->loss_sum += loss;
     if (g < tr->n_chunks - 1)
@@ -138,7 +173,7 @@ static int run_forward(Trainer *tr, int k, int c, float dloss, Error *err)
     return 0;
 }
 
-static int run_backward(Trainer *tr, int k, int c, Error *err)
+static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
 {
     if (empty_micro_batch(tr, k))
         return 0;
@@ -155,12 +190,10 @@ static int run_backward(Trainer *tr, int k, int c, Error *err)
             return -1;
         dh_out = tr->recv;
     }
-    m->ops->sync();
-    double t0 = clock_seconds(), comm0 = m->comm_s;
+    double t0 = pass_begin(m, i), comm0 = m->comm_s;
     if (model_backward(m, slot, b, dh_out, err) != 0)
         return -1;
-    m->ops->sync();
-    tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
+    pass_end(tr, m, i, k, t0, comm0);
     ch->slot_busy[slot] = 0;
     ch->slot_of[k] = -1;
     if (g > 0)
@@ -223,11 +256,14 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
         m->ops->zero(m->grads, m->n_params);
     }
     memset(tr->mb_compute, 0, (size_t)tr->m * sizeof *tr->mb_compute);
+    memset(tr->pass_timed, 0, (size_t)tr->n_sched * sizeof *tr->pass_timed);
     for (int i = 0; i < tr->n_sched; i++) {
         const SchedOp *op = &tr->sched[i];
-        if ((op->backward ? run_backward(tr, op->mb, op->chunk, err) : run_forward(tr, op->mb, op->chunk, dloss, err)) != 0)
+        if ((op->backward ? run_backward(tr, i, op->mb, op->chunk, err)
+                          : run_forward(tr, i, op->mb, op->chunk, dloss, err)) != 0)
             return -1;
     }
+    read_pass_timers(tr);
     for (int c = 0; c < tr->v; c++)
         for (int s = 0; s < tr->chunks[c].model.n_slots; s++)
             if (comm_wait(tr->comm, &tr->chunks[c].send_h[s], err) != 0 ||
@@ -245,6 +281,7 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     if (comm_allgather_f64(tr->comm, GROUP_WORLD, tr->mb_compute, tr->all_compute, tr->m, err) != 0)
         return -1;
     measured_imbalance(tr, st);
+    trainer_mb_balance(tr, st);
     st->queued = tr->plan.queued;
     for (int64_t i = 0; i < tr->plan.n_docs; i++) {
         const PlanDoc *d = &tr->plan.docs[i];

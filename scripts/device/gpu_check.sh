@@ -7,6 +7,8 @@
 #   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh     (about 3 minutes)
 #   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
 #   bash scripts/device/gpu_check.sh profile    scripts/device/profile.sh 8192 2
+#   bash scripts/device/gpu_check.sh calibration  bench/planner_calibration.sh on cuda, and the
+#                                               calibrated profile kept in $OUT (about 8 minutes)
 # tests:
 #   1. test_ops          every op against the CPU backend (fp32 against fp32, bf16 against the CPU's
 #                        bf16 emulation), the GPU's reductions twice for the same bits, and the
@@ -80,7 +82,14 @@ YAML
   attention) step attention bash bench/attention_kernels.sh; grep -E '^(#|\||$)' "$out/attention.log" ;;
   bench) step bench bash bench/gpu_throughput.sh; tail -20 "$out/bench.log" ;;
   profile) step profile bash scripts/device/profile.sh 8192 2; cat "$out/profile.log" ;;
-  *) echo "gpu_check: unknown part '$part' (tests, sanitize, attention, bench, profile)" >&2; exit 2 ;;
+  calibration)
+    # The H100 profile to keep in the repository (config/profiles/), then the bench.
+    python3 bench/make_corpus.py --out /tmp/cal_docs --docs 2000 --vocab 128256 >/dev/null 2>&1
+    printf 'model: {preset: llama3.2-1b, n_layers: 4}\nparallel: {dp: 1}\ndata: {path: /tmp/cal_docs, context_window: 65536, global_batch_tokens: 262144}\ntrain: {device: cuda, precision: bf16}\n' > /tmp/cal.yaml
+    step calibrate "$WLBTRAIN" calibrate --config /tmp/cal.yaml --out "$out/h100-llama3.2-1b.json"
+    DEVICE=cuda WLBTRAIN=$WLBTRAIN step calibration bash bench/planner_calibration.sh
+    grep -E '^(#|\||device)' "$out/calibration.log" ;;
+  *) echo "gpu_check: unknown part '$part' (tests, sanitize, attention, bench, profile, calibration)" >&2; exit 2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
