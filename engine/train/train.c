@@ -256,7 +256,7 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     }
     rc = trainer_resume(tr, path, done, err);
     if (rc == 0 && lead)
-        printf("resume: %s, after step %lld%s\n", path, (long long)*done,
+        printf("resume: %s, after step %lld (%s)%s\n", path, (long long)*done, tr->resume_how,
                *done >= cfg->train.steps ? " - train.steps is reached, nothing to train" : "");
     free(path);
     return rc;
