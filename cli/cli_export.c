@@ -17,8 +17,8 @@
 #include <sys/stat.h>
 
 #include "config/config.h"
-#include "engine/train/ckpt_index.h"
 #include "util/bf16.h"
+#include "util/ckpt_index.h"
 #include "util/fileio.h"
 
 /* The step folder PATH names: itself, or PATH/<latest>. malloc'd. */

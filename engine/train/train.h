@@ -124,6 +124,9 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
 int trainer_save(Trainer *tr, int64_t step, Error *err);
 int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
 int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
+/* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
+ * (train_ckpt_index.c). */
+int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */

@@ -12,9 +12,9 @@
  *                        m.cG, v.cG AdamW's moments over the rank's optimizer range [begin, end) of
  *                                   that vector: all of it on Z = 0 without ZeRO-1 (the other Z
  *                                   write no file), each Z's own flat shard with ZeRO-1
- *   index.json         rank 0's, from the config alone (ckpt_index.c): format version, step, the
- *                      layout that saved (tp, cp, pp, dp, virtual_stages, zero), the shard files,
- *                      per (TP rank, chunk) its parameter count, weights section and moment shards
+ *   index.json         rank 0's, from the config alone (train_ckpt_index.c; read by
+ *                      util/ckpt_index.c): format version, step, the layout that saved (tp,
+ *                      cp, pp, dp, virtual_stages, zero), the shard files, per (TP rank, chunk) its parameter count, weights section and moment shards
  *                      ({file, begin, end, m, v}), and per Hugging Face tensor name its full shape
  *                      and the blocks that make it up ({file, section, offset, tp, chunk, row0, rows,
  *                      col0, cols}: rows x cols floats at `offset` of that chunk's vector; only the
@@ -44,10 +44,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/train/ckpt_index.h"
 #include "engine/train/train.h"
+#include "util/ckpt_index.h"
 #include "util/fileio.h"
-#include "util/safetensors.h"
 #include "util/statefile.h"
 
 enum { META_FORMAT = 2, META_WORDS = 20 };
@@ -233,7 +232,7 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
         rc = write_config(tr->cfg, path, err);
     snprintf(path, sizeof path, "%s/index.json", tmp);
     if (rc == 0)
-        rc = ckpt_index_write(tr->cfg, step, path, err);
+        rc = trainer_index_write(tr->cfg, step, path, err);
     /* Into place: a checkpoint of the same step (a resumed run saving again) is replaced. */
     if (rc == 0 && (file_sync_dir(tmp, err) != 0 || file_remove_tree(final, err) != 0))
         rc = -1;
@@ -313,6 +312,11 @@ static int reshard_chunk(Trainer *tr, CkptIndex *ix, TrainChunk *ch, float *full
     return 0;
 }
 
+static void put_device(void *ctx, float *dst, const float *src, int64_t n)
+{
+    ((const Ops *)ctx)->to_device(dst, src, (size_t)n * sizeof *dst);
+}
+
 /* Weights and moments of every chunk from the shards. On the layout that saved them (tp, pp,
  * virtual_stages) the chunk's parameter vector is the saved one: its weights come from the one
  * section that holds them and its moments from the shards that overlap its optimizer range (its own
@@ -350,11 +354,11 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, const char *path, Error *e
                 rc = error_set(err, path, "index.json: chunk %d of TP rank %d is not this layout's",
                                k * tr->pp + tr->lay.pp_rank, tr->lay.tp_rank);
             if (rc == 0)
-                rc = ckpt_index_range(ix, c, 0, 0, m->n_params, tr->ops, m->params, err);
+                rc = ckpt_index_range(ix, c, 0, 0, m->n_params, put_device, (void *)tr->ops, m->params, err);
             if (rc == 0)
-                rc = ckpt_index_range(ix, c, 1, o->begin, o->end, tr->ops, o->m, err);
+                rc = ckpt_index_range(ix, c, 1, o->begin, o->end, put_device, (void *)tr->ops, o->m, err);
             if (rc == 0)
-                rc = ckpt_index_range(ix, c, 2, o->begin, o->end, tr->ops, o->v, err);
+                rc = ckpt_index_range(ix, c, 2, o->begin, o->end, put_device, (void *)tr->ops, o->v, err);
         } else {
             rc = reshard_chunk(tr, ix, ch, full, tmp, block, err);
         }

@@ -1,20 +1,18 @@
 /*
- * engine/train/ckpt_index.h - the index.json of a sharded checkpoint (train_ckpt.c has the format):
- * written by rank 0 from the config alone (every rank's tensor table follows from the model and the
- * layout), read by a resume on any layout and by `wlbtrain export`.
+ * util/ckpt_index.h - reading the index.json of a sharded checkpoint (engine/train/train_ckpt.c has
+ * the format; rank 0 writes it from the config alone, train_ckpt_index.c): by a resume on any layout
+ * and by `wlbtrain export`.
  *
  * The reader checks the index before anything is used (its version, the layout, every file name,
  * every chunk's moment shards partitioning its parameter vector, every tensor's blocks inside it and
  * adding up to it) and opens a shard file only when a section of it is first needed (statefile_open
  * checks its CRCs then), so a resume reads only the files that overlap its blocks.
  */
-#ifndef WLB_ENGINE_CKPT_INDEX_H
-#define WLB_ENGINE_CKPT_INDEX_H
+#ifndef WLB_UTIL_CKPT_INDEX_H
+#define WLB_UTIL_CKPT_INDEX_H
 
 #include <stdint.h>
 
-#include "config/config.h"
-#include "engine/ops.h"
 #include "util/error.h"
 #include "util/statefile.h"
 
@@ -68,8 +66,6 @@ typedef struct CkptIndex {
 
 /* The name of the shard file of TP rank tp, pipeline rank pp, DP x CP rank dpcp. */
 void ckpt_shard_file(char *buf, size_t size, int tp, int pp, int dpcp);
-/* Writes path (atomically): the index of a checkpoint that cfg's layout saves. */
-int ckpt_index_write(const Config *cfg, int64_t step, const char *path, Error *err);
 
 /* Reads and checks dir/index.json. */
 int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err);
@@ -79,9 +75,11 @@ const CkptChunk *ckpt_index_chunk(const CkptIndex *ix, int tp, int chunk);
 /* The full tensor t (host, rows x cols) from its blocks: what 0 the weights, 1 AdamW's m, 2 its v.
  * tmp: room for the largest block. */
 int ckpt_index_full(CkptIndex *ix, const CkptTensor *t, int what, float *full, float *tmp, Error *err);
-/* Floats [begin, end) of chunk c's weights (what 0) or moments (1 m, 2 v) into dst (ops's memory,
- * end - begin floats), straight from the shard files' mappings. */
-int ckpt_index_range(CkptIndex *ix, const CkptChunk *c, int what, int64_t begin, int64_t end, const Ops *ops,
+/* Floats [begin, end) of chunk c's weights (what 0) or moments (1 m, 2 v), straight from the shard
+ * files' mappings: put(ctx, dst + k, src, n) for each piece (k from 0; only the shards overlapping
+ * the range are opened). */
+typedef void (*CkptPut)(void *ctx, float *dst, const float *src, int64_t n);
+int ckpt_index_range(CkptIndex *ix, const CkptChunk *c, int what, int64_t begin, int64_t end, CkptPut put, void *ctx,
                      float *dst, Error *err);
 
 #endif
