@@ -366,12 +366,41 @@ static void test_keep(void **state)
     }
 }
 
+/* A state.bin of the earlier gathered format: its meta's format word 1. */
+static void make_old_format(const char *path)
+{
+    StateFile f;
+    Error err = {0};
+    assert_int_equal(statefile_open(&f, path, &err), 0);
+    StateSection s[STATE_MAX_SECTIONS];
+    uint64_t meta[20];
+    for (int i = 0; i < f.n; i++) {
+        s[i] = f.sections[i];
+        if (!strcmp(s[i].name, "meta")) {
+            assert_int_equal(s[i].size, sizeof meta);
+            memcpy(meta, s[i].data, sizeof meta);
+            meta[0] = 1;
+            s[i].data = meta;
+        }
+    }
+    char *tmp = test_format("%s.new", path);
+    assert_int_equal(statefile_write(tmp, s, f.n, &err), 0);
+    statefile_close(&f);
+    assert_int_equal(rename(tmp, path), 0);
+    free(tmp);
+}
+
 /* Resuming from a damaged checkpoint: one error line, exit 2, the metrics file untouched. */
-static void check_damaged(const char *what, const char *cmd, const char *expect)
+static void check_damaged_by(const char *what, const char *cmd, void (*edit)(const char *state), const char *expect)
 {
     char *sh = test_format("rm -rf %s/dmg && cp -r %s/one-whole %s/dmg && cp %s/one-whole.jsonl %s/dmg.jsonl && "
                            "cd %s/dmg/step-00000008 && %s", dir, dir, dir, dir, dir, dir, cmd);
     assert_int_equal(system(sh), 0);
+    if (edit) {
+        char *state = test_format("%s/dmg/step-00000008/state.bin", dir);
+        edit(state);
+        free(state);
+    }
     char *before = test_format("%s/dmg.jsonl", dir), *text = test_read_file(before, NULL);
     CmdResult r;
     const char *resume[] = {"--set", "checkpoint.resume=auto", "--steps", "9", NULL};
@@ -387,6 +416,11 @@ static void check_damaged(const char *what, const char *cmd, const char *expect)
     free(sh);
 }
 
+static void check_damaged(const char *what, const char *cmd, const char *expect)
+{
+    check_damaged_by(what, cmd, NULL, expect);
+}
+
 static void test_damaged_checkpoints(void **state)
 {
     (void)state;
@@ -400,7 +434,11 @@ static void test_damaged_checkpoints(void **state)
                   "index.json has no tensor model.norm.weight (the model has it)");
     check_damaged("an index naming a missing section", "sed -i 's/\"params.c0\"/\"params.c9\"/' index.json",
                   "shard-tp0-pp0-dpcp0.bin: no section params.c9 (index.json names it)");
+    check_damaged("an index whose blocks miss a row", "sed -i '0,/\"rows\": 256/s//\"rows\": 255/' index.json",
+                  "index.json: model.embed_tokens.weight: the blocks hold 8160 of its 8192 values");
     check_damaged("missing index", "rm index.json", "index.json: unable to open");
+    check_damaged_by("the earlier gathered format", "true", make_old_format,
+                     "state.bin: a checkpoint of the old gathered format (model.safetensors, training state format 1)");
     check_damaged("truncated state", "truncate -s 200 state.bin", "state.bin: truncated or extended: 200 bytes");
     check_damaged("not a state file", "echo hello > state.bin", "state.bin: not a wlbtrain state file");
     check_damaged("bad pointer", "echo step-x > ../latest", "latest: names 'step-x', not a step-NNNNNNNN folder");

@@ -195,8 +195,9 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
     if (!root)
         return je.line > 0 ? error_set(err, path, "line %d: %s", je.line, je.text) : bad(err, path, je.text, NULL);
     int version = 0, rc = 0;
-    if (json_unpack_ex(root, &je, 0, "{s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:o, s:o, s:o}", "version", &version,
-                       "layout", "tp", &ix->tp, "cp", &ix->cp, "pp", &ix->pp, "dp", &ix->dp, "virtual_stages",
+    json_int_t step = 0;
+    if (json_unpack_ex(root, &je, 0, "{s:i, s:I, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:o, s:o, s:o}", "version", &version,
+                       "step", &step, "layout", "tp", &ix->tp, "cp", &ix->cp, "pp", &ix->pp, "dp", &ix->dp, "virtual_stages",
                        &ix->virtual_stages, "zero", &ix->zero, "files", &files, "chunks", &chunks, "tensors",
                        &tensors) != 0)
         rc = bad(err, path, "not a wlbtrain checkpoint index", je.text);
@@ -205,6 +206,7 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
     else if (ix->tp <= 0 || ix->cp <= 0 || ix->pp <= 0 || ix->dp <= 0 || ix->virtual_stages <= 0 ||
              !json_is_array(files) || !json_is_array(chunks) || !json_is_object(tensors))
         rc = error_set(err, path, "not a wlbtrain checkpoint index (layout, files, chunks, tensors)");
+    ix->step = step;
     if (rc == 0)
         rc = read_files(ix, files, path, err);
     if (rc == 0)

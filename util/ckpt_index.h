@@ -54,6 +54,7 @@ typedef struct CkptTensor {
 typedef struct CkptIndex {
     char dir[4096];
     int tp, cp, pp, dp, virtual_stages, zero;
+    int64_t step;
     char (*files)[64];
     StateFile *sf;
     unsigned char *opened;

@@ -321,12 +321,15 @@ static void put_device(void *ctx, float *dst, const float *src, int64_t n)
  * virtual_stages) the chunk's parameter vector is the saved one: its weights come from the one
  * section that holds them and its moments from the shards that overlap its optimizer range (its own
  * with the same ZeRO-1 layout), copied as they are. Otherwise each block is resharded. */
-static int restore_shards(Trainer *tr, CkptIndex *ix, const char *path, Error *err)
+static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *path, Error *err)
 {
     const ConfigParallel *p = &tr->cfg->parallel;
     const ModelDims *d = &tr->chunks[0].model.dims;
     int same = ix->tp == p->tp && ix->pp == p->pp && ix->virtual_stages == p->virtual_stages, rc = 0;
     int64_t most = 1;
+    if (ix->step != step)
+        return error_set(err, path, "index.json is of step %lld, state.bin of step %lld", (long long)ix->step,
+                         (long long)step);
     for (int i = 0; i < model_full_tensor_count(d); i++) {
         char name[96];
         int64_t rows, cols;
@@ -415,7 +418,7 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
     if (rc == 0 && !have_index)
         rc = -1;
     if (rc == 0)
-        rc = restore_shards(tr, &ix, path, err);
+        rc = restore_shards(tr, &ix, (int64_t)w[1], path, err);
     if (have_index)
         ckpt_index_close(&ix);
     /* Words in the file may be unaligned: copy them out first. */
