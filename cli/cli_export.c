@@ -117,6 +117,8 @@ static int write_safetensors(CkptIndex *ix, const char *path, int bf16, Error *e
     /* Everything read and checked (CRCs, sections) before the file is begun. */
     if (rc == 0)
         rc = write_weights(ix, NULL, bf16, full, tmp, h, path, err);
+    if (rc == 0)
+        rc = file_make_parents(path, err);
     AtomicFile a;
     if (rc == 0 && (rc = atomic_open(&a, path, err)) == 0) {
         size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
@@ -161,8 +163,6 @@ int cli_export(const CliExport *x, Error *err)
     if (rc == 0 && !text)
         rc = error_runtime(err, "export", "out of memory");
     snprintf(path, sizeof path, "%s/model.safetensors", x->out);
-    if (rc == 0)
-        rc = file_make_parents(path, err);
     if (rc == 0)
         rc = write_safetensors(&ix, path, bf16, err);
     snprintf(path, sizeof path, "%s/config.json", x->out);

@@ -12,8 +12,8 @@ checkpoint, then is exported in float32 and bfloat16.
     sequence equal the float64 numpy reference (ref_llama, itself checked against the C model)
     within 1e-4 relative. Needs torch and transformers in the python of $WLB_HF_PYTHON (default
     this one); skipped with that reason when they are missing.
-5   errors: a missing checkpoint, a corrupted config.yaml: one error line, exit status 2, the
-    output folder left as it was.
+5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (8 kinds): one
+    error line, exit status 2, the output folder left as it was (or not made).
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
 """
@@ -232,12 +232,48 @@ def test_errors(fx):
           os.path.getmtime(os.path.join(fx.out32, "model.safetensors")) == mtime, "the output folder was touched")
 
 
+def test_bad_index(fx):
+    """A malformed index.json: one error line, exit 2, nothing written - never a crash or a wrong export."""
+    step = step_dir(fx)
+    with open(os.path.join(step, "index.json")) as f:
+        base = json.load(f)
+    t = "model.embed_tokens.weight"
+    edits = [
+        ("a newer version", lambda d: d.update(version=2), "index version 2"),
+        ("a file outside the folder", lambda d: d.update(files=["../x"]), "is not a file name of the checkpoint"),
+        ("moment shards short of the chunk", lambda d: d["chunks"][0]["moments"][0].update(end=3),
+         "the moment shards cover 3 of"),
+        ("a huge block", lambda d: d["tensors"][t]["blocks"][0].update(rows=2 ** 62, cols=4), "is outside the tensor"),
+        ("a negative offset", lambda d: d["tensors"][t]["blocks"][0].update(offset=-1), "is outside the tensor"),
+        ("a block twice", lambda d: d["tensors"][t]["blocks"].append(d["tensors"][t]["blocks"][0]),
+         "the blocks hold 20480 of its 10240 values"),
+        ("weights from a moment section", lambda d: d["tensors"][t]["blocks"][0].update(section="m.c0"),
+         "not the weights of its chunk"),
+        ("not an object", lambda d: d.clear(), "not a wlbtrain checkpoint index"),
+    ]
+    bad = os.path.join(fx.dir, "badindex")
+    out = os.path.join(fx.dir, "hf-bad")
+    for what, edit, expect in edits:
+        d = json.loads(json.dumps(base))
+        edit(d)
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(step, bad)
+        with open(os.path.join(bad, "index.json"), "w") as f:
+            json.dump(d, f)
+        r = run([WLBTRAIN, "export", "--checkpoint", bad, "--out", out])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 2 and len(lines) == 1 and expect in lines[0],
+              "%s: status %d, stderr %r" % (what, r.returncode, r.stderr))
+        check(not os.path.exists(out), what + ": the output folder was written")
+
+
 TESTS = [("config.json is the model's LlamaConfig", test_config),
          ("float32 export: the checkpoint's tensors bit for bit", test_float32),
          ("float32 export of a 4-rank checkpoint (tp 2, pp 2): its 4 shards' blocks bit for bit", test_sharded),
          ("bfloat16 export: rounded to nearest even", test_bfloat16),
          ("transformers loads the export; its logits = the numpy reference", test_transformers),
-         ("export errors: one line, exit 2, output untouched", test_errors)]
+         ("export errors: one line, exit 2, output untouched", test_errors),
+         ("a malformed index.json: one line, exit 2, nothing written", test_bad_index)]
 
 
 def main():

@@ -14,6 +14,10 @@ void ckpt_shard_file(char *buf, size_t size, int tp, int pp, int dpcp)
 
 /* ---- reading ---------------------------------------------------------------------------------- */
 
+/* The largest side of a tensor and the largest parameter vector an index may describe. */
+#define SIDE ((int64_t)1 << 31)
+#define BIG ((int64_t)1 << 50)
+
 static int file_index(const CkptIndex *ix, const char *name)
 {
     for (int i = 0; i < ix->n_files; i++)
@@ -90,7 +94,7 @@ static int read_chunks(CkptIndex *ix, json_t *chunks, const char *path, Error *e
             return error_set(err, path, "%s names file %.64s, not in files", where, file);
         if (section_name(c->section, section, path, where, err) != 0)
             return -1;
-        if (c->tp < 0 || c->tp >= ix->tp || c->chunk < 0 || c->chunk >= ix->pp * ix->virtual_stages || c->n <= 0 ||
+        if (c->tp < 0 || c->tp >= ix->tp || c->chunk < 0 || c->chunk >= ix->pp * ix->virtual_stages || c->n <= 0 || c->n > BIG ||
             ckpt_index_chunk(ix, c->tp, c->chunk) != c)
             return error_set(err, path, "%s: tp %d, chunk %d, %lld parameters do not fit the layout", where, c->tp,
                              c->chunk, (long long)c->n);
@@ -146,6 +150,7 @@ static int read_tensors(CkptIndex *ix, json_t *tensors, const char *path, Error 
         json_int_t r = 1, c = 0;
         t->is_vector = json_array_size(shape) == 1;
         if ((t->is_vector ? json_unpack(shape, "[I]", &c) : json_unpack(shape, "[I, I]", &r, &c)) != 0 || r <= 0 ||
+            r > SIDE || c > SIDE ||
             c <= 0)
             return error_set(err, path, "%s: the shape is not [rows, cols] or [cols]", name);
         t->rows = r, t->cols = c;
@@ -171,11 +176,18 @@ static int read_tensors(CkptIndex *ix, json_t *tensors, const char *path, Error 
                                  "index", name, k, file, tp, chunk);
             if (section_name(b->section, section, path, name, err) != 0)
                 return -1;
-            if (r0 < 0 || rs <= 0 || r0 + rs > r || c0 < 0 || cs <= 0 || c0 + cs > c || off < 0 || off + rs * cs > ch->n)
+            if (b->file != ch->file || strcmp(b->section, ch->section) != 0)
+                return error_set(err, path, "%s: block %d names %.64s:%s, not the weights of its chunk (%s:%s)", name,
+                                 k, file, b->section, ix->files[ch->file], ch->section);
+            /* Each value is bounded before any sum or product of them (SIDE^2 + BIG < 2^63). */
+            if (r0 < 0 || rs <= 0 || r0 > SIDE || rs > SIDE || r0 + rs > r || c0 < 0 || cs <= 0 || c0 > SIDE ||
+                cs > SIDE || c0 + cs > c || off < 0 || off > BIG || off + rs * cs > ch->n)
                 return error_set(err, path, "%s: block %d [%lld + %lld, %lld + %lld] at %lld is outside the tensor "
                                  "or its chunk", name, k, (long long)r0, (long long)rs, (long long)c0, (long long)cs,
                                  (long long)off);
             area += rs * cs;
+            if (area > r * c)
+                break; /* reported below, before the sum could overflow */
         }
         if (area != r * c)
             return error_set(err, path, "%s: the blocks hold %lld of its %lld values", name, (long long)area,
@@ -203,7 +215,8 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
         rc = bad(err, path, "not a wlbtrain checkpoint index", je.text);
     else if (version != CKPT_INDEX_VERSION)
         rc = error_set(err, path, "index version %d; this wlbtrain reads version %d", version, CKPT_INDEX_VERSION);
-    else if (ix->tp <= 0 || ix->cp <= 0 || ix->pp <= 0 || ix->dp <= 0 || ix->virtual_stages <= 0 ||
+    else if (ix->tp <= 0 || ix->cp <= 0 || ix->pp <= 0 || ix->dp <= 0 || ix->virtual_stages <= 0 || ix->tp > 65536 ||
+             ix->cp > 65536 || ix->pp > 65536 || ix->dp > 65536 || ix->virtual_stages > 65536 ||
              !json_is_array(files) || !json_is_array(chunks) || !json_is_object(tensors))
         rc = error_set(err, path, "not a wlbtrain checkpoint index (layout, files, chunks, tensors)");
     ix->step = step;
