@@ -2,7 +2,9 @@
  * test/test_checkpoint.c - checkpoints through the wlbtrain binary: a run killed after a
  * checkpoint and resumed gives the uninterrupted run's losses and gradient norms bit for bit (on
  * one process with and without outlier documents queued at the checkpoint, and on 8 ranks); a
- * checkpoint resumes on another layout; a kill in the middle of a save leaves the previous
+ * checkpoint resumes on another layout; the shard files hold each rank's blocks once (weights once
+ * and moments once over the files, no gathered model) and a same-layout resume reads only its own;
+ * a kill in the middle of a save leaves the previous
  * checkpoint in charge; checkpoint.keep; damaged checkpoints are one error line with exit 2 and
  * nothing overwritten; non-finite gradients stop the run or skip the update as configured (a skipped
  * update leaves the weights, the AdamW moments, the update count and the schedule where they were).
@@ -130,7 +132,8 @@ static void assert_same_run(const Metrics *a, const Metrics *b)
 }
 
 /* Uninterrupted, then killed at step `kill_at` and resumed: the same metrics. */
-static void check_resume(int ranks, const char *tag, int kill_at, const char *const *layout, Metrics *whole)
+static void check_resume(int ranks, const char *tag, int kill_at, const char *const *layout, Metrics *whole,
+                         const char *how)
 {
     CmdResult r;
     char *a = test_format("%s-whole", tag), *b = test_format("%s-resumed", tag), *fault = test_format("kill@0:%d", kill_at);
@@ -153,6 +156,9 @@ static void check_resume(int ranks, const char *tag, int kill_at, const char *co
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "resume: "));
     assert_non_null(strstr(r.out, "/step-00000003, after step 3"));
+    if (!strstr(r.out, how))
+        print_error("want '%s' in:\n%s\n", how, r.out);
+    assert_non_null(strstr(r.out, how));
     test_cmd_free(&r);
     Metrics m;
     read_metrics(a, whole);
@@ -168,11 +174,12 @@ static void test_resume_bit_identical(void **state)
     (void)state;
     Metrics whole;
     const char *none[] = {NULL};
-    check_resume(0, "one", 5, none, &whole);
+    const char *same1 = "same layout, each rank read its own shards: at most 1 shard file a rank";
+    check_resume(0, "one", 5, none, &whole, same1);
     printf("# one process, wlb: %lld documents queued at the checkpoint (step 3)\n", whole.queued[2]);
     assert_true(whole.queued[2] > 0);
     const char *fixed[] = {"--set", "balance.packer=fixed", NULL};
-    check_resume(0, "fixed", 5, fixed, &whole);
+    check_resume(0, "fixed", 5, fixed, &whole, same1);
     printf("# one process, fixed: %lld documents queued at the checkpoint\n", whole.queued[2]);
     assert_int_equal(whole.queued[2], 0);
 }
@@ -182,7 +189,9 @@ static void test_resume_8_ranks_and_other_layout(void **state)
     (void)state;
     Metrics whole, other;
     const char *layout[] = {"--set", "parallel.tp=2", "--set", "parallel.pp=2", "--set", "parallel.cp=2", NULL};
-    check_resume(8, "eight", 5, layout, &whole);
+    /* Without ZeRO-1 the ranks with dp = cp = 0 wrote the shards; every rank reads just the one
+     * file of its TP and pipeline ranks. */
+    check_resume(8, "eight", 5, layout, &whole, "same layout, each rank read its own shards: at most 1 shard file a rank");
     /* The 8-rank checkpoint of step 6, resumed in one process with ZeRO-1 off, and on 4 ranks with
      * ZeRO-1 over dp 2 x cp 2. */
     char *from = test_format("checkpoint.resume=%s/eight-whole/step-00000006", dir);
@@ -192,6 +201,7 @@ static void test_resume_8_ranks_and_other_layout(void **state)
     assert_int_equal(system(copy), 0);
     train(&r, 0, "other", NULL, one);
     assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "resharded from tp 2, cp 2, pp 2, dp 1, zero 0: at most 4 shard files a rank"));
     test_cmd_free(&r);
     read_metrics("other", &other);
     assert_int_equal(other.n, 8);
@@ -217,6 +227,16 @@ static void test_resume_8_ranks_and_other_layout(void **state)
                fabs(a - b) / fabs(a));
         assert_true(fabs(a - b) <= 1e-9 * fabs(a));
     }
+    /* That ZeRO-1 checkpoint (step 8) resumed on its own layout: a rank reads the weights of dpcp 0's
+     * file and its own moment shard, no other. */
+    char *again = test_format("checkpoint.resume=%s/other/step-00000008", dir);
+    const char *same[] = {"--set", again, "--set", "parallel.dp=2", "--set", "parallel.cp=2", "--set", "parallel.zero=1",
+                          "--steps", "9", NULL};
+    train(&r, 4, "other", NULL, same);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "same layout, each rank read its own shards: at most 2 shard files a rank"));
+    test_cmd_free(&r);
+    free(again);
     free(copy);
     free(from);
 }
@@ -229,7 +249,7 @@ static void test_resume_groups(void **state)
     (void)state;
     Metrics whole;
     const char *layout[] = {"--set", "parallel.cp=4", "--set", "balance.cp_sharding=groups", NULL};
-    check_resume(4, "groups", 5, layout, &whole);
+    check_resume(4, "groups", 5, layout, &whole, "same layout, each rank read its own shards: at most 1 shard file a rank");
     printf("# cp 4, groups: %lld documents queued at the checkpoint (step 3)\n", whole.queued[2]);
 }
 
@@ -240,6 +260,79 @@ static int exists(const char *rel)
     int ok = stat(p, &st) == 0;
     free(p);
     return ok;
+}
+
+/* The sections of a shard file: the bytes of those whose name starts with prefix, summed. */
+static uint64_t section_bytes(const char *rel, const char *prefix, int *n_sections)
+{
+    char *path = test_format("%s/%s", dir, rel);
+    StateFile f;
+    Error err = {0};
+    if (statefile_open(&f, path, &err) != 0)
+        print_error("%s\n", err.msg);
+    assert_int_equal(err.msg[0], 0);
+    uint64_t sum = 0;
+    for (int i = 0; i < f.n; i++)
+        sum += strncmp(f.sections[i].name, prefix, strlen(prefix)) ? 0 : f.sections[i].size;
+    *n_sections = f.n;
+    statefile_close(&f);
+    free(path);
+    return sum;
+}
+
+/* The files of a step folder, sorted, one line each. */
+static char *listing(const char *rel)
+{
+    char *cmd = test_format("ls %s/%s > %s/listing.txt", dir, rel, dir), *out = test_format("%s/listing.txt", dir);
+    assert_int_equal(system(cmd), 0);
+    char *text = test_read_file(out, NULL);
+    free(cmd);
+    free(out);
+    return text;
+}
+
+/* What each rank wrote. The model has P parameters; with tp 2 the norms (3 x 32 x 4 layers + 32 of
+ * them) live on both TP ranks, so the weight sections hold P + 288 floats, each block once (no DP or CP
+ * copy), and the moments exactly as many; with ZeRO-1 the 4 shards' moments add up to the weights. */
+static void test_shard_files(void **state)
+{
+    (void)state;
+    int64_t layer = 2 * 32 + 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32, P = 2 * 256 * 32 + 4 * layer + 32;
+    char *ls = listing("eight-whole/step-00000006");
+    assert_string_equal(ls, "config.yaml\nindex.json\nshard-tp0-pp0-dpcp0.bin\nshard-tp0-pp1-dpcp0.bin\n"
+                            "shard-tp1-pp0-dpcp0.bin\nshard-tp1-pp1-dpcp0.bin\nstate.bin\n");
+    free(ls);
+    uint64_t params = 0, m = 0, v = 0;
+    for (int t = 0; t < 2; t++)
+        for (int p = 0; p < 2; p++) {
+            char rel[96];
+            int n;
+            snprintf(rel, sizeof rel, "eight-whole/step-00000006/shard-tp%d-pp%d-dpcp0.bin", t, p);
+            params += section_bytes(rel, "params.", &n);
+            m += section_bytes(rel, "m.", &n);
+            v += section_bytes(rel, "v.", &n);
+            assert_int_equal(n, 3); /* one chunk: params, m, v */
+        }
+    printf("# 8 ranks (tp 2, pp 2, cp 2): %llu weight bytes in 4 files for %lld parameters (+ 288 norm copies)\n",
+           (unsigned long long)params, (long long)P);
+    assert_true(params == (uint64_t)(P + 288) * 4 && m == params && v == params);
+    ls = listing("other/step-00000008");
+    assert_string_equal(ls, "config.yaml\nindex.json\nshard-tp0-pp0-dpcp0.bin\nshard-tp0-pp0-dpcp1.bin\n"
+                            "shard-tp0-pp0-dpcp2.bin\nshard-tp0-pp0-dpcp3.bin\nstate.bin\n");
+    free(ls);
+    params = m = v = 0;
+    for (int z = 0; z < 4; z++) {
+        char rel[96];
+        int n;
+        snprintf(rel, sizeof rel, "other/step-00000008/shard-tp0-pp0-dpcp%d.bin", z);
+        uint64_t here = section_bytes(rel, "m.", &n);
+        assert_true(here > 0 && here <= (uint64_t)P * 4 / 4 + 4);
+        m += here;
+        v += section_bytes(rel, "v.", &n);
+        params += section_bytes(rel, "params.", &n);
+        assert_int_equal(n, z == 0 ? 3 : 2); /* only dpcp 0 writes the weights */
+    }
+    assert_true(params == (uint64_t)P * 4 && m == params && v == params);
 }
 
 static void test_kill_during_save(void **state)
@@ -253,7 +346,8 @@ static void test_kill_during_save(void **state)
     /* step 6 died half-written; latest still names step 3 */
     char *latest = test_format("%s/savekill/latest", dir), *text = test_read_file(latest, NULL);
     assert_string_equal(text, "step-00000003\n");
-    assert_true(exists("savekill/.tmp-step-00000006/model.safetensors"));
+    assert_true(exists("savekill/.tmp-step-00000006/shard-tp0-pp0-dpcp0.bin"));
+    assert_false(exists("savekill/.tmp-step-00000006/index.json"));
     assert_false(exists("savekill/step-00000006"));
     const char *resume[] = {"--set", "checkpoint.resume=auto", NULL};
     train(&r, 0, "savekill", NULL, resume);
@@ -284,12 +378,41 @@ static void test_keep(void **state)
     }
 }
 
+/* A state.bin of the earlier gathered format: its meta's format word 1. */
+static void make_old_format(const char *path)
+{
+    StateFile f;
+    Error err = {0};
+    assert_int_equal(statefile_open(&f, path, &err), 0);
+    StateSection s[STATE_MAX_SECTIONS];
+    uint64_t meta[20];
+    for (int i = 0; i < f.n; i++) {
+        s[i] = f.sections[i];
+        if (!strcmp(s[i].name, "meta")) {
+            assert_int_equal(s[i].size, sizeof meta);
+            memcpy(meta, s[i].data, sizeof meta);
+            meta[0] = 1;
+            s[i].data = meta;
+        }
+    }
+    char *tmp = test_format("%s.new", path);
+    assert_int_equal(statefile_write(tmp, s, f.n, &err), 0);
+    statefile_close(&f);
+    assert_int_equal(rename(tmp, path), 0);
+    free(tmp);
+}
+
 /* Resuming from a damaged checkpoint: one error line, exit 2, the metrics file untouched. */
-static void check_damaged(const char *what, const char *cmd, const char *expect)
+static void check_damaged_by(const char *what, const char *cmd, void (*edit)(const char *state), const char *expect)
 {
     char *sh = test_format("rm -rf %s/dmg && cp -r %s/one-whole %s/dmg && cp %s/one-whole.jsonl %s/dmg.jsonl && "
                            "cd %s/dmg/step-00000008 && %s", dir, dir, dir, dir, dir, dir, cmd);
     assert_int_equal(system(sh), 0);
+    if (edit) {
+        char *state = test_format("%s/dmg/step-00000008/state.bin", dir);
+        edit(state);
+        free(state);
+    }
     char *before = test_format("%s/dmg.jsonl", dir), *text = test_read_file(before, NULL);
     CmdResult r;
     const char *resume[] = {"--set", "checkpoint.resume=auto", "--steps", "9", NULL};
@@ -305,13 +428,30 @@ static void check_damaged(const char *what, const char *cmd, const char *expect)
     free(sh);
 }
 
+static void check_damaged(const char *what, const char *cmd, const char *expect)
+{
+    check_damaged_by(what, cmd, NULL, expect);
+}
+
 static void test_damaged_checkpoints(void **state)
 {
     (void)state;
-    check_damaged("a flipped byte", "printf X | dd of=state.bin bs=1 seek=3000 conv=notrunc 2>/dev/null",
-                  "state.bin: corrupted: section moments fails its CRC-32");
-    check_damaged("truncated state", "truncate -s 2000 state.bin", "state.bin: truncated or extended: 2000 bytes");
-    check_damaged("truncated weights", "truncate -s 9000 model.safetensors", "model.safetensors: ");
+    check_damaged("a flipped byte", "printf X | dd of=shard-tp0-pp0-dpcp0.bin bs=1 seek=3000 conv=notrunc 2>/dev/null",
+                  "shard-tp0-pp0-dpcp0.bin: corrupted: section params.c0 fails its CRC-32");
+    check_damaged("truncated shard", "truncate -s 9000 shard-tp0-pp0-dpcp0.bin",
+                  "shard-tp0-pp0-dpcp0.bin: truncated or extended: 9000 bytes");
+    check_damaged("missing shard", "rm shard-tp0-pp0-dpcp0.bin",
+                  "shard-tp0-pp0-dpcp0.bin: cannot open: No such file or directory");
+    check_damaged("an index without a tensor", "sed -i 's/\"model.norm.weight\"/\"model.nrm.weight\"/' index.json",
+                  "index.json has no tensor model.norm.weight (the model has it)");
+    check_damaged("an index naming a missing section", "sed -i 's/\"params.c0\"/\"params.c9\"/' index.json",
+                  "shard-tp0-pp0-dpcp0.bin: no section params.c9 (index.json names it)");
+    check_damaged("an index whose blocks miss a row", "sed -i '0,/\"rows\": 256/s//\"rows\": 255/' index.json",
+                  "index.json: model.embed_tokens.weight: the blocks hold 8160 of its 8192 values");
+    check_damaged("missing index", "rm index.json", "index.json: unable to open");
+    check_damaged_by("the earlier gathered format", "true", make_old_format,
+                     "state.bin: a checkpoint of the old gathered format (model.safetensors, training state format 1)");
+    check_damaged("truncated state", "truncate -s 200 state.bin", "state.bin: truncated or extended: 200 bytes");
     check_damaged("not a state file", "echo hello > state.bin", "state.bin: not a wlbtrain state file");
     check_damaged("bad pointer", "echo step-x > ../latest", "latest: names 'step-x', not a step-NNNNNNNN folder");
     check_damaged("missing state", "rm state.bin", "state.bin: cannot open: No such file or directory");
@@ -343,12 +483,15 @@ static void test_nonfinite(void **state)
     assert_int_equal(m.skipped[2], 0);
     assert_int_equal(m.skipped[3], 1);
     assert_int_equal(m.skipped[7], 1);
-    /* The skipped step left the weights as they were, and the AdamW moments, and the optimizer's
-     * update count (state.bin's meta word 2; word 3 counts the skipped steps). */
-    char *cmp = test_format("cmp -s %s/nan-skip/step-00000003/model.safetensors %s/nan-skip/step-00000004/model.safetensors",
-                            dir, dir);
+    /* The skipped step left the weights as they were, and the AdamW moments (the shard file holds
+     * both), and the optimizer's update count (state.bin's meta word 2; word 3 counts the skipped
+     * steps). */
+    char *cmp = test_format("cmp -s %s/nan-skip/step-00000003/shard-tp0-pp0-dpcp0.bin "
+                            "%s/nan-skip/step-00000004/shard-tp0-pp0-dpcp0.bin", dir, dir);
     assert_int_equal(system(cmp), 0);
     free(cmp);
+    int n;
+    assert_true(section_bytes("nan-skip/step-00000004/shard-tp0-pp0-dpcp0.bin", "m.", &n) > 0 && n == 3);
     StateFile st[2];
     uint64_t meta[2][4];
     for (int k = 0; k < 2; k++) {
@@ -363,11 +506,6 @@ static void test_nonfinite(void **state)
     assert_true(meta[0][1] == 3 && meta[1][1] == 4);  /* saved after steps 3 and 4 */
     assert_true(meta[0][2] == 3 && meta[1][2] == 3);  /* 3 updates at both */
     assert_true(meta[0][3] == 0 && meta[1][3] == 1);  /* step 4 skipped */
-    const StateSection *m3 = statefile_find(&st[0], "moments"), *m4 = statefile_find(&st[1], "moments");
-    assert_non_null(m3);
-    assert_non_null(m4);
-    assert_true(m3->size == m4->size && m3->size > 0);
-    assert_memory_equal(m3->data, m4->data, m3->size);
     statefile_close(&st[0]);
     statefile_close(&st[1]);
     /* The schedule waited too: after the skipped step, step s + 1 gets the learning rate that step s
@@ -387,6 +525,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_bit_identical), cmocka_unit_test(test_resume_8_ranks_and_other_layout),
         cmocka_unit_test(test_resume_groups),
+        cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
         cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_nonfinite),
     };

@@ -4,14 +4,16 @@
 A tiny model (grouped-query heads, tied embeddings, Llama 3.1 RoPE scaling) trains 2 steps with a
 checkpoint, then is exported in float32 and bfloat16.
 1   config.json is the LlamaConfig of the model (every field transformers reads).
-2   float32: every tensor of the checkpoint, under the same name and shape, bit for bit.
+2   float32: every tensor of the checkpoint (rebuilt here from the shard files' sections and the blocks
+    index.json names), under the same name and shape, bit for bit.
+    The same for a checkpoint of 4 ranks (tp 2, pp 2; when mpirun is there): 4 shard files.
 3   bfloat16: every tensor rounded to nearest even (recomputed here), dtype BF16.
 4   transformers: LlamaForCausalLM.from_pretrained loads the float32 folder and its logits on a
     sequence equal the float64 numpy reference (ref_llama, itself checked against the C model)
     within 1e-4 relative. Needs torch and transformers in the python of $WLB_HF_PYTHON (default
     this one); skipped with that reason when they are missing.
-5   errors: a missing checkpoint, a corrupted config.yaml: one error line, exit status 2, the
-    output folder left as it was.
+5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (8 kinds): one
+    error line, exit status 2, the output folder left as it was (or not made).
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
 """
@@ -81,6 +83,17 @@ class Fixture:
             f.write(CONFIG % {"prefix": prefix, "ckpt": self.ckpt})
         r = run([WLBTRAIN, "--config", cfg])
         check(r.returncode == 0, "training failed: %s%s" % (r.stdout, r.stderr))
+        # The same on 4 ranks (tp 2, pp 2), when mpirun is there: a checkpoint of 4 shard files.
+        self.ckpt4 = None
+        if shutil.which("mpirun"):
+            self.ckpt4 = os.path.join(self.dir, "ckpt4")
+            r = run(["mpirun", "-np", "4", WLBTRAIN, "--config", cfg, "--set", "checkpoint.dir=" + self.ckpt4,
+                     "--set", "parallel.tp=2", "--set", "parallel.pp=2"], timeout=300)
+            check(r.returncode == 0, "training on 4 ranks failed: %s%s" % (r.stdout, r.stderr))
+            self.out4 = os.path.join(self.dir, "hf4")
+            r = run([WLBTRAIN, "export", "--checkpoint", self.ckpt4, "--out", self.out4])
+            check(r.returncode == 0, "export failed: %s" % r.stderr)
+            comment(r.stdout.strip())
         self.out32 = os.path.join(self.dir, "hf32")
         self.out16 = os.path.join(self.dir, "hf16")
         for out, dtype in ((self.out32, "float32"), (self.out16, "bfloat16")):
@@ -102,13 +115,48 @@ def test_config(fx):
         check(c.get(k) == v, "config.json %s = %r, want %r" % (k, c.get(k), v))
 
 
-def step_dir(fx):
-    with open(os.path.join(fx.ckpt, "latest")) as f:
-        return os.path.join(fx.ckpt, f.read().strip())
+def step_dir(fx, ckpt=None):
+    ckpt = ckpt or fx.ckpt
+    with open(os.path.join(ckpt, "latest")) as f:
+        return os.path.join(ckpt, f.read().strip())
+
+
+def read_statefile(path):
+    """The sections of a util/statefile.h file: {name: bytes}."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    check(raw[:8] == b"WLBSTATE", path + ": not a state file")
+    n = int.from_bytes(raw[12:16], "little")
+    out = {}
+    for i in range(n):
+        e = raw[24 + 56 * i:24 + 56 * (i + 1)]
+        name = e[:32].rstrip(b"\0").decode()
+        at, size = int.from_bytes(e[32:40], "little"), int.from_bytes(e[40:48], "little")
+        out[name] = raw[at:at + size]
+    return out
+
+
+def checkpoint_tensors(step):
+    """The full tensors of a sharded checkpoint, from index.json's blocks."""
+    with open(os.path.join(step, "index.json")) as f:
+        index = json.load(f)
+    files = {name: read_statefile(os.path.join(step, name)) for name in index["files"]}
+    out = {}
+    for name, t in index["tensors"].items():
+        shape = t["shape"]
+        full = np.zeros((1 if len(shape) == 1 else shape[0], shape[-1]), dtype=np.float32)
+        for b in t["blocks"]:
+            vec = np.frombuffer(files[b["file"]][b["section"]], dtype=np.float32)
+            n = b["rows"] * b["cols"]
+            full[b["row0"]:b["row0"] + b["rows"], b["col0"]:b["col0"] + b["cols"]] = \
+                vec[b["offset"]:b["offset"] + n].reshape(b["rows"], b["cols"])
+        out[name] = full.reshape(shape)
+    return out
 
 
 def test_float32(fx):
-    src, _ = R.load_safetensors(os.path.join(step_dir(fx), "model.safetensors"))
+    src = checkpoint_tensors(step_dir(fx))
+    check(not os.path.exists(os.path.join(step_dir(fx), "model.safetensors")), "a gathered model.safetensors")
     out, _ = R.load_safetensors(os.path.join(fx.out32, "model.safetensors"))
     check(sorted(src) == sorted(out), "tensor names differ")
     check(sorted(out) == sorted(R.weight_names(MODEL)), "not the model's Hugging Face names")
@@ -117,8 +165,23 @@ def test_float32(fx):
         check(np.array_equal(out[n].view(np.uint32), src[n].view(np.uint32)), n + ": values differ")
 
 
+def test_sharded(fx):
+    if not fx.ckpt4:
+        raise Skip("no mpirun")
+    step = step_dir(fx, fx.ckpt4)
+    check(sorted(f for f in os.listdir(step) if f.startswith("shard-")) ==
+          ["shard-tp%d-pp%d-dpcp0.bin" % (t, p) for t in range(2) for p in range(2)], "not 4 shard files")
+    src = checkpoint_tensors(step)
+    out, _ = R.load_safetensors(os.path.join(fx.out4, "model.safetensors"))
+    check(sorted(out) == sorted(R.weight_names(MODEL)), "not the model's Hugging Face names")
+    for n in src:
+        check(out[n].shape == src[n].shape, n + ": shape")
+        check(np.array_equal(out[n].view(np.uint32), src[n].view(np.uint32)), n + ": values differ")
+        check(np.isfinite(out[n]).all() and np.abs(out[n]).max() > 0, n + ": not trained weights")
+
+
 def test_bfloat16(fx):
-    src, _ = R.load_safetensors(os.path.join(step_dir(fx), "model.safetensors"))
+    src = checkpoint_tensors(step_dir(fx))
     with open(os.path.join(fx.out16, "model.safetensors"), "rb") as f:
         raw = f.read()
     n_head = int.from_bytes(raw[:8], "little")
@@ -169,11 +232,48 @@ def test_errors(fx):
           os.path.getmtime(os.path.join(fx.out32, "model.safetensors")) == mtime, "the output folder was touched")
 
 
+def test_bad_index(fx):
+    """A malformed index.json: one error line, exit 2, nothing written - never a crash or a wrong export."""
+    step = step_dir(fx)
+    with open(os.path.join(step, "index.json")) as f:
+        base = json.load(f)
+    t = "model.embed_tokens.weight"
+    edits = [
+        ("a newer version", lambda d: d.update(version=2), "index version 2"),
+        ("a file outside the folder", lambda d: d.update(files=["../x"]), "is not a file name of the checkpoint"),
+        ("moment shards short of the chunk", lambda d: d["chunks"][0]["moments"][0].update(end=3),
+         "the moment shards cover 3 of"),
+        ("a huge block", lambda d: d["tensors"][t]["blocks"][0].update(rows=2 ** 62, cols=4), "is outside the tensor"),
+        ("a negative offset", lambda d: d["tensors"][t]["blocks"][0].update(offset=-1), "is outside the tensor"),
+        ("a block twice", lambda d: d["tensors"][t]["blocks"].append(d["tensors"][t]["blocks"][0]),
+         "the blocks hold 20480 of its 10240 values"),
+        ("weights from a moment section", lambda d: d["tensors"][t]["blocks"][0].update(section="m.c0"),
+         "not the weights of its chunk"),
+        ("not an object", lambda d: d.clear(), "not a wlbtrain checkpoint index"),
+    ]
+    bad = os.path.join(fx.dir, "badindex")
+    out = os.path.join(fx.dir, "hf-bad")
+    for what, edit, expect in edits:
+        d = json.loads(json.dumps(base))
+        edit(d)
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(step, bad)
+        with open(os.path.join(bad, "index.json"), "w") as f:
+            json.dump(d, f)
+        r = run([WLBTRAIN, "export", "--checkpoint", bad, "--out", out])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 2 and len(lines) == 1 and expect in lines[0],
+              "%s: status %d, stderr %r" % (what, r.returncode, r.stderr))
+        check(not os.path.exists(out), what + ": the output folder was written")
+
+
 TESTS = [("config.json is the model's LlamaConfig", test_config),
          ("float32 export: the checkpoint's tensors bit for bit", test_float32),
+         ("float32 export of a 4-rank checkpoint (tp 2, pp 2): its 4 shards' blocks bit for bit", test_sharded),
          ("bfloat16 export: rounded to nearest even", test_bfloat16),
          ("transformers loads the export; its logits = the numpy reference", test_transformers),
-         ("export errors: one line, exit 2, output untouched", test_errors)]
+         ("export errors: one line, exit 2, output untouched", test_errors),
+         ("a malformed index.json: one line, exit 2, nothing written", test_bad_index)]
 
 
 def main():

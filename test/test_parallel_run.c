@@ -174,8 +174,8 @@ static void test_plan_mismatch_stops_job(void **state)
     check_fault("plan@6:3", "the ranks planned different steps");
 }
 
-/* The memory model on more layouts and modes: ZeRO-1 with a checkpoint each step (its moment gather
- * is the largest transient buffer), tied embeddings over two stages, bf16 with selective
+/* The memory model on more layouts and modes: ZeRO-1 with a checkpoint each step (which allocates no
+ * device memory: each rank streams its own shards through a host buffer), tied embeddings over two stages, bf16 with selective
  * recomputation, kv heads replicated over TP; interleaved stages with full recomputation. And a
  * budget the layout does not fit: refused before training with one line, exit 2, nothing written. */
 static void test_memory_model_equals_allocations(void **state)

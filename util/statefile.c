@@ -1,6 +1,8 @@
 /* util/statefile.c - see statefile.h. */
 #include "util/statefile.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
@@ -50,6 +52,75 @@ static uint32_t crc_of(const void *data, uint64_t n)
 }
 
 static uint64_t align8(uint64_t x) { return (x + 7) & ~(uint64_t)7; }
+
+/* The header of n sections (offsets, sizes, the sections' CRCs crcs[]) into head; its size. */
+static uint64_t make_header(unsigned char *head, const char (*names)[STATE_NAME_LEN], const uint64_t *sizes,
+                            const uint32_t *crcs, int n)
+{
+    uint64_t header = HEAD + (uint64_t)ENTRY * n + TAIL, at = align8(header);
+    memset(head, 0, HEAD + ENTRY * STATE_MAX_SECTIONS + TAIL);
+    memcpy(head, MAGIC, 8);
+    put_u32(head + 8, 1);
+    put_u32(head + 12, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        unsigned char *e = head + HEAD + ENTRY * i;
+        memcpy(e, names[i], strnlen(names[i], STATE_NAME_LEN));
+        put_u64(e + 32, at);
+        put_u64(e + 40, sizes[i]);
+        put_u32(e + 48, crcs[i]);
+        at = align8(at + sizes[i]);
+    }
+    put_u64(head + 16, at);
+    put_u32(head + header - TAIL, crc_of(head, header - TAIL));
+    return header;
+}
+
+int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN], const uint64_t *sizes, int n,
+                           StateFill fill, void *ctx, Error *err)
+{
+    if (n < 0 || n > STATE_MAX_SECTIONS)
+        return error_runtime(err, path, "%d sections (at most %d)", n, STATE_MAX_SECTIONS);
+    for (int i = 0; i < n; i++) {
+        size_t len = strnlen(names[i], STATE_NAME_LEN);
+        if (len == 0 || len == STATE_NAME_LEN)
+            return error_runtime(err, path, "section name of %zu characters", len);
+    }
+    enum { PIECE = 16 << 20 };
+    uint32_t crcs[STATE_MAX_SECTIONS] = {0};
+    unsigned char head[HEAD + ENTRY * STATE_MAX_SECTIONS + TAIL], *buf = malloc(PIECE);
+    if (!buf)
+        return error_runtime(err, path, "out of memory");
+    AtomicFile a;
+    if (atomic_open(&a, path, err) != 0) {
+        free(buf);
+        return -1;
+    }
+    /* A header with no CRCs yet holds the place; the real one is written over it at the end. */
+    static const unsigned char zeros[8];
+    uint64_t header = make_header(head, names, sizes, crcs, n);
+    int bad = fwrite(head, 1, (size_t)header, a.f) != header;
+    bad |= fwrite(zeros, 1, (size_t)(align8(header) - header), a.f) != align8(header) - header;
+    for (int i = 0; i < n && !bad; i++) {
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (uint64_t at = 0; at < sizes[i] && !bad; at += PIECE) {
+            uint64_t k = sizes[i] - at < PIECE ? sizes[i] - at : PIECE;
+            fill(ctx, i, at, buf, k);
+            crc = crc32(crc, buf, (uInt)k);
+            bad |= fwrite(buf, 1, (size_t)k, a.f) != k;
+        }
+        crcs[i] = (uint32_t)crc;
+        size_t pad = (size_t)(align8(sizes[i]) - sizes[i]);
+        bad |= fwrite(zeros, 1, pad, a.f) != pad;
+    }
+    make_header(head, names, sizes, crcs, n);
+    bad = bad || fseek(a.f, 0, SEEK_SET) != 0 || fwrite(head, 1, (size_t)header, a.f) != header;
+    free(buf);
+    if (bad) {
+        atomic_abort(&a);
+        return error_errno(err, path, "cannot write");
+    }
+    return atomic_commit(&a, err);
+}
 
 int statefile_write(const char *path, const StateSection *s, int n, Error *err)
 {

@@ -34,6 +34,13 @@ typedef struct StateSection {
 /* Writes the sections to path atomically (temporary name, fsync, rename). */
 int statefile_write(const char *path, const StateSection *sections, int n, Error *err);
 
+/* The same, streamed: section i has sizes[i] bytes, which fill(ctx, i, at, buf, n) copies, n bytes
+ * from byte `at`, into buf (at most 16 MiB at a time: the one buffer it allocates); the CRCs are
+ * computed on the way and the header written last. */
+typedef void (*StateFill)(void *ctx, int section, uint64_t at, void *buf, uint64_t n);
+int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN], const uint64_t *sizes, int n,
+                           StateFill fill, void *ctx, Error *err);
+
 typedef struct StateFile {
     MappedFile map;
     StateSection sections[STATE_MAX_SECTIONS];

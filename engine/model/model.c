@@ -156,6 +156,19 @@ int64_t model_param_count(const ConfigModel *c, const ModelParallel *par)
     return n;
 }
 
+int model_tensor_table(const ConfigModel *c, const ModelParallel *par, ModelTensor **tensors, int *n, int64_t *n_params,
+                       Error *err)
+{
+    Model m;
+    memset(&m, 0, sizeof m);
+    if (build_tensors(&m, c, par, err) != 0)
+        return -1;
+    *tensors = m.tensors;
+    *n = m.n_tensors;
+    *n_params = m.n_params;
+    return 0;
+}
+
 int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParallel *par, Recompute recompute,
                Error *err)
 {

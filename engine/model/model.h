@@ -172,6 +172,10 @@ ModelMemory model_memory(const ModelDims *d, int64_t T, int64_t T_mb, Recompute 
  * parameters it holds (-1: out of host memory): what model_init would allocate, without allocating. */
 void model_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *par);
 int64_t model_param_count(const ConfigModel *c, const ModelParallel *par);
+/* The tensor table of that share (par->comm unused), malloc'd into *tensors (n of them, n_params
+ * parameters): what a checkpoint's index is made from. */
+int model_tensor_table(const ConfigModel *c, const ModelParallel *par, ModelTensor **tensors, int *n, int64_t *n_params,
+                       Error *err);
 
 /* Builds this rank's tensor table and allocates parameters and gradients (zero). par NULL: the
  * whole model in one process. recompute: train.recompute. */

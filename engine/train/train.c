@@ -301,7 +301,7 @@ static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, int force, E
     if (trainer_save(tr, step, err) != 0)
         return -1;
     if (tr->lay.rank == 0) {
-        printf("checkpoint: %s/step-%08lld (%.1f s)\n", c->dir, (long long)step, clock_seconds() - t0);
+        printf("checkpoint: %s/step-%08lld (%.3f s)\n", c->dir, (long long)step, clock_seconds() - t0);
         fflush(stdout);
     }
     return 0;
@@ -376,9 +376,11 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
             printf("resume: no checkpoint in %s yet, starting at step 1\n", cfg->checkpoint.dir);
         return 0;
     }
+    double t0 = clock_seconds();
     rc = trainer_resume(tr, path, done, err);
     if (rc == 0 && lead)
-        printf("resume: %s, after step %lld%s\n", path, (long long)*done,
+        printf("resume: %s, after step %lld (%s; %.3f s)%s\n", path, (long long)*done, tr->resume_how,
+               clock_seconds() - t0,
                *done >= cfg->train.steps ? " - train.steps is reached, nothing to train" : "");
     free(path);
     return rc;

@@ -99,6 +99,7 @@ typedef struct Trainer {
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
     double mem_predicted;    /* the memory model's peak of the worst rank (bytes, train_memory.h) */
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
+    char resume_how[160];    /* trainer_resume: how the shards were read (the resume line says it) */
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save;
 } Trainer;
@@ -132,11 +133,16 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
 int trainer_save(Trainer *tr, int64_t step, Error *err);
 int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
 int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
+/* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
+ * (train_ckpt_index.c). */
+int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
 int trainer_reduce_grads(Trainer *tr, Error *err);
 void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
+/* Rank r's ZeRO-1 shard of n parameters over a group of size g: [n r / g, n (r + 1) / g). */
+void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end);
 /* ZeRO-1: full gets every rank's shard of an array laid out like m's parameters, all-gathered over
  * DP x CP; this rank's shard is copied into place first (shard NULL: it is there already). */
 int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err);

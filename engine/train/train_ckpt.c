@@ -1,22 +1,40 @@
 /*
  * engine/train/train_ckpt.c - checkpoints: save the training state, resume from it (see train.h).
  *
- * A checkpoint is a folder checkpoint.dir/step-NNNNNNNN:
- *   model.safetensors  every weight in full, Hugging Face Llama names, F32 (gathered from all
- *                      ranks: the file does not depend on the layout that wrote it)
- *   state.bin          util/statefile.h sections, each CRC-checked:
- *                        meta     u64 words: format, step, optimizer updates, skipped steps, then
- *                                 the model's shape and the layout that saved it
- *                        planner  the planner's words (plan_state_save): queues and leftovers
- *                        stream   the data stream's words (data_stream_save): the position and
- *                                 the shuffle's state - the only random state training has
- *                        moments  AdamW's m then v of every full tensor, in Hugging Face order
+ * A checkpoint is a folder checkpoint.dir/step-NNNNNNNN, sharded: every rank writes only what it
+ * holds, all of them at once, and nothing travels through rank 0.
+ *   shard-tpT-ppP-dpcpZ.bin  util/statefile.h sections (a CRC-32 each) of the rank with TP rank T,
+ *                      pipeline rank P, DP x CP rank Z (= dp * cp_size + cp), for each of its model
+ *                      chunks g (global chunk number, k * pp + P):
+ *                        params.cG  the chunk's parameter vector, float32 as trained (its tensor
+ *                                   blocks in the rank's layout, model.h); written by Z = 0 only:
+ *                                   the ranks that differ in dp or cp hold the same weights
+ *                        m.cG, v.cG AdamW's moments over the rank's optimizer range [begin, end) of
+ *                                   that vector: all of it on Z = 0 without ZeRO-1 (the other Z
+ *                                   write no file), each Z's own flat shard with ZeRO-1
+ *   index.json         rank 0's, from the config alone (train_ckpt_index.c; read by
+ *                      util/ckpt_index.c): format version, step, the layout that saved (tp,
+ *                      cp, pp, dp, virtual_stages, zero), the shard files, per (TP rank, chunk) its parameter count, weights section and moment shards
+ *                      ({file, begin, end, m, v}), and per Hugging Face tensor name its full shape
+ *                      and the blocks that make it up ({file, section, offset, tp, chunk, row0, rows,
+ *                      col0, cols}: rows x cols floats at `offset` of that chunk's vector; only the
+ *                      counted copy of replicated blocks - kv heads over TP, norms, tied embeddings)
+ *   state.bin          rank 0's sections: meta (u64 words: format 2, step, optimizer updates,
+ *                      skipped steps, the model's shape, the layout that saved it), planner (queues
+ *                      and leftovers, plan_state_save), stream (the data position and shuffle state)
  *   config.yaml        the resolved config (wlbtrain export reads the model's shape from it)
- * Rank 0 writes it under .tmp-step-NNNNNNNN, fsyncs every file, renames the folder into place and
- * only then points checkpoint.dir/latest at it (itself replaced atomically), and removes the
- * oldest beyond checkpoint.keep. A job killed at any moment leaves latest naming a complete
- * checkpoint. Resuming reads the full tensors and gives each rank its blocks, so a checkpoint
- * resumes on any layout (tp, cp, pp, dp, zero); on the same layout it continues bit for bit.
+ * Saving: rank 0 makes .tmp-step-NNNNNNNN; every writing rank streams its sections from the backend
+ * through one 16 MiB host buffer into its file (written under a temporary name, fsynced, renamed);
+ * when all ranks report success rank 0 writes state.bin, config.yaml and index.json, fsyncs the
+ * folder, renames it into place, points latest at it (replaced atomically) and removes the oldest
+ * beyond checkpoint.keep. A job killed at any moment leaves latest naming a complete checkpoint.
+ * Resuming (every rank reads state.bin and index.json, checked): on the layout that saved it (same
+ * tp, pp, virtual_stages: the same chunk vectors) a rank copies its weights from its params section
+ * and its moments from the shards overlapping its optimizer range - with the same ZeRO-1 layout just
+ * its own file - bit for bit; on any other layout each of its blocks comes from the full tensor
+ * rebuilt from the index's blocks (one tensor at a time, host memory). A shard file is opened (and
+ * its CRCs checked) only when one of its sections is needed. Checkpoints of format 1 (a gathered
+ * model.safetensors) are refused with a clear error.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,11 +45,11 @@
 #include <sys/stat.h>
 
 #include "engine/train/train.h"
+#include "util/ckpt_index.h"
 #include "util/fileio.h"
-#include "util/safetensors.h"
 #include "util/statefile.h"
 
-enum { META_FORMAT = 1, META_WORDS = 20 };
+enum { META_FORMAT = 2, META_WORDS = 20 };
 
 /* The words of the meta section. */
 static void meta_words(const Trainer *tr, int64_t step, uint64_t *w)
@@ -50,89 +68,62 @@ static void meta_words(const Trainer *tr, int64_t step, uint64_t *w)
 static const char *const meta_model_keys[7] = {"model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads",
                                                "model.d_ffn", "model.vocab_size", "model.tie_embeddings"};
 
-/* AdamW's moments of every chunk laid out like its parameters (ZeRO-1 keeps a shard: the shards
- * are all-gathered into copies, freed by the caller). */
-static int full_moments(Trainer *tr, const float **m, const float **v, float **own, Error *err)
+/* What a rank's shard file holds: per chunk its weights (the rank with dp = cp = 0 of its TP and
+ * pipeline ranks) and its moments (that rank's, or with ZeRO-1 every rank's shard). Streamed from
+ * the backend's memory through statefile's 16 MiB buffer. */
+typedef struct ShardOut {
+    const Ops *ops;
+    const float *src[STATE_MAX_SECTIONS];
+} ShardOut;
+
+static void shard_fill(void *ctx, int i, uint64_t at, void *buf, uint64_t n)
 {
-    for (int k = 0; k < tr->v; k++) {
-        Optim *o = &tr->chunks[k].optim;
-        Model *md = &tr->chunks[k].model;
-        if (!tr->cfg->parallel.zero) {
-            m[k] = o->m;
-            v[k] = o->v;
-            continue;
-        }
-        for (int j = 0; j < 2; j++) {
-            float *full = md->ops->alloc((size_t)md->n_params * sizeof *full);
-            if (!full)
-                return error_runtime(err, "checkpoint", "out of memory");
-            own[2 * k + j] = full;
-            if (trainer_gather_shards(tr, md, full, j ? o->v : o->m, err) != 0)
-                return -1;
-            (j ? v : m)[k] = full;
-        }
-    }
-    return 0;
+    const ShardOut *o = ctx;
+    o->ops->to_host(buf, o->src[i] + at / sizeof(float), (size_t)n);
 }
 
-/* The weights into model.safetensors and the moments into a buffer (rank 0's; all ranks gather). */
-static int gather_state(Trainer *tr, const char *weights_path, float **moments, uint64_t *moments_size, Error *err)
+static int write_shard(Trainer *tr, const char *tmp, Error *err)
 {
-    const ModelDims *d = &tr->chunks[0].model.dims;
-    int lead = tr->lay.rank == 0, n = model_full_tensor_count(d), rc = 0;
-    int64_t total = 0, most = 0;
-    for (int i = 0; i < n; i++) {
-        char name[96];
-        int64_t rows, cols;
-        int vec;
-        model_full_tensor(d, i, name, sizeof name, &rows, &cols, &vec);
-        total += rows * cols;
-        most = rows * cols > most ? rows * cols : most;
-    }
-    const float *params[64], *m[64], *v[64];
-    float *own[128] = {0};
-    for (int k = 0; k < tr->v; k++)
-        params[k] = tr->chunks[k].model.params;
-    StWriter w = {0};
-    float *full = malloc((size_t)most * sizeof *full);
-    *moments = lead ? malloc((size_t)(2 * total) * sizeof **moments) : NULL;
-    *moments_size = (uint64_t)(2 * total) * sizeof **moments;
-    if (!full || (lead && !*moments))
-        rc = error_runtime(err, "checkpoint", "out of memory");
-    if (rc == 0)
-        rc = full_moments(tr, m, v, own, err);
-    int64_t at = 0;
-    for (int i = 0; rc == 0 && i < n; i++) {
-        char name[96];
-        int64_t rows, cols;
-        int vec;
-        model_full_tensor(d, i, name, sizeof name, &rows, &cols, &vec);
-        int64_t shape[2] = {rows, cols};
-        rc = trainer_gather_arrays(tr, name, params, full, err);
-        if (rc == 0 && lead)
-            rc = st_writer_add(&w, name, ST_F32, vec ? shape + 1 : shape, vec ? 1 : 2, full, err);
-        for (int j = 0; rc == 0 && j < 2; j++) {
-            rc = trainer_gather_arrays(tr, name, j ? v : m, full, err);
-            if (rc == 0 && lead)
-                memcpy(*moments + at + j * rows * cols, full, (size_t)(rows * cols) * sizeof *full);
+    int dpcp = tr->comm->rank[GROUP_DPCP], zero = (int)tr->cfg->parallel.zero;
+    if (dpcp != 0 && !zero)
+        return 0; /* the same weights and moments as dpcp 0's */
+    char names[STATE_MAX_SECTIONS][STATE_NAME_LEN], file[64], path[4200];
+    uint64_t sizes[STATE_MAX_SECTIONS];
+    ShardOut o = {tr->ops, {0}};
+    int n = 0;
+    for (int k = 0; k < tr->v; k++) {
+        const Model *m = &tr->chunks[k].model;
+        const Optim *op = &tr->chunks[k].optim;
+        int g = k * tr->pp + tr->lay.pp_rank;
+        if (n + 3 > STATE_MAX_SECTIONS)
+            return error_runtime(err, "checkpoint", "%d chunks per stage: more sections than a shard file holds", tr->v);
+        if (dpcp == 0) {
+            snprintf(names[n], STATE_NAME_LEN, "params.c%d", g);
+            sizes[n] = (uint64_t)m->n_params * sizeof(float);
+            o.src[n++] = m->params;
         }
-        at += 2 * rows * cols;
+        for (int j = 0; j < 2; j++) {
+            snprintf(names[n], STATE_NAME_LEN, "%s.c%d", j ? "v" : "m", g);
+            sizes[n] = (uint64_t)(op->end - op->begin) * sizeof(float);
+            o.src[n++] = j ? op->v : op->m;
+        }
     }
-    if (rc == 0 && lead) {
-        char shape[160];
-        snprintf(shape, sizeof shape, "%d layers, d_model %d, vocabulary %d", d->n_layers, d->d, d->vocab);
-        rc = st_writer_meta(&w, "format", "pt", err);
-        if (rc == 0)
-            rc = st_writer_meta(&w, "wlbtrain_model", shape, err);
-        if (rc == 0)
-            rc = st_write(&w, weights_path, err);
-    }
-    for (int k = 0; k < 2 * tr->v; k++)
-        if (own[k])
-            tr->chunks[k / 2].model.ops->free(own[k]);
-    st_writer_free(&w);
-    free(full);
-    return rc;
+    ckpt_shard_file(file, sizeof file, tr->lay.tp_rank, tr->lay.pp_rank, dpcp);
+    snprintf(path, sizeof path, "%s/%s", tmp, file);
+    return statefile_write_stream(path, (const char (*)[STATE_NAME_LEN])names, sizes, n, shard_fill, &o, err);
+}
+
+/* Every rank learns whether every rank's rc was 0 (instead of a barrier, which a failed rank would
+ * leave the others waiting in). */
+static int all_ok(Trainer *tr, int rc, Error *err)
+{
+    double failed = rc != 0;
+    Error e2 = {0};
+    if (comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, &failed, 1, rc ? &e2 : err) != 0)
+        return -1;
+    if (rc != 0)
+        return -1;
+    return failed > 0 ? error_runtime(err, "checkpoint", "another rank could not write its shard") : 0;
 }
 
 static int write_config(const Config *cfg, const char *path, Error *err)
@@ -205,57 +196,60 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     if (lead) {
         snprintf(path, sizeof path, "%s/x", tmp);
         if (file_remove_tree(tmp, err) != 0 || file_make_parents(path, err) != 0)
-            return -1;
+            rc = -1;
     }
-    float *moments = NULL;
-    uint64_t moments_size = 0;
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    rc = gather_state(tr, path, &moments, &moments_size, err);
-    if (rc == 0 && lead && tr->fault_kill_in_save) {
+    /* The folder exists before anyone writes into it; every shard is on disk (fsynced) before rank 0
+     * finishes the checkpoint. */
+    if (all_ok(tr, rc, err) != 0)
+        return -1;
+    if (all_ok(tr, write_shard(tr, tmp, err), err) != 0)
+        return -1;
+    if (!lead)
+        return 0;
+    if (tr->fault_kill_in_save) {
         fflush(stdout);
         raise(SIGKILL); /* the test of an interrupted save */
     }
-    if (rc == 0 && lead) {
-        uint64_t meta[META_WORDS];
-        meta_words(tr, step, meta);
-        size_t np = plan_state_words(&tr->planner), ns = data_stream_state_words(&tr->stream);
-        uint64_t *planner = malloc((np + 1) * sizeof *planner), *stream = malloc((ns + 1) * sizeof *stream);
-        if (!planner || !stream) {
-            rc = error_runtime(err, "checkpoint", "out of memory");
-        } else {
-            plan_state_save(&tr->planner, planner);
-            data_stream_save(&tr->stream, stream);
-            StateSection s[4] = {{"meta", meta, sizeof meta},
-                                 {"planner", planner, np * sizeof *planner},
-                                 {"stream", stream, ns * sizeof *stream},
-                                 {"moments", moments, moments_size}};
-            snprintf(path, sizeof path, "%s/state.bin", tmp);
-            rc = statefile_write(path, s, 4, err);
-        }
-        free(planner);
-        free(stream);
-        snprintf(path, sizeof path, "%s/config.yaml", tmp);
-        if (rc == 0)
-            rc = write_config(tr->cfg, path, err);
-        /* Into place: a checkpoint of the same step (a resumed run saving again) is replaced. */
-        if (rc == 0 && (file_sync_dir(tmp, err) != 0 || file_remove_tree(final, err) != 0))
-            rc = -1;
-        if (rc == 0 && rename(tmp, final) != 0)
-            rc = error_errno(err, final, "cannot rename the finished checkpoint into place");
-        if (rc == 0)
-            rc = file_sync_dir(dir, err);
-        snprintf(path, sizeof path, "%s/latest", dir);
-        AtomicFile a;
-        if (rc == 0 && atomic_open(&a, path, err) == 0) {
-            fprintf(a.f, "%s\n", name);
-            rc = atomic_commit(&a, err);
-        } else if (rc == 0) {
-            rc = -1;
-        }
-        if (rc == 0)
-            rc = prune(dir, tr->cfg->checkpoint.keep, err);
+    uint64_t meta[META_WORDS];
+    meta_words(tr, step, meta);
+    size_t np = plan_state_words(&tr->planner), ns = data_stream_state_words(&tr->stream);
+    uint64_t *planner = malloc((np + 1) * sizeof *planner), *stream = malloc((ns + 1) * sizeof *stream);
+    if (!planner || !stream) {
+        rc = error_runtime(err, "checkpoint", "out of memory");
+    } else {
+        plan_state_save(&tr->planner, planner);
+        data_stream_save(&tr->stream, stream);
+        StateSection s[3] = {{"meta", meta, sizeof meta},
+                             {"planner", planner, np * sizeof *planner},
+                             {"stream", stream, ns * sizeof *stream}};
+        snprintf(path, sizeof path, "%s/state.bin", tmp);
+        rc = statefile_write(path, s, 3, err);
     }
-    free(moments);
+    free(planner);
+    free(stream);
+    snprintf(path, sizeof path, "%s/config.yaml", tmp);
+    if (rc == 0)
+        rc = write_config(tr->cfg, path, err);
+    snprintf(path, sizeof path, "%s/index.json", tmp);
+    if (rc == 0)
+        rc = trainer_index_write(tr->cfg, step, path, err);
+    /* Into place: a checkpoint of the same step (a resumed run saving again) is replaced. */
+    if (rc == 0 && (file_sync_dir(tmp, err) != 0 || file_remove_tree(final, err) != 0))
+        rc = -1;
+    if (rc == 0 && rename(tmp, final) != 0)
+        rc = error_errno(err, final, "cannot rename the finished checkpoint into place");
+    if (rc == 0)
+        rc = file_sync_dir(dir, err);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    AtomicFile a;
+    if (rc == 0 && atomic_open(&a, path, err) == 0) {
+        fprintf(a.f, "%s\n", name);
+        rc = atomic_commit(&a, err);
+    } else if (rc == 0) {
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = prune(dir, tr->cfg->checkpoint.keep, err);
     return rc;
 }
 
@@ -290,51 +284,104 @@ int trainer_checkpoint_path(const Config *cfg, char **path, Error *err)
     return *path ? 0 : error_runtime(err, dir, "out of memory");
 }
 
-/* Each chunk's moments from the full tensors of the moments section. */
-static int restore_moments(Trainer *tr, const StateSection *sec, const char *where, Error *err)
+/* Another layout saved it: each of this rank's blocks from the full tensor rebuilt from the index's
+ * blocks (weights, then m and v clipped to the optimizer's range), one tensor at a time. */
+static int reshard_chunk(Trainer *tr, CkptIndex *ix, TrainChunk *ch, float *full, float *tmp, float *block, Error *err)
 {
+    Model *m = &ch->model;
+    Optim *o = &ch->optim;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ModelTensor *t = &m->tensors[i];
+        const CkptTensor *it = ckpt_index_tensor(ix, t->name);
+        int64_t n = t->rows * t->cols, lo = t->offset > o->begin ? t->offset : o->begin;
+        int64_t hi = t->offset + n < o->end ? t->offset + n : o->end;
+        for (int what = 0; what < 3; what++) {
+            if (what > 0 && lo >= hi)
+                break; /* no moments of this block here (a ZeRO-1 shard elsewhere) */
+            if (ckpt_index_full(ix, it, what, full, tmp, err) != 0)
+                return -1;
+            for (int64_t r = 0; r < t->rows; r++)
+                memcpy(block + r * t->cols, full + (t->row0 + r) * t->full_cols + t->col0, (size_t)t->cols * sizeof *full);
+            if (what == 0)
+                tr->ops->to_device(m->params + t->offset, block, (size_t)n * sizeof *block);
+            else
+                tr->ops->to_device((what == 1 ? o->m : o->v) + (lo - o->begin), block + (lo - t->offset),
+                                   (size_t)(hi - lo) * sizeof *block);
+        }
+    }
+    return 0;
+}
+
+static void put_device(void *ctx, float *dst, const float *src, int64_t n)
+{
+    ((const Ops *)ctx)->to_device(dst, src, (size_t)n * sizeof *dst);
+}
+
+/* Weights and moments of every chunk from the shards. On the layout that saved them (tp, pp,
+ * virtual_stages) the chunk's parameter vector is the saved one: its weights come from the one
+ * section that holds them and its moments from the shards that overlap its optimizer range (its own
+ * with the same ZeRO-1 layout), copied as they are. Otherwise each block is resharded. */
+static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *path, Error *err)
+{
+    const ConfigParallel *p = &tr->cfg->parallel;
     const ModelDims *d = &tr->chunks[0].model.dims;
-    int n = model_full_tensor_count(d);
-    uint64_t want = 0;
-    for (int i = 0; i < n; i++) {
+    int same = ix->tp == p->tp && ix->pp == p->pp && ix->virtual_stages == p->virtual_stages, rc = 0;
+    int64_t most = 1;
+    if (ix->step != step)
+        return error_set(err, path, "index.json is of step %lld, state.bin of step %lld", (long long)ix->step,
+                         (long long)step);
+    for (int i = 0; i < model_full_tensor_count(d); i++) {
         char name[96];
         int64_t rows, cols;
         int vec;
         model_full_tensor(d, i, name, sizeof name, &rows, &cols, &vec);
-        want += (uint64_t)(2 * rows * cols) * sizeof(float);
+        const CkptTensor *t = ckpt_index_tensor(ix, name);
+        if (!t)
+            return error_set(err, path, "index.json has no tensor %s (the model has it)", name);
+        if (t->rows != rows || t->cols != cols || t->is_vector != vec)
+            return error_set(err, path, "index.json: %s is [%lld, %lld], the model's is [%lld, %lld]", name,
+                             (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
+        most = rows * cols > most ? rows * cols : most;
     }
-    if (sec->size != want)
-        return error_set(err, where, "the moments section has %llu bytes, this model needs %llu",
-                         (unsigned long long)sec->size, (unsigned long long)want);
-    for (int k = 0; k < tr->v; k++) {
+    float *full = same ? NULL : malloc((size_t)most * sizeof *full);
+    float *tmp = same ? NULL : malloc((size_t)most * sizeof *tmp), *block = same ? NULL : malloc((size_t)most * sizeof *tmp);
+    if (!same && (!full || !tmp || !block))
+        rc = error_runtime(err, "checkpoint", "out of memory");
+    for (int k = 0; rc == 0 && k < tr->v; k++) {
         TrainChunk *ch = &tr->chunks[k];
         Model *m = &ch->model;
-        float *host[2] = {malloc((size_t)m->n_params * sizeof(float)), malloc((size_t)m->n_params * sizeof(float))};
-        float *full = malloc(sizeof(float) * (size_t)(sec->size / sizeof(float) / 2 + 1));
-        int rc = host[0] && host[1] && full ? 0 : error_runtime(err, "checkpoint", "out of memory");
-        const unsigned char *p = sec->data;
-        for (int i = 0; rc == 0 && i < n; i++) {
-            char name[96];
-            int64_t rows, cols;
-            int vec;
-            model_full_tensor(d, i, name, sizeof name, &rows, &cols, &vec);
-            for (int j = 0; j < 2; j++, p += (size_t)(rows * cols) * sizeof(float)) {
-                memcpy(full, p, (size_t)(rows * cols) * sizeof(float)); /* the section may be unaligned */
-                model_put_block(m, name, full, host[j]);
-            }
+        Optim *o = &ch->optim;
+        if (same) {
+            const CkptChunk *c = ckpt_index_chunk(ix, tr->lay.tp_rank, k * tr->pp + tr->lay.pp_rank);
+            if (!c || c->n != m->n_params)
+                rc = error_set(err, path, "index.json: chunk %d of TP rank %d is not this layout's",
+                               k * tr->pp + tr->lay.pp_rank, tr->lay.tp_rank);
+            if (rc == 0)
+                rc = ckpt_index_range(ix, c, 0, 0, m->n_params, put_device, (void *)tr->ops, m->params, err);
+            if (rc == 0)
+                rc = ckpt_index_range(ix, c, 1, o->begin, o->end, put_device, (void *)tr->ops, o->m, err);
+            if (rc == 0)
+                rc = ckpt_index_range(ix, c, 2, o->begin, o->end, put_device, (void *)tr->ops, o->v, err);
+        } else {
+            rc = reshard_chunk(tr, ix, ch, full, tmp, block, err);
         }
-        if (rc == 0) {
-            Optim *o = &ch->optim;
-            m->ops->to_device(o->m, host[0] + o->begin, (size_t)(o->end - o->begin) * sizeof(float));
-            m->ops->to_device(o->v, host[1] + o->begin, (size_t)(o->end - o->begin) * sizeof(float));
-        }
-        free(host[0]);
-        free(host[1]);
-        free(full);
-        if (rc != 0)
-            return -1;
+        if (rc == 0)
+            model_weights_changed(m);
     }
-    return 0;
+    free(full);
+    free(tmp);
+    free(block);
+    /* What the resume line reports: how, and the most files a rank opened. */
+    double opened = ix->files_opened;
+    if (rc == 0)
+        rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, &opened, 1, err);
+    if (rc == 0 && same)
+        snprintf(tr->resume_how, sizeof tr->resume_how, "same layout, each rank read its own shards: at most %d "
+                 "shard file%s a rank", (int)opened, opened == 1 ? "" : "s");
+    else if (rc == 0)
+        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d: at most "
+                 "%d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero, (int)opened, opened == 1 ? "" : "s");
+    return rc;
 }
 
 int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
@@ -345,15 +392,20 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
     if (statefile_open(&sf, file, err) != 0)
         return -1;
     const StateSection *meta = statefile_find(&sf, "meta"), *planner = statefile_find(&sf, "planner");
-    const StateSection *stream = statefile_find(&sf, "stream"), *moments = statefile_find(&sf, "moments");
+    const StateSection *stream = statefile_find(&sf, "stream");
     int rc = 0;
     uint64_t w[META_WORDS] = {0}, mine[META_WORDS];
-    if (!meta || !planner || !stream || !moments || meta->size != sizeof w)
-        rc = error_set(err, file, "not a wlbtrain training state (sections meta, planner, stream, moments)");
+    if (!meta || !planner || !stream || meta->size != sizeof w)
+        rc = error_set(err, file, "not a wlbtrain training state (sections meta, planner, stream)");
     if (rc == 0) {
         memcpy(w, meta->data, sizeof w);
         meta_words(tr, 0, mine);
-        if (w[0] != META_FORMAT)
+        if (w[0] == 1)
+            rc = error_set(err, file, "a checkpoint of the old gathered format (model.safetensors, training state "
+                           "format 1); this wlbtrain reads sharded checkpoints (format %d): resume it with an older "
+                           "wlbtrain, or start from its weights with train.init_from=%.200s/model.safetensors",
+                           META_FORMAT, path);
+        else if (w[0] != META_FORMAT)
             rc = error_set(err, file, "training state format %llu; this wlbtrain reads %d", (unsigned long long)w[0],
                            META_FORMAT);
         for (int i = 0; rc == 0 && i < 7; i++)
@@ -361,11 +413,14 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
                 rc = error_set(err, file, "saved for a model with %s %llu, the config has %llu", meta_model_keys[i],
                                (unsigned long long)w[4 + i], (unsigned long long)mine[4 + i]);
     }
-    snprintf(file, sizeof file, "%s/model.safetensors", path);
-    for (int k = 0; rc == 0 && k < tr->v; k++)
-        rc = model_load(&tr->chunks[k].model, file, err);
+    CkptIndex ix;
+    int have_index = rc == 0 && ckpt_index_open(&ix, path, err) == 0;
+    if (rc == 0 && !have_index)
+        rc = -1;
     if (rc == 0)
-        rc = restore_moments(tr, moments, path, err);
+        rc = restore_shards(tr, &ix, (int64_t)w[1], path, err);
+    if (have_index)
+        ckpt_index_close(&ix);
     /* Words in the file may be unaligned: copy them out first. */
     uint64_t *words = rc == 0 ? malloc((size_t)(planner->size > stream->size ? planner->size : stream->size) + 8) : NULL;
     if (rc == 0 && !words)

@@ -85,8 +85,7 @@ static int sum_tied_embeddings(Trainer *tr, Error *err)
     return rc;
 }
 
-/* This rank's ZeRO-1 shard of n parameters over a group of size g: [n r / g, n (r + 1) / g). */
-static void shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end)
+void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end)
 {
     *begin = n * r / g;
     *end = n * (r + 1) / g;
@@ -98,7 +97,7 @@ static void shard_counts(const Trainer *tr, const Model *m, int64_t *counts)
     int g = tr->comm->size[GROUP_DPCP];
     for (int r = 0; r < g; r++) {
         int64_t b, e;
-        shard_range(m->n_params, g, r, &b, &e);
+        trainer_shard_range(m->n_params, g, r, &b, &e);
         counts[r] = e - b;
     }
 }
@@ -182,7 +181,7 @@ void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int6
         *end = m->n_params;
         return;
     }
-    shard_range(m->n_params, tr->comm->size[GROUP_DPCP], tr->comm->rank[GROUP_DPCP], begin, end);
+    trainer_shard_range(m->n_params, tr->comm->size[GROUP_DPCP], tr->comm->rank[GROUP_DPCP], begin, end);
 }
 
 /* ZeRO-1 keeps only a shard of the summed gradients: put the sum back together in grads. */

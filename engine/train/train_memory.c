@@ -14,8 +14,9 @@
  *   other        the stage input received (T d floats, when there is more than one chunk), the batch
  *                inputs of the replica's M micro-batches (tokens, targets, positions, and with CP
  *                the row indices of the K/V exchange), the largest transient buffer of a step (the
- *                tied embedding's gradient exchange, the kv replicas' gradient sum, ZeRO-1's moment
- *                gather for a checkpoint) and on a GPU the runtime allowance.
+ *                tied embedding's gradient exchange, the kv replicas' gradient sum; a checkpoint
+ *                allocates no device memory: each rank streams its own shards through a host
+ *                buffer) and on a GPU the runtime allowance.
  * The sums run over the rank's chunks. TP ranks of a stage hold equal blocks, CP ranks of a stage
  * equal activation slots (sized for the largest share a CP rank can get), DP ranks the same: the
  * stage's rank stands for all of them.
@@ -70,7 +71,7 @@ static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sc
     int64_t logits = gpu ? OPS_LOGITS_FLOATS_GPU : OPS_LOGITS_FLOATS_CPU;
     int64_t z = p->dp * p->cp, m = config_micro_batches(cfg);
     int64_t mb = p->cp > 1 ? T_mb : 0;
-    double transient = 0, moments_all = 0;
+    double transient = 0;
     memset(out, 0, sizeof *out);
     for (int k = 0; k < v; k++) {
         ModelParallel par = {(int)p->tp, 0, (int)p->cp, k * pp + s, chunks, NULL};
@@ -100,10 +101,7 @@ static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sc
         if (d.kv_replicas > 1)
             transient = fmax(transient, 4.0 * (double)(d.layer_end - d.layer_begin) * 2 * d.n_kv_heads * d.head_dim *
                                             d.d);
-        moments_all += 8.0 * (double)n;
     }
-    if (p->zero && cfg->checkpoint.dir)
-        transient = fmax(transient, moments_all);
     int64_t d_model = cfg->model.d_model;
     if (chunks > 1)
         out->other += 4.0 * (double)T * (double)d_model;

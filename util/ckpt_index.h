@@ -1,0 +1,86 @@
+/*
+ * util/ckpt_index.h - reading the index.json of a sharded checkpoint (engine/train/train_ckpt.c has
+ * the format; rank 0 writes it from the config alone, train_ckpt_index.c): by a resume on any layout
+ * and by `wlbtrain export`.
+ *
+ * The reader checks the index before anything is used (its version, the layout, every file name,
+ * every chunk's moment shards partitioning its parameter vector, every tensor's blocks inside it and
+ * adding up to it) and opens a shard file only when a section of it is first needed (statefile_open
+ * checks its CRCs then), so a resume reads only the files that overlap its blocks.
+ */
+#ifndef WLB_UTIL_CKPT_INDEX_H
+#define WLB_UTIL_CKPT_INDEX_H
+
+#include <stdint.h>
+
+#include "util/error.h"
+#include "util/statefile.h"
+
+enum { CKPT_INDEX_VERSION = 1 };
+
+/* A flat range [begin, end) of a chunk's AdamW moments, sections m and v of a file. */
+typedef struct CkptShard {
+    int file;
+    int64_t begin, end;
+    char m[STATE_NAME_LEN], v[STATE_NAME_LEN];
+} CkptShard;
+
+/* The parameter vector of model chunk `chunk` on TP rank tp: n floats in section `section` of a file,
+ * and its moments in shards. */
+typedef struct CkptChunk {
+    int tp, chunk, file;
+    char section[STATE_NAME_LEN];
+    int64_t n;
+    CkptShard *shards;
+    int n_shards;
+} CkptChunk;
+
+/* A block [row0, row0 + rows) x [col0, col0 + cols) of a full tensor: rows x cols floats from float
+ * `offset` of a chunk's parameter vector (chunks[chunk]), which lies in section `section` of file. */
+typedef struct CkptBlock {
+    int chunk, file;
+    char section[STATE_NAME_LEN];
+    int64_t offset, row0, rows, col0, cols;
+} CkptBlock;
+
+typedef struct CkptTensor {
+    char name[96];
+    int64_t rows, cols;
+    int is_vector;
+    CkptBlock *blocks;
+    int n_blocks;
+} CkptTensor;
+
+typedef struct CkptIndex {
+    char dir[4096];
+    int tp, cp, pp, dp, virtual_stages, zero;
+    int64_t step;
+    char (*files)[64];
+    StateFile *sf;
+    unsigned char *opened;
+    int n_files, files_opened;
+    CkptChunk *chunks;
+    int n_chunks;
+    CkptTensor *tensors;
+    int n_tensors;
+} CkptIndex;
+
+/* The name of the shard file of TP rank tp, pipeline rank pp, DP x CP rank dpcp. */
+void ckpt_shard_file(char *buf, size_t size, int tp, int pp, int dpcp);
+
+/* Reads and checks dir/index.json. */
+int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err);
+void ckpt_index_close(CkptIndex *ix);
+const CkptTensor *ckpt_index_tensor(const CkptIndex *ix, const char *name);
+const CkptChunk *ckpt_index_chunk(const CkptIndex *ix, int tp, int chunk);
+/* The full tensor t (host, rows x cols) from its blocks: what 0 the weights, 1 AdamW's m, 2 its v.
+ * tmp: room for the largest block. */
+int ckpt_index_full(CkptIndex *ix, const CkptTensor *t, int what, float *full, float *tmp, Error *err);
+/* Floats [begin, end) of chunk c's weights (what 0) or moments (1 m, 2 v), straight from the shard
+ * files' mappings: put(ctx, dst + k, src, n) for each piece (k from 0; only the shards overlapping
+ * the range are opened). */
+typedef void (*CkptPut)(void *ctx, float *dst, const float *src, int64_t n);
+int ckpt_index_range(CkptIndex *ix, const CkptChunk *c, int what, int64_t begin, int64_t end, CkptPut put, void *ctx,
+                     float *dst, Error *err);
+
+#endif
