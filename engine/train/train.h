@@ -154,6 +154,9 @@ int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err);
  * fills st's mb_* fields. trainer_write_mb_metrics appends them to a metrics line: ,"mb_imbalance":
  * ..., "mb_imbalance_measured": ..., "mb_ms_predicted": [...], "mb_ms_measured": [...]. */
 void trainer_mb_balance(Trainer *tr, TrainStats *st);
+/* Measured seconds of micro-batch k of replica dp on CP rank cp (train_pipeline.c): over the
+ * pipeline stages, the slowest TP rank of each, from tr->all_compute. */
+double trainer_measured_cp_rank_s(const Trainer *tr, int dp, int k, int cp);
 void trainer_write_mb_metrics(FILE *f, const TrainStats *st);
 
 /* The exit status of a job that stopped early on SIGUSR1 or SIGTERM after writing a checkpoint:

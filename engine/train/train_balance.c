@@ -21,18 +21,9 @@
 
 static double measured_mb_s(const Trainer *tr, int dp, int k)
 {
-    const Layout *l = &tr->lay;
     double worst = 0;
-    for (int cp = 0; cp < l->cp; cp++) {
-        double t = 0;
-        for (int pp = 0; pp < l->pp; pp++) {
-            double slowest = 0;
-            for (int tp = 0; tp < l->tp; tp++) {
-                double x = tr->all_compute[(size_t)layout_rank_at(l, tp, cp, pp, dp) * tr->m + k];
-                slowest = x > slowest ? x : slowest;
-            }
-            t += slowest;
-        }
+    for (int cp = 0; cp < tr->lay.cp; cp++) {
+        double t = trainer_measured_cp_rank_s(tr, dp, k, cp);
         worst = t > worst ? t : worst;
     }
     return worst;

@@ -202,6 +202,21 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
     return 0;
 }
 
+double trainer_measured_cp_rank_s(const Trainer *tr, int dp, int k, int cp)
+{
+    const Layout *l = &tr->lay;
+    double t = 0;
+    for (int pp = 0; pp < l->pp; pp++) {
+        double slowest = 0;
+        for (int tp = 0; tp < l->tp; tp++) {
+            double x = tr->all_compute[(size_t)layout_rank_at(l, tp, cp, pp, dp) * tr->m + k];
+            slowest = x > slowest ? x : slowest;
+        }
+        t += slowest;
+    }
+    return t;
+}
+
 /* Measured balance of the step from every rank's compute per micro-batch (tr->all_compute):
  * a micro-batch on CP rank r takes the sum over stages of the slowest TP rank; pp is the costliest
  * micro-batch (its slowest CP rank) over the mean, cp the worst micro-batch's slowest CP rank over
@@ -214,15 +229,7 @@ static void measured_imbalance(const Trainer *tr, TrainStats *st)
         for (int k = 0; k < tr->m; k++) {
             double mx = 0, sum = 0;
             for (int cp = 0; cp < l->cp; cp++) {
-                double t = 0;
-                for (int pp = 0; pp < l->pp; pp++) {
-                    double slowest = 0;
-                    for (int tp = 0; tp < l->tp; tp++) {
-                        double x = tr->all_compute[(size_t)layout_rank_at(l, tp, cp, pp, dp) * tr->m + k];
-                        slowest = x > slowest ? x : slowest;
-                    }
-                    t += slowest;
-                }
+                double t = trainer_measured_cp_rank_s(tr, dp, k, cp);
                 mx = t > mx ? t : mx;
                 sum += t;
             }
