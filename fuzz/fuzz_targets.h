@@ -16,6 +16,11 @@
  *                    overwritten by the rest (records of a u16 index and a u64 value), restored;
  *                    2 - the rest is a model.safetensors, loaded into a tiny model. A restored
  *                    planner then plans two steps.
+ *   fuzz_ckpt_index  the sharded checkpoint's index.json reader (util/ckpt_index.h): the input is the
+ *                    index; one that opens must keep what the reader promises (every chunk's moment
+ *                    shards partition its parameters, every tensor's blocks inside it, inside their
+ *                    chunk, disjoint and covering it), and reading each tensor (whose shard files
+ *                    are not there) must end in an Error.
  */
 #ifndef WLB_FUZZ_FUZZ_TARGETS_H
 #define WLB_FUZZ_FUZZ_TARGETS_H
@@ -26,5 +31,6 @@
 int fuzz_config(const uint8_t *data, size_t size);
 int fuzz_idx(const uint8_t *data, size_t size);
 int fuzz_checkpoint(const uint8_t *data, size_t size);
+int fuzz_ckpt_index(const uint8_t *data, size_t size);
 
 #endif

@@ -12,7 +12,7 @@ checkpoint, then is exported in float32 and bfloat16.
     sequence equal the float64 numpy reference (ref_llama, itself checked against the C model)
     within 1e-4 relative. Needs torch and transformers in the python of $WLB_HF_PYTHON (default
     this one); skipped with that reason when they are missing.
-5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (8 kinds): one
+5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (9 kinds): one
     error line, exit status 2, the output folder left as it was (or not made).
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
@@ -232,6 +232,14 @@ def test_errors(fx):
           os.path.getmtime(os.path.join(fx.out32, "model.safetensors")) == mtime, "the output folder was touched")
 
 
+def overlap(tensor):
+    """The tensor's one block as two that share a row and leave the last one out."""
+    b = tensor["blocks"][0]
+    half, cols = b["rows"] // 2, b["cols"]
+    tensor["blocks"] = [dict(b, rows=half + 1),
+                        dict(b, row0=b["row0"] + half, rows=b["rows"] - half - 1, offset=b["offset"] + half * cols)]
+
+
 def test_bad_index(fx):
     """A malformed index.json: one error line, exit 2, nothing written - never a crash or a wrong export."""
     step = step_dir(fx)
@@ -250,6 +258,8 @@ def test_bad_index(fx):
         ("weights from a moment section", lambda d: d["tensors"][t]["blocks"][0].update(section="m.c0"),
          "not the weights of its chunk"),
         ("not an object", lambda d: d.clear(), "not a wlbtrain checkpoint index"),
+        ("two blocks overlapping by a row, a row missing (the area adds up)", lambda d: overlap(d["tensors"][t]),
+         "blocks 0 and 1 overlap"),
     ]
     bad = os.path.join(fx.dir, "badindex")
     out = os.path.join(fx.dir, "hf-bad")

@@ -55,12 +55,19 @@ static void test_checkpoint(void **state)
     replay("checkpoint", fuzz_checkpoint);
 }
 
+static void test_ckpt_index(void **state)
+{
+    (void)state;
+    replay("ckpt_index", fuzz_ckpt_index);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_idx),
         cmocka_unit_test(test_checkpoint),
+        cmocka_unit_test(test_ckpt_index),
     };
     return cmocka_run_group_tests_name("fuzz_corpus", tests, NULL, NULL);
 }

@@ -128,6 +128,12 @@ static int read_chunks(CkptIndex *ix, json_t *chunks, const char *path, Error *e
     return 0;
 }
 
+static int blocks_overlap(const CkptBlock *a, const CkptBlock *b)
+{
+    return a->row0 < b->row0 + b->rows && b->row0 < a->row0 + a->rows && a->col0 < b->col0 + b->cols &&
+           b->col0 < a->col0 + a->cols;
+}
+
 static int read_tensors(CkptIndex *ix, json_t *tensors, const char *path, Error *err)
 {
     ix->n_tensors = (int)json_object_size(tensors);
@@ -192,6 +198,11 @@ static int read_tensors(CkptIndex *ix, json_t *tensors, const char *path, Error 
         if (area != r * c)
             return error_set(err, path, "%s: the blocks hold %lld of its %lld values", name, (long long)area,
                              (long long)(r * c));
+        /* Disjoint blocks whose areas add up to the tensor's cover every value exactly once. */
+        for (int k = 0; k < t->n_blocks; k++)
+            for (int j = k + 1; j < t->n_blocks; j++)
+                if (blocks_overlap(&t->blocks[k], &t->blocks[j]))
+                    return error_set(err, path, "%s: blocks %d and %d overlap", name, k, j);
     }
     return 0;
 }
