@@ -298,12 +298,14 @@ int fuzz_ckpt_index(const uint8_t *data, size_t size)
         if (t->rows * t->cols > (1 << 20) || t->n_blocks == 0)
             continue;
         float *full = malloc((size_t)(t->rows * t->cols) * sizeof *full);
-        if (!full)
+        float *tmp = malloc((size_t)(t->rows * t->cols) * sizeof *tmp);
+        if (!full || !tmp)
             abort();
         for (int what = 0; what < 3; what++)
-            if (ckpt_index_full(&ix, t, what, full, full, &err) == 0)
+            if (ckpt_index_full(&ix, t, what, full, tmp, &err) == 0)
                 abort();
         free(full);
+        free(tmp);
     }
     ckpt_index_close(&ix);
     return 0;
