@@ -5,7 +5,7 @@ resuming it gives the uninterrupted run bit for bit (README "Time limits and pre
 Every multi-rank run is 4 ranks under mpirun (pp 2 x dp 2, the wlb packer), 12 steps, a checkpoint
 every 8 steps, so a stop (after steps 3 to 5 here) must save one of its own. "The same run" means:
 every line of log.metrics has the same loss, grad_norm and lr text (17 digits), and the final
-checkpoint's model.safetensors and state.bin are the same bytes.
+checkpoint (every shard, index.json, state.bin) has the same bytes.
 1   train.stop_after: 5 (steps of this run), run three times with checkpoint.resume: auto: stops
     after steps 5 and 10 with exit 0 and finishes at 12; the same run as the uninterrupted one.
 2   train.stop_after: 1s (rank 0's clock; WLBTRAIN_STEP_DELAY slows rank 0 so the time runs out
@@ -118,7 +118,13 @@ def check_same_run(name, ref="whole"):
         check(x == y, "step %d: %s uninterrupted, %s in %s" % (x[0], x[1:], y[1:], name))
     final = "step-%08d" % STEPS
     check(latest(name) == final, "%s: latest is %s" % (name, latest(name)))
-    for f in ("model.safetensors", "state.bin"):
+    # Every file of the checkpoint but the config (the runs were started with other flags): the
+    # ranks' shards (weights and moments), the index and the training state.
+    files = sorted(f for f in os.listdir(os.path.join(work, ref, final)) if f != "config.yaml")
+    check(any(f.startswith("shard-") for f in files) and "state.bin" in files, "%s: files %s" % (ref, files))
+    check(sorted(f for f in os.listdir(os.path.join(work, name, final)) if f != "config.yaml") == files,
+          "%s: other checkpoint files than the uninterrupted run's" % name)
+    for f in files:
         check(read(os.path.join(work, ref, final, f)) == read(os.path.join(work, name, final, f)),
               "%s: %s/%s differs from the uninterrupted run's" % (name, final, f))
 
