@@ -134,7 +134,9 @@ typedef struct Search {
 
 static double attn_fb(const CostModel *cost, int64_t q, int64_t kv)
 {
-    return cost_attn_fwd_s(cost, q, kv) + cost_attn_bwd_s(cost, q, kv);
+    double f, b;
+    cost_attn_fb_s(cost, q, kv, &f, &b);
+    return f + b;
 }
 
 /* Attention seconds per rank of a document of d tokens sharded per_doc over g ranks (step 1). */

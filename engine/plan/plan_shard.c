@@ -142,7 +142,8 @@ static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, 
     s->segs = segs;
     s->segs[s->n_segs++] = (PlanSegment){r, q_start, q_len, kv_start};
     int64_t kv_len = q_start + q_len - kv_start;
-    double f = cost_attn_fwd_s(cost, q_len, kv_len), b = cost_attn_bwd_s(cost, q_len, kv_len);
+    double f, b;
+    cost_attn_fb_s(cost, q_len, kv_len, &f, &b);
     s->attn_fwd[r] += f;
     s->attn_bwd[r] += b;
     s->attn[r] += f + b;
@@ -165,7 +166,7 @@ int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k,
  * (as WLB-LLM's artifact does). Chunk c and chunk 2CP - 1 - c share a rank, so every rank gets one
  * of the first CP leftovers of a cycle and one of the next CP: rank counts differ by at most one,
  * and not at all when the micro-batch is a multiple of 2 CP tokens. */
-static void per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
+void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
 {
     int n = 2 * g;
     for (int c = 0; c < n; c++)
@@ -181,7 +182,7 @@ int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, in
     const PlanDoc *d = &docs[k];
     int n = 2 * g;
     int64_t size[2 * 1024], at = d->start;
-    per_doc_chunks(g, d->len, &s->counter[first], size);
+    shard_per_doc_chunks(g, d->len, &s->counter[first], size);
     for (int c = 0; c < n; c++) {
         int r = first + (c < g ? c : n - 1 - c);
         if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
@@ -439,9 +440,11 @@ void plan_shard_scratch_free(StepPlan *p)
 }
 
 /* Tries every hybrid threshold; leaves the fastest layout that keeps every rank within capacity in
- * sc->cand[SHARD_BEST] (its time in *best_t; -1 when none does). */
+ * sc->cand[SHARD_BEST] (its time in *best_t; -1 when none does, or none is faster than bound when
+ * bound > 0). Each candidate is predicted without its layout (hybrid_predict, the same figure) and
+ * dropped as soon as it cannot beat the best so far; the winner alone is laid out. */
 static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
-                       double *best_t)
+                       double bound, double *best_t)
 {
     for (int64_t k = 0; k < n; k++)
         sc->order[k] = k;
@@ -450,24 +453,26 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
     int64_t first = cost->hw.attn_tile > 16 ? cost->hw.attn_tile : 16;
     *best_t = -1;
     sc->hybrid_threshold = -1;
+    int cp = sc->cand[SHARD_BEST].cp;
     for (int64_t threshold = first;; threshold *= 2) {
-        Shard *trial = &sc->cand[SHARD_TRY];
-        if (shard_hybrid(trial, cost, docs, n, sc->order, threshold, capacity) != 0)
-            return -1;
-        double t = shard_time(trial, cost);
         /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
          * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
-         * activation memory) and is not taken. per_seq and per_doc, even by construction, remain. */
-        if (shard_fits(trial, capacity) && (*best_t < 0 || t < *best_t)) {
-            Shard tmp = sc->cand[SHARD_BEST];
-            sc->cand[SHARD_BEST] = *trial;
-            *trial = tmp;
+         * activation memory) and is not taken (-1). per_seq and per_doc, even by construction, remain. */
+        double limit = *best_t >= 0 ? *best_t : bound;
+        double t = hybrid_predict(cost, docs, n, sc->order, cp, threshold, capacity, limit);
+        if (t >= 0 && (*best_t < 0 || t < *best_t)) {
             *best_t = t;
             sc->hybrid_threshold = threshold;
         }
         if (threshold > longest || threshold > capacity)
             break;
     }
+    if (sc->hybrid_threshold < 0)
+        return 0;
+    Shard *best = &sc->cand[SHARD_BEST];
+    if (shard_hybrid(best, cost, docs, n, sc->order, sc->hybrid_threshold, capacity) != 0)
+        return -1;
+    *best_t = shard_time(best, cost);
     return 0;
 }
 
@@ -498,12 +503,20 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
         double t_seq = -1, t_doc = -1, t_hyb = -1, t_grp = -1;
         if (mode != CP_PER_DOC && (rc = shard_per_seq(seq, cost, docs, n, mb->tokens)) == 0)
             t_seq = shard_time(seq, cost);
-        for (int64_t k = 0; k < n && rc == 0 && mode != CP_PER_SEQ; k++)
+        /* per_doc is laid out only when it is the mode or is chosen; else predicted (hybrid_predict
+         * with every document sharded is per_doc's layout, predicted without it). */
+        int doc_laid = mode == CP_PER_DOC;
+        for (int64_t k = 0; k < n && rc == 0 && doc_laid; k++)
             rc = shard_per_doc(doc, cost, docs, k);
-        if (rc == 0 && mode != CP_PER_SEQ)
+        if (rc == 0 && doc_laid)
             t_doc = shard_time(doc, cost);
+        else if (rc == 0 && mode != CP_PER_SEQ)
+            t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0);
+        /* hybrid is kept only when faster than per_seq and per_doc: a candidate that cannot beat
+         * them is dropped early. groups needs hybrid's own best (its bound and threshold). */
+        double t_simple = t_seq >= 0 && (t_doc < 0 || t_seq <= t_doc) ? t_seq : t_doc;
         if (rc == 0 && (mode == CP_HYBRID || mode == CP_GROUPS))
-            rc = best_hybrid(sc, cost, docs, n, rank_capacity, &t_hyb);
+            rc = best_hybrid(sc, cost, docs, n, rank_capacity, mode == CP_HYBRID ? t_simple : 0, &t_hyb);
         /* groups: aligned blocks need cp a power of two (the config insists); otherwise hybrid. */
         if (rc == 0 && mode == CP_GROUPS && (cp & (cp - 1)) == 0)
             rc = plan_groups_best(sc, cost, docs, n, rank_capacity, t_hyb, &t_grp);
@@ -515,6 +528,8 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
             mb->mode = CP_PER_DOC;
         }
         double t_chosen = chosen == seq ? t_seq : t_doc;
+        for (int64_t k = 0; k < n && rc == 0 && chosen == doc && !doc_laid; k++)
+            rc = shard_per_doc(doc, cost, docs, k);
         if (t_hyb >= 0 && t_hyb < t_chosen) {
             chosen = hyb;
             mb->mode = CP_HYBRID;

@@ -51,12 +51,22 @@ int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k,
 /* Document k per_doc over CP ranks first .. first + g - 1 (2 g chunks, chunks i and 2 g - 1 - i on
  * rank first + i). The caller sets those ranks' grp_first / grp_size. */
 int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g);
+/* per_doc's chunk sizes of a document of len tokens over g ranks (2 g chunks), the leftover tokens
+ * placed by the running counter. */
+void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size);
 /* One layer forward + backward of a rank with this attention time and tokens, exchange excluded. */
 double shard_rank_time_with(const CostModel *cost, double attn, int64_t tokens);
 /* The slowest rank's seconds per layer, forward + backward, its group's exchange included. */
 double shard_time(const Shard *s, const CostModel *cost);
 /* 1 when no rank holds more than capacity tokens. */
 int shard_fits(const Shard *s, int64_t capacity);
+
+/* hybrid's candidate with this threshold (plan_hybrid.c): shard_time of the layout shard_hybrid
+ * would make, without making it; -1 when it breaks the capacity or cannot be faster than bound
+ * (bound > 0). order: the documents longest first; NULL with threshold 0 (every document sharded:
+ * per_doc's layout). */
+double hybrid_predict(const CostModel *cost, const PlanDoc *docs, int64_t n, const int64_t *order, int cp,
+                      int64_t threshold, int64_t capacity, double bound);
 
 /* groups (plan_groups.c): the best layout over aligned power-of-two groups of the CP ranks (cp a
  * power of two), in sc->cand[SHARD_GROUPS], its time in *t (-1: none within capacity, or none
