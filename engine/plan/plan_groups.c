@@ -47,23 +47,8 @@
  */
 #include <stdlib.h>
 
-#include "engine/plan/plan_shard_impl.h"
+#include "engine/plan/plan_groups_impl.h"
 #include "util/array.h"
-
-enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
-enum { LINE_SIZES = 11 };                      /* group sizes 2^0 .. 2^10: any CP up to 1024 */
-
-/* The search evaluates rank times tens of thousands of times per micro-batch, so it takes the
- * cost model's non-attention terms as the lines they are, sampled once: GEMMs and element-wise
- * work are proportional to the rows, lin x rows; a TP all-reduce pair is 2 (A x + latency) less the
- * o G x that runs under the GEMMs, clipped at 0: max(0, a x + b), with a = tp(2) - tp(1) and
- * b = 2 tp(1) - tp(2) when tp(2) > 0 (else it is 0 from 2 rows on); an exchange over g ranks is
- * c_g x + latency for x > 0 tokens. Tested against the cost model (test_plan_shard). */
-typedef struct LineCost {
-    double lin, tp_a, tp_b, tp_1;
-    int tp_flat;                  /* tp(2) == 0: no TP traffic shows from 2 rows on */
-    double cp_a[LINE_SIZES], cp_b[LINE_SIZES]; /* per group size 2^j */
-} LineCost;
 
 static void line_cost_init(LineCost *c, const CostModel *cost)
 {
@@ -81,19 +66,6 @@ static void line_cost_init(LineCost *c, const CostModel *cost)
     }
 }
 
-/* shard_rank_time_with(attn, rows), from the lines. */
-static double line_rank_time(const LineCost *c, double attn, int64_t rows)
-{
-    double x = (double)rows, tp = rows <= 0 ? 0 : rows == 1 ? c->tp_1 : c->tp_flat ? 0 : c->tp_a * x + c->tp_b;
-    return attn + c->lin * x + 2 * (tp > 0 ? tp : 0);
-}
-
-/* cost_cp_comm_group_s(2^j, tokens), from the lines. */
-static double line_cp_comm(const LineCost *c, int j, int64_t tokens)
-{
-    return tokens > 0 && j > 0 ? c->cp_a[j] * (double)tokens + c->cp_b[j] : 0;
-}
-
 double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens)
 {
     LineCost c;
@@ -103,13 +75,6 @@ double plan_groups_line_check(const CostModel *cost, int size, double attn, int6
         j++;
     return line_rank_time(&c, attn, rows) + 2 * line_cp_comm(&c, j, tokens);
 }
-
-typedef struct Group {
-    int first, size, level, log2_size;
-    double attn;    /* predicted attention seconds per rank, forward + backward */
-    int64_t tokens; /* of the group's documents */
-    double t;       /* predicted seconds per layer */
-} Group;
 
 typedef struct Search {
     const CostModel *cost;
@@ -151,8 +116,7 @@ static double attn_per_rank(const CostModel *cost, int64_t d, int g)
 
 static double group_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens)
 {
-    int64_t rows = (tokens + size - 1) / size;
-    return line_rank_time(c, attn, rows) + 2 * line_cp_comm(c, log2_size, tokens);
+    return group_rank_time(c, size, log2_size, attn, tokens, (tokens + size - 1) / size);
 }
 
 /* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document
@@ -334,7 +298,29 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     sc->assign = s.assign;
     sc->best_assign = s.best_assign;
     *t = -1;
-    if (s.best_t < 0)
+    /* The local search, from the best split, or from hybrid's own layout (the split {cp} with
+     * hybrid's documents whole where it put them) when no split beat hybrid. */
+    if (s.best_t < 0) {
+        if (sc->hybrid_threshold <= 0)
+            return 0;
+        s.best[0] = (Group){0, cp, s.levels - 1, 0, 0, 0, 0};
+        while ((1 << s.best[0].log2_size) < cp)
+            s.best[0].log2_size++;
+        s.n_best = 1;
+        for (int64_t k = 0; k < n; k++)
+            s.best_assign[k] = sc->cand[SHARD_BEST].doc_rank[k] < 0 ? 0 : -1 - sc->cand[SHARD_BEST].doc_rank[k];
+    }
+    int grp_of[1024];
+    Refine f = {.line = &s.line, .docs = docs, .est = est, .levels = s.levels, .cp = cp, .ng = s.n_best, .n = n,
+                .capacity = capacity, .g = s.best, .assign = s.best_assign, .grp_of = grp_of,
+                .whole_attn = rank_attn, .whole_tok = rank_tok};
+    double before = groups_refine_start(&f), after = before;
+    if (before >= 0) {
+        groups_refine(&f);
+        after = groups_refine_worst(&f);
+    }
+    /* From hybrid's layout, only a search that ends faster than hybrid is worth laying out. */
+    if (before < 0 || (s.best_t < 0 && !(after < limit)))
         return 0;
     /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
      * that order, as in the other modes). */
