@@ -50,7 +50,7 @@
 #include "engine/plan/plan_groups_impl.h"
 #include "util/array.h"
 
-static void line_cost_init(LineCost *c, const CostModel *cost)
+void line_cost_init(LineCost *c, const CostModel *cost)
 {
     enum { X = 1 << 20 };
     c->lin = (cost_linear_fwd_s(cost, X) + cost_linear_bwd_s(cost, X)) / X;
@@ -105,7 +105,7 @@ static double attn_fb(const CostModel *cost, int64_t q, int64_t kv)
 }
 
 /* Attention seconds per rank of a document of d tokens sharded per_doc over g ranks (step 1). */
-static double attn_per_rank(const CostModel *cost, int64_t d, int g)
+double groups_attn_per_rank(const CostModel *cost, int64_t d, int g)
 {
     if (g == 1)
         return attn_fb(cost, d, d);
@@ -259,8 +259,8 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     sc->best_assign = best_assign;
     for (int64_t k = 0; k < n; k++) {
         for (int j = 0; j < s.levels; j++)
-            est[k * (s.levels + 1) + j] = attn_per_rank(cost, docs[k].len, s.unit << j);
-        est[k * (s.levels + 1) + s.levels] = attn_per_rank(cost, docs[k].len, 1);
+            est[k * (s.levels + 1) + j] = groups_attn_per_rank(cost, docs[k].len, s.unit << j);
+        est[k * (s.levels + 1) + s.levels] = groups_attn_per_rank(cost, docs[k].len, 1);
     }
     /* A document's least rank-seconds: its attention on the size where that is least (per rank
      * times ranks), and its GEMM and element-wise work, which no split changes. */

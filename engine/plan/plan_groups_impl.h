@@ -22,6 +22,11 @@ typedef struct LineCost {
     double cp_a[LINE_SIZES], cp_b[LINE_SIZES]; /* per group size 2^j */
 } LineCost;
 
+/* Samples the cost model's lines (plan_groups.c). */
+void line_cost_init(LineCost *c, const CostModel *cost);
+/* A document of d tokens sharded per_doc over g ranks: its attention seconds per rank (plan_groups.c). */
+double groups_attn_per_rank(const CostModel *cost, int64_t d, int g);
+
 /* shard_rank_time_with(attn, rows), from the lines. */
 static inline double line_rank_time(const LineCost *c, double attn, int64_t rows)
 {
