@@ -68,6 +68,7 @@ typedef struct Refine {
     int *grp_of;         /* per rank */
     double *whole_attn;  /* per rank */
     int64_t *whole_tok;  /* per rank */
+    int64_t max_moves;   /* the most moves one groups_refine makes; 0: 2 n + cp */
     int64_t moves;       /* moves made */
 } Refine;
 

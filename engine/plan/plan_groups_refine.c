@@ -14,7 +14,9 @@
  * lexicographically with every move, so the search ends, and the slowest rank's time never rises
  * (it falls, or the number of ranks at it does). Every rank keeps its capacity (its group's share
  * plus its whole documents). Rank times come from the same lines as the greedy (plan_groups.c).
- * Bound: at most 2 n + cp moves (a safety cap), each O(n x cp) line evaluations at worst.
+ * Bound: at most 2 n + cp moves (a safety cap; max_moves > 0 sets another), each O(n x cp) line
+ * evaluations at worst; a candidate whose receiving rank would pass T on its attention alone is
+ * skipped before its time is evaluated.
  */
 #include "engine/plan/plan_groups_impl.h"
 
@@ -108,14 +110,16 @@ double groups_refine_worst(const Refine *f)
 void groups_refine(Refine *f)
 {
     int cp = f->cp;
-    for (int64_t step = 0; step < 2 * f->n + cp; step++) {
+    int64_t cap = f->max_moves > 0 ? f->max_moves : 2 * f->n + cp;
+    double now[1024]; /* every rank's time before the move */
+    for (int64_t step = 0; step < cap; step++) {
         int s = 0;
         double T = -1;
         for (int r = 0; r < cp; r++) {
             int64_t rows;
-            double t = rank_t(f, r, 0, 0, 0, 0, &rows);
-            if (t > T) {
-                T = t;
+            now[r] = rank_t(f, r, 0, 0, 0, 0, &rows);
+            if (now[r] > T) {
+                T = now[r];
                 s = r;
             }
         }
@@ -128,11 +132,13 @@ void groups_refine(Refine *f)
             if (at == -1 - s) {
                 /* Held whole by s. The lowest s can get: without it. */
                 double wa = -e[f->levels];
+                int64_t rows_s;
+                double ts = rank_t(f, s, 0, 0, wa, -d, &rows_s);
                 for (int r = 0; r < cp; r++) {
-                    if (r == s)
+                    /* r's time grows by at least the document's attention. */
+                    if (r == s || now[r] + e[f->levels] >= T)
                         continue;
-                    int64_t rows_s, rows_r;
-                    double ts = rank_t(f, s, 0, 0, wa, -d, &rows_s);
+                    int64_t rows_r;
                     double tr = rank_t(f, r, 0, 0, e[f->levels], d, &rows_r);
                     if (rows_r <= f->capacity)
                         consider(&best, k, -1, -1 - r, ts > tr ? ts : tr, T);
@@ -142,11 +148,8 @@ void groups_refine(Refine *f)
                         continue; /* a group of one: the same as whole on its rank */
                     double ga = e[f->g[a].level];
                     double t = group_max(f, a, ga, d, s, wa, -d);
-                    if (t >= 0 && a != gs) {
-                        int64_t rows_s;
-                        double ts = rank_t(f, s, 0, 0, wa, -d, &rows_s);
+                    if (t >= 0 && a != gs)
                         t = t > ts ? t : ts;
-                    }
                     consider(&best, k, -1, a, t, T);
                 }
                 /* Swaps with a shorter document held whole elsewhere. */
@@ -156,11 +159,13 @@ void groups_refine(Refine *f)
                         continue;
                     int r = -1 - at2;
                     double w2 = f->est[k2 * (f->levels + 1) + f->levels];
-                    int64_t d2 = f->docs[k2].len, rows_s, rows_r;
-                    double ts = rank_t(f, s, 0, 0, wa + w2, d2 - d, &rows_s);
+                    if (now[r] + e[f->levels] - w2 >= T) /* r gains the attention difference and more */
+                        continue;
+                    int64_t d2 = f->docs[k2].len, rows_2, rows_r;
+                    double ts2 = rank_t(f, s, 0, 0, wa + w2, d2 - d, &rows_2);
                     double tr = rank_t(f, r, 0, 0, e[f->levels] - w2, d - d2, &rows_r);
                     if (rows_r <= f->capacity)
-                        consider(&best, k, k2, at2, ts > tr ? ts : tr, T);
+                        consider(&best, k, k2, at2, ts2 > tr ? ts2 : tr, T);
                 }
             } else if (at == gs && f->g[gs].size > 1) {
                 /* Sharded over s's group: its ranks all lose it. */
