@@ -41,8 +41,56 @@ static void add_per_doc(const CostModel *cost, const PlanDoc *d, int cp, int *co
     }
 }
 
+void hybrid_doc_bounds(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, double *whole, double *shard_lb)
+{
+    for (int64_t k = 0; k < n; k++) {
+        int64_t d = docs[k].len, base = d / (2 * cp);
+        double f, b;
+        cost_attn_fb_s(cost, d, d, &f, &b);
+        whole[k] = f + b;
+        shard_lb[k] = 0;
+        /* Chunk c of the 2 cp has q >= base tokens and starts o >= c base tokens into the document;
+         * its seconds, FLOPs over the rate, are (o + (qp + 1) / 2) (qp + half) times a constant:
+         * growing in o and in the padded qp (on the rate curve; a calibration table's rates need
+         * not, so no bound there). At q = base they are affine in o, F(o) = F0 + (F1 - F0) o / base,
+         * and the 2 cp chunks sum to at least 2 cp F0 + (F1 - F0) cp (2 cp - 1). */
+        if (base > 0 && cost->table.n == 0) {
+            double f0, b0, f1, b1;
+            cost_attn_fb_s(cost, base, base, &f0, &b0);
+            cost_attn_fb_s(cost, base, 2 * base, &f1, &b1);
+            double F0 = f0 + b0, F1 = f1 + b1;
+            shard_lb[k] = 2.0 * cp * F0 + (F1 - F0) * cp * (2.0 * cp - 1);
+        }
+    }
+}
+
+double hybrid_lower_bound(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, const double *whole,
+                          const double *shard_lb, int64_t threshold)
+{
+    /* The slowest rank is at least the mean: every rank's attention summed (sharded documents at
+     * least their bound, whole ones their attention or, if they end up sharded, the smaller of the
+     * two), the GEMM and element-wise work at its slope (a launch term only adds), TP traffic >= 0,
+     * and the exchange of at least the documents sharded by the threshold. */
+    enum { X = 1 << 20 };
+    double slope = (cost_linear_fwd_s(cost, X) + cost_linear_bwd_s(cost, X) - cost_linear_fwd_s(cost, 1) -
+                    cost_linear_bwd_s(cost, 1)) / (X - 1);
+    double attn = 0;
+    int64_t tokens = 0, sharded = 0;
+    for (int64_t k = 0; k < n; k++) {
+        tokens += docs[k].len;
+        if (docs[k].len >= threshold) {
+            attn += shard_lb[k];
+            sharded += docs[k].len;
+        } else {
+            attn += whole[k] < shard_lb[k] ? whole[k] : shard_lb[k];
+        }
+    }
+    double lb = (attn + slope * (double)tokens) / cp + 2 * cost_cp_comm_group_s(cost, cp, sharded);
+    return lb * (1 - 1e-9); /* rounding: the figures it bounds are sums of rounded terms */
+}
+
 double hybrid_predict(const CostModel *cost, const PlanDoc *docs, int64_t n, const int64_t *order, int cp,
-                      int64_t threshold, int64_t capacity, double bound)
+                      int64_t threshold, int64_t capacity, double bound, const double *whole)
 {
     double attn[1024], t_rank[1024];
     int64_t tok[1024], sharded = 0;
@@ -77,8 +125,12 @@ double hybrid_predict(const CostModel *cost, const PlanDoc *docs, int64_t n, con
             if (d->len > 0) {
                 tok[best] += d->len;
                 double f, b;
-                cost_attn_fb_s(cost, d->len, d->len, &f, &b);
-                attn[best] += f + b;
+                if (whole) {
+                    attn[best] += whole[order[i]]; /* the same f + b, computed once */
+                } else {
+                    cost_attn_fb_s(cost, d->len, d->len, &f, &b);
+                    attn[best] += f + b;
+                }
             }
             t_rank[best] = shard_rank_time_with(cost, attn[best], tok[best]);
             if (bound > 0 && lower_bound(cost, attn[best], tok[best], comm2) >= bound)

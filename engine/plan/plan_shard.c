@@ -29,6 +29,7 @@
  * its tokens, its TP all-reduces, and its group's K/V all-gather; CP ranks meet at every layer, so
  * a micro-batch takes the slowest rank's time, forward plus backward.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -433,6 +434,8 @@ void plan_shard_scratch_free(StepPlan *p)
         shard_free(&sc->cand[i]);
     free(sc->order);
     free(sc->est);
+    free(sc->hyb_whole);
+    free(sc->hyb_lb);
     free(sc->assign);
     free(sc->best_assign);
     free(sc);
@@ -454,18 +457,42 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
     *best_t = -1;
     sc->hybrid_threshold = -1;
     int cp = sc->cand[SHARD_BEST].cp;
-    for (int64_t threshold = first;; threshold *= 2) {
-        /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
-         * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
-         * activation memory) and is not taken (-1). per_seq and per_doc, even by construction, remain. */
-        double limit = *best_t >= 0 ? *best_t : bound;
-        double t = hybrid_predict(cost, docs, n, sc->order, cp, threshold, capacity, limit);
-        if (t >= 0 && (*best_t < 0 || t < *best_t)) {
-            *best_t = t;
-            sc->hybrid_threshold = threshold;
-        }
+    double *whole = array_grow(sc->hyb_whole, &sc->cap_hyb_whole, n + 1, sizeof *whole);
+    if (!whole)
+        return -1;
+    sc->hyb_whole = whole;
+    double *lb = array_grow(sc->hyb_lb, &sc->cap_hyb_lb, n + 1, sizeof *lb);
+    if (!lb)
+        return -1;
+    sc->hyb_lb = lb;
+    hybrid_doc_bounds(cost, docs, n, cp, whole, lb);
+    /* The thresholds tile, 2 tile, ... up to the first above the longest document or the capacity,
+     * tried from the largest: a few documents sharded first, which is cheap to predict and usually
+     * near the best, so the candidates that shard almost everything (dear to predict, rarely
+     * best) are mostly dropped on their O(n) lower bound. The kept one is the same as trying them
+     * from the smallest and keeping the first fastest: the fastest, ties to the smallest threshold
+     * (a candidate equal to the best so far is taken, and only one strictly slower is dropped). */
+    int64_t thresholds[64];
+    int nt = 0;
+    for (int64_t threshold = first; nt < 64; threshold *= 2) {
+        thresholds[nt++] = threshold;
         if (threshold > longest || threshold > capacity)
             break;
+    }
+    for (int i = nt - 1; i >= 0; i--) {
+        /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
+         * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
+         * activation memory) and is not taken (-1). per_seq and per_doc, even by construction, remain.
+         * Dropped when it cannot beat bound (hybrid must be strictly faster than per_seq and per_doc)
+         * or be at most the best so far. */
+        double limit = *best_t >= 0 ? nextafter(*best_t, INFINITY) : bound;
+        if (limit > 0 && hybrid_lower_bound(cost, docs, n, cp, whole, lb, thresholds[i]) >= limit)
+            continue;
+        double t = hybrid_predict(cost, docs, n, sc->order, cp, thresholds[i], capacity, limit, whole);
+        if (t >= 0 && (*best_t < 0 || t <= *best_t)) {
+            *best_t = t;
+            sc->hybrid_threshold = thresholds[i];
+        }
     }
     if (sc->hybrid_threshold < 0)
         return 0;
@@ -511,7 +538,7 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
         if (rc == 0 && doc_laid)
             t_doc = shard_time(doc, cost);
         else if (rc == 0 && mode != CP_PER_SEQ)
-            t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0);
+            t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL);
         /* hybrid is kept only when faster than per_seq and per_doc: a candidate that cannot beat
          * them is dropped early. groups needs hybrid's own best (its bound and threshold). */
         double t_simple = t_seq >= 0 && (t_doc < 0 || t_seq <= t_doc) ? t_seq : t_doc;

@@ -38,6 +38,8 @@ typedef struct ShardScratch {
     int64_t *order;        /* the documents, longest first */
     int64_t cap_order;
     int64_t hybrid_threshold; /* hybrid's best: documents from this length sharded (-1: none) */
+    double *hyb_whole, *hyb_lb; /* per document (hybrid_doc_bounds) */
+    int64_t cap_hyb_whole, cap_hyb_lb;
     double *est;           /* plan_groups: per document and group size, predicted seconds */
     int64_t cap_est;
     int32_t *assign, *best_assign; /* plan_groups: per document, its group */
@@ -66,7 +68,14 @@ int shard_fits(const Shard *s, int64_t capacity);
  * (bound > 0). order: the documents longest first; NULL with threshold 0 (every document sharded:
  * per_doc's layout). */
 double hybrid_predict(const CostModel *cost, const PlanDoc *docs, int64_t n, const int64_t *order, int cp,
-                      int64_t threshold, int64_t capacity, double bound);
+                      int64_t threshold, int64_t capacity, double bound, const double *whole);
+/* Per document: whole[k], its attention seconds whole (forward + backward, the figure a layout
+ * adds), and shard_lb[k], a lower bound on its attention summed over the ranks when sharded per_doc
+ * over cp. whole may then be passed to hybrid_predict. */
+void hybrid_doc_bounds(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, double *whole, double *shard_lb);
+/* A lower bound on hybrid_predict's figure for this threshold, from those (O(n), no layout). */
+double hybrid_lower_bound(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, const double *whole,
+                          const double *shard_lb, int64_t threshold);
 
 /* groups (plan_groups.c): the best layout over aligned power-of-two groups of the CP ranks (cp a
  * power of two), in sc->cand[SHARD_GROUPS], its time in *t (-1: none within capacity, or none
