@@ -532,18 +532,27 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
             t_seq = shard_time(seq, cost);
         /* per_doc is laid out only when it is the mode or is chosen; else predicted (hybrid_predict
          * with every document sharded is per_doc's layout, predicted without it). */
-        int doc_laid = mode == CP_PER_DOC;
+        int doc_laid = mode == CP_PER_DOC, with_hybrid = mode == CP_HYBRID || mode == CP_GROUPS;
         for (int64_t k = 0; k < n && rc == 0 && doc_laid; k++)
             rc = shard_per_doc(doc, cost, docs, k);
         if (rc == 0 && doc_laid)
             t_doc = shard_time(doc, cost);
-        else if (rc == 0 && mode != CP_PER_SEQ)
+        else if (rc == 0 && mode == CP_ADAPTIVE)
             t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL);
-        /* hybrid is kept only when faster than per_seq and per_doc: a candidate that cannot beat
-         * them is dropped early. groups needs hybrid's own best (its bound and threshold). */
-        double t_simple = t_seq >= 0 && (t_doc < 0 || t_seq <= t_doc) ? t_seq : t_doc;
-        if (rc == 0 && (mode == CP_HYBRID || mode == CP_GROUPS))
-            rc = best_hybrid(sc, cost, docs, n, rank_capacity, mode == CP_HYBRID ? t_simple : 0, &t_hyb);
+        /* hybrid is kept only when faster than per_seq (and per_doc): a candidate that cannot beat
+         * per_seq is dropped early. groups needs hybrid's own best (its bound and threshold). */
+        if (rc == 0 && with_hybrid)
+            rc = best_hybrid(sc, cost, docs, n, rank_capacity, mode == CP_HYBRID ? t_seq : 0, &t_hyb);
+        /* per_doc then matters only if it can be chosen below: strictly faster than per_seq and at
+         * most hybrid's time. Predicted only when its lower bound allows that, and dropped as soon as
+         * it cannot (t_doc -1): per_seq or hybrid is then chosen exactly as with its figure. */
+        if (rc == 0 && with_hybrid) {
+            double lim = t_seq;
+            if (t_hyb >= 0 && nextafter(t_hyb, INFINITY) < lim)
+                lim = nextafter(t_hyb, INFINITY);
+            if (hybrid_lower_bound(cost, docs, n, cp, sc->hyb_whole, sc->hyb_lb, 0) < lim)
+                t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, lim, NULL);
+        }
         /* groups: aligned blocks need cp a power of two (the config insists); otherwise hybrid. */
         if (rc == 0 && mode == CP_GROUPS && (cp & (cp - 1)) == 0)
             rc = plan_groups_best(sc, cost, docs, n, rank_capacity, t_hyb, &t_grp);
