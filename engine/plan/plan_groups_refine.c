@@ -111,7 +111,8 @@ void groups_refine(Refine *f)
 {
     int cp = f->cp;
     int64_t cap = f->max_moves > 0 ? f->max_moves : 2 * f->n + cp;
-    double now[1024]; /* every rank's time before the move */
+    double now[1024], out[1024]; /* every rank's time before the move; without a document */
+    double gmax[GROUPS_UNITS];       /* per group: its slowest rank's time */
     for (int64_t step = 0; step < cap; step++) {
         int s = 0;
         double T = -1;
@@ -124,6 +125,10 @@ void groups_refine(Refine *f)
             }
         }
         int gs = f->grp_of[s];
+        for (int a = 0; a < f->ng; a++)
+            gmax[a] = 0;
+        for (int r = 0; r < cp; r++)
+            gmax[f->grp_of[r]] = now[r] > gmax[f->grp_of[r]] ? now[r] : gmax[f->grp_of[r]];
         Move best = {-1, -1, 0, 0};
         for (int64_t k = 0; k < f->n; k++) {
             int32_t at = f->assign[k];
@@ -168,26 +173,40 @@ void groups_refine(Refine *f)
                         consider(&best, k, k2, at2, ts2 > tr ? ts2 : tr, T);
                 }
             } else if (at == gs && f->g[gs].size > 1) {
-                /* Sharded over s's group: its ranks all lose it. */
-                double ga = -e[f->g[gs].level];
-                double t_out = group_max(f, gs, ga, -d, -1, 0, 0);
+                /* Sharded over s's group: its ranks all lose it. Their times without it, and the
+                 * highest two (when one of them takes it whole, the others stay at theirs). */
+                double ga = -e[f->g[gs].level], top1 = -1, top2 = -1;
+                int top_r = -1;
+                for (int r = f->g[gs].first; r < f->g[gs].first + f->g[gs].size; r++) {
+                    int64_t rows;
+                    out[r] = rank_t(f, r, ga, -d, 0, 0, &rows);
+                    if (out[r] > top1) {
+                        top2 = top1;
+                        top1 = out[r];
+                        top_r = r;
+                    } else if (out[r] > top2) {
+                        top2 = out[r];
+                    }
+                }
+                double t_out = top1;
                 for (int a = 0; a < f->ng; a++) {
-                    if (a == gs || f->g[a].size == 1)
+                    /* Every rank of a gains at least the document's attention there. */
+                    if (a == gs || f->g[a].size == 1 || gmax[a] + e[f->g[a].level] >= T)
                         continue;
                     double t = group_max(f, a, e[f->g[a].level], d, -1, 0, 0);
                     if (t >= 0)
                         consider(&best, k, -1, a, t > t_out ? t : t_out, T);
                 }
                 for (int r = 0; r < cp; r++) {
-                    double t;
-                    if (f->grp_of[r] == gs) {
-                        t = group_max(f, gs, ga, -d, r, e[f->levels], d);
-                    } else {
-                        int64_t rows;
-                        t = rank_t(f, r, 0, 0, e[f->levels], d, &rows);
-                        t = rows > f->capacity ? -1 : t > t_out ? t : t_out;
-                    }
-                    consider(&best, k, -1, -1 - r, t, T);
+                    int in = f->grp_of[r] == gs;
+                    if ((in ? out[r] : now[r]) + e[f->levels] >= T)
+                        continue;
+                    int64_t rows;
+                    double t = in ? rank_t(f, r, ga, -d, e[f->levels], d, &rows) : rank_t(f, r, 0, 0, e[f->levels], d, &rows);
+                    if (rows > f->capacity)
+                        continue;
+                    double others = in ? (r == top_r ? top2 : top1) : t_out;
+                    consider(&best, k, -1, -1 - r, t > others ? t : others, T);
                 }
             }
         }
