@@ -43,6 +43,7 @@ typedef struct ShardScratch {
     double *est;           /* plan_groups: per document and group size, predicted seconds */
     int64_t cap_est;
     int32_t *assign, *best_assign; /* plan_groups: per document, its group */
+    int warm_count[8], warm_levels, warm_valid; /* plan_groups: the step's last best split */
     int64_t cap_assign, cap_best_assign;
 } ShardScratch;
 
