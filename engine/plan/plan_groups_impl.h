@@ -69,6 +69,7 @@ typedef struct Refine {
     double *whole_attn;  /* per rank */
     int64_t *whole_tok;  /* per rank */
     int64_t max_moves;   /* the most moves one groups_refine makes; 0: 2 n + cp */
+    int plateau;         /* moves off a rank other than the slowest still allowed */
     int64_t moves;       /* moves made */
 } Refine;
 

@@ -12,11 +12,16 @@
  * A move is taken only when every rank it changes ends strictly below T (s included), and of those
  * the one whose changed ranks end lowest: the rank times sorted descending then fall
  * lexicographically with every move, so the search ends, and the slowest rank's time never rises
- * (it falls, or the number of ranks at it does). Every rank keeps its capacity (its group's share
- * plus its whole documents). Rank times come from the same lines as the greedy (plan_groups.c).
+ * (it falls, or the number of ranks at it does). When the slowest rank has no such move, the same
+ * search runs off the next slowest ranks in turn (the same rule, with their own time for T: the
+ * sorted times still fall), which often opens room for the slowest rank's next move - a budget
+ * of cp such moves, and only for micro-batches of at most 6 cp documents. Every rank keeps its
+ * capacity (its group's share plus its whole documents). Rank times come from the same lines as
+ * the greedy (plan_groups.c).
  * Bound: at most 2 n + cp moves (a safety cap; max_moves > 0 sets another), each O(n x cp) line
- * evaluations at worst; a candidate whose receiving rank would pass T on its attention alone is
- * skipped before its time is evaluated.
+ * evaluations off one rank at worst, cp times that when the slowest is stuck (at most cp + 1 times
+ * a search); a candidate whose receiving rank would pass T on its attention alone is skipped
+ * before its time is evaluated.
  */
 #include "engine/plan/plan_groups_impl.h"
 
@@ -81,6 +86,10 @@ double groups_refine_start(Refine *f)
         f->whole_attn[r] = 0;
         f->whole_tok[r] = 0;
     }
+    /* Moves off a rank other than the slowest allowed in the search: cp, when the micro-batch holds
+     * at most 6 cp documents (a scan of every rank then costs O(cp n) candidates, as much as a few
+     * greedy passes; with more, and shorter, documents the slowest rank's own moves even it out). */
+    f->plateau = f->n <= 6 * (int64_t)f->cp ? f->cp : 0;
     for (int64_t k = 0; k < f->n; k++) {
         int32_t a = f->assign[k];
         if (a >= 0 && f->g[a].size == 1) /* a group of one holds its documents whole */
@@ -107,109 +116,125 @@ double groups_refine_worst(const Refine *f)
     return T;
 }
 
+/* The best move off rank s (time T): every rank it changes ends strictly below T. best.k < 0: none. */
+static Move best_move(const Refine *f, int s, double T, const double *now, const double *gmax, double *out)
+{
+    int cp = f->cp;
+    int gs = f->grp_of[s];
+    Move best = {-1, -1, 0, 0};
+    for (int64_t k = 0; k < f->n; k++) {
+        int32_t at = f->assign[k];
+        int64_t d = f->docs[k].len;
+        const double *e = &f->est[k * (f->levels + 1)];
+        if (at == -1 - s) {
+            /* Held whole by s. The lowest s can get: without it. */
+            double wa = -e[f->levels];
+            int64_t rows_s;
+            double ts = rank_t(f, s, 0, 0, wa, -d, &rows_s);
+            for (int r = 0; r < cp; r++) {
+                /* r's time grows by at least the document's attention. */
+                if (r == s || now[r] + e[f->levels] >= T)
+                    continue;
+                int64_t rows_r;
+                double tr = rank_t(f, r, 0, 0, e[f->levels], d, &rows_r);
+                if (rows_r <= f->capacity)
+                    consider(&best, k, -1, -1 - r, ts > tr ? ts : tr, T);
+            }
+            for (int a = 0; a < f->ng; a++) {
+                if (f->g[a].size == 1)
+                    continue; /* a group of one: the same as whole on its rank */
+                double ga = e[f->g[a].level];
+                double t = group_max(f, a, ga, d, s, wa, -d);
+                if (t >= 0 && a != gs)
+                    t = t > ts ? t : ts;
+                consider(&best, k, -1, a, t, T);
+            }
+            /* Swaps with a shorter document held whole elsewhere. */
+            for (int64_t k2 = 0; k2 < f->n; k2++) {
+                int32_t at2 = f->assign[k2];
+                if (at2 >= 0 || at2 == at || f->docs[k2].len >= d)
+                    continue;
+                int r = -1 - at2;
+                double w2 = f->est[k2 * (f->levels + 1) + f->levels];
+                if (now[r] + e[f->levels] - w2 >= T) /* r gains the attention difference and more */
+                    continue;
+                int64_t d2 = f->docs[k2].len, rows_2, rows_r;
+                double ts2 = rank_t(f, s, 0, 0, wa + w2, d2 - d, &rows_2);
+                double tr = rank_t(f, r, 0, 0, e[f->levels] - w2, d - d2, &rows_r);
+                if (rows_r <= f->capacity)
+                    consider(&best, k, k2, at2, ts2 > tr ? ts2 : tr, T);
+            }
+        } else if (at == gs && f->g[gs].size > 1) {
+            /* Sharded over s's group: its ranks all lose it. Their times without it, and the
+             * highest two (when one of them takes it whole, the others stay at theirs). */
+            double ga = -e[f->g[gs].level], top1 = -1, top2 = -1;
+            int top_r = -1;
+            for (int r = f->g[gs].first; r < f->g[gs].first + f->g[gs].size; r++) {
+                int64_t rows;
+                out[r] = rank_t(f, r, ga, -d, 0, 0, &rows);
+                if (out[r] > top1) {
+                    top2 = top1;
+                    top1 = out[r];
+                    top_r = r;
+                } else if (out[r] > top2) {
+                    top2 = out[r];
+                }
+            }
+            double t_out = top1;
+            for (int a = 0; a < f->ng; a++) {
+                /* Every rank of a gains at least the document's attention there. */
+                if (a == gs || f->g[a].size == 1 || gmax[a] + e[f->g[a].level] >= T)
+                    continue;
+                double t = group_max(f, a, e[f->g[a].level], d, -1, 0, 0);
+                if (t >= 0)
+                    consider(&best, k, -1, a, t > t_out ? t : t_out, T);
+            }
+            for (int r = 0; r < cp; r++) {
+                int in = f->grp_of[r] == gs;
+                if ((in ? out[r] : now[r]) + e[f->levels] >= T)
+                    continue;
+                int64_t rows;
+                double t = in ? rank_t(f, r, ga, -d, e[f->levels], d, &rows) : rank_t(f, r, 0, 0, e[f->levels], d, &rows);
+                if (rows > f->capacity)
+                    continue;
+                double others = in ? (r == top_r ? top2 : top1) : t_out;
+                consider(&best, k, -1, -1 - r, t > others ? t : others, T);
+            }
+        }
+    }
+    return best;
+}
+
 void groups_refine(Refine *f)
 {
     int cp = f->cp;
     int64_t cap = f->max_moves > 0 ? f->max_moves : 2 * f->n + cp;
     double now[1024], out[1024]; /* every rank's time before the move; without a document */
     double gmax[GROUPS_UNITS];       /* per group: its slowest rank's time */
+    int by_t[1024];                  /* the ranks, slowest first */
     for (int64_t step = 0; step < cap; step++) {
-        int s = 0;
-        double T = -1;
         for (int r = 0; r < cp; r++) {
             int64_t rows;
             now[r] = rank_t(f, r, 0, 0, 0, 0, &rows);
-            if (now[r] > T) {
-                T = now[r];
-                s = r;
-            }
         }
-        int gs = f->grp_of[s];
         for (int a = 0; a < f->ng; a++)
             gmax[a] = 0;
-        for (int r = 0; r < cp; r++)
+        for (int r = 0; r < cp; r++) {
             gmax[f->grp_of[r]] = now[r] > gmax[f->grp_of[r]] ? now[r] : gmax[f->grp_of[r]];
-        Move best = {-1, -1, 0, 0};
-        for (int64_t k = 0; k < f->n; k++) {
-            int32_t at = f->assign[k];
-            int64_t d = f->docs[k].len;
-            const double *e = &f->est[k * (f->levels + 1)];
-            if (at == -1 - s) {
-                /* Held whole by s. The lowest s can get: without it. */
-                double wa = -e[f->levels];
-                int64_t rows_s;
-                double ts = rank_t(f, s, 0, 0, wa, -d, &rows_s);
-                for (int r = 0; r < cp; r++) {
-                    /* r's time grows by at least the document's attention. */
-                    if (r == s || now[r] + e[f->levels] >= T)
-                        continue;
-                    int64_t rows_r;
-                    double tr = rank_t(f, r, 0, 0, e[f->levels], d, &rows_r);
-                    if (rows_r <= f->capacity)
-                        consider(&best, k, -1, -1 - r, ts > tr ? ts : tr, T);
-                }
-                for (int a = 0; a < f->ng; a++) {
-                    if (f->g[a].size == 1)
-                        continue; /* a group of one: the same as whole on its rank */
-                    double ga = e[f->g[a].level];
-                    double t = group_max(f, a, ga, d, s, wa, -d);
-                    if (t >= 0 && a != gs)
-                        t = t > ts ? t : ts;
-                    consider(&best, k, -1, a, t, T);
-                }
-                /* Swaps with a shorter document held whole elsewhere. */
-                for (int64_t k2 = 0; k2 < f->n; k2++) {
-                    int32_t at2 = f->assign[k2];
-                    if (at2 >= 0 || at2 == at || f->docs[k2].len >= d)
-                        continue;
-                    int r = -1 - at2;
-                    double w2 = f->est[k2 * (f->levels + 1) + f->levels];
-                    if (now[r] + e[f->levels] - w2 >= T) /* r gains the attention difference and more */
-                        continue;
-                    int64_t d2 = f->docs[k2].len, rows_2, rows_r;
-                    double ts2 = rank_t(f, s, 0, 0, wa + w2, d2 - d, &rows_2);
-                    double tr = rank_t(f, r, 0, 0, e[f->levels] - w2, d - d2, &rows_r);
-                    if (rows_r <= f->capacity)
-                        consider(&best, k, k2, at2, ts2 > tr ? ts2 : tr, T);
-                }
-            } else if (at == gs && f->g[gs].size > 1) {
-                /* Sharded over s's group: its ranks all lose it. Their times without it, and the
-                 * highest two (when one of them takes it whole, the others stay at theirs). */
-                double ga = -e[f->g[gs].level], top1 = -1, top2 = -1;
-                int top_r = -1;
-                for (int r = f->g[gs].first; r < f->g[gs].first + f->g[gs].size; r++) {
-                    int64_t rows;
-                    out[r] = rank_t(f, r, ga, -d, 0, 0, &rows);
-                    if (out[r] > top1) {
-                        top2 = top1;
-                        top1 = out[r];
-                        top_r = r;
-                    } else if (out[r] > top2) {
-                        top2 = out[r];
-                    }
-                }
-                double t_out = top1;
-                for (int a = 0; a < f->ng; a++) {
-                    /* Every rank of a gains at least the document's attention there. */
-                    if (a == gs || f->g[a].size == 1 || gmax[a] + e[f->g[a].level] >= T)
-                        continue;
-                    double t = group_max(f, a, e[f->g[a].level], d, -1, 0, 0);
-                    if (t >= 0)
-                        consider(&best, k, -1, a, t > t_out ? t : t_out, T);
-                }
-                for (int r = 0; r < cp; r++) {
-                    int in = f->grp_of[r] == gs;
-                    if ((in ? out[r] : now[r]) + e[f->levels] >= T)
-                        continue;
-                    int64_t rows;
-                    double t = in ? rank_t(f, r, ga, -d, e[f->levels], d, &rows) : rank_t(f, r, 0, 0, e[f->levels], d, &rows);
-                    if (rows > f->capacity)
-                        continue;
-                    double others = in ? (r == top_r ? top2 : top1) : t_out;
-                    consider(&best, k, -1, -1 - r, t > others ? t : others, T);
-                }
-            }
+            int j = r;
+            for (; j > 0 && now[by_t[j - 1]] < now[r]; j--)
+                by_t[j] = by_t[j - 1];
+            by_t[j] = r;
         }
+        /* Off the slowest rank if it can; else off the next slowest that can (every rank a move
+         * changes still ends below the rank it leaves, so the sorted times fall all the same and
+         * the slowest never rises), which can open room for the slowest's next move. */
+        Move best = best_move(f, by_t[0], now[by_t[0]], now, gmax, out);
+        /* Off the next slowest only while the budget lasts (cp such moves a search): when the
+         * slowest is stuck, each costs a scan of the ranks in turn. */
+        for (int i = 1; i < cp && best.k < 0 && f->plateau > 0; i++)
+            if ((best = best_move(f, by_t[i], now[by_t[i]], now, gmax, out)).k >= 0)
+                f->plateau--;
         if (best.k < 0)
             return;
         int32_t from = f->assign[best.k];
