@@ -88,6 +88,8 @@ double cost_attn_pairs(const CostModel *m, int64_t q_len, int64_t kv_len);
 /* Seconds of one layer's attention forward / backward for one segment. */
 double cost_attn_fwd_s(const CostModel *m, int64_t q_len, int64_t kv_len);
 double cost_attn_bwd_s(const CostModel *m, int64_t q_len, int64_t kv_len);
+/* Both at once (the same figures, the shared work done once). */
+void cost_attn_fb_s(const CostModel *m, int64_t q_len, int64_t kv_len, double *fwd, double *bwd);
 /* Seconds of one layer's GEMMs and element-wise work, forward / backward, for n tokens on a rank. */
 double cost_linear_fwd_s(const CostModel *m, int64_t tokens);
 double cost_linear_bwd_s(const CostModel *m, int64_t tokens);

@@ -47,25 +47,10 @@
  */
 #include <stdlib.h>
 
-#include "engine/plan/plan_shard_impl.h"
+#include "engine/plan/plan_groups_impl.h"
 #include "util/array.h"
 
-enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
-enum { LINE_SIZES = 11 };                      /* group sizes 2^0 .. 2^10: any CP up to 1024 */
-
-/* The search evaluates rank times tens of thousands of times per micro-batch, so it takes the
- * cost model's non-attention terms as the lines they are, sampled once: GEMMs and element-wise
- * work are proportional to the rows, lin x rows; a TP all-reduce pair is 2 (A x + latency) less the
- * o G x that runs under the GEMMs, clipped at 0: max(0, a x + b), with a = tp(2) - tp(1) and
- * b = 2 tp(1) - tp(2) when tp(2) > 0 (else it is 0 from 2 rows on); an exchange over g ranks is
- * c_g x + latency for x > 0 tokens. Tested against the cost model (test_plan_shard). */
-typedef struct LineCost {
-    double lin, tp_a, tp_b, tp_1;
-    int tp_flat;                  /* tp(2) == 0: no TP traffic shows from 2 rows on */
-    double cp_a[LINE_SIZES], cp_b[LINE_SIZES]; /* per group size 2^j */
-} LineCost;
-
-static void line_cost_init(LineCost *c, const CostModel *cost)
+void line_cost_init(LineCost *c, const CostModel *cost)
 {
     enum { X = 1 << 20 };
     c->lin = (cost_linear_fwd_s(cost, X) + cost_linear_bwd_s(cost, X)) / X;
@@ -81,19 +66,6 @@ static void line_cost_init(LineCost *c, const CostModel *cost)
     }
 }
 
-/* shard_rank_time_with(attn, rows), from the lines. */
-static double line_rank_time(const LineCost *c, double attn, int64_t rows)
-{
-    double x = (double)rows, tp = rows <= 0 ? 0 : rows == 1 ? c->tp_1 : c->tp_flat ? 0 : c->tp_a * x + c->tp_b;
-    return attn + c->lin * x + 2 * (tp > 0 ? tp : 0);
-}
-
-/* cost_cp_comm_group_s(2^j, tokens), from the lines. */
-static double line_cp_comm(const LineCost *c, int j, int64_t tokens)
-{
-    return tokens > 0 && j > 0 ? c->cp_a[j] * (double)tokens + c->cp_b[j] : 0;
-}
-
 double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens)
 {
     LineCost c;
@@ -104,13 +76,6 @@ double plan_groups_line_check(const CostModel *cost, int size, double attn, int6
     return line_rank_time(&c, attn, rows) + 2 * line_cp_comm(&c, j, tokens);
 }
 
-typedef struct Group {
-    int first, size, level, log2_size;
-    double attn;    /* predicted attention seconds per rank, forward + backward */
-    int64_t tokens; /* of the group's documents */
-    double t;       /* predicted seconds per layer */
-} Group;
-
 typedef struct Search {
     const CostModel *cost;
     LineCost line;
@@ -120,6 +85,8 @@ typedef struct Search {
     int units, unit, levels, cp;
     int64_t threshold;        /* documents shorter than this go whole to one rank (phase 2) */
     int count[GROUPS_LEVELS]; /* the split being built: groups per level */
+    int best_count[GROUPS_LEVELS]; /* the best split's */
+    const int *warm;          /* a split tried first (the previous micro-batch's best), or NULL */
     double *rank_attn, *rank_comm, *rank_t; /* phase 2, per rank */
     double *rest;             /* rest[i]: a lower bound on the rank-seconds of documents i.. (order) */
     double limit;             /* abandon a split that cannot beat this (hybrid's time), 0: none */
@@ -134,11 +101,13 @@ typedef struct Search {
 
 static double attn_fb(const CostModel *cost, int64_t q, int64_t kv)
 {
-    return cost_attn_fwd_s(cost, q, kv) + cost_attn_bwd_s(cost, q, kv);
+    double f, b;
+    cost_attn_fb_s(cost, q, kv, &f, &b);
+    return f + b;
 }
 
 /* Attention seconds per rank of a document of d tokens sharded per_doc over g ranks (step 1). */
-static double attn_per_rank(const CostModel *cost, int64_t d, int g)
+double groups_attn_per_rank(const CostModel *cost, int64_t d, int g)
 {
     if (g == 1)
         return attn_fb(cost, d, d);
@@ -149,8 +118,7 @@ static double attn_per_rank(const CostModel *cost, int64_t d, int g)
 
 static double group_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens)
 {
-    int64_t rows = (tokens + size - 1) / size;
-    return line_rank_time(c, attn, rows) + 2 * line_cp_comm(c, log2_size, tokens);
+    return group_rank_time(c, size, log2_size, attn, tokens, (tokens + size - 1) / size);
 }
 
 /* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document
@@ -242,22 +210,39 @@ static double assign_split(Search *s, Group *g, int *n_groups)
 }
 
 /* Step 2: every count of groups of level `level` and below that fills `units` units. */
+/* The split in s->count, kept when it beats the best so far. */
+static void try_split(Search *s)
+{
+    Group g[GROUPS_UNITS];
+    int ng;
+    double t = assign_split(s, g, &ng);
+    if (t >= 0 && (s->best_t < 0 || t < s->best_t)) {
+        s->best_t = t;
+        for (int a = 0; a < ng; a++)
+            s->best[a] = g[a];
+        s->n_best = ng;
+        for (int j = 0; j < s->levels; j++)
+            s->best_count[j] = s->count[j];
+        int32_t *tmp = s->assign;
+        s->assign = s->best_assign;
+        s->best_assign = tmp;
+    }
+}
+
+static int is_warm(const Search *s)
+{
+    for (int j = 0; s->warm && j < s->levels; j++)
+        if (s->count[j] != s->warm[j])
+            return 0;
+    return s->warm != NULL;
+}
+
 static void enumerate(Search *s, int level, int units)
 {
     if (level == 0) {
         s->count[0] = units;
-        Group g[GROUPS_UNITS];
-        int ng;
-        double t = assign_split(s, g, &ng);
-        if (t >= 0 && (s->best_t < 0 || t < s->best_t)) {
-            s->best_t = t;
-            for (int a = 0; a < ng; a++)
-                s->best[a] = g[a];
-            s->n_best = ng;
-            int32_t *tmp = s->assign;
-            s->assign = s->best_assign;
-            s->best_assign = tmp;
-        }
+        if (!is_warm(s)) /* tried first */
+            try_split(s);
         return;
     }
     for (int c = units >> level; c >= 0; c--) {
@@ -293,8 +278,8 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     sc->best_assign = best_assign;
     for (int64_t k = 0; k < n; k++) {
         for (int j = 0; j < s.levels; j++)
-            est[k * (s.levels + 1) + j] = attn_per_rank(cost, docs[k].len, s.unit << j);
-        est[k * (s.levels + 1) + s.levels] = attn_per_rank(cost, docs[k].len, 1);
+            est[k * (s.levels + 1) + j] = groups_attn_per_rank(cost, docs[k].len, s.unit << j);
+        est[k * (s.levels + 1) + s.levels] = groups_attn_per_rank(cost, docs[k].len, 1);
     }
     /* A document's least rank-seconds: its attention on the size where that is least (per rank
      * times ranks), and its GEMM and element-wise work, which no split changes. */
@@ -322,17 +307,56 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     s.best_assign = sc->best_assign;
     /* Every split with every document sharded, then with the documents shorter than hybrid's
      * best threshold whole (hybrid's layout is the split {cp} with that threshold). */
-    s.threshold = 0;
-    enumerate(&s, s.levels - 1, s.units);
-    if (sc->hybrid_threshold > 0) {
-        s.threshold = sc->hybrid_threshold;
+    /* Each pass tries the previous micro-batch's best split of this step first: micro-batches of
+     * a step are alike, so the best so far is tight from the start and most splits are abandoned
+     * after a few documents (the search's result is the best split either way, up to ties and the
+     * mean bound's pruning; the first micro-batch of a step starts cold, so a step's plan depends
+     * on that step alone). */
+    s.warm = sc->warm_valid && sc->warm_levels == s.levels ? sc->warm_count : NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        s.threshold = pass ? sc->hybrid_threshold : 0;
+        if (pass && sc->hybrid_threshold <= 0)
+            break;
+        if (s.warm) {
+            for (int j = 0; j < s.levels; j++)
+                s.count[j] = s.warm[j];
+            try_split(&s);
+        }
         enumerate(&s, s.levels - 1, s.units);
+    }
+    if (s.best_t >= 0) {
+        for (int j = 0; j < s.levels; j++)
+            sc->warm_count[j] = s.best_count[j];
+        sc->warm_levels = s.levels;
+        sc->warm_valid = 1;
     }
     /* The search swaps its two assignment arrays; give both back to the scratch. */
     sc->assign = s.assign;
     sc->best_assign = s.best_assign;
     *t = -1;
-    if (s.best_t < 0)
+    /* The local search, from the best split, or from hybrid's own layout (the split {cp} with
+     * hybrid's documents whole where it put them) when no split beat hybrid. */
+    if (s.best_t < 0) {
+        if (sc->hybrid_threshold <= 0)
+            return 0;
+        s.best[0] = (Group){0, cp, s.levels - 1, 0, 0, 0, 0};
+        while ((1 << s.best[0].log2_size) < cp)
+            s.best[0].log2_size++;
+        s.n_best = 1;
+        for (int64_t k = 0; k < n; k++)
+            s.best_assign[k] = sc->cand[SHARD_BEST].doc_rank[k] < 0 ? 0 : -1 - sc->cand[SHARD_BEST].doc_rank[k];
+    }
+    int grp_of[1024];
+    Refine f = {.line = &s.line, .docs = docs, .est = est, .levels = s.levels, .cp = cp, .ng = s.n_best, .n = n,
+                .capacity = capacity, .g = s.best, .assign = s.best_assign, .grp_of = grp_of,
+                .whole_attn = rank_attn, .whole_tok = rank_tok};
+    double before = groups_refine_start(&f), after = before;
+    if (before >= 0) {
+        groups_refine(&f);
+        after = groups_refine_worst(&f);
+    }
+    /* From hybrid's layout, only a search that ends faster than hybrid is worth laying out. */
+    if (before < 0 || (s.best_t < 0 && !(after < limit)))
         return 0;
     /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
      * that order, as in the other modes). */

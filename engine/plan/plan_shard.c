@@ -29,6 +29,7 @@
  * its tokens, its TP all-reduces, and its group's K/V all-gather; CP ranks meet at every layer, so
  * a micro-batch takes the slowest rank's time, forward plus backward.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,7 +143,8 @@ static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, 
     s->segs = segs;
     s->segs[s->n_segs++] = (PlanSegment){r, q_start, q_len, kv_start};
     int64_t kv_len = q_start + q_len - kv_start;
-    double f = cost_attn_fwd_s(cost, q_len, kv_len), b = cost_attn_bwd_s(cost, q_len, kv_len);
+    double f, b;
+    cost_attn_fb_s(cost, q_len, kv_len, &f, &b);
     s->attn_fwd[r] += f;
     s->attn_bwd[r] += b;
     s->attn[r] += f + b;
@@ -165,7 +167,7 @@ int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k,
  * (as WLB-LLM's artifact does). Chunk c and chunk 2CP - 1 - c share a rank, so every rank gets one
  * of the first CP leftovers of a cycle and one of the next CP: rank counts differ by at most one,
  * and not at all when the micro-batch is a multiple of 2 CP tokens. */
-static void per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
+void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
 {
     int n = 2 * g;
     for (int c = 0; c < n; c++)
@@ -181,7 +183,7 @@ int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, in
     const PlanDoc *d = &docs[k];
     int n = 2 * g;
     int64_t size[2 * 1024], at = d->start;
-    per_doc_chunks(g, d->len, &s->counter[first], size);
+    shard_per_doc_chunks(g, d->len, &s->counter[first], size);
     for (int c = 0; c < n; c++) {
         int r = first + (c < g ? c : n - 1 - c);
         if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
@@ -432,6 +434,8 @@ void plan_shard_scratch_free(StepPlan *p)
         shard_free(&sc->cand[i]);
     free(sc->order);
     free(sc->est);
+    free(sc->hyb_whole);
+    free(sc->hyb_lb);
     free(sc->assign);
     free(sc->best_assign);
     free(sc);
@@ -439,9 +443,11 @@ void plan_shard_scratch_free(StepPlan *p)
 }
 
 /* Tries every hybrid threshold; leaves the fastest layout that keeps every rank within capacity in
- * sc->cand[SHARD_BEST] (its time in *best_t; -1 when none does). */
+ * sc->cand[SHARD_BEST] (its time in *best_t; -1 when none does, or none is faster than bound when
+ * bound > 0). Each candidate is predicted without its layout (hybrid_predict, the same figure) and
+ * dropped as soon as it cannot beat the best so far; the winner alone is laid out. */
 static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
-                       double *best_t)
+                       double bound, double *best_t)
 {
     for (int64_t k = 0; k < n; k++)
         sc->order[k] = k;
@@ -450,24 +456,50 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
     int64_t first = cost->hw.attn_tile > 16 ? cost->hw.attn_tile : 16;
     *best_t = -1;
     sc->hybrid_threshold = -1;
-    for (int64_t threshold = first;; threshold *= 2) {
-        Shard *trial = &sc->cand[SHARD_TRY];
-        if (shard_hybrid(trial, cost, docs, n, sc->order, threshold, capacity) != 0)
-            return -1;
-        double t = shard_time(trial, cost);
-        /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
-         * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
-         * activation memory) and is not taken. per_seq and per_doc, even by construction, remain. */
-        if (shard_fits(trial, capacity) && (*best_t < 0 || t < *best_t)) {
-            Shard tmp = sc->cand[SHARD_BEST];
-            sc->cand[SHARD_BEST] = *trial;
-            *trial = tmp;
-            *best_t = t;
-            sc->hybrid_threshold = threshold;
-        }
+    int cp = sc->cand[SHARD_BEST].cp;
+    double *whole = array_grow(sc->hyb_whole, &sc->cap_hyb_whole, n + 1, sizeof *whole);
+    if (!whole)
+        return -1;
+    sc->hyb_whole = whole;
+    double *lb = array_grow(sc->hyb_lb, &sc->cap_hyb_lb, n + 1, sizeof *lb);
+    if (!lb)
+        return -1;
+    sc->hyb_lb = lb;
+    hybrid_doc_bounds(cost, docs, n, cp, whole, lb);
+    /* The thresholds tile, 2 tile, ... up to the first above the longest document or the capacity,
+     * tried from the largest: a few documents sharded first, which is cheap to predict and usually
+     * near the best, so the candidates that shard almost everything (dear to predict, rarely
+     * best) are mostly dropped on their O(n) lower bound. The kept one is the same as trying them
+     * from the smallest and keeping the first fastest: the fastest, ties to the smallest threshold
+     * (a candidate equal to the best so far is taken, and only one strictly slower is dropped). */
+    int64_t thresholds[64];
+    int nt = 0;
+    for (int64_t threshold = first; nt < 64; threshold *= 2) {
+        thresholds[nt++] = threshold;
         if (threshold > longest || threshold > capacity)
             break;
     }
+    for (int i = nt - 1; i >= 0; i--) {
+        /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
+         * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
+         * activation memory) and is not taken (-1). per_seq and per_doc, even by construction, remain.
+         * Dropped when it cannot beat bound (hybrid must be strictly faster than per_seq and per_doc)
+         * or be at most the best so far. */
+        double limit = *best_t >= 0 ? nextafter(*best_t, INFINITY) : bound;
+        if (limit > 0 && hybrid_lower_bound(cost, docs, n, cp, whole, lb, thresholds[i]) >= limit)
+            continue;
+        double t = hybrid_predict(cost, docs, n, sc->order, cp, thresholds[i], capacity, limit, whole);
+        if (t >= 0 && (*best_t < 0 || t <= *best_t)) {
+            *best_t = t;
+            sc->hybrid_threshold = thresholds[i];
+        }
+    }
+    if (sc->hybrid_threshold < 0)
+        return 0;
+    Shard *best = &sc->cand[SHARD_BEST];
+    if (shard_hybrid(best, cost, docs, n, sc->order, sc->hybrid_threshold, capacity) != 0)
+        return -1;
+    *best_t = shard_time(best, cost);
     return 0;
 }
 
@@ -482,6 +514,8 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
     ShardScratch *sc = scratch_for(p, cp, n);
     if (!sc)
         return error_runtime(err, "planner", "out of memory");
+    if (i == 0)
+        sc->warm_valid = 0; /* a step's plan depends on that step alone */
     Shard *seq = &sc->cand[SHARD_SEQ], *doc = &sc->cand[SHARD_DOC], *hyb = &sc->cand[SHARD_BEST];
     Shard *grp = &sc->cand[SHARD_GROUPS];
     if (shard_reset(seq, n) != 0 || shard_reset(doc, n) != 0)
@@ -498,12 +532,29 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
         double t_seq = -1, t_doc = -1, t_hyb = -1, t_grp = -1;
         if (mode != CP_PER_DOC && (rc = shard_per_seq(seq, cost, docs, n, mb->tokens)) == 0)
             t_seq = shard_time(seq, cost);
-        for (int64_t k = 0; k < n && rc == 0 && mode != CP_PER_SEQ; k++)
+        /* per_doc is laid out only when it is the mode or is chosen; else predicted (hybrid_predict
+         * with every document sharded is per_doc's layout, predicted without it). */
+        int doc_laid = mode == CP_PER_DOC, with_hybrid = mode == CP_HYBRID || mode == CP_GROUPS;
+        for (int64_t k = 0; k < n && rc == 0 && doc_laid; k++)
             rc = shard_per_doc(doc, cost, docs, k);
-        if (rc == 0 && mode != CP_PER_SEQ)
+        if (rc == 0 && doc_laid)
             t_doc = shard_time(doc, cost);
-        if (rc == 0 && (mode == CP_HYBRID || mode == CP_GROUPS))
-            rc = best_hybrid(sc, cost, docs, n, rank_capacity, &t_hyb);
+        else if (rc == 0 && mode == CP_ADAPTIVE)
+            t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL);
+        /* hybrid is kept only when faster than per_seq (and per_doc): a candidate that cannot beat
+         * per_seq is dropped early. groups needs hybrid's own best (its bound and threshold). */
+        if (rc == 0 && with_hybrid)
+            rc = best_hybrid(sc, cost, docs, n, rank_capacity, mode == CP_HYBRID ? t_seq : 0, &t_hyb);
+        /* per_doc then matters only if it can be chosen below: strictly faster than per_seq and at
+         * most hybrid's time. Predicted only when its lower bound allows that, and dropped as soon as
+         * it cannot (t_doc -1): per_seq or hybrid is then chosen exactly as with its figure. */
+        if (rc == 0 && with_hybrid) {
+            double lim = t_seq;
+            if (t_hyb >= 0 && nextafter(t_hyb, INFINITY) < lim)
+                lim = nextafter(t_hyb, INFINITY);
+            if (hybrid_lower_bound(cost, docs, n, cp, sc->hyb_whole, sc->hyb_lb, 0) < lim)
+                t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, lim, NULL);
+        }
         /* groups: aligned blocks need cp a power of two (the config insists); otherwise hybrid. */
         if (rc == 0 && mode == CP_GROUPS && (cp & (cp - 1)) == 0)
             rc = plan_groups_best(sc, cost, docs, n, rank_capacity, t_hyb, &t_grp);
@@ -515,6 +566,8 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
             mb->mode = CP_PER_DOC;
         }
         double t_chosen = chosen == seq ? t_seq : t_doc;
+        for (int64_t k = 0; k < n && rc == 0 && chosen == doc && !doc_laid; k++)
+            rc = shard_per_doc(doc, cost, docs, k);
         if (t_hyb >= 0 && t_hyb < t_chosen) {
             chosen = hyb;
             mb->mode = CP_HYBRID;

@@ -38,9 +38,12 @@ typedef struct ShardScratch {
     int64_t *order;        /* the documents, longest first */
     int64_t cap_order;
     int64_t hybrid_threshold; /* hybrid's best: documents from this length sharded (-1: none) */
+    double *hyb_whole, *hyb_lb; /* per document (hybrid_doc_bounds) */
+    int64_t cap_hyb_whole, cap_hyb_lb;
     double *est;           /* plan_groups: per document and group size, predicted seconds */
     int64_t cap_est;
     int32_t *assign, *best_assign; /* plan_groups: per document, its group */
+    int warm_count[8], warm_levels, warm_valid; /* plan_groups: the step's last best split */
     int64_t cap_assign, cap_best_assign;
 } ShardScratch;
 
@@ -51,12 +54,29 @@ int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k,
 /* Document k per_doc over CP ranks first .. first + g - 1 (2 g chunks, chunks i and 2 g - 1 - i on
  * rank first + i). The caller sets those ranks' grp_first / grp_size. */
 int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g);
+/* per_doc's chunk sizes of a document of len tokens over g ranks (2 g chunks), the leftover tokens
+ * placed by the running counter. */
+void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size);
 /* One layer forward + backward of a rank with this attention time and tokens, exchange excluded. */
 double shard_rank_time_with(const CostModel *cost, double attn, int64_t tokens);
 /* The slowest rank's seconds per layer, forward + backward, its group's exchange included. */
 double shard_time(const Shard *s, const CostModel *cost);
 /* 1 when no rank holds more than capacity tokens. */
 int shard_fits(const Shard *s, int64_t capacity);
+
+/* hybrid's candidate with this threshold (plan_hybrid.c): shard_time of the layout shard_hybrid
+ * would make, without making it; -1 when it breaks the capacity or cannot be faster than bound
+ * (bound > 0). order: the documents longest first; NULL with threshold 0 (every document sharded:
+ * per_doc's layout). */
+double hybrid_predict(const CostModel *cost, const PlanDoc *docs, int64_t n, const int64_t *order, int cp,
+                      int64_t threshold, int64_t capacity, double bound, const double *whole);
+/* Per document: whole[k], its attention seconds whole (forward + backward, the figure a layout
+ * adds), and shard_lb[k], a lower bound on its attention summed over the ranks when sharded per_doc
+ * over cp. whole may then be passed to hybrid_predict. */
+void hybrid_doc_bounds(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, double *whole, double *shard_lb);
+/* A lower bound on hybrid_predict's figure for this threshold, from those (O(n), no layout). */
+double hybrid_lower_bound(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, const double *whole,
+                          const double *shard_lb, int64_t threshold);
 
 /* groups (plan_groups.c): the best layout over aligned power-of-two groups of the CP ranks (cp a
  * power of two), in sc->cand[SHARD_GROUPS], its time in *t (-1: none within capacity, or none

@@ -1,0 +1,84 @@
+/*
+ * engine/plan/plan_groups_impl.h - the groups search's cost lines and groups, shared by its greedy
+ * (plan_groups.c) and its local search (plan_groups_refine.c).
+ */
+#ifndef WLB_ENGINE_PLAN_GROUPS_IMPL_H
+#define WLB_ENGINE_PLAN_GROUPS_IMPL_H
+
+#include "engine/plan/plan_shard_impl.h"
+
+enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
+enum { LINE_SIZES = 11 };                      /* group sizes 2^0 .. 2^10: any CP up to 1024 */
+
+/* The search evaluates rank times tens of thousands of times per micro-batch, so it takes the
+ * cost model's non-attention terms as the lines they are, sampled once: GEMMs and element-wise
+ * work are proportional to the rows, lin x rows; a TP all-reduce pair is 2 (A x + latency) less the
+ * o G x that runs under the GEMMs, clipped at 0: max(0, a x + b), with a = tp(2) - tp(1) and
+ * b = 2 tp(1) - tp(2) when tp(2) > 0 (else it is 0 from 2 rows on); an exchange over g ranks is
+ * c_g x + latency for x > 0 tokens. Tested against the cost model (test_plan_shard). */
+typedef struct LineCost {
+    double lin, tp_a, tp_b, tp_1;
+    int tp_flat;                  /* tp(2) == 0: no TP traffic shows from 2 rows on */
+    double cp_a[LINE_SIZES], cp_b[LINE_SIZES]; /* per group size 2^j */
+} LineCost;
+
+/* Samples the cost model's lines (plan_groups.c). */
+void line_cost_init(LineCost *c, const CostModel *cost);
+/* A document of d tokens sharded per_doc over g ranks: its attention seconds per rank (plan_groups.c). */
+double groups_attn_per_rank(const CostModel *cost, int64_t d, int g);
+
+/* shard_rank_time_with(attn, rows), from the lines. */
+static inline double line_rank_time(const LineCost *c, double attn, int64_t rows)
+{
+    double x = (double)rows, tp = rows <= 0 ? 0 : rows == 1 ? c->tp_1 : c->tp_flat ? 0 : c->tp_a * x + c->tp_b;
+    return attn + c->lin * x + 2 * (tp > 0 ? tp : 0);
+}
+
+/* cost_cp_comm_group_s(2^j, tokens), from the lines. */
+static inline double line_cp_comm(const LineCost *c, int j, int64_t tokens)
+{
+    return tokens > 0 && j > 0 ? c->cp_a[j] * (double)tokens + c->cp_b[j] : 0;
+}
+
+/* A rank of a group of `size` ranks holding `rows` rows: attention, lines, its group's exchange of
+ * `tokens` sharded tokens. */
+static inline double group_rank_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens,
+                                     int64_t rows)
+{
+    (void)size;
+    return line_rank_time(c, attn, rows) + 2 * line_cp_comm(c, log2_size, tokens);
+}
+
+typedef struct Group {
+    int first, size, level, log2_size;
+    double attn;    /* predicted attention seconds per rank, forward + backward */
+    int64_t tokens; /* of the group's documents */
+    double t;       /* predicted seconds per layer */
+} Group;
+
+/* The local search's state: the groups and, per rank, its group and its whole documents. */
+typedef struct Refine {
+    const LineCost *line;
+    const PlanDoc *docs;
+    const double *est;   /* as Search.est */
+    int levels, cp, ng;
+    int64_t n, capacity;
+    Group *g;
+    int32_t *assign;     /* per document: its group, or -1 - r whole on rank r (never a group of one) */
+    int *grp_of;         /* per rank */
+    double *whole_attn;  /* per rank */
+    int64_t *whole_tok;  /* per rank */
+    int64_t max_moves;   /* the most moves one groups_refine makes; 0: 2 n + cp */
+    int plateau;         /* moves off a rank other than the slowest still allowed */
+    int64_t moves;       /* moves made */
+} Refine;
+
+/* The local search (plan_groups_refine.c). groups_refine_start fills the groups' and ranks' sums from
+ * f->assign (documents of a group of one become whole on its rank) and returns the slowest rank's
+ * time, or -1 when a rank is over the capacity; groups_refine moves documents while the slowest
+ * rank can be lowered; groups_refine_worst is the slowest rank's time. */
+double groups_refine_start(Refine *f);
+void groups_refine(Refine *f);
+double groups_refine_worst(const Refine *f);
+
+#endif
