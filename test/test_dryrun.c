@@ -396,11 +396,12 @@ static void test_balance_on_real_lists(void **state)
         /* The issue's bounds for wlb + hybrid (the default outlier queues, whose last one takes the
          * window-size pieces of documents longer than the window), interleaved and not: mean
          * pp_imbalance at most 1.03 and its p95 at most 1.10, mean cp_imbalance at most 1.01 (the
-         * planning time is printed; tests do not time, bench/wlbllm_table1.sh does). */
+         * planning time is printed; tests do not time, bench/wlbllm_table1.sh does). 200 steps: on
+         * the Linux list the bad steps of the old two queues (p95 1.13) come after step 100. */
         for (int v = 2; v >= 1; v--) {
             char *vs = test_format("parallel.virtual_stages=%d", v);
             CmdResult r;
-            RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--steps", "100", "--set", set, "--set",
+            RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--steps", "200", "--set", set, "--set",
                 "balance.packer=wlb", "--set", "balance.cp_sharding=hybrid", "--set", vs, "--stats-out", stats);
             assert_int_equal(r.status, 0);
             test_cmd_free(&r);

@@ -214,6 +214,43 @@ static void check_document_rule(PackerKind packer, int cut)
     teardown(&f);
 }
 
+/* keep, fixed, at the boundary: documents of 205 tokens, window 1024: four fill 820 and a fifth
+ * would be one token too many (5 x 205 = 1025), so every window holds four (and nothing is lost). */
+static void test_keep_window_boundary(void **state)
+{
+    (void)state;
+    uint32_t lens[64];
+    for (int i = 0; i < 64; i++)
+        lens[i] = 205;
+    Config cfg;
+    CostModel cost;
+    DataStream stream;
+    Planner pl;
+    Error err = {0};
+    config_init(&cfg);
+    assert_int_equal(config_load_string(&cfg, yaml_keep, "t.yaml", &err), 0);
+    assert_int_equal(config_resolve(&cfg, 0, &err), 0);
+    assert_int_equal(cost_model_init(&cost, &cfg, &err), 0);
+    DataSource src = data_source_from_lengths(lens, 64, 64 * 205);
+    assert_int_equal(data_stream_init(&stream, &src, NULL, 1, 1, 1024, &err), 0);
+    assert_int_equal(plan_init(&pl, &cfg, &cost, &stream, PACKER_FIXED, CP_PER_SEQ, &err), 0);
+    StepPlan p = {0};
+    int64_t trained = 0;
+    for (int step = 0; step < 1; step++) { /* 8 windows of 4: half of the 64 documents */
+        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
+            assert_int_equal(p.mbs[i].n_docs, 4);
+            assert_int_equal(p.mbs[i].tokens, 820);
+        }
+        trained += p.tokens;
+    }
+    assert_int_equal((uint64_t)(trained + (pl.has_pending ? pl.pending.len : 0)), stream.tokens);
+    plan_free(&p);
+    plan_destroy(&pl);
+    data_stream_free(&stream);
+    config_free(&cfg);
+}
+
 static void test_long_documents_rule(void **state)
 {
     (void)state;
@@ -666,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_nothing_lost_wlb),
         cmocka_unit_test(test_fixed_windows),
         cmocka_unit_test(test_long_documents_rule),
+        cmocka_unit_test(test_keep_window_boundary),
         cmocka_unit_test(test_baseline_equal_work),
         cmocka_unit_test(test_wlb_limits_and_queues),
         cmocka_unit_test(test_outlier_thresholds_exact),
