@@ -91,7 +91,7 @@ const ConfigKey config_keys[] = {
     INT_KEY("balance.max_tokens_per_micro_batch", balance.max_tokens_per_micro_batch, 1, INT32_MAX, NULL,
             "2 * context_window", "S_max: the most tokens the wlb packer puts in one micro-batch"),
     {"balance.outlier_thresholds", KEY_INT_LIST, OFF(balance.outlier_thresholds), 1, 1 << 24, 0, 0, 0,
-     NULL, NULL, "[context_window / 8, / 4, / 2, 3 / 4]",
+     NULL, NULL, "context_window x [1/8, 1/4, 1/2, 3/4]",
      "document lengths L1 < L2 < ... where the outlier queues start; [] = no delay"},
     ENUM_KEY("balance.hardware", balance.hardware, "h100|h200|a100|cpu", "h100", NULL,
              "hardware profile of the cost model"),
