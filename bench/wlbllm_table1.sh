@@ -6,8 +6,14 @@
 #      over Plain-4D (fixed + per_seq, same stream) and planning time, for Plain-4D, Fixed-4D
 #      (fixed_greedy + adaptive), WLB-LLM (wlb + adaptive) and ours (wlb + hybrid);
 #   2. every packer x CP mode for one configuration (7B-128K by default);
-#   3. Plain-4D against wlb + hybrid at 7B-128K on each of the four real lists.
-# Speedup = predicted tokens/s over the run / Plain-4D's on the same stream, same step count.
+#   3. Plain-4D against wlb + hybrid at 7B-128K on each of the four real lists;
+#   4. the same like for like: with balance.long_documents cut and then keep for every packer, so
+#      Plain-4D and wlb train the same pieces of the same stream: attention work per token, the
+#      speedups over Plain-4D under the same rule, and wlb + hybrid's speedup at equal work (over
+#      Plain-4D windows of its own pieces, step by step).
+# Speedup = predicted tokens/s over the run / Plain-4D's on the same stream, same step count. By
+# default (long_documents auto) Plain-4D cuts documents at window ends and wlb keeps them whole, so
+# wlb trains more attention work per token: tables 1-3 mix that in; table 4 does not.
 # Usage: bench/wlbllm_table1.sh [STEPS] [FULL_CONFIG]      (default 500 steps, 7b-128k)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +37,10 @@ for l in distca_wlbllm_lengths.json distca_prolong_lengths.json flexsp_wikipedia
          linux61_files_llama3_tokens.csv.gz; do
   ./wlbtrain --config "bench/wlbllm/$full.yaml" --dry-run --no-memory-check --compare --steps "$steps" \
     --set "data.lengths_file=$lists/$l" --stats-out "$out/list-$l.jsonl" >/dev/null
+  for ld in cut keep; do
+    ./wlbtrain --config "bench/wlbllm/$full.yaml" --dry-run --no-memory-check --compare --steps "$steps" \
+      --set "data.lengths_file=$lists/$l" --set "balance.long_documents=$ld" --stats-out "$out/ld-$ld-$l.jsonl" >/dev/null
+  done
 done
 
 python3 - "$out" "$full" <<'PY'
@@ -76,7 +86,7 @@ print("| packer | cp_sharding | pp_imbalance mean | p95 | cp_imbalance mean | sp
 print("|---|---|---|---|---|---|---|---|")
 runs = summaries(os.path.join(out, full + ".jsonl"))
 for (p, m), r in sorted(runs.items(), key=lambda kv: (["fixed", "fixed_greedy", "wlb"].index(kv[0][0]),
-                                                      ["per_seq", "per_doc", "adaptive", "hybrid"].index(kv[0][1]))):
+                                                      ["per_seq", "per_doc", "adaptive", "hybrid", "groups"].index(kv[0][1]))):
     print(f"| {p} | {m} | {r['pp_imbalance']['mean']:.3f} | {r['pp_imbalance']['p95']:.3f} | "
           f"{r['cp_imbalance']['mean']:.3f} | {r['speedup']:.3f}x | {r['packer_ms']['mean']:.3f} | "
           f"{r['token_delay_steps']:.2f} |")
@@ -90,4 +100,18 @@ for path in sorted(glob.glob(os.path.join(out, "list-*.jsonl"))):
     print(f"| {os.path.basename(path)[5:-6]} | {pl['pp_imbalance']['mean']:.3f} | "
           f"{w['pp_imbalance']['mean']:.3f} / {w['speedup']:.3f}x | "
           f"{h['pp_imbalance']['mean']:.3f} / {h['cp_imbalance']['mean']:.3f} / {h['speedup']:.3f}x |")
+
+print(f"\n## 4. {full} on each real length list, like for like (balance.long_documents the same for every packer)\n")
+print("| lengths | documents | attention pairs per token: Plain-4D / wlb | WLB-LLM (wlb + per_doc) pp / speedup | "
+      "wlb + hybrid pp / speedup | wlb + hybrid at equal work |")
+print("|---|---|---|---|---|---|")
+for l in ["distca_wlbllm_lengths.json", "distca_prolong_lengths.json", "flexsp_wikipedia_lengths.txt",
+          "linux61_files_llama3_tokens.csv.gz"]:
+    for ld in ["cut", "keep"]:
+        path = os.path.join(out, f"ld-{ld}-{l}.jsonl")
+        runs = summaries(path)
+        pl, d, h = runs[("fixed", "per_seq")], runs[("wlb", "per_doc")], runs[("wlb", "hybrid")]
+        print(f"| {l} | {ld} | {pl['attn_pairs_per_token']:.0f} / {h['attn_pairs_per_token']:.0f} | "
+              f"{d['pp_imbalance']['mean']:.3f} / {d['speedup']:.3f}x | {h['pp_imbalance']['mean']:.3f} / "
+              f"{h['speedup']:.3f}x | {h['throughput_speedup_equal_work']:.3f}x |")
 PY

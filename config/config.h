@@ -23,6 +23,9 @@
 typedef enum CommKind { COMM_AUTO, COMM_MPI, COMM_NCCL } CommKind;
 typedef enum PackerKind { PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB } PackerKind;
 typedef enum CpSharding { CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID, CP_GROUPS } CpSharding;
+/* What the planner does to a document that straddles a window end of the stream (balance.long_documents):
+ * cut it there (Plain-4D's loader), or keep it whole; auto: cut for fixed and fixed_greedy, keep for wlb. */
+typedef enum LongDocuments { LONG_DOCS_AUTO, LONG_DOCS_CUT, LONG_DOCS_KEEP } LongDocuments;
 typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
@@ -76,6 +79,7 @@ typedef struct ConfigData {
 typedef struct ConfigBalance {
     PackerKind packer;
     CpSharding cp_sharding;
+    LongDocuments long_documents;
     int64_t max_tokens_per_micro_batch;
     ConfigIntList outlier_thresholds;
     HardwareKind hardware;

@@ -84,10 +84,14 @@ const ConfigKey config_keys[] = {
              "fixed lengths (Fixed-4D); wlb: workload-balanced variable lengths with outlier delay"),
     ENUM_KEY("balance.cp_sharding", balance.cp_sharding, "per_seq|per_doc|adaptive|hybrid|groups", "hybrid", NULL,
              "how a micro-batch is split over the CP ranks (groups: over aligned power-of-two groups of them)"),
+    ENUM_KEY("balance.long_documents", balance.long_documents, "auto|cut|keep", "auto", NULL,
+             "cut: the stream is cut every context_window tokens (Plain-4D's loader), splitting the "
+             "documents that straddle a cut; keep: a document is split only when longer than the window "
+             "(into window-size pieces from its start); auto: cut for fixed and fixed_greedy, keep for wlb"),
     INT_KEY("balance.max_tokens_per_micro_batch", balance.max_tokens_per_micro_batch, 1, INT32_MAX, NULL,
             "2 * context_window", "S_max: the most tokens the wlb packer puts in one micro-batch"),
     {"balance.outlier_thresholds", KEY_INT_LIST, OFF(balance.outlier_thresholds), 1, 1 << 24, 0, 0, 0,
-     NULL, NULL, "[context_window / 4, context_window / 2]",
+     NULL, NULL, "context_window x [1/8, 1/4, 1/2, 3/4]",
      "document lengths L1 < L2 < ... where the outlier queues start; [] = no delay"},
     ENUM_KEY("balance.hardware", balance.hardware, "h100|h200|a100|cpu", "h100", NULL,
              "hardware profile of the cost model"),

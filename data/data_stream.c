@@ -107,7 +107,10 @@ void data_stream_next(DataStream *s, DataPiece *out)
     DataPiece *c = &s->current;
     uint64_t left = c->doc_len - c->offset;
     *out = *c;
-    out->len = left < s->window ? left : s->window;
+    /* room: tokens to the end of the window, of the document's own (offset 0, W, 2W, ...) or, when
+     * cutting at the stream's windows, of the stream's (tokens 0, W, 2W, ... emitted in all). */
+    uint64_t room = s->cut_at_windows ? s->window - s->tokens % s->window : s->window;
+    out->len = left < room ? left : room;
     c->offset += out->len;
     s->has_current = c->offset < c->doc_len;
     s->tokens += out->len;

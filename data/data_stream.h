@@ -7,7 +7,9 @@
  * blended by weight, as shares of tokens: the next document comes from the source furthest behind
  * its share. Documents longer than the context window come out as consecutive pieces of at most
  * the window, each with its offset in the document (RoPE positions continue from it). Empty
- * documents are skipped.
+ * documents are skipped. With cut_at_windows set, pieces also end at every multiple of the window
+ * in the stream's tokens (Plain-4D's loader: the stream concatenated and cut every window tokens),
+ * so a document straddling such a cut comes out as two pieces.
  *
  * The position is a handful of integers per source: data_stream_save/restore give them to a
  * checkpoint, and a restored stream yields exactly what the uninterrupted one would have.
@@ -57,6 +59,7 @@ typedef struct DataStream {
     uint64_t seed;
     uint64_t window;
     uint64_t tokens;     /* tokens emitted in all */
+    int cut_at_windows;  /* end pieces at multiples of window of tokens (set by the user, not saved) */
     /* The document in progress (its remaining pieces come next), if any. */
     int has_current;
     DataPiece current;   /* the next piece to emit of the current document (offset valid) */

@@ -232,6 +232,64 @@ static void test_stream_epochs_and_pieces(void **state)
     data_stream_free(&s);
 }
 
+/* cut_at_windows: pieces end at every multiple of the window of the stream's tokens, as well as at
+ * the ends of documents: piece by piece the same tokens as the uncut stream, in the same order, and a
+ * stream restored mid-window goes on cutting at the same places. */
+static void test_stream_cut_at_windows(void **state)
+{
+    (void)state;
+    DataSource src = small_source();
+    DataStream keep, cut;
+    Error err = {0};
+    assert_int_equal(data_stream_init(&keep, &src, NULL, 1, 7, 8, &err), 0);
+    assert_int_equal(data_stream_init(&cut, &src, NULL, 1, 7, 8, &err), 0);
+    cut.cut_at_windows = 1;
+    /* The model: the uncut stream's documents in its order, each cut at multiples of 8 of the
+     * position (pieces of the same document are consecutive in both). */
+    DataPiece k = {0}, c;
+    uint64_t left = 0, pos = 0;
+    int straddled = 0;
+    for (int i = 0; i < 200; i++) {
+        data_stream_next(&cut, &c);
+        if (left == 0) {
+            do
+                data_stream_next(&keep, &k);
+            while (k.offset != 0);
+            left = k.doc_len;
+        }
+        uint64_t room = 8 - pos % 8;
+        assert_int_equal(c.doc, k.doc);
+        assert_int_equal(c.offset, k.doc_len - left);
+        assert_int_equal(c.len, left < room ? left : room);
+        straddled += c.len < left && left <= 8;
+        left -= c.len;
+        pos += c.len;
+        assert_int_equal(cut.tokens, pos);
+    }
+    assert_true(straddled > 0);
+    for (int stop = 1; stop < 30; stop += 7) {
+        DataStream a, b;
+        assert_int_equal(data_stream_init(&a, &src, NULL, 1, 3, 8, &err), 0);
+        assert_int_equal(data_stream_init(&b, &src, NULL, 1, 3, 8, &err), 0);
+        a.cut_at_windows = b.cut_at_windows = 1;
+        DataPiece p, q;
+        for (int i = 0; i < stop; i++)
+            data_stream_next(&a, &p);
+        uint64_t words[64];
+        data_stream_save(&a, words);
+        assert_int_equal(data_stream_restore(&b, words, data_stream_state_words(&a), &err), 0);
+        for (int i = 0; i < 40; i++) {
+            data_stream_next(&a, &p);
+            data_stream_next(&b, &q);
+            assert_memory_equal(&p, &q, sizeof p);
+        }
+        data_stream_free(&a);
+        data_stream_free(&b);
+    }
+    data_stream_free(&keep);
+    data_stream_free(&cut);
+}
+
 static void test_stream_restore_is_exact(void **state)
 {
     (void)state;
@@ -312,6 +370,7 @@ int main(void)
         cmocka_unit_test(test_shuffle_is_a_permutation),
         cmocka_unit_test(test_shuffle_is_uniform),
         cmocka_unit_test(test_stream_epochs_and_pieces),
+        cmocka_unit_test(test_stream_cut_at_windows),
         cmocka_unit_test(test_stream_restore_is_exact),
         cmocka_unit_test(test_stream_blends_by_tokens),
     };

@@ -1,7 +1,8 @@
 /*
  * test/test_dryrun.c - the dry run as a user runs it: per-step lines, the stats file (every field
  * the README names, each imbalance equal to its definition over the per-micro-batch and per-rank
- * costs printed beside it, a summary last that summarizes the steps), --compare, the balance the
+ * costs printed beside it, a summary last that summarizes the steps), --compare, the attention work
+ * and the speedup at equal work equal to their definitions under each long_documents rule, the balance the
  * README reports on the real length lists (wlb well below Plain-4D's pipeline imbalance, per_doc
  * even over the CP ranks), reading lengths from a Megatron .idx, a large cluster, and the errors.
  */
@@ -62,7 +63,8 @@ static void test_stats_file(void **state)
     int steps = 0, summary = 0;
     double sum_pp = 0, sum_cp = 0, max_pp = 0;
     const char *step_keys[] = {"step", "docs", "tokens", "queued", "mb_tokens", "pp_imbalance", "cp_imbalance",
-                               "sharding", "predicted_ms", "baseline_ms", "speedup", "packer_ms"};
+                               "sharding", "predicted_ms", "baseline_ms", "speedup", "packer_ms", "long_documents",
+                               "attn_pairs", "baseline_attn_pairs", "equal_work_baseline_ms", "speedup_equal_work"};
     const char *dist_keys[] = {"pp_imbalance", "cp_imbalance", "speedup", "packer_ms"};
     while (fgets(line, sizeof line, f)) {
         json_error_t je;
@@ -169,22 +171,35 @@ static void test_compare_table(void **state)
                     rows++;
     assert_int_equal(rows, 15);
     /* The rows' values: pp_imb p95 cp_imb tokens/s speedup, per packer and mode. */
-    double pp[3][5], cp[3][5], speedup[3][5];
+    double pp[3][5], cp[3][5], speedup[3][5], pairs[3][5], x_eq[3][5];
+    char docs[3][5][8];
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 5; b++) {
             char head[64];
             snprintf(head, sizeof head, "\n%-13s %-8s", a == 0 ? "fixed" : a == 1 ? "fixed_greedy" : "wlb", modes[b]);
             const char *row = strstr(r.out, head);
             assert_non_null(row);
-            double p95, tps;
-            assert_int_equal(sscanf(row + strlen(head), "%lf %lf %lf %lf %lfx", &pp[a][b], &p95, &cp[a][b], &tps,
-                                    &speedup[a][b]), 5);
+            double p95, tps, plan_ms, delay, cpt;
+            assert_int_equal(sscanf(row + strlen(head), "%lf %lf %lf %lf %lfx %lf %lf %lf %7s %lf %lfx", &pp[a][b], &p95,
+                                    &cp[a][b], &tps, &speedup[a][b], &plan_ms, &delay, &cpt, docs[a][b], &pairs[a][b],
+                                    &x_eq[a][b]),
+                             11);
+            /* auto: the fixed packers cut documents at window ends, wlb keeps them whole */
+            assert_string_equal(docs[a][b], a < 2 ? "cut" : "keep");
         }
     /* Plain-4D against itself; per_doc even over the CP ranks; per micro-batch adaptive takes the
      * faster of per_seq and per_doc, hybrid is never slower than any and groups never slower than
      * hybrid (the same documents: the packers do not look at the CP mode), so neither is their
      * throughput; wlb packs more evenly than fixed (3 decimals printed). */
     assert_true(speedup[0][0] == 1.0);
+    /* Plain-4D of its own pieces is itself; the fixed packers train the same tokens of the stream
+     * cut at the same window ends, and fixed_greedy may split a piece further (no window with room):
+     * no more attention work per token (4 digits printed). The packers do not look at the CP mode. */
+    assert_true(x_eq[0][0] == 1.0);
+    assert_true(pairs[1][0] <= pairs[0][0] && pairs[1][0] > 0.99 * pairs[0][0]);
+    for (int a = 0; a < 3; a++)
+        for (int b = 1; b < 5; b++)
+            assert_true(pairs[a][b] == pairs[a][0]);
     for (int a = 0; a < 3; a++) {
         assert_true(cp[a][1] <= 1.01);
         assert_true(speedup[a][2] >= fmax(speedup[a][0], speedup[a][1]) - 0.001);
@@ -199,12 +214,138 @@ static void test_compare_table(void **state)
     free(dir);
 }
 
+/* The attention work of n_tok tokens of documents of doc tokens each, laid end to end from stream
+ * position first and cut at every multiple of window of that position: sum of d (d + 1) / 2 over the
+ * pieces (a document is cut where a multiple of the window falls inside it). Written from the
+ * definition: walk the pieces. */
+static double cut_pairs(int64_t first, int64_t n_tok, int64_t doc, int64_t window)
+{
+    double pairs = 0;
+    for (int64_t at = first; at < first + n_tok;) {
+        int64_t doc_end = (at / doc + 1) * doc, win_end = (at / window + 1) * window, end = first + n_tok;
+        end = doc_end < end ? doc_end : end;
+        end = win_end < end ? win_end : end;
+        pairs += (double)(end - at) * (double)(end - at + 1) / 2;
+        at = end;
+    }
+    return pairs;
+}
+
+/* Reads the step lines and the summary of a stats file; returns the number of step lines. */
+static int read_stats(const char *stats, json_t **steps, int max, json_t **summary)
+{
+    FILE *f = fopen(stats, "r");
+    assert_non_null(f);
+    char line[1 << 16];
+    int n = 0;
+    *summary = NULL;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        assert_non_null(o);
+        if (json_object_get(o, "summary"))
+            *summary = o;
+        else if (n < max)
+            steps[n++] = o;
+        else
+            json_decref(o);
+    }
+    fclose(f);
+    assert_non_null(*summary);
+    return n;
+}
+
+static double num(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v) {
+        print_error("no %s\n", key);
+        fail();
+    }
+    return json_number_value(v);
+}
+
+/* Attention work and the speedup at equal work, equal to their definitions. Documents of 3000 tokens,
+ * window 4096, 8 windows a step, no outlier queues:
+ *   fixed (cut by default): step s trains stream tokens [32768 s, 32768 (s + 1)) cut at every 4096:
+ *     attn_pairs = cut_pairs of them; Plain-4D of its own pieces is itself (per_seq): speedup at
+ *     equal work 1.
+ *   fixed, keep: whole documents of 3000, one a window: attn_pairs = (tokens / 3000) x 3000 x 3001 / 2.
+ *   wlb (keep by default): whole documents too; baseline_attn_pairs = Plain-4D's cut of the step's
+ *     documents end to end (cut_pairs from 0).
+ * Every step: speedup_equal_work = equal_work_baseline_ms / predicted_ms; the summary: pairs per step
+ * the mean of the steps', equal_work_baseline_s their sum, throughput_speedup_equal_work its ratio to
+ * predicted_s, and the stdout summary line says it. */
+static void test_attention_work(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir();
+    char lengths[8192] = "[";
+    for (int i = 0; i < 1000; i++)
+        strcat(lengths, i ? ",3000" : "3000");
+    strcat(lengths, "]");
+    char *lpath = test_write_file(dir, "lengths.json", lengths, strlen(lengths));
+    char *yaml = test_format("model: {preset: tiny}\nparallel: {tp: 1, cp: 2, pp: 2, dp: 2}\n"
+                             "data: {lengths_file: %s, context_window: 4096, global_batch_tokens: 32768}\n"
+                             "balance: {outlier_thresholds: [], cp_sharding: per_seq}\ntrain: {steps: 6}\n",
+                             lpath);
+    char *cfg = test_write_file(dir, "w.yaml", yaml, strlen(yaml)), *stats = test_format("%s/w.jsonl", dir);
+    const char *runs[3][2] = {{"balance.packer=fixed", "balance.long_documents=auto"},
+                              {"balance.packer=fixed", "balance.long_documents=keep"},
+                              {"balance.packer=wlb", "balance.long_documents=auto"}};
+    for (int run = 0; run < 3; run++) {
+        CmdResult r;
+        RUN(&r, "--config", cfg, "--dry-run", "--stats-out", stats, "--set", runs[run][0], "--set", runs[run][1]);
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, "summary: attention work "));
+        assert_non_null(strstr(r.out, run == 0 ? "(documents cut at window ends)" : "(documents kept whole at window ends)"));
+        test_cmd_free(&r);
+        json_t *steps[6], *sum;
+        assert_int_equal(read_stats(stats, steps, 6, &sum), 6);
+        double pairs_sum = 0, equal_ms = 0;
+        for (int i = 0; i < 6; i++) {
+            json_t *o = steps[i];
+            double tokens = num(o, "tokens"), pairs = num(o, "attn_pairs"), base = num(o, "baseline_attn_pairs");
+            double want = run == 0 ? cut_pairs(32768 * (int64_t)i, 32768, 3000, 4096) : tokens / 3000 * 3000.0 * 3001 / 2;
+            if (pairs != want) {
+                print_error("%s %s step %d: attn_pairs %.17g, expected %.17g\n", runs[run][0], runs[run][1], i + 1,
+                            pairs, want);
+                fail();
+            }
+            assert_true(tokens == (run == 0 ? 32768 : tokens));
+            assert_string_equal(json_string_value(json_object_get(o, "long_documents")), run == 0 ? "cut" : "keep");
+            if (run == 2)
+                assert_true(base == cut_pairs(0, (int64_t)tokens, 3000, 4096) && base < pairs);
+            double eq = num(o, "equal_work_baseline_ms"), pred = num(o, "predicted_ms"), x = num(o, "speedup_equal_work");
+            assert_true(fabs(x - eq / pred) <= 1e-5 * x);
+            if (run == 0)
+                assert_true(fabs(x - 1) < 1e-5 && base == pairs);
+            pairs_sum += pairs;
+            equal_ms += eq;
+            json_decref(o);
+        }
+        assert_true(fabs(num(sum, "attn_pairs_per_step") - pairs_sum / 6) <= 1e-5 * pairs_sum / 6);
+        double tok = num(sum, "tokens");
+        assert_true(fabs(num(sum, "attn_pairs_per_token") - pairs_sum / tok) <= 1e-5 * pairs_sum / tok);
+        assert_true(fabs(num(sum, "equal_work_baseline_s") - equal_ms / 1e3) <= 1e-4 * equal_ms / 1e3);
+        double tx = num(sum, "throughput_speedup_equal_work");
+        assert_true(fabs(tx - num(sum, "equal_work_baseline_s") / num(sum, "predicted_s")) <= 1e-5 * tx);
+        assert_non_null(json_object_get(sum, "speedup_equal_work"));
+        json_decref(sum);
+    }
+    free(cfg);
+    free(stats);
+    free(yaml);
+    free(lpath);
+    test_rm_rf(dir);
+    free(dir);
+}
 
 /* The balance the README reports, on the real length lists, at WLB-LLM's 7B-128K layout (TP 8, CP 2,
  * PP 4, DP 1, interleaved, H100 profile), 100 steps: the wlb packer's mean pp_imbalance is below 1.03
  * and at least 0.05 below the fixed packer's (Plain-4D's windows: 1.07 to 1.25 on these lists), and
  * per_doc sharding leaves the CP ranks even (mean cp_imbalance at most 1.001, every step at most
- * 1.005) under both packers. */
+ * 1.005) under both packers; wlb + hybrid within the issue's bounds (below). */
 static double summary_value(const char *stats, const char *key, const char *stat)
 {
     char *text = test_read_file(stats, NULL);
@@ -252,6 +393,25 @@ static void test_balance_on_real_lists(void **state)
         }
         assert_true(pp[1] <= 1.03);
         assert_true(pp[0] - pp[1] >= 0.05);
+        /* The issue's bounds for wlb + hybrid (the default outlier queues, whose last one takes the
+         * window-size pieces of documents longer than the window), interleaved and not: mean
+         * pp_imbalance at most 1.03 and its p95 at most 1.10, mean cp_imbalance at most 1.01 (the
+         * planning time is printed; tests do not time, bench/wlbllm_table1.sh does). 200 steps: on
+         * the Linux list the bad steps of the old two queues (p95 1.13) come after step 100. */
+        for (int v = 2; v >= 1; v--) {
+            char *vs = test_format("parallel.virtual_stages=%d", v);
+            CmdResult r;
+            RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--steps", "200", "--set", set, "--set",
+                "balance.packer=wlb", "--set", "balance.cp_sharding=hybrid", "--set", vs, "--stats-out", stats);
+            assert_int_equal(r.status, 0);
+            test_cmd_free(&r);
+            double mean = summary_value(stats, "pp_imbalance", "mean"), p95 = summary_value(stats, "pp_imbalance", "p95");
+            double cp = summary_value(stats, "cp_imbalance", "mean"), ms = summary_value(stats, "packer_ms", "mean");
+            printf("# %s, wlb + hybrid, v %d: pp_imbalance mean %.4f p95 %.4f, cp_imbalance mean %.4f, plan %.3f ms\n",
+                   lists[i], v, mean, p95, cp, ms);
+            assert_true(mean <= 1.03 && p95 <= 1.10 && cp <= 1.01);
+            free(vs);
+        }
         free(set);
     }
     free(stats);
@@ -503,6 +663,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stats_file),
         cmocka_unit_test(test_compare_table),
+        cmocka_unit_test(test_attention_work),
         cmocka_unit_test(test_balance_on_real_lists),
         cmocka_unit_test(test_lengths_from_idx),
         cmocka_unit_test(test_large_cluster),

@@ -73,10 +73,17 @@ static void mark(unsigned char **seen, const StepPlan *p, const uint32_t *lens)
     }
 }
 
-static void check_nothing_lost(PackerKind packer)
+static const char *yaml_cut = "model: {preset: tiny}\nparallel: {cp: 2, pp: 2, dp: 2}\n"
+                              "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                              "balance: {outlier_thresholds: [256, 512], long_documents: cut}\n";
+static const char *yaml_keep = "model: {preset: tiny}\nparallel: {cp: 2, pp: 2, dp: 2}\n"
+                               "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                               "balance: {outlier_thresholds: [256, 512], long_documents: keep}\n";
+
+static void check_nothing_lost_with(PackerKind packer, const char *yaml)
 {
     Fixture f;
-    setup(&f, yaml_cp2, packer, CP_HYBRID);
+    setup(&f, yaml, packer, CP_HYBRID);
     unsigned char *seen[N_DOCS];
     for (int i = 0; i < N_DOCS; i++)
         seen[i] = calloc(f.lens[i] + 1, 1);
@@ -108,6 +115,14 @@ static void check_nothing_lost(PackerKind packer)
     teardown(&f);
 }
 
+/* With balance.long_documents auto (the packer's own rule), cut and keep. */
+static void check_nothing_lost(PackerKind packer)
+{
+    check_nothing_lost_with(packer, yaml_cp2);
+    check_nothing_lost_with(packer, yaml_cut);
+    check_nothing_lost_with(packer, yaml_keep);
+}
+
 static void test_nothing_lost_fixed(void **state)
 {
     (void)state;
@@ -124,6 +139,133 @@ static void test_nothing_lost_wlb(void **state)
 {
     (void)state;
     check_nothing_lost(PACKER_WLB);
+}
+
+/* The stream position of every document's first token: its documents in the (keep) stream's order,
+ * each starting where the one before ended (30 steps of 8K tokens stay inside the first epoch). */
+static void doc_starts(const Fixture *f, uint64_t *start)
+{
+    DataStream s;
+    Error err = {0};
+    DataSource src = data_source_from_lengths(f->lens, N_DOCS, f->stream.sources[0].src.n_tokens);
+    assert_int_equal(data_stream_init(&s, &src, NULL, 1, 9, 1024, &err), 0);
+    for (int i = 0; i < N_DOCS; i++)
+        start[i] = UINT64_MAX;
+    for (uint64_t pos = 0; pos < 400000;) {
+        DataPiece d;
+        data_stream_next(&s, &d);
+        if (d.offset == 0)
+            start[d.doc] = pos;
+        pos += d.len;
+    }
+    data_stream_free(&s);
+}
+
+/* What each packer does to documents, from the definitions (plan.h, README), over 20 steps:
+ *   cut   every piece lies inside one window of the stream (stream position of its first and last
+ *         token in the same multiple of the window); fixed and fixed_greedy fill every window exactly.
+ *   keep  every piece is a whole document, or a window-size piece of a longer one starting at a
+ *         multiple of the window in it (the last one its rest); fixed closes a window only when the
+ *         next piece in stream order does not fit; no window holds more than the window.
+ * and under cut some documents were in fact cut where keep keeps them whole. */
+static void check_document_rule(PackerKind packer, int cut)
+{
+    Fixture f;
+    setup(&f, cut ? yaml_cut : yaml_keep, packer, CP_PER_DOC);
+    assert_int_equal(f.pl.cut, cut);
+    assert_int_equal(f.stream.cut_at_windows, cut);
+    uint64_t *start = malloc(N_DOCS * sizeof *start);
+    doc_starts(&f, start);
+    StepPlan p = {0};
+    Error err = {0};
+    int64_t straddled = 0, pieces = 0;
+    for (int step = 0; step < 20; step++) {
+        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
+            const PlanMicroBatch *mb = &p.mbs[i];
+            if (packer != PACKER_WLB)
+                assert_true(cut ? mb->tokens == 1024 : mb->tokens <= 1024);
+            for (int64_t k = 0; k < mb->n_docs; k++) {
+                const PlanDoc *d = &p.docs[mb->first_doc + k];
+                if (d->source == PLAN_PAD_SOURCE)
+                    continue;
+                uint64_t len = f.lens[d->doc], at = start[d->doc] + d->offset;
+                assert_true(start[d->doc] != UINT64_MAX);
+                pieces++;
+                if (cut) {
+                    /* fixed_greedy may split a piece further (no window with room); never across a cut */
+                    assert_int_equal(at / 1024, (at + (uint64_t)d->len - 1) / 1024);
+                    straddled += (uint64_t)d->len < len && len <= 1024;
+                } else {
+                    assert_int_equal(d->offset % 1024, 0);
+                    assert_int_equal((uint64_t)d->len, len - d->offset < 1024 ? len - d->offset : 1024);
+                }
+            }
+            /* keep, fixed: the window ended because the next piece (the next window's first) did not fit */
+            if (packer == PACKER_FIXED && !cut && i + 1 < (int64_t)p.dp * p.m)
+                assert_true(mb->tokens + p.docs[p.mbs[i + 1].first_doc].len > 1024);
+        }
+    }
+    printf("# %s, %s: %lld pieces, %lld of documents within a window cut at a window end\n",
+           config_packer_name(packer), cut ? "cut" : "keep", (long long)pieces, (long long)straddled);
+    assert_true(cut ? straddled > 0 : straddled == 0);
+    free(start);
+    plan_free(&p);
+    teardown(&f);
+}
+
+/* keep, fixed, at the boundary: documents of 205 tokens, window 1024: four fill 820 and a fifth
+ * would be one token too many (5 x 205 = 1025), so every window holds four (and nothing is lost). */
+static void test_keep_window_boundary(void **state)
+{
+    (void)state;
+    uint32_t lens[64];
+    for (int i = 0; i < 64; i++)
+        lens[i] = 205;
+    Config cfg;
+    CostModel cost;
+    DataStream stream;
+    Planner pl;
+    Error err = {0};
+    config_init(&cfg);
+    assert_int_equal(config_load_string(&cfg, yaml_keep, "t.yaml", &err), 0);
+    assert_int_equal(config_resolve(&cfg, 0, &err), 0);
+    assert_int_equal(cost_model_init(&cost, &cfg, &err), 0);
+    DataSource src = data_source_from_lengths(lens, 64, 64 * 205);
+    assert_int_equal(data_stream_init(&stream, &src, NULL, 1, 1, 1024, &err), 0);
+    assert_int_equal(plan_init(&pl, &cfg, &cost, &stream, PACKER_FIXED, CP_PER_SEQ, &err), 0);
+    StepPlan p = {0};
+    int64_t trained = 0;
+    for (int step = 0; step < 1; step++) { /* 8 windows of 4: half of the 64 documents */
+        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
+            assert_int_equal(p.mbs[i].n_docs, 4);
+            assert_int_equal(p.mbs[i].tokens, 820);
+        }
+        trained += p.tokens;
+    }
+    assert_int_equal((uint64_t)(trained + (pl.has_pending ? pl.pending.len : 0)), stream.tokens);
+    plan_free(&p);
+    plan_destroy(&pl);
+    data_stream_free(&stream);
+    config_free(&cfg);
+}
+
+static void test_long_documents_rule(void **state)
+{
+    (void)state;
+    for (int cut = 0; cut < 2; cut++) {
+        check_document_rule(PACKER_FIXED, cut);
+        check_document_rule(PACKER_FIXED_GREEDY, cut);
+        check_document_rule(PACKER_WLB, cut);
+    }
+    /* auto: cut for the fixed packers, keep for wlb */
+    Fixture f;
+    for (int k = 0; k < 3; k++) {
+        setup(&f, yaml_cp2, (PackerKind)k, CP_PER_DOC);
+        assert_int_equal(f.pl.cut, k != PACKER_WLB);
+        teardown(&f);
+    }
 }
 
 static void check_replicas(const StepPlan *p)
@@ -393,6 +535,63 @@ static void test_baseline_same_documents(void **state)
     teardown(&f);
 }
 
+/* Plain-4D of exactly the plan's pieces: the same pieces (none cut further), in stream order, windows
+ * of at most the window each closed where the next piece does not fit, per_seq; the same attention
+ * work, which plan_attn_pairs counts as sum d (d + 1) / 2 (written out here); Plain-4D's own baseline
+ * cuts documents, so it does less. */
+static void test_baseline_equal_work(void **state)
+{
+    (void)state;
+    Fixture f;
+    setup(&f, yaml_cp2, PACKER_WLB, CP_HYBRID);
+    StepPlan p = {0}, eq = {0}, base = {0};
+    Error err = {0};
+    int less = 0;
+    for (int step = 0; step < 10; step++) {
+        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        assert_int_equal(plan_baseline_equal_work(&f.pl, &p, &eq, &err), 0);
+        assert_int_equal(plan_baseline(&f.pl, &p, &base, &err), 0);
+        assert_int_equal(eq.tokens, p.tokens);
+        double pairs = 0, pairs_eq = 0;
+        int64_t data_p = 0, data_eq = 0;
+        for (int64_t k = 0; k < p.n_docs; k++)
+            if (p.docs[k].source != PLAN_PAD_SOURCE) {
+                pairs += (double)p.docs[k].len * (double)(p.docs[k].len + 1) / 2;
+                data_p++;
+            }
+        int64_t last_seq = -1, n = (int64_t)eq.dp * eq.m;
+        for (int64_t i = 0; i < n; i++) {
+            const PlanMicroBatch *mb = &eq.mbs[i];
+            assert_int_equal(mb->mode, CP_PER_SEQ);
+            assert_true(mb->tokens <= 1024);
+            for (int64_t k = 0; k < mb->n_docs; k++) {
+                const PlanDoc *d = &eq.docs[mb->first_doc + k];
+                assert_true(d->seq >= last_seq);
+                last_seq = d->seq;
+                pairs_eq += (double)d->len * (double)(d->len + 1) / 2;
+                data_eq++;
+                /* the same piece is in the plan */
+                int found = 0;
+                for (int64_t j = 0; j < p.n_docs && !found; j++)
+                    found = p.docs[j].source == d->source && p.docs[j].doc == d->doc &&
+                            p.docs[j].offset == d->offset && p.docs[j].len == d->len;
+                assert_true(found);
+            }
+            if (i + 1 < n && eq.mbs[i + 1].n_docs > 0)
+                assert_true(mb->tokens + eq.docs[eq.mbs[i + 1].first_doc].len > 1024);
+        }
+        assert_int_equal(data_eq, data_p);
+        assert_true(pairs == pairs_eq && plan_attn_pairs(&p) == pairs && plan_attn_pairs(&eq) == pairs);
+        assert_true(plan_attn_pairs(&base) <= pairs);
+        less += plan_attn_pairs(&base) < pairs;
+    }
+    assert_true(less > 0);
+    plan_free(&p);
+    plan_free(&eq);
+    plan_free(&base);
+    teardown(&f);
+}
+
 /* A digest of everything a rank executes: two planners on the same stream must agree exactly. */
 static uint64_t digest(const StepPlan *p)
 {
@@ -431,18 +630,18 @@ static void test_deterministic(void **state)
 
 /* Planner state saved after k = 1, 5, 9, 13 steps and restored into a fresh planner: the next 10
  * plans are the same (digest() and plan_digest, which covers the CP groups too). */
-static void check_state_restore(const char *yaml, CpSharding mode)
+static void check_state_restore_packer(const char *yaml, CpSharding mode, PackerKind packer)
 {
     int with_queued = 0, grouped = 0;
     for (int k = 1; k <= 13; k += 4) {
         Fixture a, b;
-        setup(&a, yaml, PACKER_WLB, mode);
-        setup(&b, yaml, PACKER_WLB, mode);
+        setup(&a, yaml, packer, mode);
+        setup(&b, yaml, packer, mode);
         StepPlan pa = {0}, pb = {0};
         Error err = {0};
         for (int step = 0; step < k; step++)
             assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
-        with_queued += a.pl.queues[0].n + a.pl.queues[1].n > 0;
+        with_queued += a.pl.queues[0].n + a.pl.queues[1].n + a.pl.remained.n > 0;
         size_t ns = data_stream_state_words(&a.stream), np = plan_state_words(&a.pl);
         uint64_t *ws = malloc(ns * sizeof *ws), *wp = malloc(np * sizeof *wp);
         data_stream_save(&a.stream, ws);
@@ -476,6 +675,11 @@ static void check_state_restore(const char *yaml, CpSharding mode)
     assert_true(mode != CP_GROUPS || grouped > 0);
 }
 
+static void check_state_restore(const char *yaml, CpSharding mode)
+{
+    check_state_restore_packer(yaml, mode, PACKER_WLB);
+}
+
 static const char *yaml_cp4 = "model: {preset: tiny}\nparallel: {cp: 4, pp: 2, dp: 2}\n"
                               "data: {context_window: 1024, global_batch_tokens: 8192}\n"
                               "balance: {outlier_thresholds: [256, 512]}\n";
@@ -485,6 +689,10 @@ static void test_state_restore_is_exact(void **state)
     (void)state;
     check_state_restore(yaml_cp2, CP_HYBRID);
     check_state_restore(yaml_cp4, CP_GROUPS);
+    /* wlb on a stream cut at its windows (restored mid-window); fixed_greedy keeping documents
+     * whole, with pieces that fit in no window waiting for the next step. */
+    check_state_restore(yaml_cut, CP_HYBRID);
+    check_state_restore_packer(yaml_keep, CP_PER_DOC, PACKER_FIXED_GREEDY);
 }
 
 int main(void)
@@ -494,6 +702,9 @@ int main(void)
         cmocka_unit_test(test_nothing_lost_fixed_greedy),
         cmocka_unit_test(test_nothing_lost_wlb),
         cmocka_unit_test(test_fixed_windows),
+        cmocka_unit_test(test_long_documents_rule),
+        cmocka_unit_test(test_keep_window_boundary),
+        cmocka_unit_test(test_baseline_equal_work),
         cmocka_unit_test(test_wlb_limits_and_queues),
         cmocka_unit_test(test_outlier_thresholds_exact),
         cmocka_unit_test(test_wlb_s_max_binds),

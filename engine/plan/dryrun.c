@@ -17,6 +17,9 @@
 typedef struct StepStats {
     double pp_imbalance, cp_imbalance, cp_time_imbalance, predicted_ms, baseline_ms, packer_ms;
     double predicted_s, baseline_s; /* the same times in seconds, as the simulator gave them */
+    /* Attention work: the plan's pairs and Plain-4D's of the same documents (plan_attn_pairs); and
+     * Plain-4D of exactly the plan's pieces (plan_baseline_equal_work), whose work is the plan's. */
+    double attn_pairs, baseline_pairs, equal_s, equal_ms;
     int64_t tokens;
     double delay_token_steps;
 } StepStats;
@@ -82,10 +85,12 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
         fprintf(f, "%s%lld", i ? "," : "", (long long)p->mbs[i].tokens);
     fprintf(f, "],\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"cp_time_imbalance\":%.6g,\"sharding\":{\"per_seq\":%d,\"per_doc\":%d,"
                "\"hybrid\":%d,\"groups\":%d},\"predicted_ms\":%.6g,\"baseline_ms\":%.6g,\"speedup\":%.6g,\"packer_ms\":%.4g,"
-               "\"token_delay_steps\":%.4g",
+               "\"token_delay_steps\":%.4g,\"long_documents\":\"%s\",\"attn_pairs\":%.17g,\"baseline_attn_pairs\":%.17g,"
+               "\"equal_work_baseline_ms\":%.6g,\"speedup_equal_work\":%.6g",
             s->pp_imbalance, s->cp_imbalance, s->cp_time_imbalance, counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
             counts[CP_GROUPS], s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
-            p->tokens ? s->delay_token_steps / (double)p->tokens : 0);
+            p->tokens ? s->delay_token_steps / (double)p->tokens : 0, pl->cut ? "cut" : "keep", s->attn_pairs,
+            s->baseline_pairs, s->equal_ms, s->predicted_ms > 0 ? s->equal_ms / s->predicted_ms : 1);
     /* CP ranks by the size of the group they exchange K/V in, over the step's micro-batches (the
      * whole CP group but with sharding groups; 1: no exchange). */
     if (p->cp > 1) {
@@ -136,7 +141,9 @@ static Dist dist_of(double *v, int64_t n)
 typedef struct RunSummary {
     int64_t steps, tokens;
     double predicted_s, baseline_s, delay_token_steps;
-    Dist pp, cp, cpt, speedup, packer_ms;
+    double attn_pairs, baseline_pairs, equal_s; /* sums over the steps */
+    int cut;                                    /* the run's long_documents: cut (1) or keep */
+    Dist pp, cp, cpt, speedup, packer_ms, speedup_eq;
 } RunSummary;
 
 static void json_dist(FILE *f, const char *key, Dist d)
@@ -165,6 +172,15 @@ static void json_summary(FILE *f, const RunSummary *s, const Planner *pl, const 
     json_dist(f, "cp_time_imbalance", s->cpt);
     json_dist(f, "speedup", s->speedup);
     json_dist(f, "packer_ms", s->packer_ms);
+    /* Work per step, and the run's speedup over Plain-4D at equal work: Plain-4D of the run's own
+     * pieces, step by step, over the run's predicted time. */
+    fprintf(f, ",\"long_documents\":\"%s\",\"attn_pairs_per_token\":%.6g,\"attn_pairs_per_step\":%.6g,"
+               "\"baseline_attn_pairs_per_step\":%.6g,\"equal_work_baseline_s\":%.6g,\"throughput_speedup_equal_work\":%.6g",
+            pl->cut ? "cut" : "keep", s->tokens ? s->attn_pairs / (double)s->tokens : 0,
+            s->steps ? s->attn_pairs / (double)s->steps : 0,
+            s->steps ? s->baseline_pairs / (double)s->steps : 0, s->equal_s,
+            s->predicted_s > 0 ? s->equal_s / s->predicted_s : 1);
+    json_dist(f, "speedup_equal_work", s->speedup_eq);
     if (mp)
         json_memory(f, mp);
     fprintf(f, ",\"token_delay_steps\":%.6g}\n", s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
@@ -203,8 +219,8 @@ static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
 /* Plans the next step (timing the planner) and predicts it: s gets the imbalances and the step times,
  * *worst_mb the micro-batch with the worst CP imbalance. With run->with_baseline, base gets Plain-4D's
  * plan of the same documents. */
-static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPlan *base, StepStats *s,
-                            int64_t *worst_mb, Error *err)
+static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPlan *base, StepPlan *equal,
+                            StepStats *s, int64_t *worst_mb, Error *err)
 {
     memset(s, 0, sizeof *s);
     /* The planner's CPU time (one thread): the same as its wall time on an idle machine, and not
@@ -217,8 +233,13 @@ static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPla
     if (sched_step_time(plan, run->cost, &seconds, err) != 0)
         return -1;
     if (run->with_baseline &&
-        (plan_baseline(pl, plan, base, err) != 0 || sched_step_time(base, run->cost, &base_s, err) != 0))
+        (plan_baseline(pl, plan, base, err) != 0 || sched_step_time(base, run->cost, &base_s, err) != 0 ||
+         plan_baseline_equal_work(pl, plan, equal, err) != 0 ||
+         sched_step_time(equal, run->cost, &s->equal_s, err) != 0))
         return -1;
+    s->attn_pairs = plan_attn_pairs(plan);
+    s->baseline_pairs = run->with_baseline ? plan_attn_pairs(base) : 0;
+    s->equal_ms = s->equal_s * 1e3;
     s->pp_imbalance = plan_pp_imbalance(plan);
     s->cp_imbalance = plan_cp_imbalance(plan, worst_mb);
     s->cp_time_imbalance = plan_cp_time_imbalance(plan);
@@ -233,7 +254,7 @@ static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPla
 
 /* The per-step figures a run's summary is made of. */
 typedef struct Series {
-    double *pp, *cp, *cpt, *speedup, *packer_ms;
+    double *pp, *cp, *cpt, *speedup, *packer_ms, *speedup_eq;
 } Series;
 
 static int series_alloc(Series *v, int64_t n, Error *err)
@@ -243,7 +264,10 @@ static int series_alloc(Series *v, int64_t n, Error *err)
     v->cpt = malloc((size_t)(n ? n : 1) * sizeof *v->cpt);
     v->speedup = malloc((size_t)(n ? n : 1) * sizeof *v->speedup);
     v->packer_ms = malloc((size_t)(n ? n : 1) * sizeof *v->packer_ms);
-    return v->pp && v->cp && v->cpt && v->speedup && v->packer_ms ? 0 : error_runtime(err, "dry run", "out of memory");
+    v->speedup_eq = malloc((size_t)(n ? n : 1) * sizeof *v->speedup_eq);
+    return v->pp && v->cp && v->cpt && v->speedup && v->packer_ms && v->speedup_eq
+               ? 0
+               : error_runtime(err, "dry run", "out of memory");
 }
 
 static void series_free(Series *v)
@@ -253,6 +277,7 @@ static void series_free(Series *v)
     free(v->cpt);
     free(v->speedup);
     free(v->packer_ms);
+    free(v->speedup_eq);
 }
 
 static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats *s, int with_baseline)
@@ -262,6 +287,10 @@ static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats
     v->cpt[step] = s->cp_time_imbalance;
     v->speedup[step] = with_baseline && s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1;
     v->packer_ms[step] = s->packer_ms;
+    v->speedup_eq[step] = with_baseline && s->predicted_s > 0 ? s->equal_s / s->predicted_s : 1;
+    sum->attn_pairs += s->attn_pairs;
+    sum->baseline_pairs += s->baseline_pairs;
+    sum->equal_s += s->equal_s;
     sum->tokens += s->tokens;
     sum->predicted_s += s->predicted_s;
     sum->baseline_s += s->baseline_s;
@@ -276,6 +305,7 @@ static void series_summarize(Series *v, RunSummary *sum, int64_t n)
     sum->cpt = dist_of(v->cpt, n);
     sum->speedup = dist_of(v->speedup, n);
     sum->packer_ms = dist_of(v->packer_ms, n);
+    sum->speedup_eq = dist_of(v->speedup_eq, n);
 }
 
 /* The step's stdout line (every log.every steps, the first and the last) and its JSON line. */
@@ -306,7 +336,7 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     const Config *cfg = run->cfg;
     DataStream stream;
     Planner pl;
-    StepPlan plan = {0}, base = {0};
+    StepPlan plan = {0}, base = {0}, equal = {0};
     Series v = {0};
     if (data_stream_init(&stream, run->data->src, run->data->weights, run->data->n, (uint64_t)cfg->data.seed,
                          (uint64_t)cfg->data.context_window, err) != 0)
@@ -317,7 +347,7 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     for (int64_t step = 0; step < run->steps && rc == 0; step++) {
         StepStats s;
         int64_t worst_mb = -1;
-        rc = plan_and_predict(run, &pl, &plan, &base, &s, &worst_mb, err);
+        rc = plan_and_predict(run, &pl, &plan, &base, &equal, &s, &worst_mb, err);
         if (rc == 0) {
             series_add(&v, sum, step, &s, run->with_baseline);
             rc = report_step(run, &pl, &plan, &base, &s, worst_mb, err);
@@ -325,12 +355,14 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     }
     if (rc == 0) {
         series_summarize(&v, sum, run->steps);
+        sum->cut = pl.cut;
         if (run->stats)
             json_summary(run->stats, sum, &pl, run->memory);
     }
     series_free(&v);
     plan_free(&plan);
     plan_free(&base);
+    plan_free(&equal);
     plan_destroy(&pl);
     data_stream_free(&stream);
     return rc;
@@ -394,6 +426,11 @@ static void print_summary(const RunSummary *s)
            s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1, s->speedup.mean,
            s->speedup.p50, s->packer_ms.mean, s->packer_ms.max,
            s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
+    double n = s->steps > 0 ? (double)s->steps : 1;
+    printf("summary: attention work %.4g pairs/step (documents %s at window ends), Plain-4D %.4g (cut at window "
+           "ends); at equal work (Plain-4D of the same pieces, %.2f s) speedup %.3fx (per step mean %.3f, p50 %.3f)\n",
+           s->attn_pairs / n, s->cut ? "cut" : "kept whole", s->baseline_pairs / n, s->equal_s,
+           s->predicted_s > 0 ? s->equal_s / s->predicted_s : 1, s->speedup_eq.mean, s->speedup_eq.p50);
 }
 
 static int compare_all(const Run *base_run, Error *err)
@@ -404,29 +441,32 @@ static int compare_all(const Run *base_run, Error *err)
     int64_t cp = base_run->cfg->parallel.cp;
     int n_modes = cp == 1 ? 1 : (cp & (cp - 1)) == 0 ? 5 : 4;
     double plain_tps = 0;
-    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s %9s\n", "packer", "cp", "pp_imb", "p95", "cp_imb", "tokens/s",
-           "speedup", "plan_ms", "delay", "cp_t_imb");
+    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s %9s %5s %12s %8s\n", "packer", "cp", "pp_imb", "p95", "cp_imb",
+           "tokens/s", "speedup", "plan_ms", "delay", "cp_t_imb", "docs", "pairs/tok", "x_eq");
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < n_modes; b++) {
             Run run = *base_run;
             run.packer = packers[a];
             run.sharding = modes[b];
             run.print_steps = 0;
-            run.with_baseline = 0;
+            run.with_baseline = 1; /* for the speedup at equal work */
             RunSummary s;
             if (run_steps(&run, &s, err) != 0)
                 return -1;
             double tps = s.predicted_s > 0 ? (double)s.tokens / s.predicted_s : 0;
             if (a == 0 && b == 0)
                 plain_tps = tps;
-            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f %9.3f\n", config_packer_name(run.packer),
-                   config_cp_sharding_name(run.sharding), s.pp.mean, s.pp.p95, s.cp.mean, tps,
-                   plain_tps > 0 ? tps / plain_tps : 1, s.packer_ms.mean,
-                   s.tokens ? s.delay_token_steps / (double)s.tokens : 0, s.cpt.mean);
+            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f %9.3f %5s %12.4g %7.3fx\n",
+                   config_packer_name(run.packer), config_cp_sharding_name(run.sharding), s.pp.mean, s.pp.p95, s.cp.mean,
+                   tps, plain_tps > 0 ? tps / plain_tps : 1, s.packer_ms.mean,
+                   s.tokens ? s.delay_token_steps / (double)s.tokens : 0, s.cpt.mean, s.cut ? "cut" : "keep",
+                   s.tokens ? s.attn_pairs / (double)s.tokens : 0, s.predicted_s > 0 ? s.equal_s / s.predicted_s : 1);
             fflush(stdout);
         }
     printf("tokens/s: predicted for the whole cluster; speedup: against fixed + per_seq (Plain-4D) on the same "
-           "stream; cp_t_imb: cp_imb with each rank's K/V exchange counted\n");
+           "stream; cp_t_imb: cp_imb with each rank's K/V exchange counted; docs: cut at window ends or kept whole "
+           "(balance.long_documents); pairs/tok: attention work (document-causal pairs) per token trained; x_eq: speedup over Plain-4D "
+           "of the run's own pieces (equal work)\n");
     return 0;
 }
 

@@ -105,6 +105,10 @@ int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream 
     pl->n_mb = pl->dp * pl->m;
     pl->window = cfg->data.context_window;
     pl->batch_tokens = cfg->data.global_batch_tokens;
+    LongDocuments ld = cfg->balance.long_documents;
+    pl->cut = ld == LONG_DOCS_CUT || (ld == LONG_DOCS_AUTO && packer != PACKER_WLB);
+    if (stream)
+        stream->cut_at_windows = pl->cut;
     /* Micro-batches are padded to a multiple of 2 * CP; keep the padded size within S_max. */
     int64_t unit = pl->cp > 1 ? 2 * pl->cp : 1;
     pl->s_max = cfg->balance.max_tokens_per_micro_batch / unit * unit;

@@ -16,14 +16,24 @@
  * CP all-gather; a whole (unsharded) document lies entirely on the rank that computes it.
  *
  * Packers (balance.packer):
- *   fixed         the stream's tokens in order, cut into windows of exactly the context window
- *                 (Plain-4D); documents are split at the cuts.
- *   fixed_greedy  the step's tokens (exactly global_batch_tokens) repacked into windows of exactly
+ *   fixed         the stream's pieces in order, into windows of at most the context window
+ *                 (Plain-4D).
+ *   fixed_greedy  the step's pieces (global_batch_tokens of them) repacked into windows of at most
  *                 the context window, longest first, each into the window with the least predicted
- *                 cost that has room, split only when no window has room (Fixed-4D).
+ *                 cost that has room (Fixed-4D).
  *   wlb           WLB-LLM Algorithm 1: variable-length micro-batches of at most S_max tokens; long
  *                 documents (>= outlier_thresholds[0]) wait in queues until one can go to every
  *                 micro-batch; what does not fit carries to the next step.
+ * Documents (balance.long_documents; auto: cut for the fixed packers, keep for wlb). The stream
+ * always cuts a document longer than the window into pieces of at most the window.
+ *   cut   the stream is also cut at every multiple of the window of its tokens (Plain-4D's loader),
+ *         so documents straddling such a cut come as two pieces. fixed: every window is one of those
+ *         windows, exactly full; fixed_greedy: the step is exactly N windows of the stream, and a
+ *         piece that fits in no window with room is split over the roomiest ones; wlb: packs the
+ *         cut pieces as they come.
+ *   keep  no other cut. fixed: a piece that does not fit in the rest of its window starts the next
+ *         one (windows are not full); fixed_greedy: the step takes whole pieces up to N windows, and
+ *         a piece that fits in no window waits for the next step; wlb: as above.
  * CP sharding (balance.cp_sharding): per_seq, per_doc, adaptive, hybrid (plan_shard.c), groups
  * (plan_groups.c).
  */
@@ -135,6 +145,7 @@ typedef struct Planner {
     int64_t thresholds[PLAN_MAX_QUEUES];
     PlanQueue queues[PLAN_MAX_QUEUES];
     PlanQueue remained;      /* wlb: did not fit, first in the next step */
+    int cut;                 /* balance.long_documents resolved: cut at the stream's windows */
     int has_pending;         /* a piece read from the stream but not yet taken */
     PlanDoc pending;
     int64_t seq;             /* pieces read from the stream */
@@ -162,6 +173,15 @@ int plan_state_restore(Planner *pl, const uint64_t *words, size_t n_words, Error
 /* Plain-4D of the same documents: the data pieces of src in stream order, cut into windows of the
  * context window, per_seq CP sharding. Used for every step's predicted speedup. */
 int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err);
+
+/* Plain-4D of exactly the pieces of src (the same attention work): in stream order into windows of
+ * at most the context window, a piece that does not fit in the rest of a window starting the next
+ * one, per_seq CP sharding. The dry run's speedup at equal work. */
+int plan_baseline_equal_work(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err);
+
+/* Attention work of a plan: the (query, key) pairs of its data pieces under the document-causal
+ * mask, sum of d (d + 1) / 2 over pieces of d tokens (padding excluded; no kernel tile rounding). */
+double plan_attn_pairs(const StepPlan *p);
 
 /* Predicted balance of a planned step. pp: WLB-LLM's Table 2 measure, the costliest micro-batch
  * (forward + backward) times the number of micro-batches over their total. cp: the slowest CP

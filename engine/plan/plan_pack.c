@@ -156,12 +156,33 @@ static int take_exact(Planner *pl, int64_t want, Packed *pk, int32_t mb, Error *
 
 /* ---------------------------------------------------------------------------------------------- */
 
+/* Takes whole pieces while they fit in want tokens; the first that does not waits for the next
+ * window. A piece is at most a window long, so an empty window always takes one. */
+static int take_whole(Planner *pl, int64_t want, Packed *pk, int32_t mb, Error *err)
+{
+    while (want > 0) {
+        PlanDoc d;
+        take_piece(pl, &d);
+        if (d.len > want) {
+            d.arrival = -1; /* it joins the batch when taken */
+            hold_back(pl, &d);
+            return 0;
+        }
+        want -= d.len;
+        if (packed_add(pk, &d, mb) != 0)
+            return error_runtime(err, "planner", "out of memory");
+    }
+    return 0;
+}
+
+/* cut: the stream is cut at its windows, so each window is exactly one of them (take_exact never
+ * splits); keep: whole pieces, a window ends where the next piece does not fit. */
 int plan_pack_fixed(Planner *pl, StepPlan *p, Error *err)
 {
     Packed pk = {0};
     int rc = 0;
     for (int32_t i = 0; i < pl->n_mb && rc == 0; i++)
-        rc = take_exact(pl, pl->window, &pk, i, err);
+        rc = pl->cut ? take_exact(pl, pl->window, &pk, i, err) : take_whole(pl, pl->window, &pk, i, err);
     if (rc == 0)
         rc = emit(p, &pk, pl->n_mb, 1, err);
     packed_free(&pk);
@@ -179,10 +200,26 @@ static int by_length_desc(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+/* cut: exactly N windows of the (cut) stream, the last piece split at the step's end; keep: last
+ * step's leftovers, then whole pieces while they fit in N windows' tokens. */
+static int greedy_intake(Planner *pl, Packed *in, Error *err)
+{
+    int64_t want = (int64_t)pl->n_mb * pl->window;
+    if (pl->cut)
+        return take_exact(pl, want, in, 0, err);
+    while (pl->remained.n > 0) {
+        PlanDoc d = queue_pop(&pl->remained);
+        want -= d.len;
+        if (packed_add(in, &d, 0) != 0)
+            return error_runtime(err, "planner", "out of memory");
+    }
+    return take_whole(pl, want, in, 0, err);
+}
+
 int plan_pack_fixed_greedy(Planner *pl, StepPlan *p, Error *err)
 {
     Packed in = {0}, pk = {0};
-    int n = pl->n_mb, rc = take_exact(pl, (int64_t)n * pl->window, &in, 0, err);
+    int n = pl->n_mb, rc = greedy_intake(pl, &in, err);
     double *load = calloc((size_t)n, sizeof *load);
     int64_t *room = malloc((size_t)n * sizeof *room);
     if (rc == 0 && (!load || !room))
@@ -201,6 +238,11 @@ int plan_pack_fixed_greedy(Planner *pl, StepPlan *p, Error *err)
             room[best] -= d.len;
             load[best] += cost_doc_s(pl->cost, d.len);
             if (packed_add(&pk, &d, best) != 0)
+                rc = error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        if (!pl->cut) { /* keep: it waits for the next step, whole */
+            if (queue_push(&pl->remained, &d) != 0)
                 rc = error_runtime(err, "planner", "out of memory");
             continue;
         }
@@ -330,7 +372,10 @@ static int by_stream_order(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
+/* Plain-4D windows of src's data pieces in stream order. cut: concatenated and cut at every multiple
+ * of the window (Plain-4D's loader); else whole, a piece that does not fit in the rest of a window
+ * starting the next. */
+static int baseline(const Planner *pl, const StepPlan *src, StepPlan *out, int cut, Error *err)
 {
     Packed in = {0}, pk = {0};
     int rc = 0;
@@ -341,7 +386,21 @@ int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *
             if (packed_add(&in, &src->docs[k], 0) != 0)
                 rc = error_runtime(err, "planner", "out of memory");
         }
-    int64_t n_mb = (total + pl->window - 1) / pl->window, m = (n_mb + pl->dp - 1) / pl->dp;
+    if (rc == 0)
+        qsort(in.docs, (size_t)in.n, sizeof *in.docs, by_stream_order);
+    /* Windows: ceil(total / W) when cutting; else counted by filling them. */
+    int64_t n_mb = (total + pl->window - 1) / pl->window;
+    if (!cut) {
+        n_mb = 0;
+        for (int64_t k = 0, fill = pl->window; k < in.n; k++) {
+            if (fill + in.docs[k].len > pl->window) {
+                n_mb++;
+                fill = 0;
+            }
+            fill += in.docs[k].len;
+        }
+    }
+    int64_t m = (n_mb + pl->dp - 1) / pl->dp;
     if (m == 0)
         m = 1;
     /* Interleaved 1F1B runs micro-batches in groups of pp: round up with empty ones. */
@@ -350,13 +409,16 @@ int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *
     plan_reset(out, src->step, pl->dp, (int)m, pl->cp);
     if (rc == 0 && !out->mbs)
         rc = error_runtime(err, "planner", "out of memory");
-    if (rc == 0)
-        qsort(in.docs, (size_t)in.n, sizeof *in.docs, by_stream_order);
-    /* Concatenate and cut at every multiple of the window, as Plain-4D's loader does. */
+    /* Concatenate and cut at every multiple of the window, as Plain-4D's loader does (or start the
+     * next window with a piece that does not fit). */
     int64_t fill = 0;
     int32_t mb = 0;
     for (int64_t k = 0; k < in.n && rc == 0; k++) {
         PlanDoc d = in.docs[k];
+        if (!cut && fill + d.len > pl->window) {
+            fill = 0;
+            mb++;
+        }
         while (d.len > 0 && rc == 0) {
             PlanDoc part = d;
             part.len = d.len < pl->window - fill ? d.len : pl->window - fill;
@@ -383,4 +445,23 @@ int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *
     packed_free(&in);
     packed_free(&pk);
     return rc;
+}
+
+int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
+{
+    return baseline(pl, src, out, 1, err);
+}
+
+int plan_baseline_equal_work(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
+{
+    return baseline(pl, src, out, 0, err);
+}
+
+double plan_attn_pairs(const StepPlan *p)
+{
+    double pairs = 0;
+    for (int64_t k = 0; k < p->n_docs; k++)
+        if (p->docs[k].source != PLAN_PAD_SOURCE)
+            pairs += (double)p->docs[k].len * (double)(p->docs[k].len + 1) / 2;
+    return pairs;
 }
