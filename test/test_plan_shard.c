@@ -404,7 +404,8 @@ static void test_hybrid_respects_rank_capacity(void **state)
 /* Under a tight capacity (1.01 times an even share) hybrid must still find layouts that keep
  * short documents whole: a document the fastest rank cannot hold goes to the next fastest that can,
  * instead of the whole candidate being dropped for per_seq or per_doc. Counts the mixes where
- * hybrid beats both pure modes, as test_selectors does without the capacity. */
+ * hybrid beats both pure modes, as test_selectors does without the capacity. Groups too keeps every
+ * rank within the capacity and is never slower than hybrid there. */
 static void test_hybrid_under_tight_capacity(void **state)
 {
     (void)state;
@@ -422,16 +423,17 @@ static void test_hybrid_under_tight_capacity(void **state)
             total += lens[i];
         }
         int64_t capacity = total / 4 + total / 400;
-        double t[4];
-        for (int k = 0; k < 4; k++) {
+        double t[5];
+        for (int k = 0; k < 5; k++) {
             one_micro_batch(&p, 4, lens, n);
             Error err = {0};
             assert_int_equal(plan_shard(&p, 0, (CpSharding)k, &m, capacity, &err), 0);
-            if (k == CP_HYBRID)
+            if (k == CP_HYBRID || k == CP_GROUPS)
                 for (int r = 0; r < 4; r++)
                     assert_true(p.ranks[p.mbs[0].first_rank + r].tokens <= capacity);
             t[k] = mb_time(&p);
         }
+        assert_true(t[CP_GROUPS] <= t[CP_HYBRID]);
         double best_pure = t[CP_PER_SEQ] < t[CP_PER_DOC] ? t[CP_PER_SEQ] : t[CP_PER_DOC];
         assert_true(t[CP_HYBRID] <= best_pure);
         hybrid_better += t[CP_HYBRID] < 0.99 * best_pure;
