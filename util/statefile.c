@@ -122,45 +122,25 @@ int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN]
     return atomic_commit(&a, err);
 }
 
+/* statefile_write's sections in memory: copied piece by piece, as any stream. */
+static void fill_from_sections(void *ctx, int i, uint64_t at, void *buf, uint64_t n)
+{
+    const StateSection *s = ctx;
+    memcpy(buf, (const unsigned char *)s[i].data + at, (size_t)n);
+}
+
 int statefile_write(const char *path, const StateSection *s, int n, Error *err)
 {
     if (n < 0 || n > STATE_MAX_SECTIONS)
         return error_runtime(err, path, "%d sections (at most %d)", n, STATE_MAX_SECTIONS);
-    unsigned char head[HEAD + ENTRY * STATE_MAX_SECTIONS + TAIL];
-    uint64_t header = HEAD + (uint64_t)ENTRY * n + TAIL, at = align8(header);
-    memset(head, 0, sizeof head);
-    memcpy(head, MAGIC, 8);
-    put_u32(head + 8, 1);
-    put_u32(head + 12, (uint32_t)n);
+    char names[STATE_MAX_SECTIONS][STATE_NAME_LEN];
+    uint64_t sizes[STATE_MAX_SECTIONS];
     for (int i = 0; i < n; i++) {
-        unsigned char *e = head + HEAD + ENTRY * i;
-        size_t len = strnlen(s[i].name, STATE_NAME_LEN);
-        if (len == 0 || len == STATE_NAME_LEN)
-            return error_runtime(err, path, "section name of %zu characters", len);
-        memcpy(e, s[i].name, len);
-        put_u64(e + 32, at);
-        put_u64(e + 40, s[i].size);
-        put_u32(e + 48, crc_of(s[i].data, s[i].size));
-        at = align8(at + s[i].size);
+        memcpy(names[i], s[i].name, STATE_NAME_LEN);
+        sizes[i] = s[i].size;
     }
-    put_u64(head + 16, at);
-    put_u32(head + header - TAIL, crc_of(head, header - TAIL));
-    AtomicFile a;
-    if (atomic_open(&a, path, err) != 0)
-        return -1;
-    static const unsigned char zeros[8];
-    int bad = fwrite(head, 1, (size_t)header, a.f) != header;
-    bad |= fwrite(zeros, 1, (size_t)(align8(header) - header), a.f) != align8(header) - header;
-    for (int i = 0; i < n && !bad; i++) {
-        bad |= s[i].size && fwrite(s[i].data, 1, (size_t)s[i].size, a.f) != s[i].size;
-        size_t pad = (size_t)(align8(s[i].size) - s[i].size);
-        bad |= fwrite(zeros, 1, pad, a.f) != pad;
-    }
-    if (bad) {
-        atomic_abort(&a);
-        return error_errno(err, path, "cannot write");
-    }
-    return atomic_commit(&a, err);
+    return statefile_write_stream(path, (const char (*)[STATE_NAME_LEN])names, sizes, n, fill_from_sections,
+                                  (void *)s, err);
 }
 
 int statefile_open(StateFile *f, const char *path, Error *err)

@@ -31,10 +31,11 @@ typedef struct StateSection {
     uint64_t size;
 } StateSection;
 
-/* Writes the sections to path atomically (temporary name, fsync, rename). */
+/* Writes the sections to path atomically (temporary name, fsync, rename): statefile_write_stream
+ * over the sections in memory. */
 int statefile_write(const char *path, const StateSection *sections, int n, Error *err);
 
-/* The same, streamed: section i has sizes[i] bytes, which fill(ctx, i, at, buf, n) copies, n bytes
+/* Streamed: section i has sizes[i] bytes, which fill(ctx, i, at, buf, n) copies, n bytes
  * from byte `at`, into buf (at most 16 MiB at a time: the one buffer it allocates); the CRCs are
  * computed on the way and the header written last. */
 typedef void (*StateFill)(void *ctx, int section, uint64_t at, void *buf, uint64_t n);
