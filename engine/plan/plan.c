@@ -265,43 +265,34 @@ double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r)
     return k->attn_fwd_s + k->attn_bwd_s + k->linear_fwd_s + k->linear_bwd_s;
 }
 
-double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb)
+/* The worst micro-batch's slowest CP rank over its CP mean, of each rank's compute, with its K/V
+ * exchange when with_comm; *worst_mb (may be NULL) its index, -1 when all are even. */
+static double cp_imbalance(const StepPlan *p, int with_comm, int64_t *worst_mb)
 {
     double worst = 1;
-    *worst_mb = -1;
-    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
-        const PlanMicroBatch *mb = &p->mbs[i];
-        double mx = 0, sum = 0;
-        for (int r = 0; r < p->cp; r++) {
-            double c = plan_rank_compute(p, mb, r);
-            mx = c > mx ? c : mx;
-            sum += c;
-        }
-        if (sum > 0 && mx * p->cp / sum >= worst) {
-            worst = mx * p->cp / sum;
-            *worst_mb = i;
-        }
-    }
-    return worst;
-}
-
-double plan_cp_time_imbalance(const StepPlan *p)
-{
-    double worst = 1;
+    if (worst_mb)
+        *worst_mb = -1;
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
         const PlanMicroBatch *mb = &p->mbs[i];
         double mx = 0, sum = 0;
         for (int r = 0; r < p->cp; r++) {
             const PlanRank *k = &p->ranks[mb->first_rank + r];
-            double t = plan_rank_compute(p, mb, r) + k->comm_fwd_s + k->comm_bwd_s;
+            double t = plan_rank_compute(p, mb, r) + (with_comm ? k->comm_fwd_s + k->comm_bwd_s : 0);
             mx = t > mx ? t : mx;
             sum += t;
         }
-        if (sum > 0 && mx * p->cp / sum > worst)
+        if (sum > 0 && mx * p->cp / sum >= worst) {
             worst = mx * p->cp / sum;
+            if (worst_mb)
+                *worst_mb = i;
+        }
     }
     return worst;
 }
+
+double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb) { return cp_imbalance(p, 0, worst_mb); }
+
+double plan_cp_time_imbalance(const StepPlan *p) { return cp_imbalance(p, 1, NULL); }
 
 /* CRC-32 of n fixed-size fields, field by field (no struct padding). */
 #define DIGEST(crc, v) ((crc) = crc32((crc), (const Bytef *)&(v), sizeof(v)))

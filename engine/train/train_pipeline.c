@@ -290,11 +290,7 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     measured_imbalance(tr, st);
     trainer_mb_balance(tr, st);
     st->queued = tr->plan.queued;
-    for (int64_t i = 0; i < tr->plan.n_docs; i++) {
-        const PlanDoc *d = &tr->plan.docs[i];
-        if (d->source != PLAN_PAD_SOURCE)
-            st->attn_pairs += d->len * (d->len + 1) / 2;
-    }
+    st->attn_pairs = (int64_t)plan_attn_pairs(&tr->plan); /* exact: far below 2^53 a step */
     if (tr->fault_nan) {
         float nan = NAN;
         Model *m = &tr->chunks[0].model;
