@@ -107,6 +107,10 @@ typedef struct Trainer {
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
  * or loaded from train.init_from), optimizer. */
 int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err);
+/* The backend of train.device (backends.c has those this build knows), opened with the config's
+ * precision and determinism for the GPU local_rank picks: what trainer_init and `calibrate` run on.
+ * NULL and an Error (train.device, status 2) when there is none. */
+const Ops *trainer_open_backend(const Config *cfg, int local_rank, const Backend **backend, Error *err);
 void trainer_free(Trainer *tr);
 /* Plans the next step and runs its forward and backward: afterwards every rank of DP x CP holds
  * the summed gradients (without ZeRO) and st has the loss, tokens and imbalance. */

@@ -14,6 +14,7 @@
 #include "engine/backend.h"
 #include "engine/plan/calibration.h"
 #include "engine/plan/cost.h"
+#include "engine/train/train.h"
 #include "util/clock.h"
 #include "util/fileio.h"
 
@@ -478,15 +479,13 @@ static int cal_measure(Cal *c, const Config *cfg, const Backend *b, const char *
 
 int calibrate_run(const Config *cfg, const char *out_path, Error *err)
 {
-    const char *name = cfg->train.device == DEVICE_CUDA ? "cuda" : "cpu";
-    const Backend *b = backend_find(name);
-    if (!b)
-        return error_set(err, "train.device", "no backend %s in this build", name);
-    BackendOpen opt = {0, cfg->train.precision == PRECISION_BF16, 0};
+    /* The kernels training runs: the config's precision and determinism (the attention backward of
+     * train.deterministic: false is another kernel). */
+    const Backend *b = NULL;
     Cal c;
     memset(&c, 0, sizeof c);
     c.rng = 0x9e3779b97f4a7c15ull;
-    if (!(c.o = b->open(&opt, err)))
+    if (!(c.o = trainer_open_backend(cfg, 0, &b, err)))
         return -1;
     /* The cost model of the config without its calibration file: its counts and the profile the
      * rates replace. */

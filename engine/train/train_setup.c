@@ -50,15 +50,26 @@ static int init_chunk(Trainer *tr, int c, Error *err)
 }
 
 /* The backend of train.device (backends.c has the table of those this build knows). */
+const Ops *trainer_open_backend(const Config *cfg, int local_rank, const Backend **backend, Error *err)
+{
+    const char *name = cfg->train.device == DEVICE_CUDA ? "cuda" : "cpu";
+    const Backend *b = backend_find(name);
+    if (!b) {
+        error_set(err, "train.device", "no backend %s in this build", name);
+        return NULL;
+    }
+    BackendOpen opt = {local_rank, cfg->train.precision == PRECISION_BF16, cfg->train.deterministic};
+    const Ops *ops = b->open(&opt, err);
+    if (ops)
+        *backend = b;
+    return ops;
+}
+
 static int open_backend(Trainer *tr, Error *err)
 {
-    const char *name = tr->cfg->train.device == DEVICE_CUDA ? "cuda" : "cpu";
-    const Backend *b = backend_find(name);
-    if (!b)
-        return error_set(err, "train.device", "no backend %s in this build", name);
     RuntimeLaunch launch = runtime_launch_from_env();
-    BackendOpen opt = {launch.local_rank, tr->cfg->train.precision == PRECISION_BF16, tr->cfg->train.deterministic};
-    if (!(tr->ops = b->open(&opt, err)))
+    const Backend *b = NULL;
+    if (!(tr->ops = trainer_open_backend(tr->cfg, launch.local_rank, &b, err)))
         return -1;
     tr->backend = b;
     if (b->share_node)
