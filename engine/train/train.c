@@ -150,21 +150,25 @@ static int stop_rule_init(StopRule *r, const Config *cfg, double t_begin, Error 
     return 0;
 }
 
-/* After step `step` (the run started after `done`): whether every rank stops now. The signal and
- * the clock are agreed over the world with one all-reduce, since a signal may reach only some
- * ranks (mpirun forwards it to all, a kill by hand to one) and clocks differ; the step count is
- * the same on every rank. */
-static int stop_check(StopRule *r, const Trainer *tr, int64_t step, int64_t done, Error *err)
+/* This rank's votes after a step: [0] the signal that asked it to stop (0: none), [1] rank 0's
+ * clock past a stop_after wall time. A signal may reach only some ranks (mpirun forwards it to all,
+ * a kill by hand to one) and clocks differ, so the votes are agreed over the world (MAX) with the
+ * step's other figures before stop_decide reads them. */
+static void stop_votes(const StopRule *r, const Trainer *tr, double *votes)
 {
     if (r->delay > 0 && tr->lay.rank == 0) {
         struct timespec ts = {(time_t)r->delay, (long)((r->delay - (double)(time_t)r->delay) * 1e9)};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
     }
-    double votes[2] = {(double)train_stop_signal,
-                       tr->lay.rank == 0 && r->seconds > 0 && clock_seconds() - r->t_begin >= r->seconds};
-    if (comm_allreduce_max_f64(tr->comm, GROUP_WORLD, votes, 2, err) != 0)
-        return -1;
+    votes[0] = (double)train_stop_signal;
+    votes[1] = tr->lay.rank == 0 && r->seconds > 0 && clock_seconds() - r->t_begin >= r->seconds;
+}
+
+/* After step `step` (the run started after `done`), from the agreed votes: whether every rank stops
+ * now (the step count is the same on every rank). */
+static void stop_decide(StopRule *r, const double *votes, int64_t step, int64_t done)
+{
     if (votes[0] > 0) {
         r->reason = STOP_SIGNAL;
         r->signal = (int)votes[0];
@@ -173,7 +177,6 @@ static int stop_check(StopRule *r, const Trainer *tr, int64_t step, int64_t done
     } else if (r->steps > 0 && step - done >= r->steps) {
         r->reason = STOP_STEPS;
     }
-    return 0;
 }
 
 /* Rank 0's line on why the run stopped (after the line of the step). */
@@ -329,11 +332,15 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             size_t free_b, total_b;
             tr->ops->memory(&free_b, &total_b);
             st.mem_used_gb = (double)(total_b - free_b) / 1e9;
-            st.mem_peak_gb = (double)tr->ops->peak_bytes() / 1e9;
-            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, &st.mem_peak_gb, 1, err);
+            /* One all-reduce (MAX) a step: the stop votes and the most memory any rank held. */
+            double agreed[3];
+            stop_votes(stop, tr, agreed);
+            agreed[2] = (double)tr->ops->peak_bytes() / 1e9;
+            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, agreed, 3, err);
+            st.mem_peak_gb = agreed[2];
+            if (rc == 0 && step < cfg->train.steps) /* a stop in the last step changes nothing */
+                stop_decide(stop, agreed, step, done);
         }
-        if (rc == 0 && step < cfg->train.steps)
-            rc = stop_check(stop, tr, step, done, err);
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, err);
         if (rc != 0 || !lead)
