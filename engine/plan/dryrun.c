@@ -70,7 +70,7 @@ static int json_cp_ranks(FILE *f, const StepPlan *p, int64_t i, const CostModel 
 
 static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepPlan *p, const StepStats *s)
 {
-    int counts[5] = {0};
+    int counts[CP_GROUPS + 1] = {0};
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         counts[p->mbs[i].mode]++;
     int64_t docs = 0;
@@ -204,7 +204,7 @@ typedef struct Run {
 
 static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
 {
-    int counts[5] = {0};
+    int counts[CP_GROUPS + 1] = {0};
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         counts[p->mbs[i].mode]++;
     printf("step %5lld  tokens %9lld  queued %3lld  pp_imb %.3f  cp_imb %.3f", (long long)p->step + 1,
@@ -259,26 +259,18 @@ typedef struct Series {
 
 static int series_alloc(Series *v, int64_t n, Error *err)
 {
-    v->pp = malloc((size_t)(n ? n : 1) * sizeof *v->pp);
-    v->cp = malloc((size_t)(n ? n : 1) * sizeof *v->cp);
-    v->cpt = malloc((size_t)(n ? n : 1) * sizeof *v->cpt);
-    v->speedup = malloc((size_t)(n ? n : 1) * sizeof *v->speedup);
-    v->packer_ms = malloc((size_t)(n ? n : 1) * sizeof *v->packer_ms);
-    v->speedup_eq = malloc((size_t)(n ? n : 1) * sizeof *v->speedup_eq);
-    return v->pp && v->cp && v->cpt && v->speedup && v->packer_ms && v->speedup_eq
-               ? 0
-               : error_runtime(err, "dry run", "out of memory");
+    /* The six series side by side in one block. */
+    size_t len = (size_t)(n ? n : 1);
+    double *all = malloc(6 * len * sizeof *all);
+    if (!all)
+        return error_runtime(err, "dry run", "out of memory");
+    double **cols[6] = {&v->pp, &v->cp, &v->cpt, &v->speedup, &v->packer_ms, &v->speedup_eq};
+    for (int i = 0; i < 6; i++)
+        *cols[i] = all + (size_t)i * len;
+    return 0;
 }
 
-static void series_free(Series *v)
-{
-    free(v->pp);
-    free(v->cp);
-    free(v->cpt);
-    free(v->speedup);
-    free(v->packer_ms);
-    free(v->speedup_eq);
-}
+static void series_free(Series *v) { free(v->pp); }
 
 static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats *s, int with_baseline)
 {
