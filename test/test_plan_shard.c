@@ -401,6 +401,52 @@ static void test_hybrid_respects_rank_capacity(void **state)
     plan_free(&p);
 }
 
+/* hybrid_predict (plan_hybrid.c) is a second implementation of shard_hybrid and shard_per_doc on
+ * per-rank sums, so that the candidates need no layout: its figure for the candidate hybrid chose,
+ * and for per_doc, must be shard_time of the layout plan_shard made, bit for bit, on random mixes
+ * at CP 2 to 8 with loose and tight capacities. */
+static void test_hybrid_predict_equals_layout(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 2, dp: 1}\n");
+    Rng rng;
+    rng_seed(&rng, 23);
+    StepPlan p = {0};
+    int checked_hybrid = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        int cp = 2 + (int)rng_below(&rng, 7);
+        m.cp = cp;
+        int n = 1 + (int)rng_below(&rng, 30);
+        int64_t lens[30], total = 0;
+        for (int i = 0; i < n; i++) {
+            lens[i] = rng_below(&rng, 8) ? 1 + (int64_t)rng_below(&rng, 4000) : 8000 + (int64_t)rng_below(&rng, 60000);
+            total += lens[i];
+        }
+        int64_t capacity = trial % 2 ? total : total / cp + total / 100 + 1;
+        Error err = {0};
+        one_micro_batch(&p, cp, lens, n);
+        assert_int_equal(plan_shard(&p, 0, CP_PER_DOC, &m, capacity, &err), 0);
+        const ShardScratch *sc = p.shard_scratch;
+        const PlanDoc *docs = p.docs + p.mbs[0].first_doc;
+        assert_true(hybrid_predict(&m, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL) ==
+                    shard_time(&sc->cand[SHARD_DOC], &m));
+        one_micro_batch(&p, cp, lens, n);
+        assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, capacity, &err), 0);
+        sc = p.shard_scratch;
+        docs = p.docs + p.mbs[0].first_doc;
+        if (p.mbs[0].mode != CP_HYBRID)
+            continue;
+        double t = hybrid_predict(&m, docs, n, sc->order, cp, sc->hybrid_threshold, capacity, 0, NULL);
+        assert_true(t >= 0 && t == shard_time(&sc->cand[SHARD_BEST], &m));
+        checked_hybrid++;
+    }
+    printf("# per_doc on 200 mixes, hybrid's chosen candidate on %d: predicted = laid out, bit for bit\n",
+           checked_hybrid);
+    assert_true(checked_hybrid >= 50);
+    plan_free(&p);
+}
+
 /* Under a tight capacity (1.01 times an even share) hybrid must still find layouts that keep
  * short documents whole: a document the fastest rank cannot hold goes to the next fastest that can,
  * instead of the whole candidate being dropped for per_seq or per_doc. Counts the mixes where
@@ -731,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_per_seq_chunk_placement),
         cmocka_unit_test(test_selectors),
         cmocka_unit_test(test_hybrid_respects_rank_capacity),
+        cmocka_unit_test(test_hybrid_predict_equals_layout),
         cmocka_unit_test(test_hybrid_under_tight_capacity),
         cmocka_unit_test(test_groups_random_mixes),
         cmocka_unit_test(test_groups_pairs_for_mid_documents),
