@@ -20,6 +20,7 @@
 #include "util/bf16.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
+#include "util/safetensors.h"
 
 /* The step folder PATH names: itself, or PATH/<latest>. malloc'd. */
 static char *step_folder(const char *path, Error *err)
@@ -72,72 +73,56 @@ static json_t *llama_config(const ConfigModel *m, const char *dtype)
     return j;
 }
 
-/* The checkpoint's full tensors (rebuilt from the shards the index names, one at a time: full), as
- * float32 or bfloat16, into f (NULL: a pass that only reads and checks them). */
-static int write_weights(CkptIndex *ix, FILE *f, int bf16, float *full, float *tmp, uint16_t *h, const char *path,
-                         Error *err)
+/* Tensor i of the checkpoint, rebuilt from the shards the index names (full), as float32 or
+ * bfloat16 (h): what model.safetensors holds, one tensor at a time. */
+typedef struct ExportTensors {
+    CkptIndex *ix;
+    int bf16;
+    float *full, *tmp;
+    uint16_t *h;
+} ExportTensors;
+
+static const void *export_tensor(void *ctx, int i, Error *err)
 {
-    for (int i = 0; i < ix->n_tensors; i++) {
-        const CkptTensor *t = &ix->tensors[i];
-        int64_t n = t->rows * t->cols;
-        if (ckpt_index_full(ix, t, 0, full, tmp, err) != 0)
-            return -1;
-        if (!f)
-            continue;
-        for (int64_t k = 0; bf16 && k < n; k++)
-            h[k] = bf16_from_float(full[k]); /* little-endian host: the file's byte order */
-        if (fwrite(bf16 ? (void *)h : (void *)full, bf16 ? 2 : 4, (size_t)n, f) != (size_t)n)
-            return error_errno(err, path, "cannot write");
-    }
-    return 0;
+    ExportTensors *x = ctx;
+    const CkptTensor *t = &x->ix->tensors[i];
+    if (ckpt_index_full(x->ix, t, 0, x->full, x->tmp, err) != 0)
+        return NULL;
+    if (!x->bf16)
+        return x->full;
+    for (int64_t k = 0; k < t->rows * t->cols; k++)
+        x->h[k] = bf16_from_float(x->full[k]); /* little-endian host: the file's byte order */
+    return x->h;
 }
 
-/* model.safetensors: the header (every tensor's dtype, shape and place, padded to 8 bytes), then the
- * tensors in the index's order. */
+/* model.safetensors, in the index's order, written only after every tensor was read and checked
+ * (CRCs, sections) once. */
 static int write_safetensors(CkptIndex *ix, const char *path, int bf16, Error *err)
 {
-    json_t *head = json_object();
-    int64_t at = 0, most = 1;
-    for (int i = 0; i < ix->n_tensors; i++) {
+    StWriter w = {0};
+    int64_t most = 1;
+    int rc = st_writer_meta(&w, "format", "pt", err);
+    for (int i = 0; rc == 0 && i < ix->n_tensors; i++) {
         const CkptTensor *t = &ix->tensors[i];
-        int64_t n = t->rows * t->cols, bytes = n * (bf16 ? 2 : 4);
-        json_t *shape = t->is_vector ? json_pack("[I]", (json_int_t)t->cols)
-                                     : json_pack("[I, I]", (json_int_t)t->rows, (json_int_t)t->cols);
-        json_object_set_new(head, t->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", bf16 ? "BF16" : "F32", "shape",
-                                                     shape, "data_offsets", (json_int_t)at, (json_int_t)(at + bytes)));
-        at += bytes;
-        most = n > most ? n : most;
+        int64_t shape[2] = {t->rows, t->cols};
+        rc = st_writer_add(&w, t->name, bf16 ? ST_BF16 : ST_F32, t->is_vector ? shape + 1 : shape, t->is_vector ? 1 : 2,
+                           NULL, err);
+        most = t->rows * t->cols > most ? t->rows * t->cols : most;
     }
-    json_object_set_new(head, "__metadata__", json_pack("{s:s}", "format", "pt"));
-    char *text = json_dumps(head, JSON_COMPACT);
-    json_decref(head);
-    float *full = malloc((size_t)most * sizeof *full), *tmp = malloc((size_t)most * sizeof *tmp);
-    uint16_t *h = bf16 ? malloc((size_t)most * sizeof *h) : NULL;
-    int rc = text && full && tmp && (h || !bf16) ? 0 : error_runtime(err, path, "out of memory");
-    /* Everything read and checked (CRCs, sections) before the file is begun. */
-    if (rc == 0)
-        rc = write_weights(ix, NULL, bf16, full, tmp, h, path, err);
+    ExportTensors x = {ix, bf16, malloc((size_t)most * sizeof(float)), malloc((size_t)most * sizeof(float)),
+                       bf16 ? malloc((size_t)most * sizeof(uint16_t)) : NULL};
+    if (rc == 0 && (!x.full || !x.tmp || (bf16 && !x.h)))
+        rc = error_runtime(err, path, "out of memory");
+    for (int i = 0; rc == 0 && i < ix->n_tensors; i++)
+        rc = export_tensor(&x, i, err) ? 0 : -1;
     if (rc == 0)
         rc = file_make_parents(path, err);
-    AtomicFile a;
-    if (rc == 0 && (rc = atomic_open(&a, path, err)) == 0) {
-        size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
-        unsigned char n8[8];
-        for (int i = 0; i < 8; i++)
-            n8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-        int bad = fwrite(n8, 1, 8, a.f) != 8 || fwrite(text, 1, len, a.f) != len;
-        for (size_t i = len; i < padded && !bad; i++)
-            bad = fputc(' ', a.f) == EOF;
-        rc = bad ? error_errno(err, path, "cannot write") : write_weights(ix, a.f, bf16, full, tmp, h, path, err);
-        if (rc == 0)
-            rc = atomic_commit(&a, err);
-        else
-            atomic_abort(&a);
-    }
-    free(text);
-    free(full);
-    free(tmp);
-    free(h);
+    if (rc == 0)
+        rc = st_write_stream(&w, path, export_tensor, &x, err);
+    st_writer_free(&w);
+    free(x.full);
+    free(x.tmp);
+    free(x.h);
     return rc;
 }
 

@@ -245,13 +245,14 @@ int st_writer_add(StWriter *w, const char *name, StDtype dtype, const int64_t *s
     }
     it->bytes = numel * (size_t)dtypes[dtype].size;
     it->name = strdup(name);
-    it->data = malloc(it->bytes + 1);
-    if (!it->name || !it->data) {
+    it->data = data ? malloc(it->bytes + 1) : NULL;
+    if (!it->name || (data && !it->data)) {
         free(it->name);
         free(it->data);
         return error_runtime(err, name, "out of memory");
     }
-    memcpy(it->data, data, it->bytes); /* host byte order: wlbtrain runs on little-endian machines */
+    if (data)
+        memcpy(it->data, data, it->bytes); /* host byte order: wlbtrain runs on little-endian machines */
     w->n++;
     return 0;
 }
@@ -273,7 +274,7 @@ int st_writer_meta(StWriter *w, const char *key, const char *value, Error *err)
     return 0;
 }
 
-int st_write(const StWriter *w, const char *path, Error *err)
+int st_write_stream(const StWriter *w, const char *path, StGet get, void *ctx, Error *err)
 {
     json_t *root = json_object(), *meta = json_object();
     size_t offset = 0;
@@ -307,11 +308,17 @@ int st_write(const StWriter *w, const char *path, Error *err)
         int bad = fwrite(len, 1, 8, a.f) != 8 || fwrite(header, 1, n, a.f) != n;
         for (size_t i = n; i < padded && !bad; i++)
             bad = fputc(' ', a.f) == EOF;
-        for (int i = 0; i < w->n && !bad; i++)
-            bad = fwrite(w->items[i].data, 1, w->items[i].bytes, a.f) != w->items[i].bytes;
-        if (bad) {
+        int failed = 0; /* get's Error, already in err */
+        for (int i = 0; i < w->n && !bad && !failed; i++) {
+            const void *data = get ? get(ctx, i, err) : w->items[i].data;
+            failed = !data;
+            if (failed && !get)
+                error_runtime(err, path, "%s: added without data, written without a get", w->items[i].name);
+            bad = !failed && fwrite(data, 1, w->items[i].bytes, a.f) != w->items[i].bytes;
+        }
+        if (bad || failed) {
             atomic_abort(&a);
-            rc = error_runtime(err, path, "cannot write");
+            rc = failed ? -1 : error_runtime(err, path, "cannot write");
         } else {
             rc = atomic_commit(&a, err);
         }
@@ -321,6 +328,8 @@ int st_write(const StWriter *w, const char *path, Error *err)
     free(header);
     return rc;
 }
+
+int st_write(const StWriter *w, const char *path, Error *err) { return st_write_stream(w, path, NULL, NULL, err); }
 
 void st_writer_free(StWriter *w)
 {

@@ -46,7 +46,8 @@ void st_read_f32(const StTensor *t, float *out);
 void st_read_i32(const StTensor *t, int32_t *out);
 const char *st_dtype_name(StDtype d);
 
-/* Writing: add tensors (the data is copied when written), then st_write. */
+/* Writing: add tensors (the data is copied when added; NULL: given at write time by
+ * st_write_stream's get), then st_write or st_write_stream. */
 typedef struct StWriter {
     int n, cap;
     struct StWriterItem *items;
@@ -59,6 +60,10 @@ int st_writer_add(StWriter *w, const char *name, StDtype dtype, const int64_t *s
 int st_writer_meta(StWriter *w, const char *key, const char *value, Error *err);
 /* Writes the file atomically (temporary name, fsync, rename). */
 int st_write(const StWriter *w, const char *path, Error *err);
+/* The same with tensor i's bytes from get(ctx, i, err), called in order as the file is written (one
+ * tensor in memory at a time); NULL from get is an Error (in err) and nothing is written. */
+typedef const void *(*StGet)(void *ctx, int i, Error *err);
+int st_write_stream(const StWriter *w, const char *path, StGet get, void *ctx, Error *err);
 void st_writer_free(StWriter *w);
 
 #endif
