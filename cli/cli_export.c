@@ -20,6 +20,7 @@
 #include "util/bf16.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
+#include "util/jsonfile.h"
 #include "util/safetensors.h"
 
 /* The step folder PATH names: itself, or PATH/<latest>. malloc'd. */
@@ -144,22 +145,17 @@ int cli_export(const CliExport *x, Error *err)
         rc = -1;
     int bf16 = !strcmp(x->dtype, "bfloat16");
     json_t *conf = rc == 0 ? llama_config(&cfg.model, x->dtype) : NULL;
-    char *text = conf ? json_dumps(conf, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(12)) : NULL;
-    if (rc == 0 && !text)
+    if (rc == 0 && !conf)
         rc = error_runtime(err, "export", "out of memory");
     snprintf(path, sizeof path, "%s/model.safetensors", x->out);
     if (rc == 0)
         rc = write_safetensors(&ix, path, bf16, err);
     snprintf(path, sizeof path, "%s/config.json", x->out);
-    AtomicFile a;
-    if (rc == 0 && (rc = atomic_open(&a, path, err)) == 0) {
-        fprintf(a.f, "%s\n", text);
-        rc = atomic_commit(&a, err);
-    }
+    if (rc == 0)
+        rc = json_file_write(path, conf, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(12), err);
     if (rc == 0)
         printf("export: %s -> %s (config.json, model.safetensors: %d tensors from %d shard file%s, %s)\n", dir, x->out,
                ix.n_tensors, ix.files_opened, ix.files_opened == 1 ? "" : "s", x->dtype);
-    free(text);
     json_decref(conf);
     if (opened)
         ckpt_index_close(&ix);

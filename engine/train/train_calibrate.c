@@ -17,6 +17,7 @@
 #include "engine/train/train.h"
 #include "util/clock.h"
 #include "util/fileio.h"
+#include "util/jsonfile.h"
 
 enum { CAL_SIZES = 4, CAL_MIXES = 8, CAL_REPS = 5 };
 
@@ -427,18 +428,9 @@ static int cal_write(const Cal *c, const Config *cfg, const Backend *b, const Ca
         "gemm_fixed_us", r->a_gemm * 1e6, "elementwise_fixed_us", r->a_elem * 1e6);
     if (!root)
         return error_runtime(err, path, "cannot build the profile (a measurement was not a number)");
-    AtomicFile a;
     int rc = file_make_parents(path, err);
     if (rc == 0)
-        rc = atomic_open(&a, path, err);
-    if (rc == 0) {
-        if (json_dumpf(root, a.f, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 || fputc('\n', a.f) == EOF) {
-            atomic_abort(&a);
-            rc = error_errno(err, path, "cannot write");
-        } else {
-            rc = atomic_commit(&a, err);
-        }
-    }
+        rc = json_file_write(path, root, JSON_INDENT(1) | JSON_REAL_PRECISION(6), err);
     json_decref(root);
     return rc;
 }

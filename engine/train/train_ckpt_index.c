@@ -10,6 +10,7 @@
 #include "engine/train/train.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
+#include "util/jsonfile.h"
 
 /* One chunk's entry, and its counted blocks added to the tensors they belong to. */
 static int index_chunk(const Config *cfg, int tp_rank, int g, json_t *chunks, json_t *tensors, Error *err)
@@ -92,17 +93,8 @@ int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error
     for (int t = 0; t < p->tp && rc == 0; t++)
         for (int g = 0; g < n_chunks && rc == 0; g++)
             rc = index_chunk(cfg, t, g, chunks, tensors, err);
-    AtomicFile a;
-    if (rc == 0 && atomic_open(&a, path, err) == 0) {
-        if (json_dumpf(root, a.f, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 || fputc('\n', a.f) == EOF) {
-            atomic_abort(&a);
-            rc = error_errno(err, path, "cannot write");
-        } else {
-            rc = atomic_commit(&a, err);
-        }
-    } else if (rc == 0) {
-        rc = -1;
-    }
+    if (rc == 0)
+        rc = json_file_write(path, root, JSON_INDENT(1) | JSON_PRESERVE_ORDER, err);
     json_decref(root);
     return rc;
 }
