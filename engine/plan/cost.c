@@ -160,17 +160,10 @@ void cost_attn_fb_s(const CostModel *m, int64_t q_len, int64_t kv_len, double *f
     *fwd = *bwd = 0;
     if (q_len <= 0)
         return;
-    /* The two functions above, sharing the FLOPs and the rate (bit for bit the same figures). */
+    /* The two functions above with the FLOPs counted once (the same expressions: the same bits). */
     double flops = attn_flops_fwd(m, q_len, kv_len);
-    if (m->table.n > 0) {
-        *fwd = flops / (attn_rate_tflops(m, q_len, 0) * 1e12);
-        *bwd = 2.5 * flops / (attn_rate_tflops(m, q_len, 1) * 1e12);
-        return;
-    }
-    double qp = (double)pad_to_tile(m, q_len);
-    double r = m->hw.peak_tflops * m->hw.attn_efficiency * qp / (qp + m->hw.attn_half_tokens);
-    *fwd = flops / (r * 1e12);
-    *bwd = 2.5 * flops / (r * m->hw.attn_bwd_ratio * 1e12);
+    *fwd = flops / (attn_rate_tflops(m, q_len, 0) * 1e12);
+    *bwd = 2.5 * flops / (attn_rate_tflops(m, q_len, 1) * 1e12);
 }
 
 static double gemm_s(const CostModel *m, double flops)
