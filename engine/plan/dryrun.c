@@ -91,20 +91,26 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
             counts[CP_GROUPS], s->predicted_ms, s->baseline_ms, s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1, s->packer_ms,
             p->tokens ? s->delay_token_steps / (double)p->tokens : 0, pl->cut ? "cut" : "keep", s->attn_pairs,
             s->baseline_pairs, s->equal_ms, s->predicted_ms > 0 ? s->equal_ms / s->predicted_ms : 1);
-    /* CP ranks by the size of the group they exchange K/V in, over the step's micro-batches (the
-     * whole CP group but with sharding groups; 1: no exchange). */
+    /* CP ranks by the size of the blocks they exchange K/V in, over the step's micro-batches (the
+     * whole CP group but with sharding groups; 1: no exchange), and the ranks that exchange in
+     * more than one (nested blocks). */
     if (p->cp > 1) {
         fputs(",\"cp_group_ranks\":{", f);
-        int first = 1;
-        for (int g = 1; g <= p->cp; g *= 2) {
+        int first = 1, depth = 0;
+        while ((p->cp >> depth) > 1 && depth < 31)
+            depth++;
+        int64_t nested = 0;
+        for (int h = depth; h >= 0; h--) { /* h = depth: ranks alone, no exchange */
             int64_t n = 0;
             for (int64_t r = 0; r < p->n_ranks; r++)
-                n += p->ranks[r].group_size == g;
+                n += h == depth ? p->ranks[r].exchanges == 0 : (p->ranks[r].exchanges >> h) & 1;
             if (n)
-                fprintf(f, "%s\"%d\":%lld", first ? "" : ",", g, (long long)n);
+                fprintf(f, "%s\"%d\":%lld", first ? "" : ",", h == depth ? 1 : p->cp >> h, (long long)n);
             first &= !n;
         }
-        fputc('}', f);
+        for (int64_t r = 0; r < p->n_ranks; r++)
+            nested += __builtin_popcount(p->ranks[r].exchanges) > 1;
+        fprintf(f, "},\"cp_nested_ranks\":%lld", (long long)nested);
     }
     (void)cfg;
 }

@@ -341,8 +341,7 @@ uint32_t plan_digest(const StepPlan *p)
         DIGEST(crc, p->ranks[i].n_ranges);
         DIGEST(crc, p->ranks[i].first_segment);
         DIGEST(crc, p->ranks[i].n_segments);
-        DIGEST(crc, p->ranks[i].group_first);
-        DIGEST(crc, p->ranks[i].group_size);
+        DIGEST(crc, p->ranks[i].exchanges);
     }
     return (uint32_t)crc;
 }

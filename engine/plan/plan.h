@@ -60,8 +60,9 @@ typedef struct PlanDoc {
     int64_t arrival;   /* step at which it was read from the stream */
     int32_t rank;      /* CP rank holding it whole, or -1 when sharded over a group of CP ranks */
     int32_t group_first, group_size; /* once placed: the CP ranks [first, first + size) it is spread
-                                      * over (per_doc within them when size > 1); size 1: whole on
-                                      * rank `first`; the whole CP group for per_seq and per_doc */
+                                      * over (per_doc within them when size > 1, and its K/V exchanged
+                                      * among them); size 1: whole on rank `first`; the whole CP group
+                                      * for per_seq and per_doc */
 } PlanDoc;
 
 typedef struct PlanRange {
@@ -75,11 +76,13 @@ typedef struct PlanSegment {
 } PlanSegment;
 
 /* One CP rank's share of a micro-batch, and its predicted seconds per layer. The rank exchanges
- * K/V (and dK/dV) with the CP ranks [group_first, group_first + group_size) only: the whole CP group
- * in every mode but groups, an aligned block of a power-of-two size in groups (size 1: no exchange). */
+ * K/V (and dK/dV) in the blocks of CP ranks above it that hold sharded documents: the whole CP
+ * group in every mode but groups; with groups, aligned blocks of power-of-two sizes, possibly several
+ * nested ones (plan_shard_impl.h), largest first. Bit h of `exchanges`: its block of cp >> h ranks
+ * (rank - rank % (cp >> h) onwards) holds documents sharded over it; no bit: it exchanges nothing. */
 typedef struct PlanRank {
     int64_t tokens;
-    int32_t group_first, group_size;
+    uint32_t exchanges;
     int64_t first_range, n_ranges;
     int64_t first_segment, n_segments;
     double attn_fwd_s, attn_bwd_s, linear_fwd_s, linear_bwd_s, comm_fwd_s, comm_bwd_s;

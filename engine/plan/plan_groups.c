@@ -355,24 +355,51 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
         groups_refine(&f);
         after = groups_refine_worst(&f);
     }
+    if (before < 0)
+        return 0;
+    /* The nested blocks (plan_groups_nest.c), from the refined split: every document on its
+     * group's block, or on its rank's when whole. The attention per rank on every size: est when a
+     * unit is one rank, else sampled here. */
+    int32_t *node = s.best_assign;
+    for (int64_t k = 0; k < n; k++) {
+        int a = node[k];
+        node[k] = a < 0 ? cp - 1 - a : block_of(cp, s.best[a].first, s.best[a].size);
+    }
+    int depth = 0;
+    while ((1 << depth) < cp)
+        depth++;
+    const double *nest_est = est;
+    int stride = s.levels + 1;
+    if (s.unit > 1) {
+        double *e = array_grow(sc->nest_est, &sc->cap_nest_est, n * (depth + 1) + 1, sizeof *e);
+        if (!e)
+            return -1;
+        sc->nest_est = e;
+        for (int64_t k = 0; k < n; k++)
+            for (int j = 0; j <= depth; j++)
+                e[k * (depth + 1) + j] = groups_attn_per_rank(cost, docs[k].len, 1 << j);
+        nest_est = e;
+        stride = depth + 1;
+    }
+    int64_t tok[2048], rows[1024];
+    double comm_r[1024];
+    Nest x = {.line = &s.line, .docs = docs, .est = nest_est, .stride = stride, .cp = cp, .depth = depth, .n = n,
+              .capacity = capacity, .node = node, .tok = tok, .attn_r = rank_attn, .comm_r = comm_r, .rows = rows};
+    if (groups_nest_start(&x) >= 0) {
+        groups_nest(&x);
+        after = groups_nest_worst(&x);
+    }
     /* From hybrid's layout, only a search that ends faster than hybrid is worth laying out. */
-    if (before < 0 || (s.best_t < 0 && !(after < limit)))
+    if (s.best_t < 0 && !(after < limit))
         return 0;
     /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
      * that order, as in the other modes). */
     if (shard_reset(out, n) != 0)
         return -1;
-    for (int a = 0; a < s.n_best; a++)
-        for (int r = s.best[a].first; r < s.best[a].first + s.best[a].size; r++) {
-            out->grp_first[r] = s.best[a].first;
-            out->grp_size[r] = s.best[a].size;
-        }
     for (int64_t k = 0; k < n; k++) {
-        int a = s.best_assign[k];
-        const Group *g = a >= 0 ? &s.best[a] : NULL;
-        int rc = !g ? shard_whole(out, cost, docs, k, -1 - a)
-                 : g->size == 1 ? shard_whole(out, cost, docs, k, g->first)
-                                : shard_per_doc_group(out, cost, docs, k, g->first, g->size);
+        int v = node[k], size = block_size(cp, v);
+        int rc = size == 1 ? shard_whole(out, cost, docs, k, v - cp)
+                           : shard_per_doc_group(out, cost, docs, k, block_first(cp, v), size);
         if (rc != 0)
             return -1;
     }

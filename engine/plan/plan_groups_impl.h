@@ -81,4 +81,28 @@ double groups_refine_start(Refine *f);
 void groups_refine(Refine *f);
 double groups_refine_worst(const Refine *f);
 
+/* The nested-block search's state (plan_groups_nest.c): every document on a block of the tree over
+ * the ranks (plan_shard_impl.h; cp a power of two), and per rank the sums of the blocks above it. */
+typedef struct Nest {
+    const LineCost *line;
+    const PlanDoc *docs;
+    const double *est;   /* est[k * stride + j]: document k's attention per rank over 2^j ranks */
+    int stride, cp, depth; /* cp = 2^depth */
+    int64_t n, capacity;
+    int32_t *node;       /* per document: its block (cp + r: whole on rank r) */
+    int64_t *tok;        /* per block (2 cp): its documents' tokens */
+    double *attn_r, *comm_r; /* per rank: attention per rank of the blocks above it; their exchanges */
+    int64_t *rows;       /* per rank */
+    int64_t max_moves;   /* the most moves one groups_nest makes; 0: 2 n + cp */
+    int plateau;         /* moves off a rank other than the slowest still allowed */
+    int64_t moves;       /* moves made */
+} Nest;
+
+/* groups_nest_start fills the sums from x->node and returns the slowest rank's time, or -1 when a
+ * rank is over the capacity; groups_nest moves documents between blocks while the slowest rank can
+ * be lowered; groups_nest_worst is the slowest rank's time. */
+double groups_nest_start(Nest *x);
+void groups_nest(Nest *x);
+double groups_nest_worst(const Nest *x);
+
 #endif

@@ -44,9 +44,7 @@ static void shard_free_ranks(Shard *s)
     free(s->attn);
     free(s->attn_fwd);
     free(s->attn_bwd);
-    free(s->grp_first);
-    free(s->grp_size);
-    free(s->grp_sharded);
+    free(s->blk_sharded);
     free(s->counter);
 }
 
@@ -62,14 +60,10 @@ static int shard_alloc(Shard *s, int cp)
     s->attn = malloc(n * sizeof *s->attn);
     s->attn_fwd = malloc(n * sizeof *s->attn_fwd);
     s->attn_bwd = malloc(n * sizeof *s->attn_bwd);
-    s->grp_first = malloc(n * sizeof *s->grp_first);
-    s->grp_size = malloc(n * sizeof *s->grp_size);
-    s->grp_sharded = malloc(n * sizeof *s->grp_sharded);
-    s->counter = malloc(n * sizeof *s->counter);
-    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd && s->grp_first && s->grp_size &&
-                   s->grp_sharded && s->counter
-               ? 0
-               : -1;
+    s->blk_sharded = malloc(2 * n * sizeof *s->blk_sharded);
+    s->counter = malloc(2 * n * sizeof *s->counter);
+    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd && s->blk_sharded && s->counter ? 0
+                                                                                                              : -1;
 }
 
 int shard_reset(Shard *s, int64_t n_docs)
@@ -96,10 +90,10 @@ int shard_reset(Shard *s, int64_t n_docs)
         s->last_range[r] = -1;
         s->tokens[r] = 0;
         s->attn[r] = s->attn_fwd[r] = s->attn_bwd[r] = 0;
-        s->grp_first[r] = 0;
-        s->grp_size[r] = s->cp;
-        s->grp_sharded[r] = 0;
-        s->counter[r] = 0;
+    }
+    for (int v = 0; v < 2 * s->cp; v++) {
+        s->blk_sharded[v] = 0;
+        s->counter[v] = 0;
     }
     return 0;
 }
@@ -176,14 +170,15 @@ void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
         size[(*counter)++ % n]++;
 }
 
-/* Document k sharded per_doc over the g CP ranks first .. first + g - 1: chunk i and 2 g - 1 - i of
- * it on rank first + i. Each group runs its own leftover counter (the group's first rank's). */
+/* Document k sharded per_doc over the g CP ranks first .. first + g - 1 (an aligned block): chunk i
+ * and 2 g - 1 - i of it on rank first + i. Each block runs its own leftover counter. */
 int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g)
 {
     const PlanDoc *d = &docs[k];
     int n = 2 * g;
     int64_t size[2 * 1024], at = d->start;
-    shard_per_doc_chunks(g, d->len, &s->counter[first], size);
+    int v = block_of(s->cp, first, g);
+    shard_per_doc_chunks(g, d->len, &s->counter[v], size);
     for (int c = 0; c < n; c++) {
         int r = first + (c < g ? c : n - 1 - c);
         if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
@@ -193,8 +188,7 @@ int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, in
     s->doc_rank[k] = -1;
     s->doc_first[k] = first;
     s->doc_size[k] = g;
-    for (int r = first; r < first + g; r++)
-        s->grp_sharded[r] += d->len;
+    s->blk_sharded[v] += d->len;
     s->sharded += d->len;
     return 0;
 }
@@ -226,8 +220,7 @@ static int shard_per_seq(Shard *s, const CostModel *cost, const PlanDoc *docs, i
         }
     }
     s->sharded = total;
-    for (int r = 0; r < s->cp; r++)
-        s->grp_sharded[r] = total;
+    s->blk_sharded[1] = total;
     return 0;
 }
 
@@ -243,10 +236,12 @@ static double rank_time(const Shard *s, const CostModel *cost, int r)
     return shard_rank_time_with(cost, s->attn[r], s->tokens[r]);
 }
 
-/* Rank r's K/V exchange in one direction: the all-gather of its group's sharded rows. */
-static double rank_cp_comm(const Shard *s, const CostModel *cost, int r)
+double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r)
 {
-    return cost_cp_comm_group_s(cost, s->grp_size[r], s->grp_sharded[r]);
+    double t = 0;
+    for (int v = (s->cp + r) / 2; v >= 1; v /= 2)
+        t += cost_cp_comm_group_s(cost, block_size(s->cp, v), s->blk_sharded[v]);
+    return t;
 }
 
 /* The slowest rank, its group's K/V exchange included: CP ranks meet at every layer. (With one
@@ -255,7 +250,7 @@ double shard_time(const Shard *s, const CostModel *cost)
 {
     double worst = 0;
     for (int r = 0; r < s->cp; r++) {
-        double t = rank_time(s, cost, r) + 2 * rank_cp_comm(s, cost, r);
+        double t = rank_time(s, cost, r) + 2 * shard_rank_cp_comm(s, cost, r);
         worst = t > worst ? t : worst;
     }
     return worst;
@@ -264,7 +259,7 @@ double shard_time(const Shard *s, const CostModel *cost)
 /* Rank r's forward and backward seconds per layer, as the plan records them (commit). */
 static void rank_fwd_bwd(const Shard *s, const CostModel *cost, int r, double *f, double *b)
 {
-    double comm = cost_tp_comm_s(cost, s->tokens[r]) + rank_cp_comm(s, cost, r);
+    double comm = cost_tp_comm_s(cost, s->tokens[r]) + shard_rank_cp_comm(s, cost, r);
     *f = s->attn_fwd[r] + cost_linear_fwd_s(cost, s->tokens[r]) + comm;
     *b = s->attn_bwd[r] + cost_linear_bwd_s(cost, s->tokens[r]) + comm;
 }
@@ -380,8 +375,10 @@ static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMod
             return -1;
         PlanRank *pr = &p->ranks[k];
         pr->tokens = s->tokens[r];
-        pr->group_first = s->grp_first[r];
-        pr->group_size = s->grp_size[r];
+        pr->exchanges = 0;
+        for (int v = (s->cp + r) / 2; v >= 1; v /= 2)
+            if (s->blk_sharded[v] > 0)
+                pr->exchanges |= 1u << (31 - __builtin_clz((unsigned)v));
         pr->first_range = p->n_ranges;
         for (int64_t i = 0; i < s->n_ranges; i++)
             if (s->ranges[i].rank == r && plan_add_range(p, r, s->ranges[i].start, s->ranges[i].len) < 0)
@@ -398,7 +395,7 @@ static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMod
         pr->attn_bwd_s = s->attn_bwd[r];
         pr->linear_fwd_s = cost_linear_fwd_s(cost, pr->tokens);
         pr->linear_bwd_s = cost_linear_bwd_s(cost, pr->tokens);
-        pr->comm_fwd_s = pr->comm_bwd_s = cost_tp_comm_s(cost, pr->tokens) + rank_cp_comm(s, cost, r);
+        pr->comm_fwd_s = pr->comm_bwd_s = cost_tp_comm_s(cost, pr->tokens) + shard_rank_cp_comm(s, cost, r);
         double f = pr->attn_fwd_s + pr->linear_fwd_s + pr->comm_fwd_s;
         double b = pr->attn_bwd_s + pr->linear_bwd_s + pr->comm_bwd_s;
         mb->fwd_s = f > mb->fwd_s ? f : mb->fwd_s;
@@ -438,6 +435,7 @@ void plan_shard_scratch_free(StepPlan *p)
     free(sc->hyb_lb);
     free(sc->assign);
     free(sc->best_assign);
+    free(sc->nest_est);
     free(sc);
     p->shard_scratch = NULL;
 }

@@ -13,6 +13,24 @@
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 
+/* The aligned power-of-two blocks of the CP ranks (cp a power of two, or only the whole group is
+ * used) are the nodes of a binary tree: block 1 is all cp ranks, blocks 2 v and 2 v + 1 the two
+ * halves of block v, block cp + r rank r alone. A document sharded over a block exchanges its K/V
+ * among that block's ranks; a rank exchanges in each block above it that holds sharded documents. */
+static inline int block_of(int cp, int first, int size)
+{
+    return cp / size + first / size;
+}
+static inline int block_size(int cp, int v)
+{
+    return cp >> (31 - __builtin_clz((unsigned)v));
+}
+static inline int block_first(int cp, int v)
+{
+    int h = 31 - __builtin_clz((unsigned)v);
+    return (v - (1 << h)) * (cp >> h);
+}
+
 typedef struct Shard {
     int cp;
     PlanRange *ranges;
@@ -22,9 +40,9 @@ typedef struct Shard {
     int64_t *tokens;       /* per rank */
     double *attn;          /* per rank: attention seconds, forward + backward */
     double *attn_fwd, *attn_bwd;
-    int32_t *grp_first, *grp_size; /* per rank: the CP ranks it exchanges K/V with (default: all) */
-    int64_t *grp_sharded;  /* per rank: the sharded tokens of its group (what its exchange moves) */
-    int *counter;          /* per group, at its first rank: per_doc's leftover-token counter */
+    int64_t *blk_sharded;  /* per block (below): the tokens of the documents sharded over it, what its
+                            * K/V exchange moves */
+    int *counter;          /* per block: per_doc's leftover-token counter */
     int64_t sharded;       /* tokens in any K/V all-gather */
     int32_t *doc_rank;     /* per document: the rank holding it whole, or -1 when sharded */
     int32_t *doc_first, *doc_size; /* per document: its group */
@@ -43,6 +61,8 @@ typedef struct ShardScratch {
     double *est;           /* plan_groups: per document and group size, predicted seconds */
     int64_t cap_est;
     int32_t *assign, *best_assign; /* plan_groups: per document, its group */
+    double *nest_est;      /* plan_groups: per document and size 2^j, when cp > 16 */
+    int64_t cap_nest_est;
     int warm_count[8], warm_levels, warm_valid; /* plan_groups: the step's last best split */
     int64_t cap_assign, cap_best_assign;
 } ShardScratch;
@@ -51,15 +71,18 @@ typedef struct ShardScratch {
 int shard_reset(Shard *s, int64_t n_docs);
 /* Document k whole on rank r. */
 int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int r);
-/* Document k per_doc over CP ranks first .. first + g - 1 (2 g chunks, chunks i and 2 g - 1 - i on
- * rank first + i). The caller sets those ranks' grp_first / grp_size. */
+/* Document k per_doc over CP ranks first .. first + g - 1, an aligned block (2 g chunks, chunks i
+ * and 2 g - 1 - i on rank first + i); its tokens join the block's exchange. */
 int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g);
 /* per_doc's chunk sizes of a document of len tokens over g ranks (2 g chunks), the leftover tokens
  * placed by the running counter. */
 void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size);
 /* One layer forward + backward of a rank with this attention time and tokens, exchange excluded. */
 double shard_rank_time_with(const CostModel *cost, double attn, int64_t tokens);
-/* The slowest rank's seconds per layer, forward + backward, its group's exchange included. */
+/* Rank r's K/V exchange in one direction: the all-gathers of the blocks above it that hold sharded
+ * documents, one after another. */
+double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r);
+/* The slowest rank's seconds per layer, forward + backward, its exchanges included. */
 double shard_time(const Shard *s, const CostModel *cost);
 /* 1 when no rank holds more than capacity tokens. */
 int shard_fits(const Shard *s, int64_t capacity);
