@@ -45,6 +45,7 @@
  * 3 evaluates the cost model's lines, not the model), and one exact layout of n documents. With
  * hybrid's own candidates beside it: README, measured planning time.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "engine/plan/plan_groups_impl.h"
@@ -251,6 +252,31 @@ static void enumerate(Search *s, int level, int units)
     }
 }
 
+/* The exact layout of the nested blocks in s: every document on its block (node), per_doc or whole,
+ * in micro-batch order; with even_node, the eveners (even_node[k] > 0: their block) after them. */
+static int lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t n, const int32_t *node,
+                   const int32_t *even_node, int64_t capacity)
+{
+    int cp = s->cp;
+    if (shard_reset(s, n) != 0)
+        return -1;
+    for (int64_t k = 0; k < n; k++) {
+        if (even_node && even_node[k] > 0)
+            continue;
+        int v = node[k], size = block_size(cp, v);
+        int rc = size == 1 ? shard_whole(s, cost, docs, k, v - cp)
+                           : shard_per_doc_group(s, cost, docs, k, block_first(cp, v), size);
+        if (rc != 0)
+            return -1;
+    }
+    for (int64_t k = 0; k < n && even_node; k++) {
+        int v = even_node[k];
+        if (v > 0 && groups_even_place(s, cost, docs, k, block_first(cp, v), block_size(cp, v), capacity) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
                      double limit, double *t)
 {
@@ -322,7 +348,8 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
                 s.count[j] = s.warm[j];
             try_split(&s);
         }
-        enumerate(&s, s.levels - 1, s.units);
+        if (!getenv("WLB_NO_ENUM") || !s.warm)
+            enumerate(&s, s.levels - 1, s.units);
     }
     if (s.best_t >= 0) {
         for (int j = 0; j < s.levels; j++)
@@ -389,21 +416,60 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
         groups_nest(&x);
         after = groups_nest_worst(&x);
     }
+    /* The eveners (plan_groups_even.c), on the lines: a document's block in even_node (0: none). */
+    int32_t *even_node = array_grow(sc->even_node, &sc->cap_even_node, n + 1, sizeof *even_node);
+    if (!even_node)
+        return -1;
+    sc->even_node = even_node;
+    for (int64_t k = 0; k < n; k++)
+        even_node[k] = 0;
+    int n_even = groups_even_pick(&x, even_node);
+    double evened = n_even > 0 ? groups_nest_worst(&x) : after;
     /* From hybrid's layout, only a search that ends faster than hybrid is worth laying out. */
-    if (s.best_t < 0 && !(after < limit))
+    if (s.best_t < 0 && !(after < limit) && !(evened < limit))
         return 0;
     /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
-     * that order, as in the other modes). */
-    if (shard_reset(out, n) != 0)
+     * that order, as in the other modes), without the eveners and with them: the faster is kept. */
+    if (lay_out(out, cost, docs, n, node, NULL, capacity) != 0)
         return -1;
-    for (int64_t k = 0; k < n; k++) {
-        int v = node[k], size = block_size(cp, v);
-        int rc = size == 1 ? shard_whole(out, cost, docs, k, v - cp)
-                           : shard_per_doc_group(out, cost, docs, k, block_first(cp, v), size);
-        if (rc != 0)
-            return -1;
-    }
     if (shard_fits(out, capacity))
         *t = shard_time(out, cost);
+    if (n_even > 0) {
+        Shard *alt = &sc->cand[SHARD_TRY];
+        if (lay_out(alt, cost, docs, n, node, even_node, capacity) != 0)
+            return -1;
+        double t_alt = shard_fits(alt, capacity) ? shard_time(alt, cost) : -1;
+        if (t_alt >= 0 && (*t < 0 || t_alt < *t)) {
+            Shard tmp = *out;
+            *out = *alt;
+            *alt = tmp;
+            *t = t_alt;
+        }
+    }
+    if (getenv("WLB_NEST_DEBUG")) {
+        double mean = 0, mx = 0, lo = 1e9;
+        for (int r = 0; r < cp; r++) {
+            int64_t rr;
+            (void)rr;
+            double tt = line_rank_time(&s.line, x.attn_r[r], x.rows[r]) + x.comm_r[r];
+            mean += tt / cp;
+            lo = tt < lo ? tt : lo;
+            mx = tt > mx ? tt : mx;
+        }
+        double emean = 0;
+        for (int r = 0; r < cp; r++)
+            emean += (shard_rank_time_with(cost, out->attn[r], out->tokens[r]) + 2 * shard_rank_cp_comm(out, cost, r)) / cp;
+        static int once = 0;
+        if (!once++ && getenv("WLB_NEST_DUMP")) {
+            for (int j = 1; j <= depth; j++)
+                fprintf(stderr, "size %d: 2x comm of 1000 tokens %.4f, latency part %.4f\n", 1 << j, 2 * line_cp_comm(&s.line, j, 1000) / mean, 2 * s.line.cp_b[j] / mean);
+            for (int r = 0; r < cp; r++)
+                fprintf(stderr, "rank %d t %.4f rows %lld attn %.4f comm %.4f\n", r, (line_rank_time(&s.line, x.attn_r[r], x.rows[r]) + x.comm_r[r]) / mean, (long long)x.rows[r], x.attn_r[r]/mean, x.comm_r[r]/mean);
+            for (int64_t k = 0; k < n; k++)
+                fprintf(stderr, "doc %lld len %lld block [%d,+%d)\n", (long long)k, (long long)docs[k].len, block_first(cp, node[k]), block_size(cp, node[k]));
+        }
+        fprintf(stderr, "even %lld nest n=%lld refine %.4f nest %.4f (min %.4f) moves %lld exact %.4f (exact mean %.4f) \n",
+                (long long)n_even, (long long)n, before / mean, mx / mean, lo / mean, (long long)x.moves, *t / emean, emean / mean);
+    }
     return 0;
 }

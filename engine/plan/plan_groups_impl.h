@@ -105,4 +105,13 @@ double groups_nest_start(Nest *x);
 void groups_nest(Nest *x);
 double groups_nest_worst(const Nest *x);
 
+/* The evener (plan_groups_even.c): the document whose uneven cut over all ranks would leave the
+ * slowest rank lowest on the lines, or -1 when none beats the slowest rank now; then its layout,
+ * after every other document is placed in s. */
+int groups_even_pick(Nest *x, int32_t *even);
+int groups_even_place(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int size,
+                      int64_t capacity);
+/* Document k onto (sign +1) or off (-1) block v, in the nested search's sums. */
+void nest_move(Nest *x, int64_t k, int v, int sign);
+
 #endif

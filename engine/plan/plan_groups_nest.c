@@ -60,7 +60,7 @@ static double rank_time(const Nest *x, int r, double da, int64_t drows, double d
 }
 
 /* Document k onto (sign +1) or off (-1) block v: the block's sums and its ranks'. */
-static void apply(Nest *x, int64_t k, int v, int sign)
+void nest_move(Nest *x, int64_t k, int v, int sign)
 {
     int64_t d = x->docs[k].len, tok = x->tok[v] + sign * d;
     double a = sign * node_attn(x, k, v);
@@ -85,7 +85,7 @@ double groups_nest_start(Nest *x)
     }
     x->plateau = x->n <= 6 * (int64_t)x->cp ? x->cp : 0;
     for (int64_t k = 0; k < x->n; k++)
-        apply(x, k, x->node[k], +1);
+        nest_move(x, k, x->node[k], +1);
     for (int r = 0; r < x->cp; r++)
         if (x->rows[r] > x->capacity)
             return -1;
@@ -104,24 +104,24 @@ double groups_nest_worst(const Nest *x)
 }
 
 typedef struct NestMove {
-    int64_t k;
-    int to;
-    double t; /* the highest time over the ranks it changes */
+    int64_t k, k2; /* the document; k2: the one swapped with it (-1: none) */
+    int to;        /* k's new block (k2 goes to k's old one) */
+    double t;      /* the highest time over the ranks it changes */
 } NestMove;
 
-/* The change a document of d tokens and attention a per rank makes to each rank of block v, when
- * added (sign +1) or removed (-1). */
+/* What a change of block v's documents does to each of its ranks. */
 typedef struct Delta {
     double attn, comm;
     int64_t rows;
     int first, size;
 } Delta;
 
-static Delta delta(const Nest *x, int64_t k, int v, int sign)
+/* Block v gains dtok tokens and da attention per rank. */
+static Delta delta(const Nest *x, int v, int64_t dtok, double da)
 {
-    int64_t d = x->docs[k].len, tok = x->tok[v] + sign * d;
+    int64_t tok = x->tok[v] + dtok;
     int h = node_depth(v), size = x->cp >> h;
-    return (Delta){sign * node_attn(x, k, v), node_comm(x, v, tok) - node_comm(x, v, x->tok[v]),
+    return (Delta){da, node_comm(x, v, tok) - node_comm(x, v, x->tok[v]),
                    node_rows(x, v, tok) - node_rows(x, v, x->tok[v]), (v - (1 << h)) * size, size};
 }
 
@@ -130,62 +130,98 @@ static int in_block(const Delta *b, int r)
     return r >= b->first && r < b->first + b->size;
 }
 
-/* The best move off rank s (time T), given now[r] every rank's time and top[v] the slowest time
- * among block v's ranks. */
-static NestMove best_move(const Nest *x, int s, double T, const double *now, const double *top)
+/* The highest new time over the ranks of blocks a and b (each rank with the deltas of the blocks it
+ * lies in), or -1 when a rank would reach `bar` or exceed the capacity. */
+static double changed_max(const Nest *x, const Delta *a, const Delta *b, double bar)
+{
+    double mx = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const Delta *blk = pass ? b : a;
+        for (int r = blk->first; r < blk->first + blk->size; r++) {
+            if (pass && in_block(a, r))
+                continue; /* done in the first pass */
+            int ia = in_block(a, r), ib = in_block(b, r);
+            int64_t rows;
+            double t = rank_time(x, r, (ia ? a->attn : 0) + (ib ? b->attn : 0), (ia ? a->rows : 0) + (ib ? b->rows : 0),
+                                 (ia ? a->comm : 0) + (ib ? b->comm : 0), &rows);
+            if (rows > x->capacity || t >= bar)
+                return -1;
+            mx = t > mx ? t : mx;
+        }
+    }
+    return mx;
+}
+
+/* What a change adds at least to each of its block's ranks: its attention, its rows' GEMMs and
+ * element-wise work, its exchange (the TP term only grows with the rows). */
+static double least_gain(const Nest *x, const Delta *d)
+{
+    return d->attn + x->line->lin * (double)d->rows + d->comm;
+}
+
+/* A lower bound on the slowest of block b's ranks after changes a and b (top_b: its slowest now). */
+static double least_after(const Nest *x, const Delta *a, const Delta *b, double top_b)
+{
+    double gb = least_gain(x, b), ga = least_gain(x, a);
+    if (!in_block(a, b->first) && !in_block(b, a->first))
+        return top_b + gb; /* apart */
+    if (in_block(a, b->first) && b->size <= a->size)
+        return top_b + gb + ga; /* b inside a: every rank of b has both */
+    return top_b + gb + (ga < 0 ? ga : 0); /* a inside b */
+}
+
+static void consider(NestMove *best, int64_t k, int64_t k2, int to, double t)
+{
+    if (t >= 0 && (best->k < 0 || t < best->t))
+        *best = (NestMove){k, k2, to, t};
+}
+
+/* The best move off rank s (time T), top[v] the slowest time among block v's ranks: a document on a
+ * block above s to another block, or swapped with a document on another block. */
+static NestMove best_move(const Nest *x, int s, double T, const double *top)
 {
     int cp = x->cp, leaf = cp + s;
-    NestMove best = {-1, 0, 0};
+    NestMove best = {-1, -1, 0, 0};
     for (int64_t k = 0; k < x->n; k++) {
         int u = x->node[k];
         if ((leaf >> (node_depth(leaf) - node_depth(u))) != u)
             continue; /* not on a block above s */
-        Delta off = delta(x, k, u, -1);
-        /* Its block's ranks without it; the highest of them. */
-        double out_max = 0;
-        for (int r = off.first; r < off.first + off.size; r++) {
-            int64_t rows;
-            double t = rank_time(x, r, off.attn, off.rows, off.comm, &rows);
-            out_max = t > out_max ? t : out_max;
-        }
+        int64_t d = x->docs[k].len;
+        double eu = node_attn(x, k, u);
+        Delta off = delta(x, u, -d, -eu);
         for (int w = 1; w < 2 * cp; w++) {
             if (w == u)
                 continue;
-            Delta on = delta(x, k, w, +1);
-            double bar = best.k >= 0 && best.t < T ? best.t : T;
-            /* Every rank of w that does not lose the document gains at least this. */
-            int nested = in_block(&off, on.first) || in_block(&on, off.first);
-            if (!nested && top[w] + on.attn + x->line->lin * (double)on.rows + on.comm >= bar)
+            double bar = best.k >= 0 ? best.t : T, ew = node_attn(x, k, w);
+            /* Its slowest rank gains at least the attention and the GEMMs of its share (when apart
+             * from u): the cheap test first. */
+            int ws = cp >> node_depth(w), wf = (w - (1 << node_depth(w))) * ws;
+            if ((wf >= off.first + off.size || off.first >= wf + ws) &&
+                top[w] + ew + x->line->lin * (double)(d / ws) >= bar)
                 continue;
-            double mx = 0;
-            int ok = 1;
-            for (int r = on.first; r < on.first + on.size && ok; r++) {
-                int64_t rows;
-                int both = in_block(&off, r);
-                double t = rank_time(x, r, on.attn + (both ? off.attn : 0), on.rows + (both ? off.rows : 0),
-                                     on.comm + (both ? off.comm : 0), &rows);
-                ok = rows <= x->capacity && t < bar;
-                mx = t > mx ? t : mx;
-            }
-            if (!ok)
+            Delta on = delta(x, w, d, ew);
+            if (least_after(x, &off, &on, top[w]) >= bar)
                 continue;
-            /* The ranks that only lose it. */
-            if (!nested) {
-                mx = out_max > mx ? out_max : mx;
-            } else if (!in_block(&on, off.first) || on.size < off.size) {
-                for (int r = off.first; r < off.first + off.size; r++) {
-                    if (in_block(&on, r))
-                        continue;
-                    int64_t rows;
-                    double t = rank_time(x, r, off.attn, off.rows, off.comm, &rows);
-                    mx = t > mx ? t : mx;
-                }
-            }
-            if (mx < bar)
-                best = (NestMove){k, w, mx};
+            consider(&best, k, -1, w, changed_max(x, &off, &on, bar));
+        }
+        /* Swaps: k to k2's block, k2 to u. */
+        for (int64_t k2 = 0; k2 < x->n; k2++) {
+            int w = x->node[k2];
+            int64_t d2 = x->docs[k2].len;
+            if (w == u || d2 >= d)
+                continue;
+            double bar = best.k >= 0 ? best.t : T, ew = node_attn(x, k, w) - node_attn(x, k2, w);
+            int ws = cp >> node_depth(w), wf = (w - (1 << node_depth(w))) * ws;
+            if ((wf >= off.first + off.size || off.first >= wf + ws) &&
+                top[w] + ew + x->line->lin * (double)((d - d2) / ws - 1) >= bar)
+                continue;
+            Delta a = delta(x, u, d2 - d, node_attn(x, k2, u) - eu);
+            Delta b = delta(x, w, d - d2, ew);
+            if (least_after(x, &a, &b, top[w]) >= bar)
+                continue;
+            consider(&best, k, k2, w, changed_max(x, &a, &b, bar));
         }
     }
-    (void)now;
     return best;
 }
 
@@ -206,14 +242,20 @@ void groups_nest(Nest *x)
         }
         for (int v = cp - 1; v >= 1; v--)
             top[v] = top[2 * v] > top[2 * v + 1] ? top[2 * v] : top[2 * v + 1];
-        NestMove best = best_move(x, by_t[0], now[by_t[0]], now, top);
+        NestMove best = best_move(x, by_t[0], now[by_t[0]], top);
         for (int i = 1; i < cp && best.k < 0 && x->plateau > 0; i++)
-            if ((best = best_move(x, by_t[i], now[by_t[i]], now, top)).k >= 0)
+            if ((best = best_move(x, by_t[i], now[by_t[i]], top)).k >= 0)
                 x->plateau--;
         if (best.k < 0)
             return;
-        apply(x, best.k, x->node[best.k], -1);
-        apply(x, best.k, best.to, +1);
+        int from = x->node[best.k];
+        nest_move(x, best.k, from, -1);
+        if (best.k2 >= 0) {
+            nest_move(x, best.k2, best.to, -1);
+            nest_move(x, best.k2, from, +1);
+            x->node[best.k2] = from;
+        }
+        nest_move(x, best.k, best.to, +1);
         x->node[best.k] = best.to;
         x->moves++;
     }

@@ -45,6 +45,8 @@ static void shard_free_ranks(Shard *s)
     free(s->attn_fwd);
     free(s->attn_bwd);
     free(s->blk_sharded);
+    free(s->uneven);
+    free(s->own);
     free(s->counter);
 }
 
@@ -61,9 +63,13 @@ static int shard_alloc(Shard *s, int cp)
     s->attn_fwd = malloc(n * sizeof *s->attn_fwd);
     s->attn_bwd = malloc(n * sizeof *s->attn_bwd);
     s->blk_sharded = malloc(2 * n * sizeof *s->blk_sharded);
+    s->uneven = malloc(2 * n * sizeof *s->uneven);
+    s->own = malloc(n * SHARD_DEPTHS * sizeof *s->own);
     s->counter = malloc(2 * n * sizeof *s->counter);
-    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd && s->blk_sharded && s->counter ? 0
-                                                                                                              : -1;
+    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd && s->blk_sharded && s->uneven &&
+                   s->own && s->counter
+               ? 0
+               : -1;
 }
 
 int shard_reset(Shard *s, int64_t n_docs)
@@ -93,8 +99,11 @@ int shard_reset(Shard *s, int64_t n_docs)
     }
     for (int v = 0; v < 2 * s->cp; v++) {
         s->blk_sharded[v] = 0;
+        s->uneven[v] = 0;
         s->counter[v] = 0;
     }
+    for (int i = 0; i < s->cp * SHARD_DEPTHS; i++)
+        s->own[i] = 0;
     return 0;
 }
 
@@ -174,15 +183,22 @@ void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
  * and 2 g - 1 - i of it on rank first + i. Each block runs its own leftover counter. */
 int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g)
 {
+    int64_t size[2 * 1024];
+    shard_per_doc_chunks(g, docs[k].len, &s->counter[block_of(s->cp, first, g)], size);
+    return shard_chunks(s, cost, docs, k, first, g, size);
+}
+
+int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g,
+                 const int64_t *size)
+{
     const PlanDoc *d = &docs[k];
-    int n = 2 * g;
-    int64_t size[2 * 1024], at = d->start;
-    int v = block_of(s->cp, first, g);
-    shard_per_doc_chunks(g, d->len, &s->counter[v], size);
-    for (int c = 0; c < n; c++) {
-        int r = first + (c < g ? c : n - 1 - c);
+    int64_t at = d->start;
+    int v = block_of(s->cp, first, g), h = 31 - __builtin_clz((unsigned)v);
+    for (int c = 0; c < 2 * g; c++) {
+        int r = first + (c < g ? c : 2 * g - 1 - c);
         if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
             return -1;
+        s->own[r * SHARD_DEPTHS + h] += size[c];
         at += size[c];
     }
     s->doc_rank[k] = -1;
@@ -236,11 +252,22 @@ static double rank_time(const Shard *s, const CostModel *cost, int r)
     return shard_rank_time_with(cost, s->attn[r], s->tokens[r]);
 }
 
+int64_t shard_block_exchange_tokens(const Shard *s, int v)
+{
+    int g = block_size(s->cp, v), first = block_first(s->cp, v), h = 31 - __builtin_clz((unsigned)v);
+    if (!s->uneven[v] || g < 2)
+        return s->blk_sharded[v];
+    int64_t least = s->blk_sharded[v];
+    for (int r = first; r < first + g; r++)
+        least = s->own[r * SHARD_DEPTHS + h] < least ? s->own[r * SHARD_DEPTHS + h] : least;
+    return ((s->blk_sharded[v] - least) * g + g - 2) / (g - 1);
+}
+
 double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r)
 {
     double t = 0;
     for (int v = (s->cp + r) / 2; v >= 1; v /= 2)
-        t += cost_cp_comm_group_s(cost, block_size(s->cp, v), s->blk_sharded[v]);
+        t += cost_cp_comm_group_s(cost, block_size(s->cp, v), shard_block_exchange_tokens(s, v));
     return t;
 }
 
@@ -436,6 +463,7 @@ void plan_shard_scratch_free(StepPlan *p)
     free(sc->assign);
     free(sc->best_assign);
     free(sc->nest_est);
+    free(sc->even_node);
     free(sc);
     p->shard_scratch = NULL;
 }

@@ -31,6 +31,8 @@ static inline int block_first(int cp, int v)
     return (v - (1 << h)) * (cp >> h);
 }
 
+enum { SHARD_DEPTHS = 11 }; /* blocks of 1024 ranks down to 1 */
+
 typedef struct Shard {
     int cp;
     PlanRange *ranges;
@@ -42,6 +44,9 @@ typedef struct Shard {
     double *attn_fwd, *attn_bwd;
     int64_t *blk_sharded;  /* per block (below): the tokens of the documents sharded over it, what its
                             * K/V exchange moves */
+    uint8_t *uneven;       /* per block: it holds a document cut unevenly (plan_groups_even.c) */
+    int64_t *own;          /* per rank and tree depth (SHARD_DEPTHS): its rows of the documents
+                            * sharded over its block at that depth */
     int *counter;          /* per block: per_doc's leftover-token counter */
     int64_t sharded;       /* tokens in any K/V all-gather */
     int32_t *doc_rank;     /* per document: the rank holding it whole, or -1 when sharded */
@@ -62,7 +67,8 @@ typedef struct ShardScratch {
     int64_t cap_est;
     int32_t *assign, *best_assign; /* plan_groups: per document, its group */
     double *nest_est;      /* plan_groups: per document and size 2^j, when cp > 16 */
-    int64_t cap_nest_est;
+    int32_t *even_node;    /* plan_groups: per document, its block as an evener (0: none) */
+    int64_t cap_nest_est, cap_even_node;
     int warm_count[8], warm_levels, warm_valid; /* plan_groups: the step's last best split */
     int64_t cap_assign, cap_best_assign;
 } ShardScratch;
@@ -74,11 +80,20 @@ int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k,
 /* Document k per_doc over CP ranks first .. first + g - 1, an aligned block (2 g chunks, chunks i
  * and 2 g - 1 - i on rank first + i); its tokens join the block's exchange. */
 int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g);
+/* Document k over the aligned block first .. first + g - 1 in 2 g chunks of size[c] tokens (0:
+ * none), in document order, chunks i and 2 g - 1 - i on rank first + i (per_doc's placement, with
+ * any sizes); its tokens join the block's exchange. */
+int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g,
+                 const int64_t *size);
 /* per_doc's chunk sizes of a document of len tokens over g ranks (2 g chunks), the leftover tokens
  * placed by the running counter. */
 void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size);
 /* One layer forward + backward of a rank with this attention time and tokens, exchange excluded. */
 double shard_rank_time_with(const CostModel *cost, double attn, int64_t tokens);
+/* The tokens block v's exchange is priced at: its sharded tokens; with a document cut unevenly, as
+ * many as make (g - 1) / g of them what its rank holding the fewest receives (an all-gather ends
+ * when that rank has every other rank's rows). */
+int64_t shard_block_exchange_tokens(const Shard *s, int v);
 /* Rank r's K/V exchange in one direction: the all-gathers of the blocks above it that hold sharded
  * documents, one after another. */
 double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r);
