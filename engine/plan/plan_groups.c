@@ -45,7 +45,6 @@
  * 3 evaluates the cost model's lines, not the model), and one exact layout of n documents. With
  * hybrid's own candidates beside it: README, measured planning time.
  */
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "engine/plan/plan_groups_impl.h"
@@ -253,15 +252,15 @@ static void enumerate(Search *s, int level, int units)
 }
 
 /* The exact layout of the nested blocks in s: every document on its block (node), per_doc or whole,
- * in micro-batch order; with even_node, the eveners (even_node[k] > 0: their block) after them. */
+ * in micro-batch order; with eveners (even[k] > 0), those after them (plan_groups_cut.c). */
 static int lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t n, const int32_t *node,
-                   const int32_t *even_node, int64_t capacity)
+                   const int32_t *even, const EvenCut *ev, int n_ev, int64_t capacity)
 {
     int cp = s->cp;
     if (shard_reset(s, n) != 0)
         return -1;
     for (int64_t k = 0; k < n; k++) {
-        if (even_node && even_node[k] > 0)
+        if (even && even[k] > 0)
             continue;
         int v = node[k], size = block_size(cp, v);
         int rc = size == 1 ? shard_whole(s, cost, docs, k, v - cp)
@@ -269,12 +268,7 @@ static int lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t
         if (rc != 0)
             return -1;
     }
-    for (int64_t k = 0; k < n && even_node; k++) {
-        int v = even_node[k];
-        if (v > 0 && groups_even_place(s, cost, docs, k, block_first(cp, v), block_size(cp, v), capacity) != 0)
-            return -1;
-    }
-    return 0;
+    return n_ev > 0 ? groups_even_lay_out(s, cost, docs, ev, n_ev, capacity) : 0;
 }
 
 int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
@@ -348,8 +342,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
                 s.count[j] = s.warm[j];
             try_split(&s);
         }
-        if (!getenv("WLB_NO_ENUM") || !s.warm)
-            enumerate(&s, s.levels - 1, s.units);
+        enumerate(&s, s.levels - 1, s.units);
     }
     if (s.best_t >= 0) {
         for (int j = 0; j < s.levels; j++)
@@ -361,37 +354,22 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     sc->assign = s.assign;
     sc->best_assign = s.best_assign;
     *t = -1;
-    /* The local search, from the best split, or from hybrid's own layout (the split {cp} with
-     * hybrid's documents whole where it put them) when no split beat hybrid. */
+    /* The nested search (plan_groups_nest.c) from the best split - or from hybrid's own layout
+     * (the split {cp} with hybrid's documents whole where it put them) when no split beat hybrid:
+     * every document on its group's block, or on its rank's when whole. */
+    int32_t *node = s.best_assign;
     if (s.best_t < 0) {
         if (sc->hybrid_threshold <= 0)
             return 0;
-        s.best[0] = (Group){0, cp, s.levels - 1, 0, 0, 0, 0};
-        while ((1 << s.best[0].log2_size) < cp)
-            s.best[0].log2_size++;
-        s.n_best = 1;
         for (int64_t k = 0; k < n; k++)
-            s.best_assign[k] = sc->cand[SHARD_BEST].doc_rank[k] < 0 ? 0 : -1 - sc->cand[SHARD_BEST].doc_rank[k];
+            node[k] = sc->cand[SHARD_BEST].doc_rank[k] < 0 ? 1 : cp + sc->cand[SHARD_BEST].doc_rank[k];
+    } else {
+        for (int64_t k = 0; k < n; k++) {
+            int a = node[k];
+            node[k] = a < 0 ? cp - 1 - a : block_of(cp, s.best[a].first, s.best[a].size);
+        }
     }
-    int grp_of[1024];
-    Refine f = {.line = &s.line, .docs = docs, .est = est, .levels = s.levels, .cp = cp, .ng = s.n_best, .n = n,
-                .capacity = capacity, .g = s.best, .assign = s.best_assign, .grp_of = grp_of,
-                .whole_attn = rank_attn, .whole_tok = rank_tok};
-    double before = groups_refine_start(&f), after = before;
-    if (before >= 0) {
-        groups_refine(&f);
-        after = groups_refine_worst(&f);
-    }
-    if (before < 0)
-        return 0;
-    /* The nested blocks (plan_groups_nest.c), from the refined split: every document on its
-     * group's block, or on its rank's when whole. The attention per rank on every size: est when a
-     * unit is one rank, else sampled here. */
-    int32_t *node = s.best_assign;
-    for (int64_t k = 0; k < n; k++) {
-        int a = node[k];
-        node[k] = a < 0 ? cp - 1 - a : block_of(cp, s.best[a].first, s.best[a].size);
-    }
+    /* The attention per rank on every block size: est when a unit is one rank, else sampled here. */
     int depth = 0;
     while ((1 << depth) < cp)
         depth++;
@@ -412,10 +390,10 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     double comm_r[1024];
     Nest x = {.line = &s.line, .docs = docs, .est = nest_est, .stride = stride, .cp = cp, .depth = depth, .n = n,
               .capacity = capacity, .node = node, .tok = tok, .attn_r = rank_attn, .comm_r = comm_r, .rows = rows};
-    if (groups_nest_start(&x) >= 0) {
-        groups_nest(&x);
-        after = groups_nest_worst(&x);
-    }
+    if (groups_nest_start(&x) < 0)
+        return 0;
+    groups_nest(&x);
+    double after = groups_nest_worst(&x);
     /* The eveners (plan_groups_even.c), on the lines: a document's block in even_node (0: none). */
     int32_t *even_node = array_grow(sc->even_node, &sc->cap_even_node, n + 1, sizeof *even_node);
     if (!even_node)
@@ -423,20 +401,25 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     sc->even_node = even_node;
     for (int64_t k = 0; k < n; k++)
         even_node[k] = 0;
-    int n_even = groups_even_pick(&x, even_node);
+    double *even_rows = array_grow(sc->even_rows, &sc->cap_even_rows, (int64_t)EVEN_MAX * cp, sizeof *even_rows);
+    if (!even_rows)
+        return -1;
+    sc->even_rows = even_rows;
+    EvenCut ev[EVEN_MAX];
+    int n_even = groups_even_pick(&x, even_node, even_rows, ev);
     double evened = n_even > 0 ? groups_nest_worst(&x) : after;
     /* From hybrid's layout, only a search that ends faster than hybrid is worth laying out. */
     if (s.best_t < 0 && !(after < limit) && !(evened < limit))
         return 0;
     /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
      * that order, as in the other modes), without the eveners and with them: the faster is kept. */
-    if (lay_out(out, cost, docs, n, node, NULL, capacity) != 0)
+    if (lay_out(out, cost, docs, n, node, NULL, NULL, 0, capacity) != 0)
         return -1;
     if (shard_fits(out, capacity))
         *t = shard_time(out, cost);
     if (n_even > 0) {
-        Shard *alt = &sc->cand[SHARD_TRY];
-        if (lay_out(alt, cost, docs, n, node, even_node, capacity) != 0)
+        Shard *alt = &sc->cand[SHARD_EVEN];
+        if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even, capacity) != 0)
             return -1;
         double t_alt = shard_fits(alt, capacity) ? shard_time(alt, cost) : -1;
         if (t_alt >= 0 && (*t < 0 || t_alt < *t)) {
@@ -445,31 +428,6 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
             *alt = tmp;
             *t = t_alt;
         }
-    }
-    if (getenv("WLB_NEST_DEBUG")) {
-        double mean = 0, mx = 0, lo = 1e9;
-        for (int r = 0; r < cp; r++) {
-            int64_t rr;
-            (void)rr;
-            double tt = line_rank_time(&s.line, x.attn_r[r], x.rows[r]) + x.comm_r[r];
-            mean += tt / cp;
-            lo = tt < lo ? tt : lo;
-            mx = tt > mx ? tt : mx;
-        }
-        double emean = 0;
-        for (int r = 0; r < cp; r++)
-            emean += (shard_rank_time_with(cost, out->attn[r], out->tokens[r]) + 2 * shard_rank_cp_comm(out, cost, r)) / cp;
-        static int once = 0;
-        if (!once++ && getenv("WLB_NEST_DUMP")) {
-            for (int j = 1; j <= depth; j++)
-                fprintf(stderr, "size %d: 2x comm of 1000 tokens %.4f, latency part %.4f\n", 1 << j, 2 * line_cp_comm(&s.line, j, 1000) / mean, 2 * s.line.cp_b[j] / mean);
-            for (int r = 0; r < cp; r++)
-                fprintf(stderr, "rank %d t %.4f rows %lld attn %.4f comm %.4f\n", r, (line_rank_time(&s.line, x.attn_r[r], x.rows[r]) + x.comm_r[r]) / mean, (long long)x.rows[r], x.attn_r[r]/mean, x.comm_r[r]/mean);
-            for (int64_t k = 0; k < n; k++)
-                fprintf(stderr, "doc %lld len %lld block [%d,+%d)\n", (long long)k, (long long)docs[k].len, block_first(cp, node[k]), block_size(cp, node[k]));
-        }
-        fprintf(stderr, "even %lld nest n=%lld refine %.4f nest %.4f (min %.4f) moves %lld exact %.4f (exact mean %.4f) \n",
-                (long long)n_even, (long long)n, before / mean, mx / mean, lo / mean, (long long)x.moves, *t / emean, emean / mean);
     }
     return 0;
 }

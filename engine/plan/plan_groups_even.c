@@ -1,33 +1,33 @@
 /*
- * engine/plan/plan_groups_even.c - the groups search's evener: one document cut unevenly over all
- * CP ranks to fill what whole documents leave uneven.
+ * engine/plan/plan_groups_even.c - the groups search's eveners: documents cut unevenly over a block
+ * to fill what whole documents and per_doc's equal shares leave uneven.
  *
- * After the split, the local search and the nested blocks, the ranks of a CP 16 micro-batch are
- * still 1-3% apart: a rank holds about 8K rows there, so 1% is 80 rows, while the shortest
- * documents of a 128K micro-batch are close to 1K tokens, and a document only moves whole or in
- * per_doc's equal shares. The evener is the continuous knob those moves lack. One document is
- * taken out of its block and sharded over the whole CP group in one chunk per rank, each chunk as
- * long as its rank's deficit: with every other document placed, rank r's time is b_r, and a chunk
- * of x_r rows adds about c x_r (GEMMs, element-wise work, TP all-reduces per row) plus the chunk's
- * attention, so the level L with sum_r max(0, (L - b_r) / c) = d (water-filling, the b_r sorted)
- * gives x_r = max(0, (L - b_r) / c). The chunks lie in rank order, chunk r's queries over the keys
- * of the document up to its end (the document-causal mask, as every sharded chunk: the K/V
- * all-gather of the whole group brings them). A rank above the level gets no chunk but still takes
- * part in the exchange, which every rank pays: the document's K/V over all CP ranks.
+ * After the split, its local search and the nested blocks (plan_groups.c, _refine.c, _nest.c), the
+ * ranks of a CP 16 micro-batch are still 1-3% apart: a rank holds about 6-8K rows there, so 1% is
+ * 60-80 rows, while the shortest documents of a 128K micro-batch are near 1K tokens, and a document
+ * only moves whole or in per_doc's equal shares. An evener is the continuous knob those moves
+ * lack: a document on a block above the slowest rank s is taken off it and cut over a block w
+ * containing that one, each rank of w getting as many rows as it lacks: with the document off,
+ * rank i of w has time b_i on the lines, a row adds a (its GEMMs and so on, and per_doc's attention
+ * per row over w), and the level L with sum_i max(0, (L - b_i) / a) = d (water-filling over the
+ * sorted b_i) gives rank i max(0, (L - b_i) / a) rows. Its exchange: the document's K/V over w,
+ * priced as an all-gather of uneven shares is (the rank holding the fewest rows receives the
+ * rest, so a rank left without rows costs w up to d / g tokens more than per_doc's).
  *
- * Which document: the one whose line-model level (groups_even_pick) is lowest, among those whose
- * removal and water-filling beat the slowest rank now; none when no document does (it was even
- * enough, or every document is too short to fill the gaps). The layout (groups_even_place) then
- * water-fills on the exact rank times of the placed documents and corrects for the chunks'
- * attention (a chunk's position sets its keys) in a few passes; the plan records the exact figure
- * of the result, and plan_shard keeps the layout only when it is faster than hybrid's.
- * Bound: picking is n water-fillings of cp ranks (O(n cp log cp)); placing, EVEN_PASSES more.
+ * groups_even_pick repeats, while it lowers the slowest rank: of every document on a block above
+ * s and every block containing its block, the cut that leaves w's slowest rank lowest, if below s's
+ * time; or an evener already made re-cut over a larger block (a pair evened to its mean can then be
+ * evened with its neighbours); when none helps, s's partner (s ^ 1) may trade the documents it
+ * holds whole with another rank's (both staying below s's time) if that opens an evener - s's pair
+ * is aligned, a slack rank elsewhere is not. At most EVEN_MAX eveners a micro-batch.
+ * The exact layout cuts each evener again on the exact times (plan_groups_cut.c); plan_groups_best
+ * keeps the layout with the eveners only when its exact figure beats the one without.
+ * Bound: at most 2 EVEN_MAX rounds, each O(n (L + EVEN_MAX)) water-fillings of at most cp ranks
+ * (O(cp log cp) each), and when stuck cp trades of O(n) each with as many again.
  */
 #include <stdlib.h>
 
 #include "engine/plan/plan_groups_impl.h"
-
-enum { EVEN_PASSES = 4 };
 
 static int by_value(const void *a, const void *b)
 {
@@ -112,11 +112,169 @@ static double even_try(const Nest *x, int64_t k, int u, int w, int s, double *ro
     return (level > top ? level : top) + *comm;
 }
 
-int groups_even_pick(Nest *x, int32_t *even)
+/* One evener on the lines: document k, taken off block u, cut over block w (containing u) with
+ * rows[i] rows on w's rank i; uneven: the exchange it adds to each rank of w beyond per_doc's. */
+typedef struct Evener {
+    int64_t k;
+    int u, w;
+    double uneven;
+    double *rows;
+} Evener;
+
+/* Puts evener e on the lines (sign +1) or takes it off (-1), k back on u. */
+static void evener_apply(Nest *x, const Evener *e, int sign)
 {
-    int cp = x->cp, count = 0;
-    double rows[1024];
-    for (int round = 0; round < cp; round++) {
+    int hw = 31 - __builtin_clz((unsigned)e->w), ws = x->cp >> hw, wf = (e->w - (1 << hw)) * ws;
+    int64_t d = x->docs[e->k].len;
+    double per_attn = x->est[e->k * x->stride + x->depth - hw] * ws / (double)d;
+    if (sign > 0)
+        nest_move(x, e->k, e->u, -1);
+    int64_t before = x->tok[e->w]; /* after k left u, which may be w */
+    x->tok[e->w] += sign * d;
+    double comm = 2 * (line_cp_comm(x->line, x->depth - hw, x->tok[e->w]) - line_cp_comm(x->line, x->depth - hw, before));
+    for (int i = 0; i < ws; i++) {
+        x->rows[wf + i] += sign * (int64_t)(e->rows[i] + 0.5);
+        x->attn_r[wf + i] += sign * e->rows[i] * per_attn;
+        x->comm_r[wf + i] += comm + sign * e->uneven;
+    }
+    if (sign < 0)
+        nest_move(x, e->k, e->u, +1);
+}
+
+typedef struct Pick {
+    int64_t k;
+    int u, w, again; /* again: the index of the evener it re-cuts, or -1 */
+    double t;
+    int64_t shed;    /* a document moved out of the re-cut evener's block first (-1: none) */
+    int shed_to;     /* its new block */
+} Pick;
+
+static int above(int cp, int s, int v)
+{
+    int leaf = cp + s;
+    return (leaf >> (31 - __builtin_clz((unsigned)leaf) - (31 - __builtin_clz((unsigned)v)))) == v;
+}
+
+/* The best evener for the slowest rank s, on the lines, if it beats p->t: a document on a block
+ * above s cut over a block containing that one, or an evener whose block is above s re-cut over a
+ * larger block. */
+static void best_evener(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s, Pick *p)
+{
+    int cp = x->cp;
+    double rows[1024], comm;
+    for (int64_t k = 0; k < x->n && n_ev < EVEN_MAX; k++) {
+        int u = x->node[k];
+        if (even[k] || !above(cp, s, u))
+            continue;
+        for (int w = u; w >= 1; w /= 2) {
+            double t = (cp >> (31 - __builtin_clz((unsigned)w))) > 1 ? even_try(x, k, u, w, s, rows, &comm) : p->t;
+            if (t < p->t)
+                *p = (Pick){k, u, w, -1, t, -1, 0};
+        }
+    }
+    for (int i = 0; i < n_ev; i++) {
+        if (!above(cp, s, ev[i].w) || ev[i].w == 1)
+            continue;
+        evener_apply(x, &ev[i], -1);
+        for (int w = ev[i].w / 2; w >= 1; w /= 2) {
+            double t = even_try(x, ev[i].k, ev[i].u, w, s, rows, &comm);
+            if (t < p->t)
+                *p = (Pick){ev[i].k, ev[i].u, w, i, t, -1, 0};
+        }
+        evener_apply(x, &ev[i], +1);
+    }
+}
+
+/* Whether block a lies inside block b. */
+static int inside(int a, int b)
+{
+    int da = 31 - __builtin_clz((unsigned)a), db = 31 - __builtin_clz((unsigned)b);
+    return da >= db && (a >> (da - db)) == b;
+}
+
+/* When s's evener levels its whole block above the rest: a document inside that block moved to a
+ * block apart from it (staying below p->t there) and the evener re-cut over its block, which then
+ * levels lower. */
+static void best_shed(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s, Pick *p)
+{
+    int cp = x->cp;
+    double rows[1024], comm, top[2048];
+    for (int r = 0; r < cp; r++)
+        top[cp + r] = line_t(x, r, 0, 0, 0);
+    for (int v = cp - 1; v >= 1; v--)
+        top[v] = top[2 * v] > top[2 * v + 1] ? top[2 * v] : top[2 * v + 1];
+    for (int i = 0; i < n_ev; i++) {
+        int w = ev[i].w;
+        if (!above(cp, s, w) || w == 1)
+            continue;
+        evener_apply(x, &ev[i], -1);
+        for (int64_t k = 0; k < x->n; k++) {
+            int u = x->node[k];
+            if (even[k] || !inside(u, w))
+                continue;
+            for (int to = 1; to < 2 * cp; to++) {
+                if (inside(to, w) || inside(w, to))
+                    continue; /* not apart */
+                int hd = 31 - __builtin_clz((unsigned)to);
+                if (top[to] + x->est[k * x->stride + x->depth - hd] >= p->t)
+                    continue; /* its ranks gain at least its attention */
+                nest_move(x, k, u, -1);
+                nest_move(x, k, to, +1);
+                int size = cp >> hd, first = (to - (1 << hd)) * size;
+                double t = even_try(x, ev[i].k, ev[i].u, w, s, rows, &comm);
+                for (int r = first; r < first + size && t < p->t; r++) {
+                    double tr = line_t(x, r, 0, 0, 0);
+                    t = tr > t ? tr : t;
+                    if (x->rows[r] > x->capacity)
+                        t = p->t;
+                }
+                nest_move(x, k, to, -1);
+                nest_move(x, k, u, +1);
+                if (t < p->t)
+                    *p = (Pick){ev[i].k, ev[i].u, w, i, t, k, to};
+            }
+        }
+        evener_apply(x, &ev[i], +1);
+    }
+}
+
+/* Ranks a and b trade the documents they hold whole (eveners stay). With T > 0, only when both end below T (else
+ * nothing changes and -1); T < 0: unconditionally (to undo a trade). */
+static int trade(Nest *x, const int32_t *even, int a, int b, double T)
+{
+    int cp = x->cp;
+    if (T > 0) {
+        double da = 0, db = 0;
+        int64_t ra = 0, rb = 0;
+        for (int64_t k = 0; k < x->n; k++) {
+            double e = x->est[k * x->stride];
+            int sign = even[k] ? 0 : x->node[k] == cp + a ? 1 : x->node[k] == cp + b ? -1 : 0;
+            da -= sign * e;
+            db += sign * e;
+            ra -= sign * x->docs[k].len;
+            rb += sign * x->docs[k].len;
+        }
+        if (line_t(x, a, da, (double)ra, 0) >= T || line_t(x, b, db, (double)rb, 0) >= T ||
+            x->rows[a] + ra > x->capacity || x->rows[b] + rb > x->capacity)
+            return -1;
+    }
+    for (int64_t k = 0; k < x->n; k++) {
+        int v = x->node[k];
+        if (!even[k] && (v == cp + a || v == cp + b)) {
+            int to = v == cp + a ? cp + b : cp + a;
+            nest_move(x, k, v, -1);
+            nest_move(x, k, to, +1);
+            x->node[k] = to;
+        }
+    }
+    return 0;
+}
+
+int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out)
+{
+    int cp = x->cp, n_ev = 0;
+    Evener ev[EVEN_MAX];
+    for (int round = 0; round < 2 * EVEN_MAX; round++) {
         /* The slowest rank s, and its time T. */
         int s = 0;
         double T = 0;
@@ -127,163 +285,50 @@ int groups_even_pick(Nest *x, int32_t *even)
                 s = r;
             }
         }
-        int64_t pick = -1;
-        int pick_w = 0;
-        double pick_t = T;
-        for (int64_t k = 0; k < x->n; k++) {
-            int u = x->node[k], leaf = cp + s;
-            if (even[k] || (leaf >> (31 - __builtin_clz((unsigned)leaf) - (31 - __builtin_clz((unsigned)u)))) != u)
-                continue; /* an evener already, or not on a block above s */
-            for (int w = u; w >= 1; w /= 2) {
-                double comm, t = (cp >> (31 - __builtin_clz((unsigned)w))) > 1 ? even_try(x, k, u, w, s, rows, &comm) : T;
-                if (t < pick_t) {
-                    pick_t = t;
-                    pick = k;
-                    pick_w = w;
-                }
+        Pick p = {-1, 0, 0, -1, T, -1, 0};
+        best_evener(x, ev, n_ev, even, s, &p);
+        /* None: s's partner may be as slow as s. The documents held whole by the partner and by
+         * another rank q can trade places (no block changes; both must stay below T), which can
+         * give s a partner with room to even with: the best trade that opens an evener is made. */
+        int swap_q = -1;
+        for (int q = 0; q < cp && p.k < 0 && x->n <= 6 * (int64_t)cp; q++) {
+            if (q == s || q == (s ^ 1) || trade(x, even, s ^ 1, q, T) != 0)
+                continue;
+            Pick with = p;
+            best_evener(x, ev, n_ev, even, s, &with);
+            if (with.k >= 0 && (p.k < 0 || with.t < p.t)) {
+                p = with;
+                swap_q = q;
             }
+            trade(x, even, s ^ 1, q, -1); /* back */
         }
-        if (pick < 0)
+        if (p.k < 0 && swap_q < 0)
+            best_shed(x, ev, n_ev, even, s, &p);
+        if (p.k < 0)
             break;
-        /* Apply it on the lines: off its block, its rows onto w's ranks by the water level. */
-        int u = x->node[pick], hw = 31 - __builtin_clz((unsigned)pick_w), ws = cp >> hw, wf = (pick_w - (1 << hw)) * ws;
-        int64_t d = x->docs[pick].len;
-        double uneven;
-        even_try(x, pick, u, pick_w, s, rows, &uneven);
-        double per_attn = x->est[pick * x->stride + x->depth - hw] * ws / (double)d;
-        nest_move(x, pick, u, -1);
-        x->tok[pick_w] += d;
-        double comm = 2 * (line_cp_comm(x->line, x->depth - hw, x->tok[pick_w]) -
-                           line_cp_comm(x->line, x->depth - hw, x->tok[pick_w] - d));
-        for (int r = wf; r < wf + ws; r++) {
-            x->rows[r] += (int64_t)(rows[r - wf] + 0.5);
-            x->attn_r[r] += rows[r - wf] * per_attn;
-            x->comm_r[r] += comm + uneven;
+        if (swap_q >= 0)
+            trade(x, even, s ^ 1, swap_q, -1);
+        int i = p.again >= 0 ? p.again : n_ev++;
+        if (p.again >= 0)
+            evener_apply(x, &ev[i], -1);
+        if (p.shed >= 0) {
+            nest_move(x, p.shed, x->node[p.shed], -1);
+            nest_move(x, p.shed, p.shed_to, +1);
+            x->node[p.shed] = p.shed_to;
         }
-        even[pick] = pick_w;
-        count++;
-    }
-    return count;
-}
-
-/* The level L at which sum_r max(0, (L - b[r]) / a[r]) = d, for slopes a[r] > 0 (bisection). */
-static double water_level_slopes(const double *b, const double *a, int n, double d)
-{
-    double lo = b[0], hi = b[0];
-    for (int r = 0; r < n; r++) {
-        lo = b[r] < lo ? b[r] : lo;
-        hi = b[r] + a[r] * d > hi ? b[r] + a[r] * d : hi;
-    }
-    for (int it = 0; it < 60; it++) {
-        double mid = (lo + hi) / 2, rows = 0;
-        for (int r = 0; r < n; r++)
-            rows += mid > b[r] ? (mid - b[r]) / a[r] : 0;
-        if (rows >= d)
-            hi = mid;
-        else
-            lo = mid;
-    }
-    return hi;
-}
-
-/* Rank i of a block of g gets x[i] rows of the document as two chunks, mirrored as in per_doc:
- * the front chunks in rank order, then the back chunks in reverse, so every rank's rows sit at an
- * early and a late position and its attention per row is near the document's mean. sizes: the 2 g
- * chunks in document order; attn: each rank's attention seconds. */
-static void mirrored(const CostModel *cost, const int64_t *x, int g, int64_t *sizes, double *attn)
-{
-    for (int i = 0; i < g; i++) {
-        sizes[i] = (x[i] + 1) / 2;
-        sizes[2 * g - 1 - i] = x[i] / 2;
-        attn[i] = 0;
-    }
-    int64_t at = 0;
-    for (int c = 0; c < 2 * g; c++) {
-        int i = c < g ? c : 2 * g - 1 - c;
-        double f = 0, b = 0;
-        if (sizes[c] > 0)
-            cost_attn_fb_s(cost, sizes[c], at + sizes[c], &f, &b);
-        attn[i] += f + b;
-        at += sizes[c];
-    }
-}
-
-/* Whole rows in proportion to want[], summing to d: floors, then the largest remainders. */
-static void round_rows(const double *want, int g, int64_t d, int64_t *x)
-{
-    double total = 0;
-    for (int i = 0; i < g; i++)
-        total += want[i];
-    int64_t sum = 0;
-    double share[1024];
-    for (int i = 0; i < g; i++) {
-        share[i] = total > 0 ? want[i] * (double)d / total : (double)d / g;
-        x[i] = (int64_t)share[i];
-        sum += x[i];
-    }
-    for (; sum < d; sum++) {
-        int best = 0;
-        for (int i = 1; i < g; i++)
-            if (share[i] - (double)x[i] > share[best] - (double)x[best])
-                best = i;
-        x[best]++;
-    }
-}
-
-int groups_even_place(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g, int64_t capacity)
-{
-    const PlanDoc *d = &docs[k];
-    double base[1024], slope[1024], c[1024], attn[1024], want[1024];
-    int64_t x[1024], best_x[1024], sizes[2 * 1024];
-    int v = block_of(s->cp, first, g), h = 31 - __builtin_clz((unsigned)v);
-    /* Each rank's time without block v's exchange (the same on all its ranks, so it does not move
-     * the water level; it is priced per pass below). */
-    double comm_v = 2 * cost_cp_comm_group_s(cost, g, shard_block_exchange_tokens(s, v));
-    /* per_doc's attention over the block, per row: the first pass's estimate of a row's. */
-    double per_doc_row = groups_attn_per_rank(cost, d->len, g) * g / (double)d->len;
-    for (int i = 0; i < g; i++) {
-        int q = first + i;
-        base[i] = shard_rank_time_with(cost, s->attn[q], s->tokens[q]) + 2 * shard_rank_cp_comm(s, cost, q) - comm_v;
-        c[i] = (shard_rank_time_with(cost, s->attn[q], s->tokens[q] + 1024) -
-                shard_rank_time_with(cost, s->attn[q], s->tokens[q])) / 1024;
-        slope[i] = c[i] + per_doc_row;
-    }
-    double best_t = -1;
-    for (int pass = 0; pass < EVEN_PASSES; pass++) {
-        double level = water_level_slopes(base, slope, g, (double)d->len);
-        for (int i = 0; i < g; i++) {
-            double room = (double)(capacity - s->tokens[first + i]);
-            want[i] = level > base[i] ? (level - base[i]) / slope[i] : 0;
-            want[i] = want[i] < room ? want[i] : room > 0 ? room : 0;
+        ev[i] = (Evener){p.k, p.u, p.w, 0, scratch + (size_t)i * cp};
+        even_try(x, p.k, p.u, p.w, s, ev[i].rows, &ev[i].uneven);
+        evener_apply(x, &ev[i], +1);
+        even[p.k] = p.w;
+        if (p.again >= 0) { /* re-cut: it moves to the end of the order */
+            for (int j = 0; j < n_ev; j++)
+                if (out[j].k == p.k) {
+                    for (; j + 1 < n_ev; j++)
+                        out[j] = out[j + 1];
+                    break;
+                }
         }
-        round_rows(want, g, d->len, x);
-        mirrored(cost, x, g, sizes, attn);
-        /* The block's exchange with these rows: its rank holding the fewest receives the rest. */
-        int64_t least = -1;
-        for (int i = 0; i < g; i++) {
-            int64_t own = s->own[(first + i) * SHARD_DEPTHS + h] + x[i];
-            least = least < 0 || own < least ? own : least;
-        }
-        int64_t recv = s->blk_sharded[v] + d->len - least;
-        double comm = 2 * cost_cp_comm_group_s(cost, g, (recv * g + g - 2) / (g - 1));
-        /* The block's slowest rank with these rows, exactly; the next pass's slopes from each
-         * rank's attention per row at its positions. */
-        double t = 0;
-        for (int i = 0; i < g; i++) {
-            int q = first + i;
-            double ti = base[i] - shard_rank_time_with(cost, s->attn[q], s->tokens[q]) +
-                        shard_rank_time_with(cost, s->attn[q] + attn[i], s->tokens[q] + x[i]) + comm;
-            t = ti > t ? ti : t;
-            if (x[i] > 0)
-                slope[i] = c[i] + attn[i] / (double)x[i];
-        }
-        if (best_t < 0 || t < best_t) {
-            best_t = t;
-            for (int i = 0; i < g; i++)
-                best_x[i] = x[i];
-        }
+        out[n_ev - 1] = (EvenCut){p.k, p.w, ev[i].rows};
     }
-    mirrored(cost, best_x, g, sizes, attn);
-    s->uneven[v] = 1;
-    return shard_chunks(s, cost, docs, k, first, g, sizes);
+    return n_ev;
 }

@@ -56,31 +56,6 @@ typedef struct Group {
     double t;       /* predicted seconds per layer */
 } Group;
 
-/* The local search's state: the groups and, per rank, its group and its whole documents. */
-typedef struct Refine {
-    const LineCost *line;
-    const PlanDoc *docs;
-    const double *est;   /* as Search.est */
-    int levels, cp, ng;
-    int64_t n, capacity;
-    Group *g;
-    int32_t *assign;     /* per document: its group, or -1 - r whole on rank r (never a group of one) */
-    int *grp_of;         /* per rank */
-    double *whole_attn;  /* per rank */
-    int64_t *whole_tok;  /* per rank */
-    int64_t max_moves;   /* the most moves one groups_refine makes; 0: 2 n + cp */
-    int plateau;         /* moves off a rank other than the slowest still allowed */
-    int64_t moves;       /* moves made */
-} Refine;
-
-/* The local search (plan_groups_refine.c). groups_refine_start fills the groups' and ranks' sums from
- * f->assign (documents of a group of one become whole on its rank) and returns the slowest rank's
- * time, or -1 when a rank is over the capacity; groups_refine moves documents while the slowest
- * rank can be lowered; groups_refine_worst is the slowest rank's time. */
-double groups_refine_start(Refine *f);
-void groups_refine(Refine *f);
-double groups_refine_worst(const Refine *f);
-
 /* The nested-block search's state (plan_groups_nest.c): every document on a block of the tree over
  * the ranks (plan_shard_impl.h; cp a power of two), and per rank the sums of the blocks above it. */
 typedef struct Nest {
@@ -105,12 +80,21 @@ double groups_nest_start(Nest *x);
 void groups_nest(Nest *x);
 double groups_nest_worst(const Nest *x);
 
-/* The evener (plan_groups_even.c): the document whose uneven cut over all ranks would leave the
- * slowest rank lowest on the lines, or -1 when none beats the slowest rank now; then its layout,
- * after every other document is placed in s. */
-int groups_even_pick(Nest *x, int32_t *even);
-int groups_even_place(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int size,
-                      int64_t capacity);
+/* An evener as picked on the lines: document k cut over block w, rows[i] rows on w's rank i. */
+typedef struct EvenCut {
+    int64_t k;
+    int w;
+    const double *rows;
+} EvenCut;
+
+/* The eveners (plan_groups_even.c), on the lines: even[k] gets the block document k is cut over
+ * (0: not an evener), out[] the eveners in the order they were picked; x's sums include them (and
+ * x->node the trades made). scratch: EVEN_MAX x cp doubles. Returns their number. */
+enum { EVEN_MAX = 16 };
+int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out);
+/* The eveners' exact layout (plan_groups_cut.c), after every other document is laid out in s. */
+int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev,
+                        int64_t capacity);
 /* Document k onto (sign +1) or off (-1) block v, in the nested search's sums. */
 void nest_move(Nest *x, int64_t k, int v, int sign);
 

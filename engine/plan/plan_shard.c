@@ -464,6 +464,7 @@ void plan_shard_scratch_free(StepPlan *p)
     free(sc->best_assign);
     free(sc->nest_est);
     free(sc->even_node);
+    free(sc->even_rows);
     free(sc);
     p->shard_scratch = NULL;
 }

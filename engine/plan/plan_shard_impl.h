@@ -44,7 +44,7 @@ typedef struct Shard {
     double *attn_fwd, *attn_bwd;
     int64_t *blk_sharded;  /* per block (below): the tokens of the documents sharded over it, what its
                             * K/V exchange moves */
-    uint8_t *uneven;       /* per block: it holds a document cut unevenly (plan_groups_even.c) */
+    int32_t *uneven;       /* per block: the documents cut unevenly over it (plan_groups_cut.c) */
     int64_t *own;          /* per rank and tree depth (SHARD_DEPTHS): its rows of the documents
                             * sharded over its block at that depth */
     int *counter;          /* per block: per_doc's leftover-token counter */
@@ -54,7 +54,7 @@ typedef struct Shard {
     int64_t cap_docs, cap_doc_first, cap_doc_size;
 } Shard;
 
-enum { SHARD_SEQ, SHARD_DOC, SHARD_BEST, SHARD_TRY, SHARD_GROUPS, SHARD_N };
+enum { SHARD_SEQ, SHARD_DOC, SHARD_BEST, SHARD_GROUPS, SHARD_EVEN, SHARD_N }; /* EVEN: groups with eveners */
 
 typedef struct ShardScratch {
     Shard cand[SHARD_N];
@@ -68,7 +68,8 @@ typedef struct ShardScratch {
     int32_t *assign, *best_assign; /* plan_groups: per document, its group */
     double *nest_est;      /* plan_groups: per document and size 2^j, when cp > 16 */
     int32_t *even_node;    /* plan_groups: per document, its block as an evener (0: none) */
-    int64_t cap_nest_est, cap_even_node;
+    double *even_rows;     /* plan_groups: the eveners' rows per rank */
+    int64_t cap_nest_est, cap_even_node, cap_even_rows;
     int warm_count[8], warm_levels, warm_valid; /* plan_groups: the step's last best split */
     int64_t cap_assign, cap_best_assign;
 } ShardScratch;
