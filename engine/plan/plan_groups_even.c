@@ -38,9 +38,18 @@ static int by_value(const void *a, const void *b)
 /* The level L at which sum_r max(0, (L - base[r]) / c) = d; sorted: scratch of n. */
 static double water_level(const double *base, int n, double c, double d, double *sorted)
 {
-    for (int r = 0; r < n; r++)
-        sorted[r] = base[r];
-    qsort(sorted, (size_t)n, sizeof *sorted, by_value);
+    if (n <= 32) { /* a block of a few ranks: insertion sort beats qsort's calls */
+        for (int r = 0; r < n; r++) {
+            int j = r;
+            for (; j > 0 && sorted[j - 1] > base[r]; j--)
+                sorted[j] = sorted[j - 1];
+            sorted[j] = base[r];
+        }
+    } else {
+        for (int r = 0; r < n; r++)
+            sorted[r] = base[r];
+        qsort(sorted, (size_t)n, sizeof *sorted, by_value);
+    }
     double sum = 0; /* of the bases below the level */
     int i = 0;
     for (; i < n; i++) {

@@ -28,6 +28,8 @@
  */
 #include "engine/plan/plan_groups_impl.h"
 
+enum { NEST_SCAN = 4 }; /* when the slowest rank is stuck, moves off the next slowest ranks up to this */
+
 static int node_depth(int v)
 {
     return 31 - __builtin_clz((unsigned)v);
@@ -243,7 +245,7 @@ void groups_nest(Nest *x)
         for (int v = cp - 1; v >= 1; v--)
             top[v] = top[2 * v] > top[2 * v + 1] ? top[2 * v] : top[2 * v + 1];
         NestMove best = best_move(x, by_t[0], now[by_t[0]], top);
-        for (int i = 1; i < cp && best.k < 0 && x->plateau > 0; i++)
+        for (int i = 1; i < NEST_SCAN && i < cp && best.k < 0 && x->plateau > 0; i++)
             if ((best = best_move(x, by_t[i], now[by_t[i]], top)).k >= 0)
                 x->plateau--;
         if (best.k < 0)
