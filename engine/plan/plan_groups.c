@@ -337,6 +337,10 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
         s.threshold = pass ? sc->hybrid_threshold : 0;
         if (pass && sc->hybrid_threshold <= 0)
             break;
+        /* Every document sharded is no contender when there are many short ones (more than 6 a
+         * rank) and hybrid keeps some whole: only the pass that keeps them whole runs. */
+        if (!pass && n > 6 * (int64_t)cp && sc->hybrid_threshold > 0)
+            continue;
         if (s.warm) {
             for (int j = 0; j < s.levels; j++)
                 s.count[j] = s.warm[j];
