@@ -111,6 +111,21 @@ typedef struct ModelSlot {
     float *dx;          /* not the first chunk: the gradient of its input     [T, d] (to send back) */
 } ModelSlot;
 
+/* One K/V exchange of a micro-batch (CP): the aligned block of CP ranks [first, first + size) with
+ * the documents sharded over exactly that block. Every rank of the block sends its rows of those
+ * documents (send_rows, in its own row order) and receives everyone's, CP rank after CP rank of the
+ * block (recv_counts), placed at their micro-batch rows (recv_rows). */
+typedef struct CpExchange {
+    int first, size;              /* the block of CP ranks (size > 1) */
+    const int64_t *send_rows;     /* n_send: this rank's rows (local indices) of the block's documents */
+    int64_t n_send;
+    const int64_t *recv_counts;   /* size (host): how many rows each CP rank of the block sends */
+    const int64_t *recv_rows;     /* micro-batch rows of everything sent, CP rank after CP rank */
+} CpExchange;
+
+/* At most one exchange per block size: log2(1024) + 1 sizes for CP up to 1024. */
+enum { MODEL_MAX_CP_EXCHANGES = 11 };
+
 /* One micro-batch as this rank computes it. */
 typedef struct ModelBatch {
     int64_t T;                /* this rank's rows */
@@ -119,15 +134,16 @@ typedef struct ModelBatch {
     const int32_t *positions; /* T (backend memory) */
     const AttnSegment *segs;  /* q_row: this rank's rows; kv_row: micro-batch rows (host memory) */
     int64_t n_segs;
-    /* CP (cp > 1): the micro-batch's rows and the K/V exchange (index arrays in backend memory). */
+    /* CP (cp > 1): the micro-batch's rows and the K/V exchanges (index arrays in backend memory). */
     int64_t T_mb;             /* rows of the whole micro-batch */
     const int64_t *mb_row;    /* T: micro-batch row of each of this rank's rows */
-    const int64_t *send_rows; /* n_send: this rank's rows of the sharded documents, in order */
-    int64_t n_send;
-    const int64_t *recv_counts; /* cp_size (host): how many rows each CP rank of the group sends */
-    const int64_t *recv_rows;   /* micro-batch rows of everything sent, CP rank after CP rank */
-    int cp_first, cp_size;      /* the CP ranks this rank exchanges with: all of them, or its block
-                                 * (sharding groups; size 1: no exchange) */
+    /* One exchange per block above this rank that holds sharded documents (the whole CP group, or
+     * with sharding groups possibly several nested blocks), largest block first: every rank of a
+     * block calls its collectives in the same order, so nested blocks never wait on each other.
+     * A row belongs to one document and a document to one block: the exchanges' rows are
+     * disjoint. n_cp_ex 0: nothing to exchange. */
+    CpExchange cp_ex[MODEL_MAX_CP_EXCHANGES];
+    int n_cp_ex;
 } ModelBatch;
 
 typedef struct Model {

@@ -16,32 +16,70 @@
  * Message layout for CP rank r: its n_r rows of K, then its n_r rows of V (2 n_r lkv floats; K and
  * V are converted from the compute dtype to float32 for the message, which is exact).
  *
- * With sharding groups the exchange runs inside the rank's group (ModelBatch.cp_first, cp_size): an
- * aligned block of CP ranks with its own communicator (layout_cp_block), over which the group's
- * documents are sharded; a group of one exchanges nothing. Every rank of a block builds the same
- * counts from the plan, so a block calls its collective, or not, as one.
+ * With sharding groups a document is sharded over an aligned block of CP ranks, and blocks nest
+ * (the tree of plan_shard_impl.h): a rank exchanges in each block above it that holds sharded
+ * documents (ModelBatch.cp_ex), each on the block's own communicator (layout_cp_block), carrying
+ * only the rows of the documents sharded over exactly that block. The local copy is done once; then
+ * one all-gather per exchange, largest block first, and in backward one reduce-scatter per exchange
+ * in the same order. Every rank of a block builds the same exchanges from the plan, so a block
+ * calls its collectives as one, and since each rank goes from its largest block down, a rank that
+ * waits in a block waits only on ranks that have finished every larger block they share: nested
+ * blocks cannot deadlock. A row belongs to one exchange, so the rows of one exchange are at most the
+ * micro-batch's: m->xfer and m->xfer2 (2 lkv floats per micro-batch row) hold any of them, reused
+ * one exchange after the other.
  */
 #include "engine/model/model_impl.h"
 #include "util/clock.h"
 
-/* Elements each CP rank of the group contributes, and their total (0 for a group of one). */
-static int64_t exchange_counts(const ModelBatch *b, int64_t lkv, int64_t *counts)
+/* Elements each CP rank of exchange x's block contributes, and their total. */
+static int64_t exchange_counts(const CpExchange *x, int64_t lkv, int64_t *counts)
 {
     int64_t total = 0;
-    for (int r = 0; r < b->cp_size && b->cp_size > 1; r++) {
-        counts[r] = 2 * b->recv_counts[r] * lkv;
+    for (int r = 0; r < x->size; r++) {
+        counts[r] = 2 * x->recv_counts[r] * lkv;
         total += counts[r];
     }
     return total;
 }
 
-/* The communicator of the rank's exchange group. */
-static int exchange_group(const Model *m, const ModelBatch *b, LayoutGroup *g, Error *err)
+/* The communicator of exchange x's block. */
+static int exchange_group(const Model *m, const CpExchange *x, LayoutGroup *g, Error *err)
 {
-    *g = layout_cp_block(&m->comm->layout, b->cp_size);
-    if (!comm_group_made(m->comm, *g) || m->comm->size[*g] != b->cp_size)
-        return error_runtime(err, "cp", "no communicator for a group of %d CP ranks (balance.cp_sharding: groups "
-                             "makes them at start)", b->cp_size);
+    *g = layout_cp_block(&m->comm->layout, x->size);
+    if (!comm_group_made(m->comm, *g) || m->comm->size[*g] != x->size)
+        return error_runtime(err, "cp", "no communicator for a block of %d CP ranks (balance.cp_sharding: groups "
+                             "makes them at start)", x->size);
+    return 0;
+}
+
+/* Exchange x's all-gather: this rank's rows of K and V (from the qkv rows k, v of width Q) to every
+ * rank of the block, everyone's placed at their micro-batch rows of k_mb, v_mb. */
+static int gather_one(Model *m, LayerActs *a, const CpExchange *x, const Act *k, const Act *v, int64_t Q,
+                      int64_t lkv, Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t counts[1024];
+    LayoutGroup g;
+    if (exchange_counts(x, lkv, counts) == 0)
+        return 0;
+    if (exchange_group(m, x, &g, err) != 0)
+        return -1;
+    /* The message travels in float32 (exact for the compute dtype). */
+    o->copy_rows(m->xfer, DT_F32, lkv, NULL, k, DT_ACT, Q, x->send_rows, x->n_send, lkv);
+    o->copy_rows(m->xfer + x->n_send * lkv, DT_F32, lkv, NULL, v, DT_ACT, Q, x->send_rows, x->n_send, lkv);
+    double t0 = clock_seconds();
+    int rc = comm_allgatherv(m->comm, g, m->xfer, m->xfer2, counts, err);
+    m->comm_s += clock_seconds() - t0;
+    if (rc != 0)
+        return -1;
+    int64_t at = 0, row = 0;
+    for (int r = 0; r < x->size; r++) {
+        int64_t n = x->recv_counts[r];
+        o->copy_rows(a->k_mb, DT_ACT, lkv, x->recv_rows + row, m->xfer2 + at, DT_F32, lkv, NULL, n, lkv);
+        o->copy_rows(a->v_mb, DT_ACT, lkv, x->recv_rows + row, m->xfer2 + at + n * lkv, DT_F32, lkv, NULL, n, lkv);
+        at += 2 * n * lkv;
+        row += n;
+    }
     return 0;
 }
 
@@ -50,53 +88,34 @@ int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err)
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
     int64_t lq = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    int64_t Q = lq + 2 * lkv, counts[1024];
+    int64_t Q = lq + 2 * lkv;
     const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
     o->copy_rows(a->k_mb, DT_ACT, lkv, b->mb_row, k, DT_ACT, Q, NULL, b->T, lkv);
     o->copy_rows(a->v_mb, DT_ACT, lkv, b->mb_row, v, DT_ACT, Q, NULL, b->T, lkv);
-    LayoutGroup g;
-    if (exchange_counts(b, lkv, counts) == 0)
-        return 0;
-    if (exchange_group(m, b, &g, err) != 0)
-        return -1;
-    /* The message travels in float32 (exact for the compute dtype). */
-    o->copy_rows(m->xfer, DT_F32, lkv, NULL, k, DT_ACT, Q, b->send_rows, b->n_send, lkv);
-    o->copy_rows(m->xfer + b->n_send * lkv, DT_F32, lkv, NULL, v, DT_ACT, Q, b->send_rows, b->n_send, lkv);
-    double t0 = clock_seconds();
-    int rc = comm_allgatherv(m->comm, g, m->xfer, m->xfer2, counts, err);
-    m->comm_s += clock_seconds() - t0;
-    if (rc != 0)
-        return -1;
-    int64_t at = 0, row = 0;
-    for (int r = 0; r < b->cp_size; r++) {
-        int64_t n = b->recv_counts[r];
-        o->copy_rows(a->k_mb, DT_ACT, lkv, b->recv_rows + row, m->xfer2 + at, DT_F32, lkv, NULL, n, lkv);
-        o->copy_rows(a->v_mb, DT_ACT, lkv, b->recv_rows + row, m->xfer2 + at + n * lkv, DT_F32, lkv, NULL, n, lkv);
-        at += 2 * n * lkv;
-        row += n;
-    }
+    for (int e = 0; e < b->n_cp_ex; e++)
+        if (gather_one(m, a, &b->cp_ex[e], k, v, Q, lkv, err) != 0)
+            return -1;
     return 0;
 }
 
-int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err)
+/* Exchange x's reduce-scatter, the transpose of gather_one: the shares of dK, dV (dk_mb, dv_mb) at
+ * the micro-batch rows of the block's exchange, summed over the block, each rank receiving the sums
+ * of its own rows (its own share included: they replace what the local copy wrote there) in dqkv's
+ * K and V columns (dk, dv; width Q). */
+static int scatter_one(Model *m, const CpExchange *x, float *dk, float *dv, int64_t Q, int64_t lkv, Error *err)
 {
     const Ops *o = m->ops;
-    const ModelDims *d = &m->dims;
-    int64_t lq = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    int64_t Q = lq + 2 * lkv, counts[1024];
-    float *dk = dqkv + lq, *dv = dqkv + lq + lkv;
-    o->copy_rows(dk, DT_F32, Q, NULL, m->dk_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
-    o->copy_rows(dv, DT_F32, Q, NULL, m->dv_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
+    int64_t counts[1024];
     LayoutGroup g;
-    if (exchange_counts(b, lkv, counts) == 0)
+    if (exchange_counts(x, lkv, counts) == 0)
         return 0;
-    if (exchange_group(m, b, &g, err) != 0)
+    if (exchange_group(m, x, &g, err) != 0)
         return -1;
     int64_t at = 0, row = 0;
-    for (int r = 0; r < b->cp_size; r++) {
-        int64_t n = b->recv_counts[r];
-        o->copy_rows(m->xfer + at, DT_F32, lkv, NULL, m->dk_mb, DT_F32, lkv, b->recv_rows + row, n, lkv);
-        o->copy_rows(m->xfer + at + n * lkv, DT_F32, lkv, NULL, m->dv_mb, DT_F32, lkv, b->recv_rows + row, n, lkv);
+    for (int r = 0; r < x->size; r++) {
+        int64_t n = x->recv_counts[r];
+        o->copy_rows(m->xfer + at, DT_F32, lkv, NULL, m->dk_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
+        o->copy_rows(m->xfer + at + n * lkv, DT_F32, lkv, NULL, m->dv_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
         at += 2 * n * lkv;
         row += n;
     }
@@ -105,7 +124,22 @@ int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err)
     m->comm_s += clock_seconds() - t0;
     if (rc != 0)
         return -1;
-    o->copy_rows(dk, DT_F32, Q, b->send_rows, m->xfer2, DT_F32, lkv, NULL, b->n_send, lkv);
-    o->copy_rows(dv, DT_F32, Q, b->send_rows, m->xfer2 + b->n_send * lkv, DT_F32, lkv, NULL, b->n_send, lkv);
+    o->copy_rows(dk, DT_F32, Q, x->send_rows, m->xfer2, DT_F32, lkv, NULL, x->n_send, lkv);
+    o->copy_rows(dv, DT_F32, Q, x->send_rows, m->xfer2 + x->n_send * lkv, DT_F32, lkv, NULL, x->n_send, lkv);
+    return 0;
+}
+
+int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err)
+{
+    const Ops *o = m->ops;
+    const ModelDims *d = &m->dims;
+    int64_t lq = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
+    int64_t Q = lq + 2 * lkv;
+    float *dk = dqkv + lq, *dv = dqkv + lq + lkv;
+    o->copy_rows(dk, DT_F32, Q, NULL, m->dk_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
+    o->copy_rows(dv, DT_F32, Q, NULL, m->dv_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
+    for (int e = 0; e < b->n_cp_ex; e++)
+        if (scatter_one(m, &b->cp_ex[e], dk, dv, Q, lkv, err) != 0)
+            return -1;
     return 0;
 }

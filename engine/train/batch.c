@@ -88,15 +88,35 @@ static int read_piece(BatchBuffers *bb, const PlanDoc *d, const DataSources *dat
     return 0;
 }
 
-/* The K/V exchange of micro-batch mb for CP rank `rank` (ModelBatch's CP fields): which rows are
- * of sharded documents, this rank's rows in micro-batch coordinates, and what every rank of its
- * exchange group sends, in CP rank order and each rank's own row order - the order all of them
- * agree on. The group is the whole CP group, or with sharding groups the rank's block: the
- * documents sharded over a block lie on its ranks only, and its ranks hold no other sharded rows. */
+/* The level of a block of `size` CP ranks in the tree of aligned blocks (the whole group level 0,
+ * its halves level 1, ...: size cp >> h), or -1 when no block has that size. */
+static int block_level(int cp, int size)
+{
+    for (int h = 0; h < 31 && (cp >> h) > 0; h++)
+        if ((cp >> h) == size)
+            return h;
+    return -1;
+}
+
+/* A block's id, unique over the tree: 2^h + its index among the blocks of level h (1: all CP ranks;
+ * for cp a power of two, plan_shard_impl.h's block_of). */
+static int64_t block_id(int h, int first, int size)
+{
+    return ((int64_t)1 << h) + first / size;
+}
+
+/* The K/V exchanges of micro-batch mb for CP rank `rank` (ModelBatch's CP fields): this rank's rows
+ * in micro-batch coordinates, and one exchange per block above it that holds sharded documents
+ * (bit h of its PlanRank.exchanges: its block of cp >> h ranks), largest first - the order every
+ * rank of a block calls the block's collectives in. An exchange carries the rows of the documents
+ * sharded over exactly its block: what every rank of the block sends, in CP rank order and each
+ * rank's own row order, the order all of them agree on. A document sharded over a block lies on its
+ * ranks only, so each of its rows travels in one exchange. */
 static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch *mb, int rank, ModelBatch *out,
                        Error *err)
 {
     const PlanRank *own = &p->ranks[mb->first_rank + rank];
+    int cp = p->cp;
     int64_t T_mb = mb->tokens, need = 3 * T_mb + own->tokens + 1;
     if (need > bb->cap_index) {
         int64_t *ix = array_grow(bb->index, &bb->cap_index, need, sizeof *ix);
@@ -104,36 +124,80 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
             return error_runtime(err, "batch", "out of memory");
         bb->index = ix;
     }
-    if (!bb->recv_counts && !(bb->recv_counts = calloc((size_t)p->cp, sizeof *bb->recv_counts)))
-        return error_runtime(err, "batch", "out of memory");
+    /* recv_counts: the blocks' sizes one after the other, cp + cp / 2 + ... < 2 cp. */
+    if (2 * (int64_t)cp > bb->cap_counts) {
+        int64_t *c = array_grow(bb->recv_counts, &bb->cap_counts, 2 * (int64_t)cp, sizeof *c);
+        if (!c)
+            return error_runtime(err, "batch", "out of memory");
+        bb->recv_counts = c;
+    }
+    /* Host arrays: mb_row (own->tokens), send_rows (own->tokens over all exchanges: each row in one
+     * at most), recv_rows (T_mb likewise), and per micro-batch row the id of the block its document
+     * is sharded over (0: held whole, or sharded over one rank - nothing travels). */
     int64_t *mb_row = bb->index, *send_rows = mb_row + own->tokens, *recv_rows = send_rows + own->tokens;
-    int64_t *sharded = recv_rows + T_mb;
+    int64_t *blk = recv_rows + T_mb;
     for (int64_t k = 0; k < mb->n_docs; k++) {
         const PlanDoc *d = &p->docs[mb->first_doc + k];
+        int64_t v = 0;
+        if (d->rank < 0 && d->group_size != 1) {
+            int h = d->group_size > 0 ? block_level(cp, d->group_size) : -1;
+            if (h < 0 || d->group_first < 0 || d->group_first % d->group_size != 0 ||
+                d->group_first + d->group_size > cp)
+                return error_runtime(err, "batch", "a document of micro-batch %lld is sharded over CP ranks [%d, %d), "
+                                     "not a block of %d CP ranks", (long long)(mb - p->mbs), d->group_first,
+                                     d->group_first + d->group_size, cp);
+            v = block_id(h, d->group_first, d->group_size);
+        }
         for (int64_t t = d->start; t < d->start + d->len; t++)
-            sharded[t] = d->rank < 0;
+            blk[t] = v;
     }
-    int64_t n_recv = 0, n_send = 0, local = 0;
-    int size = p->cp >> __builtin_ctz(own->exchanges | (1u << 31)), first = rank - rank % (size ? size : 1); /* TMP */
-    if (size < 1 || first < 0 || first + size > p->cp || rank < first || rank >= first + size)
-        return error_runtime(err, "batch", "CP rank %d is outside its group [%d, %d)", rank, first, first + size);
-    for (int r = first; r < first + size; r++) {
-        const PlanRank *pr = &p->ranks[mb->first_rank + r];
-        bb->recv_counts[r - first] = 0;
-        for (int64_t g = 0; g < pr->n_ranges; g++) {
-            const PlanRange *rg = &p->ranges[pr->first_range + g];
-            for (int64_t t = rg->start; t < rg->start + rg->len; t++) {
-                if (r == rank)
-                    mb_row[local] = t;
-                if (sharded[t]) {
+    /* This rank's rows; each of a sharded document must travel in one of its exchanges. */
+    int64_t local = 0;
+    for (int64_t g = 0; g < own->n_ranges; g++) {
+        const PlanRange *rg = &p->ranges[own->first_range + g];
+        for (int64_t t = rg->start; t < rg->start + rg->len; t++) {
+            mb_row[local++] = t;
+            int h = blk[t] ? 63 - __builtin_clzll((unsigned long long)blk[t]) : 0, size = cp >> h;
+            if (blk[t] && (blk[t] != block_id(h, rank - rank % size, size) || !((own->exchanges >> h) & 1)))
+                return error_runtime(err, "batch", "CP rank %d holds micro-batch row %lld of a document sharded "
+                                     "over a block it does not exchange in", rank, (long long)t);
+        }
+    }
+    /* The exchanges, largest block first; where each one's rows start in send_rows and recv_rows. */
+    int64_t n_recv = 0, n_send = 0, n_counts = 0, send_at[MODEL_MAX_CP_EXCHANGES], recv_at[MODEL_MAX_CP_EXCHANGES];
+    out->n_cp_ex = 0;
+    for (int h = 0; h < 32; h++) {
+        if (!((own->exchanges >> h) & 1))
+            continue;
+        int size = cp >> h;
+        if (size < 2 || out->n_cp_ex == MODEL_MAX_CP_EXCHANGES)
+            return error_runtime(err, "batch", "CP rank %d: exchange bit %d names no block of 2 or more of %d CP ranks",
+                                 rank, h, cp);
+        int first = rank - rank % size;
+        int64_t v = block_id(h, first, size), *counts = bb->recv_counts + n_counts;
+        send_at[out->n_cp_ex] = n_send;
+        recv_at[out->n_cp_ex] = n_recv;
+        for (int r = first; r < first + size; r++) {
+            const PlanRank *pr = &p->ranks[mb->first_rank + r];
+            int64_t row = 0; /* rank r's local row */
+            counts[r - first] = 0;
+            for (int64_t g = 0; g < pr->n_ranges; g++) {
+                const PlanRange *rg = &p->ranges[pr->first_range + g];
+                for (int64_t t = rg->start; t < rg->start + rg->len; t++, row++) {
+                    if (blk[t] != v)
+                        continue;
                     recv_rows[n_recv++] = t;
-                    bb->recv_counts[r - first]++;
+                    counts[r - first]++;
                     if (r == rank)
-                        send_rows[n_send++] = local;
+                        send_rows[n_send++] = row;
                 }
-                local += r == rank;
             }
         }
+        if (n_recv == recv_at[out->n_cp_ex])
+            continue; /* no row sharded over the block: every rank of it sees the same and skips it */
+        int e = out->n_cp_ex++;
+        out->cp_ex[e] = (CpExchange){.first = first, .size = size, .n_send = n_send - send_at[e], .recv_counts = counts};
+        n_counts += size;
     }
     /* Backend copy: mb_row, send_rows, recv_rows side by side. */
     int64_t n = 2 * own->tokens + n_recv + 1;
@@ -149,14 +213,12 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
     bb->ops->to_device(d, mb_row, (size_t)own->tokens * sizeof *d);
     bb->ops->to_device(d + own->tokens, send_rows, (size_t)n_send * sizeof *d);
     bb->ops->to_device(d + 2 * own->tokens, recv_rows, (size_t)n_recv * sizeof *d);
+    for (int e = 0; e < out->n_cp_ex; e++) {
+        out->cp_ex[e].send_rows = d + own->tokens + send_at[e];
+        out->cp_ex[e].recv_rows = d + 2 * own->tokens + recv_at[e];
+    }
     out->T_mb = T_mb;
     out->mb_row = d;
-    out->send_rows = d + own->tokens;
-    out->n_send = n_send;
-    out->recv_counts = bb->recv_counts;
-    out->recv_rows = d + 2 * own->tokens;
-    out->cp_first = first;
-    out->cp_size = size;
     return 0;
 }
 

@@ -23,17 +23,17 @@ typedef struct BatchBuffers {
     int64_t cap, d_cap;
     AttnSegment *segs;
     int64_t cap_segs;
-    /* CP: host index arrays (one allocation: mb_row, send_rows, recv_rows, sharded flags) and
-     * their backend copies; recv_counts per CP rank. */
+    /* CP: host index arrays (one allocation: mb_row, send_rows, recv_rows, the block of each
+     * micro-batch row) and their backend copies; recv_counts per CP rank of each exchange's block. */
     int64_t *index, *d_index, *recv_counts;
-    int64_t cap_index, d_cap_index;
+    int64_t cap_index, d_cap_index, cap_counts;
 } BatchBuffers;
 
 /* Labeled tokens (tokens with a target) of a step: the loss is their mean. */
 int64_t batch_step_targets(const StepPlan *p, const DataSources *data);
 
-/* Fills out with micro-batch i of p as CP rank `rank` computes it, with the K/V exchange of the
- * documents sharded over CP when p->cp > 1. Token ids must be below vocab (a data set with larger
+/* Fills out with micro-batch i of p as CP rank `rank` computes it, with the K/V exchanges of the
+ * documents sharded over CP ranks when p->cp > 1 (one per block of CP ranks, largest first). Token ids must be below vocab (a data set with larger
  * ids is an Error naming it). */
 int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const DataSources *data, int64_t vocab,
                 ModelBatch *out, Error *err);
