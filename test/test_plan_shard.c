@@ -4,8 +4,11 @@
  * rank the same attention work, per_seq does the same for the whole micro-batch, the segments of
  * every mode reproduce the document-causal mask exactly (against a brute-force mask on random
  * micro-batches), adaptive picks the faster of per_seq and per_doc, hybrid never predicts worse
- * than either, and groups keeps its groups aligned powers of two, every document's tokens on the
- * ranks of its group, every rank within its capacity, and never predicts worse than hybrid.
+ * than either, and groups keeps its blocks aligned powers of two (nested or not), every document's
+ * tokens on the ranks of its block in per_doc's shares or cut by an evener, each rank exchanging in
+ * exactly the blocks above it that hold sharded documents, priced as the plan says, every rank
+ * within its capacity, and never predicts worse than hybrid; its nested search never raises the
+ * slowest rank.
  */
 #include "test/testlib.h"
 
@@ -492,52 +495,103 @@ static void test_hybrid_under_tight_capacity(void **state)
     plan_free(&p);
 }
 
-/* The groups invariants on micro-batch 0 of p, beyond check_layout's mask: every rank's exchange
- * group is an aligned block of a power-of-two size that all its members agree on (the blocks tile
- * the CP ranks); a document whole on a rank has the group (rank, 1); a sharded document's group is
- * an aligned power-of-two block, every token of it lies on a rank of that block, every rank of the
- * block holds its share (two chunks of len / 2 size tokens, leftovers aside), and the block is the exchange group of every rank
- * holding it (so the K/V all-gather of that group brings every key its queries need); no rank holds
- * more than capacity. Returns the number of distinct group sizes of the ranks. */
-static int check_groups(const StepPlan *p, int64_t capacity)
+/* What check_groups saw. */
+typedef struct GroupsSeen {
+    int sizes;   /* distinct sizes of the blocks documents are sharded over (a rank alone: 1) */
+    int nested;  /* ranks exchanging in two blocks or more */
+    int cut;     /* documents cut unevenly (eveners) */
+} GroupsSeen;
+
+/* The groups invariants on micro-batch 0 of p, beyond check_layout's mask: a document whole on a
+ * rank has the group (rank, 1); a sharded document's group is an aligned power-of-two block, every
+ * token of it lies on a rank of that block, and each rank of the block holds per_doc's share (two
+ * chunks of len / 2 size tokens, leftovers aside) - but for at most EVEN_MAX documents cut unevenly
+ * (the eveners); a rank's exchange bits are exactly the blocks above it holding sharded documents
+ * (so the K/V all-gathers it joins bring every key its queries need, and every rank of a block
+ * agrees), and the exchange time the plan records for it is the sum of those blocks' all-gathers,
+ * a block holding a cut document priced at what its rank holding the fewest rows receives; no
+ * rank holds more than capacity. */
+static GroupsSeen check_groups(const StepPlan *p, const CostModel *m, int64_t capacity)
 {
     const PlanMicroBatch *mb = &p->mbs[0];
-    int cp = p->cp, *holder = holders(p), sizes = 0;
+    int cp = p->cp, *holder = holders(p);
     const PlanRank *pr = &p->ranks[mb->first_rank];
-    for (int r = 0; r < cp; r++) {
-        int f = pr[r].group_first, g = pr[r].group_size;
-        assert_true(g >= 1 && (g & (g - 1)) == 0 && f % g == 0 && f <= r && r < f + g && f + g <= cp);
-        for (int q = f; q < f + g; q++) {
-            assert_int_equal(pr[q].group_first, f);
-            assert_int_equal(pr[q].group_size, g);
-        }
-        assert_true(pr[r].tokens <= capacity);
-        sizes |= g;
-    }
+    GroupsSeen seen = {0, 0, 0};
+    int64_t blk_tok[2048] = {0}, own[1024][12];
+    int uneven[2048] = {0}, sizes = 0;
+    memset(own, 0, sizeof own);
     for (int64_t k = 0; k < mb->n_docs; k++) {
         const PlanDoc *d = &p->docs[mb->first_doc + k];
         int f = d->group_first, g = d->group_size;
         assert_true(g >= 1 && (g & (g - 1)) == 0 && f % g == 0 && f + g <= cp);
         if (g == 1) {
             assert_int_equal(d->rank, f);
+            sizes |= 1;
             continue;
         }
         assert_int_equal(d->rank, -1);
+        sizes |= g;
+        int v = cp / g + f / g, h = 31 - __builtin_clz((unsigned)v);
         int64_t held[1024] = {0};
         for (int64_t t = d->start; t < d->start + d->len; t++) {
             int r = holder[t];
             assert_true(r >= f && r < f + g);
-            assert_int_equal(pr[r].group_first, f);
-            assert_int_equal(pr[r].group_size, g);
             held[r]++;
+            own[r][h]++;
         }
+        blk_tok[v] += d->len;
         /* Two chunks of len / 2g tokens each, the leftovers one more (per_seq cuts the micro-batch
-         * instead). */
+         * instead), or cut unevenly. */
+        int per_doc = 1;
         for (int r = f; r < f + g && mb->mode != CP_PER_SEQ; r++)
-            assert_true(held[r] >= 2 * (d->len / (2 * g)) && held[r] <= 2 * (d->len / (2 * g)) + 2);
+            per_doc &= held[r] >= 2 * (d->len / (2 * g)) && held[r] <= 2 * (d->len / (2 * g)) + 2;
+        seen.cut += !per_doc;
+        uneven[v] |= !per_doc;
+    }
+    assert_true(seen.cut <= EVEN_MAX);
+    for (int r = 0; r < cp; r++) {
+        assert_true(pr[r].tokens <= capacity);
+        uint32_t want = 0;
+        /* Each block's price: uneven (a cut document seen) or not; a cut that happens to give
+         * per_doc's shares is priced uneven by the planner and looks even here, so either price
+         * is accepted for a block that looks even. */
+        double even_price[12], cut_price[12];
+        int nb = 0, must_cut[12];
+        for (int v = (cp + r) / 2; v >= 1; v /= 2) {
+            if (blk_tok[v] == 0)
+                continue;
+            int h = 31 - __builtin_clz((unsigned)v), g = cp >> h, first = (v - (1 << h)) * g;
+            want |= 1u << h;
+            int64_t least = blk_tok[v];
+            for (int q = first; q < first + g; q++)
+                least = own[q][h] < least ? own[q][h] : least;
+            even_price[nb] = cost_cp_comm_group_s(m, g, blk_tok[v]);
+            cut_price[nb] = cost_cp_comm_group_s(m, g, ((blk_tok[v] - least) * g + g - 2) / (g - 1));
+            must_cut[nb++] = uneven[v];
+        }
+        assert_int_equal(pr[r].exchanges, want);
+        seen.nested += __builtin_popcount(want) >= 2;
+        if (mb->mode == CP_GROUPS) {
+            double got = pr[r].comm_fwd_s - cost_tp_comm_s(m, pr[r].tokens);
+            int match = 0;
+            for (int c = 0; c < 1 << nb && !match; c++) {
+                double comm = 0;
+                int ok = 1;
+                for (int b = 0; b < nb; b++) {
+                    ok &= !must_cut[b] || (c >> b & 1);
+                    comm += c >> b & 1 ? cut_price[b] : even_price[b];
+                }
+                match = ok && fabs(got - comm) <= 1e-9 * comm + 1e-15;
+            }
+            if (!match) {
+                print_error("rank %d: exchange %.17g, not the plan's blocks' all-gathers\n", r, got);
+                fail();
+            }
+        }
     }
     free(holder);
-    return __builtin_popcount((unsigned)sizes);
+    seen.sizes = __builtin_popcount((unsigned)sizes);
+    return seen;
 }
 
 /* groups on random mixes at CP 2, 4, 8 and 16 (and capacities from tight to none): the mask exactly
@@ -552,7 +606,7 @@ static void test_groups_random_mixes(void **state)
     Rng rng;
     rng_seed(&rng, 13);
     StepPlan p = {0};
-    int better = 0, mixed = 0, trials = 160;
+    int better = 0, mixed = 0, nested = 0, cut = 0, trials = 160;
     for (int trial = 0; trial < trials; trial++) {
         int cp = 2 << (trial % 4);
         m.cp = cp;
@@ -574,18 +628,23 @@ static void test_groups_random_mixes(void **state)
             t[k] = mb_time(&p);
             if (k == CP_GROUPS) {
                 check_layout(&p);
-                mixed += check_groups(&p, k == CP_GROUPS && p.mbs[0].mode == CP_GROUPS ? capacity : INT64_MAX) >= 2;
+                GroupsSeen g = check_groups(&p, &m, p.mbs[0].mode == CP_GROUPS ? capacity : INT64_MAX);
+                mixed += g.sizes >= 2;
+                nested += g.nested > 0;
+                cut += g.cut > 0;
             }
         }
         assert_true(t[CP_GROUPS] <= t[CP_HYBRID]);
         assert_true(t[CP_GROUPS] <= t[CP_PER_SEQ] && t[CP_GROUPS] <= t[CP_PER_DOC]);
         better += t[CP_GROUPS] < 0.99 * t[CP_HYBRID];
     }
-    printf("# groups beats hybrid by 1%% or more on %d of %d mixes; %d layouts use two group sizes or more\n",
-           better, trials, mixed);
-    /* 74 and 33 of these seeded mixes. */
+    printf("# groups beats hybrid by 1%% or more on %d of %d mixes; of its layouts %d use two block sizes or more, %d "
+           "nest blocks, %d cut documents unevenly\n", better, trials, mixed, nested, cut);
+    /* 74, 64, 9 and 34 of these seeded mixes. */
     assert_true(better >= 60);
     assert_true(mixed >= 25);
+    assert_true(nested >= 5);
+    assert_true(cut >= 20);
     plan_free(&p);
 }
 
@@ -606,7 +665,7 @@ static void test_groups_pairs_for_mid_documents(void **state)
     assert_int_equal(plan_shard(&p, 0, CP_GROUPS, &m, 8 * 8192 / 16, &err), 0);
     assert_int_equal(p.mbs[0].mode, CP_GROUPS);
     check_layout(&p);
-    check_groups(&p, 8 * 8192 / 16);
+    check_groups(&p, &m, 8 * 8192 / 16);
     int used[16] = {0};
     for (int k = 0; k < 8; k++) {
         assert_int_equal(p.docs[k].group_size, 2);
@@ -617,7 +676,39 @@ static void test_groups_pairs_for_mid_documents(void **state)
     plan_free(&p);
 }
 
-/* The plan digest covers the groups: the same ranges and segments with another exchange group, or
+/* Three documents, 5000, 2500 and 600 tokens, over CP 2 (tp 8, across nodes): whole, the ranks hold
+ * 5000 and 3100 tokens; sharded, all 8100 tokens are exchanged and the short ones make short
+ * chunks. hybrid and the nested search end at per_doc's layout; rebuilding the pair around the
+ * long one and cutting it unevenly (an evener) keeps the two short ones whole at full kernel
+ * tiles, as balanced, with the same exchange (its rank holding the fewest rows receives the rest). */
+static void test_groups_evener(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 2, dp: 1}\n");
+    int64_t lens[3] = {5000, 2500, 600};
+    StepPlan p = {0};
+    double t[5];
+    for (int k = 0; k < 5; k++) {
+        one_micro_batch(&p, 2, lens, 3);
+        Error err = {0};
+        assert_int_equal(plan_shard(&p, 0, (CpSharding)k, &m, 8100, &err), 0);
+        t[k] = mb_time(&p);
+    }
+    assert_int_equal(p.mbs[0].mode, CP_GROUPS);
+    check_layout(&p);
+    GroupsSeen g = check_groups(&p, &m, 8100);
+    printf("# 5000 + 2500 + 600 tokens at CP 2: groups %.4g ms, hybrid %.4g, per_doc %.4g; %d cut unevenly, "
+           "ranks hold %lld and %lld\n", 1e3 * t[CP_GROUPS], 1e3 * t[CP_HYBRID], 1e3 * t[CP_PER_DOC], g.cut,
+           (long long)p.ranks[0].tokens, (long long)p.ranks[1].tokens);
+    assert_int_equal(g.cut, 1);
+    assert_int_equal(p.docs[1].group_size, 1); /* the short ones whole */
+    assert_int_equal(p.docs[2].group_size, 1);
+    assert_true(t[CP_GROUPS] < t[CP_HYBRID] && t[CP_GROUPS] < t[CP_PER_DOC]);
+    plan_free(&p);
+}
+
+/* The plan digest covers the groups: the same ranges and segments with other exchange blocks, or
  * a document's group changed, give another digest. */
 static void test_digest_covers_groups(void **state)
 {
@@ -630,9 +721,9 @@ static void test_digest_covers_groups(void **state)
     Error err = {0};
     assert_int_equal(plan_shard(&p, 0, CP_GROUPS, &m, 8192, &err), 0);
     uint32_t d0 = plan_digest(&p);
-    p.ranks[p.mbs[0].first_rank].group_size ^= 3;
+    p.ranks[p.mbs[0].first_rank].exchanges ^= 3;
     assert_true(plan_digest(&p) != d0);
-    p.ranks[p.mbs[0].first_rank].group_size ^= 3;
+    p.ranks[p.mbs[0].first_rank].exchanges ^= 3;
     assert_int_equal(plan_digest(&p), d0);
     p.docs[0].group_first ^= 1;
     assert_true(plan_digest(&p) != d0);
@@ -688,12 +779,12 @@ static void test_groups_line_cost(void **state)
     }
 }
 
-/* The local search after the groups greedy, from random layouts over the split {8, 4, 2, 1, 1} at
- * CP 16: the slowest rank's time never rises, every document stays in exactly one place (a group of
- * size 2 or more, or one rank) with every token counted once, every rank within its capacity, and
- * the search's running sums equal those recomputed from its assignment. From a random start it
- * lowers the slowest rank nearly always. */
-static void test_groups_refine(void **state)
+/* The nested search (plan_groups_nest.c) from random layouts at CP 16 - every document on a random
+ * block of the tree, any size, nested or not: the slowest rank's time never rises, one move at a
+ * time, and the search stops by itself; every document stays on one block with every token counted
+ * once, every rank within its capacity, and the search's running sums equal those recomputed from
+ * its blocks. From a random start it lowers the slowest rank nearly always. */
+static void test_groups_nest(void **state)
 {
     (void)state;
     CostModel m;
@@ -702,69 +793,63 @@ static void test_groups_refine(void **state)
     line_cost_init(&line, &m);
     Rng rng;
     rng_seed(&rng, 29);
-    enum { N = 80, CP = 16, LEVELS = 5 };
+    enum { N = 80, CP = 16, DEPTH = 4 };
     int lowered = 0, trials = 200;
     for (int trial = 0; trial < trials; trial++) {
         int n = 2 + (int)rng_below(&rng, N - 1);
         PlanDoc docs[N];
-        double est[N * (LEVELS + 1)];
+        double est[N * (DEPTH + 1)];
         int64_t at = 0, total = 0;
+        int32_t node[N];
         for (int k = 0; k < n; k++) {
             uint64_t kind = rng_below(&rng, 10);
             int64_t len = kind < 5 ? 1 + (int64_t)rng_below(&rng, 2000) : 2000 + (int64_t)rng_below(&rng, 30000);
             docs[k] = (PlanDoc){.start = at, .len = len};
             at += len;
             total += len;
-            for (int j = 0; j < LEVELS; j++)
-                est[k * (LEVELS + 1) + j] = groups_attn_per_rank(&m, len, 1 << j);
-            est[k * (LEVELS + 1) + LEVELS] = groups_attn_per_rank(&m, len, 1);
+            for (int j = 0; j <= DEPTH; j++)
+                est[k * (DEPTH + 1) + j] = groups_attn_per_rank(&m, len, 1 << j);
+            node[k] = 1 + (int32_t)rng_below(&rng, 2 * CP - 1);
         }
-        /* Groups 0..7, 8..11, 12..13, 14, 15 (largest first, aligned). */
-        Group g[5] = {{0, 8, 3, 3, 0, 0, 0}, {8, 4, 2, 2, 0, 0, 0}, {12, 2, 1, 1, 0, 0, 0},
-                      {14, 1, 0, 0, 0, 0, 0}, {15, 1, 0, 0, 0, 0, 0}};
-        int32_t assign[N];
-        for (int k = 0; k < n; k++) {
-            uint64_t a = rng_below(&rng, 5 + CP);
-            assign[k] = a < 5 ? (int32_t)a : -1 - (int32_t)(a - 5);
-        }
-        int grp_of[CP];
-        double whole_attn[CP];
-        int64_t whole_tok[CP];
-        Refine f = {.line = &line, .docs = docs, .est = est, .levels = LEVELS, .cp = CP, .ng = 5, .n = n,
-                    .capacity = trial % 2 ? INT64_MAX : total, .g = g, .assign = assign, .grp_of = grp_of,
-                    .whole_attn = whole_attn, .whole_tok = whole_tok};
-        double before = groups_refine_start(&f);
+        int64_t tok[2 * CP], rows[CP];
+        double attn_r[CP], comm_r[CP];
+        Nest x = {.line = &line, .docs = docs, .est = est, .stride = DEPTH + 1, .cp = CP, .depth = DEPTH, .n = n,
+                  .capacity = INT64_MAX, .node = node, .tok = tok, .attn_r = attn_r, .comm_r = comm_r, .rows = rows};
+        double before = groups_nest_start(&x);
         assert_true(before > 0);
+        if (trial % 2 == 0) { /* as tight as the start allows */
+            x.capacity = 0;
+            for (int r = 0; r < CP; r++)
+                x.capacity = rows[r] > x.capacity ? rows[r] : x.capacity;
+            assert_true(groups_nest_start(&x) == before);
+        }
         /* One move at a time: the slowest rank never rises, and the search stops by itself. */
-        f.max_moves = 1;
+        x.max_moves = 1;
         double after = before;
         int64_t moves = -1;
-        for (int step = 0; step <= 2 * n + CP && f.moves != moves; step++) {
-            moves = f.moves;
-            groups_refine(&f);
-            double t = groups_refine_worst(&f);
+        for (int step = 0; step <= 2 * n + CP && x.moves != moves; step++) {
+            moves = x.moves;
+            groups_nest(&x);
+            double t = groups_nest_worst(&x);
             assert_true(t <= after);
             after = t;
         }
-        assert_true(f.moves == moves);
+        assert_true(x.moves == moves);
         lowered += after < before;
-        /* Every document in one place, no group of one named, every token once. */
+        /* Every document on one block, every token once, every rank within its capacity. */
         int64_t counted = 0;
-        for (int a = 0; a < 5; a++)
-            counted += g[a].tokens;
-        for (int r = 0; r < CP; r++) {
-            counted += whole_tok[r];
-            int64_t rows = (g[grp_of[r]].tokens + g[grp_of[r]].size - 1) / g[grp_of[r]].size + whole_tok[r];
-            assert_true(rows <= f.capacity);
-        }
+        for (int v = 1; v < 2 * CP; v++)
+            counted += tok[v];
         assert_int_equal(counted, total);
         for (int k = 0; k < n; k++)
-            assert_true((assign[k] >= 0 && assign[k] < 3) || (assign[k] < 0 && assign[k] >= -CP));
-        /* The running sums are those of the assignment. */
-        double again = groups_refine_start(&f);
+            assert_true(node[k] >= 1 && node[k] < 2 * CP);
+        for (int r = 0; r < CP; r++)
+            assert_true(rows[r] <= x.capacity);
+        /* The running sums are those of the blocks. */
+        double again = groups_nest_start(&x);
         assert_true(fabs(again - after) <= 1e-9 * after);
     }
-    printf("# the local search lowered the slowest rank on %d of %d random layouts\n", lowered, trials);
+    printf("# the nested search lowered the slowest rank on %d of %d random layouts\n", lowered, trials);
     assert_true(lowered >= trials * 9 / 10);
 }
 
@@ -781,10 +866,11 @@ int main(void)
         cmocka_unit_test(test_hybrid_under_tight_capacity),
         cmocka_unit_test(test_groups_random_mixes),
         cmocka_unit_test(test_groups_pairs_for_mid_documents),
+        cmocka_unit_test(test_groups_evener),
         cmocka_unit_test(test_digest_covers_groups),
         cmocka_unit_test(test_group_comm_cost),
         cmocka_unit_test(test_groups_line_cost),
-        cmocka_unit_test(test_groups_refine),
+        cmocka_unit_test(test_groups_nest),
     };
     return cmocka_run_group_tests_name("plan_shard", tests, NULL, NULL);
 }

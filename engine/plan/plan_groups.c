@@ -398,23 +398,42 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
         return 0;
     groups_nest(&x);
     double after = groups_nest_worst(&x);
-    /* The eveners (plan_groups_even.c), on the lines: a document's block in even_node (0: none). */
-    int32_t *even_node = array_grow(sc->even_node, &sc->cap_even_node, n + 1, sizeof *even_node);
-    if (!even_node)
+    /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
+     * that order, as in the other modes) - from hybrid's layout, only when the search ended faster
+     * than hybrid. */
+    if ((s.best_t >= 0 || after < limit) && lay_out(out, cost, docs, n, node, NULL, NULL, 0, capacity) != 0)
         return -1;
-    sc->even_node = even_node;
+    if ((s.best_t >= 0 || after < limit) && shard_fits(out, capacity))
+        *t = shard_time(out, cost);
+    /* The eveners (plan_groups_even.c), on the lines (a document's block in even_node, 0: none;
+     * the moves made on the way in node), then laid out exactly: kept when faster than without. */
+    int32_t *even_node = array_grow(sc->even_node, &sc->cap_even_node, n + 1, sizeof *even_node);
+    double *even_rows = array_grow(sc->even_rows, &sc->cap_even_rows, (int64_t)EVEN_MAX * cp, sizeof *even_rows);
+    int64_t *list = array_grow(sc->even_list, &sc->cap_even_list, n + 1, sizeof *list);
+    int32_t *saved = array_grow(sc->even_saved, &sc->cap_even_saved, n + 1, sizeof *saved);
+    sc->even_node = even_node ? even_node : sc->even_node;
+    sc->even_rows = even_rows ? even_rows : sc->even_rows;
+    sc->even_list = list ? list : sc->even_list;
+    sc->even_saved = saved ? saved : sc->even_saved;
+    if (!even_node || !even_rows || !list || !saved)
+        return -1;
     for (int64_t k = 0; k < n; k++)
         even_node[k] = 0;
-    double *even_rows = array_grow(sc->even_rows, &sc->cap_even_rows, (int64_t)EVEN_MAX * cp, sizeof *even_rows);
-    if (!even_rows)
-        return -1;
-    sc->even_rows = even_rows;
     EvenCut ev[EVEN_MAX];
-    int n_even = groups_even_pick(&x, even_node, even_rows, ev);
-    double evened = n_even > 0 ? groups_nest_worst(&x) : after;
-    /* From hybrid's layout, only a search that ends faster than hybrid is worth laying out. */
-    if (s.best_t < 0 && !(after < limit) && !(evened < limit))
-        return 0;
+    int n_even = groups_even_pick(&x, even_node, even_rows, list, saved, ev);
+    if (n_even > 0 && (s.best_t >= 0 || groups_nest_worst(&x) < limit)) {
+        Shard *alt = &sc->cand[SHARD_EVEN];
+        if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even, capacity) != 0)
+            return -1;
+        double t_alt = shard_fits(alt, capacity) ? shard_time(alt, cost) : -1;
+        if (t_alt >= 0 && (*t < 0 || t_alt < *t)) {
+            Shard tmp = *out;
+            *out = *alt;
+            *alt = tmp;
+            *t = t_alt;
+        }
+    }
+    return 0;
     /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
      * that order, as in the other modes), without the eveners and with them: the faster is kept. */
     if (lay_out(out, cost, docs, n, node, NULL, NULL, 0, capacity) != 0)

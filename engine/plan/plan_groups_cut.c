@@ -24,7 +24,7 @@
 
 #include "engine/plan/plan_groups_impl.h"
 
-enum { EVEN_PASSES = 3, CUT_MOVES = 12, CUT_ROUNDS = 1 };
+enum { EVEN_PASSES = 3, CUT_MOVES = 8, CUT_ROUNDS = 1 };
 
 /* The level L at which sum_r max(0, (L - b[r]) / a[r]) = d, for slopes a[r] > 0 (bisection). */
 static double water_level_slopes(const double *b, const double *a, int n, double d)

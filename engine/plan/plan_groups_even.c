@@ -156,6 +156,7 @@ typedef struct Pick {
     double t;
     int64_t shed;    /* a document moved out of the re-cut evener's block first (-1: none) */
     int shed_to;     /* its new block */
+    int rebuild;     /* 1: block w rebuilt around k first (rebuild) */
 } Pick;
 
 static int above(int cp, int s, int v)
@@ -178,7 +179,7 @@ static void best_evener(Nest *x, Evener *ev, int n_ev, const int32_t *even, int 
         for (int w = u; w >= 1; w /= 2) {
             double t = (cp >> (31 - __builtin_clz((unsigned)w))) > 1 ? even_try(x, k, u, w, s, rows, &comm) : p->t;
             if (t < p->t)
-                *p = (Pick){k, u, w, -1, t, -1, 0};
+                *p = (Pick){k, u, w, -1, t, -1, 0, 0};
         }
     }
     for (int i = 0; i < n_ev; i++) {
@@ -188,7 +189,7 @@ static void best_evener(Nest *x, Evener *ev, int n_ev, const int32_t *even, int 
         for (int w = ev[i].w / 2; w >= 1; w /= 2) {
             double t = even_try(x, ev[i].k, ev[i].u, w, s, rows, &comm);
             if (t < p->t)
-                *p = (Pick){ev[i].k, ev[i].u, w, i, t, -1, 0};
+                *p = (Pick){ev[i].k, ev[i].u, w, i, t, -1, 0, 0};
         }
         evener_apply(x, &ev[i], +1);
     }
@@ -240,10 +241,77 @@ static void best_shed(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s,
                 nest_move(x, k, to, -1);
                 nest_move(x, k, u, +1);
                 if (t < p->t)
-                    *p = (Pick){ev[i].k, ev[i].u, w, i, t, k, to};
+                    *p = (Pick){ev[i].k, ev[i].u, w, i, t, k, to, 0};
             }
         }
         evener_apply(x, &ev[i], +1);
+    }
+}
+
+/* Block w rebuilt around document k: every other document on a block inside w (eveners aside)
+ * whole, longest first, each on the rank of w that would finish earliest with room, and k on w
+ * itself, to be cut over it. saved: room for the documents' blocks before (returned: how many). */
+static int64_t rebuild(Nest *x, const int32_t *even, int64_t k, int w, int64_t *list, int32_t *saved)
+{
+    int cp = x->cp, hw = 31 - __builtin_clz((unsigned)w), ws = cp >> hw, wf = (w - (1 << hw)) * ws;
+    int64_t m = 0;
+    for (int64_t j = 0; j < x->n; j++)
+        if (!even[j] && inside(x->node[j], w)) {
+            /* Longest first (insertion; equal lengths in document order). */
+            int64_t i = m++;
+            for (; i > 0 && x->docs[list[i - 1]].len < x->docs[j].len; i--) {
+                list[i] = list[i - 1];
+                saved[i] = saved[i - 1];
+            }
+            list[i] = j;
+            saved[i] = x->node[j];
+            nest_move(x, j, x->node[j], -1);
+        }
+    for (int64_t i = 0; i < m; i++) {
+        int64_t j = list[i];
+        int at = -1;
+        double best = 0;
+        for (int r = wf; r < wf + ws && j != k; r++) {
+            double t = line_t(x, r, 0, 0, 0);
+            if (x->rows[r] + x->docs[j].len <= x->capacity && (at < 0 || t < best)) {
+                at = r;
+                best = t;
+            }
+        }
+        x->node[j] = j == k || at < 0 ? w : cp + at; /* no room: sharded over w */
+        nest_move(x, j, x->node[j], +1);
+    }
+    return m;
+}
+
+/* Undoes rebuild. */
+static void unbuild(Nest *x, const int64_t *list, const int32_t *saved, int64_t m)
+{
+    for (int64_t i = 0; i < m; i++) {
+        nest_move(x, list[i], x->node[list[i]], -1);
+        x->node[list[i]] = saved[i];
+        nest_move(x, list[i], saved[i], +1);
+    }
+}
+
+/* When no evener lowers s: a block w above s rebuilt around its longest document, which then
+ * evens it (the others whole at full kernel tiles and without exchange). */
+static void best_rebuild(Nest *x, const int32_t *even, int s, int64_t *list, int32_t *saved, Pick *p)
+{
+    int cp = x->cp;
+    double rows[1024], comm;
+    for (int w = (cp + s) / 2; w >= 1; w /= 2) {
+        int64_t longest = -1;
+        for (int64_t j = 0; j < x->n; j++)
+            if (!even[j] && inside(x->node[j], w) && (longest < 0 || x->docs[j].len > x->docs[longest].len))
+                longest = j;
+        if (longest < 0)
+            continue;
+        int64_t m = rebuild(x, even, longest, w, list, saved);
+        double t = even_try(x, longest, w, w, s, rows, &comm);
+        unbuild(x, list, saved, m);
+        if (t < p->t)
+            *p = (Pick){longest, w, w, -1, t, -1, 0, 1};
     }
 }
 
@@ -279,7 +347,7 @@ static int trade(Nest *x, const int32_t *even, int a, int b, double T)
     return 0;
 }
 
-int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out)
+int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int32_t *saved, EvenCut *out)
 {
     int cp = x->cp, n_ev = 0;
     Evener ev[EVEN_MAX];
@@ -294,7 +362,7 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out)
                 s = r;
             }
         }
-        Pick p = {-1, 0, 0, -1, T, -1, 0};
+        Pick p = {-1, 0, 0, -1, T, -1, 0, 0};
         best_evener(x, ev, n_ev, even, s, &p);
         /* None: s's partner may be as slow as s. The documents held whole by the partner and by
          * another rank q can trade places (no block changes; both must stay below T), which can
@@ -313,6 +381,8 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out)
         }
         if (p.k < 0 && swap_q < 0)
             best_shed(x, ev, n_ev, even, s, &p);
+        if (p.k < 0 && swap_q < 0 && n_ev < EVEN_MAX)
+            best_rebuild(x, even, s, list, saved, &p);
         if (p.k < 0)
             break;
         if (swap_q >= 0)
@@ -320,6 +390,8 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out)
         int i = p.again >= 0 ? p.again : n_ev++;
         if (p.again >= 0)
             evener_apply(x, &ev[i], -1);
+        if (p.rebuild)
+            rebuild(x, even, p.k, p.w, list, saved);
         if (p.shed >= 0) {
             nest_move(x, p.shed, x->node[p.shed], -1);
             nest_move(x, p.shed, p.shed_to, +1);

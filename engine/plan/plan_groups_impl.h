@@ -89,9 +89,10 @@ typedef struct EvenCut {
 
 /* The eveners (plan_groups_even.c), on the lines: even[k] gets the block document k is cut over
  * (0: not an evener), out[] the eveners in the order they were picked; x's sums include them (and
- * x->node the trades made). scratch: EVEN_MAX x cp doubles. Returns their number. */
+ * x->node the moves made on the way). scratch: EVEN_MAX x cp doubles; list, saved: n each.
+ * Returns their number. */
 enum { EVEN_MAX = 16 };
-int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out);
+int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int32_t *saved, EvenCut *out);
 /* The eveners' exact layout (plan_groups_cut.c), after every other document is laid out in s. */
 int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev,
                         int64_t capacity);
