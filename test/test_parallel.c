@@ -278,9 +278,10 @@ static void test_extras(void **state)
     assert_true(ok);
 }
 
-/* How many CP ranks of the dry run of the long corpus at this layout exchange in groups of each
- * size (its cp_group_ranks, summed over the steps): sizes[g] for g = 1, 2, 4. */
-static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes)
+/* How many CP ranks of the dry run of the long corpus at this layout exchange in blocks of each
+ * size (its cp_group_ranks, summed over the steps): sizes[g] for g = 1, 2, 4; sizes[0]: ranks in
+ * nested blocks (cp_nested_ranks); *cut: documents cut unevenly (cp_cut_docs). */
+static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes, int64_t *cut)
 {
     const char *bin = getenv("WLBTRAIN");
     char *stats = test_format("%s/groups.jsonl", fx.dir);
@@ -301,7 +302,8 @@ static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes)
     char *text = test_read_file(stats, &len);
     for (int g = 0; g <= 4; g++)
         sizes[g] = 0;
-    /* "cp_group_ranks":{"1":N,"2":N,...} on every step line. */
+    *cut = 0;
+    /* "cp_group_ranks":{"1":N,"2":N,...},"cp_nested_ranks":N,"cp_cut_docs":N on every step line. */
     for (char *at = strstr(text, "\"cp_group_ranks\":{"); at; at = strstr(at + 1, "\"cp_group_ranks\":{")) {
         char *end = strchr(at, '}');
         for (int g = 1; g <= 4; g *= 2) {
@@ -311,6 +313,11 @@ static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes)
             if (k && k < end)
                 sizes[g] += strtoll(k + strlen(key), NULL, 10);
         }
+        char *nested = strstr(end, "\"cp_nested_ranks\":"), *cuts = strstr(end, "\"cp_cut_docs\":");
+        assert_non_null(nested);
+        assert_non_null(cuts);
+        sizes[0] += strtoll(nested + strlen("\"cp_nested_ranks\":"), NULL, 10);
+        *cut += strtoll(cuts + strlen("\"cp_cut_docs\":"), NULL, 10);
     }
     free(text);
     free(stats);
@@ -318,18 +325,22 @@ static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes)
 
 /* balance.cp_sharding: groups against one process, on the corpus with long documents (packer
  * fixed) at CP 2, CP 4 and 16 ranks (tp 2, cp 4, pp 2), and on the short one with wlb. The dry run
- * of the long corpus must show blocks of 2 CP ranks (their communicators) and ranks of their own
- * (no exchange) at CP 4: otherwise the runs would not test them. */
+ * of the long corpus must show blocks of 2 CP ranks (their communicators), ranks of their own (no
+ * exchange) and documents cut unevenly over a block (eveners) at CP 4 and at tp 2 x cp 4 x pp 2:
+ * otherwise the runs would not test them. (Nested blocks: test_cp_nested, on hand-made plans.) */
 static void test_groups(void **state)
 {
     (void)state;
-    int64_t sizes[5];
-    dry_run_group_ranks(1, 1, 4, sizes);
-    printf("# dry run, cp 4, groups: CP ranks in groups of 1, 2, 4: %lld, %lld, %lld\n", (long long)sizes[1],
-           (long long)sizes[2], (long long)sizes[4]);
-    assert_true(sizes[1] > 0 && sizes[2] > 0);
-    dry_run_group_ranks(2, 2, 4, sizes);
-    assert_true(sizes[2] > 0);
+    int64_t sizes[5], cut;
+    dry_run_group_ranks(1, 1, 4, sizes, &cut);
+    printf("# dry run, cp 4, groups: CP ranks in blocks of 1, 2, 4: %lld, %lld, %lld; in nested blocks %lld; "
+           "documents cut unevenly %lld\n", (long long)sizes[1], (long long)sizes[2], (long long)sizes[4],
+           (long long)sizes[0], (long long)cut);
+    assert_true(sizes[1] > 0 && sizes[2] > 0 && cut > 0);
+    dry_run_group_ranks(2, 2, 4, sizes, &cut);
+    printf("# dry run, tp 2 x cp 4 x pp 2: in nested blocks %lld; documents cut unevenly %lld\n", (long long)sizes[0],
+           (long long)cut);
+    assert_true(sizes[2] > 0 && cut > 0);
     int ok = 1;
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
     ok &= check_layout(1, 1, 1, 2, fx.ref_long, groups, "groups, long documents");

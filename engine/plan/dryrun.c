@@ -110,7 +110,10 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
         }
         for (int64_t r = 0; r < p->n_ranks; r++)
             nested += __builtin_popcount(p->ranks[r].exchanges) > 1;
-        fprintf(f, "},\"cp_nested_ranks\":%lld", (long long)nested);
+        int64_t cut = 0;
+        for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+            cut += p->mbs[i].cut_docs;
+        fprintf(f, "},\"cp_nested_ranks\":%lld,\"cp_cut_docs\":%lld", (long long)nested, (long long)cut);
     }
     (void)cfg;
 }

@@ -96,6 +96,7 @@ typedef struct PlanMicroBatch {
     int64_t first_doc, n_docs;
     CpSharding mode;         /* per_seq, per_doc, hybrid or groups: what was chosen */
     int64_t sharded_tokens;  /* tokens whose K/V go through a CP all-gather (of any group) */
+    int32_t cut_docs;        /* documents cut unevenly over their block (groups' eveners) */
     int64_t first_rank;      /* cp PlanRank entries */
     double fwd_s, bwd_s;     /* per layer: the slowest CP rank, communication included */
 } PlanMicroBatch;

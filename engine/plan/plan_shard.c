@@ -395,6 +395,9 @@ static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMod
     }
     mb->first_rank = p->n_ranks;
     mb->sharded_tokens = s->sharded;
+    mb->cut_docs = 0;
+    for (int v = 1; v < 2 * s->cp; v++)
+        mb->cut_docs += s->uneven[v];
     mb->fwd_s = mb->bwd_s = 0;
     for (int r = 0; r < s->cp; r++) {
         int64_t k = plan_add_rank(p);
