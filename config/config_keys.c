@@ -83,7 +83,7 @@ const ConfigKey config_keys[] = {
              "fixed: stream order cut at the window (Plain-4D); fixed_greedy: greedy repack into "
              "fixed lengths (Fixed-4D); wlb: workload-balanced variable lengths with outlier delay"),
     ENUM_KEY("balance.cp_sharding", balance.cp_sharding, "per_seq|per_doc|adaptive|hybrid|groups", "hybrid", NULL,
-             "how a micro-batch is split over the CP ranks (groups: over aligned power-of-two groups of them)"),
+             "how a micro-batch is split over the CP ranks (groups: over aligned power-of-two blocks of them, nested or cut unevenly)"),
     ENUM_KEY("balance.long_documents", balance.long_documents, "auto|cut|keep", "auto", NULL,
              "cut: the stream is cut every context_window tokens (Plain-4D's loader), splitting the "
              "documents that straddle a cut; keep: a document is split only when longer than the window "
