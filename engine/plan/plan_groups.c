@@ -1,25 +1,26 @@
 /*
  * engine/plan/plan_groups.c - balance.cp_sharding: groups (FlexSP's heterogeneous sequence-parallel
- * groups, in all-gather CP).
+ * groups, in all-gather CP): the split search, and the stages after it.
  *
- * Per micro-batch the CP ranks are split into groups whose sizes are powers of two, aligned in the
- * rank order (a group of size g starts at a multiple of g), so every group is one of the blocks
- * whose communicators are made once at start (comm.h: GROUP_CP_BLOCK). Every document goes to one
- * group and is sharded over it per_doc (2 g chunks, chunks i and 2 g - 1 - i on the group's rank i);
- * a group of one holds its documents whole and exchanges nothing. Why: a document sharded over all
- * CP ranks gives chunks of d / 2 CP tokens - a 16K document at CP 16 makes chunks of 512, where the
- * attention kernel runs at 512 / (512 + 238) = 68% of its long-query rate - and every rank gathers
- * its K/V; over a group just large enough to balance it, its chunks are longer and its K/V go to
- * fewer ranks over a faster link (a block of tp * g ranks within a node uses NVLink).
+ * Every document of a micro-batch is sharded per_doc over an aligned block of CP ranks of a
+ * power-of-two size (a block of size g starts at a multiple of g, so it is one of the blocks whose
+ * communicators are made once at start, comm.h: GROUP_CP_BLOCK; 2 g chunks, chunks i and 2 g - 1 - i
+ * on the block's rank i) or kept whole on one rank (a block of one, no exchange). Why: a document
+ * sharded over all CP ranks gives chunks of d / 2 CP tokens - a 16K document at CP 16 makes chunks
+ * of 512, where the attention kernel runs at 512 / (512 + 238) = 68% of its long-query rate - and
+ * every rank gathers its K/V; over a block just large enough to balance it, its chunks are longer
+ * and its K/V go to fewer ranks over a faster link (a block of tp * g ranks within a node uses
+ * NVLink). Blocks may nest (plan_groups_nest.c) and a few documents may be cut unevenly over theirs
+ * (plan_groups_even.c, plan_groups_cut.c).
  *
- * The split and the assignment, for K = min(cp, 16) units of u = cp / K ranks:
- *  1. Predict every document on every group size g = u, 2u, .., cp: its attention per rank when
+ * This file, for K = min(cp, 16) units of u = cp / K ranks:
+ *  1. Predict every document on every block size g = u, 2u, .., cp: its attention per rank when
  *     sharded per_doc over g ranks. With chunks of c = ceil(d / 2g) tokens, chunk j sees (j + 1) c
  *     keys; at a fixed query length the cost model is affine in the keys, f(c, (j + 1) c) =
  *     f(c, c) + j (f(c, 2c) - f(c, c)), so the 2g chunks sum to 2g f(c, c) + g (2g - 1)
  *     (f(c, 2c) - f(c, c)), evenly over the g ranks (the mirrored pairs balance it): four cost
- *     evaluations per document and size. A group's time is then its documents' attention per rank,
- *     plus GEMMs, element-wise work and TP all-reduces of ceil(tokens / g) rows, plus the K/V
+ *     evaluations per document and size. A block's rank time is then its documents' attention per
+ *     rank, plus GEMMs, element-wise work and TP all-reduces of ceil(tokens / g) rows, plus the K/V
  *     all-gather and dK/dV reduce-scatter of its tokens over g ranks (cost_cp_comm_group_s).
  *  2. Every split of the K units into power-of-two groups - a multiset of sizes, laid out largest
  *     first, which aligns them (the sum of larger powers of two is a multiple of each smaller one;
@@ -30,20 +31,25 @@
  *     with room (a group of g ranks holds at most g x the rank capacity: per_doc gives its ranks
  *     token counts within one of each other); of the groups of one size only the least loaded with
  *     room is a candidate (they differ in nothing else). Done twice: every document sharded over
- *     its group, and with the documents shorter than hybrid's best threshold kept whole instead,
- *     each on the rank (of any group) that would finish earliest with room - hybrid's rule inside the
- *     split, which makes hybrid's own layout the split {CP} of this pass. A split is abandoned as
- *     soon as it cannot beat hybrid or the best split so far: when a group's new time reaches it,
- *     or when the mean over the ranks of the work so far plus the least work the remaining
- *     documents need (each on its cheapest group size) does - the slowest rank is at least the mean.
- *  4. The best split is laid out exactly (ranges, segments) and predicted exactly; plan_shard keeps
- *     it only when it beats hybrid, per_seq and per_doc on the time the plan records and fits the
- *     capacity, so groups never predicts worse than hybrid.
- * Bound: n documents, L = log2 K + 1 sizes, G <= K groups: 4 n (L + 1) attention evaluations, then at
- * most 2 b(K) greedy passes of n (G comparisons + L group-time evaluations) or, for whole
- * documents, n CP comparisons; at K = 16 that is at most 72 n (16 + 5) steps, each a few flops (step
- * 3 evaluates the cost model's lines, not the model), and one exact layout of n documents. With
- * hybrid's own candidates beside it: README, measured planning time.
+ *     its group (skipped on micro-batches of more than 6 cp documents when hybrid keeps some whole),
+ *     and with the documents shorter than hybrid's best threshold kept whole instead, each on the
+ *     rank (of any group) that would finish earliest with room - hybrid's rule inside the split,
+ *     which makes hybrid's own layout the split {CP} of this pass. A split is abandoned as soon as
+ *     it cannot beat hybrid or the best split so far: when a group's new time reaches it, or when
+ *     the mean over the ranks of the work so far plus the least work the remaining documents need
+ *     (each on its cheapest group size) does - the slowest rank is at least the mean.
+ *  4. The nested search (plan_groups_nest.c) from the best split, or from hybrid's layout when no
+ *     split beat it; the layout it ends with is laid out exactly (ranges, segments) and predicted
+ *     exactly.
+ *  5. The eveners (plan_groups_even.c) on the nested search's result, laid out exactly
+ *     (plan_groups_cut.c); kept when faster than step 4's layout. plan_shard keeps the result only
+ *     when it beats hybrid, per_seq and per_doc on the time the plan records and fits the capacity,
+ *     so groups never predicts worse than hybrid.
+ * Bound of steps 1-3: n documents, L = log2 K + 1 sizes, G <= K groups: 4 n (L + 1) attention
+ * evaluations, then at most 2 b(K) greedy passes of n (G comparisons + L group-time evaluations) or,
+ * for whole documents, n CP comparisons; at K = 16 that is at most 72 n (16 + 5) steps, each a few
+ * flops (step 3 evaluates the cost model's lines, not the model). The later stages' bounds are in
+ * their files; all of it with hybrid's own candidates beside it: README, measured planning time.
  */
 #include <stdlib.h>
 
@@ -422,25 +428,6 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     EvenCut ev[EVEN_MAX];
     int n_even = groups_even_pick(&x, even_node, even_rows, list, saved, ev);
     if (n_even > 0 && (s.best_t >= 0 || groups_nest_worst(&x) < limit)) {
-        Shard *alt = &sc->cand[SHARD_EVEN];
-        if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even, capacity) != 0)
-            return -1;
-        double t_alt = shard_fits(alt, capacity) ? shard_time(alt, cost) : -1;
-        if (t_alt >= 0 && (*t < 0 || t_alt < *t)) {
-            Shard tmp = *out;
-            *out = *alt;
-            *alt = tmp;
-            *t = t_alt;
-        }
-    }
-    return 0;
-    /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
-     * that order, as in the other modes), without the eveners and with them: the faster is kept. */
-    if (lay_out(out, cost, docs, n, node, NULL, NULL, 0, capacity) != 0)
-        return -1;
-    if (shard_fits(out, capacity))
-        *t = shard_time(out, cost);
-    if (n_even > 0) {
         Shard *alt = &sc->cand[SHARD_EVEN];
         if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even, capacity) != 0)
             return -1;

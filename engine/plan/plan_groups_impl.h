@@ -1,6 +1,7 @@
 /*
- * engine/plan/plan_groups_impl.h - the groups search's cost lines and groups, shared by its greedy
- * (plan_groups.c) and its local search (plan_groups_refine.c).
+ * engine/plan/plan_groups_impl.h - the groups search's cost lines, groups and nested-block state,
+ * shared by its split (plan_groups.c), nested search (plan_groups_nest.c), eveners
+ * (plan_groups_even.c) and their exact cut (plan_groups_cut.c).
  */
 #ifndef WLB_ENGINE_PLAN_GROUPS_IMPL_H
 #define WLB_ENGINE_PLAN_GROUPS_IMPL_H

@@ -1,30 +1,30 @@
 /*
- * engine/plan/plan_groups_nest.c - the groups search's last stage: documents moved between nested
- * blocks.
+ * engine/plan/plan_groups_nest.c - the groups search's nested blocks: documents moved between any
+ * blocks of CP ranks after the split.
  *
- * The split and its local search (plan_groups.c, plan_groups_refine.c) give every CP rank one group,
- * and a document moves between groups only whole, so what is left at CP 16 is granularity: ranks
- * of different groups stay a few percent apart when no whole document fits the gap. Nothing in
- * the execution needs the groups to be a partition: a document sharded over any aligned block
- * exchanges its K/V in that block's communicator, and a rank that lies in several blocks holding
- * sharded documents runs one exchange per block (largest first), its time the sum of them. Blocks
- * are the nodes of the tree over the ranks (plan_shard_impl.h): a rank lies in one block of each
- * size. With documents free to go to any block, a block of 2^j ranks moves about d / 2^j tokens per
- * rank at a time, so a short document sharded over the ranks of a slow pair, or a long one moved
- * to a half, evens ranks that whole documents could not.
+ * The split (plan_groups.c) gives every CP rank one group, and its greedy never looks back, so its
+ * slowest rank is often a few percent above the mean. Nothing in the execution needs the groups to
+ * be a partition: a document sharded over any aligned block exchanges its K/V in that block's
+ * communicator, and a rank that lies in several blocks holding sharded documents runs one exchange
+ * per block (largest first), its time the sum of them. Blocks are the nodes of the tree over the
+ * ranks (plan_shard_impl.h): a rank lies in one block of each size. With documents free to go to
+ * any block, a block of 2^j ranks moves about d / 2^j tokens per rank at a time, so a short document
+ * sharded over the ranks of a slow pair, or a long one moved to a half, evens ranks that whole
+ * documents could not.
  *
- * The search starts from the refined split (each document on its group's block, or on its rank's
- * block when whole) and repeatedly makes the best move off the slowest rank s (time T): a document
- * on a block above s to any other block. As in plan_groups_refine.c, a move is taken only when
- * every rank it changes ends strictly below T, and of those the one whose changed ranks end lowest,
- * so the rank times sorted descending fall lexicographically, the search ends and the slowest rank
- * never rises; when the slowest rank has no such move, the next slowest ranks are tried (a budget
- * of cp such moves, for micro-batches of at most 6 cp documents). Every rank keeps its capacity.
- * A block's documents add to each of its ranks their attention per rank (est), ceil(tokens / 2^j)
- * rows and the block's exchange, all on the cost model's lines (plan_groups_impl.h).
+ * The search starts from the split (each document on its group's block, or on its rank's block when
+ * whole) and repeatedly makes the best move off the slowest rank s (time T): a document on a block
+ * above s to any other block, or swapped with a shorter document on another block (k to its block,
+ * it to k's). A move is taken only when every rank it changes ends strictly below T, and of those
+ * the one whose changed ranks end lowest, so the rank times sorted descending fall
+ * lexicographically, the search ends and the slowest rank never rises; when the slowest rank has no
+ * such move, the next NEST_SCAN - 1 slowest ranks are tried (a budget of cp such moves, for
+ * micro-batches of at most 6 cp documents). Every rank keeps its capacity. A block's documents add
+ * to each of its ranks their attention per rank (est), ceil(tokens / 2^j) rows and the block's
+ * exchange, all on the cost model's lines (plan_groups_impl.h).
  * Bound: at most 2 n + cp moves, each a scan of the n documents for those above the rank, then per
- * such document 2 cp - 2 target blocks, each dropped in O(1) when the least it adds to its ranks
- * reaches the best move so far, else evaluated over its ranks (O(cp)).
+ * such document 2 cp - 2 target blocks and n swap partners, each dropped in O(1) when the least it
+ * adds to its ranks reaches the best move so far, else evaluated over its ranks (O(cp)).
  */
 #include "engine/plan/plan_groups_impl.h"
 

@@ -22,11 +22,11 @@
  *             and per_doc beside them, and the fastest is kept: hybrid never predicts worse than
  *             either. (A document-by-document greedy does not work: the first whole document
  *             always makes one rank slower than sharding it would, before the later ones even it.)
- *   groups    hybrid, and per micro-batch the CP ranks split into aligned groups of power-of-two
- *             sizes, each document sharded per_doc over one group (plan_groups.c); the faster of
- *             the two is kept.
+ *   groups    hybrid, and per micro-batch each document sharded per_doc over an aligned block of
+ *             CP ranks of a power-of-two size (blocks may nest) or kept whole, a few cut unevenly
+ *             over theirs (plan_groups*.c); the faster of the two is kept.
  * Times are per layer: a CP rank's attention over its segments, its GEMMs and element-wise work for
- * its tokens, its TP all-reduces, and its group's K/V all-gather; CP ranks meet at every layer, so
+ * its tokens, its TP all-reduces, and the K/V all-gathers of its blocks; CP ranks meet at every layer, so
  * a micro-batch takes the slowest rank's time, forward plus backward.
  */
 #include <math.h>
