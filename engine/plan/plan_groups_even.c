@@ -2,7 +2,7 @@
  * engine/plan/plan_groups_even.c - the groups search's eveners: documents cut unevenly over a block
  * to fill what whole documents and per_doc's equal shares leave uneven.
  *
- * After the split, its local search and the nested blocks (plan_groups.c, _refine.c, _nest.c), the
+ * After the split and the nested search (plan_groups.c, plan_groups_nest.c), the
  * ranks of a CP 16 micro-batch are still 1-3% apart: a rank holds about 6-8K rows there, so 1% is
  * 60-80 rows, while the shortest documents of a 128K micro-batch are near 1K tokens, and a document
  * only moves whole or in per_doc's equal shares. An evener is the continuous knob those moves
