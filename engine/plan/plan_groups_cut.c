@@ -161,6 +161,8 @@ static void cut_best(const Cut *c, int64_t *x)
         base[i] = shard_rank_time_with(cost, s->attn[q], s->tokens[q]);
         row[i] = (shard_rank_time_with(cost, s->attn[q], s->tokens[q] + 1024) - base[i]) / 1024;
         slope[i] = row[i] + per_doc_row;
+        if (!(slope[i] > 0)) /* a cost model without row costs: keep the rows the lines gave */
+            return;
     }
     for (int pass = 0; pass < EVEN_PASSES; pass++) {
         double level = water_level_slopes(base, slope, g, (double)c->len);
@@ -173,7 +175,7 @@ static void cut_best(const Cut *c, int64_t *x)
         double t = cut_eval(c, y, tj);
         mirrored(cost, y, g, sizes, attn);
         for (int i = 0; i < g; i++)
-            if (y[i] > 0)
+            if (y[i] > 0 && row[i] + attn[i] / (double)y[i] > 0)
                 slope[i] = row[i] + attn[i] / (double)y[i];
         if (t >= 0 && (best_t < 0 || t < best_t)) {
             best_t = t;

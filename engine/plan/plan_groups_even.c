@@ -25,6 +25,7 @@
  * Bound: at most 2 EVEN_MAX rounds, each O(n (L + EVEN_MAX)) water-fillings of at most cp ranks
  * (O(cp log cp) each), and when stuck cp trades of O(n) each with as many again.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "engine/plan/plan_groups_impl.h"
@@ -109,6 +110,9 @@ static double even_try(const Nest *x, int64_t k, int u, int w, int s, double *ro
     /* A row adds its GEMMs and so on, and its share of per_doc's attention over w. */
     double per_attn = x->est[k * x->stride + x->depth - hw] * ws / (double)d;
     double per = per_row(x->line, x->rows[s]) + per_attn;
+    *comm = 0;
+    if (!(per > 0) || !(d > 0)) /* a cost model without row costs: nothing to even with */
+        return INFINITY;
     double top = bases(x, k, u, w, b);
     double level = water_level(b, ws, per, (double)d, sorted);
     double least = (double)d;
