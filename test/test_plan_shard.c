@@ -531,7 +531,7 @@ static GroupsSeen check_groups(const StepPlan *p, const CostModel *m, int64_t ca
         }
         assert_int_equal(d->rank, -1);
         sizes |= g;
-        int v = cp / g + f / g, h = 31 - __builtin_clz((unsigned)v);
+        int v = plan_block_of(cp, f, g), h = plan_block_depth(v);
         int64_t held[1024] = {0};
         for (int64_t t = d->start; t < d->start + d->len; t++) {
             int r = holder[t];
@@ -560,7 +560,7 @@ static GroupsSeen check_groups(const StepPlan *p, const CostModel *m, int64_t ca
         for (int v = (cp + r) / 2; v >= 1; v /= 2) {
             if (blk_tok[v] == 0)
                 continue;
-            int h = 31 - __builtin_clz((unsigned)v), g = cp >> h, first = (v - (1 << h)) * g;
+            int h = plan_block_depth(v), g = plan_block_size(cp, v), first = plan_block_first(cp, v);
             want |= 1u << h;
             int64_t least = blk_tok[v];
             for (int q = first; q < first + g; q++)

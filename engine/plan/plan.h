@@ -75,6 +75,34 @@ typedef struct PlanSegment {
     int64_t q_start, q_len, kv_start; /* keys [kv_start, q_start + q_len) */
 } PlanSegment;
 
+/* The aligned blocks of CP ranks form a binary tree (balance.cp_sharding: groups; the other modes
+ * use its root only, and for them cp need not be a power of two): block 1 is all cp ranks, blocks
+ * 2 v and 2 v + 1 the two halves of block v, block cp + r rank r alone. The blocks at depth h have
+ * cp >> h ranks, and block v's first rank is a multiple of its size. */
+static inline int plan_block_depth(int v)
+{
+    return 31 - __builtin_clz((unsigned)v);
+}
+static inline int plan_block_size(int cp, int v)
+{
+    return cp >> plan_block_depth(v);
+}
+static inline int plan_block_first(int cp, int v)
+{
+    return (v - (1 << plan_block_depth(v))) * plan_block_size(cp, v);
+}
+/* The block of `size` ranks starting at `first` (a multiple of size). */
+static inline int plan_block_of(int cp, int first, int size)
+{
+    return cp / size + first / size;
+}
+/* 1 when block a lies inside block b (or is b). */
+static inline int plan_block_inside(int a, int b)
+{
+    int da = plan_block_depth(a), db = plan_block_depth(b);
+    return da >= db && (a >> (da - db)) == b;
+}
+
 /* One CP rank's share of a micro-batch, and its predicted seconds per layer. The rank exchanges
  * K/V (and dK/dV) in the blocks of CP ranks above it that hold sharded documents: the whole CP
  * group in every mode but groups; with groups, aligned blocks of power-of-two sizes, possibly several

@@ -268,9 +268,9 @@ static int lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t
     for (int64_t k = 0; k < n; k++) {
         if (even && even[k] > 0)
             continue;
-        int v = node[k], size = block_size(cp, v);
+        int v = node[k], size = plan_block_size(cp, v);
         int rc = size == 1 ? shard_whole(s, cost, docs, k, v - cp)
-                           : shard_per_doc_group(s, cost, docs, k, block_first(cp, v), size);
+                           : shard_per_doc_group(s, cost, docs, k, plan_block_first(cp, v), size);
         if (rc != 0)
             return -1;
     }
@@ -376,7 +376,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     } else {
         for (int64_t k = 0; k < n; k++) {
             int a = node[k];
-            node[k] = a < 0 ? cp - 1 - a : block_of(cp, s.best[a].first, s.best[a].size);
+            node[k] = a < 0 ? cp - 1 - a : plan_block_of(cp, s.best[a].first, s.best[a].size);
         }
     }
     /* The attention per rank on every block size: est when a unit is one rank, else sampled here. */

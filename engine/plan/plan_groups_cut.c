@@ -98,8 +98,8 @@ typedef struct Cut {
 
 static Cut cut_of(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *e, int64_t capacity)
 {
-    int cp = s->cp, g = block_size(cp, e->w);
-    return (Cut){s, cost, block_first(cp, e->w), g, e->w, 31 - __builtin_clz((unsigned)e->w), docs[e->k].len, capacity};
+    int cp = s->cp, g = plan_block_size(cp, e->w);
+    return (Cut){s, cost, plan_block_first(cp, e->w), g, e->w, plan_block_depth(e->w), docs[e->k].len, capacity};
 }
 
 /* The evener's rows x into s's sums (sign +1) or out of them (-1), without ranges: each rank's

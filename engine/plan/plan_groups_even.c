@@ -80,8 +80,8 @@ static double line_t(const Nest *x, int r, double da, double drows, double dcomm
  * exchange grown by it; out: the bases, returns their highest. */
 static double bases(const Nest *x, int64_t k, int u, int w, double *b)
 {
-    int cp = x->cp, hu = 31 - __builtin_clz((unsigned)u), hw = 31 - __builtin_clz((unsigned)w);
-    int us = cp >> hu, uf = (u - (1 << hu)) * us, ws = cp >> hw, wf = (w - (1 << hw)) * ws;
+    int cp = x->cp, hu = plan_block_depth(u), hw = plan_block_depth(w);
+    int us = plan_block_size(cp, u), uf = plan_block_first(cp, u), ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
     int64_t d = x->docs[k].len;
     double e = x->est[k * x->stride + (x->depth - hu)];
     double du_comm = 2 * (line_cp_comm(x->line, x->depth - hu, x->tok[u] - d) - line_cp_comm(x->line, x->depth - hu, x->tok[u]));
@@ -104,7 +104,7 @@ static double bases(const Nest *x, int64_t k, int u, int w, double *b)
  * costs every rank of w up to d / g tokens more than per_doc's even shares. */
 static double even_try(const Nest *x, int64_t k, int u, int w, int s, double *rows, double *comm)
 {
-    int cp = x->cp, hw = 31 - __builtin_clz((unsigned)w), ws = cp >> hw;
+    int cp = x->cp, hw = plan_block_depth(w), ws = cp >> hw;
     int64_t d = x->docs[k].len;
     double b[1024], sorted[1024];
     /* A row adds its GEMMs and so on, and its share of per_doc's attention over w. */
@@ -137,7 +137,7 @@ typedef struct Evener {
 /* Puts evener e on the lines (sign +1) or takes it off (-1), k back on u. */
 static void evener_apply(Nest *x, const Evener *e, int sign)
 {
-    int hw = 31 - __builtin_clz((unsigned)e->w), ws = x->cp >> hw, wf = (e->w - (1 << hw)) * ws;
+    int hw = plan_block_depth(e->w), ws = plan_block_size(x->cp, e->w), wf = plan_block_first(x->cp, e->w);
     int64_t d = x->docs[e->k].len;
     double per_attn = x->est[e->k * x->stride + x->depth - hw] * ws / (double)d;
     if (sign > 0)
@@ -163,10 +163,10 @@ typedef struct Pick {
     int rebuild;     /* 1: block w rebuilt around k first (rebuild) */
 } Pick;
 
+/* 1 when block v lies above rank s (holds it). */
 static int above(int cp, int s, int v)
 {
-    int leaf = cp + s;
-    return (leaf >> (31 - __builtin_clz((unsigned)leaf) - (31 - __builtin_clz((unsigned)v)))) == v;
+    return plan_block_inside(cp + s, v);
 }
 
 /* The best evener for the slowest rank s, on the lines, if it beats p->t: a document on a block
@@ -181,7 +181,7 @@ static void best_evener(Nest *x, Evener *ev, int n_ev, const int32_t *even, int 
         if (even[k] || !above(cp, s, u))
             continue;
         for (int w = u; w >= 1; w /= 2) {
-            double t = (cp >> (31 - __builtin_clz((unsigned)w))) > 1 ? even_try(x, k, u, w, s, rows, &comm) : p->t;
+            double t = plan_block_size(cp, w) > 1 ? even_try(x, k, u, w, s, rows, &comm) : p->t;
             if (t < p->t)
                 *p = (Pick){k, u, w, -1, t, -1, 0, 0};
         }
@@ -197,13 +197,6 @@ static void best_evener(Nest *x, Evener *ev, int n_ev, const int32_t *even, int 
         }
         evener_apply(x, &ev[i], +1);
     }
-}
-
-/* Whether block a lies inside block b. */
-static int inside(int a, int b)
-{
-    int da = 31 - __builtin_clz((unsigned)a), db = 31 - __builtin_clz((unsigned)b);
-    return da >= db && (a >> (da - db)) == b;
 }
 
 /* When s's evener levels its whole block above the rest: a document inside that block moved to a
@@ -224,17 +217,17 @@ static void best_shed(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s,
         evener_apply(x, &ev[i], -1);
         for (int64_t k = 0; k < x->n; k++) {
             int u = x->node[k];
-            if (even[k] || !inside(u, w))
+            if (even[k] || !plan_block_inside(u, w))
                 continue;
             for (int to = 1; to < 2 * cp; to++) {
-                if (inside(to, w) || inside(w, to))
+                if (plan_block_inside(to, w) || plan_block_inside(w, to))
                     continue; /* not apart */
-                int hd = 31 - __builtin_clz((unsigned)to);
+                int hd = plan_block_depth(to);
                 if (top[to] + x->est[k * x->stride + x->depth - hd] >= p->t)
                     continue; /* its ranks gain at least its attention */
                 nest_move(x, k, u, -1);
                 nest_move(x, k, to, +1);
-                int size = cp >> hd, first = (to - (1 << hd)) * size;
+                int size = plan_block_size(cp, to), first = plan_block_first(cp, to);
                 double t = even_try(x, ev[i].k, ev[i].u, w, s, rows, &comm);
                 for (int r = first; r < first + size && t < p->t; r++) {
                     double tr = line_t(x, r, 0, 0, 0);
@@ -257,10 +250,10 @@ static void best_shed(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s,
  * itself, to be cut over it. saved: room for the documents' blocks before (returned: how many). */
 static int64_t rebuild(Nest *x, const int32_t *even, int64_t k, int w, int64_t *list, int32_t *saved)
 {
-    int cp = x->cp, hw = 31 - __builtin_clz((unsigned)w), ws = cp >> hw, wf = (w - (1 << hw)) * ws;
+    int cp = x->cp, ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
     int64_t m = 0;
     for (int64_t j = 0; j < x->n; j++)
-        if (!even[j] && inside(x->node[j], w)) {
+        if (!even[j] && plan_block_inside(x->node[j], w)) {
             /* Longest first (insertion; equal lengths in document order). */
             int64_t i = m++;
             for (; i > 0 && x->docs[list[i - 1]].len < x->docs[j].len; i--) {
@@ -307,7 +300,7 @@ static void best_rebuild(Nest *x, const int32_t *even, int s, int64_t *list, int
     for (int w = (cp + s) / 2; w >= 1; w /= 2) {
         int64_t longest = -1;
         for (int64_t j = 0; j < x->n; j++)
-            if (!even[j] && inside(x->node[j], w) && (longest < 0 || x->docs[j].len > x->docs[longest].len))
+            if (!even[j] && plan_block_inside(x->node[j], w) && (longest < 0 || x->docs[j].len > x->docs[longest].len))
                 longest = j;
         if (longest < 0)
             continue;

@@ -30,29 +30,24 @@
 
 enum { NEST_SCAN = 4 }; /* when the slowest rank is stuck, moves off the next slowest ranks up to this */
 
-static int node_depth(int v)
-{
-    return 31 - __builtin_clz((unsigned)v);
-}
-
 /* Rows each rank of block v holds of its documents: per_doc gives ceil(tokens / size) at most. */
 static int64_t node_rows(const Nest *x, int v, int64_t tok)
 {
-    int size = x->cp >> node_depth(v);
+    int size = plan_block_size(x->cp, v);
     return (tok + size - 1) / size;
 }
 
 /* Both directions of block v's exchange of tok tokens (0 for a rank alone). */
 static double node_comm(const Nest *x, int v, int64_t tok)
 {
-    int lg = x->depth - node_depth(v);
+    int lg = x->depth - plan_block_depth(v);
     return 2 * line_cp_comm(x->line, lg, tok);
 }
 
 /* Document k's attention per rank on block v. */
 static double node_attn(const Nest *x, int64_t k, int v)
 {
-    return x->est[k * x->stride + (x->depth - node_depth(v))];
+    return x->est[k * x->stride + (x->depth - plan_block_depth(v))];
 }
 
 static double rank_time(const Nest *x, int r, double da, int64_t drows, double dcomm, int64_t *rows)
@@ -69,7 +64,7 @@ void nest_move(Nest *x, int64_t k, int v, int sign)
     int64_t drows = node_rows(x, v, tok) - node_rows(x, v, x->tok[v]);
     double dcomm = node_comm(x, v, tok) - node_comm(x, v, x->tok[v]);
     x->tok[v] = tok;
-    int size = x->cp >> node_depth(v), first = (v - (1 << node_depth(v))) * size;
+    int size = plan_block_size(x->cp, v), first = plan_block_first(x->cp, v);
     for (int r = first; r < first + size; r++) {
         x->attn_r[r] += a;
         x->rows[r] += drows;
@@ -122,9 +117,9 @@ typedef struct Delta {
 static Delta delta(const Nest *x, int v, int64_t dtok, double da)
 {
     int64_t tok = x->tok[v] + dtok;
-    int h = node_depth(v), size = x->cp >> h;
     return (Delta){da, node_comm(x, v, tok) - node_comm(x, v, x->tok[v]),
-                   node_rows(x, v, tok) - node_rows(x, v, x->tok[v]), (v - (1 << h)) * size, size};
+                   node_rows(x, v, tok) - node_rows(x, v, x->tok[v]), plan_block_first(x->cp, v),
+                   plan_block_size(x->cp, v)};
 }
 
 static int in_block(const Delta *b, int r)
@@ -186,7 +181,7 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
     NestMove best = {-1, -1, 0, 0};
     for (int64_t k = 0; k < x->n; k++) {
         int u = x->node[k];
-        if ((leaf >> (node_depth(leaf) - node_depth(u))) != u)
+        if (!plan_block_inside(leaf, u))
             continue; /* not on a block above s */
         int64_t d = x->docs[k].len;
         double eu = node_attn(x, k, u);
@@ -197,7 +192,7 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
             double bar = best.k >= 0 ? best.t : T, ew = node_attn(x, k, w);
             /* Its slowest rank gains at least the attention and the GEMMs of its share (when apart
              * from u): the cheap test first. */
-            int ws = cp >> node_depth(w), wf = (w - (1 << node_depth(w))) * ws;
+            int ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
                 top[w] + ew + x->line->lin * (double)(d / ws) >= bar)
                 continue;
@@ -213,7 +208,7 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
             if (w == u || d2 >= d)
                 continue;
             double bar = best.k >= 0 ? best.t : T, ew = node_attn(x, k, w) - node_attn(x, k2, w);
-            int ws = cp >> node_depth(w), wf = (w - (1 << node_depth(w))) * ws;
+            int ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
                 top[w] + ew + x->line->lin * (double)((d - d2) / ws - 1) >= bar)
                 continue;

@@ -184,7 +184,7 @@ void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size)
 int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g)
 {
     int64_t size[2 * 1024];
-    shard_per_doc_chunks(g, docs[k].len, &s->counter[block_of(s->cp, first, g)], size);
+    shard_per_doc_chunks(g, docs[k].len, &s->counter[plan_block_of(s->cp, first, g)], size);
     return shard_chunks(s, cost, docs, k, first, g, size);
 }
 
@@ -193,7 +193,7 @@ int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k
 {
     const PlanDoc *d = &docs[k];
     int64_t at = d->start;
-    int v = block_of(s->cp, first, g), h = 31 - __builtin_clz((unsigned)v);
+    int v = plan_block_of(s->cp, first, g), h = plan_block_depth(v);
     for (int c = 0; c < 2 * g; c++) {
         int r = first + (c < g ? c : 2 * g - 1 - c);
         if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
@@ -254,7 +254,7 @@ static double rank_time(const Shard *s, const CostModel *cost, int r)
 
 int64_t shard_block_exchange_tokens(const Shard *s, int v)
 {
-    int g = block_size(s->cp, v), first = block_first(s->cp, v), h = 31 - __builtin_clz((unsigned)v);
+    int g = plan_block_size(s->cp, v), first = plan_block_first(s->cp, v), h = plan_block_depth(v);
     if (!s->uneven[v] || g < 2)
         return s->blk_sharded[v];
     int64_t least = s->blk_sharded[v];
@@ -267,7 +267,7 @@ double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r)
 {
     double t = 0;
     for (int v = (s->cp + r) / 2; v >= 1; v /= 2)
-        t += cost_cp_comm_group_s(cost, block_size(s->cp, v), shard_block_exchange_tokens(s, v));
+        t += cost_cp_comm_group_s(cost, plan_block_size(s->cp, v), shard_block_exchange_tokens(s, v));
     return t;
 }
 
@@ -408,7 +408,7 @@ static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMod
         pr->exchanges = 0;
         for (int v = (s->cp + r) / 2; v >= 1; v /= 2)
             if (s->blk_sharded[v] > 0)
-                pr->exchanges |= 1u << (31 - __builtin_clz((unsigned)v));
+                pr->exchanges |= 1u << (plan_block_depth(v));
         pr->first_range = p->n_ranges;
         for (int64_t i = 0; i < s->n_ranges; i++)
             if (s->ranges[i].rank == r && plan_add_range(p, r, s->ranges[i].start, s->ranges[i].len) < 0)

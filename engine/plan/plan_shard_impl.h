@@ -13,24 +13,6 @@
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 
-/* The aligned power-of-two blocks of the CP ranks (cp a power of two, or only the whole group is
- * used) are the nodes of a binary tree: block 1 is all cp ranks, blocks 2 v and 2 v + 1 the two
- * halves of block v, block cp + r rank r alone. A document sharded over a block exchanges its K/V
- * among that block's ranks; a rank exchanges in each block above it that holds sharded documents. */
-static inline int block_of(int cp, int first, int size)
-{
-    return cp / size + first / size;
-}
-static inline int block_size(int cp, int v)
-{
-    return cp >> (31 - __builtin_clz((unsigned)v));
-}
-static inline int block_first(int cp, int v)
-{
-    int h = 31 - __builtin_clz((unsigned)v);
-    return (v - (1 << h)) * (cp >> h);
-}
-
 enum { SHARD_DEPTHS = 11 }; /* blocks of 1024 ranks down to 1 */
 
 typedef struct Shard {

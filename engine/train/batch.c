@@ -88,23 +88,6 @@ static int read_piece(BatchBuffers *bb, const PlanDoc *d, const DataSources *dat
     return 0;
 }
 
-/* The level of a block of `size` CP ranks in the tree of aligned blocks (the whole group level 0,
- * its halves level 1, ...: size cp >> h), or -1 when no block has that size. */
-static int block_level(int cp, int size)
-{
-    for (int h = 0; h < 31 && (cp >> h) > 0; h++)
-        if ((cp >> h) == size)
-            return h;
-    return -1;
-}
-
-/* A block's id, unique over the tree: 2^h + its index among the blocks of level h (1: all CP ranks;
- * for cp a power of two, plan_shard_impl.h's block_of). */
-static int64_t block_id(int h, int first, int size)
-{
-    return ((int64_t)1 << h) + first / size;
-}
-
 /* The K/V exchanges of micro-batch mb for CP rank `rank` (ModelBatch's CP fields): this rank's rows
  * in micro-batch coordinates, and one exchange per block above it that holds sharded documents
  * (bit h of its PlanRank.exchanges: its block of cp >> h ranks), largest first - the order every
@@ -132,21 +115,20 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
         bb->recv_counts = c;
     }
     /* Host arrays: mb_row (own->tokens), send_rows (own->tokens over all exchanges: each row in one
-     * at most), recv_rows (T_mb likewise), and per micro-batch row the id of the block its document
-     * is sharded over (0: held whole, or sharded over one rank - nothing travels). */
+     * at most), recv_rows (T_mb likewise), and per micro-batch row the block its document is sharded
+     * over (plan.h's tree of blocks; 0: held whole, or on one rank - nothing travels). */
     int64_t *mb_row = bb->index, *send_rows = mb_row + own->tokens, *recv_rows = send_rows + own->tokens;
     int64_t *blk = recv_rows + T_mb;
     for (int64_t k = 0; k < mb->n_docs; k++) {
         const PlanDoc *d = &p->docs[mb->first_doc + k];
         int64_t v = 0;
         if (d->rank < 0 && d->group_size != 1) {
-            int h = d->group_size > 0 ? block_level(cp, d->group_size) : -1;
-            if (h < 0 || d->group_first < 0 || d->group_first % d->group_size != 0 ||
-                d->group_first + d->group_size > cp)
+            int first = d->group_first, size = d->group_size;
+            if (size < 1 || first < 0 || first % size != 0 || first + size > cp ||
+                plan_block_size(cp, plan_block_of(cp, first, size)) != size)
                 return error_runtime(err, "batch", "a document of micro-batch %lld is sharded over CP ranks [%d, %d), "
-                                     "not a block of %d CP ranks", (long long)(mb - p->mbs), d->group_first,
-                                     d->group_first + d->group_size, cp);
-            v = block_id(h, d->group_first, d->group_size);
+                                     "not a block of %d CP ranks", (long long)(mb - p->mbs), first, first + size, cp);
+            v = plan_block_of(cp, first, size);
         }
         for (int64_t t = d->start; t < d->start + d->len; t++)
             blk[t] = v;
@@ -157,8 +139,8 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
         const PlanRange *rg = &p->ranges[own->first_range + g];
         for (int64_t t = rg->start; t < rg->start + rg->len; t++) {
             mb_row[local++] = t;
-            int h = blk[t] ? 63 - __builtin_clzll((unsigned long long)blk[t]) : 0, size = cp >> h;
-            if (blk[t] && (blk[t] != block_id(h, rank - rank % size, size) || !((own->exchanges >> h) & 1)))
+            int v = (int)blk[t], size = v ? plan_block_size(cp, v) : cp;
+            if (v && (v != plan_block_of(cp, rank - rank % size, size) || !((own->exchanges >> plan_block_depth(v)) & 1)))
                 return error_runtime(err, "batch", "CP rank %d holds micro-batch row %lld of a document sharded "
                                      "over a block it does not exchange in", rank, (long long)t);
         }
@@ -174,7 +156,7 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
             return error_runtime(err, "batch", "CP rank %d: exchange bit %d names no block of 2 or more of %d CP ranks",
                                  rank, h, cp);
         int first = rank - rank % size;
-        int64_t v = block_id(h, first, size), *counts = bb->recv_counts + n_counts;
+        int64_t v = plan_block_of(cp, first, size), *counts = bb->recv_counts + n_counts;
         send_at[out->n_cp_ex] = n_send;
         recv_at[out->n_cp_ex] = n_recv;
         for (int r = first; r < first + size; r++) {
