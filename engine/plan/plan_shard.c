@@ -408,7 +408,7 @@ static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMod
         pr->exchanges = 0;
         for (int v = (s->cp + r) / 2; v >= 1; v /= 2)
             if (s->blk_sharded[v] > 0)
-                pr->exchanges |= 1u << (plan_block_depth(v));
+                pr->exchanges |= 1u << plan_block_depth(v);
         pr->first_range = p->n_ranges;
         for (int64_t i = 0; i < s->n_ranges; i++)
             if (s->ranges[i].rank == r && plan_add_range(p, r, s->ranges[i].start, s->ranges[i].len) < 0)
