@@ -154,12 +154,15 @@ static void cut_best(const Cut *c, int64_t *x)
     for (int i = 0; i < g; i++)
         best[i] = x[i];
     double best_t = cut_eval(c, best, ti);
-    /* The block's exchange is the same on all its ranks, so it does not move the water level. */
+    /* Each rank's time without the document, its exchanges included: the block's own is the same
+     * on all its ranks and does not move the water level, but a rank of a block nested inside it
+     * has that block's exchange on top. */
     double per_doc_row = groups_attn_per_rank(cost, c->len, g) * g / (double)c->len;
     for (int i = 0; i < g; i++) {
         int q = c->first + i;
-        base[i] = shard_rank_time_with(cost, s->attn[q], s->tokens[q]);
-        row[i] = (shard_rank_time_with(cost, s->attn[q], s->tokens[q] + 1024) - base[i]) / 1024;
+        double compute = shard_rank_time_with(cost, s->attn[q], s->tokens[q]);
+        base[i] = compute + 2 * shard_rank_cp_comm(s, cost, q);
+        row[i] = (shard_rank_time_with(cost, s->attn[q], s->tokens[q] + 1024) - compute) / 1024;
         slope[i] = row[i] + per_doc_row;
         if (!(slope[i] > 0)) /* a cost model without row costs: keep the rows the lines gave */
             return;
