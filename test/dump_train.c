@@ -1,12 +1,21 @@
 /*
  * test/dump_train.c - trains a few steps with the real trainer on any layout (run it under mpirun)
- * and writes what the equivalence tests compare (test/test_parallel.c):
+ * and writes what the equivalence tests compare (test/test_parallel.c, test/test_cp_nested.c):
  *
- *   mpirun -np N dump_train CONFIG.yaml OUT.safetensors [--set KEY=VALUE ...]
+ *   mpirun -np N dump_train CONFIG.yaml OUT.safetensors [--layout LAYOUT] [--set KEY=VALUE ...]
  *
  * OUT holds, gathered onto rank 0 in full Hugging Face shapes: loss and tokens (one per step,
  * F64), grad.NAME for every weight after step 1's backward (the reduced gradients the optimizer
  * sees, before clipping), and param.NAME after the last step.
+ *
+ * --layout: one step of a plan made here by hand, not by the planner (trainer_run_plan; OUT holds
+ * loss, tokens and grad.NAME). LAYOUT places the documents of every micro-batch over the CP ranks:
+ * FIRST:SIZE per document, comma-separated - SIZE 1: whole on CP rank FIRST; SIZE > 1: sharded
+ * per_doc over the aligned block [FIRST, FIRST + SIZE) (2 SIZE chunks, chunks i and 2 SIZE - 1 - i
+ * on rank FIRST + i), its K/V exchanged in that block. Blocks may nest: "0:4,0:2,2:2,3:1" at CP 4
+ * puts ranks 2 and 3 in [0, 4) and [2, 4). With parallel.cp = 1 every document is whole on the one
+ * rank: the reference. Every micro-batch of the step holds as many documents as LAYOUT names, the
+ * next documents of the data set of 16 to 255 tokens, in order (the same whatever the layout).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +25,8 @@
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
 #include "util/safetensors.h"
+
+enum { MAX_DOCS = 64 }; /* documents a LAYOUT names */
 
 static void die(const Comm *c, const Error *err)
 {
@@ -46,10 +57,116 @@ static void add_tensors(Trainer *tr, StWriter *w, const char *prefix, int grads)
     }
 }
 
+/* Parses LAYOUT into first[], size[]; the number of documents, -1 when malformed or not blocks of cp. */
+static int parse_layout(const char *s, int cp, int *first, int *size)
+{
+    int n = 0;
+    while (*s && n < MAX_DOCS) {
+        char *end;
+        long f = strtol(s, &end, 10), g;
+        if (*end != ':')
+            return -1;
+        g = strtol(end + 1, &end, 10);
+        if ((*end && *end != ',') || g < 1 || f < 0 || f % g != 0 || f + g > cp || (g & (g - 1)) != 0)
+            return -1;
+        first[n] = (int)f;
+        size[n++] = (int)g;
+        s = *end ? end + 1 : end;
+    }
+    return *s ? -1 : n;
+}
+
+/* Rank r's share of micro-batch i, whose documents lie as first[], size[] say: its ranges and
+ * segments (queries per piece, keys from the document's start), and the blocks it exchanges in. */
+static int add_rank(StepPlan *p, const PlanMicroBatch *mb, int r, const int *first, const int *size)
+{
+    int64_t k = plan_add_rank(p), tokens = 0, first_range = p->n_ranges, first_segment = p->n_segments;
+    uint32_t exchanges = 0;
+    if (k < 0)
+        return -1;
+    for (int64_t j = 0; j < mb->n_docs; j++) {
+        const PlanDoc *d = &p->docs[mb->first_doc + j];
+        int f = first[j], g = size[j];
+        if (r < f || r >= f + g)
+            continue;
+        if (g == 1) {
+            if (plan_add_range(p, r, d->start, d->len) < 0 || plan_add_segment(p, r, d->start, d->len, d->start) < 0)
+                return -1;
+            tokens += d->len;
+            continue;
+        }
+        /* per_doc over the block: 2 g chunks of len / 2 g tokens, the first len mod 2 g one more. */
+        int n = 2 * g;
+        int64_t at = d->start;
+        for (int c = 0; c < n; c++) {
+            int64_t len = d->len / n + (c < d->len % n);
+            if (f + (c < g ? c : n - 1 - c) == r) {
+                if (plan_add_range(p, r, at, len) < 0 || plan_add_segment(p, r, at, len, d->start) < 0)
+                    return -1;
+                tokens += len;
+            }
+            at += len;
+        }
+        exchanges |= 1u << plan_block_depth(plan_block_of(p->cp, f, g));
+    }
+    PlanRank *pr = &p->ranks[k];
+    pr->tokens = tokens;
+    pr->exchanges = exchanges;
+    pr->first_range = first_range;
+    pr->n_ranges = p->n_ranges - first_range;
+    pr->first_segment = first_segment;
+    pr->n_segments = p->n_segments - first_segment;
+    return 0;
+}
+
+/* The step: dp x m micro-batches, each with the next documents of 16 to 255 tokens, laid out. */
+static int make_plan(Trainer *tr, const int *first, const int *size, int n_docs, Error *err)
+{
+    StepPlan *p = &tr->plan;
+    int cp = tr->lay.cp;
+    plan_reset(p, 0, tr->lay.dp, tr->m, cp);
+    if (!p->mbs)
+        return error_runtime(err, "dump_train", "out of memory");
+    const DataSource *src = &tr->data.src[0];
+    uint64_t doc = 0;
+    for (int64_t i = 0; i < (int64_t)tr->lay.dp * tr->m; i++) {
+        PlanMicroBatch *mb = &p->mbs[i];
+        mb->replica = (int32_t)(i / tr->m);
+        mb->order = (int32_t)(i % tr->m);
+        mb->mode = CP_GROUPS;
+        mb->first_doc = p->n_docs;
+        int64_t at = 0;
+        for (int k = 0; k < n_docs; k++) {
+            int64_t len = 0;
+            while (doc < src->n_docs && ((len = (int64_t)data_source_doc_len(src, doc)) < 16 || len > 255))
+                doc++;
+            if (doc >= src->n_docs)
+                return error_set(err, "dump_train", "the data set has too few documents of 16 to 255 tokens");
+            int whole = cp == 1 || size[k] == 1;
+            PlanDoc d = {0, doc++, 0, len, at, p->n_docs, 0, whole ? (cp == 1 ? 0 : first[k]) : -1,
+                         cp == 1 ? 0 : first[k], cp == 1 ? 1 : size[k]};
+            if (plan_add_doc(p, &d) < 0)
+                return error_runtime(err, "dump_train", "out of memory");
+            at += len;
+        }
+        mb->n_docs = p->n_docs - mb->first_doc;
+        mb->tokens = at;
+        p->tokens += at;
+        mb->first_rank = p->n_ranks;
+        int one[MAX_DOCS] = {0}, zero[MAX_DOCS] = {0};
+        for (int k = 0; k < n_docs; k++)
+            one[k] = 1;
+        for (int r = 0; r < cp; r++)
+            if (add_rank(p, mb, r, cp == 1 ? zero : first, cp == 1 ? one : size) != 0)
+                return error_runtime(err, "dump_train", "out of memory");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fputs("usage: dump_train CONFIG.yaml OUT.safetensors [--set KEY=VALUE ...]\n", stderr);
+        fputs("usage: dump_train CONFIG.yaml OUT.safetensors [--layout LAYOUT] [--set KEY=VALUE ...]\n", stderr);
         return 2;
     }
     Error err = {0};
@@ -58,9 +175,13 @@ int main(int argc, char **argv)
     config_init(&cfg);
     if (config_load_file(&cfg, argv[1], &err) != 0)
         die(NULL, &err);
-    for (int i = 3; i + 1 < argc; i += 2)
-        if (strcmp(argv[i], "--set") || config_apply_set(&cfg, argv[i + 1], &err) != 0)
-            die(NULL, err.msg[0] ? &err : &(Error){2, "expected --set KEY=VALUE"});
+    const char *layout = NULL;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--layout"))
+            layout = argv[i + 1];
+        else if (strcmp(argv[i], "--set") || config_apply_set(&cfg, argv[i + 1], &err) != 0)
+            die(NULL, err.msg[0] ? &err : &(Error){2, "expected --set KEY=VALUE or --layout LAYOUT"});
+    }
     if (config_resolve(&cfg, launch.world_size, &err) != 0)
         die(NULL, &err);
     Comm comm;
@@ -69,24 +190,30 @@ int main(int argc, char **argv)
         comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp,
                    cfg.balance.cp_sharding == CP_GROUPS, &err) != 0)
         die(NULL, &err);
+    int first[MAX_DOCS], size[MAX_DOCS], n_docs = 0;
+    if (layout && (n_docs = parse_layout(layout, (int)p->cp == 1 ? 1 << 30 : (int)p->cp, first, size)) < 1)
+        die(&comm, &(Error){2, "LAYOUT: FIRST:SIZE per document, comma-separated, aligned blocks of CP ranks"});
     Trainer tr;
     if (trainer_init(&tr, &cfg, &comm, &err) != 0)
         die(&comm, &err);
-    int64_t steps = cfg.train.steps;
+    int64_t steps = layout ? 1 : cfg.train.steps;
     double *loss = calloc((size_t)steps, sizeof *loss), *tokens = calloc((size_t)steps, sizeof *tokens);
     StWriter w = {0};
     for (int64_t s = 0; s < steps; s++) {
         TrainStats st;
-        if (trainer_forward_backward(&tr, &st, &err) != 0)
+        if (layout && (make_plan(&tr, first, size, n_docs, &err) != 0 || trainer_run_plan(&tr, &st, &err) != 0))
+            die(&comm, &err);
+        if (!layout && trainer_forward_backward(&tr, &st, &err) != 0)
             die(&comm, &err);
         if (s == 0)
             add_tensors(&tr, &w, "grad", 1);
-        if (trainer_update(&tr, &st, &err) != 0)
+        if (!layout && trainer_update(&tr, &st, &err) != 0)
             die(&comm, &err);
         loss[s] = st.loss;
         tokens[s] = (double)st.tokens;
     }
-    add_tensors(&tr, &w, "param", 0);
+    if (!layout)
+        add_tensors(&tr, &w, "param", 0);
     if (comm_world_rank(&comm) == 0) {
         int64_t n = steps;
         if (st_writer_add(&w, "loss", ST_F64, &n, 1, loss, &err) != 0 ||

@@ -4,7 +4,7 @@
  * With sharding groups a document is sharded over an aligned block of CP ranks, and the blocks of
  * one micro-batch may nest: a CP rank then exchanges K/V, and dK/dV in backward, in several blocks
  * per layer, largest first. The planner decides when that pays; here the layouts are made by hand
- * (test/dump_plan, the real trainer running a given plan under mpirun), so that the engine is
+ * (test/dump_train --layout, the real trainer running a given plan under mpirun), so that the engine is
  * checked on nesting whatever the planner picks: at CP 4 one document over all four ranks, one over
  * [0, 2), one over [2, 4), one whole on rank 3 and one on rank 0; at CP 8 three levels, a level
  * skipped ([4, 6) inside [0, 8) with nothing over [4, 8)); and CP 4 under TP 2 and PP 2. Loss and
@@ -37,7 +37,7 @@ static int group_setup(void **state)
         prefix);
     config = test_write_file(dir, "nested.yaml", yaml, strlen(yaml));
     const char *bin_dir = getenv("WLB_TEST_BIN_DIR"); /* test/run.sh sets it, as for test_parallel */
-    bin = test_format("%s/dump_plan", bin_dir ? bin_dir : "build/release/test");
+    bin = test_format("%s/dump_train", bin_dir ? bin_dir : "build/release/test");
     free(yaml);
     free(prefix);
     return 0;
@@ -53,7 +53,7 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* dump_plan on tp x pp x cp ranks (all 1: one process, no mpirun) with this layout into out; its
+/* dump_train --layout on tp x pp x cp ranks (all 1: one process, no mpirun) with this layout into out; its
  * exit status, the output in *log. */
 static int run_plan(int tp, int pp, int cp, const char *layout, const char *out, char **log)
 {
@@ -68,6 +68,7 @@ static int run_plan(int tp, int pp, int cp, const char *layout, const char *out,
     argv[k++] = bin;
     argv[k++] = config;
     argv[k++] = out;
+    argv[k++] = "--layout";
     argv[k++] = layout;
     for (int i = 0; i < 3; i++) {
         argv[k++] = "--set";
