@@ -76,22 +76,19 @@ static double line_t(const Nest *x, int r, double da, double drows, double dcomm
     return line_rank_time(x->line, x->attn_r[r] + da, x->rows[r] + (int64_t)drows) + x->comm_r[r] + dcomm;
 }
 
-/* Bases of block w's ranks (w_first .. + w_size) with document k off block u (inside w) and w's
- * exchange grown by it; out: the bases, returns their highest. */
+/* Bases of block w's ranks with document k off block u (inside w) and w's exchange grown by it;
+ * out: the bases, returns their highest. */
 static double bases(const Nest *x, int64_t k, int u, int w, double *b)
 {
-    int cp = x->cp, hu = plan_block_depth(u), hw = plan_block_depth(w);
-    int us = plan_block_size(cp, u), uf = plan_block_first(cp, u), ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
     int64_t d = x->docs[k].len;
-    double e = x->est[k * x->stride + (x->depth - hu)];
-    double du_comm = 2 * (line_cp_comm(x->line, x->depth - hu, x->tok[u] - d) - line_cp_comm(x->line, x->depth - hu, x->tok[u]));
-    int64_t du_rows = us == 1 ? -d : (x->tok[u] - d + us - 1) / us - (x->tok[u] + us - 1) / us;
-    int64_t tw = x->tok[w] - (w == u ? d : 0); /* w's tokens once k is off u */
-    double dw_comm = 2 * (line_cp_comm(x->line, x->depth - hw, tw + d) - line_cp_comm(x->line, x->depth - hw, tw));
+    NestDelta du = nest_delta(x, u, -d, -nest_attn(x, k, u));
+    /* w's exchange with k on it, from w's tokens once k is off u (the same when w is u). */
+    double dw_comm = w == u ? -du.comm : nest_delta(x, w, d, 0).comm;
+    int ws = plan_block_size(x->cp, w), wf = plan_block_first(x->cp, w);
     double top = 0;
     for (int r = wf; r < wf + ws; r++) {
-        int in = r >= uf && r < uf + us;
-        b[r - wf] = line_t(x, r, in ? -e : 0, in ? (double)du_rows : 0, (in ? du_comm : 0) + dw_comm);
+        int in = r >= du.first && r < du.first + du.size;
+        b[r - wf] = line_t(x, r, in ? du.attn : 0, in ? (double)du.rows : 0, (in ? du.comm : 0) + dw_comm);
         top = b[r - wf] > top ? b[r - wf] : top;
     }
     return top;
@@ -104,11 +101,11 @@ static double bases(const Nest *x, int64_t k, int u, int w, double *b)
  * costs every rank of w up to d / g tokens more than per_doc's even shares. */
 static double even_try(const Nest *x, int64_t k, int u, int w, int s, double *rows, double *comm)
 {
-    int cp = x->cp, hw = plan_block_depth(w), ws = cp >> hw;
+    int hw = plan_block_depth(w), ws = plan_block_size(x->cp, w);
     int64_t d = x->docs[k].len;
     double b[1024], sorted[1024];
     /* A row adds its GEMMs and so on, and its share of per_doc's attention over w. */
-    double per_attn = x->est[k * x->stride + x->depth - hw] * ws / (double)d;
+    double per_attn = nest_attn(x, k, w) * ws / (double)d;
     double per = per_row(x->line, x->rows[s]) + per_attn;
     *comm = 0;
     if (!(per > 0) || !(d > 0)) /* a cost model without row costs: nothing to even with */
@@ -137,14 +134,13 @@ typedef struct Evener {
 /* Puts evener e on the lines (sign +1) or takes it off (-1), k back on u. */
 static void evener_apply(Nest *x, const Evener *e, int sign)
 {
-    int hw = plan_block_depth(e->w), ws = plan_block_size(x->cp, e->w), wf = plan_block_first(x->cp, e->w);
+    int ws = plan_block_size(x->cp, e->w), wf = plan_block_first(x->cp, e->w);
     int64_t d = x->docs[e->k].len;
-    double per_attn = x->est[e->k * x->stride + x->depth - hw] * ws / (double)d;
+    double per_attn = nest_attn(x, e->k, e->w) * ws / (double)d;
     if (sign > 0)
         nest_move(x, e->k, e->u, -1);
-    int64_t before = x->tok[e->w]; /* after k left u, which may be w */
+    double comm = nest_delta(x, e->w, sign * d, 0).comm; /* after k left u, which may be w */
     x->tok[e->w] += sign * d;
-    double comm = 2 * (line_cp_comm(x->line, x->depth - hw, x->tok[e->w]) - line_cp_comm(x->line, x->depth - hw, before));
     for (int i = 0; i < ws; i++) {
         x->rows[wf + i] += sign * (int64_t)(e->rows[i] + 0.5);
         x->attn_r[wf + i] += sign * e->rows[i] * per_attn;
@@ -222,8 +218,7 @@ static void best_shed(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s,
             for (int to = 1; to < 2 * cp; to++) {
                 if (plan_block_inside(to, w) || plan_block_inside(w, to))
                     continue; /* not apart */
-                int hd = plan_block_depth(to);
-                if (top[to] + x->est[k * x->stride + x->depth - hd] >= p->t)
+                if (top[to] + nest_attn(x, k, to) >= p->t)
                     continue; /* its ranks gain at least its attention */
                 nest_move(x, k, u, -1);
                 nest_move(x, k, to, +1);
@@ -321,7 +316,7 @@ static int trade(Nest *x, const int32_t *even, int a, int b, double T)
         double da = 0, db = 0;
         int64_t ra = 0, rb = 0;
         for (int64_t k = 0; k < x->n; k++) {
-            double e = x->est[k * x->stride];
+            double e = nest_attn(x, k, cp + a); /* whole on a rank */
             int sign = even[k] ? 0 : x->node[k] == cp + a ? 1 : x->node[k] == cp + b ? -1 : 0;
             da -= sign * e;
             db += sign * e;

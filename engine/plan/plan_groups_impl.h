@@ -97,6 +97,16 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int
 /* The eveners' exact layout (plan_groups_cut.c), after every other document is laid out in s. */
 int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev,
                         int64_t capacity);
+/* What block v gaining dtok tokens (losing: dtok < 0) and da attention per rank does to each of its
+ * ranks [first, first + size) on the lines (plan_groups_nest.c). */
+typedef struct NestDelta {
+    double attn, comm; /* both directions of the block's exchange */
+    int64_t rows;
+    int first, size;
+} NestDelta;
+NestDelta nest_delta(const Nest *x, int v, int64_t dtok, double da);
+/* Document k's attention per rank sharded over block v (whole when v is a rank). */
+double nest_attn(const Nest *x, int64_t k, int v);
 /* Document k onto (sign +1) or off (-1) block v, in the nested search's sums. */
 void nest_move(Nest *x, int64_t k, int v, int sign);
 

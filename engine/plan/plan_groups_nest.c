@@ -44,8 +44,7 @@ static double node_comm(const Nest *x, int v, int64_t tok)
     return 2 * line_cp_comm(x->line, lg, tok);
 }
 
-/* Document k's attention per rank on block v. */
-static double node_attn(const Nest *x, int64_t k, int v)
+double nest_attn(const Nest *x, int64_t k, int v)
 {
     return x->est[k * x->stride + (x->depth - plan_block_depth(v))];
 }
@@ -56,19 +55,23 @@ static double rank_time(const Nest *x, int r, double da, int64_t drows, double d
     return line_rank_time(x->line, x->attn_r[r] + da, *rows) + x->comm_r[r] + dcomm;
 }
 
-/* Document k onto (sign +1) or off (-1) block v: the block's sums and its ranks'. */
+NestDelta nest_delta(const Nest *x, int v, int64_t dtok, double da)
+{
+    int64_t tok = x->tok[v] + dtok;
+    return (NestDelta){da, node_comm(x, v, tok) - node_comm(x, v, x->tok[v]),
+                       node_rows(x, v, tok) - node_rows(x, v, x->tok[v]), plan_block_first(x->cp, v),
+                       plan_block_size(x->cp, v)};
+}
+
 void nest_move(Nest *x, int64_t k, int v, int sign)
 {
-    int64_t d = x->docs[k].len, tok = x->tok[v] + sign * d;
-    double a = sign * node_attn(x, k, v);
-    int64_t drows = node_rows(x, v, tok) - node_rows(x, v, x->tok[v]);
-    double dcomm = node_comm(x, v, tok) - node_comm(x, v, x->tok[v]);
-    x->tok[v] = tok;
-    int size = plan_block_size(x->cp, v), first = plan_block_first(x->cp, v);
-    for (int r = first; r < first + size; r++) {
-        x->attn_r[r] += a;
-        x->rows[r] += drows;
-        x->comm_r[r] += dcomm;
+    int64_t d = sign * x->docs[k].len;
+    NestDelta c = nest_delta(x, v, d, sign * nest_attn(x, k, v));
+    x->tok[v] += d;
+    for (int r = c.first; r < c.first + c.size; r++) {
+        x->attn_r[r] += c.attn;
+        x->rows[r] += c.rows;
+        x->comm_r[r] += c.comm;
     }
 }
 
@@ -106,34 +109,18 @@ typedef struct NestMove {
     double t;      /* the highest time over the ranks it changes */
 } NestMove;
 
-/* What a change of block v's documents does to each of its ranks. */
-typedef struct Delta {
-    double attn, comm;
-    int64_t rows;
-    int first, size;
-} Delta;
-
-/* Block v gains dtok tokens and da attention per rank. */
-static Delta delta(const Nest *x, int v, int64_t dtok, double da)
-{
-    int64_t tok = x->tok[v] + dtok;
-    return (Delta){da, node_comm(x, v, tok) - node_comm(x, v, x->tok[v]),
-                   node_rows(x, v, tok) - node_rows(x, v, x->tok[v]), plan_block_first(x->cp, v),
-                   plan_block_size(x->cp, v)};
-}
-
-static int in_block(const Delta *b, int r)
+static int in_block(const NestDelta *b, int r)
 {
     return r >= b->first && r < b->first + b->size;
 }
 
 /* The highest new time over the ranks of blocks a and b (each rank with the deltas of the blocks it
  * lies in), or -1 when a rank would reach `bar` or exceed the capacity. */
-static double changed_max(const Nest *x, const Delta *a, const Delta *b, double bar)
+static double changed_max(const Nest *x, const NestDelta *a, const NestDelta *b, double bar)
 {
     double mx = 0;
     for (int pass = 0; pass < 2; pass++) {
-        const Delta *blk = pass ? b : a;
+        const NestDelta *blk = pass ? b : a;
         for (int r = blk->first; r < blk->first + blk->size; r++) {
             if (pass && in_block(a, r))
                 continue; /* done in the first pass */
@@ -151,13 +138,13 @@ static double changed_max(const Nest *x, const Delta *a, const Delta *b, double 
 
 /* What a change adds at least to each of its block's ranks: its attention, its rows' GEMMs and
  * element-wise work, its exchange (the TP term only grows with the rows). */
-static double least_gain(const Nest *x, const Delta *d)
+static double least_gain(const Nest *x, const NestDelta *d)
 {
     return d->attn + x->line->lin * (double)d->rows + d->comm;
 }
 
 /* A lower bound on the slowest of block b's ranks after changes a and b (top_b: its slowest now). */
-static double least_after(const Nest *x, const Delta *a, const Delta *b, double top_b)
+static double least_after(const Nest *x, const NestDelta *a, const NestDelta *b, double top_b)
 {
     double gb = least_gain(x, b), ga = least_gain(x, a);
     if (!in_block(a, b->first) && !in_block(b, a->first))
@@ -184,19 +171,19 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
         if (!plan_block_inside(leaf, u))
             continue; /* not on a block above s */
         int64_t d = x->docs[k].len;
-        double eu = node_attn(x, k, u);
-        Delta off = delta(x, u, -d, -eu);
+        double eu = nest_attn(x, k, u);
+        NestDelta off = nest_delta(x, u, -d, -eu);
         for (int w = 1; w < 2 * cp; w++) {
             if (w == u)
                 continue;
-            double bar = best.k >= 0 ? best.t : T, ew = node_attn(x, k, w);
+            double bar = best.k >= 0 ? best.t : T, ew = nest_attn(x, k, w);
             /* Its slowest rank gains at least the attention and the GEMMs of its share (when apart
              * from u): the cheap test first. */
             int ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
                 top[w] + ew + x->line->lin * (double)(d / ws) >= bar)
                 continue;
-            Delta on = delta(x, w, d, ew);
+            NestDelta on = nest_delta(x, w, d, ew);
             if (least_after(x, &off, &on, top[w]) >= bar)
                 continue;
             consider(&best, k, -1, w, changed_max(x, &off, &on, bar));
@@ -207,13 +194,13 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
             int64_t d2 = x->docs[k2].len;
             if (w == u || d2 >= d)
                 continue;
-            double bar = best.k >= 0 ? best.t : T, ew = node_attn(x, k, w) - node_attn(x, k2, w);
+            double bar = best.k >= 0 ? best.t : T, ew = nest_attn(x, k, w) - nest_attn(x, k2, w);
             int ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
                 top[w] + ew + x->line->lin * (double)((d - d2) / ws - 1) >= bar)
                 continue;
-            Delta a = delta(x, u, d2 - d, node_attn(x, k2, u) - eu);
-            Delta b = delta(x, w, d - d2, ew);
+            NestDelta a = nest_delta(x, u, d2 - d, nest_attn(x, k2, u) - eu);
+            NestDelta b = nest_delta(x, w, d - d2, ew);
             if (least_after(x, &a, &b, top[w]) >= bar)
                 continue;
             consider(&best, k, k2, w, changed_max(x, &a, &b, bar));
