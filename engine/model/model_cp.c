@@ -17,7 +17,7 @@
  * V are converted from the compute dtype to float32 for the message, which is exact).
  *
  * With sharding groups a document is sharded over an aligned block of CP ranks, and blocks nest
- * (the tree of plan_shard_impl.h): a rank exchanges in each block above it that holds sharded
+ * (the tree of plan.h): a rank exchanges in each block above it that holds sharded
  * documents (ModelBatch.cp_ex), each on the block's own communicator (layout_cp_block), carrying
  * only the rows of the documents sharded over exactly that block. The local copy is done once; then
  * one all-gather per exchange, largest block first, and in backward one reduce-scatter per exchange

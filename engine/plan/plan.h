@@ -106,7 +106,7 @@ static inline int plan_block_inside(int a, int b)
 /* One CP rank's share of a micro-batch, and its predicted seconds per layer. The rank exchanges
  * K/V (and dK/dV) in the blocks of CP ranks above it that hold sharded documents: the whole CP
  * group in every mode but groups; with groups, aligned blocks of power-of-two sizes, possibly several
- * nested ones (plan_shard_impl.h), largest first. Bit h of `exchanges`: its block of cp >> h ranks
+ * nested ones (the tree above), largest first. Bit h of `exchanges`: its block of cp >> h ranks
  * (rank - rank % (cp >> h) onwards) holds documents sharded over it; no bit: it exchanges nothing. */
 typedef struct PlanRank {
     int64_t tokens;

@@ -7,7 +7,7 @@
  * be a partition: a document sharded over any aligned block exchanges its K/V in that block's
  * communicator, and a rank that lies in several blocks holding sharded documents runs one exchange
  * per block (largest first), its time the sum of them. Blocks are the nodes of the tree over the
- * ranks (plan_shard_impl.h): a rank lies in one block of each size. With documents free to go to
+ * ranks (plan.h): a rank lies in one block of each size. With documents free to go to
  * any block, a block of 2^j ranks moves about d / 2^j tokens per rank at a time, so a short document
  * sharded over the ranks of a slow pair, or a long one moved to a half, evens ranks that whole
  * documents could not.
