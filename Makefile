@@ -130,7 +130,7 @@ $(B)/test/test_flash_emulated: $(B)/obj/test/test_flash_emulated.o $(B)/obj/test
 	@echo "  LD    $@"
 	$(Q)$(CXX) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
 
-$(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/libwlb.a
+$(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/obj/test/plan_checks.o $(B)/libwlb.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)

@@ -21,6 +21,7 @@
 #include "engine/plan/plan.h"
 #include "engine/plan/plan_groups_impl.h"
 #include "engine/plan/plan_shard_impl.h"
+#include "test/plan_checks.h"
 #include "util/rng.h"
 
 static void make_model(CostModel *m, const char *yaml)
@@ -52,64 +53,6 @@ static void one_micro_batch(StepPlan *p, int cp, const int64_t *lens, int n)
     p->mbs[0].tokens = at;
 }
 
-/* Checks ranges and segments of micro-batch 0 against the document-causal mask, token by token. */
-static void check_layout(const StepPlan *p)
-{
-    const PlanMicroBatch *mb = &p->mbs[0];
-    int64_t T = mb->tokens;
-    int *holder = malloc(sizeof(int) * (size_t)(T + 1));
-    int64_t *doc_start = malloc(sizeof(int64_t) * (size_t)(T + 1));
-    int *seen = calloc((size_t)T + 1, sizeof(int));
-    for (int64_t t = 0; t < T; t++)
-        holder[t] = -1;
-    for (int64_t k = 0; k < mb->n_docs; k++) {
-        const PlanDoc *d = &p->docs[mb->first_doc + k];
-        for (int64_t t = d->start; t < d->start + d->len; t++)
-            doc_start[t] = d->start;
-    }
-    for (int r = 0; r < p->cp; r++) {
-        const PlanRank *pr = &p->ranks[mb->first_rank + r];
-        int64_t tokens = 0;
-        for (int64_t i = 0; i < pr->n_ranges; i++) {
-            const PlanRange *g = &p->ranges[pr->first_range + i];
-            assert_int_equal(g->rank, r);
-            assert_true(g->len > 0 && g->start >= 0 && g->start + g->len <= T);
-            for (int64_t t = g->start; t < g->start + g->len; t++) {
-                assert_int_equal(holder[t], -1); /* held once */
-                holder[t] = r;
-            }
-            tokens += g->len;
-        }
-        assert_int_equal(tokens, pr->tokens);
-        for (int64_t i = 0; i < pr->n_segments; i++) {
-            const PlanSegment *g = &p->segments[pr->first_segment + i];
-            assert_int_equal(g->rank, r);
-            assert_true(g->q_len > 0 && g->kv_start <= g->q_start);
-            for (int64_t t = g->q_start; t < g->q_start + g->q_len; t++) {
-                /* The query token is this rank's, computed once, and sees exactly its document's
-                 * tokens up to itself: keys [kv_start, t] must be [doc_start(t), t]. */
-                assert_int_equal(holder[t], r);
-                seen[t]++;
-                assert_int_equal(g->kv_start, doc_start[t]);
-            }
-        }
-    }
-    for (int64_t t = 0; t < T; t++) {
-        assert_true(holder[t] >= 0); /* held */
-        assert_int_equal(seen[t], 1); /* queried exactly once */
-    }
-    /* A document kept whole lies on its rank, entirely. */
-    for (int64_t k = 0; k < mb->n_docs; k++) {
-        const PlanDoc *d = &p->docs[mb->first_doc + k];
-        if (d->rank >= 0)
-            for (int64_t t = d->start; t < d->start + d->len; t++)
-                assert_int_equal(holder[t], d->rank);
-    }
-    free(holder);
-    free(doc_start);
-    free(seen);
-}
-
 static double mb_time(const StepPlan *p) { return p->mbs[0].fwd_s + p->mbs[0].bwd_s; }
 
 static void test_random_layouts_match_the_mask(void **state)
@@ -135,7 +78,7 @@ static void test_random_layouts_match_the_mask(void **state)
             one_micro_batch(&p, cp, lens, n);
             Error err = {0};
             assert_int_equal(plan_shard(&p, 0, modes[k], &m, total, &err), 0);
-            check_layout(&p);
+            check_layout_mb(&p, 0);
         }
     }
     plan_free(&p);
@@ -169,7 +112,7 @@ static void test_per_doc_equal_tokens(void **state)
         assert_int_equal(plan_shard(&p, 0, CP_PER_DOC, &m, total, &err), 0);
         for (int r = 0; r < cp; r++)
             assert_int_equal(p.ranks[p.mbs[0].first_rank + r].tokens, total / cp);
-        check_layout(&p);
+        check_layout_mb(&p, 0);
         /* Without the padding, rank counts differ by at most one token. */
         lens[n - 1] -= 1 + (int64_t)rng_below(&rng, (uint64_t)(lens[n - 1] < 2 * cp ? lens[n - 1] : 2 * cp));
         if (lens[n - 1] == 0)
@@ -199,23 +142,6 @@ static int64_t rank_pairs(const StepPlan *p, int r)
         pairs += g->q_len * (g->q_start - g->kv_start) + g->q_len * (g->q_len + 1) / 2;
     }
     return pairs;
-}
-
-/* Which rank holds micro-batch token t (from the plan's ranges). */
-static int *holders(const StepPlan *p)
-{
-    const PlanMicroBatch *mb = &p->mbs[0];
-    int *holder = malloc(sizeof(int) * (size_t)(mb->tokens + 1));
-    assert_non_null(holder);
-    for (int r = 0; r < p->cp; r++) {
-        const PlanRank *pr = &p->ranks[mb->first_rank + r];
-        for (int64_t i = 0; i < pr->n_ranges; i++) {
-            const PlanRange *g = &p->ranges[pr->first_range + i];
-            for (int64_t t = g->start; t < g->start + g->len; t++)
-                holder[t] = r;
-        }
-    }
-    return holder;
 }
 
 /* The rank that holds chunk c of 2 CP: rank i holds chunks i and 2 CP - 1 - i. */
@@ -249,8 +175,8 @@ static void test_per_doc_chunk_placement(void **state)
         one_micro_batch(&p, cp, lens, n);
         Error err = {0};
         assert_int_equal(plan_shard(&p, 0, CP_PER_DOC, &m, total, &err), 0);
-        check_layout(&p);
-        int *holder = holders(&p);
+        check_layout_mb(&p, 0);
+        int *holder = holders_mb(&p, 0);
         for (int k = 0; k < n; k++) {
             const PlanDoc *d = &p.docs[k];
             int64_t s = d->len / (2 * cp);
@@ -311,8 +237,8 @@ static void test_per_seq_chunk_placement(void **state)
         one_micro_batch(&p, cp, &T, 1);
         Error err = {0};
         assert_int_equal(plan_shard(&p, 0, CP_PER_SEQ, &m, T, &err), 0);
-        check_layout(&p);
-        int *holder = holders(&p);
+        check_layout_mb(&p, 0);
+        int *holder = holders_mb(&p, 0);
         for (int64_t t = 0; t < T; t++)
             assert_int_equal(holder[t], chunk_rank((int)(t / 37), cp));
         free(holder);
@@ -370,7 +296,7 @@ static void test_hybrid_respects_rank_capacity(void **state)
     assert_int_equal(p.docs[0].rank, -1);
     for (int r = 0; r < 4; r++)
         assert_true(p.ranks[p.mbs[0].first_rank + r].tokens <= 20000);
-    check_layout(&p);
+    check_layout_mb(&p, 0);
     /* Whole documents that would overfill a rank: three of 600 tokens on 2 ranks of 1000 (placed
      * whole, two would share a rank), and random mixes with a capacity just above an even share
      * (multiples of 2 CP: per_doc's shares are exact). */
@@ -399,7 +325,7 @@ static void test_hybrid_respects_rank_capacity(void **state)
                             (long long)p.ranks[p.mbs[0].first_rank + r].tokens, (long long)capacity);
                 fail();
             }
-        check_layout(&p);
+        check_layout_mb(&p, 0);
     }
     plan_free(&p);
 }
@@ -495,107 +421,8 @@ static void test_hybrid_under_tight_capacity(void **state)
     plan_free(&p);
 }
 
-/* What check_groups saw. */
-typedef struct GroupsSeen {
-    int sizes;   /* distinct sizes of the blocks documents are sharded over (a rank alone: 1) */
-    int nested;  /* ranks exchanging in two blocks or more */
-    int cut;     /* documents cut unevenly (eveners) */
-} GroupsSeen;
-
-/* The groups invariants on micro-batch 0 of p, beyond check_layout's mask: a document whole on a
- * rank has the group (rank, 1); a sharded document's group is an aligned power-of-two block, every
- * token of it lies on a rank of that block, and each rank of the block holds per_doc's share (two
- * chunks of len / 2 size tokens, leftovers aside) - but for at most EVEN_MAX documents cut unevenly
- * (the eveners); a rank's exchange bits are exactly the blocks above it holding sharded documents
- * (so the K/V all-gathers it joins bring every key its queries need, and every rank of a block
- * agrees), and the exchange time the plan records for it is the sum of those blocks' all-gathers,
- * a block holding a cut document priced at what its rank holding the fewest rows receives; no
- * rank holds more than capacity. */
-static GroupsSeen check_groups(const StepPlan *p, const CostModel *m, int64_t capacity)
-{
-    const PlanMicroBatch *mb = &p->mbs[0];
-    int cp = p->cp, *holder = holders(p);
-    const PlanRank *pr = &p->ranks[mb->first_rank];
-    GroupsSeen seen = {0, 0, 0};
-    int64_t blk_tok[2048] = {0}, own[1024][12];
-    int uneven[2048] = {0}, sizes = 0;
-    memset(own, 0, sizeof own);
-    for (int64_t k = 0; k < mb->n_docs; k++) {
-        const PlanDoc *d = &p->docs[mb->first_doc + k];
-        int f = d->group_first, g = d->group_size;
-        assert_true(g >= 1 && (g & (g - 1)) == 0 && f % g == 0 && f + g <= cp);
-        if (g == 1) {
-            assert_int_equal(d->rank, f);
-            sizes |= 1;
-            continue;
-        }
-        assert_int_equal(d->rank, -1);
-        sizes |= g;
-        int v = plan_block_of(cp, f, g), h = plan_block_depth(v);
-        int64_t held[1024] = {0};
-        for (int64_t t = d->start; t < d->start + d->len; t++) {
-            int r = holder[t];
-            assert_true(r >= f && r < f + g);
-            held[r]++;
-            own[r][h]++;
-        }
-        blk_tok[v] += d->len;
-        /* Two chunks of len / 2g tokens each, the leftovers one more (per_seq cuts the micro-batch
-         * instead), or cut unevenly. */
-        int per_doc = 1;
-        for (int r = f; r < f + g && mb->mode != CP_PER_SEQ; r++)
-            per_doc &= held[r] >= 2 * (d->len / (2 * g)) && held[r] <= 2 * (d->len / (2 * g)) + 2;
-        seen.cut += !per_doc;
-        uneven[v] |= !per_doc;
-    }
-    assert_true(seen.cut <= EVEN_MAX);
-    for (int r = 0; r < cp; r++) {
-        assert_true(pr[r].tokens <= capacity);
-        uint32_t want = 0;
-        /* Each block's price: uneven (a cut document seen) or not; a cut that happens to give
-         * per_doc's shares is priced uneven by the planner and looks even here, so either price
-         * is accepted for a block that looks even. */
-        double even_price[12], cut_price[12];
-        int nb = 0, must_cut[12];
-        for (int v = (cp + r) / 2; v >= 1; v /= 2) {
-            if (blk_tok[v] == 0)
-                continue;
-            int h = plan_block_depth(v), g = plan_block_size(cp, v), first = plan_block_first(cp, v);
-            want |= 1u << h;
-            int64_t least = blk_tok[v];
-            for (int q = first; q < first + g; q++)
-                least = own[q][h] < least ? own[q][h] : least;
-            even_price[nb] = cost_cp_comm_group_s(m, g, blk_tok[v]);
-            cut_price[nb] = cost_cp_comm_group_s(m, g, ((blk_tok[v] - least) * g + g - 2) / (g - 1));
-            must_cut[nb++] = uneven[v];
-        }
-        assert_int_equal(pr[r].exchanges, want);
-        seen.nested += __builtin_popcount(want) >= 2;
-        if (mb->mode == CP_GROUPS) {
-            double got = pr[r].comm_fwd_s - cost_tp_comm_s(m, pr[r].tokens);
-            int match = 0;
-            for (int c = 0; c < 1 << nb && !match; c++) {
-                double comm = 0;
-                int ok = 1;
-                for (int b = 0; b < nb; b++) {
-                    ok &= !must_cut[b] || (c >> b & 1);
-                    comm += c >> b & 1 ? cut_price[b] : even_price[b];
-                }
-                match = ok && fabs(got - comm) <= 1e-9 * comm + 1e-15;
-            }
-            if (!match) {
-                print_error("rank %d: exchange %.17g, not the plan's blocks' all-gathers\n", r, got);
-                fail();
-            }
-        }
-    }
-    free(holder);
-    seen.sizes = __builtin_popcount((unsigned)sizes);
-    return seen;
-}
-
 /* groups on random mixes at CP 2, 4, 8 and 16 (and capacities from tight to none): the mask exactly
- * (check_layout), the group invariants (check_groups), and never a worse prediction than hybrid,
+ * (check_layout_mb), the group invariants (check_groups_mb), and never a worse prediction than hybrid,
  * per_seq or per_doc on the same micro-batch. Counts the mixes where it beats hybrid by 1% and the
  * layouts that use groups of two sizes or more: the mode must do something. */
 static void test_groups_random_mixes(void **state)
@@ -627,8 +454,8 @@ static void test_groups_random_mixes(void **state)
             assert_int_equal(plan_shard(&p, 0, (CpSharding)k, &m, capacity, &err), 0);
             t[k] = mb_time(&p);
             if (k == CP_GROUPS) {
-                check_layout(&p);
-                GroupsSeen g = check_groups(&p, &m, p.mbs[0].mode == CP_GROUPS ? capacity : INT64_MAX);
+                check_layout_mb(&p, 0);
+                GroupsSeen g = check_groups_mb(&p, 0, &m, p.mbs[0].mode == CP_GROUPS ? capacity : INT64_MAX);
                 mixed += g.sizes >= 2;
                 nested += g.nested > 0;
                 cut += g.cut > 0;
@@ -664,8 +491,8 @@ static void test_groups_pairs_for_mid_documents(void **state)
     Error err = {0};
     assert_int_equal(plan_shard(&p, 0, CP_GROUPS, &m, 8 * 8192 / 16, &err), 0);
     assert_int_equal(p.mbs[0].mode, CP_GROUPS);
-    check_layout(&p);
-    check_groups(&p, &m, 8 * 8192 / 16);
+    check_layout_mb(&p, 0);
+    check_groups_mb(&p, 0, &m, 8 * 8192 / 16);
     int used[16] = {0};
     for (int k = 0; k < 8; k++) {
         assert_int_equal(p.docs[k].group_size, 2);
@@ -696,8 +523,8 @@ static void test_groups_evener(void **state)
         t[k] = mb_time(&p);
     }
     assert_int_equal(p.mbs[0].mode, CP_GROUPS);
-    check_layout(&p);
-    GroupsSeen g = check_groups(&p, &m, 8100);
+    check_layout_mb(&p, 0);
+    GroupsSeen g = check_groups_mb(&p, 0, &m, 8100);
     printf("# 5000 + 2500 + 600 tokens at CP 2: groups %.4g ms, hybrid %.4g, per_doc %.4g; %d cut unevenly, "
            "ranks hold %lld and %lld\n", 1e3 * t[CP_GROUPS], 1e3 * t[CP_HYBRID], 1e3 * t[CP_PER_DOC], g.cut,
            (long long)p.ranks[0].tokens, (long long)p.ranks[1].tokens);
