@@ -79,6 +79,7 @@ typedef struct ConfigData {
 typedef struct ConfigBalance {
     PackerKind packer;
     CpSharding cp_sharding;
+    bool cp_fill; /* groups: fill the idle CP ranks of a step's most uneven micro-batch (plan_fill.c) */
     LongDocuments long_documents;
     int64_t max_tokens_per_micro_batch;
     ConfigIntList outlier_thresholds;

@@ -84,6 +84,10 @@ const ConfigKey config_keys[] = {
              "fixed lengths (Fixed-4D); wlb: workload-balanced variable lengths with outlier delay"),
     ENUM_KEY("balance.cp_sharding", balance.cp_sharding, "per_seq|per_doc|adaptive|hybrid|groups", "hybrid", NULL,
              "how a micro-batch is split over the CP ranks (groups: over aligned power-of-two blocks of them, nested or cut unevenly)"),
+    BOOL_KEY("balance.cp_fill", balance.cp_fill, "true", NULL,
+             "with cp_sharding groups: after a step is sharded, the idle CP ranks of its most uneven "
+             "micro-batch take whole documents from the step's other micro-batches when that makes no "
+             "step slower (false: each micro-batch keeps what the packer gave it)"),
     ENUM_KEY("balance.long_documents", balance.long_documents, "auto|cut|keep", "auto", NULL,
              "cut: the stream is cut every context_window tokens (Plain-4D's loader), splitting the "
              "documents that straddle a cut; keep: a document is split only when longer than the window "

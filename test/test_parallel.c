@@ -45,6 +45,7 @@ typedef struct Fixture {
     char *ref_bf16;    /* wlb, train.precision: bf16 */
     char *config_long; /* the corpus with long documents */
     char *ref_long;    /* its reference: packer fixed */
+    char *ref_long_wlb; /* and with packer wlb */
 } Fixture;
 
 static Fixture fx;
@@ -55,7 +56,7 @@ static const char *const modes[4] = {"per_seq", "per_doc", "adaptive", "hybrid"}
  * ranks get the environment variable `var` (NULL: none). */
 static const char *config_of(const char *ref)
 {
-    return ref == fx.ref_long ? fx.config_long : fx.config;
+    return ref == fx.ref_long || ref == fx.ref_long_wlb ? fx.config_long : fx.config;
 }
 
 static int run_dump_cfg(int n, const char *config, const char *out, const char *const *sets, const char *var,
@@ -139,10 +140,11 @@ static int group_setup(void **state)
         free(set);
     }
     fx.ref_long = test_format("%s/ref-long.safetensors", fx.dir);
-    {
-        const char *none[] = {NULL};
+    fx.ref_long_wlb = test_format("%s/ref-long-wlb.safetensors", fx.dir);
+    for (int p = 0; p < 2; p++) {
+        const char *none[] = {NULL}, *wlb[] = {"balance.packer=wlb", NULL};
         char *log;
-        if (run_dump_cfg(0, fx.config_long, fx.ref_long, none, NULL, &log) != 0) {
+        if (run_dump_cfg(0, fx.config_long, p ? fx.ref_long_wlb : fx.ref_long, p ? wlb : none, NULL, &log) != 0) {
             fprintf(stderr, "reference run failed:\n%s\n", log);
             return -1;
         }
@@ -177,6 +179,7 @@ static int group_teardown(void **state)
     free(fx.ref_bf16);
     free(fx.config_long);
     free(fx.ref_long);
+    free(fx.ref_long_wlb);
     return 0;
 }
 
@@ -278,20 +281,23 @@ static void test_extras(void **state)
     assert_true(ok);
 }
 
-/* How many CP ranks of the dry run of the long corpus at this layout exchange in blocks of each
- * size (its cp_group_ranks, summed over the steps): sizes[g] for g = 1, 2, 4; sizes[0]: ranks in
- * nested blocks (cp_nested_ranks); *cut: documents cut unevenly (cp_cut_docs). */
-static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes, int64_t *cut)
+/* How many CP ranks of the dry run of the long corpus at this layout and packer exchange in blocks
+ * of each size (its cp_group_ranks, summed over the steps): sizes[g] for g = 1, 2, 4; sizes[0]:
+ * ranks in nested blocks (cp_nested_ranks); *cut: documents cut unevenly (cp_cut_docs); *filled:
+ * documents moved to fill idle CP ranks (cp_filled_docs). */
+static void dry_run_group_ranks(int tp, int pp, int cp, const char *packer, int64_t *sizes, int64_t *cut,
+                                int64_t *filled)
 {
     const char *bin = getenv("WLBTRAIN");
     char *stats = test_format("%s/groups.jsonl", fx.dir);
-    char lay[3][32];
+    char lay[4][32];
+    snprintf(lay[3], 32, "balance.packer=%s", packer);
     snprintf(lay[0], 32, "parallel.tp=%d", tp);
     snprintf(lay[1], 32, "parallel.pp=%d", pp);
     snprintf(lay[2], 32, "parallel.cp=%d", cp);
     const char *argv[] = {bin ? bin : "./wlbtrain", "--config", fx.config_long, "--dry-run", "--steps", "3",
-                          "--set", lay[0], "--set", lay[1], "--set", lay[2], "--set", "balance.cp_sharding=groups",
-                          "--stats-out", stats, NULL};
+                          "--set", lay[0], "--set", lay[1], "--set", lay[2], "--set", lay[3],
+                          "--set", "balance.cp_sharding=groups", "--stats-out", stats, NULL};
     CmdResult r;
     test_run(&r, argv);
     if (r.status != 0)
@@ -302,8 +308,9 @@ static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes, int64_t 
     char *text = test_read_file(stats, &len);
     for (int g = 0; g <= 4; g++)
         sizes[g] = 0;
-    *cut = 0;
-    /* "cp_group_ranks":{"1":N,"2":N,...},"cp_nested_ranks":N,"cp_cut_docs":N on every step line. */
+    *cut = *filled = 0;
+    /* "cp_group_ranks":{"1":N,"2":N,...},"cp_nested_ranks":N,"cp_cut_docs":N,"cp_filled_docs":N on
+     * every step line. */
     for (char *at = strstr(text, "\"cp_group_ranks\":{"); at; at = strstr(at + 1, "\"cp_group_ranks\":{")) {
         char *end = strchr(at, '}');
         for (int g = 1; g <= 4; g *= 2) {
@@ -314,8 +321,11 @@ static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes, int64_t 
                 sizes[g] += strtoll(k + strlen(key), NULL, 10);
         }
         char *nested = strstr(end, "\"cp_nested_ranks\":"), *cuts = strstr(end, "\"cp_cut_docs\":");
+        char *fills = strstr(end, "\"cp_filled_docs\":");
         assert_non_null(nested);
         assert_non_null(cuts);
+        assert_non_null(fills);
+        *filled += strtoll(fills + strlen("\"cp_filled_docs\":"), NULL, 10);
         sizes[0] += strtoll(nested + strlen("\"cp_nested_ranks\":"), NULL, 10);
         *cut += strtoll(cuts + strlen("\"cp_cut_docs\":"), NULL, 10);
     }
@@ -323,31 +333,37 @@ static void dry_run_group_ranks(int tp, int pp, int cp, int64_t *sizes, int64_t 
     free(stats);
 }
 
-/* balance.cp_sharding: groups against one process, on the corpus with long documents (packer
- * fixed) at CP 2, CP 4 and 16 ranks (tp 2, cp 4, pp 2), and on the short one with wlb. The dry run
- * of the long corpus must show blocks of 2 CP ranks (their communicators), ranks of their own (no
- * exchange) and documents cut unevenly over a block (eveners) at CP 4 and at tp 2 x cp 4 x pp 2:
- * otherwise the runs would not test them. (Nested blocks: test_cp_nested, on hand-made plans.) */
+/* balance.cp_sharding: groups against one process, on the corpus with long documents (packers
+ * fixed and wlb) at CP 2, CP 4 and 16 ranks (tp 2, cp 4, pp 2), and on the short one with wlb. The
+ * dry run of the long corpus must show blocks of 2 CP ranks (their communicators), ranks of their
+ * own (no exchange) and documents cut unevenly over a block (eveners) at CP 4 and at tp 2 x cp 4 x
+ * pp 2, and with wlb at CP 4 documents moved between micro-batches to fill idle ranks
+ * (balance.cp_fill): otherwise the runs would not test them. (Nested blocks: test_cp_nested, on
+ * hand-made plans.) */
 static void test_groups(void **state)
 {
     (void)state;
-    int64_t sizes[5], cut;
-    dry_run_group_ranks(1, 1, 4, sizes, &cut);
+    int64_t sizes[5], cut, filled;
+    dry_run_group_ranks(1, 1, 4, "fixed", sizes, &cut, &filled);
     printf("# dry run, cp 4, groups: CP ranks in blocks of 1, 2, 4: %lld, %lld, %lld; in nested blocks %lld; "
            "documents cut unevenly %lld\n", (long long)sizes[1], (long long)sizes[2], (long long)sizes[4],
            (long long)sizes[0], (long long)cut);
     assert_true(sizes[1] > 0 && sizes[2] > 0 && cut > 0);
-    dry_run_group_ranks(2, 2, 4, sizes, &cut);
+    dry_run_group_ranks(2, 2, 4, "fixed", sizes, &cut, &filled);
     printf("# dry run, tp 2 x cp 4 x pp 2: in nested blocks %lld; documents cut unevenly %lld\n", (long long)sizes[0],
            (long long)cut);
     assert_true(sizes[2] > 0 && cut > 0);
+    dry_run_group_ranks(1, 1, 4, "wlb", sizes, &cut, &filled);
+    printf("# dry run, cp 4, groups, wlb: documents moved to fill idle CP ranks %lld\n", (long long)filled);
+    assert_true(filled > 0);
     int ok = 1;
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
+    const char *wlb[] = {"balance.packer=wlb", "balance.cp_sharding=groups", NULL};
     ok &= check_layout(1, 1, 1, 2, fx.ref_long, groups, "groups, long documents");
     ok &= check_layout(1, 1, 1, 4, fx.ref_long, groups, "groups, long documents");
+    ok &= check_layout(1, 1, 1, 4, fx.ref_long_wlb, wlb, "wlb, groups, long documents");
     if (!SMALL_MATRIX) {
         ok &= check_layout(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
-        const char *wlb[] = {"balance.packer=wlb", "balance.cp_sharding=groups", NULL};
         ok &= check_layout(1, 1, 1, 2, fx.ref[1], wlb, "wlb, groups");
         ok &= check_layout(1, 1, 1, 4, fx.ref[1], wlb, "wlb, groups");
     }

@@ -42,6 +42,7 @@ void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
     p->n_docs = p->n_ranges = p->n_segments = p->n_ranks = 0;
     p->tokens = p->pad_tokens = p->queued = p->carried = 0;
     p->delay_token_steps = 0;
+    p->filled_docs = 0;
 }
 
 int64_t plan_add_doc(StepPlan *p, const PlanDoc *d)
@@ -95,6 +96,7 @@ int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream 
     pl->stream = stream;
     pl->packer = packer;
     pl->sharding = sharding;
+    pl->fill = cfg->balance.cp_fill;
     pl->dp = (int)cfg->parallel.dp;
     pl->cp = (int)cfg->parallel.cp;
     pl->pp = (int)cfg->parallel.pp;
@@ -187,6 +189,31 @@ static void assign_replicas(StepPlan *p, int64_t *load_scratch_count, double *lo
     free(count);
 }
 
+/* Gives the micro-batches to the DP replicas and orders each replica's pipeline. */
+int plan_arrange(const Planner *pl, StepPlan *p, Error *err)
+{
+    int64_t n_mb = (int64_t)pl->n_mb;
+    if (pl->packer == PACKER_FIXED) {
+        /* Plain-4D: the stream's windows in order, replica after replica. */
+        for (int64_t i = 0; i < n_mb; i++) {
+            p->mbs[i].replica = (int32_t)(i / pl->m);
+            p->mbs[i].order = (int32_t)(i % pl->m);
+        }
+        return 0;
+    }
+    int64_t *scratch = malloc((size_t)n_mb * sizeof *scratch);
+    double *load = malloc((size_t)pl->dp * sizeof *load);
+    if (!scratch || !load) {
+        free(scratch);
+        free(load);
+        return error_runtime(err, "planner", "out of memory");
+    }
+    assign_replicas(p, scratch, load);
+    free(scratch);
+    free(load);
+    return sched_order_replicas(p, pl->cost, err);
+}
+
 int plan_step(Planner *pl, StepPlan *p, Error *err)
 {
     plan_reset(p, pl->step, pl->dp, pl->m, pl->cp);
@@ -206,30 +233,13 @@ int plan_step(Planner *pl, StepPlan *p, Error *err)
     }
     if (rc != 0)
         return -1;
-    int64_t n_mb = (int64_t)pl->n_mb;
-    for (int64_t i = 0; i < n_mb; i++)
+    for (int64_t i = 0; i < (int64_t)pl->n_mb; i++)
         if (plan_shard(p, i, pl->sharding, pl->cost, pl->rank_capacity, err) != 0)
             return -1;
-    if (pl->packer == PACKER_FIXED) {
-        /* Plain-4D: the stream's windows in order, replica after replica. */
-        for (int64_t i = 0; i < n_mb; i++) {
-            p->mbs[i].replica = (int32_t)(i / pl->m);
-            p->mbs[i].order = (int32_t)(i % pl->m);
-        }
-    } else {
-        int64_t *scratch = malloc((size_t)n_mb * sizeof *scratch);
-        double *load = malloc((size_t)pl->dp * sizeof *load);
-        if (!scratch || !load) {
-            free(scratch);
-            free(load);
-            return error_runtime(err, "planner", "out of memory");
-        }
-        assign_replicas(p, scratch, load);
-        free(scratch);
-        free(load);
-        if (sched_order_replicas(p, pl->cost, err) != 0)
-            return -1;
-    }
+    if (plan_arrange(pl, p, err) != 0)
+        return -1;
+    if (pl->fill && pl->sharding == CP_GROUPS && pl->packer != PACKER_FIXED && plan_fill_idle(pl, p, err) != 0)
+        return -1;
     for (int64_t i = 0; i < p->n_docs; i++) {
         const PlanDoc *d = &p->docs[i];
         if (d->source == PLAN_PAD_SOURCE) {

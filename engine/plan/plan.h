@@ -144,6 +144,7 @@ typedef struct StepPlan {
     int64_t queued;          /* documents waiting in the outlier queues after this step */
     int64_t carried;         /* documents carried to the next step (did not fit) */
     double delay_token_steps; /* sum over the step's tokens of (step - arrival) */
+    int64_t filled_docs;     /* groups: documents moved to fill idle CP ranks (plan_fill.c) */
     struct ShardScratch *shard_scratch; /* plan_shard's working memory */
 } StepPlan;
 
@@ -178,6 +179,7 @@ typedef struct Planner {
     PlanQueue queues[PLAN_MAX_QUEUES];
     PlanQueue remained;      /* wlb: did not fit, first in the next step */
     int cut;                 /* balance.long_documents resolved: cut at the stream's windows */
+    int fill;                /* balance.cp_fill (groups only) */
     int has_pending;         /* a piece read from the stream but not yet taken */
     PlanDoc pending;
     int64_t seq;             /* pieces read from the stream */
@@ -239,6 +241,15 @@ void plan_largest(const Planner *pl, int64_t *mb_tokens, int64_t *rank_rows);
  * fills its PlanRank entries and per-layer costs (plan_shard.c). */
 int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err);
 void plan_shard_scratch_free(StepPlan *p);
+
+
+/* Gives the sharded micro-batches to the DP replicas and orders each replica's pipeline (plan.c). */
+int plan_arrange(const Planner *pl, StepPlan *p, Error *err);
+
+/* groups' step pass (plan_fill.c), on an arranged plan: documents of the step's other micro-batches
+ * move to a micro-batch whose CP ranks a long document leaves uneven, when that lowers both the
+ * predicted step time and the worst CP imbalance; sets p->filled_docs. */
+int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err);
 
 /* Packers (plan_pack.c): fill p's micro-batches with docs (start offsets set, not yet sharded). */
 int plan_pack_fixed(Planner *pl, StepPlan *p, Error *err);

@@ -50,7 +50,7 @@ static void shard_free_ranks(Shard *s)
     free(s->counter);
 }
 
-static int shard_alloc(Shard *s, int cp)
+int shard_alloc(Shard *s, int cp)
 {
     if (s->cp == cp)
         return 0;
@@ -107,7 +107,7 @@ int shard_reset(Shard *s, int64_t n_docs)
     return 0;
 }
 
-static void shard_free(Shard *s)
+void shard_free(Shard *s)
 {
     free(s->doc_rank);
     free(s->doc_first);
@@ -152,6 +152,11 @@ static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, 
     s->attn_bwd[r] += b;
     s->attn[r] += f + b;
     return 0;
+}
+
+int shard_piece(Shard *s, const CostModel *cost, int r, int64_t start, int64_t len, int64_t kv_start)
+{
+    return add_range(s, r, start, len) != 0 || add_segment(s, cost, r, start, len, kv_start) != 0 ? -1 : 0;
 }
 
 /* Document k held whole by rank r: one range, one segment, nothing exchanged. */
@@ -293,7 +298,7 @@ static void rank_fwd_bwd(const Shard *s, const CostModel *cost, int r, double *f
 
 /* The micro-batch's predicted seconds per layer as the plan records them: the slowest forward and
  * the slowest backward (what the pipeline schedule and the dry run take). */
-static void shard_mb_times(const Shard *s, const CostModel *cost, double *fwd, double *bwd)
+void shard_mb_times(const Shard *s, const CostModel *cost, double *fwd, double *bwd)
 {
     *fwd = *bwd = 0;
     for (int r = 0; r < s->cp; r++) {
@@ -384,8 +389,7 @@ static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, in
     return 0;
 }
 
-/* Copies candidate s into the plan as micro-batch i's ranks, ranges and segments (rank by rank). */
-static int commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostModel *cost)
+int shard_commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostModel *cost)
 {
     for (int64_t k = 0; k < mb->n_docs; k++) {
         PlanDoc *d = &p->docs[mb->first_doc + k];
@@ -612,7 +616,7 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
         }
     }
     if (rc == 0)
-        rc = commit(p, mb, chosen, cost);
+        rc = shard_commit(p, mb, chosen, cost);
     if (rc != 0)
         return error_runtime(err, "planner", "out of memory");
     return 0;

@@ -70,6 +70,15 @@ int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, in
  * any sizes); its tokens join the block's exchange. */
 int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g,
                  const int64_t *size);
+/* Rows [start, start + len) on rank r, their queries against keys [kv_start, start + len). The
+ * caller keeps the document's group (doc_*) and exchange counters (plan_fill.c replays a layout). */
+int shard_piece(Shard *s, const CostModel *cost, int r, int64_t start, int64_t len, int64_t kv_start);
+/* Copies candidate s into the plan as micro-batch mb's ranks, ranges and segments (rank by rank),
+ * its documents' groups and its per-layer times. */
+int shard_commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostModel *cost);
+/* Allocates s's per-rank and per-block arrays for cp ranks (kept across calls). */
+int shard_alloc(Shard *s, int cp);
+void shard_free(Shard *s);
 /* per_doc's chunk sizes of a document of len tokens over g ranks (2 g chunks), the leftover tokens
  * placed by the running counter. */
 void shard_per_doc_chunks(int g, int64_t len, int *counter, int64_t *size);
@@ -84,6 +93,9 @@ int64_t shard_block_exchange_tokens(const Shard *s, int v);
 double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r);
 /* The slowest rank's seconds per layer, forward + backward, its exchanges included. */
 double shard_time(const Shard *s, const CostModel *cost);
+/* The micro-batch's seconds per layer as the plan records them: the slowest rank's forward and the
+ * slowest rank's backward (what the pipeline schedule takes). */
+void shard_mb_times(const Shard *s, const CostModel *cost, double *fwd, double *bwd);
 /* 1 when no rank holds more than capacity tokens. */
 int shard_fits(const Shard *s, int64_t capacity);
 
