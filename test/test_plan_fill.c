@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
+#include "engine/plan/plan_fill_impl.h"
 #include "engine/plan/sched.h"
 #include "test/plan_checks.h"
 #include "util/rng.h"
@@ -216,12 +217,149 @@ static void test_fill_groups_only(void **state)
     run_close(&r);
 }
 
+/* Two micro-batches at CP 4 sharded by groups; a document micro-batch 1 holds whole, with a sharded
+ * document after it, moves whole to rank 0 of micro-batch 0; both are replayed (fill_lay_out
+ * without a new layout). Random mixes; at least 20 of them must have such a document. */
+static void test_replay(void **state)
+{
+    (void)state;
+    Config cfg;
+    CostModel cost;
+    Error err = {0};
+    config_init(&cfg);
+    if (config_load_string(&cfg, "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 4, dp: 1}\n",
+                           "t.yaml", &err) != 0 ||
+        config_resolve(&cfg, 0, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    int cp = 4, tried = 0;
+    int64_t capacity = INT64_MAX / 4;
+    Planner pl;
+    memset(&pl, 0, sizeof pl);
+    pl.cost = &cost;
+    pl.packer = PACKER_WLB;
+    pl.rank_capacity = capacity;
+    pl.s_max = capacity;
+    Rng rng;
+    rng_seed(&rng, 41);
+    StepPlan p = {0};
+    for (int trial = 0; trial < 60; trial++) {
+        plan_reset(&p, 0, 1, 2, cp);
+        assert_non_null(p.mbs);
+        for (int i = 0; i < 2; i++) {
+            p.mbs[i].first_doc = p.n_docs;
+            int64_t at = 0, n = 4 + (int64_t)rng_below(&rng, 12);
+            for (int64_t k = 0; k < n; k++) {
+                int64_t len = rng_below(&rng, 3) ? 1 + (int64_t)rng_below(&rng, 3000) : 8000 + (int64_t)rng_below(&rng, 30000);
+                PlanDoc d = {0, (uint64_t)(i * 100 + k), 0, len, at, k, 0, -1, 0, 0};
+                assert_true(plan_add_doc(&p, &d) >= 0);
+                at += len;
+            }
+            int64_t pad = at % (2 * cp) ? 2 * cp - at % (2 * cp) : 0;
+            if (pad) {
+                PlanDoc d = {PLAN_PAD_SOURCE, 0, 0, pad, at, -1, 0, -1, 0, 0};
+                assert_true(plan_add_doc(&p, &d) >= 0);
+            }
+            p.mbs[i].n_docs = p.n_docs - p.mbs[i].first_doc;
+            p.mbs[i].tokens = at + pad;
+            p.mbs[i].pad = pad;
+        }
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(plan_shard(&p, i, CP_GROUPS, &cost, capacity, &err), 0);
+        /* A whole document of micro-batch 1 with a sharded one after it. */
+        const PlanMicroBatch *mb = &p.mbs[1];
+        int64_t moved = -1;
+        for (int64_t k = mb->first_doc; k < mb->first_doc + mb->n_docs && moved < 0; k++)
+            for (int64_t j = k + 1; j < mb->first_doc + mb->n_docs && p.docs[k].rank >= 0; j++)
+                if (p.docs[j].rank < 0 && p.docs[j].source != PLAN_PAD_SOURCE && p.docs[k].source != PLAN_PAD_SOURCE)
+                    moved = k;
+        if (moved < 0)
+            continue;
+        tried++;
+        uint64_t moved_id = p.docs[moved].doc;
+        Fill f;
+        memset(&f, 0, sizeof f);
+        f.pl = &pl;
+        Candidate c = {moved, p.docs[moved].len, 1, p.docs[moved].rank, 0, 0};
+        f.cand = &c;
+        f.n_cand = 1;
+        int64_t most = p.n_docs + 2;
+        f.given = calloc((size_t)most, 1);
+        f.src = malloc((size_t)most * sizeof *f.src);
+        f.to = malloc((size_t)most * sizeof *f.to);
+        f.held = malloc((size_t)cp * sizeof *f.held);
+        f.role = calloc(2, 1);
+        assert_int_equal(fill_save(&f, &p), 0);
+        f.given[moved] = 1;
+        assert_int_equal(fill_rebuild_docs(&f, &p), 0);
+        p.n_ranges = p.n_segments = p.n_ranks = 0;
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(fill_lay_out(&f, &p, i, 0, &err), 0);
+        for (int i = 0; i < 2; i++) {
+            check_layout_mb(&p, i);
+            check_groups_mb(&p, i, &cost, capacity);
+        }
+        /* The moved document is the last of micro-batch 0, whole on rank 0, and gone from 1. */
+        const PlanMicroBatch *m0 = &p.mbs[0], *m1 = &p.mbs[1];
+        const PlanDoc *last = &p.docs[m0->first_doc + m0->n_docs - 1 - (m0->pad > 0)];
+        assert_true(last->doc == moved_id && last->rank == 0);
+        for (int64_t k = m1->first_doc; k < m1->first_doc + m1->n_docs; k++)
+            assert_true(p.docs[k].doc != moved_id || p.docs[k].source == PLAN_PAD_SOURCE);
+        /* Every other document where it was: whole on the same rank, or sharded over the same
+         * block with each rank holding as many of its rows as before. */
+        for (int i = 0; i < 2; i++) {
+            const PlanMicroBatch *m = &p.mbs[i], *o = &f.saved.mbs[i];
+            int *now = holders_mb(&p, i);
+            int64_t ko = o->first_doc;
+            for (int64_t k = m->first_doc; k < m->first_doc + m->n_docs; k++) {
+                const PlanDoc *d = &p.docs[k];
+                if (d->source == PLAN_PAD_SOURCE || d->doc == moved_id)
+                    continue;
+                while (f.saved.docs[ko].doc != d->doc || f.saved.docs[ko].source == PLAN_PAD_SOURCE)
+                    ko++;
+                const PlanDoc *was = &f.saved.docs[ko];
+                assert_int_equal(d->rank, was->rank);
+                assert_int_equal(d->group_first, was->group_first);
+                assert_int_equal(d->group_size, was->group_size);
+                int64_t rows_now[4] = {0}, rows_was[4] = {0};
+                for (int64_t t = 0; t < d->len; t++)
+                    rows_now[now[d->start + t]]++;
+                /* The saved layout's holder of the document's token t: from its saved segments. */
+                for (int r = 0; r < cp; r++) {
+                    const PlanRank *pr = &f.saved.ranks[o->first_rank + r];
+                    for (int64_t s = pr->first_segment; s < pr->first_segment + pr->n_segments; s++) {
+                        const PlanSegment *g = &f.saved.segments[s];
+                        if (g->q_start >= was->start && g->q_start < was->start + was->len)
+                            rows_was[r] += g->q_len;
+                    }
+                }
+                assert_memory_equal(rows_now, rows_was, sizeof rows_now);
+            }
+            free(now);
+        }
+        fill_saved_free(&f.saved);
+        shard_free(&f.shard);
+        free(f.segs);
+        free(f.given);
+        free(f.src);
+        free(f.to);
+        free(f.held);
+        free(f.role);
+    }
+    printf("# replayed %d of 60 random pairs of micro-batches with a whole document moved ahead of sharded ones\n", tried);
+    assert_true(tried >= 20);
+    plan_free(&p);
+    config_free(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill_cp16),
         cmocka_unit_test(test_fill_cp8),
         cmocka_unit_test(test_fill_groups_only),
+        cmocka_unit_test(test_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
