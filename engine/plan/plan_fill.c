@@ -10,22 +10,31 @@
  * document's length apart. Nothing inside the micro-batch closes that; the packer balanced the
  * micro-batches' totals, not their ranks. So the step is the place to close it.
  *
- * What. For each micro-batch A above FILL_FROM (slowest rank over the mean of its ranks, times per
- * layer forward + backward with exchanges), most uneven first, each of its ranks in turn, least
- * loaded first, takes whole the longest document another micro-batch holds whole on one rank that
- * fits under A's slowest rank less FILL_MARGIN (and under the rank's row capacity and S_max), until
- * none fits. A document put whole on a rank costs it its own d x d causal attention, the linear
- * layers of d more rows and their TP all-reduce, and no exchange: the figure is exact, so A's
- * slowest rank stays where it was. A keeps its layout with those documents added (a replay of the
- * saved layout: every piece at its document's new offset); a micro-batch that gives keeps its
- * layout less the documents it gave, or is laid out anew by plan_shard when that is faster.
- * Micro-batches that take give nothing and the reverse. The move is kept when the step's predicted
- * time does not rise and the micro-batches it changed end more even than A was; else the plan is
- * restored as it was.
+ * What. After every micro-batch is sharded, the step's most uneven one A (slowest rank over the
+ * mean of its ranks, per layer forward + backward with exchanges, above FILL_FROM) takes documents
+ * that the others hold whole on one rank:
+ *   FILL_RANKS  each of A's ranks, least loaded first, takes the longest such document that keeps
+ *               its forward and its backward under A's slowest (what the pipeline takes) less
+ *               FILL_MARGIN, or trades one of its own whole documents for a longer one that fits
+ *               (the giver gets the shorter one on the same rank), whichever adds more, up to
+ *               FILL_MOVES times; no rank passes A's most rows (the LM head and the pipeline's sends
+ *               scale with them). A document whole on a rank costs it its own d x d causal
+ *               attention, the linear layers of d more rows and their TP all-reduce, and no
+ *               exchange: the figure is exact. A keeps its layout with what it took (a replay,
+ *               plan_fill_replay.c), a giver its layout less what it gave.
+ *   FILL_ROOM   when that finds nothing that is kept: A takes documents worth FILL_SHARE of its
+ *               ranks' summed room and is laid out anew (groups may regroup what it holds).
+ * A try is kept when the step's predicted time (its pipeline simulated) does not rise and the
+ * micro-batches it changed end more even than A was; when the replays alone fall short, the
+ * micro-batches that stayed as uneven as A (all of them, when a replay failed or the step got
+ * slower) are laid out anew by plan_shard, each keeping the faster of the two; else the plan is
+ * restored as it was. Then the step's new most uneven micro-batch tries, until it has tried once
+ * already. A micro-batch that took is never a giver after, so no document goes back.
  *
- * Cost. Sorting the candidates (n log n) and a binary search per rank and document taken, a replay
- * of each micro-batch changed (linear in its pieces) and one plan_shard per giver, in steps whose
- * worst micro-batch is above FILL_FROM.
+ * Cost. Each micro-batch tries at most once per way: the step's documents sorted (n log n), a
+ * binary search over them per rank and move (per rank, whole document and move when trading), a
+ * replay of each micro-batch changed (linear in its pieces), and at most one plan_shard of each
+ * micro-batch changed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -332,19 +341,25 @@ static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s
     for (int64_t c = 0; c < f->n_back; c++)
         f->given[f->back[c].doc] = 1;
     for (int64_t i = 0; i < n_mb; i++)
-        if (f->changed[i] && f->role[i] == ROLE_NONE)
-            f->role[i] = i == a ? ROLE_TOOK : ROLE_GAVE;
+        if (f->changed[i])
+            f->role[i] = i == a ? ROLE_TOOK : f->role[i] == ROLE_NONE ? ROLE_GAVE : f->role[i];
     int rc = fill_rebuild_docs(f, p) != 0 ? error_runtime(err, "planner", "out of memory") : 0;
     /* First the replays alone (a FILL_ROOM taker also anew); when that is not kept, the changed
      * micro-batches anew too. */
     double after_s = 0;
     for (int pass = 0; pass < 2 && rc >= 0; pass++) {
-        if (pass == 1 && rc == 0 && after_s <= *step_s && worst_imbalance(p, f->changed) < before)
-            break;
+        if (pass == 1) {
+            if (rc == 0 && after_s <= *step_s && worst_imbalance(p, f->changed) < before)
+                break;
+            /* Anew: every micro-batch changed when a replay failed or the step got slower, else
+             * those left as uneven as the taker was. */
+            for (int64_t i = 0; i < n_mb; i++)
+                f->redo[i] = f->changed[i] && (rc != 0 || after_s > *step_s || mb_imbalance(p, i, &level) >= before);
+        }
         rc = 0;
         p->n_ranges = p->n_segments = p->n_ranks = 0;
         for (int64_t i = 0; i < n_mb && rc == 0; i++) {
-            int anew = pass == 1 || (how == FILL_ROOM && i == a);
+            int anew = (pass == 1 && f->redo[i]) || (how == FILL_ROOM && i == a);
             rc = f->changed[i] ? fill_lay_out(f, p, i, anew, err)
                                : fill_copy_layout(f, p, i) != 0 ? error_runtime(err, "planner", "out of memory") : 0;
         }
@@ -376,6 +391,7 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
     f.role = calloc((size_t)n_mb, 1);
     f.role0 = malloc((size_t)n_mb);
     f.changed = malloc((size_t)n_mb);
+    f.redo = malloc((size_t)n_mb);
     f.done = malloc((size_t)p->cp);
     f.given = malloc((size_t)most_docs);
     f.src = malloc((size_t)most_docs * sizeof *f.src);
@@ -384,14 +400,13 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
     f.tried = malloc((size_t)n_mb);
     double step_s, level;
     int rc = 0;
-    if (!f.cand || !f.back || !f.role || !f.role0 || !f.changed || !f.done || !f.given || !f.src || !f.to || !f.held || !f.tried)
+    if (!f.cand || !f.back || !f.role || !f.role0 || !f.changed || !f.redo || !f.done || !f.given || !f.src || !f.to || !f.held || !f.tried)
         rc = error_runtime(err, "planner", "out of memory");
     else if (sched_step_time(p, pl->cost, &step_s, err) != 0)
         rc = -1;
-    /* The step's worst micro-batch takes, while it is above FILL_FROM and has not tried yet: the
-     * imbalance that counts is the worst micro-batch's, and each try costs layouts. First the exact
-     * fill (FILL_RANKS: replays, new layouts only when those are not kept), then the room's (a new
-     * layout of the taker). */
+    /* The step's worst micro-batch takes, while it is above FILL_FROM and has not tried yet (a
+     * giver may: it takes from those that have not taken): the imbalance that counts is the worst
+     * micro-batch's, and each try costs layouts. First the exact fill, then the room's. */
     memset(f.tried, 0, (size_t)n_mb);
     while (rc == 0) {
         int64_t a = -1;
@@ -403,7 +418,7 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
                 a = i;
             }
         }
-        if (a < 0 || f.tried[a] || f.role[a] == ROLE_GAVE || !replayable(&p->mbs[a]))
+        if (a < 0 || f.tried[a] || !replayable(&p->mbs[a]))
             break;
         f.tried[a] = 1;
         int64_t moved = try_fill(&f, p, a, FILL_RANKS, &step_s, err);
@@ -421,6 +436,7 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
     free(f.role);
     free(f.role0);
     free(f.changed);
+    free(f.redo);
     free(f.done);
     free(f.given);
     free(f.src);

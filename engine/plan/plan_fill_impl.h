@@ -10,7 +10,7 @@
 #include "engine/plan/plan.h"
 #include "engine/plan/plan_shard_impl.h"
 
-enum { ROLE_NONE, ROLE_TOOK, ROLE_GAVE }; /* a micro-batch takes documents or gives them, not both */
+enum { ROLE_NONE, ROLE_TOOK, ROLE_GAVE }; /* a micro-batch that took gives nothing after */
 enum { FILL_KEEP = -1, FILL_ANYWHERE = -2 }; /* a document's new rank: its saved place; the least
                                               * loaded rank (a new layout may place it better) */
 
@@ -44,6 +44,7 @@ typedef struct Fill {
     int64_t n_back;
     uint8_t *role, *role0; /* per micro-batch: ROLE_*; role0 as before the try */
     uint8_t *changed;     /* per micro-batch: changed by the try */
+    uint8_t *redo;        /* per micro-batch: laid out anew in the try's second pass */
     uint8_t *tried;       /* per micro-batch: has tried to take */
     uint8_t *given;       /* per saved document: moves */
     uint8_t *done;        /* per rank: filled */
