@@ -275,24 +275,40 @@ double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r)
     return k->attn_fwd_s + k->attn_bwd_s + k->linear_fwd_s + k->linear_bwd_s;
 }
 
-/* The worst micro-batch's slowest CP rank over its CP mean, of each rank's compute, with its K/V
- * exchange when with_comm; *worst_mb (may be NULL) its index, -1 when all are even. */
+/* Micro-batch i's slowest CP rank over its CP mean, of each rank's compute, with its K/V exchange
+ * (and TP all-reduces) when with_comm; 0 when it holds nothing. *slowest (may be NULL): that rank's
+ * seconds. */
+static double mb_imbalance(const StepPlan *p, int64_t i, int with_comm, double *slowest)
+{
+    const PlanMicroBatch *mb = &p->mbs[i];
+    double mx = 0, sum = 0;
+    for (int r = 0; r < p->cp; r++) {
+        const PlanRank *k = &p->ranks[mb->first_rank + r];
+        double t = plan_rank_compute(p, mb, r) + (with_comm ? k->comm_fwd_s + k->comm_bwd_s : 0);
+        mx = t > mx ? t : mx;
+        sum += t;
+    }
+    if (slowest)
+        *slowest = mx;
+    return sum > 0 ? mx * p->cp / sum : 0;
+}
+
+double plan_mb_time_imbalance(const StepPlan *p, int64_t i, double *slowest)
+{
+    return mb_imbalance(p, i, 1, slowest);
+}
+
+/* The worst micro-batch's imbalance (mb_imbalance); *worst_mb (may be NULL) its index, -1 when all
+ * are even. */
 static double cp_imbalance(const StepPlan *p, int with_comm, int64_t *worst_mb)
 {
     double worst = 1;
     if (worst_mb)
         *worst_mb = -1;
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
-        const PlanMicroBatch *mb = &p->mbs[i];
-        double mx = 0, sum = 0;
-        for (int r = 0; r < p->cp; r++) {
-            const PlanRank *k = &p->ranks[mb->first_rank + r];
-            double t = plan_rank_compute(p, mb, r) + (with_comm ? k->comm_fwd_s + k->comm_bwd_s : 0);
-            mx = t > mx ? t : mx;
-            sum += t;
-        }
-        if (sum > 0 && mx * p->cp / sum >= worst) {
-            worst = mx * p->cp / sum;
+        double imb = mb_imbalance(p, i, with_comm, NULL);
+        if (imb >= worst) {
+            worst = imb;
             if (worst_mb)
                 *worst_mb = i;
         }

@@ -228,6 +228,9 @@ double plan_cp_imbalance(const StepPlan *p, int64_t *worst_mb);
  * groups ranks of different groups exchange different amounts, and the planner evens their times,
  * not their compute. */
 double plan_cp_time_imbalance(const StepPlan *p);
+/* Micro-batch i's share of that: its slowest CP rank's time over the mean of its ranks (0 when it
+ * holds nothing); *slowest (may be NULL) that rank's seconds per layer, forward + backward. */
+double plan_mb_time_imbalance(const StepPlan *p, int64_t i, double *slowest);
 double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r);
 /* A CRC-32 of everything the ranks execute: micro-batches, pieces, ranges, segments. Ranks that
  * planned the same step get the same digest. */

@@ -50,10 +50,11 @@
 
 enum { FILL_RANKS, FILL_ROOM }; /* the two ways a micro-batch takes */
 
-/* A rank's predicted seconds per layer, forward + backward, its exchanges included. */
-static double rank_time(const PlanRank *k)
+/* Rank r of micro-batch mb: its predicted seconds per layer, forward + backward, exchanges included. */
+static double rank_time(const StepPlan *p, const PlanMicroBatch *mb, int r)
 {
-    return k->attn_fwd_s + k->attn_bwd_s + k->linear_fwd_s + k->linear_bwd_s + k->comm_fwd_s + k->comm_bwd_s;
+    const PlanRank *k = &p->ranks[mb->first_rank + r];
+    return plan_rank_compute(p, mb, r) + k->comm_fwd_s + k->comm_bwd_s;
 }
 
 /* What a document of len tokens adds to a rank holding `rows` rows when put on it whole (what
@@ -78,26 +79,13 @@ static double rank_bwd(const PlanRank *k)
     return k->attn_bwd_s + k->linear_bwd_s + k->comm_bwd_s;
 }
 
-/* Micro-batch i's slowest rank over the mean of its ranks; *level: the slowest rank's time. */
-static double mb_imbalance(const StepPlan *p, int64_t i, double *level)
-{
-    const PlanRank *k = &p->ranks[p->mbs[i].first_rank];
-    double mx = 0, sum = 0;
-    for (int r = 0; r < p->cp; r++) {
-        double t = rank_time(&k[r]);
-        mx = t > mx ? t : mx;
-        sum += t;
-    }
-    *level = mx;
-    return sum > 0 ? mx * p->cp / sum : 1;
-}
 
 /* The worst imbalance of the micro-batches with mask[i] set, or of all with mask NULL. */
 static double worst_imbalance(const StepPlan *p, const uint8_t *mask)
 {
     double worst = 1, level;
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
-        double imb = mb_imbalance(p, i, &level);
+        double imb = plan_mb_time_imbalance(p, i, &level);
         if ((!mask || mask[i]) && imb > worst)
             worst = imb;
     }
@@ -118,7 +106,7 @@ static int replayable(const PlanMicroBatch *mb)
     return mb->mode != CP_PER_SEQ;
 }
 
-/* Candidates for micro-batch a: documents the others that take nothing hold whole, longest first. */
+/* Candidates for micro-batch a: documents held whole by the others that have not taken, longest first. */
 static void collect(Fill *f, const StepPlan *p, int64_t a)
 {
     f->n_cand = 0;
@@ -187,11 +175,11 @@ static int64_t fill_room(Fill *f, const StepPlan *p, int64_t a)
     const PlanMicroBatch *mb = &p->mbs[a];
     const PlanRank *k = &p->ranks[mb->first_rank];
     double level;
-    mb_imbalance(p, a, &level);
+    plan_mb_time_imbalance(p, a, &level);
     double top = level * (1 - FILL_MARGIN), room = 0;
     int64_t rows = 0, room_rows = 0, n_low = 0, taken = 0, tokens = mb->tokens - mb->pad;
     for (int r = 0; r < p->cp; r++) {
-        double t = rank_time(&k[r]);
+        double t = rank_time(p, mb, r);
         if (t < top) {
             room += top - t;
             rows += k[r].tokens;
@@ -236,10 +224,8 @@ static int64_t fill_room(Fill *f, const StepPlan *p, int64_t a)
  * the longest candidate that fits, or trades one of its whole documents for a longer one that fits
  * (the giver gets the shorter one on the same rank), whichever adds more; again until neither
  * adds FILL_STEP of its time. Exact: a whole document's cost does not depend on the others. */
-static int64_t fill_mb(Fill *f, const StepPlan *p, int64_t a, int how)
+static int64_t fill_ranks(Fill *f, const StepPlan *p, int64_t a)
 {
-    if (how == FILL_ROOM)
-        return fill_room(f, p, a);
     const CostModel *cost = f->pl->cost;
     int64_t s_max = f->pl->packer == PACKER_WLB ? f->pl->s_max : f->pl->window;
     const PlanMicroBatch *mb = &p->mbs[a];
@@ -255,7 +241,7 @@ static int64_t fill_mb(Fill *f, const StepPlan *p, int64_t a, int how)
     for (int n = 0; n < p->cp; n++) {
         int r = -1;
         for (int q = 0; q < p->cp; q++)
-            if (!f->done[q] && (r < 0 || rank_time(&k[q]) < rank_time(&k[r])))
+            if (!f->done[q] && (r < 0 || rank_time(p, mb, q) < rank_time(p, mb, r)))
                 r = q;
         f->done[r] = 1;
         double t_f = rank_fwd(&k[r]), t_b = rank_bwd(&k[r]), df, db, dxf, dxb;
@@ -324,10 +310,10 @@ static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s
     const Planner *pl = f->pl;
     int64_t n_mb = (int64_t)p->dp * p->m;
     collect(f, p, a);
-    int64_t taken = fill_mb(f, p, a, how);
+    int64_t taken = how == FILL_ROOM ? fill_room(f, p, a) : fill_ranks(f, p, a);
     if (taken == 0)
         return 0;
-    double level, before = mb_imbalance(p, a, &level);
+    double level, before = plan_mb_time_imbalance(p, a, &level);
     if (fill_save(f, p) != 0)
         return error_runtime(err, "planner", "out of memory");
     memcpy(f->role0, f->role, (size_t)n_mb); /* undone when the try is not kept */
@@ -354,7 +340,7 @@ static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s
             /* Anew: every micro-batch changed when a replay failed or the step got slower, else
              * those left as uneven as the taker was. */
             for (int64_t i = 0; i < n_mb; i++)
-                f->redo[i] = f->changed[i] && (rc != 0 || after_s > *step_s || mb_imbalance(p, i, &level) >= before);
+                f->redo[i] = f->changed[i] && (rc != 0 || after_s > *step_s || plan_mb_time_imbalance(p, i, &level) >= before);
         }
         rc = 0;
         p->n_ranges = p->n_segments = p->n_ranks = 0;
@@ -412,7 +398,7 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
         int64_t a = -1;
         double worst = FILL_FROM;
         for (int64_t i = 0; i < n_mb; i++) {
-            double imb = mb_imbalance(p, i, &level);
+            double imb = plan_mb_time_imbalance(p, i, &level);
             if (imb > worst) {
                 worst = imb;
                 a = i;
