@@ -122,9 +122,11 @@ double groups_attn_per_rank(const CostModel *cost, int64_t d, int g)
     return (2.0 * g * f1 + g * (2.0 * g - 1) * (f2 - f1)) / g;
 }
 
+/* A rank of a group of size (2^log2_size) ranks with attn attention per rank and the group's tokens
+ * sharded evenly: attention, lines, the group's exchange. */
 static double group_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens)
 {
-    return group_rank_time(c, size, log2_size, attn, tokens, (tokens + size - 1) / size);
+    return line_rank_time(c, attn, (tokens + size - 1) / size) + 2 * line_cp_comm(c, log2_size, tokens);
 }
 
 /* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document

@@ -41,15 +41,6 @@ static inline double line_cp_comm(const LineCost *c, int j, int64_t tokens)
     return tokens > 0 && j > 0 ? c->cp_a[j] * (double)tokens + c->cp_b[j] : 0;
 }
 
-/* A rank of a group of `size` ranks holding `rows` rows: attention, lines, its group's exchange of
- * `tokens` sharded tokens. */
-static inline double group_rank_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens,
-                                     int64_t rows)
-{
-    (void)size;
-    return line_rank_time(c, attn, rows) + 2 * line_cp_comm(c, log2_size, tokens);
-}
-
 typedef struct Group {
     int first, size, level, log2_size;
     double attn;    /* predicted attention seconds per rank, forward + backward */
