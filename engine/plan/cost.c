@@ -106,53 +106,63 @@ static int64_t pad_to_tile(const CostModel *m, int64_t q)
     return (q + t - 1) / t * t;
 }
 
-double cost_attn_pairs(const CostModel *m, int64_t q_len, int64_t kv_len)
+/* Query-key pairs of q_len query rows padded to qp over kv_len keys, the last q_len causal. */
+static double attn_pairs_padded(double qp, int64_t q_len, int64_t kv_len)
 {
-    if (q_len <= 0)
-        return 0;
-    double qp = (double)pad_to_tile(m, q_len);
     return qp * (double)(kv_len - q_len) + qp * (qp + 1) / 2;
 }
 
-/* Linear interpolation in log2(q) through the calibration table, clamped at its ends. */
-static double table_rate(const CostAttnTable *t, const double *tflops, double q)
+double cost_attn_pairs(const CostModel *m, int64_t q_len, int64_t kv_len)
 {
-    if (q <= t->q[0])
-        return tflops[0];
+    return q_len <= 0 ? 0 : attn_pairs_padded((double)pad_to_tile(m, q_len), q_len, kv_len);
+}
+
+/* Linear interpolation in log2(q) through the calibration table, clamped at its ends: the forward
+ * and backward rates at once (the planner asks for both at every call, and they share the
+ * position of q in the table). */
+static void table_rates(const CostAttnTable *t, double q, double *fwd, double *bwd)
+{
+    if (q <= t->q[0]) {
+        *fwd = t->fwd_tflops[0];
+        *bwd = t->bwd_tflops[0];
+        return;
+    }
     for (int i = 1; i < t->n; i++)
         if (q <= t->q[i]) {
             double x = (log2(q) - log2(t->q[i - 1])) / (log2(t->q[i]) - log2(t->q[i - 1]));
-            return tflops[i - 1] + x * (tflops[i] - tflops[i - 1]);
+            *fwd = t->fwd_tflops[i - 1] + x * (t->fwd_tflops[i] - t->fwd_tflops[i - 1]);
+            *bwd = t->bwd_tflops[i - 1] + x * (t->bwd_tflops[i] - t->bwd_tflops[i - 1]);
+            return;
         }
-    return tflops[t->n - 1];
+    *fwd = t->fwd_tflops[t->n - 1];
+    *bwd = t->bwd_tflops[t->n - 1];
 }
 
-static double attn_rate_tflops(const CostModel *m, int64_t q_len, int backward)
+/* The attention kernel's forward and backward rates at qp query rows (padded to the tile). */
+static void attn_rates_tflops(const CostModel *m, double qp, double *fwd, double *bwd)
 {
-    double qp = (double)pad_to_tile(m, q_len);
-    if (m->table.n > 0)
-        return table_rate(&m->table, backward ? m->table.bwd_tflops : m->table.fwd_tflops, qp);
+    if (m->table.n > 0) {
+        table_rates(&m->table, qp, fwd, bwd);
+        return;
+    }
     double r = m->hw.peak_tflops * m->hw.attn_efficiency * qp / (qp + m->hw.attn_half_tokens);
-    return backward ? r * m->hw.attn_bwd_ratio : r;
+    *fwd = r;
+    *bwd = r * m->hw.attn_bwd_ratio;
 }
 
-static double attn_flops_fwd(const CostModel *m, int64_t q_len, int64_t kv_len)
-{
-    return 4.0 * m->head_dim * m->local_heads * cost_attn_pairs(m, q_len, kv_len);
-}
 
 double cost_attn_fwd_s(const CostModel *m, int64_t q_len, int64_t kv_len)
 {
-    if (q_len <= 0)
-        return 0;
-    return attn_flops_fwd(m, q_len, kv_len) / (attn_rate_tflops(m, q_len, 0) * 1e12);
+    double f, b;
+    cost_attn_fb_s(m, q_len, kv_len, &f, &b);
+    return f;
 }
 
 double cost_attn_bwd_s(const CostModel *m, int64_t q_len, int64_t kv_len)
 {
-    if (q_len <= 0)
-        return 0;
-    return 2.5 * attn_flops_fwd(m, q_len, kv_len) / (attn_rate_tflops(m, q_len, 1) * 1e12);
+    double f, b;
+    cost_attn_fb_s(m, q_len, kv_len, &f, &b);
+    return b;
 }
 
 void cost_attn_fb_s(const CostModel *m, int64_t q_len, int64_t kv_len, double *fwd, double *bwd)
@@ -160,10 +170,12 @@ void cost_attn_fb_s(const CostModel *m, int64_t q_len, int64_t kv_len, double *f
     *fwd = *bwd = 0;
     if (q_len <= 0)
         return;
-    /* The two functions above with the FLOPs counted once (the same expressions: the same bits). */
-    double flops = attn_flops_fwd(m, q_len, kv_len);
-    *fwd = flops / (attn_rate_tflops(m, q_len, 0) * 1e12);
-    *bwd = 2.5 * flops / (attn_rate_tflops(m, q_len, 1) * 1e12);
+    /* The planner's hottest function: the tile padding, the FLOPs and the rates once for both. */
+    double qp = (double)pad_to_tile(m, q_len), rf, rb;
+    double flops = 4.0 * m->head_dim * m->local_heads * attn_pairs_padded(qp, q_len, kv_len);
+    attn_rates_tflops(m, qp, &rf, &rb);
+    *fwd = flops / (rf * 1e12);
+    *bwd = 2.5 * flops / (rb * 1e12);
 }
 
 static double gemm_s(const CostModel *m, double flops)
