@@ -94,6 +94,7 @@ typedef struct Search {
     int best_count[GROUPS_LEVELS]; /* the best split's */
     const int *warm;          /* a split tried first (the previous micro-batch's best), or NULL */
     double *rank_attn, *rank_comm, *rank_t; /* phase 2, per rank */
+    int *heap;                /* phase 2: the ranks as a binary min-heap on (rank_t, rank) */
     double *rest;             /* rest[i]: a lower bound on the rank-seconds of documents i.. (order) */
     double limit;             /* abandon a split that cannot beat this (hybrid's time), 0: none */
     int64_t *rank_tok;
@@ -129,6 +130,40 @@ static double group_time(const LineCost *c, int size, int log2_size, double attn
     return line_rank_time(c, attn, (tokens + size - 1) / size) + 2 * line_cp_comm(c, log2_size, tokens);
 }
 
+/* Binary min-heaps of indices into t (phase 1: a size's groups, phase 2: the ranks): a before b
+ * when it has less time so far, the lower index on a tie - so a heap's top is what a scan in index
+ * order for the least time would pick. */
+static int heap_before(const double *t, int a, int b)
+{
+    return t[a] < t[b] || (t[a] == t[b] && a < b);
+}
+
+static void heap_sift_down(const double *t, int *h, int n, int i)
+{
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n)
+            return;
+        if (c + 1 < n && heap_before(t, h[c + 1], h[c]))
+            c++;
+        if (!heap_before(t, h[c], h[i]))
+            return;
+        int tmp = h[c];
+        h[c] = h[i];
+        h[i] = tmp;
+        i = c;
+    }
+}
+
+/* The heap of indices first .. first + n - 1. */
+static void heap_build(const double *t, int *h, int first, int n)
+{
+    for (int i = 0; i < n; i++)
+        h[i] = first + i;
+    for (int i = n / 2 - 1; i >= 0; i--)
+        heap_sift_down(t, h, n, i);
+}
+
 /* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document
  * fits in no group or the split cannot beat the best so far. */
 static double assign_split(Search *s, Group *g, int *n_groups)
@@ -143,21 +178,38 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             first += size;
         }
     *n_groups = ng;
+    /* Groups of one size (a class; contiguous in g) differ only in their load: of each size, the
+     * one with the least time so far that has room is the candidate - its class heap's top, unless
+     * that one has no room, when the class is scanned in order. */
+    double gt[GROUPS_UNITS]; /* g[a].t */
+    int heap[GROUPS_UNITS], class_first[GROUPS_LEVELS], class_n[GROUPS_LEVELS], class_of[GROUPS_UNITS], n_class = 0;
+    for (int a = 0; a < ng; a++) {
+        gt[a] = 0;
+        if (a == 0 || g[a].size != g[a - 1].size) {
+            class_first[n_class] = a;
+            class_n[n_class++] = 0;
+        }
+        class_of[a] = n_class - 1;
+        class_n[n_class - 1]++;
+    }
+    for (int c = 0; c < n_class; c++)
+        heap_build(gt, heap + class_first[c], class_first[c], class_n[c]);
     double worst = 0, work = 0; /* work: rank-seconds so far, the sum over ranks of their times */
     double limit = s->best_t >= 0 ? s->best_t : s->limit;
     int64_t i = 0;
     for (; i < s->n && s->docs[s->order[i]].len >= s->threshold; i++) {
         int64_t k = s->order[i], d = s->docs[k].len;
-        /* Groups of one size differ only in their load: of each size, the one with the least
-         * time so far that has room is the candidate (groups of a size are contiguous in g). */
-        int pick = -1;
+        int pick = -1, pick_top = 0;
         double pick_t = 0;
-        for (int a = 0; a < ng;) {
-            int lead = -1, b = a;
-            for (; b < ng && g[b].size == g[a].size; b++)
-                if (g[b].tokens + d <= (int64_t)g[b].size * s->capacity && (lead < 0 || g[b].t < g[lead].t))
-                    lead = b;
-            a = b;
+        for (int c = 0; c < n_class; c++) {
+            int lead = heap[class_first[c]], top = 1;
+            if (g[lead].tokens + d > (int64_t)g[lead].size * s->capacity) {
+                lead = -1;
+                top = 0;
+                for (int b = class_first[c]; b < class_first[c] + class_n[c]; b++)
+                    if (g[b].tokens + d <= (int64_t)g[b].size * s->capacity && (lead < 0 || gt[b] < gt[lead]))
+                        lead = b;
+            }
             if (lead < 0)
                 continue;
             double t = group_time(&s->line, g[lead].size, g[lead].log2_size,
@@ -165,6 +217,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             if (pick < 0 || t < pick_t) {
                 pick = lead;
                 pick_t = t;
+                pick_top = top;
             }
         }
         if (pick < 0 || (limit > 0 && pick_t >= limit))
@@ -172,7 +225,12 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         g[pick].attn += s->est[k * (s->levels + 1) + g[pick].level];
         g[pick].tokens += d;
         work += (pick_t - g[pick].t) * g[pick].size;
-        g[pick].t = pick_t;
+        g[pick].t = gt[pick] = pick_t;
+        int c = class_of[pick];
+        if (pick_top)
+            heap_sift_down(gt, heap + class_first[c], class_n[c], 0);
+        else
+            heap_build(gt, heap + class_first[c], class_first[c], class_n[c]);
         /* The slowest rank is at least the mean: the work so far and the least the rest needs. */
         if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
             return -1;
@@ -191,15 +249,21 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             s->rank_comm[r] = 2 * line_cp_comm(&s->line, g[a].log2_size, g[a].tokens);
             s->rank_t[r] = g[a].t;
         }
+    heap_build(s->rank_t, s->heap, 0, s->cp);
     for (; i < s->n; i++) {
         int64_t k = s->order[i], d = s->docs[k].len;
         double a1 = s->est[k * (s->levels + 1) + s->levels];
         /* The same document adds the same time to any rank (its attention, and rows on a line):
-         * the rank that finishes it earliest is the one with the least time so far. */
-        int pick = -1;
-        for (int r = 0; r < s->cp; r++)
-            if (s->rank_tok[r] + d <= s->capacity && (pick < 0 || s->rank_t[r] < s->rank_t[pick]))
-                pick = r;
+         * the rank that finishes it earliest is the one with the least time so far - the heap's
+         * top, unless that one has no room, when the ranks are scanned in order. */
+        int pick = s->heap[0], top = 1;
+        if (s->rank_tok[pick] + d > s->capacity) {
+            pick = -1;
+            top = 0;
+            for (int r = 0; r < s->cp; r++)
+                if (s->rank_tok[r] + d <= s->capacity && (pick < 0 || s->rank_t[r] < s->rank_t[pick]))
+                    pick = r;
+        }
         if (pick < 0)
             return -1;
         double pick_t = line_rank_time(&s->line, s->rank_attn[pick] + a1, s->rank_tok[pick] + d) + s->rank_comm[pick];
@@ -209,6 +273,10 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         s->rank_tok[pick] += d;
         work += pick_t - s->rank_t[pick];
         s->rank_t[pick] = pick_t;
+        if (top)
+            heap_sift_down(s->rank_t, s->heap, s->cp, 0);
+        else
+            heap_build(s->rank_t, s->heap, 0, s->cp);
         if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
             return -1;
         worst = pick_t > worst ? pick_t : worst;
@@ -324,12 +392,14 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     }
     s.rest = rest;
     double rank_attn[1024], rank_comm[1024], rank_t[1024];
+    int heap[1024];
     int64_t rank_tok[1024];
     s.cp = cp;
     s.rank_attn = rank_attn;
     s.rank_comm = rank_comm;
     s.rank_tok = rank_tok;
     s.rank_t = rank_t;
+    s.heap = heap;
     s.est = est;
     s.assign = sc->assign;
     s.best_assign = sc->best_assign;
