@@ -123,11 +123,13 @@ double groups_attn_per_rank(const CostModel *cost, int64_t d, int g)
     return (2.0 * g * f1 + g * (2.0 * g - 1) * (f2 - f1)) / g;
 }
 
-/* A rank of a group of size (2^log2_size) ranks with attn attention per rank and the group's tokens
- * sharded evenly: attention, lines, the group's exchange. */
-static double group_time(const LineCost *c, int size, int log2_size, double attn, int64_t tokens)
+/* A rank of a group of 2^log2_size ranks with attn attention per rank and the group's tokens
+ * sharded evenly: attention, lines (ceil(tokens / size) rows, by a shift: the search's hottest
+ * line), the group's exchange. */
+static double group_time(const LineCost *c, int log2_size, double attn, int64_t tokens)
 {
-    return line_rank_time(c, attn, (tokens + size - 1) / size) + 2 * line_cp_comm(c, log2_size, tokens);
+    return line_rank_time(c, attn, (tokens + ((int64_t)1 << log2_size) - 1) >> log2_size) +
+           2 * line_cp_comm(c, log2_size, tokens);
 }
 
 /* Binary min-heaps of indices into t (phase 1: a size's groups, phase 2: the ranks): a before b
@@ -212,7 +214,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             }
             if (lead < 0)
                 continue;
-            double t = group_time(&s->line, g[lead].size, g[lead].log2_size,
+            double t = group_time(&s->line, g[lead].log2_size,
                                   g[lead].attn + s->est[k * (s->levels + 1) + g[lead].level], g[lead].tokens + d);
             if (pick < 0 || t < pick_t) {
                 pick = lead;

@@ -33,8 +33,8 @@ enum { NEST_SCAN = 4 }; /* when the slowest rank is stuck, moves off the next sl
 /* Rows each rank of block v holds of its documents: per_doc gives ceil(tokens / size) at most. */
 static int64_t node_rows(const Nest *x, int v, int64_t tok)
 {
-    int size = plan_block_size(x->cp, v);
-    return (tok + size - 1) / size;
+    int lg = x->depth - plan_block_depth(v); /* size 2^lg: a shift where tok >= 0 (always, in a valid state) */
+    return tok >= 0 ? (tok + ((int64_t)1 << lg) - 1) >> lg : (tok + ((int64_t)1 << lg) - 1) / ((int64_t)1 << lg);
 }
 
 /* Both directions of block v's exchange of tok tokens (0 for a rank alone). */
