@@ -14,8 +14,8 @@
  * mean of its ranks, per layer forward + backward with exchanges, above FILL_FROM) takes documents
  * that the others hold whole on one rank:
  *   FILL_RANKS  each of A's ranks, least loaded first, takes the longest such document that keeps
- *               its forward and its backward under A's slowest (what the pipeline takes) less
- *               FILL_MARGIN, or trades one of its own whole documents for a longer one that fits
+ *               its forward and its backward at most A's slowest (what the pipeline takes), or
+ *               trades one of its own whole documents for a longer one that fits
  *               (the giver gets the shorter one on the same rank), whichever adds more, up to
  *               FILL_MOVES times; no rank passes A's most rows (the LM head and the pipeline's sends
  *               scale with them). A document whole on a rank costs it its own d x d causal
@@ -43,7 +43,6 @@
 #include "engine/plan/sched.h"
 
 #define FILL_FROM 1.005   /* a micro-batch's time imbalance (slowest rank over mean) to fill */
-#define FILL_MARGIN 0.002 /* a rank fills up to the micro-batch's time less this fraction */
 #define FILL_SHARE 0.8    /* FILL_ROOM takes this share of the room */
 #define FILL_STEP 0.0005  /* FILL_RANKS: a move adds at least this share of the rank's time */
 #define FILL_MOVES 8      /* FILL_RANKS: the most moves per rank */
@@ -166,7 +165,7 @@ static int64_t longest_fit(const Fill *f, const Fit *t)
 }
 
 /* FILL_ROOM: micro-batch a takes documents up to FILL_SHARE of its ranks' room, the sum over them
- * of how far each is below the slowest less FILL_MARGIN, each priced whole on a rank of the mean
+ * of how far each is below the slowest, each priced whole on a rank of the mean
  * rows, longest first: a new layout (plan_shard) may spread them, and regroup what it held. */
 static int64_t fill_room(Fill *f, const StepPlan *p, int64_t a)
 {
@@ -176,7 +175,7 @@ static int64_t fill_room(Fill *f, const StepPlan *p, int64_t a)
     const PlanRank *k = &p->ranks[mb->first_rank];
     double level;
     plan_mb_time_imbalance(p, a, &level);
-    double top = level * (1 - FILL_MARGIN), room = 0;
+    double top = level, room = 0;
     int64_t rows = 0, room_rows = 0, n_low = 0, taken = 0, tokens = mb->tokens - mb->pad;
     for (int r = 0; r < p->cp; r++) {
         double t = rank_time(p, mb, r);
@@ -220,7 +219,7 @@ static int64_t fill_room(Fill *f, const StepPlan *p, int64_t a)
 }
 
 /* FILL_RANKS: micro-batch a's ranks, least loaded first, each up to its forward and backward
- * ceilings (the micro-batch's slowest of each, what the pipeline takes, less FILL_MARGIN): it takes
+ * ceilings (the micro-batch's slowest of each, what the pipeline takes): it takes
  * the longest candidate that fits, or trades one of its whole documents for a longer one that fits
  * (the giver gets the shorter one on the same rank), whichever adds more; again until neither
  * adds FILL_STEP of its time. Exact: a whole document's cost does not depend on the others. */
@@ -230,7 +229,7 @@ static int64_t fill_ranks(Fill *f, const StepPlan *p, int64_t a)
     int64_t s_max = f->pl->packer == PACKER_WLB ? f->pl->s_max : f->pl->window;
     const PlanMicroBatch *mb = &p->mbs[a];
     const PlanRank *k = &p->ranks[mb->first_rank];
-    double top_f = mb->fwd_s * (1 - FILL_MARGIN), top_b = mb->bwd_s * (1 - FILL_MARGIN);
+    double top_f = mb->fwd_s, top_b = mb->bwd_s;
     int64_t tokens = mb->tokens - mb->pad, taken = 0, max_rows = 0;
     /* The rank holding the most rows sets the LM head's and the pipeline sends' times (sched.c):
      * no rank goes above it. */
