@@ -16,7 +16,7 @@
  * (chunks i and 2 g - 1 - i of the document), so its rows sit early and late and its attention per
  * row is near the document's mean. The block's exchange is priced as an all-gather of uneven
  * shares is (shard_block_exchange_tokens): its rank holding the fewest rows receives the rest.
- * Bound: per evener and round, EVEN_PASSES bisections (60 steps of g ranks) and CUT_MOVES moves,
+ * Bound: per evener and round, EVEN_PASSES water levels (a sort of g ranks) and CUT_MOVES moves,
  * each an exact evaluation of 2 g chunks.
  */
 #include <stdlib.h>
@@ -26,24 +26,27 @@
 
 enum { EVEN_PASSES = 3, CUT_MOVES = 8, CUT_ROUNDS = 1 };
 
-/* The level L at which sum_r max(0, (L - b[r]) / a[r]) = d, for slopes a[r] > 0 (bisection). */
+/* The level L at which sum_r max(0, (L - b[r]) / a[r]) = d, for slopes a[r] > 0: the sum is
+ * piecewise linear in L, so with the ranks in order of b, the first i whose level
+ * L = (d + sum b[r] / a[r]) / (sum 1 / a[r]) over those i does not reach the next b is it. */
 static double water_level_slopes(const double *b, const double *a, int n, double d)
 {
-    double lo = b[0], hi = b[0];
-    for (int r = 0; r < n; r++) {
-        lo = b[r] < lo ? b[r] : lo;
-        hi = b[r] + a[r] * d > hi ? b[r] + a[r] * d : hi;
+    int order[1024];
+    for (int r = 0; r < n; r++) { /* insertion sort: a block has a few ranks */
+        int j = r;
+        for (; j > 0 && b[order[j - 1]] > b[r]; j--)
+            order[j] = order[j - 1];
+        order[j] = r;
     }
-    for (int it = 0; it < 60; it++) {
-        double mid = (lo + hi) / 2, rows = 0;
-        for (int r = 0; r < n; r++)
-            rows += mid > b[r] ? (mid - b[r]) / a[r] : 0;
-        if (rows >= d)
-            hi = mid;
-        else
-            lo = mid;
+    double inv = 0, sum = 0, level = b[order[0]];
+    for (int i = 0; i < n; i++) {
+        inv += 1 / a[order[i]];
+        sum += b[order[i]] / a[order[i]];
+        level = (d + sum) / inv;
+        if (i + 1 < n && level <= b[order[i + 1]])
+            break;
     }
-    return hi;
+    return level;
 }
 
 /* Rank i of a block of g gets x[i] rows of the document as two chunks, mirrored as in per_doc:
