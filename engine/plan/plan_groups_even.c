@@ -259,19 +259,21 @@ static int64_t rebuild(Nest *x, const int32_t *even, int64_t k, int w, int64_t *
             saved[i] = x->node[j];
             nest_move(x, j, x->node[j], -1);
         }
+    /* The ranks' times, kept current: a whole document changes its rank's only, one sharded over
+     * w every rank's. */
+    double t[1024];
+    for (int r = 0; r < ws; r++)
+        t[r] = line_t(x, wf + r, 0, 0, 0);
     for (int64_t i = 0; i < m; i++) {
         int64_t j = list[i];
         int at = -1;
-        double best = 0;
-        for (int r = wf; r < wf + ws && j != k; r++) {
-            double t = line_t(x, r, 0, 0, 0);
-            if (x->rows[r] + x->docs[j].len <= x->capacity && (at < 0 || t < best)) {
+        for (int r = 0; r < ws && j != k; r++)
+            if (x->rows[wf + r] + x->docs[j].len <= x->capacity && (at < 0 || t[r] < t[at]))
                 at = r;
-                best = t;
-            }
-        }
-        x->node[j] = j == k || at < 0 ? w : cp + at; /* no room: sharded over w */
+        x->node[j] = j == k || at < 0 ? w : cp + wf + at; /* no room: sharded over w */
         nest_move(x, j, x->node[j], +1);
+        for (int r = x->node[j] == w ? 0 : at; r < (x->node[j] == w ? ws : at + 1); r++)
+            t[r] = line_t(x, wf + r, 0, 0, 0);
     }
     return m;
 }
