@@ -89,15 +89,40 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int
 int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev,
                         int64_t capacity);
 /* What block v gaining dtok tokens (losing: dtok < 0) and da attention per rank does to each of its
- * ranks [first, first + size) on the lines (plan_groups_nest.c). */
+ * ranks [first, first + size) on the lines. Inline with the helpers below: the nested search and
+ * the eveners call them in their innermost loops. */
 typedef struct NestDelta {
     double attn, comm; /* both directions of the block's exchange */
     int64_t rows;
     int first, size;
 } NestDelta;
-NestDelta nest_delta(const Nest *x, int v, int64_t dtok, double da);
+
+/* Rows each rank of block v holds of its documents: per_doc gives ceil(tokens / size) at most. */
+static inline int64_t nest_node_rows(const Nest *x, int v, int64_t tok)
+{
+    int lg = x->depth - plan_block_depth(v); /* size 2^lg: a shift where tok >= 0 (always, in a valid state) */
+    return tok >= 0 ? (tok + ((int64_t)1 << lg) - 1) >> lg : (tok + ((int64_t)1 << lg) - 1) / ((int64_t)1 << lg);
+}
+
+/* Both directions of block v's exchange of tok tokens (0 for a rank alone). */
+static inline double nest_node_comm(const Nest *x, int v, int64_t tok)
+{
+    return 2 * line_cp_comm(x->line, x->depth - plan_block_depth(v), tok);
+}
+
+static inline NestDelta nest_delta(const Nest *x, int v, int64_t dtok, double da)
+{
+    int64_t tok = x->tok[v] + dtok;
+    return (NestDelta){da, nest_node_comm(x, v, tok) - nest_node_comm(x, v, x->tok[v]),
+                       nest_node_rows(x, v, tok) - nest_node_rows(x, v, x->tok[v]), plan_block_first(x->cp, v),
+                       plan_block_size(x->cp, v)};
+}
+
 /* Document k's attention per rank sharded over block v (whole when v is a rank). */
-double nest_attn(const Nest *x, int64_t k, int v);
+static inline double nest_attn(const Nest *x, int64_t k, int v)
+{
+    return x->est[k * x->stride + (x->depth - plan_block_depth(v))];
+}
 /* Document k onto (sign +1) or off (-1) block v, in the nested search's sums. */
 void nest_move(Nest *x, int64_t k, int v, int sign);
 

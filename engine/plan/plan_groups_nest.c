@@ -30,37 +30,10 @@
 
 enum { NEST_SCAN = 4 }; /* when the slowest rank is stuck, moves off the next slowest ranks up to this */
 
-/* Rows each rank of block v holds of its documents: per_doc gives ceil(tokens / size) at most. */
-static int64_t node_rows(const Nest *x, int v, int64_t tok)
-{
-    int lg = x->depth - plan_block_depth(v); /* size 2^lg: a shift where tok >= 0 (always, in a valid state) */
-    return tok >= 0 ? (tok + ((int64_t)1 << lg) - 1) >> lg : (tok + ((int64_t)1 << lg) - 1) / ((int64_t)1 << lg);
-}
-
-/* Both directions of block v's exchange of tok tokens (0 for a rank alone). */
-static double node_comm(const Nest *x, int v, int64_t tok)
-{
-    int lg = x->depth - plan_block_depth(v);
-    return 2 * line_cp_comm(x->line, lg, tok);
-}
-
-double nest_attn(const Nest *x, int64_t k, int v)
-{
-    return x->est[k * x->stride + (x->depth - plan_block_depth(v))];
-}
-
 static double rank_time(const Nest *x, int r, double da, int64_t drows, double dcomm, int64_t *rows)
 {
     *rows = x->rows[r] + drows;
     return line_rank_time(x->line, x->attn_r[r] + da, *rows) + x->comm_r[r] + dcomm;
-}
-
-NestDelta nest_delta(const Nest *x, int v, int64_t dtok, double da)
-{
-    int64_t tok = x->tok[v] + dtok;
-    return (NestDelta){da, node_comm(x, v, tok) - node_comm(x, v, x->tok[v]),
-                       node_rows(x, v, tok) - node_rows(x, v, x->tok[v]), plan_block_first(x->cp, v),
-                       plan_block_size(x->cp, v)};
 }
 
 void nest_move(Nest *x, int64_t k, int v, int sign)
