@@ -229,9 +229,9 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         work += (pick_t - g[pick].t) * g[pick].size;
         g[pick].t = gt[pick] = pick_t;
         int c = class_of[pick];
-        if (pick_top)
+        if (class_n[c] > 1 && pick_top) /* a class of one group is its own heap */
             heap_sift_down(gt, heap + class_first[c], class_n[c], 0);
-        else
+        else if (class_n[c] > 1)
             heap_build(gt, heap + class_first[c], class_first[c], class_n[c]);
         /* The slowest rank is at least the mean: the work so far and the least the rest needs. */
         if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
