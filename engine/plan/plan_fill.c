@@ -24,7 +24,8 @@
  *               plan_fill_replay.c), a giver its layout less what it gave.
  *   FILL_ROOM   when that finds nothing that is kept: A takes documents worth FILL_SHARE of its
  *               ranks' summed room and is laid out anew (groups may regroup what it holds).
- * A try is kept when the step's predicted time (its pipeline simulated) does not rise and the
+ * A try is kept when the step's predicted time (its pipeline simulated; in the step's order before
+ * the try when the order chosen afresh is slower, keep_arrangement) does not rise and the
  * micro-batches it changed end more even than A was; when the replays alone fall short, the
  * micro-batches that stayed as uneven as A (all of them, when a replay failed or the step got
  * slower) are laid out anew by plan_shard, each keeping the faster of the two; else the plan is
@@ -303,6 +304,34 @@ static int64_t fill_ranks(Fill *f, const StepPlan *p, int64_t a)
     return taken;
 }
 
+/* When the new arrangement (plan_arrange's pipeline order, chosen afresh from the new costs) makes
+ * the step slower, the step's arrangement before the try, if that is faster: with no micro-batch
+ * slower, the pipeline in its old order is no slower than before (each operation starts when the
+ * ones it waits for end, none of which got longer), where a new order chosen by the costs can lose
+ * a little. Sets *after_s; -1 on error. */
+static int keep_arrangement(Fill *f, StepPlan *p, double *after_s, Error *err)
+{
+    int64_t n_mb = (int64_t)p->dp * p->m;
+    for (int64_t i = 0; i < n_mb; i++) {
+        f->arranged[2 * i] = p->mbs[i].replica;
+        f->arranged[2 * i + 1] = p->mbs[i].order;
+        p->mbs[i].replica = f->saved.mbs[i].replica;
+        p->mbs[i].order = f->saved.mbs[i].order;
+    }
+    double before_order_s;
+    if (sched_step_time(p, f->pl->cost, &before_order_s, err) != 0)
+        return -1;
+    if (before_order_s < *after_s) {
+        *after_s = before_order_s;
+        return 0;
+    }
+    for (int64_t i = 0; i < n_mb; i++) {
+        p->mbs[i].replica = f->arranged[2 * i];
+        p->mbs[i].order = f->arranged[2 * i + 1];
+    }
+    return 0;
+}
+
 /* Micro-batch a takes what fits. Returns the documents moved (0: none, or not kept), -1 on error. */
 static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s, Error *err)
 {
@@ -350,6 +379,8 @@ static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s
         }
         if (rc == 0 && (plan_arrange(pl, p, err) != 0 || sched_step_time(p, pl->cost, &after_s, err) != 0))
             rc = -1;
+        if (rc == 0 && after_s > *step_s && keep_arrangement(f, p, &after_s, err) != 0)
+            rc = -1;
     }
     if (rc < 0)
         return -1;
@@ -383,9 +414,11 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
     f.to = malloc((size_t)most_docs * sizeof *f.to);
     f.held = malloc((size_t)p->cp * sizeof *f.held);
     f.tried = malloc((size_t)n_mb);
+    f.arranged = malloc((size_t)(2 * n_mb) * sizeof *f.arranged);
     double step_s, level;
     int rc = 0;
-    if (!f.cand || !f.back || !f.role || !f.role0 || !f.changed || !f.redo || !f.done || !f.given || !f.src || !f.to || !f.held || !f.tried)
+    if (!f.cand || !f.back || !f.role || !f.role0 || !f.changed || !f.redo || !f.done || !f.given || !f.src || !f.to ||
+        !f.held || !f.tried || !f.arranged)
         rc = error_runtime(err, "planner", "out of memory");
     else if (sched_step_time(p, pl->cost, &step_s, err) != 0)
         rc = -1;
@@ -429,5 +462,6 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
     free(f.segs);
     free(f.held);
     free(f.tried);
+    free(f.arranged);
     return rc;
 }

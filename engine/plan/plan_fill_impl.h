@@ -53,6 +53,7 @@ typedef struct Fill {
     PlanSegment *segs;    /* a saved micro-batch's segments by query start */
     int64_t cap_segs;
     int64_t *held;        /* per rank: a document's rows */
+    int32_t *arranged;    /* per micro-batch: replica and order of the new arrangement (keep_arrangement) */
 } Fill;
 
 /* plan_fill_replay.c. fill_save copies the plan into f->saved, fill_restore copies it back. */
