@@ -220,6 +220,19 @@ static void best_shed(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s,
                     continue; /* not apart */
                 if (top[to] + nest_attn(x, k, to) >= p->t)
                     continue; /* its ranks gain at least its attention */
+                /* Block to's ranks with k (apart from w, k leaving u does not touch them): none may
+                 * reach p->t or its capacity - checked before moving anything (up to rounding: the
+                 * sums are kept in another order once moved, hence the margin). */
+                NestDelta on = nest_delta(x, to, x->docs[k].len, nest_attn(x, k, to));
+                double ranks_t = 0;
+                int over = 0;
+                for (int r = on.first; r < on.first + on.size; r++) {
+                    double tr = line_t(x, r, on.attn, (double)on.rows, on.comm);
+                    ranks_t = tr > ranks_t ? tr : ranks_t;
+                    over |= x->rows[r] + on.rows > x->capacity;
+                }
+                if (over || ranks_t >= p->t * (1 + 1e-12))
+                    continue;
                 nest_move(x, k, u, -1);
                 nest_move(x, k, to, +1);
                 int size = plan_block_size(cp, to), first = plan_block_first(cp, to);
