@@ -152,9 +152,9 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
             double bar = best.k >= 0 ? best.t : T, ew = nest_attn(x, k, w);
             /* Its slowest rank gains at least the attention and the GEMMs of its share (when apart
              * from u): the cheap test first. */
-            int ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
+            int lg = x->depth - plan_block_depth(w), ws = 1 << lg, wf = plan_block_first(cp, w);
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
-                top[w] + ew + x->line->lin * (double)(d / ws) >= bar)
+                top[w] + ew + x->line->lin * (double)(d >> lg) >= bar) /* d / ws: sizes are powers of two */
                 continue;
             NestDelta on = nest_delta(x, w, d, ew);
             if (least_after(x, &off, &on, top[w]) >= bar)
@@ -168,9 +168,9 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
             if (w == u || d2 >= d)
                 continue;
             double bar = best.k >= 0 ? best.t : T, ew = nest_attn(x, k, w) - nest_attn(x, k2, w);
-            int ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
+            int lg = x->depth - plan_block_depth(w), ws = 1 << lg, wf = plan_block_first(cp, w);
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
-                top[w] + ew + x->line->lin * (double)((d - d2) / ws - 1) >= bar)
+                top[w] + ew + x->line->lin * (double)(((d - d2) >> lg) - 1) >= bar) /* d > d2 */
                 continue;
             NestDelta a = nest_delta(x, u, d2 - d, nest_attn(x, k2, u) - eu);
             NestDelta b = nest_delta(x, w, d - d2, ew);
