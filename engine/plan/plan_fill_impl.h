@@ -50,7 +50,7 @@ typedef struct Fill {
     uint8_t *done;        /* per rank: filled */
     int64_t *src;         /* per new document: its index in the saved docs, -1 for padding */
     int32_t *to;          /* per new document: FILL_KEEP, FILL_ANYWHERE or the rank it moves to */
-    PlanSegment *segs;    /* a saved micro-batch's segments by query start */
+    PlanSegment *segs;    /* a saved micro-batch's segments by query start, and as many again for the sort */
     int64_t cap_segs;
     int64_t *held;        /* per rank: a document's rows */
     int32_t *arranged;    /* per micro-batch: replica and order of the new arrangement (keep_arrangement) */

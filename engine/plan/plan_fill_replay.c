@@ -130,10 +130,34 @@ static int least_rank(const Shard *s, const CostModel *cost)
     return r;
 }
 
-static int by_q_start(const void *a, const void *b)
+/* Sorts a[0..n) by query start (no two alike: a query row is on one rank) with tmp[0..n): a merge
+ * sort with the comparison inline - the replay's hottest step after the layouts - that passes over
+ * halves already in order (each rank's segments mostly are). */
+static void sort_by_q_start(PlanSegment *a, PlanSegment *tmp, int64_t n)
 {
-    const PlanSegment *x = a, *y = b;
-    return (x->q_start > y->q_start) - (x->q_start < y->q_start);
+    if (n < 16) {
+        for (int64_t i = 1; i < n; i++) {
+            PlanSegment x = a[i];
+            int64_t j = i;
+            for (; j > 0 && a[j - 1].q_start > x.q_start; j--)
+                a[j] = a[j - 1];
+            a[j] = x;
+        }
+        return;
+    }
+    int64_t h = n / 2;
+    sort_by_q_start(a, tmp, h);
+    sort_by_q_start(a + h, tmp, n - h);
+    if (a[h - 1].q_start < a[h].q_start)
+        return;
+    int64_t i = 0, j = h, o = 0;
+    while (i < h && j < n)
+        tmp[o++] = a[i].q_start < a[j].q_start ? a[i++] : a[j++];
+    while (i < h)
+        tmp[o++] = a[i++];
+    while (j < n)
+        tmp[o++] = a[j++];
+    memcpy(a, tmp, (size_t)n * sizeof *a);
 }
 
 /* Micro-batch i's saved layout with its new documents (fill_rebuild_docs) into f->shard (the
@@ -153,7 +177,7 @@ static int replay(Fill *f, const StepPlan *p, int64_t i)
     int64_t n_segs = 0;
     for (int r = 0; r < cp; r++)
         n_segs += s->ranks[old->first_rank + r].n_segments;
-    PlanSegment *segs = array_grow(f->segs, &f->cap_segs, n_segs > 0 ? n_segs : 1, sizeof *segs);
+    PlanSegment *segs = array_grow(f->segs, &f->cap_segs, n_segs > 0 ? 2 * n_segs : 1, sizeof *segs);
     if (!segs)
         return -1;
     f->segs = segs;
@@ -163,7 +187,7 @@ static int replay(Fill *f, const StepPlan *p, int64_t i)
         for (int64_t j = k->first_segment; j < k->first_segment + k->n_segments; j++)
             segs[n_segs++] = s->segments[j];
     }
-    qsort(segs, (size_t)n_segs, sizeof *segs, by_q_start);
+    sort_by_q_start(segs, segs + n_segs, n_segs); /* the second half: the sort's scratch */
     int64_t pad = -1;
     for (int64_t j = 0; j < mb->n_docs; j++) {
         int64_t at = mb->first_doc + j, k = f->src[at];
