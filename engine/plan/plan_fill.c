@@ -22,8 +22,11 @@
  *               attention, the linear layers of d more rows and their TP all-reduce, and no
  *               exchange: the figure is exact. A keeps its layout with what it took (a replay,
  *               plan_fill_replay.c), a giver its layout less what it gave.
- *   FILL_ROOM   when that finds nothing that is kept: A takes documents worth FILL_SHARE of its
- *               ranks' summed room and is laid out anew (groups may regroup what it holds).
+ *   FILL_ROOM   when that finds nothing that is kept: A takes documents worth a share of its
+ *               ranks' summed room and is laid out anew (groups may regroup what it holds): the
+ *               first of FILL_SHARES, then, while nothing is kept and A is still above FILL_AGAIN
+ *               (the evenness wlbtrain aims at), the others in turn - how much a new layout can
+ *               place well depends on the documents taken, which no share fits always.
  * A try is kept when the step's predicted time (its pipeline simulated; in the step's order before
  * the try when the order chosen afresh is slower, keep_arrangement) does not rise and the
  * micro-batches it changed end more even than A was; when the replays alone fall short, the
@@ -32,10 +35,10 @@
  * restored as it was. Then the step's new most uneven micro-batch tries, until it has tried once
  * already. A micro-batch that took is never a giver after, so no document goes back.
  *
- * Cost. Each micro-batch tries at most once per way: the step's documents sorted (n log n), a
- * binary search over them per rank and move (per rank, whole document and move when trading), a
- * replay of each micro-batch changed (linear in its pieces), and at most one plan_shard of each
- * micro-batch changed.
+ * Cost. Each micro-batch tries at most once the exact fill and once per room share: the step's
+ * documents sorted (n log n), a binary search over them per rank and move (per rank, whole
+ * document and move when trading), a replay of each micro-batch changed (linear in its pieces),
+ * and at most one plan_shard of each micro-batch changed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +47,8 @@
 #include "engine/plan/sched.h"
 
 #define FILL_FROM 1.005   /* a micro-batch's time imbalance (slowest rank over mean) to fill */
-#define FILL_SHARE 0.8    /* FILL_ROOM takes this share of the room */
+#define FILL_AGAIN 1.01   /* a micro-batch this uneven tries FILL_ROOM's other shares */
+static const double FILL_SHARES[] = {0.8, 0.5, 1.2, 0.3, 1.6}; /* FILL_ROOM: shares of the room taken */
 #define FILL_STEP 0.0005  /* FILL_RANKS: a move adds at least this share of the rank's time */
 #define FILL_MOVES 8      /* FILL_RANKS: the most moves per rank */
 
@@ -165,7 +169,7 @@ static int64_t longest_fit(const Fill *f, const Fit *t)
     return lo < f->n_cand && fits(t, f->cand[lo].len) ? lo : f->n_cand;
 }
 
-/* FILL_ROOM: micro-batch a takes documents up to FILL_SHARE of its ranks' room, the sum over them
+/* FILL_ROOM: micro-batch a takes documents up to f->share of its ranks' room, the sum over them
  * of how far each is below the slowest, each priced whole on a rank of the mean
  * rows, longest first: a new layout (plan_shard) may spread them, and regroup what it held. */
 static int64_t fill_room(Fill *f, const StepPlan *p, int64_t a)
@@ -189,7 +193,7 @@ static int64_t fill_room(Fill *f, const StepPlan *p, int64_t a)
     }
     if (n_low == 0)
         return 0;
-    room *= FILL_SHARE;
+    room *= f->share;
     f->n_back = 0;
     int64_t mean_rows = rows / n_low;
     for (;;) {
@@ -440,8 +444,12 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
             break;
         f.tried[a] = 1;
         int64_t moved = try_fill(&f, p, a, FILL_RANKS, &step_s, err);
-        if (moved == 0)
+        for (int i = 0; i < (int)(sizeof FILL_SHARES / sizeof *FILL_SHARES) && moved == 0; i++) {
+            if (i > 0 && plan_mb_time_imbalance(p, a, &level) <= FILL_AGAIN)
+                break;
+            f.share = FILL_SHARES[i];
             moved = try_fill(&f, p, a, FILL_ROOM, &step_s, err);
+        }
         if (moved < 0)
             rc = -1;
         else

@@ -53,6 +53,7 @@ typedef struct Fill {
     PlanSegment *segs;    /* a saved micro-batch's segments by query start, and as many again for the sort */
     int64_t cap_segs;
     int64_t *held;        /* per rank: a document's rows */
+    double share;         /* FILL_ROOM: the share of the room taken */
     int32_t *arranged;    /* per micro-batch: replica and order of the new arrangement (keep_arrangement) */
 } Fill;
 
