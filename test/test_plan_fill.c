@@ -279,17 +279,9 @@ static void test_replay(void **state)
         tried++;
         uint64_t moved_id = p.docs[moved].doc;
         Fill f;
-        memset(&f, 0, sizeof f);
-        f.pl = &pl;
-        Candidate c = {moved, p.docs[moved].len, 1, p.docs[moved].rank, 0, 0};
-        f.cand = &c;
+        assert_int_equal(fill_alloc(&f, &pl, &p), 0);
+        f.cand[0] = (Candidate){moved, p.docs[moved].len, 1, p.docs[moved].rank, 0, 0};
         f.n_cand = 1;
-        int64_t most = p.n_docs + 2;
-        f.given = calloc((size_t)most, 1);
-        f.src = malloc((size_t)most * sizeof *f.src);
-        f.to = malloc((size_t)most * sizeof *f.to);
-        f.held = malloc((size_t)cp * sizeof *f.held);
-        f.role = calloc(2, 1);
         assert_int_equal(fill_save(&f, &p), 0);
         f.given[moved] = 1;
         assert_int_equal(fill_rebuild_docs(&f, &p), 0);
@@ -338,14 +330,7 @@ static void test_replay(void **state)
             }
             free(now);
         }
-        fill_saved_free(&f.saved);
-        shard_free(&f.shard);
-        free(f.segs);
-        free(f.given);
-        free(f.src);
-        free(f.to);
-        free(f.held);
-        free(f.role);
+        fill_free(&f);
     }
     printf("# replayed %d of 60 random pairs of micro-batches with a whole document moved ahead of sharded ones\n", tried);
     assert_true(tried >= 20);

@@ -397,39 +397,68 @@ static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s
     return 0;
 }
 
+int fill_alloc(Fill *f, const Planner *pl, const StepPlan *p)
+{
+    int64_t n_mb = (int64_t)p->dp * p->m;
+    /* A micro-batch gains at most a padding piece over the step's documents. */
+    int64_t most_docs = p->n_docs + n_mb;
+    memset(f, 0, sizeof *f);
+    f->pl = pl;
+    f->cand = malloc((size_t)most_docs * sizeof *f->cand);
+    f->back = malloc((size_t)most_docs * sizeof *f->back);
+    f->role = calloc((size_t)n_mb, 1);
+    f->role0 = malloc((size_t)n_mb);
+    f->changed = malloc((size_t)n_mb);
+    f->redo = malloc((size_t)n_mb);
+    f->done = malloc((size_t)p->cp);
+    f->given = calloc((size_t)most_docs, 1);
+    f->src = malloc((size_t)most_docs * sizeof *f->src);
+    f->to = malloc((size_t)most_docs * sizeof *f->to);
+    f->held = malloc((size_t)p->cp * sizeof *f->held);
+    f->tried = calloc((size_t)n_mb, 1);
+    f->arranged = malloc((size_t)(2 * n_mb) * sizeof *f->arranged);
+    return f->cand && f->back && f->role && f->role0 && f->changed && f->redo && f->done && f->given && f->src &&
+                   f->to && f->held && f->tried && f->arranged
+               ? 0
+               : -1;
+}
+
+void fill_free(Fill *f)
+{
+    fill_saved_free(&f->saved);
+    shard_free(&f->shard);
+    free(f->cand);
+    free(f->back);
+    free(f->role);
+    free(f->role0);
+    free(f->changed);
+    free(f->redo);
+    free(f->done);
+    free(f->given);
+    free(f->src);
+    free(f->to);
+    free(f->segs);
+    free(f->held);
+    free(f->tried);
+    free(f->arranged);
+}
+
 int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
 {
     int64_t n_mb = (int64_t)p->dp * p->m;
     p->filled_docs = 0;
     if (p->cp < 2 || n_mb < 2 || worst_imbalance(p, NULL) <= FILL_FROM)
         return 0;
-    /* A micro-batch gains at most a padding piece over the step's documents. */
-    int64_t most_docs = p->n_docs + n_mb;
-    Fill f = {.pl = pl};
-    f.cand = malloc((size_t)most_docs * sizeof *f.cand);
-    f.back = malloc((size_t)most_docs * sizeof *f.back);
-    f.role = calloc((size_t)n_mb, 1);
-    f.role0 = malloc((size_t)n_mb);
-    f.changed = malloc((size_t)n_mb);
-    f.redo = malloc((size_t)n_mb);
-    f.done = malloc((size_t)p->cp);
-    f.given = malloc((size_t)most_docs);
-    f.src = malloc((size_t)most_docs * sizeof *f.src);
-    f.to = malloc((size_t)most_docs * sizeof *f.to);
-    f.held = malloc((size_t)p->cp * sizeof *f.held);
-    f.tried = malloc((size_t)n_mb);
-    f.arranged = malloc((size_t)(2 * n_mb) * sizeof *f.arranged);
+    Fill f;
     double step_s, level;
     int rc = 0;
-    if (!f.cand || !f.back || !f.role || !f.role0 || !f.changed || !f.redo || !f.done || !f.given || !f.src || !f.to ||
-        !f.held || !f.tried || !f.arranged)
+    if (fill_alloc(&f, pl, p) != 0)
         rc = error_runtime(err, "planner", "out of memory");
     else if (sched_step_time(p, pl->cost, &step_s, err) != 0)
         rc = -1;
     /* The step's worst micro-batch takes, while it is above FILL_FROM and has not tried yet (a
      * giver may: it takes from those that have not taken): the imbalance that counts is the worst
      * micro-batch's, and each try costs layouts. First the exact fill, then the room's. */
-    memset(f.tried, 0, (size_t)n_mb);
     while (rc == 0) {
         int64_t a = -1;
         double worst = FILL_FROM;
@@ -455,21 +484,6 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
         else
             p->filled_docs += moved;
     }
-    fill_saved_free(&f.saved);
-    shard_free(&f.shard);
-    free(f.cand);
-    free(f.back);
-    free(f.role);
-    free(f.role0);
-    free(f.changed);
-    free(f.redo);
-    free(f.done);
-    free(f.given);
-    free(f.src);
-    free(f.to);
-    free(f.segs);
-    free(f.held);
-    free(f.tried);
-    free(f.arranged);
+    fill_free(&f);
     return rc;
 }

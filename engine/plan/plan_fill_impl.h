@@ -57,6 +57,11 @@ typedef struct Fill {
     int32_t *arranged;    /* per micro-batch: replica and order of the new arrangement (keep_arrangement) */
 } Fill;
 
+/* plan_fill.c: the pass's working memory for plan p (f zeroed first; -1 out of memory, f still
+ * to be freed), and its release. */
+int fill_alloc(Fill *f, const Planner *pl, const StepPlan *p);
+void fill_free(Fill *f);
+
 /* plan_fill_replay.c. fill_save copies the plan into f->saved, fill_restore copies it back. */
 int fill_save(Fill *f, const StepPlan *p);
 void fill_restore(const Fill *f, StepPlan *p);
