@@ -165,9 +165,7 @@ int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k,
     s->doc_rank[k] = r;
     s->doc_first[k] = r;
     s->doc_size[k] = 1;
-    if (add_range(s, r, docs[k].start, docs[k].len) != 0)
-        return -1;
-    return add_segment(s, cost, r, docs[k].start, docs[k].len, docs[k].start);
+    return shard_piece(s, cost, r, docs[k].start, docs[k].len, docs[k].start);
 }
 
 /* Chunk sizes of a document of len tokens cut per_doc: len / 2CP each, and the len mod 2CP leftover
@@ -201,7 +199,7 @@ int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k
     int v = plan_block_of(s->cp, first, g), h = plan_block_depth(v);
     for (int c = 0; c < 2 * g; c++) {
         int r = first + (c < g ? c : 2 * g - 1 - c);
-        if (add_range(s, r, at, size[c]) != 0 || add_segment(s, cost, r, at, size[c], d->start) != 0)
+        if (shard_piece(s, cost, r, at, size[c], d->start) != 0)
             return -1;
         s->own[r * SHARD_DEPTHS + h] += size[c];
         at += size[c];
