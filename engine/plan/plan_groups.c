@@ -83,7 +83,6 @@ double plan_groups_line_check(const CostModel *cost, int size, double attn, int6
 }
 
 typedef struct Search {
-    const CostModel *cost;
     LineCost line;
     const PlanDoc *docs;
     const int64_t *order;
@@ -354,7 +353,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
 {
     Shard *out = &sc->cand[SHARD_GROUPS];
     int cp = out->cp;
-    Search s = {.cost = cost, .docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1,
+    Search s = {.docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1,
                 .limit = limit > 0 ? limit : 0};
     line_cost_init(&s.line, cost);
     s.units = cp < GROUPS_UNITS ? cp : GROUPS_UNITS;
