@@ -84,15 +84,15 @@ static double rank_bwd(const PlanRank *k)
 }
 
 
-/* The worst imbalance of the micro-batches with mask[i] set, or of all with mask NULL. */
+/* The worst imbalance of the micro-batches with mask[i] set (of all: plan_cp_time_imbalance). */
 static double worst_imbalance(const StepPlan *p, const uint8_t *mask)
 {
     double worst = 1, level;
-    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
-        double imb = plan_mb_time_imbalance(p, i, &level);
-        if ((!mask || mask[i]) && imb > worst)
-            worst = imb;
-    }
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+        if (mask[i]) {
+            double imb = plan_mb_time_imbalance(p, i, &level);
+            worst = imb > worst ? imb : worst;
+        }
     return worst;
 }
 
@@ -447,7 +447,7 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
 {
     int64_t n_mb = (int64_t)p->dp * p->m;
     p->filled_docs = 0;
-    if (p->cp < 2 || n_mb < 2 || worst_imbalance(p, NULL) <= FILL_FROM)
+    if (p->cp < 2 || n_mb < 2 || plan_cp_time_imbalance(p) <= FILL_FROM)
         return 0;
     Fill f;
     double step_s, level;
