@@ -90,8 +90,6 @@ typedef struct Search {
     int units, unit, levels, cp;
     int64_t threshold;        /* documents shorter than this go whole to one rank (phase 2) */
     int count[GROUPS_LEVELS]; /* the split being built: groups per level */
-    int best_count[GROUPS_LEVELS]; /* the best split's */
-    const int *warm;          /* a split tried first (the previous micro-batch's best), or NULL */
     double *rank_attn, *rank_comm, *rank_t; /* phase 2, per rank */
     int *heap;                /* phase 2: the ranks as a binary min-heap on (rank_t, rank) */
     double *rest;             /* rest[i]: a lower bound on the rank-seconds of documents i.. (order) */
@@ -298,28 +296,17 @@ static void try_split(Search *s)
         for (int a = 0; a < ng; a++)
             s->best[a] = g[a];
         s->n_best = ng;
-        for (int j = 0; j < s->levels; j++)
-            s->best_count[j] = s->count[j];
         int32_t *tmp = s->assign;
         s->assign = s->best_assign;
         s->best_assign = tmp;
     }
 }
 
-static int is_warm(const Search *s)
-{
-    for (int j = 0; s->warm && j < s->levels; j++)
-        if (s->count[j] != s->warm[j])
-            return 0;
-    return s->warm != NULL;
-}
-
 static void enumerate(Search *s, int level, int units)
 {
     if (level == 0) {
         s->count[0] = units;
-        if (!is_warm(s)) /* tried first */
-            try_split(s);
+        try_split(s);
         return;
     }
     for (int c = units >> level; c >= 0; c--) {
@@ -406,12 +393,8 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     s.best_assign = sc->best_assign;
     /* Every split with every document sharded, then with the documents shorter than hybrid's
      * best threshold whole (hybrid's layout is the split {cp} with that threshold). */
-    /* Each pass tries the previous micro-batch's best split of this step first: micro-batches of
-     * a step are alike, so the best so far is tight from the start and most splits are abandoned
-     * after a few documents (the search's result is the best split either way, up to ties and the
-     * mean bound's pruning; the first micro-batch of a step starts cold, so a step's plan depends
-     * on that step alone). */
-    s.warm = sc->warm_valid && sc->warm_levels == s.levels ? sc->warm_count : NULL;
+    /* No state from other micro-batches: a micro-batch's layout depends on its documents alone, so
+     * a step's micro-batches can be planned in any order, in parallel (plan_shard_step). */
     for (int pass = 0; pass < 2; pass++) {
         s.threshold = pass ? sc->hybrid_threshold : 0;
         if (pass && sc->hybrid_threshold <= 0)
@@ -420,18 +403,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
          * rank) and hybrid keeps some whole: only the pass that keeps them whole runs. */
         if (!pass && n > 6 * (int64_t)cp && sc->hybrid_threshold > 0)
             continue;
-        if (s.warm) {
-            for (int j = 0; j < s.levels; j++)
-                s.count[j] = s.warm[j];
-            try_split(&s);
-        }
         enumerate(&s, s.levels - 1, s.units);
-    }
-    if (s.best_t >= 0) {
-        for (int j = 0; j < s.levels; j++)
-            sc->warm_count[j] = s.best_count[j];
-        sc->warm_levels = s.levels;
-        sc->warm_valid = 1;
     }
     /* The search swaps its two assignment arrays; give both back to the scratch. */
     sc->assign = s.assign;

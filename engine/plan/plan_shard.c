@@ -548,8 +548,6 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
     ShardScratch *sc = scratch_for(p, cp, n);
     if (!sc)
         return error_runtime(err, "planner", "out of memory");
-    if (i == 0)
-        sc->warm_valid = 0; /* a step's plan depends on that step alone */
     Shard *seq = &sc->cand[SHARD_SEQ], *doc = &sc->cand[SHARD_DOC], *hyb = &sc->cand[SHARD_BEST];
     Shard *grp = &sc->cand[SHARD_GROUPS];
     if (shard_reset(seq, n) != 0 || shard_reset(doc, n) != 0)

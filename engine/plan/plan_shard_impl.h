@@ -54,7 +54,6 @@ typedef struct ShardScratch {
     int64_t *even_list;    /* plan_groups: the eveners' working lists */
     int32_t *even_saved;
     int64_t cap_nest_est, cap_even_node, cap_even_rows, cap_even_list, cap_even_saved;
-    int warm_count[8], warm_levels, warm_valid; /* plan_groups: the step's last best split */
     int64_t cap_assign, cap_best_assign;
 } ShardScratch;
 
