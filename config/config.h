@@ -80,6 +80,7 @@ typedef struct ConfigBalance {
     PackerKind packer;
     CpSharding cp_sharding;
     bool cp_fill; /* groups: fill the idle CP ranks of a step's most uneven micro-batch (plan_fill.c) */
+    int64_t plan_threads; /* threads that shard a step's micro-batches; 0 = auto */
     LongDocuments long_documents;
     int64_t max_tokens_per_micro_batch;
     ConfigIntList outlier_thresholds;

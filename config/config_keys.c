@@ -88,6 +88,9 @@ const ConfigKey config_keys[] = {
              "with cp_sharding groups: after a step is sharded, the idle CP ranks of its most uneven "
              "micro-batch take whole documents from the step's other micro-batches when that makes no "
              "step slower (false: each micro-batch keeps what the packer gave it)"),
+    AUTO_KEY("balance.plan_threads", balance.plan_threads, 1, 64, "auto", NULL,
+             "threads that shard a step's micro-batches over the CP ranks (the plan is the same for "
+             "any count); auto = OMP_NUM_THREADS, else the CPUs, at most 4"),
     ENUM_KEY("balance.long_documents", balance.long_documents, "auto|cut|keep", "auto", NULL,
              "cut: the stream is cut every context_window tokens (Plain-4D's loader), splitting the "
              "documents that straddle a cut; keep: a document is split only when longer than the window "

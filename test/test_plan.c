@@ -3,7 +3,8 @@
  * packer, fixed packers make exact windows, wlb respects S_max and pads to 2 CP, outliers wait in
  * their queue until one can go to every micro-batch, every replica gets M micro-batches in a valid
  * order, documents at, just under and just over each outlier threshold go to the right queue (or
- * none), the Plain-4D baseline covers the same documents, and planning is deterministic.
+ * none), the Plain-4D baseline covers the same documents, and planning is deterministic, the same
+ * with any number of planning threads.
  */
 #include "test/testlib.h"
 
@@ -628,6 +629,51 @@ static void test_deterministic(void **state)
     teardown(&b);
 }
 
+/* The same plans with one planning thread and with three (balance.plan_threads): micro-batches are
+ * sharded in any order on any thread and committed in order. */
+static void check_threads_same_plan(const char *yaml, CpSharding mode)
+{
+    char one[512], three[512];
+    snprintf(one, sizeof one, "%sbalance: {plan_threads: 1, outlier_thresholds: [256, 512]}\n", yaml);
+    snprintf(three, sizeof three, "%sbalance: {plan_threads: 3, outlier_thresholds: [256, 512]}\n", yaml);
+    Fixture a, b;
+    setup(&a, one, PACKER_WLB, mode);
+    setup(&b, three, PACKER_WLB, mode);
+    assert_int_equal(a.pl.threads, 1);
+    assert_int_equal(b.pl.threads, 3);
+    assert_int_equal(b.cfg.balance.plan_threads, 3);
+    StepPlan pa = {0}, pb = {0};
+    Error err = {0};
+    int64_t modes[CP_GROUPS + 1] = {0};
+    for (int step = 0; step < 12; step++) {
+        assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
+        assert_int_equal(plan_step(&b.pl, &pb, &err), 0);
+        assert_true(digest(&pa) == digest(&pb));
+        assert_true(plan_digest(&pa) == plan_digest(&pb));
+        for (int64_t i = 0; i < (int64_t)pa.dp * pa.m; i++) {
+            assert_true(pa.mbs[i].fwd_s == pb.mbs[i].fwd_s && pa.mbs[i].bwd_s == pb.mbs[i].bwd_s);
+            modes[pa.mbs[i].mode]++;
+        }
+    }
+    /* The runs chose the mode asked for on some micro-batches (or they would not test it). */
+    assert_true(modes[mode] > 0);
+    plan_free(&pa);
+    plan_free(&pb);
+    teardown(&a);
+    teardown(&b);
+}
+
+static const char *yaml_cp4_plain = "model: {preset: tiny}\nparallel: {cp: 4, pp: 2, dp: 2}\n"
+                                    "data: {context_window: 1024, global_batch_tokens: 8192}\n";
+
+static void test_threads_same_plan(void **state)
+{
+    (void)state;
+    check_threads_same_plan(yaml_cp4_plain, CP_GROUPS);
+    check_threads_same_plan(yaml_cp4_plain, CP_HYBRID);
+    check_threads_same_plan(yaml_cp4_plain, CP_PER_DOC);
+}
+
 /* Planner state saved after k = 1, 5, 9, 13 steps and restored into a fresh planner: the next 10
  * plans are the same (digest() and plan_digest, which covers the CP groups too). */
 static void check_state_restore_packer(const char *yaml, CpSharding mode, PackerKind packer)
@@ -710,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_wlb_s_max_binds),
         cmocka_unit_test(test_baseline_same_documents),
         cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_threads_same_plan),
         cmocka_unit_test(test_state_restore_is_exact),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);

@@ -356,13 +356,13 @@ static void test_hybrid_predict_equals_layout(void **state)
         Error err = {0};
         one_micro_batch(&p, cp, lens, n);
         assert_int_equal(plan_shard(&p, 0, CP_PER_DOC, &m, capacity, &err), 0);
-        const ShardScratch *sc = p.shard_scratch;
+        const ShardScratch *sc = p.shard_scratch[0];
         const PlanDoc *docs = p.docs + p.mbs[0].first_doc;
         assert_true(hybrid_predict(&m, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL) ==
                     shard_time(&sc->cand[SHARD_DOC], &m));
         one_micro_batch(&p, cp, lens, n);
         assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, capacity, &err), 0);
-        sc = p.shard_scratch;
+        sc = p.shard_scratch[0];
         docs = p.docs + p.mbs[0].first_doc;
         if (p.mbs[0].mode != CP_HYBRID)
             continue;

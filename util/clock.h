@@ -8,9 +8,6 @@ extern "C" {
 
 /* Seconds since an arbitrary fixed point (CLOCK_MONOTONIC): only differences mean something. */
 double clock_seconds(void);
-/* CPU seconds this thread has run (CLOCK_THREAD_CPUTIME_ID): the dry run's planning time, which
- * other processes on a shared machine do not inflate. */
-double clock_thread_cpu_seconds(void);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
  */
 #include "engine/plan/plan.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -97,6 +98,10 @@ int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream 
     pl->packer = packer;
     pl->sharding = sharding;
     pl->fill = cfg->balance.cp_fill;
+    /* auto: OpenMP's default team (OMP_NUM_THREADS, else the CPUs), at most 4. */
+    pl->threads = (int)cfg->balance.plan_threads;
+    if (pl->threads == 0)
+        pl->threads = omp_get_max_threads() < 4 ? omp_get_max_threads() : 4;
     pl->dp = (int)cfg->parallel.dp;
     pl->cp = (int)cfg->parallel.cp;
     pl->pp = (int)cfg->parallel.pp;
@@ -233,9 +238,8 @@ int plan_step(Planner *pl, StepPlan *p, Error *err)
     }
     if (rc != 0)
         return -1;
-    for (int64_t i = 0; i < (int64_t)pl->n_mb; i++)
-        if (plan_shard(p, i, pl->sharding, pl->cost, pl->rank_capacity, err) != 0)
-            return -1;
+    if (plan_shard_step(p, pl->n_mb, pl->sharding, pl->cost, pl->rank_capacity, pl->threads, err) != 0)
+        return -1;
     if (plan_arrange(pl, p, err) != 0)
         return -1;
     if (pl->fill && pl->sharding == CP_GROUPS && pl->packer != PACKER_FIXED && plan_fill_idle(pl, p, err) != 0)

@@ -129,6 +129,8 @@ typedef struct PlanMicroBatch {
     double fwd_s, bwd_s;     /* per layer: the slowest CP rank, communication included */
 } PlanMicroBatch;
 
+enum { PLAN_MAX_THREADS = 64 }; /* balance.plan_threads */
+
 typedef struct StepPlan {
     int64_t step;
     int dp, m, cp;
@@ -145,7 +147,8 @@ typedef struct StepPlan {
     int64_t carried;         /* documents carried to the next step (did not fit) */
     double delay_token_steps; /* sum over the step's tokens of (step - arrival) */
     int64_t filled_docs;     /* groups: documents moved to fill idle CP ranks (plan_fill.c) */
-    struct ShardScratch *shard_scratch; /* plan_shard's working memory */
+    struct ShardScratch *shard_scratch[PLAN_MAX_THREADS]; /* plan_shard's working memory, one per
+                                                           * planning thread ([0]: plan_shard's) */
 } StepPlan;
 
 void plan_free(StepPlan *p);
@@ -180,6 +183,7 @@ typedef struct Planner {
     PlanQueue remained;      /* wlb: did not fit, first in the next step */
     int cut;                 /* balance.long_documents resolved: cut at the stream's windows */
     int fill;                /* balance.cp_fill (groups only) */
+    int threads;             /* balance.plan_threads resolved: threads that shard a step's micro-batches */
     int has_pending;         /* a piece read from the stream but not yet taken */
     PlanDoc pending;
     int64_t seq;             /* pieces read from the stream */
@@ -243,6 +247,11 @@ void plan_largest(const Planner *pl, int64_t *mb_tokens, int64_t *rank_rows);
 /* Shards micro-batch i of p over the CP ranks in the given mode (adaptive and hybrid choose) and
  * fills its PlanRank entries and per-layer costs (plan_shard.c). */
 int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err);
+/* plan_shard of micro-batches 0 .. n_mb - 1, on up to `threads` threads: a micro-batch's layout
+ * depends on its documents alone, and they are committed in order, so the plan is the same for any
+ * thread count. */
+int plan_shard_step(StepPlan *p, int64_t n_mb, CpSharding mode, const CostModel *cost, int64_t rank_capacity,
+                    int threads, Error *err);
 void plan_shard_scratch_free(StepPlan *p);
 
 

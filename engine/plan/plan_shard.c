@@ -30,6 +30,7 @@
  * a micro-batch takes the slowest rank's time, forward plus backward.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -436,11 +437,12 @@ int shard_commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMode
     return 0;
 }
 
-static ShardScratch *scratch_for(StepPlan *p, int cp, int64_t n_docs)
+/* Thread t's scratch, grown for cp ranks and n_docs documents. */
+static ShardScratch *scratch_for(StepPlan *p, int t, int cp, int64_t n_docs)
 {
-    ShardScratch *sc = p->shard_scratch;
+    ShardScratch *sc = p->shard_scratch[t];
     if (!sc) {
-        sc = p->shard_scratch = calloc(1, sizeof *sc);
+        sc = p->shard_scratch[t] = calloc(1, sizeof *sc);
         if (!sc)
             return NULL;
     }
@@ -456,24 +458,26 @@ static ShardScratch *scratch_for(StepPlan *p, int cp, int64_t n_docs)
 
 void plan_shard_scratch_free(StepPlan *p)
 {
-    ShardScratch *sc = p->shard_scratch;
-    if (!sc)
-        return;
-    for (int i = 0; i < SHARD_N; i++)
-        shard_free(&sc->cand[i]);
-    free(sc->order);
-    free(sc->est);
-    free(sc->hyb_whole);
-    free(sc->hyb_lb);
-    free(sc->assign);
-    free(sc->best_assign);
-    free(sc->nest_est);
-    free(sc->even_node);
-    free(sc->even_rows);
-    free(sc->even_list);
-    free(sc->even_saved);
-    free(sc);
-    p->shard_scratch = NULL;
+    for (int t = 0; t < PLAN_MAX_THREADS; t++) {
+        ShardScratch *sc = p->shard_scratch[t];
+        if (!sc)
+            continue;
+        for (int i = 0; i < SHARD_N; i++)
+            shard_free(&sc->cand[i]);
+        free(sc->order);
+        free(sc->est);
+        free(sc->hyb_whole);
+        free(sc->hyb_lb);
+        free(sc->assign);
+        free(sc->best_assign);
+        free(sc->nest_est);
+        free(sc->even_node);
+        free(sc->even_rows);
+        free(sc->even_list);
+        free(sc->even_saved);
+        free(sc);
+        p->shard_scratch[t] = NULL;
+    }
 }
 
 /* Tries every hybrid threshold; leaves the fastest layout that keeps every rank within capacity in
@@ -537,21 +541,17 @@ static int best_hybrid(ShardScratch *sc, const CostModel *cost, const PlanDoc *d
     return 0;
 }
 
-int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err)
+/* Micro-batch mb's layout, chosen in sc (*chosen, one of sc's candidates; mb->mode set). Reads only
+ * mb's documents and writes only mb->mode and sc: threads run it on different micro-batches at once.
+ * Returns -1 out of memory. */
+static int shard_choose(ShardScratch *sc, const PlanDoc *docs, PlanMicroBatch *mb, int cp, CpSharding mode,
+                        const CostModel *cost, int64_t rank_capacity, const Shard **chosen_out)
 {
-    PlanMicroBatch *mb = &p->mbs[i];
-    PlanDoc *docs = p->docs + mb->first_doc;
-    int cp = p->cp;
-    if (cp > 1024)
-        return error_set(err, "parallel.cp", "at most 1024, got %d", cp);
     int64_t n = mb->n_docs;
-    ShardScratch *sc = scratch_for(p, cp, n);
-    if (!sc)
-        return error_runtime(err, "planner", "out of memory");
     Shard *seq = &sc->cand[SHARD_SEQ], *doc = &sc->cand[SHARD_DOC], *hyb = &sc->cand[SHARD_BEST];
     Shard *grp = &sc->cand[SHARD_GROUPS];
     if (shard_reset(seq, n) != 0 || shard_reset(doc, n) != 0)
-        return error_runtime(err, "planner", "out of memory");
+        return -1;
     const Shard *chosen;
     int rc = 0;
     if (cp == 1) {
@@ -611,9 +611,60 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
             mb->mode = CP_GROUPS;
         }
     }
-    if (rc == 0)
-        rc = shard_commit(p, mb, chosen, cost);
-    if (rc != 0)
+    *chosen_out = chosen;
+    return rc;
+}
+
+int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err)
+{
+    PlanMicroBatch *mb = &p->mbs[i];
+    if (p->cp > 1024)
+        return error_set(err, "parallel.cp", "at most 1024, got %d", p->cp);
+    ShardScratch *sc = scratch_for(p, 0, p->cp, mb->n_docs);
+    const Shard *chosen = NULL;
+    if (!sc || shard_choose(sc, p->docs + mb->first_doc, mb, p->cp, mode, cost, rank_capacity, &chosen) != 0 ||
+        shard_commit(p, mb, chosen, cost) != 0)
+        return error_runtime(err, "planner", "out of memory");
+    return 0;
+}
+
+int plan_shard_step(StepPlan *p, int64_t n_mb, CpSharding mode, const CostModel *cost, int64_t rank_capacity,
+                    int threads, Error *err)
+{
+    if (p->cp > 1024)
+        return error_set(err, "parallel.cp", "at most 1024, got %d", p->cp);
+    int64_t most = 0;
+    for (int64_t i = 0; i < n_mb; i++)
+        most = p->mbs[i].n_docs > most ? p->mbs[i].n_docs : most;
+    if (threads > n_mb)
+        threads = (int)n_mb;
+    if (threads > PLAN_MAX_THREADS)
+        threads = PLAN_MAX_THREADS;
+    if (threads < 1)
+        threads = 1;
+    for (int t = 0; t < threads; t++)
+        if (!scratch_for(p, t, p->cp, most))
+            return error_runtime(err, "planner", "out of memory");
+    /* Each thread lays out the next micro-batch not yet taken in its own scratch, then copies it into
+     * the plan in micro-batch order (the ordered block: commits append to the plan's arrays). The
+     * team may be smaller than asked; the plan does not depend on its size. */
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        ShardScratch *sc = p->shard_scratch[omp_get_thread_num()];
+#pragma omp for ordered schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_mb; i++) {
+            PlanMicroBatch *mb = &p->mbs[i];
+            const Shard *chosen = NULL;
+            int rc = shard_choose(sc, p->docs + mb->first_doc, mb, p->cp, mode, cost, rank_capacity, &chosen);
+#pragma omp ordered
+            {
+                if (!failed && (rc != 0 || shard_commit(p, mb, chosen, cost) != 0))
+                    failed = 1;
+            }
+        }
+    }
+    if (failed)
         return error_runtime(err, "planner", "out of memory");
     return 0;
 }
