@@ -2,9 +2,10 @@
 # The planner's time per step with balance.cp_sharding: groups on the CP 16 configurations of
 # bench/cp_groups/ and every real length list, for one or more wlbtrain binaries side by side (say
 # a build of an older commit and this one): each binary's runs interleave with the others', and
-# every cell is the least mean of REPEAT runs - on a shared machine other work only ever adds CPU
-# time, and it drifts within minutes, so only figures taken in one such run compare.
-# Usage: bench/plan_time.sh [STEPS] [REPEAT] [BINARY...]   (default 200 steps, 3 runs, ./wlbtrain)
+# every cell is the least mean of REPEAT runs - on a shared machine other work only ever adds to the
+# planner's time, and it drifts within minutes, so only figures taken in one such run compare.
+# BINARY@N runs that binary with balance.plan_threads N (without @, the binary's default: auto).
+# Usage: bench/plan_time.sh [STEPS] [REPEAT] [BINARY[@N]...]   (default 200 steps, 3 runs, ./wlbtrain)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-200}
@@ -28,8 +29,11 @@ for ((i = 0; i < repeat; i++)); do
     for l in distca_prolong_lengths.json distca_wlbllm_lengths.json flexsp_wikipedia_lengths.txt \
              linux61_files_llama3_tokens.csv.gz; do
       for b in "${!bins[@]}"; do
-        "${bins[$b]}" --config "$cfg" --dry-run --no-memory-check --steps "$steps" --set "data.lengths_file=$lists/$l" \
-          --set balance.cp_sharding=groups --stats-out "$out/$b@$(basename "$cfg" .yaml)@$l@$i.jsonl" >/dev/null
+        bin=${bins[$b]%@*} threads=()
+        [ "$bin" = "${bins[$b]}" ] || threads=(--set "balance.plan_threads=${bins[$b]##*@}")
+        "$bin" --config "$cfg" --dry-run --no-memory-check --steps "$steps" --set "data.lengths_file=$lists/$l" \
+          --set balance.cp_sharding=groups "${threads[@]}" --stats-out "$out/$b@$(basename "$cfg" .yaml)@$l@$i.jsonl" \
+          >/dev/null
       done
     done
   done

@@ -101,6 +101,8 @@ typedef struct Search {
     Group best[GROUPS_UNITS];
     int n_best;
     double best_t; /* -1: no split yet */
+    int tie_wins;  /* the best is of this pass: a split tried now is earlier in the order that breaks
+                    * ties, so one that ties it wins */
 } Search;
 
 static double attn_fb(const CostModel *cost, int64_t q, int64_t kv)
@@ -163,6 +165,12 @@ static void heap_build(const double *t, int *h, int first, int n)
         heap_sift_down(t, h, n, i);
 }
 
+/* x reaches the limit: the split cannot beat the best so far (or hybrid, limit 0: none). */
+static int reaches(const Search *s, double x, double limit)
+{
+    return limit > 0 && (x > limit || (x == limit && !s->tie_wins));
+}
+
 /* Step 3 for the split in s->count: the predicted time of its slowest group, or -1 when a document
  * fits in no group or the split cannot beat the best so far. */
 static double assign_split(Search *s, Group *g, int *n_groups)
@@ -219,7 +227,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
                 pick_top = top;
             }
         }
-        if (pick < 0 || (limit > 0 && pick_t >= limit))
+        if (pick < 0 || reaches(s, pick_t, limit))
             return -1;
         g[pick].attn += s->est[k * (s->levels + 1) + g[pick].level];
         g[pick].tokens += d;
@@ -231,7 +239,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         else if (class_n[c] > 1)
             heap_build(gt, heap + class_first[c], class_first[c], class_n[c]);
         /* The slowest rank is at least the mean: the work so far and the least the rest needs. */
-        if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
+        if (reaches(s, (work + s->rest[i + 1]) / s->cp, limit))
             return -1;
         worst = pick_t > worst ? pick_t : worst;
         s->assign[k] = pick;
@@ -266,7 +274,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         if (pick < 0)
             return -1;
         double pick_t = line_rank_time(&s->line, s->rank_attn[pick] + a1, s->rank_tok[pick] + d) + s->rank_comm[pick];
-        if (limit > 0 && pick_t >= limit)
+        if (reaches(s, pick_t, limit))
             return -1;
         s->rank_attn[pick] += a1;
         s->rank_tok[pick] += d;
@@ -276,7 +284,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
             heap_sift_down(s->rank_t, s->heap, s->cp, 0);
         else
             heap_build(s->rank_t, s->heap, 0, s->cp);
-        if (limit > 0 && (work + s->rest[i + 1]) / s->cp >= limit)
+        if (reaches(s, (work + s->rest[i + 1]) / s->cp, limit))
             return -1;
         worst = pick_t > worst ? pick_t : worst;
         s->assign[k] = -1 - pick;
@@ -284,15 +292,15 @@ static double assign_split(Search *s, Group *g, int *n_groups)
     return worst;
 }
 
-/* Step 2: every count of groups of level `level` and below that fills `units` units. */
 /* The split in s->count, kept when it beats the best so far. */
 static void try_split(Search *s)
 {
     Group g[GROUPS_UNITS];
     int ng;
     double t = assign_split(s, g, &ng);
-    if (t >= 0 && (s->best_t < 0 || t < s->best_t)) {
+    if (t >= 0 && (s->best_t < 0 || t < s->best_t || (s->tie_wins && t == s->best_t))) {
         s->best_t = t;
+        s->tie_wins = 1;
         for (int a = 0; a < ng; a++)
             s->best[a] = g[a];
         s->n_best = ng;
@@ -302,6 +310,12 @@ static void try_split(Search *s)
     }
 }
 
+/* Step 2: every count of groups of level `level` and below that fills `units` units. Ties between
+ * splits go to the one with the most groups of the largest size, then of the next size, and so on
+ * (a lexicographic order on the counts, largest size first); the search tries them the other way
+ * round, most small groups first - the best splits on the real lists hold groups of 1 to 4 ranks of
+ * 16, so the bound is tight early and most splits are abandoned after a few documents - and breaks
+ * ties by that order (tie_wins), so the result does not depend on the order tried. */
 static void enumerate(Search *s, int level, int units)
 {
     if (level == 0) {
@@ -309,7 +323,7 @@ static void enumerate(Search *s, int level, int units)
         try_split(s);
         return;
     }
-    for (int c = units >> level; c >= 0; c--) {
+    for (int c = 0; c <= units >> level; c++) {
         s->count[level] = c;
         enumerate(s, level - 1, units - (c << level));
     }
@@ -403,6 +417,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
          * rank) and hybrid keeps some whole: only the pass that keeps them whole runs. */
         if (!pass && n > 6 * (int64_t)cp && sc->hybrid_threshold > 0)
             continue;
+        s.tie_wins = 0; /* a split of this pass must beat the last pass's best */
         enumerate(&s, s.levels - 1, s.units);
     }
     /* The search swaps its two assignment arrays; give both back to the scratch. */
