@@ -287,7 +287,7 @@ static void test_replay(void **state)
         assert_int_equal(fill_rebuild_docs(&f, &p), 0);
         p.n_ranges = p.n_segments = p.n_ranks = 0;
         for (int i = 0; i < 2; i++)
-            assert_int_equal(fill_lay_out(&f, &p, i, 0, &err), 0);
+            assert_int_equal(fill_lay_out(&f, &p, i, NULL, &err), 0);
         for (int i = 0; i < 2; i++) {
             check_layout_mb(&p, i);
             check_groups_mb(&p, i, &cost, capacity);

@@ -148,7 +148,7 @@ typedef struct StepPlan {
     double delay_token_steps; /* sum over the step's tokens of (step - arrival) */
     int64_t filled_docs;     /* groups: documents moved to fill idle CP ranks (plan_fill.c) */
     struct ShardScratch *shard_scratch[PLAN_MAX_THREADS]; /* plan_shard's working memory, one per
-                                                           * planning thread ([0]: plan_shard's) */
+                                                           * micro-batch laid out at once */
 } StepPlan;
 
 void plan_free(StepPlan *p);
@@ -248,8 +248,8 @@ void plan_largest(const Planner *pl, int64_t *mb_tokens, int64_t *rank_rows);
  * fills its PlanRank entries and per-layer costs (plan_shard.c). */
 int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err);
 /* plan_shard of micro-batches 0 .. n_mb - 1, on up to `threads` threads: a micro-batch's layout
- * depends on its documents alone, and they are committed in order, so the plan is the same for any
- * thread count. */
+ * depends on its documents alone, and the layouts are copied into the plan in order, so the plan is
+ * the same for any thread count. */
 int plan_shard_step(StepPlan *p, int64_t n_mb, CpSharding mode, const CostModel *cost, int64_t rank_capacity,
                     int threads, Error *err);
 void plan_shard_scratch_free(StepPlan *p);

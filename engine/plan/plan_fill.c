@@ -337,6 +337,13 @@ static int keep_arrangement(Fill *f, StepPlan *p, double *after_s, Error *err)
 }
 
 /* Micro-batch a takes what fits. Returns the documents moved (0: none, or not kept), -1 on error. */
+/* Micro-batch i is laid out anew in this pass of a try (besides its replay): in the second pass
+ * when marked so, and a room fill's taker always. */
+static int anew_at(const Fill *f, int pass, int how, int64_t a, int64_t i)
+{
+    return (pass == 1 && f->redo[i]) || (how == FILL_ROOM && i == a);
+}
+
 static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s, Error *err)
 {
     const Planner *pl = f->pl;
@@ -376,10 +383,32 @@ static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s
         }
         rc = 0;
         p->n_ranges = p->n_segments = p->n_ranks = 0;
+        /* The micro-batches laid out anew are laid out at once (plan_shard_lay_out, on the
+         * planner's threads), up to PLAN_MAX_THREADS of them ahead of the one copied in. */
+        int64_t list[PLAN_MAX_THREADS];
+        const Shard *fresh[PLAN_MAX_THREADS];
+        int n_fresh = 0, next = 0;
         for (int64_t i = 0; i < n_mb && rc == 0; i++) {
-            int anew = (pass == 1 && f->redo[i]) || (how == FILL_ROOM && i == a);
-            rc = f->changed[i] ? fill_lay_out(f, p, i, anew, err)
-                               : fill_copy_layout(f, p, i) != 0 ? error_runtime(err, "planner", "out of memory") : 0;
+            if (!f->changed[i]) {
+                rc = fill_copy_layout(f, p, i) != 0 ? error_runtime(err, "planner", "out of memory") : 0;
+                continue;
+            }
+            if (!anew_at(f, pass, how, a, i)) {
+                rc = fill_lay_out(f, p, i, NULL, err);
+                continue;
+            }
+            if (next == n_fresh) {
+                n_fresh = next = 0;
+                for (int64_t j = i; j < n_mb && n_fresh < PLAN_MAX_THREADS; j++)
+                    if (f->changed[j] && anew_at(f, pass, how, a, j))
+                        list[n_fresh++] = j;
+                if (plan_shard_lay_out(p, list, n_fresh, CP_GROUPS, pl->cost, pl->rank_capacity, pl->threads,
+                                       fresh) != 0) {
+                    rc = error_runtime(err, "planner", "out of memory");
+                    break;
+                }
+            }
+            rc = fill_lay_out(f, p, i, fresh[next++], err);
         }
         if (rc == 0 && (plan_arrange(pl, p, err) != 0 || sched_step_time(p, pl->cost, &after_s, err) != 0))
             rc = -1;

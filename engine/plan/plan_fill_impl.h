@@ -71,10 +71,10 @@ void fill_saved_free(Saved *s);
  * f->src and f->to. */
 int fill_rebuild_docs(Fill *f, StepPlan *p);
 /* Lays out micro-batch i after fill_rebuild_docs: its saved layout replayed (each piece at its
- * document's new offset, a document coming to it whole on its rank), or, with anew, whichever of
- * that and plan_shard's layout the pipeline predicts faster. Returns 0, 1 when it cannot (a rank
- * over its capacity, a saved layout it cannot read), -1 with err set. */
-int fill_lay_out(Fill *f, StepPlan *p, int64_t i, int anew, Error *err);
+ * document's new offset, a document coming to it whole on its rank), or, given fresh (its new layout
+ * from plan_shard_lay_out), whichever of the two the pipeline predicts faster. Returns 0, 1 when it
+ * cannot (a rank over its capacity, a saved layout it cannot read), -1 with err set. */
+int fill_lay_out(Fill *f, StepPlan *p, int64_t i, const Shard *fresh, Error *err);
 /* Micro-batch i's saved layout appended unchanged (its documents kept their offsets). */
 int fill_copy_layout(const Fill *f, StepPlan *p, int64_t i);
 

@@ -256,19 +256,19 @@ static int replay(Fill *f, const StepPlan *p, int64_t i)
     return shard_fits(sh, f->pl->rank_capacity) ? 0 : 1;
 }
 
-int fill_lay_out(Fill *f, StepPlan *p, int64_t i, int anew, Error *err)
+int fill_lay_out(Fill *f, StepPlan *p, int64_t i, const Shard *fresh, Error *err)
 {
     const Planner *pl = f->pl;
     PlanMicroBatch *mb = &p->mbs[i];
     int rc = replay(f, p, i);
     if (rc < 0)
         return error_runtime(err, "planner", "out of memory");
-    if (rc > 0 && !anew)
+    if (rc > 0 && !fresh)
         return 1;
-    if (anew) {
+    if (fresh) {
         int64_t n_ranges = p->n_ranges, n_segments = p->n_segments, n_ranks = p->n_ranks;
-        if (plan_shard(p, i, CP_GROUPS, pl->cost, pl->rank_capacity, err) != 0)
-            return -1;
+        if (shard_commit(p, mb, fresh, pl->cost) != 0)
+            return error_runtime(err, "planner", "out of memory");
         /* Compared on the figures the pipeline takes: the slowest forward plus the slowest
          * backward. */
         double fwd = 0, bwd = 0;

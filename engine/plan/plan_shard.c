@@ -628,43 +628,45 @@ int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, i
     return 0;
 }
 
+int plan_shard_lay_out(StepPlan *p, const int64_t *list, int n, CpSharding mode, const CostModel *cost,
+                       int64_t rank_capacity, int threads, const Shard **chosen)
+{
+    int64_t most = 0;
+    for (int j = 0; j < n; j++)
+        most = p->mbs[list[j]].n_docs > most ? p->mbs[list[j]].n_docs : most;
+    for (int j = 0; j < n; j++)
+        if (!scratch_for(p, j, p->cp, most))
+            return -1;
+    threads = threads < n ? threads : n;
+    /* Each thread lays out the next micro-batch of the list not yet taken, in that micro-batch's
+     * scratch; the team may be smaller than asked, which changes nothing but the time. */
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 1) reduction(| : failed)
+    for (int j = 0; j < n; j++) {
+        PlanMicroBatch *mb = &p->mbs[list[j]];
+        failed |= shard_choose(p->shard_scratch[j], p->docs + mb->first_doc, mb, p->cp, mode, cost,
+                               rank_capacity, &chosen[j]) != 0;
+    }
+    return failed ? -1 : 0;
+}
+
 int plan_shard_step(StepPlan *p, int64_t n_mb, CpSharding mode, const CostModel *cost, int64_t rank_capacity,
                     int threads, Error *err)
 {
     if (p->cp > 1024)
         return error_set(err, "parallel.cp", "at most 1024, got %d", p->cp);
-    int64_t most = 0;
-    for (int64_t i = 0; i < n_mb; i++)
-        most = p->mbs[i].n_docs > most ? p->mbs[i].n_docs : most;
-    if (threads > n_mb)
-        threads = (int)n_mb;
-    if (threads > PLAN_MAX_THREADS)
-        threads = PLAN_MAX_THREADS;
-    if (threads < 1)
-        threads = 1;
-    for (int t = 0; t < threads; t++)
-        if (!scratch_for(p, t, p->cp, most))
+    /* Up to PLAN_MAX_THREADS micro-batches at once, then copied into the plan in order. */
+    int64_t list[PLAN_MAX_THREADS];
+    const Shard *chosen[PLAN_MAX_THREADS];
+    for (int64_t first = 0; first < n_mb; first += PLAN_MAX_THREADS) {
+        int n = n_mb - first < PLAN_MAX_THREADS ? (int)(n_mb - first) : PLAN_MAX_THREADS;
+        for (int j = 0; j < n; j++)
+            list[j] = first + j;
+        if (plan_shard_lay_out(p, list, n, mode, cost, rank_capacity, threads, chosen) != 0)
             return error_runtime(err, "planner", "out of memory");
-    /* Each thread lays out the next micro-batch not yet taken in its own scratch, then copies it into
-     * the plan in micro-batch order (the ordered block: commits append to the plan's arrays). The
-     * team may be smaller than asked; the plan does not depend on its size. */
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        ShardScratch *sc = p->shard_scratch[omp_get_thread_num()];
-#pragma omp for ordered schedule(dynamic, 1)
-        for (int64_t i = 0; i < n_mb; i++) {
-            PlanMicroBatch *mb = &p->mbs[i];
-            const Shard *chosen = NULL;
-            int rc = shard_choose(sc, p->docs + mb->first_doc, mb, p->cp, mode, cost, rank_capacity, &chosen);
-#pragma omp ordered
-            {
-                if (!failed && (rc != 0 || shard_commit(p, mb, chosen, cost) != 0))
-                    failed = 1;
-            }
-        }
+        for (int j = 0; j < n; j++)
+            if (shard_commit(p, &p->mbs[list[j]], chosen[j], cost) != 0)
+                return error_runtime(err, "planner", "out of memory");
     }
-    if (failed)
-        return error_runtime(err, "planner", "out of memory");
     return 0;
 }

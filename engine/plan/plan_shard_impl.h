@@ -72,6 +72,12 @@ int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k
 /* Rows [start, start + len) on rank r, their queries against keys [kv_start, start + len). The
  * caller keeps the document's group (doc_*) and exchange counters (plan_fill.c replays a layout). */
 int shard_piece(Shard *s, const CostModel *cost, int r, int64_t start, int64_t len, int64_t kv_start);
+/* Lays out micro-batches list[0 .. n - 1] of p (n at most PLAN_MAX_THREADS) at once, on up to
+ * `threads` threads, list[j] in plan scratch j: chosen[j] is its layout (mode as plan_shard's; each
+ * micro-batch's mode set), to be copied into the plan with shard_commit before the next call. Reads
+ * only their documents. -1 out of memory. */
+int plan_shard_lay_out(StepPlan *p, const int64_t *list, int n, CpSharding mode, const CostModel *cost,
+                       int64_t rank_capacity, int threads, const Shard **chosen);
 /* Copies candidate s into the plan as micro-batch mb's ranks, ranges and segments (rank by rank),
  * its documents' groups and its per-layer times. */
 int shard_commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostModel *cost);
