@@ -17,12 +17,13 @@ bin=${WLBTRAIN:-./wlbtrain}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# Instructions of plan_step (inclusive) per step, in millions.
+# Instructions of plan_step (inclusive) per step, in millions: on one planning thread, since the
+# instructions of other threads are not under plan_step.
 count() { # config list sharding fill
   local f="$out/cg"
   valgrind --tool=callgrind --callgrind-out-file="$f" "$bin" --config "$1" --dry-run --no-memory-check \
     --steps "$steps" --set "data.lengths_file=$2" --set "balance.cp_sharding=$3" --set "balance.cp_fill=$4" \
-    >/dev/null 2>&1
+    --set balance.plan_threads=1 >/dev/null 2>&1
   callgrind_annotate --inclusive=yes "$f" 2>/dev/null |
     awk -v s="$steps" '/engine\/plan\/plan.c:plan_step / { gsub(",", "", $1); printf "%.2f", $1 / s / 1e6; exit }'
   rm -f "$f"

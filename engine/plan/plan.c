@@ -1,7 +1,8 @@
 /*
  * engine/plan/plan.c - the planner's step: take the step's documents from the stream, pack them
- * (plan_pack.c), shard every micro-batch over the CP ranks (plan_shard.c), and give the micro-batches
- * to the DP replicas and order them in each replica's pipeline.
+ * (plan_pack.c), shard every micro-batch over the CP ranks (plan_shard.c; several micro-batches at
+ * once on balance.plan_threads threads), give the micro-batches to the DP replicas and order them in
+ * each replica's pipeline, and with groups run the step pass (plan_fill.c).
  */
 #include "engine/plan/plan.h"
 
