@@ -475,6 +475,49 @@ static void test_groups_random_mixes(void **state)
     plan_free(&p);
 }
 
+/* The split search tries the splits with the most small groups first, and gives a tie to the split
+ * with the most large groups: the layout is the one the search makes trying them in that order.
+ * Mixes of a few lengths, where splits tie often. */
+static void test_groups_split_order(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 16, dp: 1}\n");
+    Rng rng;
+    rng_seed(&rng, 29);
+    StepPlan p = {0};
+    static const int64_t sizes[] = {700, 2048, 4096, 8192, 16384, 30000};
+    int grouped = 0, trials = 120;
+    for (int trial = 0; trial < trials; trial++) {
+        int cp = trial % 2 ? 16 : 8;
+        m.cp = cp;
+        int n = 2 + (int)rng_below(&rng, 40);
+        int64_t lens[42], total = 0;
+        for (int i = 0; i < n; i++)
+            total += lens[i] = sizes[rng_below(&rng, 6)];
+        int64_t capacity = trial % 3 == 0 ? total : total / cp + total / cp / 10 + 1;
+        uint32_t digest[2];
+        double t[2];
+        for (int order = 0; order < 2; order++) {
+            one_micro_batch(&p, cp, lens, n);
+            if (p.shard_scratch[0])
+                p.shard_scratch[0]->splits_descending = order;
+            Error err = {0};
+            assert_int_equal(plan_shard(&p, 0, CP_GROUPS, &m, capacity, &err), 0);
+            digest[order] = plan_digest(&p);
+            t[order] = mb_time(&p);
+            grouped += order == 0 && p.mbs[0].mode == CP_GROUPS;
+        }
+        assert_true(t[0] == t[1]);
+        assert_int_equal(digest[0], digest[1]);
+    }
+    p.shard_scratch[0]->splits_descending = 0;
+    printf("# groups: %d tie-prone mixes (%d laid out by groups) the same with the splits tried either way\n", trials,
+           grouped);
+    assert_true(grouped >= trials / 2);
+    plan_free(&p);
+}
+
 /* A micro-batch of eight 8K documents at CP 16 (tp 8: every CP exchange crosses nodes): sharding
  * each over all 16 ranks makes 256-token chunks and gathers everything everywhere; whole, one
  * document per rank leaves half the ranks idle. groups puts each on its own aligned pair. */
@@ -692,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_predict_equals_layout),
         cmocka_unit_test(test_hybrid_under_tight_capacity),
         cmocka_unit_test(test_groups_random_mixes),
+        cmocka_unit_test(test_groups_split_order),
         cmocka_unit_test(test_groups_pairs_for_mid_documents),
         cmocka_unit_test(test_groups_evener),
         cmocka_unit_test(test_digest_covers_groups),

@@ -103,6 +103,7 @@ typedef struct Search {
     double best_t; /* -1: no split yet */
     int tie_wins;  /* the best is of this pass: a split tried now is earlier in the order that breaks
                     * ties, so one that ties it wins */
+    int descending; /* the splits tried in the order that breaks ties (the tests: the same result) */
 } Search;
 
 static double attn_fb(const CostModel *cost, int64_t q, int64_t kv)
@@ -300,7 +301,7 @@ static void try_split(Search *s)
     double t = assign_split(s, g, &ng);
     if (t >= 0 && (s->best_t < 0 || t < s->best_t || (s->tie_wins && t == s->best_t))) {
         s->best_t = t;
-        s->tie_wins = 1;
+        s->tie_wins = !s->descending;
         for (int a = 0; a < ng; a++)
             s->best[a] = g[a];
         s->n_best = ng;
@@ -323,9 +324,9 @@ static void enumerate(Search *s, int level, int units)
         try_split(s);
         return;
     }
-    for (int c = 0; c <= units >> level; c++) {
-        s->count[level] = c;
-        enumerate(s, level - 1, units - (c << level));
+    for (int i = 0; i <= units >> level; i++) {
+        s->count[level] = s->descending ? (units >> level) - i : i;
+        enumerate(s, level - 1, units - (s->count[level] << level));
     }
 }
 
@@ -355,7 +356,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     Shard *out = &sc->cand[SHARD_GROUPS];
     int cp = out->cp;
     Search s = {.docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1,
-                .limit = limit > 0 ? limit : 0};
+                .limit = limit > 0 ? limit : 0, .descending = sc->splits_descending};
     line_cost_init(&s.line, cost);
     s.units = cp < GROUPS_UNITS ? cp : GROUPS_UNITS;
     s.unit = cp / s.units;

@@ -55,6 +55,8 @@ typedef struct ShardScratch {
     int32_t *even_saved;
     int64_t cap_nest_est, cap_even_node, cap_even_rows, cap_even_list, cap_even_saved;
     int64_t cap_assign, cap_best_assign;
+    int splits_descending;  /* plan_groups: try the splits in the order that breaks their ties, not
+                             * the reverse (for the tests: the layout must be the same) */
 } ShardScratch;
 
 /* Empties s for a micro-batch of n_docs documents: every rank in the one group of all CP ranks. */
