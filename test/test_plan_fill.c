@@ -155,7 +155,7 @@ static void fill_against_none(int cp, int min_steps_filled)
     run_open(&on, cp, "groups", 1);
     run_open(&off, cp, "groups", 0);
     run_open(&again, cp, "groups", 1);
-    int64_t filled = 0, steps_filled = 0;
+    int64_t filled = 0, steps_filled = 0, sharded = 0;
     double imb_on = 0, imb_off = 0, s_on = 0, s_off = 0;
     for (int step = 0; step < STEPS; step++) {
         run_step(&on);
@@ -175,16 +175,20 @@ static void fill_against_none(int cp, int min_steps_filled)
         check_micro_batches(&on);
         assert_int_equal(plan_digest(&on.plan), plan_digest(&again.plan));
         filled += on.plan.filled_docs;
+        sharded += on.plan.filled_sharded;
         steps_filled += on.plan.filled_docs > 0;
         imb_on += i_on;
         imb_off += i_off;
         s_on += t_on;
         s_off += t_off;
     }
-    printf("# CP %d: the pass moved %lld documents in %lld of %d steps; mean cp time imbalance %.4f -> %.4f, "
-           "predicted time %.4f -> %.4f s\n",
-           cp, (long long)filled, (long long)steps_filled, STEPS, imb_off / STEPS, imb_on / STEPS, s_off, s_on);
+    printf("# CP %d: the pass moved %lld documents (%lld that their micro-batch sharded) in %lld of %d steps; mean cp "
+           "time imbalance %.4f -> %.4f, predicted time %.4f -> %.4f s\n",
+           cp, (long long)filled, (long long)sharded, (long long)steps_filled, STEPS, imb_off / STEPS, imb_on / STEPS,
+           s_off, s_on);
     assert_true(steps_filled >= min_steps_filled);
+    /* At CP 16 some micro-batches stay above 1.01 and take documents the others shard. */
+    assert_true(cp < 16 || sharded > 0);
     assert_true(imb_on < imb_off);
     run_close(&on);
     run_close(&off);

@@ -44,7 +44,7 @@ void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
     p->n_docs = p->n_ranges = p->n_segments = p->n_ranks = 0;
     p->tokens = p->pad_tokens = p->queued = p->carried = 0;
     p->delay_token_steps = 0;
-    p->filled_docs = 0;
+    p->filled_docs = p->filled_sharded = 0;
 }
 
 int64_t plan_add_doc(StepPlan *p, const PlanDoc *d)

@@ -21,7 +21,11 @@
  *               scale with them). A document whole on a rank costs it its own d x d causal
  *               attention, the linear layers of d more rows and their TP all-reduce, and no
  *               exchange: the figure is exact. A keeps its layout with what it took (a replay,
- *               plan_fill_replay.c), a giver its layout less what it gave.
+ *               plan_fill_replay.c), a giver its layout less what it gave. When A is above
+ *               FILL_AGAIN, the documents the others shard are candidates too (a giver's block
+ *               then exchanges less; a traded document goes whole to its least loaded rank): a gap
+ *               that a long document leaves on a block of A's ranks is often wider than any whole
+ *               document of the others that fits.
  *   FILL_ROOM   when that finds nothing that is kept: A takes documents worth a share of its
  *               ranks' summed room and is laid out anew (groups may regroup what it holds): the
  *               first of FILL_SHARES, then, while nothing is kept and A is still above FILL_AGAIN
@@ -110,7 +114,8 @@ static int replayable(const PlanMicroBatch *mb)
     return mb->mode != CP_PER_SEQ;
 }
 
-/* Candidates for micro-batch a: documents held whole by the others that have not taken, longest first. */
+/* Candidates for micro-batch a: documents held whole by the others that have not taken (and those
+ * they shard, with f->sharded_too), longest first. */
 static void collect(Fill *f, const StepPlan *p, int64_t a)
 {
     f->n_cand = 0;
@@ -119,7 +124,7 @@ static void collect(Fill *f, const StepPlan *p, int64_t a)
         if (i == a || f->role[i] == ROLE_TOOK || !replayable(mb))
             continue;
         for (int64_t k = mb->first_doc; k < mb->first_doc + mb->n_docs; k++)
-            if (p->docs[k].source != PLAN_PAD_SOURCE && p->docs[k].rank >= 0)
+            if (p->docs[k].source != PLAN_PAD_SOURCE && (p->docs[k].rank >= 0 || f->sharded_too))
                 f->cand[f->n_cand++] = (Candidate){k, p->docs[k].len, (int32_t)i, p->docs[k].rank, -1, -1};
     }
     qsort(f->cand, (size_t)f->n_cand, sizeof *f->cand, by_len_desc);
@@ -291,7 +296,8 @@ static int64_t fill_ranks(Fill *f, const StepPlan *p, int64_t a)
                 whole_cost(cost, base, d->len, &dxf, &dxb);
                 t_f -= dxf;
                 t_b -= dxb;
-                f->back[f->n_back++] = (Candidate){best_x, d->len, (int32_t)a, r, y->mb, y->from_rank};
+                f->back[f->n_back++] = (Candidate){best_x, d->len, (int32_t)a, r, y->mb,
+                                                   y->from_rank >= 0 ? y->from_rank : FILL_ANYWHERE};
                 tokens -= d->len;
                 rows -= d->len;
             }
@@ -419,6 +425,8 @@ static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s
         return -1;
     if (rc == 0 && after_s <= *step_s && worst_imbalance(p, f->changed) < before) {
         *step_s = after_s;
+        for (int64_t c = 0; c < f->n_cand; c++)
+            p->filled_sharded += f->cand[c].to_mb >= 0 && f->cand[c].from_rank < 0;
         return taken;
     }
     fill_restore(f, p);
@@ -475,7 +483,7 @@ void fill_free(Fill *f)
 int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
 {
     int64_t n_mb = (int64_t)p->dp * p->m;
-    p->filled_docs = 0;
+    p->filled_docs = p->filled_sharded = 0;
     if (p->cp < 2 || n_mb < 2 || plan_cp_time_imbalance(p) <= FILL_FROM)
         return 0;
     Fill f;
@@ -501,7 +509,11 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
         if (a < 0 || f.tried[a] || !replayable(&p->mbs[a]))
             break;
         f.tried[a] = 1;
+        /* A micro-batch above FILL_AGAIN may also take documents the others shard: what its ranks
+         * lack is often more than any whole document that fits. */
+        f.sharded_too = plan_mb_time_imbalance(p, a, &level) > FILL_AGAIN;
         int64_t moved = try_fill(&f, p, a, FILL_RANKS, &step_s, err);
+        f.sharded_too = 0;
         for (int i = 0; i < (int)(sizeof FILL_SHARES / sizeof *FILL_SHARES) && moved == 0; i++) {
             if (i > 0 && plan_mb_time_imbalance(p, a, &level) <= FILL_AGAIN)
                 break;

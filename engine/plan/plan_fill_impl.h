@@ -54,6 +54,7 @@ typedef struct Fill {
     int64_t cap_segs;
     int64_t *held;        /* per rank: a document's rows */
     double share;         /* FILL_ROOM: the share of the room taken */
+    int sharded_too;      /* the candidates include documents the others shard */
     int32_t *arranged;    /* per micro-batch: replica and order of the new arrangement (keep_arrangement) */
 } Fill;
 
