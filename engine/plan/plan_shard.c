@@ -437,7 +437,7 @@ int shard_commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMode
     return 0;
 }
 
-/* Thread t's scratch, grown for cp ranks and n_docs documents. */
+/* Scratch slot t (the t-th micro-batch laid out at once), grown for cp ranks and n_docs documents. */
 static ShardScratch *scratch_for(StepPlan *p, int t, int cp, int64_t n_docs)
 {
     ShardScratch *sc = p->shard_scratch[t];
@@ -615,19 +615,6 @@ static int shard_choose(ShardScratch *sc, const PlanDoc *docs, PlanMicroBatch *m
     return rc;
 }
 
-int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err)
-{
-    PlanMicroBatch *mb = &p->mbs[i];
-    if (p->cp > 1024)
-        return error_set(err, "parallel.cp", "at most 1024, got %d", p->cp);
-    ShardScratch *sc = scratch_for(p, 0, p->cp, mb->n_docs);
-    const Shard *chosen = NULL;
-    if (!sc || shard_choose(sc, p->docs + mb->first_doc, mb, p->cp, mode, cost, rank_capacity, &chosen) != 0 ||
-        shard_commit(p, mb, chosen, cost) != 0)
-        return error_runtime(err, "planner", "out of memory");
-    return 0;
-}
-
 int plan_shard_lay_out(StepPlan *p, const int64_t *list, int n, CpSharding mode, const CostModel *cost,
                        int64_t rank_capacity, int threads, const Shard **chosen)
 {
@@ -650,23 +637,37 @@ int plan_shard_lay_out(StepPlan *p, const int64_t *list, int n, CpSharding mode,
     return failed ? -1 : 0;
 }
 
+/* Micro-batches list[0 .. n - 1] laid out at once, then copied into the plan in list order. */
+static int lay_out_and_commit(StepPlan *p, const int64_t *list, int n, CpSharding mode, const CostModel *cost,
+                              int64_t rank_capacity, int threads, Error *err)
+{
+    const Shard *chosen[PLAN_MAX_THREADS];
+    if (p->cp > 1024)
+        return error_set(err, "parallel.cp", "at most 1024, got %d", p->cp);
+    if (plan_shard_lay_out(p, list, n, mode, cost, rank_capacity, threads, chosen) != 0)
+        return error_runtime(err, "planner", "out of memory");
+    for (int j = 0; j < n; j++)
+        if (shard_commit(p, &p->mbs[list[j]], chosen[j], cost) != 0)
+            return error_runtime(err, "planner", "out of memory");
+    return 0;
+}
+
+int plan_shard(StepPlan *p, int64_t i, CpSharding mode, const CostModel *cost, int64_t rank_capacity, Error *err)
+{
+    return lay_out_and_commit(p, &i, 1, mode, cost, rank_capacity, 1, err);
+}
+
 int plan_shard_step(StepPlan *p, int64_t n_mb, CpSharding mode, const CostModel *cost, int64_t rank_capacity,
                     int threads, Error *err)
 {
-    if (p->cp > 1024)
-        return error_set(err, "parallel.cp", "at most 1024, got %d", p->cp);
-    /* Up to PLAN_MAX_THREADS micro-batches at once, then copied into the plan in order. */
+    /* Up to PLAN_MAX_THREADS micro-batches at once. */
     int64_t list[PLAN_MAX_THREADS];
-    const Shard *chosen[PLAN_MAX_THREADS];
     for (int64_t first = 0; first < n_mb; first += PLAN_MAX_THREADS) {
         int n = n_mb - first < PLAN_MAX_THREADS ? (int)(n_mb - first) : PLAN_MAX_THREADS;
         for (int j = 0; j < n; j++)
             list[j] = first + j;
-        if (plan_shard_lay_out(p, list, n, mode, cost, rank_capacity, threads, chosen) != 0)
-            return error_runtime(err, "planner", "out of memory");
-        for (int j = 0; j < n; j++)
-            if (shard_commit(p, &p->mbs[list[j]], chosen[j], cost) != 0)
-                return error_runtime(err, "planner", "out of memory");
+        if (lay_out_and_commit(p, list, n, mode, cost, rank_capacity, threads, err) != 0)
+            return -1;
     }
     return 0;
 }
