@@ -166,6 +166,16 @@ static void heap_build(const double *t, int *h, int first, int n)
         heap_sift_down(t, h, n, i);
 }
 
+/* After the time of one index of the heap rose: the top's, sifted down; any other's (picked by a
+ * scan when the top had no room), the heap rebuilt. */
+static void heap_rose(const double *t, int *h, int first, int n, int top)
+{
+    if (top)
+        heap_sift_down(t, h, n, 0);
+    else
+        heap_build(t, h, first, n);
+}
+
 /* x reaches the limit: the split cannot beat the best so far (or hybrid, limit 0: none). */
 static int reaches(const Search *s, double x, double limit)
 {
@@ -235,10 +245,8 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         work += (pick_t - g[pick].t) * g[pick].size;
         g[pick].t = gt[pick] = pick_t;
         int c = class_of[pick];
-        if (class_n[c] > 1 && pick_top) /* a class of one group is its own heap */
-            heap_sift_down(gt, heap + class_first[c], class_n[c], 0);
-        else if (class_n[c] > 1)
-            heap_build(gt, heap + class_first[c], class_first[c], class_n[c]);
+        if (class_n[c] > 1) /* a class of one group is its own heap */
+            heap_rose(gt, heap + class_first[c], class_first[c], class_n[c], pick_top);
         /* The slowest rank is at least the mean: the work so far and the least the rest needs. */
         if (reaches(s, (work + s->rest[i + 1]) / s->cp, limit))
             return -1;
@@ -281,10 +289,7 @@ static double assign_split(Search *s, Group *g, int *n_groups)
         s->rank_tok[pick] += d;
         work += pick_t - s->rank_t[pick];
         s->rank_t[pick] = pick_t;
-        if (top)
-            heap_sift_down(s->rank_t, s->heap, s->cp, 0);
-        else
-            heap_build(s->rank_t, s->heap, 0, s->cp);
+        heap_rose(s->rank_t, s->heap, 0, s->cp, top);
         if (reaches(s, (work + s->rest[i + 1]) / s->cp, limit))
             return -1;
         worst = pick_t > worst ? pick_t : worst;
