@@ -342,7 +342,6 @@ static int keep_arrangement(Fill *f, StepPlan *p, double *after_s, Error *err)
     return 0;
 }
 
-/* Micro-batch a takes what fits. Returns the documents moved (0: none, or not kept), -1 on error. */
 /* Micro-batch i is laid out anew in this pass of a try (besides its replay): in the second pass
  * when marked so, and a room fill's taker always. */
 static int anew_at(const Fill *f, int pass, int how, int64_t a, int64_t i)
@@ -350,6 +349,7 @@ static int anew_at(const Fill *f, int pass, int how, int64_t a, int64_t i)
     return (pass == 1 && f->redo[i]) || (how == FILL_ROOM && i == a);
 }
 
+/* Micro-batch a takes what fits. Returns the documents moved (0: none, or not kept), -1 on error. */
 static int64_t try_fill(Fill *f, StepPlan *p, int64_t a, int how, double *step_s, Error *err)
 {
     const Planner *pl = f->pl;
@@ -511,7 +511,7 @@ int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err)
         f.tried[a] = 1;
         /* A micro-batch above FILL_AGAIN may also take documents the others shard: what its ranks
          * lack is often more than any whole document that fits. */
-        f.sharded_too = plan_mb_time_imbalance(p, a, &level) > FILL_AGAIN;
+        f.sharded_too = worst > FILL_AGAIN;
         int64_t moved = try_fill(&f, p, a, FILL_RANKS, &step_s, err);
         f.sharded_too = 0;
         for (int i = 0; i < (int)(sizeof FILL_SHARES / sizeof *FILL_SHARES) && moved == 0; i++) {
