@@ -103,7 +103,7 @@ const ConfigKey config_keys[] = {
     ENUM_KEY("balance.hardware", balance.hardware, "h100|h200|a100|cpu", "h100", NULL,
              "hardware profile of the cost model"),
     STR_KEY("balance.calibration", balance.calibration, "none",
-            "cost-model calibration file (JSON of measured rates, see README); overrides the profile"),
+            "cost-model calibration file (JSON of measured rates, see docs/planner.md); overrides the profile"),
     FLOAT_KEY("balance.peak_tflops", balance.peak_tflops, 0, 1e6, 0, "0", NULL,
               "peak dense TFLOP/s of one device; 0 = from the profile or calibration"),
     FLOAT_KEY("balance.gemm_efficiency", balance.gemm_efficiency, 0, 1, 0, "0", NULL,

@@ -57,7 +57,7 @@ static void derive_int(Config *cfg, const char *name, int64_t value)
     cfg->origin[k].kind = ORIGIN_DERIVED;
 }
 
-/* Default outlier thresholds for a window W: see README "Choosing the outlier thresholds". */
+/* Default outlier thresholds for a window W: see docs/planner.md, "Choosing the outlier thresholds". */
 static int derive_outlier_thresholds(Config *cfg, Error *err)
 {
     int k = key("balance.outlier_thresholds");

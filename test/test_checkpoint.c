@@ -207,7 +207,7 @@ static void test_resume_8_ranks_and_other_layout(void **state)
     test_cmd_free(&r);
     read_metrics("other", &other);
     assert_int_equal(other.n, 8);
-    /* Within float rounding, as the README says: 1e-9 relative (the summation order of the
+    /* Within float rounding, as docs/checkpoints.md says: 1e-9 relative (the summation order of the
      * reductions is the only difference; the losses printed have 17 digits). */
     for (int i = 6; i < 8; i++) {
         double a = atof(whole.loss[i]), b = atof(other.loss[i]);

@@ -1,9 +1,9 @@
 /*
  * test/test_dryrun.c - the dry run as a user runs it: per-step lines, the stats file (every field
- * the README names, each imbalance equal to its definition over the per-micro-batch and per-rank
+ * docs/planner.md names, each imbalance equal to its definition over the per-micro-batch and per-rank
  * costs printed beside it, a summary last that summarizes the steps), --compare, the attention work
  * and the speedup at equal work equal to their definitions under each long_documents rule, the balance the
- * README reports on the real length lists (wlb well below Plain-4D's pipeline imbalance, per_doc
+ * docs/planner.md reports on the real length lists (wlb well below Plain-4D's pipeline imbalance, per_doc
  * even over the CP ranks), reading lengths from a Megatron .idx, a large cluster, and the errors.
  */
 #include "test/testlib.h"
@@ -341,7 +341,7 @@ static void test_attention_work(void **state)
     free(dir);
 }
 
-/* The balance the README reports, on the real length lists, at WLB-LLM's 7B-128K layout (TP 8, CP 2,
+/* The balance docs/planner.md reports, on the real length lists, at WLB-LLM's 7B-128K layout (TP 8, CP 2,
  * PP 4, DP 1, interleaved, H100 profile), 100 steps: the wlb packer's mean pp_imbalance is below 1.03
  * and at least 0.05 below the fixed packer's (Plain-4D's windows: 1.07 to 1.25 on these lists), and
  * per_doc sharding leaves the CP ranks even (mean cp_imbalance at most 1.001, every step at most

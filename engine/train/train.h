@@ -165,7 +165,7 @@ void trainer_write_mb_metrics(FILE *f, const TrainStats *st);
 
 /* The exit status of a job that stopped early on SIGUSR1 or SIGTERM after writing a checkpoint:
  * "not finished, resume me" (sysexits.h's EX_TEMPFAIL, temporary failure, retry). The Slurm
- * scripts requeue the job on it (scripts/slurm/, README "Time limits and preemption"). */
+ * scripts requeue the job on it (scripts/slurm/, docs/slurm.md "Time limits and preemption"). */
 enum { TRAIN_EXIT_PREEMPTED = 75 };
 
 /* The whole job: starts MPI when launched, trains cfg->train.steps steps, or fewer when
