@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -34,7 +33,7 @@ sys.path.insert(0, HERE)
 WLBTRAIN = os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain")
 HF_PYTHON = os.environ.get("WLB_HF_PYTHON") or sys.executable
 
-from taplib import Skip, check, comment, import_numpy  # noqa: E402
+from taplib import Skip, check, comment, import_numpy, require, run_tests  # noqa: E402
 
 np = import_numpy()
 if not isinstance(np, Exception):
@@ -317,46 +316,6 @@ TESTS = [("config.json is the model's LlamaConfig", test_config),
          ("a malformed index.json: one line, exit 2, nothing written", test_bad_index)]
 
 
-def main():
-    print("1..%d" % len(TESTS))
-    fx, why, failure = None, None, None
-    if isinstance(np, Skip):
-        why = str(np)
-    elif isinstance(np, Exception):
-        failure = str(np)
-    elif not os.path.exists(WLBTRAIN):
-        why = "%s is not built" % WLBTRAIN
-    else:
-        try:
-            fx = Fixture()
-        except Exception as e:
-            why = None
-            failure = "".join(traceback.format_exception_only(type(e), e)).strip()
-    failed = 0
-    for i, (name, fn) in enumerate(TESTS, 1):
-        if why:
-            print("ok %d - %s # SKIP %s" % (i, name, why))
-            print("# skip: %s" % why)
-            continue
-        if fx is None:
-            print("not ok %d - %s" % (i, name))
-            comment("fixture failed: " + failure)
-            failed += 1
-            continue
-        try:
-            fn(fx)
-            print("ok %d - %s" % (i, name))
-        except Skip as s:
-            print("ok %d - %s # SKIP %s" % (i, name, s))
-            print("# skip: %s" % s)  # test/run.sh lists these lines once each
-        except Exception:
-            print("not ok %d - %s" % (i, name))
-            comment(traceback.format_exc())
-            failed += 1
-    if fx:
-        shutil.rmtree(fx.dir, ignore_errors=True)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tests(TESTS, lambda: require(np, WLBTRAIN) or Fixture(),
+                       lambda fx: shutil.rmtree(fx.dir, ignore_errors=True)))

@@ -135,48 +135,53 @@ static void test_crafted_files(void **state)
     st_close(&f);
     free(path);
 
-    /* Past the end of the file: by one byte, and by exactly the header's 128 bytes (a data section
-     * that still counted the header would take it: [0, 152) of 24 + 128 bytes). */
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[7],\"data_offsets\":[0,28]}}", 128, 24,
-               "tensor a: data_offsets outside the file's 24 data bytes");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[38],\"data_offsets\":[0,152]}}", 128, 24,
-               "tensor a: data_offsets outside the file's 24 data bytes");
-    open_fails(dir, "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 64, 1,
-               "tensor a: dtype U8 is not one wlbtrain reads");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,16]}}", 64, 24,
-               "tensor a: data_offsets outside");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 64, 24,
-               "tensor a: data_offsets outside");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8.0]}}", 64, 8,
-               "tensor a: data_offsets outside");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 64, 8,
-               "tensor a: needs dtype, shape and data_offsets");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 64, 8,
-               "tensor a: 8 bytes for 3 elements of F32");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],\"data_offsets\":[0,8]}}", 64,
-               8, "tensor a: too large");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 64, 8, "tensor a: bad shape");
-    /* The format: tensors fill the data section one after another. */
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 128, 12,
-               "tensor b: bytes [4, 12) overlap tensor a's [0, 8)");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 128, 8,
-               "overlap tensor");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 128, 20,
-               "data bytes [8, 12) belong to no tensor (before b)");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 64, 12,
-               "data bytes [0, 4) belong to no tensor (before a)");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 64, 12,
-               "the tensors hold 8 of the file's 12 data bytes");
-    open_fails(dir, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                    "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 128, 8,
-               "safetensors header is not a JSON object: duplicate object key");
-    open_fails(dir, "[1, 2]", 64, 0, "not a safetensors file: its JSON header does not start with '{'");
-    open_fails(dir, "{\"a\": [1, 2]}", 64, 0, "tensor a: needs dtype, shape and data_offsets");
-    open_fails(dir, "{\"a\": ", 64, 0, "safetensors header is not a JSON object: ");
-    open_fails(dir, "{\"__metadata__\": {\"k\": 1}}", 64, 0, "__metadata__.k: values must be strings");
+    /* header, its length with padding, data bytes, the error */
+    static const struct {
+        const char *header;
+        size_t header_len, data_len;
+        const char *expect;
+    } bad[] = {
+        /* Past the end of the file: by one byte, and by exactly the header's 128 bytes (a data
+         * section that still counted the header would take it: [0, 152) of 24 + 128 bytes). */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[7],\"data_offsets\":[0,28]}}", 128, 24,
+         "tensor a: data_offsets outside the file's 24 data bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[38],\"data_offsets\":[0,152]}}", 128, 24,
+         "tensor a: data_offsets outside the file's 24 data bytes"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 64, 1,
+         "tensor a: dtype U8 is not one wlbtrain reads"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,16]}}", 64, 24, "tensor a: data_offsets outside"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 64, 24, "tensor a: data_offsets outside"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8.0]}}", 64, 8, "tensor a: data_offsets outside"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 64, 8,
+         "tensor a: needs dtype, shape and data_offsets"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 64, 8,
+         "tensor a: 8 bytes for 3 elements of F32"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],\"data_offsets\":[0,8]}}", 64, 8,
+         "tensor a: too large"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 64, 8, "tensor a: bad shape"},
+        /* The format: tensors fill the data section one after another. */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 128, 12,
+         "tensor b: bytes [4, 12) overlap tensor a's [0, 8)"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 128, 8, "overlap tensor"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 128, 20,
+         "data bytes [8, 12) belong to no tensor (before b)"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 64, 12,
+         "data bytes [0, 4) belong to no tensor (before a)"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 64, 12,
+         "the tensors hold 8 of the file's 12 data bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 128, 8,
+         "safetensors header is not a JSON object: duplicate object key"},
+        {"[1, 2]", 64, 0, "not a safetensors file: its JSON header does not start with '{'"},
+        {"{\"a\": [1, 2]}", 64, 0, "tensor a: needs dtype, shape and data_offsets"},
+        {"{\"a\": ", 64, 0, "safetensors header is not a JSON object: "},
+        {"{\"__metadata__\": {\"k\": 1}}", 64, 0, "__metadata__.k: values must be strings"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        open_fails(dir, bad[i].header, bad[i].header_len, bad[i].data_len, bad[i].expect);
     /* The header's length itself: past the end, too short. */
     char raw[16] = {(char)0xff, (char)0xff, 0, 0, 0, 0, 0, 0, '{', '}'};
     path = test_write_file(dir, "len.safetensors", raw, 10);
