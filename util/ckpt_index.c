@@ -1,4 +1,5 @@
-/* util/ckpt_index.c - reading the index of a sharded checkpoint (see ckpt_index.h). */
+/* util/ckpt_index.c - where a checkpoint is, and reading the index of a sharded checkpoint (see
+ * ckpt_index.h). */
 #include "util/ckpt_index.h"
 
 #include <jansson.h>

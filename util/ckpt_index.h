@@ -1,7 +1,7 @@
 /*
  * util/ckpt_index.h - reading the index.json of a sharded checkpoint (engine/train/train_ckpt.c has
  * the format; rank 0 writes it from the config alone, train_ckpt_index.c): by a resume on any layout
- * and by `wlbtrain export`.
+ * and by `wlbtrain export`; and, for both, which step folder a path a user gives names.
  *
  * The reader checks the index before anything is used (its version, the layout, every file name,
  * every chunk's moment shards partitioning its parameter vector, every tensor's blocks inside it and

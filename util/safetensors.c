@@ -56,8 +56,8 @@ static int parse_entry(StTensor *t, const char *name, json_t *e, uint64_t data_s
     json_t *b = json_array_get(off, 0), *e2 = json_array_get(off, 1);
     if (!json_is_integer(b) || !json_is_integer(e2) || json_integer_value(b) < 0 ||
         json_integer_value(e2) < json_integer_value(b) || (uint64_t)json_integer_value(e2) > data_size)
-        return error_set(err, path, "tensor %s: data_offsets outside the file's %llu data bytes (after its %s)", name,
-                         (unsigned long long)data_size, "8-byte length and JSON header");
+        return error_set(err, path, "tensor %s: data_offsets outside the file's %llu data bytes (after its 8-byte "
+                         "length and JSON header)", name, (unsigned long long)data_size);
     *begin = (uint64_t)json_integer_value(b);
     *end = (uint64_t)json_integer_value(e2);
     if (*end - *begin != (uint64_t)t->numel * (uint64_t)dtypes[d].size)
