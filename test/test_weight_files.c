@@ -277,7 +277,8 @@ static void test_model_formats(void **state)
                "short.safetensors: not a safetensors file, which its name says it is: its first 8 bytes, read as the "
                "length of a JSON header, point past the end of the file (42968 bytes); its llama2.c header (dim 16,");
     /* Well-known things that are not weights wlbtrain reads. */
-    load_fails(&m, dir, "pytorch_model.bin", "PK\3\4\24\0\0\0\10\0\0\0!\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 32,
+    const char zip[32] = "PK\3\4\24"; /* a zip archive's local header, the rest zeros */
+    load_fails(&m, dir, "pytorch_model.bin", zip, sizeof zip,
                "; it is a zip archive: a PyTorch checkpoint (torch.save)? Save it as safetensors");
     const char *index = "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {}}";
     load_fails(&m, dir, "model.safetensors.index.json.safetensors", index, strlen(index),
