@@ -6,7 +6,7 @@
  * and moments once over the files, no gathered model) and a same-layout resume reads only its own;
  * a kill in the middle of a save leaves the previous
  * checkpoint in charge; checkpoint.keep; damaged checkpoints are one error line with exit 2 and
- * nothing overwritten; non-finite gradients stop the run or skip the update as configured (a skipped
+ * nothing overwritten; checkpoint.resume takes the checkpoint folder, its latest or a step folder; non-finite gradients stop the run or skip the update as configured (a skipped
  * update leaves the weights, the AdamW moments, the update count and the schedule where they were).
  */
 #include "test/testlib.h"
@@ -464,6 +464,37 @@ static void test_damaged_checkpoints(void **state)
     test_cmd_free(&r);
 }
 
+/* checkpoint.resume names a checkpoint as a user finds it: the checkpoint folder (with or without a
+ * trailing slash), its latest file, a step folder; anything else is one error line. */
+static void test_resume_paths(void **state)
+{
+    (void)state;
+    const char *forms[] = {"/one-whole", "/one-whole/", "/one-whole/latest", "/one-whole/step-00000008"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char *set = test_format("checkpoint.resume=%s%s", dir, forms[i]);
+        const char *args[] = {"--set", set, NULL};
+        CmdResult r;
+        train(&r, 0, "paths", NULL, args); /* train.steps (8) is reached: nothing is written */
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, "/one-whole/step-00000008, after step 8"));
+        test_cmd_free(&r);
+        free(set);
+    }
+    const char *bad[][2] = {{"/one-whole/step-00000008/index.json", "index.json: a file, not a checkpoint"},
+                            {"/one-whole/nothing", "one-whole/nothing: no checkpoint here"},
+                            {"", ": not a checkpoint: no latest, no index.json"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *set = test_format("checkpoint.resume=%s%s", dir, bad[i][0]);
+        const char *args[] = {"--set", set, NULL};
+        CmdResult r;
+        train(&r, 0, "paths", NULL, args);
+        test_assert_error(&r, bad[i][1]);
+        test_cmd_free(&r);
+        free(set);
+    }
+    assert_false(exists("paths"));
+}
+
 static void test_nonfinite(void **state)
 {
     (void)state;
@@ -529,7 +560,8 @@ int main(void)
         cmocka_unit_test(test_resume_groups),
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
-        cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_resume_paths),
+        cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, group_setup, group_teardown);
 }

@@ -4,7 +4,9 @@
  * costs printed beside it, a summary last that summarizes the steps), --compare, the attention work
  * and the speedup at equal work equal to their definitions under each long_documents rule, the balance the
  * docs/planner.md reports on the real length lists (wlb well below Plain-4D's pipeline imbalance, per_doc
- * even over the CP ranks), reading lengths from a Megatron .idx, a large cluster, and the errors.
+ * even over the CP ranks), reading lengths from a Megatron .idx, a large cluster, the dry runs the
+ * example configs' comments give (and the error that says how when their data is not here), entries
+ * <= 0 of a length list skipped with a warning that says what, and the errors.
  */
 #include "test/testlib.h"
 
@@ -629,6 +631,87 @@ static void test_examples_fit(void **state)
     free(set);
 }
 
+/* The dry-run commands in the example configs' comments run as written (with the real data where
+ * WLB_REAL_DATA says, and 2 steps); typed without their --set lines, the error says how. */
+static void test_example_commands(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_REAL_DATA(real, "lengths");
+    char real_root[4096];
+    snprintf(real_root, sizeof real_root, "%.*s", (int)(strlen(real) - strlen("/lengths")), real);
+    const char *configs[] = {"config/examples/llama8b.yaml", "config/examples/llama70b-128k.yaml"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        char *text = test_read_file(configs[i], NULL), *words[64], *command = NULL;
+        int n = 0;
+        /* The comment lines "#   ./wlbtrain ... --dry-run \" and the lines they continue on. */
+        for (char *line = strtok(text, "\n"); line && line[0] == '#'; line = strtok(NULL, "\n")) {
+            char *at = line + strspn(line, "# ");
+            if (!command && strncmp(at, "./wlbtrain ", 11) == 0 && strstr(at, "--dry-run"))
+                command = at;
+            else if (!command)
+                continue;
+            int more = line[strlen(line) - 1] == '\\';
+            for (char *w = strtok_r(at, " \\", &at); w && n < 60; w = strtok_r(NULL, " \\", &at))
+                words[n++] = !strncmp(w, "data.lengths_file=../shared/real-data/", 38)
+                                 ? test_format("data.lengths_file=%s/%s", real_root, w + 38)
+                                 : test_format("%s", w);
+            if (!more)
+                break;
+        }
+        assert_non_null(command);
+        assert_string_equal(words[0], "./wlbtrain");
+        words[n++] = test_format("--steps");
+        words[n++] = test_format("2");
+        words[n] = NULL;
+        CmdResult r;
+        test_run_wlbtrain(&r, (const char *const *)words + 1);
+        if (r.status != 0)
+            print_error("%s: the comment's dry run: %s\n", configs[i], r.err);
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, "summary: "));
+        printf("# %s: the comment's dry run (%d words, --steps 2 added) ran\n", configs[i], n);
+        test_cmd_free(&r);
+        /* Without its --set lines: the data path is not here, and the error says what a dry run needs. */
+        RUN(&r, "--config", configs[i], "--dry-run", "--steps", "2");
+        test_assert_error(&r, ".idx: cannot open: No such file or directory (a dry run needs only document lengths: "
+                              "--set data.lengths_file=FILE --set data.path=)");
+        test_cmd_free(&r);
+        for (int k = 0; k < n; k++)
+            free(words[k]);
+        free(text);
+    }
+}
+
+/* Entries <= 0 of a length list are skipped and said: how many, negative and zero, the first. */
+static void test_skipped_lengths(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *cfg = write_config(dir, "");
+    const char *list = "300\n-3\n1200\n0\n800\n0\n";
+    char *lengths = test_write_file(dir, "l.txt", list, strlen(list)), *set = test_format("data.lengths_file=%s", lengths);
+    CmdResult r;
+    RUN(&r, "--config", cfg, "--dry-run", "--steps", "1", "--set", set);
+    assert_int_equal(r.status, 0);
+    char *want = test_format("wlbtrain: warning: %s: 3 of 6 entries skipped, lengths <= 0 (1 negative, 2 zero; the "
+                             "first, -3, at line 2)\n", lengths);
+    assert_string_equal(r.err, want);
+    char *data = test_format("data: %s, 3 documents, 2300 tokens\n", lengths);
+    assert_non_null(strstr(r.out, data));
+    test_cmd_free(&r);
+    /* A list with nothing to skip says nothing. */
+    RUN(&r, "--config", cfg, "--dry-run", "--steps", "1");
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.err, "");
+    test_cmd_free(&r);
+    free(data);
+    free(want);
+    free(set);
+    free(lengths);
+    free(cfg);
+    test_rm_rf(dir);
+    free(dir);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -675,6 +758,8 @@ int main(void)
         cmocka_unit_test(test_large_cluster),
         cmocka_unit_test(test_memory_model),
         cmocka_unit_test(test_examples_fit),
+        cmocka_unit_test(test_example_commands),
+        cmocka_unit_test(test_skipped_lengths),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests_name("dryrun", tests, NULL, NULL);

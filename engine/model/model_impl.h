@@ -1,11 +1,12 @@
 /*
  * engine/model/model_impl.h - what the model's source files share (model_pass.c, model_head.c,
- * model_cp.c); not for callers outside the model.
+ * model_cp.c, model_load.c, model_format.c); not for callers outside the model.
  */
 #ifndef WLB_ENGINE_MODEL_IMPL_H
 #define WLB_ENGINE_MODEL_IMPL_H
 
 #include "engine/model/model.h"
+#include "util/fileio.h"
 
 static inline float *model_param(const Model *m, ModelTensorKind kind, int layer)
 {
@@ -47,5 +48,20 @@ void model_embed_bwd(Model *m, const float *dh, const ModelBatch *b);
  * normalized rows, in chunks of rows; with train, slot->dhn gets their gradient. */
 int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float dloss, double *loss_sum,
                    Error *err);
+
+/* The header of a llama2.c checkpoint: its seven int32 (vocab as a size; shared: the classifier is
+ * the embedding, stored as a negative vocab_size) and the floats of weights and RoPE tables after it. */
+typedef struct Llama2cHeader {
+    int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len;
+    int shared;
+    int64_t floats;
+} Llama2cHeader;
+
+enum { WEIGHTS_SAFETENSORS = 1, WEIGHTS_LLAMA2C = 2 };
+
+/* The format of the weight file at path, mapped (model_format.c): WEIGHTS_SAFETENSORS, or
+ * WEIGHTS_LLAMA2C with its header in h; -1 with err saying what the name promised and what the
+ * content is when it is neither. */
+int model_weight_format(const char *path, const MappedFile *map, Llama2cHeader *h, Error *err);
 
 #endif

@@ -132,7 +132,8 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
 /* Checkpoints (train_ckpt.c). trainer_save writes checkpoint.dir/step-NNNNNNNN after `step`
  * (every rank takes part, rank 0 writes). trainer_checkpoint_path: the checkpoint that
  * checkpoint.resume names (auto: the latest in checkpoint.dir, *path NULL when there is none yet;
- * a path: a step folder, or a checkpoint folder whose latest is taken). trainer_resume loads it
+ * a path: a step folder, a checkpoint folder whose latest is taken, or that latest file:
+ * ckpt_step_folder). trainer_resume loads it
  * into a freshly initialised trainer of any layout and gives the step it was saved after. */
 int trainer_save(Trainer *tr, int64_t step, Error *err);
 int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
