@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine (device tool), from the repository root, with build/release, .ompi, .devlibs and
-# .devdata carried (scripts/device/prepare.sh makes them). One device call runs at most 10 minutes,
+# On the GPU machine (device tool), from the repository root, with build/device, .ompi, .devlibs and
+# .devdata carried (scripts/device/prepare.sh makes them; build/device holds wlbtrain, the test
+# programs below with the dump_train they drive, and bench/attn_kernels). One device call runs at most 10 minutes,
 # so the work comes in parts, named on the command line (default: tests):
 #   bash scripts/device/gpu_check.sh tests      1-5 below                      (about 4 minutes)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
@@ -35,7 +36,9 @@ source .ompi/env.sh
 if [ ! -d .devlibs/root ]; then for f in .devlibs/*.deb; do dpkg-deb -x "$f" .devlibs/root; done; fi
 nccl=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null)/lib
 export LD_LIBRARY_PATH=$PWD/.devlibs/root/usr/lib/x86_64-linux-gnu:${nccl}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export WLBTRAIN=$PWD/build/release/wlbtrain WLB_TEST_BIN_DIR=$PWD/build/release/test
+bin=$PWD/build/device
+[ -x "$bin/wlbtrain" ] || { echo "gpu_check: $bin/wlbtrain missing: run scripts/device/prepare.sh and carry build/device" >&2; exit 2; }
+export WLBTRAIN=$bin/wlbtrain WLB_TEST_BIN_DIR=$bin/test WLB_BENCH_BIN=$bin/bench
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=4
 nvidia-smi -L | tee "$out/gpu.txt"
 "$WLBTRAIN" --version | tee -a "$out/gpu.txt"
@@ -55,9 +58,9 @@ parts=("$@")
 for part in "${parts[@]}"; do
   case $part in
   tests)
-    step ops build/release/test/test_ops
-    step cuda_model build/release/test/test_cuda_model
-    WLB_TEST_DEVICE=cuda step parallel_gpu build/release/test/test_parallel
+    step ops "$bin/test/test_ops"
+    step cuda_model "$bin/test/test_cuda_model"
+    WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
     cat > /tmp/nccl.yaml <<'YAML'
 model: {preset: tiny}
 parallel: {tp: 1, cp: 1, pp: 1, dp: 1, comm: nccl}
@@ -72,11 +75,11 @@ YAML
     san=(compute-sanitizer --error-exitcode 99 --print-limit 20)
     k=(--kernel-name regex:k_)
     export WLB_TEST_SMALL=1
-    step memcheck_ops "${san[@]}" --tool memcheck --leak-check full build/release/test/test_ops
-    step racecheck_ops "${san[@]}" --tool racecheck "${k[@]}" build/release/test/test_ops
-    step initcheck_ops "${san[@]}" --tool initcheck "${k[@]}" build/release/test/test_ops
+    step memcheck_ops "${san[@]}" --tool memcheck --leak-check full "$bin/test/test_ops"
+    step racecheck_ops "${san[@]}" --tool racecheck "${k[@]}" "$bin/test/test_ops"
+    step initcheck_ops "${san[@]}" --tool initcheck "${k[@]}" "$bin/test/test_ops"
     step memcheck_model "${san[@]}" --tool memcheck --leak-check full --report-api-errors no \
-      build/release/test/test_cuda_model
+      "$bin/test/test_cuda_model"
     unset WLB_TEST_SMALL
     ;;
   attention) step attention bash bench/attention_kernels.sh; grep -E '^(#|\||$)' "$out/attention.log" ;;
