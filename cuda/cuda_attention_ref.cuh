@@ -228,6 +228,16 @@ FLASH_DEV void ref_scores_bwd(float *P, float *dS, const float *Qs, const float 
     }
 }
 
+/* (dS K)[i][d] over the tile's BN keys, in order. */
+template <class C> FLASH_DEV float ref_ds_k(const float *dS, const float *Ks, int i, int d)
+{
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < C::BN; j++)
+        acc += dS[i * C::BN + j] * Ks[j * C::D + d];
+    return acc;
+}
+
 template <class C, bool ATOMIC_DQ>
 FLASH_DEV void ref_dkdv_cta(const RefAttnArgs &a, float *sm, int64_t block, int tid)
 {
@@ -272,10 +282,7 @@ FLASH_DEV void ref_dkdv_cta(const RefAttnArgs &a, float *sm, int64_t block, int 
             if constexpr (ATOMIC_DQ) {
                 for (int e = tid; e < rows * D; e += THREADS) {
                     const int i = e / D, d = e % D;
-                    float acc = 0.0f;
-#pragma unroll 8
-                    for (int j = 0; j < BN; j++)
-                        acc += dS[i * BN + j] * Ks[j * D + d];
+                    const float acc = ref_ds_k<C>(dS, Ks, i, d);
                     if (acc != 0.0f)
                         flash_atomic_add_f32(a.dq + (row0 + i) * a.q_stride + (int64_t)h * D + d, acc);
                 }
@@ -322,14 +329,8 @@ template <class C> FLASH_DEV void ref_dq_cta(const RefAttnArgs &a, float *sm, in
         flash_sync_cta();
         ref_scores_bwd<C>(nullptr, dS, Qs, dOs, Ks, Vs, lse_s, delta_s, i0, rows, j0, keys, offset, a.scale, tid);
         flash_sync_cta();
-        for (int e = tid; e < BM * D; e += THREADS) {
-            const int i = e / D, d = e % D;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int j = 0; j < BN; j++)
-                acc += dS[i * BN + j] * Ks[j * D + d];
-            dQs[e] += acc;
-        }
+        for (int e = tid; e < BM * D; e += THREADS)
+            dQs[e] += ref_ds_k<C>(dS, Ks, e / D, e % D);
     }
     /* dq += dQ on the tile's real rows (this block is their only writer; dQs[e] is this thread's) */
     for (int e = tid; e < rows * D; e += THREADS) {

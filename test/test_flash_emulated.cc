@@ -51,6 +51,7 @@ extern "C" {
 }
 
 #include <algorithm>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -402,6 +403,23 @@ struct Results {
     std::vector<float> lse, dq, dk, dv; /* dq in q's columns of a [T, qkv_stride] array, dk, dv likewise */
 };
 
+/* The global buffers of one emulated attention: the plan's lists and the inputs (read-only), out,
+ * then lse, Delta, dq, dk and dv (float32, in that order). */
+static void emu_buffers(const FlashPlan &plan, const void *qkv, size_t qkv_bytes, const void *dout, size_t dout_bytes,
+                        const void *out, size_t out_bytes, std::initializer_list<const std::vector<float> *> floats)
+{
+    static const char *const names[] = {"lse", "delta", "dq", "dk", "dv"};
+    flash_emu_clear_buffers();
+    flash_emu_buffer(plan.segs.data(), plan.segs.size() * sizeof(int4), false, "segs");
+    flash_emu_buffer(plan.items.data(), plan.items.size() * sizeof(int2), false, "items");
+    flash_emu_buffer(qkv, qkv_bytes, false, "qkv");
+    flash_emu_buffer(dout, dout_bytes, false, "dout");
+    flash_emu_buffer(out, out_bytes, true, "out");
+    size_t i = 0;
+    for (const std::vector<float> *f : floats)
+        flash_emu_buffer(f->data(), f->size() * 4, true, names[i++]);
+}
+
 /* The emulated kernels on one problem, exactly as cuda_flash.cu launches them. */
 template <int D> static void emulate(const Problem &pr, bool deterministic, Results *res, bool backward)
 {
@@ -419,17 +437,8 @@ template <int D> static void emulate(const Problem &pr, bool deterministic, Resu
     res->dv.assign(pr.qkv.size(), 0.0f);
     std::vector<float> delta((size_t)(plan.rows * pr.H), NAN);
     const uint16_t *q = pr.qkv.data(), *k = q + pr.H * D, *v = k + pr.Hkv * D;
-    flash_emu_clear_buffers();
-    flash_emu_buffer(plan.segs.data(), plan.segs.size() * sizeof(int4), false, "segs");
-    flash_emu_buffer(plan.items.data(), plan.items.size() * sizeof(int2), false, "items");
-    flash_emu_buffer(pr.qkv.data(), pr.qkv.size() * 2, false, "qkv");
-    flash_emu_buffer(pr.dout.data(), pr.dout.size() * 2, false, "dout");
-    flash_emu_buffer(res->out.data(), res->out.size() * 2, true, "out");
-    flash_emu_buffer(res->lse.data(), res->lse.size() * 4, true, "lse");
-    flash_emu_buffer(delta.data(), delta.size() * 4, true, "delta");
-    flash_emu_buffer(res->dq.data(), res->dq.size() * 4, true, "dq");
-    flash_emu_buffer(res->dk.data(), res->dk.size() * 4, true, "dk");
-    flash_emu_buffer(res->dv.data(), res->dv.size() * 4, true, "dv");
+    emu_buffers(plan, pr.qkv.data(), pr.qkv.size() * 2, pr.dout.data(), pr.dout.size() * 2, res->out.data(),
+                res->out.size() * 2, {&res->lse, &delta, &res->dq, &res->dk, &res->dv});
     FlashFwdArgs fa = {plan.segs.data(), plan.items.data() + plan.fwd_begin, q, k, v, res->out.data(),
                        res->lse.data(), pr.H, pr.H / pr.Hkv, pr.qkv_stride, pr.qkv_stride, pr.o_stride,
                        scale * 1.4426950408889634f};
@@ -679,17 +688,8 @@ template <class C> static int64_t emulate_reference(const Problem &pr, bool dete
     res->dk.assign(pr.qkv_f.size(), 0.0f);
     res->dv.assign(pr.qkv_f.size(), 0.0f);
     std::vector<float> delta((size_t)(plan.rows * pr.H), NAN);
-    flash_emu_clear_buffers();
-    flash_emu_buffer(plan.segs.data(), plan.segs.size() * sizeof(int4), false, "segs");
-    flash_emu_buffer(plan.items.data(), plan.items.size() * sizeof(int2), false, "items");
-    flash_emu_buffer(pr.qkv_f.data(), pr.qkv_f.size() * 4, false, "qkv");
-    flash_emu_buffer(pr.dout_f.data(), pr.dout_f.size() * 4, false, "dout");
-    flash_emu_buffer(res->out.data(), res->out.size() * 4, true, "out");
-    flash_emu_buffer(res->lse.data(), res->lse.size() * 4, true, "lse");
-    flash_emu_buffer(delta.data(), delta.size() * 4, true, "delta");
-    flash_emu_buffer(res->dq.data(), res->dq.size() * 4, true, "dq");
-    flash_emu_buffer(res->dk.data(), res->dk.size() * 4, true, "dk");
-    flash_emu_buffer(res->dv.data(), res->dv.size() * 4, true, "dv");
+    emu_buffers(plan, pr.qkv_f.data(), pr.qkv_f.size() * 4, pr.dout_f.data(), pr.dout_f.size() * 4, res->out.data(),
+                res->out.size() * 4, {&res->lse, &delta, &res->dq, &res->dk, &res->dv});
     const float *q = pr.qkv_f.data(), *k = q + pr.H * pr.D, *v = k + pr.Hkv * pr.D;
     RefAttnArgs a = {plan.segs.data(), plan.items.data() + plan.fwd_begin, q, k, v, res->out.data(), res->lse.data(),
                      pr.dout_f.data(), delta.data(), res->dq.data(), res->dk.data() + pr.H * pr.D,
