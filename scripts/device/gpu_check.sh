@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool), from the repository root, with build/device, .ompi, .devlibs and
 # .devdata carried (scripts/device/prepare.sh makes them; build/device holds wlbtrain, the test
-# programs below with the dump_train they drive, and bench/attn_kernels). One device call runs at most 10 minutes,
-# so the work comes in parts, named on the command line (default: tests):
-#   bash scripts/device/gpu_check.sh tests      1-5 below                      (about 4 minutes)
+# programs below with the dump_train they drive, and bench/attn_kernels). One device call runs at
+# most 10 minutes, so the work comes in parts, named on the command line (default: tests); each
+# part's logs in $OUT, one file a step (the device tool brings back at most 8 files a call, so one
+# part a call):
+#   bash scripts/device/gpu_check.sh tests      1-5 below  (about 4 minutes with one model in
+#                                               test_cuda_model; not yet timed with two)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
 #   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh     (about 3 minutes)
 #   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
@@ -12,10 +15,13 @@
 #                                               calibrated profile kept in $OUT (about 8 minutes)
 # tests:
 #   1. test_ops          every op against the CPU backend (fp32 against fp32, bf16 against the CPU's
-#                        bf16 emulation), the GPU's reductions twice for the same bits, and the
-#                        tensor-core attention against the fp32 reference at its tile edges
-#   2. test_cuda_model   a tiny model's loss and gradients against the CPU (fp32, bf16); recompute
-#                        modes; two runs and a resumed run bit for bit; 50 steps
+#                        bf16 emulation), the GPU's reductions twice for the same bits (attention
+#                        on the tensor cores and on the fp32 reference), products of 700 token
+#                        counts, and the tensor-core attention against the fp32 reference at its
+#                        tile edges
+#   2. test_cuda_model   two tiny models (head size 16: the fp32 reference attention; 64: the
+#                        tensor cores in bf16): loss and gradients against the CPU (fp32, bf16);
+#                        recompute modes; two runs and a resumed run bit for bit; 50 steps
 #   3. test_parallel     the 4D equivalence suite on the GPU (WLB_TEST_DEVICE=cuda): several ranks on
 #                        the one GPU, messages staged through the host (parallel.comm: mpi)
 #   4. the NCCL path     mpirun -np 1 with parallel.comm: nccl
