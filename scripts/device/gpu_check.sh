@@ -27,10 +27,11 @@
 #   4. the NCCL path     mpirun -np 1 with parallel.comm: nccl
 #   5. test_export.py    the export loaded by the machine's transformers
 # sanitize: compute-sanitizer over test_ops (WLB_TEST_SMALL=1: the same cases without the longest
-#   windows) and test_cuda_model: memcheck with the leak check, racecheck and initcheck on the
-#   project's kernels (k_*); any finding fails the step (exit 99). NCCL's probing of kernel images
-#   at communicator start reports API errors that are not ours: memcheck runs with
-#   --report-api-errors no (every CUDA call of the project is checked by CUDA_CHECK anyway).
+#   windows) and test_cuda_model (WLB_TEST_SMALL=1: without its 50-step curves): memcheck with the
+#   leak check, racecheck and initcheck on the project's kernels (k_*); any finding fails the step
+#   (exit 99). NCCL's probing of kernel images at communicator start reports API errors that are
+#   not ours: memcheck runs with --report-api-errors no (every CUDA call of the project is checked
+#   by CUDA_CHECK anyway).
 # Logs go to $OUT when set (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
