@@ -133,7 +133,7 @@ template <class C> FLASH_DEV void ref_fwd_cta(const RefAttnArgs &a, float *sm, i
             float s = -INFINITY;
             if (i < rows && j < keys && j0 + j <= offset + i0 + i) {
                 float dot = 0.0f;
-#pragma unroll
+#pragma unroll 16
                 for (int d = 0; d < D; d++)
                     dot += Qs[i * D + d] * Ks[j * D + d];
                 s = dot * a.scale;
@@ -214,7 +214,7 @@ FLASH_DEV void ref_scores_bwd(float *P, float *dS, const float *Qs, const float 
         float p = 0.0f, ds = 0.0f;
         if (i < rows && j < keys && j0 + j <= offset + i0 + i) {
             float qk = 0.0f, dp = 0.0f;
-#pragma unroll
+#pragma unroll 16
             for (int d = 0; d < D; d++) {
                 qk += Qs[i * D + d] * Ks[j * D + d];
                 dp += dOs[i * D + d] * Vs[j * D + d];
