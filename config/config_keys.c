@@ -62,6 +62,10 @@ const ConfigKey config_keys[] = {
              "collectives: nccl on GPUs, mpi (host-staged) on CPUs or several ranks per GPU; auto picks"),
     INT_KEY("parallel.zero", parallel.zero, 0, 1, "0", NULL,
             "1 = shard optimizer state over DP x CP (ZeRO-1)"),
+    BOOL_KEY("parallel.sequence_parallel", parallel.sequence_parallel, "true", NULL,
+             "with tp > 1: the residual stream, the norms and what they keep on 1/tp of the tokens per TP "
+             "rank, all-gathered before the column-parallel products and reduce-scattered after the "
+             "row-parallel ones (Megatron's sequence parallelism); no effect with tp 1"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},

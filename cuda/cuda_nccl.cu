@@ -182,6 +182,29 @@ static int nccl_reduce_scatterv(Comm *c, LayoutGroup slot, const float *send, fl
     return compute_after(n, slot, NULL, err);
 }
 
+/* The equal-count collectives: one NCCL call each. The gather copies bytes (a bf16 compute dtype
+ * travels as it is); the reduce-scatter sums float32. */
+static int nccl_allgather(Comm *c, LayoutGroup slot, const void *send, void *recv, int64_t count, Dt dt, Error *err)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    size_t part = (size_t)count * comm_elem_bytes(c, dt);
+    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+        return -1;
+    const void *from = send ? send : (const void *)((const char *)recv + part * (size_t)c->rank[slot]);
+    NCCL_TRY(ncclAllGather(from, recv, part, ncclUint8, n->comm[slot], n->stream[slot]), "ncclAllGather");
+    return compute_after(n, slot, NULL, err);
+}
+
+static int nccl_reduce_scatter(Comm *c, LayoutGroup slot, const float *send, float *recv, int64_t count, Error *err)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+        return -1;
+    NCCL_TRY(ncclReduceScatter(send, recv, (size_t)count, ncclFloat, ncclSum, n->comm[slot], n->stream[slot]),
+             "ncclReduceScatter");
+    return compute_after(n, slot, NULL, err);
+}
+
 /* The pipeline direction of a message between group ranks from and to. */
 static int p2p_slot(LayoutGroup g, int from, int to, Error *err)
 {
@@ -229,6 +252,6 @@ static int nccl_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int6
 }
 
 extern "C" const CommImpl cuda_nccl_comm = {
-    "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_isend, nccl_wait,
-    nccl_recv,
+    "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_allgather,
+    nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv,
 };

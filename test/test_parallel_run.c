@@ -176,8 +176,9 @@ static void test_plan_mismatch_stops_job(void **state)
 
 /* The memory model on more layouts and modes: ZeRO-1 with a checkpoint each step (which allocates no
  * device memory: each rank streams its own shards through a host buffer), tied embeddings over two stages, bf16 with selective
- * recomputation, kv heads replicated over TP; interleaved stages with full recomputation. And a
- * budget the layout does not fit: refused before training with one line, exit 2, nothing written. */
+ * recomputation, kv heads replicated over TP (sequence parallel, the default); interleaved stages
+ * with full recomputation; TP without sequence parallelism. And a budget the layout does not fit:
+ * refused before training with one line, exit 2, nothing written. */
 static void test_memory_model_equals_allocations(void **state)
 {
     (void)state;
@@ -201,8 +202,16 @@ static void test_memory_model_equals_allocations(void **state)
     assert_int_equal(r.status, 0);
     test_cmd_free(&r);
     check_memory(metrics, "cp 2, pp 2 x 2 interleaved, full");
+    const char *nosp[] = {"--set", "parallel.dp=1", "--set", "parallel.cp=1", "--set", "parallel.tp=2", "--set",
+                          "parallel.sequence_parallel=false", "--set", "train.recompute=full", "--steps", "2", NULL};
+    run_mpi(&r, 4, NULL, nosp);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    check_memory(metrics, "tp 2, pp 2, no sequence parallelism, full");
     unlink(metrics);
-    const char *c[] = {"--set", "parallel.dp=1", "--set", "train.gpu_memory_gb=0.001", NULL};
+    const char *c[] = {"--set", "parallel.dp=1", "--set", "train.gpu_memory_gb=0.0001", NULL};
     run_mpi(&r, 8, NULL, c);
     assert_int_equal(r.status, 2);
     assert_non_null(strstr(r.err, "wlbtrain: error: train.gpu_memory_gb: the layout needs 0.0 GB on a rank of "

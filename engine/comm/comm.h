@@ -65,6 +65,8 @@ struct CommImpl {
     int (*allgatherv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err);
     int (*reduce_scatterv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
                            Error *err);
+    int (*allgather)(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
+    int (*reduce_scatter)(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err);
     int (*isend)(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
                  Error *err);
     int (*wait)(const Comm *c, CommRequest *req, Error *err);
@@ -106,6 +108,18 @@ int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, cons
  * counts[1] for rank 1, ...; this rank gets the sum of its part in recv. */
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
                          Error *err);
+/* The equal-count forms (sequence parallelism's exchanges over TP), each one collective of the
+ * path (MPI_Allgather / ncclAllGather, MPI_Reduce_scatter_block / ncclReduceScatter):
+ * comm_allgather: recv = n elements of dtype dt from every group rank, in group-rank order (DT_ACT:
+ * the backend's compute dtype, 2 bytes for bf16; the gather only copies, so the elements travel as
+ * they are). send NULL: this rank's part is already in place in recv.
+ * comm_reduce_scatter: sums the group's float32 send buffers, each n elements for group rank 0,
+ * then n for rank 1, ...; recv (not inside send) gets this rank's n sums. */
+int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
+int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err);
+/* Bytes of one element of dt on c's backend (4 for DT_F32; the compute dtype's for DT_ACT, 4 with
+ * host memory). */
+size_t comm_elem_bytes(const Comm *c, Dt dt);
 /* recv = n doubles from every group rank, in group-rank order. */
 int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err);
 int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t bytes, Error *err);

@@ -306,6 +306,64 @@ static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float 
     return 0;
 }
 
+/* An element of dt as MPI sees it: the all-gather copies bytes, so a 2-byte compute dtype travels
+ * as 16-bit integers. */
+static MPI_Datatype elem_type(size_t bytes) { return bytes == 2 ? MPI_UINT16_T : MPI_FLOAT; }
+
+static int mpi_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
+{
+    size_t e = comm_elem_bytes(c, dt);
+    int me = c->rank[g];
+    if (alone(c, g)) {
+        if (send && n && recv != send)
+            c->ops ? ops_cast(c->ops, recv, dt, send, dt, n) : (void)memmove(recv, send, (size_t)n * e);
+        return 0;
+    }
+    if (count_ok(n, "allgather", err) != 0 || count_ok(n * c->size[g], "allgather", err) != 0)
+        return -1;
+    size_t part = (size_t)n * e;
+    if (c->stage) {
+        /* This rank's part in place in the host buffer, then the whole result back. */
+        int64_t floats = ((int64_t)part * c->size[g] + sizeof(float) - 1) / (int64_t)sizeof(float);
+        if (stage_room(c, floats, err) != 0)
+            return -1;
+        char *host = (char *)c->host;
+        if (part)
+            c->ops->to_host(host + part * (size_t)me, send ? send : (const char *)recv + part * (size_t)me, part);
+        CHECK(MPI_Allgather(MPI_IN_PLACE, 0, elem_type(e), host, (int)n, elem_type(e), group_comm(c, g)),
+              "MPI_Allgather");
+        if (part)
+            c->ops->to_device(recv, host, part * (size_t)c->size[g]);
+        return 0;
+    }
+    const void *from = send ? send : MPI_IN_PLACE;
+    CHECK(MPI_Allgather(from, (int)n, elem_type(e), recv, (int)n, elem_type(e), group_comm(c, g)), "MPI_Allgather");
+    return 0;
+}
+
+static int mpi_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
+{
+    if (alone(c, g)) {
+        if (n && recv != send)
+            c->ops ? c->ops->copy(recv, send, n) : (void)memmove(recv, send, (size_t)n * sizeof *recv);
+        return 0;
+    }
+    if (count_ok(n, "reduce_scatter", err) != 0 || count_ok(n * c->size[g], "reduce_scatter", err) != 0)
+        return -1;
+    if (c->stage) {
+        if (stage_room(c, n * c->size[g], err) != 0)
+            return -1;
+        to_host(c, c->host, send, n * c->size[g]);
+        CHECK(MPI_Reduce_scatter_block(c->host, c->host2, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
+              "MPI_Reduce_scatter_block");
+        to_device(c, recv, c->host2, n);
+        return 0;
+    }
+    CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
+          "MPI_Reduce_scatter_block");
+    return 0;
+}
+
 int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t bytes, Error *err)
 {
     if (alone(c, g) || bytes == 0)
@@ -384,6 +442,8 @@ const CommImpl comm_mpi = {
     .allreduce_sum = mpi_allreduce_sum,
     .allgatherv = mpi_allgatherv,
     .reduce_scatterv = mpi_reduce_scatterv,
+    .allgather = mpi_allgather,
+    .reduce_scatter = mpi_reduce_scatter,
     .isend = mpi_isend,
     .wait = mpi_wait,
     .recv = mpi_recv,
