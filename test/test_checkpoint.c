@@ -4,6 +4,7 @@
  * one process with and without outlier documents queued at the checkpoint, and on 8 ranks); a
  * checkpoint resumes on another layout; the shard files hold each rank's blocks once (weights once
  * and moments once over the files, no gathered model) and a same-layout resume reads only its own;
+ * a checkpoint resumes across sequence parallelism on and off;
  * a kill in the middle of a save leaves the previous
  * checkpoint in charge; checkpoint.keep; damaged checkpoints are one error line with exit 2 and
  * nothing overwritten; non-finite gradients stop the run or skip the update as configured (a skipped
@@ -241,6 +242,62 @@ static void test_resume_8_ranks_and_other_layout(void **state)
     free(again);
     free(copy);
     free(from);
+}
+
+/* Sequence parallelism changes where activations live, not how weights are sharded: the 8-rank
+ * checkpoint of step 6 (tp 2, sequence parallel) resumes with it off on the same ranks and gives the
+ * uninterrupted run's losses; that run's checkpoint (step 8) resumes with it on, on 4 ranks (tp 2,
+ * cp 2, one stage), and gives the loss of step 9 that the same checkpoint gives with it off on its own 8. */
+static void test_resume_across_sequence_parallelism(void **state)
+{
+    (void)state;
+    Metrics whole, off, on;
+    read_metrics("eight-whole", &whole);
+    assert_int_equal(whole.n, 8);
+    char *from = test_format("checkpoint.resume=%s/eight-whole/step-00000006", dir);
+    char *copy = test_format("cp %s/eight-whole.jsonl %s/nosp.jsonl", dir, dir);
+    assert_int_equal(system(copy), 0);
+    const char *a[] = {"--set", from, "--set", "parallel.tp=2", "--set", "parallel.pp=2", "--set", "parallel.cp=2",
+                       "--set", "parallel.sequence_parallel=false", NULL};
+    CmdResult r;
+    train(&r, 8, "nosp", NULL, a);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "same layout, each rank read its own shards"));
+    test_cmd_free(&r);
+    read_metrics("nosp", &off);
+    assert_int_equal(off.n, 8);
+    for (int i = 6; i < 8; i++) {
+        double x = atof(whole.loss[i]), y = atof(off.loss[i]);
+        printf("# step %d: loss %.12f sequence parallel, %.12f resumed without (%.1e)\n", i + 1, x, y,
+               fabs(x - y) / fabs(x));
+        assert_true(fabs(x - y) <= 1e-9 * fabs(x));
+    }
+    char *from8 = test_format("checkpoint.resume=%s/nosp/step-00000008", dir);
+    const char *b[] = {"--set", from8, "--set", "parallel.tp=2", "--set", "parallel.pp=2", "--set", "parallel.cp=2",
+                       "--set", "parallel.sequence_parallel=false", "--steps", "9", NULL};
+    train(&r, 8, "nosp9", NULL, b);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    const char *c[] = {"--set", from8, "--set", "parallel.tp=2", "--set", "parallel.cp=2", "--steps", "9", NULL};
+    train(&r, 4, "sp9", NULL, c);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "resharded from tp 2, cp 2, pp 2, dp 1, zero 0"));
+    test_cmd_free(&r);
+    read_metrics("nosp9", &off);
+    read_metrics("sp9", &on);
+    assert_int_equal(off.n, 1);
+    assert_int_equal(on.n, 1);
+    double x = atof(off.loss[0]), y = atof(on.loss[0]);
+    printf("# step 9: loss %.12f without sequence parallelism (8 ranks), %.12f with it (4 ranks) (%.1e)\n", x, y,
+           fabs(x - y) / fabs(x));
+    assert_true(fabs(x - y) <= 1e-9 * fabs(x));
+    free(from);
+    free(from8);
+    free(copy);
 }
 
 /* balance.cp_sharding: groups at CP 4 (blocks of 2 CP ranks among the layouts): killed after the
@@ -526,6 +583,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_bit_identical), cmocka_unit_test(test_resume_8_ranks_and_other_layout),
+        cmocka_unit_test(test_resume_across_sequence_parallelism), /* reads the run of the test before */
         cmocka_unit_test(test_resume_groups),
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
