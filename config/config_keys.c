@@ -125,8 +125,8 @@ const ConfigKey config_keys[] = {
     FLOAT_KEY("balance.inter_node_gbps", balance.inter_node_gbps, 0, 1e6, 0, "0", NULL,
               "network bandwidth per device across nodes, GB/s; 0 = from the profile or calibration"),
     FLOAT_KEY("balance.tp_comm_overlap", balance.tp_comm_overlap, -1, 1, 0, "-1", NULL,
-              "fraction of the GEMM time that hides TP all-reduces (0 = none, 1 = full); -1 = from the "
-              "profile (1 on GPUs, 0 on cpu)"),
+              "fraction of the GEMM time that hides TP collectives (0 = none, 1 = full); -1 = from the "
+              "profile (0: wlbtrain runs them between the products, exposed)"),
     INT_KEY("balance.gpus_per_node", balance.gpus_per_node, 0, 1 << 16, "0", NULL,
             "devices per node (TP, CP, PP groups inside a node use its links); 0 = from the profile"),
 

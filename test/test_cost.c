@@ -96,19 +96,28 @@ static void test_communication(void **state)
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
     assert_true(cost_cp_comm_s(&m, 8192) == 0);
     assert_true(cost_p2p_s(&m, 8192) == 0);
-    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n"
-                   "balance: {tp_comm_overlap: 0}\n");
+    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. The profile
+     * hides no TP traffic (wlbtrain runs it between the products). */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n");
     double kv = 8192.0 * 2 * 2 * 128 * 2; /* tokens x (K, V) x 2 local kv heads x head_dim x bf16 */
     double expect = kv * 0.5 / (370e9) + 15e-6;
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
-    /* TP: two all-reduces of the activations, 2 (n-1)/n of the bytes each. */
-    double act = 8192.0 * 4096 * 2;
-    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (act * 1.5 / 370e9 + 15e-6)) < 1e-9);
-    /* Stages: tp * cp * pp = 16 > 8 GPUs per node, so the p2p link is the network. */
-    assert_true(fabs(cost_p2p_s(&m, 8192) - (act / 45e9 + 15e-6)) < 1e-9);
-    /* Overlapped with the GEMMs, TP traffic shorter than them disappears. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, dp: 1}\n");
+    /* TP with sequence parallelism (the default): a direction's mean of 3 all-gathers of bf16 rows
+     * and 2 reduce-scatters of float32 ones, (n-1)/n of the bytes each. */
+    double act = 8192.0 * 4096 * 2, sums = 8192.0 * 4096 * 4;
+    double sp = 3 * (act * 0.75 / 370e9 + 15e-6) + 2 * (sums * 0.75 / 370e9 + 15e-6);
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - sp) < 1e-9);
+    /* Stages: tp * cp * pp = 16 > 8 GPUs per node, so the p2p link is the network; a TP rank sends
+     * its quarter of the float32 stream. */
+    assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 4 / 45e9 + 15e-6)) < 1e-9);
+    /* Without SP: two all-reduces of float32 partial sums, 2 (n-1)/n of the bytes each; every TP
+     * rank sends the whole stream. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, sequence_parallel: false}\n");
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (sums * 1.5 / 370e9 + 15e-6)) < 1e-9);
+    assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 45e9 + 15e-6)) < 1e-9);
+    /* Overlapped with the GEMMs (a stack that does: tp_comm_overlap 1), TP traffic shorter than them
+     * disappears. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, dp: 1}\nbalance: {tp_comm_overlap: 1}\n");
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
 }
 

@@ -30,6 +30,12 @@
 
 enum { NEST_SCAN = 4 }; /* when the slowest rank is stuck, moves off the next slowest ranks up to this */
 
+/* "Strictly below T" means below T by more than rounding: a move is predicted on one sum of its
+ * deltas, and nest_move applies them one block at a time, which may round a rank predicted a hair
+ * below T back to T; two such moves then undo each other forever (a swap of two documents between
+ * sibling blocks whose ranks tie at T, seen with the TP collectives exposed). */
+#define NEST_BELOW (1 - 1e-12)
+
 static double rank_time(const Nest *x, int r, double da, int64_t drows, double dcomm, int64_t *rows)
 {
     *rows = x->rows[r] + drows;
@@ -138,6 +144,7 @@ static void consider(NestMove *best, int64_t k, int64_t k2, int to, double t)
 static NestMove best_move(const Nest *x, int s, double T, const double *top)
 {
     int cp = x->cp, leaf = cp + s;
+    T *= NEST_BELOW;
     NestMove best = {-1, -1, 0, 0};
     for (int64_t k = 0; k < x->n; k++) {
         int u = x->node[k];
