@@ -135,26 +135,28 @@ static int nccl_allreduce(Comm *c, LayoutGroup slot, float *buf, int64_t count, 
     return compute_after(n, slot, NULL, err);
 }
 
-/* NCCL has no v-collectives: a broadcast from every rank (gather) or a reduce to every rank
- * (scatter), fused in one group. */
-static int nccl_allgatherv(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
+/* NCCL has no v-collectives: a broadcast from every rank (gather: bytes, any dtype) or a reduce to
+ * every rank (scatter), fused in one group. */
+static int nccl_allgatherv(Comm *c, LayoutGroup slot, const void *send, void *recv, const int64_t *counts, Dt dt,
                            Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
     int size = c->size[slot], me = c->rank[slot];
+    size_t e = comm_elem_bytes(c, dt);
+    char *to = (char *)recv;
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
-    int64_t at = 0;
+    size_t at = 0;
     NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < size; r++) {
-        const float *from = r == me ? (send ? send : recv + at) : recv + at;
-        ncclResult_t res = ncclBroadcast(from, recv + at, (size_t)counts[r], ncclFloat, r, n->comm[slot],
+        const void *from = r == me && send ? send : (const void *)(to + at);
+        ncclResult_t res = ncclBroadcast(from, to + at, (size_t)counts[r] * e, ncclUint8, r, n->comm[slot],
                                          n->stream[slot]);
         if (res != ncclSuccess) {
             ncclGroupEnd();
             return nccl_error(res, "ncclBroadcast", err);
         }
-        at += counts[r];
+        at += (size_t)counts[r] * e;
     }
     NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
     return compute_after(n, slot, NULL, err);

@@ -44,7 +44,8 @@ static void test_flop_closed_forms(void **state)
     double expect = 2 * d * 128 * (4 + 4) /* q + o */ + 2 * d * 128 * 2 * 1 /* k, v */ + 3 * 2 * d * f;
     assert_true(fabs(m.gemm_flops_fwd - expect) < 1e-6 * expect);
     assert_true(m.head_flops_fwd == 2 * d * 128256.0 / 8);
-    assert_true(m.kv_bytes == 2 * 1 * 128 * 2); /* K and V of one local kv head, bf16 */
+    /* K and V of one local kv head: gathered in bf16, their gradients reduce-scattered in float32 */
+    assert_true(m.kv_bytes == 2 * 1 * 128 * (2 + 4) / 2);
 
     /* Pairs of a segment: query i sees kv_len - q_len + i + 1 keys. With a tile of 1 it is exact. */
     make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {attn_tile: 1}\n");
@@ -99,7 +100,7 @@ static void test_communication(void **state)
     /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. The profile
      * hides no TP traffic (wlbtrain runs it between the products). */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n");
-    double kv = 8192.0 * 2 * 2 * 128 * 2; /* tokens x (K, V) x 2 local kv heads x head_dim x bf16 */
+    double kv = 8192.0 * 2 * 2 * 128 * 3; /* tokens x (K, V) x 2 local kv heads x head_dim x (bf16 + fp32) / 2 */
     double expect = kv * 0.5 / (370e9) + 15e-6;
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
     /* TP with sequence parallelism (the default): a direction's mean of 3 all-gathers of bf16 rows

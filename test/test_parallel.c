@@ -379,8 +379,8 @@ static void test_groups(void **state)
 }
 
 /* train.recompute recomputes with the same ops (collectives included under full): the same
- * tolerance as every layout; train.precision: bf16 (on the CPU the GPU's roundings emulated)
- * against one bf16 process: each layout sums in its own order before rounding, so the tolerance is
+ * tolerance as every layout; train.precision: bf16 (on the CPU the GPU's roundings emulated; the
+ * all-gathers carry bf16, also staged through host buffers) against one bf16 process: each layout sums in its own order before rounding, so the tolerance is
  * bf16's. */
 static void test_modes(void **state)
 {
@@ -392,6 +392,10 @@ static void test_modes(void **state)
     ok &= check_layout(2, 2, 2, 1, fx.ref[1], selective, "recompute selective");
     const char *bf16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
     ok &= check_layout_tol(1, 2, 1, 2, fx.ref_bf16, bf16, NULL, "bf16, per_doc", 1e-2);
+    /* The SP and K/V all-gathers carry 2-byte elements: staged through the host as a GPU's are. */
+    setenv("WLBTRAIN_COMM_STAGE", "1", 1);
+    ok &= check_layout_tol(1, 2, 2, 2, fx.ref_bf16, bf16, "WLBTRAIN_COMM_STAGE", "bf16, per_doc, staged", 1e-2);
+    unsetenv("WLBTRAIN_COMM_STAGE");
     assert_true(ok);
 }
 

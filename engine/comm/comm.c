@@ -23,9 +23,9 @@ int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err
     return n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err);
 }
 
-int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
+int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt, Error *err)
 {
-    return c->impl->allgatherv(c, g, send, recv, counts, err);
+    return c->impl->allgatherv(c, g, send, recv, counts, dt, err);
 }
 
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)

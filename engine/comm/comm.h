@@ -62,7 +62,8 @@ struct CommImpl {
     int (*open)(Comm *c, Error *err);
     void (*close)(Comm *c);
     int (*allreduce_sum)(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err);
-    int (*allgatherv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err);
+    int (*allgatherv)(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt,
+                      Error *err);
     int (*reduce_scatterv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
                            Error *err);
     int (*allgather)(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
@@ -101,9 +102,11 @@ int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err
 int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err);
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err);
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err);
-/* recv = the group's send buffers one after the other, counts[i] elements from group rank i.
+/* recv = the group's send buffers one after the other, counts[i] elements of dtype dt from group
+ * rank i (DT_ACT: the compute dtype; a gather only copies, so any dtype travels as it is).
  * send NULL: this rank's part is already in place in recv. */
-int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err);
+int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt,
+                    Error *err);
 /* Sums the group's send buffers, each laid out as counts[0] elements for group rank 0, then
  * counts[1] for rank 1, ...; this rank gets the sum of its part in recv. */
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,

@@ -96,7 +96,9 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->act_bytes = d * elem;
     m->sum_bytes = d * 4;
     m->p2p_bytes = d * 4 / stream;
-    m->kv_bytes = 2 * hkv * dh * elem;
+    /* The K/V all-gather carries the compute dtype, the dK/dV reduce-scatter float32 sums: a
+     * direction is charged their mean. */
+    m->kv_bytes = 2 * hkv * dh * (elem + 4) / 2;
     int g = m->hw.gpus_per_node;
     m->tp_bw = tp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->cp_bw = tp * cp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;

@@ -25,8 +25,8 @@
  *              reduce-scatters - a direction is charged their mean, 3 all-gathers and 2
  *              reduce-scatters; less what runs under the GEMMs (tp_comm_overlap: 0 in the
  *              profiles, for wlbtrain runs its TP collectives between the products, exposed);
- *              CP all-gather of K and V of the sharded tokens (forward) and reduce-scatter of dK,
- *              dV (backward); PP send/receive of the residual stream between stages (float32, a
+ *              CP all-gather of K and V of the sharded tokens (forward, compute dtype) and
+ *              reduce-scatter of dK, dV (backward, float32), a direction charged their mean; PP send/receive of the residual stream between stages (float32, a
  *              TP rank's rows: 1/tp of them with SP); each over the bandwidth of the link the group
  *              uses (NVLink inside a node, the network across nodes).
  * The first stage also embeds, the last also runs the output projection and cross-entropy.
@@ -84,7 +84,8 @@ typedef struct CostModel {
     double act_bytes;         /* one activation row in the compute dtype: d_model * 2 bytes in bf16 */
     double sum_bytes;         /* one row of partial sums, float32: d_model * 4 bytes */
     double p2p_bytes;         /* a TP rank's part of one row of the stream sent between stages */
-    double kv_bytes;          /* K and V rows of the local kv heads */
+    double kv_bytes;          /* K and V rows of the local kv heads: the mean of the all-gather's
+                               * (compute dtype) and the reduce-scatter's (float32) */
     double tp_bw, cp_bw, pp_bw; /* GB/s of the link each group uses */
 } CostModel;
 

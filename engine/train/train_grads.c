@@ -125,7 +125,7 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
     trainer_optim_range(tr, m, &b, &e);
     if (shard && shard != full + b)
         m->ops->copy(full + b, shard, e - b);
-    return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, err);
+    return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, DT_F32, err);
 }
 
 int trainer_reduce_grads(Trainer *tr, Error *err)
