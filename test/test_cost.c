@@ -1,6 +1,7 @@
 /*
  * test/test_cost.c - the cost model: FLOP counts against their closed forms, attention growing with
- * the square of the document length and the rest linearly, communication terms, calibration files.
+ * the square of the document length and the rest linearly, communication terms, what recomputation
+ * adds to the backward, calibration files.
  */
 #include "test/testlib.h"
 
@@ -122,6 +123,36 @@ static void test_communication(void **state)
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
 }
 
+/* train.recompute in the backward: selective adds the norms' and SwiGLU's element-wise bytes, full
+ * the layer's forward (GEMMs, element-wise, attention) and its exchanges once more. */
+static void test_recompute(void **state)
+{
+    (void)state;
+    CostModel none, sel, full;
+    const char *base = "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\n";
+    char *y = test_format("%strain: {recompute: selective}\n", base), *z = test_format("%strain: {recompute: full}\n", base);
+    make_model(&none, base);
+    make_model(&sel, y);
+    make_model(&full, z);
+    free(y);
+    free(z);
+    int64_t n = 8192;
+    assert_true(cost_linear_fwd_s(&sel, n) == cost_linear_fwd_s(&none, n));
+    double extra = cost_linear_bwd_s(&sel, n) - cost_linear_bwd_s(&none, n);
+    assert_true(extra > 0 && extra < 0.2 * cost_linear_fwd_s(&none, n));
+    assert_true(fabs(cost_linear_bwd_s(&full, n) - cost_linear_bwd_s(&none, n) - cost_linear_fwd_s(&none, n)) < 1e-12);
+    double f0, b0, f2, b2;
+    cost_attn_fb_s(&none, 4000, 6000, &f0, &b0);
+    cost_attn_fb_s(&full, 4000, 6000, &f2, &b2);
+    assert_true(f2 == f0 && fabs(b2 - b0 - f0) < 1e-12);
+    assert_true(cost_tp_comm_s(&sel, n) == cost_tp_comm_s(&none, n));
+    /* SP on TP 4: 3 + 1 all-gathers and 2 + 1 reduce-scatters a direction on the mean */
+    double ag = 8192.0 * 4096 * 2 * 0.75 / 370e9 + 15e-6, rs = 8192.0 * 4096 * 4 * 0.75 / 370e9 + 15e-6;
+    assert_true(fabs(cost_tp_comm_s(&none, n) - (3 * ag + 2 * rs)) < 1e-12);
+    assert_true(fabs(cost_tp_comm_s(&full, n) - (4 * ag + 3 * rs)) < 1e-12);
+    assert_true(cost_cp_comm_s(&full, n) > cost_cp_comm_s(&none, n));
+}
+
 static void test_stage_layers(void **state)
 {
     (void)state;
@@ -237,6 +268,7 @@ int main(void)
         cmocka_unit_test(test_flop_closed_forms),
         cmocka_unit_test(test_attention_quadratic_rest_linear),
         cmocka_unit_test(test_communication),
+        cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_calibration_file),
     };

@@ -91,14 +91,18 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
      * (1/tp of them with SP), RoPE on q and k, SwiGLU (3f); the backward touches about twice as
      * much: x3 in all. */
     m->elem_bytes = 3 * (10 * d / stream + 2 * (hq + hkv) * dh + 3 * f) * elem;
+    /* selective recomputes each norm (read x float32, write the normed row) and SwiGLU (read g, u,
+     * write the product); full recomputes the forward's third of the element-wise traffic. */
+    m->recompute = cfg->train.recompute;
+    m->recompute_bytes = 2 * (4 + elem) * d / stream + 3 * f * elem;
     m->vocab_local = (double)md->vocab_size / tp;
     m->head_flops_fwd = 2 * d * m->vocab_local;
     m->act_bytes = d * elem;
     m->sum_bytes = d * 4;
     m->p2p_bytes = d * 4 / stream;
-    /* The K/V all-gather carries the compute dtype, the dK/dV reduce-scatter float32 sums: a
-     * direction is charged their mean. */
-    m->kv_bytes = 2 * hkv * dh * (elem + 4) / 2;
+    /* The K/V all-gather carries the compute dtype, the dK/dV reduce-scatter float32 sums (and full
+     * recomputation gathers again): a direction is charged their mean. */
+    m->kv_bytes = 2 * hkv * dh * (elem * (m->recompute == RECOMPUTE_FULL ? 2 : 1) + 4) / 2;
     int g = m->hw.gpus_per_node;
     m->tp_bw = tp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->cp_bw = tp * cp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
@@ -183,7 +187,7 @@ void cost_attn_fb_s(const CostModel *m, int64_t q_len, int64_t kv_len, double *f
     double flops = 4.0 * m->head_dim * m->local_heads * attn_pairs_padded(qp, q_len, kv_len);
     attn_rates_tflops(m, qp, &rf, &rb);
     *fwd = flops / (rf * 1e12);
-    *bwd = 2.5 * flops / (rb * 1e12);
+    *bwd = 2.5 * flops / (rb * 1e12) + (m->recompute == RECOMPUTE_FULL ? *fwd : 0);
 }
 
 static double gemm_s(const CostModel *m, double flops)
@@ -206,8 +210,13 @@ double cost_linear_fwd_s(const CostModel *m, int64_t tokens)
 
 double cost_linear_bwd_s(const CostModel *m, int64_t tokens)
 {
-    return gemm_s(m, 2 * m->gemm_flops_fwd * (double)tokens) +
-           2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) + launch_s(m, tokens, 2.0 / 3);
+    double t = gemm_s(m, 2 * m->gemm_flops_fwd * (double)tokens) +
+               2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) + launch_s(m, tokens, 2.0 / 3);
+    if (m->recompute == RECOMPUTE_FULL)
+        return t + cost_linear_fwd_s(m, tokens);
+    if (m->recompute == RECOMPUTE_SELECTIVE)
+        return t + m->recompute_bytes * (double)tokens / (m->hw.hbm_gbps * 1e9);
+    return t;
 }
 
 /* One collective: bytes over a bus bandwidth (GB/s) scaled by the algorithm's factor, plus latency. */
@@ -222,14 +231,16 @@ double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
         return 0;
     /* Without SP two ring all-reduces of float32 partial sums (after the attention output and the
      * MLP down projection): 2 (n - 1) / n. With SP ring all-gathers (compute dtype) and
-     * reduce-scatters (float32), (n - 1) / n each: 3 and 2 a direction on the mean (cost.h).
-     * Overlapped with the GEMMs (tp_comm_overlap of the forward GEMM time can hide it), only the
+     * reduce-scatters (float32), (n - 1) / n each: 3 and 2 a direction on the mean (cost.h). Full
+     * recomputation runs the forward's again in the backward (2 all-reduces, or 2 all-gathers and
+     * 2 reduce-scatters): one more of each a direction on the mean. Overlapped with the GEMMs (tp_comm_overlap of the forward GEMM time can hide it), only the
      * rest is exposed. */
-    double rows = (double)tokens_rank, ring = (m->tp - 1.0) / m->tp, t;
+    double rows = (double)tokens_rank, ring = (m->tp - 1.0) / m->tp, again = m->recompute == RECOMPUTE_FULL, t;
     if (m->sp)
-        t = 3 * collective_s(m, m->act_bytes * rows, ring, m->tp_bw) + 2 * collective_s(m, m->sum_bytes * rows, ring, m->tp_bw);
+        t = (3 + again) * collective_s(m, m->act_bytes * rows, ring, m->tp_bw) +
+            (2 + again) * collective_s(m, m->sum_bytes * rows, ring, m->tp_bw);
     else
-        t = 2 * collective_s(m, m->sum_bytes * rows, 2 * ring, m->tp_bw);
+        t = (2 + again) * collective_s(m, m->sum_bytes * rows, 2 * ring, m->tp_bw);
     double hidden = m->hw.tp_comm_overlap * gemm_s(m, m->gemm_flops_fwd * (double)tokens_rank);
     return t > hidden ? t - hidden : 0;
 }

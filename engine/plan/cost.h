@@ -26,9 +26,14 @@
  *              reduce-scatters; less what runs under the GEMMs (tp_comm_overlap: 0 in the
  *              profiles, for wlbtrain runs its TP collectives between the products, exposed);
  *              CP all-gather of K and V of the sharded tokens (forward, compute dtype) and
- *              reduce-scatter of dK, dV (backward, float32), a direction charged their mean; PP send/receive of the residual stream between stages (float32, a
- *              TP rank's rows: 1/tp of them with SP); each over the bandwidth of the link the group
- *              uses (NVLink inside a node, the network across nodes).
+ *              reduce-scatter of dK, dV (backward, float32), a direction charged their mean; PP
+ *              send/receive of the residual stream between stages (float32, a TP rank's rows: 1/tp
+ *              of them with SP); each over the bandwidth of the link the group uses (NVLink inside a
+ *              node, the network across nodes).
+ *   recompute  train.recompute's work in the backward: selective recomputes the two norms and
+ *              SwiGLU (their element-wise bytes); full runs the layer's forward again - its GEMMs,
+ *              element-wise work and attention forward are added to the backward, and its TP
+ *              exchanges and K/V all-gather to the exchanges (half to each direction's mean).
  * The first stage also embeds, the last also runs the output projection and cross-entropy.
  */
 #ifndef WLB_ENGINE_COST_H
@@ -74,11 +79,13 @@ typedef struct CostModel {
     CostAttnTable table;      /* n == 0: use the efficiency curve */
     int tp, cp, pp, v; /* v: virtual stages (model chunks) per pipeline rank */
     int sp;            /* sequence parallelism (tp > 1 and parallel.sequence_parallel) */
+    Recompute recompute; /* train.recompute: what the backward runs again */
     int n_layers;
     int head_dim, local_heads, local_kv_heads;
     /* Per token per layer, this rank's share: */
     double gemm_flops_fwd;    /* forward GEMM FLOPs */
     double elem_bytes;        /* forward + backward element-wise HBM traffic */
+    double recompute_bytes;   /* selective: the norms' and SwiGLU's forward bytes run again */
     double head_flops_fwd;    /* output projection (last stage) */
     double vocab_local;       /* vocabulary rows on this TP rank */
     double act_bytes;         /* one activation row in the compute dtype: d_model * 2 bytes in bf16 */
