@@ -19,7 +19,6 @@
  * Usage: kept_bf16 [--seeds N] [--tokens T]. Prints a table; run by hand (README/docs say where the
  * figures are used).
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +28,7 @@
 #include "cpu/cpu_ops.h"
 #include "engine/model/model.h"
 #include "util/bf16.h"
+#include "util/parse.h"
 #include "util/rng.h"
 
 static void die(const char *msg)
@@ -37,15 +37,14 @@ static void die(const char *msg)
     exit(2);
 }
 
-static long arg_long(const char *name, const char *text, long lo, long hi)
+/* A flag's whole-number value in [lo, hi]. */
+static int64_t arg_int(const char *name, const char *text, int64_t lo, int64_t hi)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || *end || v < lo || v > hi) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s: '%s' is not a whole number in [%ld, %ld]", name, text, lo, hi);
-        die(msg);
+    int64_t v;
+    if (parse_int64(text, &v) != 0 || v < lo || v > hi) {
+        fprintf(stderr, "wlbtrain: error: kept_bf16: %s: '%s' is not a whole number in [%lld, %lld]\n", name, text,
+                (long long)lo, (long long)hi);
+        exit(2);
     }
     return v;
 }
@@ -167,9 +166,9 @@ int main(int argc, char **argv)
     int64_t T = 2048;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seeds") && i + 1 < argc)
-            seeds = (int)arg_long("--seeds", argv[++i], 1, 100);
+            seeds = (int)arg_int("--seeds", argv[++i], 1, 100);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
-            T = arg_long("--tokens", argv[++i], 16, 1 << 16);
+            T = arg_int("--tokens", argv[++i], 16, 1 << 16);
         else
             die("usage: kept_bf16 [--seeds N] [--tokens T]");
     }
