@@ -597,6 +597,14 @@ static void test_memory_model(void **state)
     test_cmd_free(&r);
     read_memory(stats, v);
     assert_true(v[0] <= budget && fabs(v[0] - promised) <= 0.06);
+    /* Without sequence parallelism the stream's rows are on every TP rank: in the budget the layout
+     * fits with it, turning it back on is among the changes that fit. */
+    char sp_budget[64];
+    snprintf(sp_budget, sizeof sp_budget, "train.gpu_memory_gb=%.3f", 1.001 * base[0]);
+    dry_8b(&r, cfg, NULL, (const char *[]){"--set", sp_budget, "--set", "parallel.sequence_parallel=false", NULL});
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "parallel.sequence_parallel: true ("));
+    test_cmd_free(&r);
     /* --no-memory-check plans it anyway and says so. */
     dry_8b(&r, cfg, NULL, (const char *[]){"--no-memory-check", "--set", set_budget, NULL});
     assert_int_equal(r.status, 0);

@@ -207,6 +207,11 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
         snprintf(change, sizeof change, "train.recompute: %s", modes[r]);
         suggest(fits, sizeof fits, &alt, budget, change);
     }
+    if (!cfg->parallel.sequence_parallel && cfg->parallel.tp > 1) {
+        Config alt = *cfg;
+        alt.parallel.sequence_parallel = true;
+        suggest(fits, sizeof fits, &alt, budget, "parallel.sequence_parallel: true");
+    }
     if (!cfg->parallel.zero && cfg->parallel.dp * cfg->parallel.cp > 1) {
         Config alt = *cfg;
         alt.parallel.zero = 1;
@@ -245,8 +250,9 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
                      w->peak / 1e9, mp->worst, w->weights / 1e9, w->weights_act / 1e9, w->grads / 1e9,
                      w->optimizer / 1e9, w->activations / 1e9, w->slots, (long long)mp->mb_tokens, w->other / 1e9,
                      (w->peak - budget) / 1e9, budget / 1e9,
-                     fits[0] ? "each of these alone would fit: " : "no single change of train.recompute, parallel.zero, "
-                     "balance.max_tokens_per_micro_batch or twice parallel.tp, pp or cp fits; combine them or use more GPUs",
+                     fits[0] ? "each of these alone would fit: " : "no single change of train.recompute, "
+                     "parallel.sequence_parallel, parallel.zero, balance.max_tokens_per_micro_batch or twice parallel.tp, "
+                     "pp or cp fits; combine them or use more GPUs",
                      fits);
 }
 
