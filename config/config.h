@@ -64,6 +64,7 @@ typedef struct ConfigParallel {
     int64_t virtual_stages; /* model chunks per pipeline rank: 1 = 1F1B, more = interleaved 1F1B */
     CommKind comm;
     int64_t zero;
+    bool sequence_parallel; /* with tp > 1: the residual stream and the norms on T / tp rows per TP rank */
 } ConfigParallel;
 
 typedef struct ConfigData {

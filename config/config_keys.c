@@ -62,6 +62,10 @@ const ConfigKey config_keys[] = {
              "collectives: nccl on GPUs, mpi (host-staged) on CPUs or several ranks per GPU; auto picks"),
     INT_KEY("parallel.zero", parallel.zero, 0, 1, "0", NULL,
             "1 = shard optimizer state over DP x CP (ZeRO-1)"),
+    BOOL_KEY("parallel.sequence_parallel", parallel.sequence_parallel, "true", NULL,
+             "with tp > 1: the residual stream, the norms and what they keep on 1/tp of the tokens per TP "
+             "rank, all-gathered before the column-parallel products and reduce-scattered after the "
+             "row-parallel ones (Megatron's sequence parallelism); no effect with tp 1"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},
@@ -121,8 +125,8 @@ const ConfigKey config_keys[] = {
     FLOAT_KEY("balance.inter_node_gbps", balance.inter_node_gbps, 0, 1e6, 0, "0", NULL,
               "network bandwidth per device across nodes, GB/s; 0 = from the profile or calibration"),
     FLOAT_KEY("balance.tp_comm_overlap", balance.tp_comm_overlap, -1, 1, 0, "-1", NULL,
-              "fraction of the GEMM time that hides TP all-reduces (0 = none, 1 = full); -1 = from the "
-              "profile (1 on GPUs, 0 on cpu)"),
+              "fraction of the GEMM time that hides TP collectives (0 = none, 1 = full); -1 = from the "
+              "profile (0: wlbtrain runs them between the products, exposed)"),
     INT_KEY("balance.gpus_per_node", balance.gpus_per_node, 0, 1 << 16, "0", NULL,
             "devices per node (TP, CP, PP groups inside a node use its links); 0 = from the profile"),
 

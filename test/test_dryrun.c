@@ -387,8 +387,8 @@ static void test_balance_on_real_lists(void **state)
         const char *packers[2] = {"balance.packer=fixed", "balance.packer=wlb"};
         for (int k = 0; k < 2; k++) {
             CmdResult r;
-            /* The WLB-LLM layout, whose activations wlbtrain's engine cannot hold (no sequence
-             * parallelism): the planner's figures only. */
+            /* The WLB-LLM layout (at S_max 2 windows without recomputation its activations do not
+             * fit even with sequence parallelism): the planner's figures only. */
             RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--steps", "100", "--set", set, "--set",
                 packers[k], "--stats-out", stats);
             assert_int_equal(r.status, 0);
@@ -400,12 +400,17 @@ static void test_balance_on_real_lists(void **state)
             assert_true(cp_mean <= 1.001 && cp_max <= 1.005);
         }
         assert_true(pp[1] <= 1.03);
-        assert_true(pp[0] - pp[1] >= 0.05);
+        /* wlb removes most of fixed's excess over 1 (the TP traffic, exposed, is the same on every
+         * micro-batch of equal tokens, so it narrows both). */
+        assert_true(pp[1] - 1 <= 0.25 * (pp[0] - 1));
         /* The issue's bounds for wlb + hybrid (the default outlier queues, whose last one takes the
          * window-size pieces of documents longer than the window), interleaved and not: mean
-         * pp_imbalance at most 1.03 and its p95 at most 1.10, mean cp_imbalance at most 1.01 (the
+         * pp_imbalance at most 1.03 and its p95 at most 1.10, mean cp imbalance at most 1.01 (the
          * planning time is printed; tests do not time, bench/wlbllm_table1.sh does). 200 steps: on
-         * the Linux list the bad steps of the old two queues (p95 1.13) come after step 100. */
+         * the Linux list the bad steps of the old two queues (p95 1.13) come after step 100. The
+         * CP bound is on the ranks' times (cp_time_imbalance): with the TP collectives exposed (the
+         * profile's tp_comm_overlap 0) a rank's rows cost their all-gathers and reduce-scatters
+         * too, and the planner evens times, not attention + GEMMs alone (cp_imbalance, printed). */
         for (int v = 2; v >= 1; v--) {
             char *vs = test_format("parallel.virtual_stages=%d", v);
             CmdResult r;
@@ -414,9 +419,10 @@ static void test_balance_on_real_lists(void **state)
             assert_int_equal(r.status, 0);
             test_cmd_free(&r);
             double mean = summary_value(stats, "pp_imbalance", "mean"), p95 = summary_value(stats, "pp_imbalance", "p95");
-            double cp = summary_value(stats, "cp_imbalance", "mean"), ms = summary_value(stats, "packer_ms", "mean");
-            printf("# %s, wlb + hybrid, v %d: pp_imbalance mean %.4f p95 %.4f, cp_imbalance mean %.4f, plan %.3f ms\n",
-                   lists[i], v, mean, p95, cp, ms);
+            double cp = summary_value(stats, "cp_time_imbalance", "mean"), ms = summary_value(stats, "packer_ms", "mean");
+            double cp_compute = summary_value(stats, "cp_imbalance", "mean");
+            printf("# %s, wlb + hybrid, v %d: pp_imbalance mean %.4f p95 %.4f, cp_time_imbalance mean %.4f "
+                   "(cp_imbalance %.4f), plan %.3f ms\n", lists[i], v, mean, p95, cp, cp_compute, ms);
             assert_true(mean <= 1.03 && p95 <= 1.10 && cp <= 1.01);
             free(vs);
         }
@@ -599,6 +605,14 @@ static void test_memory_model(void **state)
     test_cmd_free(&r);
     read_memory(stats, v);
     assert_true(v[0] <= budget && fabs(v[0] - promised) <= 0.06);
+    /* Without sequence parallelism the stream's rows are on every TP rank: in the budget the layout
+     * fits with it, turning it back on is among the changes that fit. */
+    char sp_budget[64];
+    snprintf(sp_budget, sizeof sp_budget, "train.gpu_memory_gb=%.3f", 1.001 * base[0]);
+    dry_8b(&r, cfg, NULL, (const char *[]){"--set", sp_budget, "--set", "parallel.sequence_parallel=false", NULL});
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "parallel.sequence_parallel: true ("));
+    test_cmd_free(&r);
     /* --no-memory-check plans it anyway and says so. */
     dry_8b(&r, cfg, NULL, (const char *[]){"--no-memory-check", "--set", set_budget, NULL});
     assert_int_equal(r.status, 0);
@@ -626,6 +640,13 @@ static void test_examples_fit(void **state)
             print_error("%s: %s\n", configs[i], r.err);
         assert_int_equal(r.status, 0);
         assert_non_null(strstr(r.out, " of 80.0 GB: fits, "));
+        /* The headline jobs at the paper's S_max of 2 windows (sequence parallelism makes room). */
+        const char *mb = strstr(r.out, "largest micro-batch "), *window = strstr(r.out, "window ");
+        assert_non_null(mb);
+        assert_non_null(window);
+        if (i < 3)
+            assert_true(strtoll(mb + strlen("largest micro-batch "), NULL, 10) ==
+                        2 * strtoll(window + strlen("window "), NULL, 10));
         test_cmd_free(&r);
     }
     free(set);

@@ -33,6 +33,12 @@ int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err);
 /* The same over f64 host arrays, sum or max. */
 int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
 
+/* SP (model_sp.c). model_sp_gather: full [Tp, d] = the R rows x [R, d] of every TP rank, in TP rank
+ * order (dt: their dtype). model_sp_scatter: part [Tp, d] holds partial sums on its first T rows;
+ * its padding rows are zeroed and out [R, d] gets the sums over TP of this rank's rows. */
+int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err);
+int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err);
+
 /* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
  * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V
  * columns of dqkv (float32, this rank's rows) from m->dk_mb, m->dv_mb, the sharded rows summed over
@@ -40,10 +46,10 @@ int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
 int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err);
 int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err);
 
-/* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP), and its
- * backward from dh. */
+/* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP; with SP
+ * reduce-scattered: h has R rows), and its backward from dh (R rows: all-gathered with SP). */
 int model_embed_fwd(Model *m, float *h, const ModelBatch *b, Error *err);
-void model_embed_bwd(Model *m, const float *dh, const ModelBatch *b);
+int model_embed_bwd(Model *m, const float *dh, const ModelBatch *b, Error *err);
 /* The output projection and the vocabulary-parallel cross-entropy of the last chunk on slot's
  * normalized rows, in chunks of rows; with train, slot->dhn gets their gradient. */
 int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float dloss, double *loss_sum,

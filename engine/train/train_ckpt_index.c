@@ -17,7 +17,7 @@ static int index_chunk(const Config *cfg, int tp_rank, int g, json_t *chunks, js
 {
     const ConfigParallel *p = &cfg->parallel;
     int pp = (int)p->pp, n_chunks = pp * (int)p->virtual_stages, z = p->zero ? (int)(p->dp * p->cp) : 1;
-    ModelParallel par = {(int)p->tp, tp_rank, (int)p->cp, g, n_chunks, NULL};
+    ModelParallel par = {(int)p->tp, tp_rank, (int)p->cp, g, n_chunks, NULL, p->sequence_parallel};
     ModelTensor *t;
     int n;
     int64_t n_params;

@@ -15,7 +15,7 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     const Config *cfg = tr->cfg;
     TrainChunk *ch = &tr->chunks[c];
     ModelParallel par = {tr->lay.tp, tr->lay.tp_rank, tr->lay.cp, c * tr->pp + tr->lay.pp_rank, tr->n_chunks,
-                         tr->comm};
+                         tr->comm, cfg->parallel.sequence_parallel};
     if (model_init(&ch->model, &cfg->model, tr->ops, &par, cfg->train.recompute, err) != 0)
         return -1;
     Model *m = &ch->model;
@@ -171,7 +171,8 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
     /* A stage's input (or its output's gradient) for the largest micro-batch. */
     int64_t mb_tokens, rank_rows;
     plan_largest(&tr->planner, &mb_tokens, &rank_rows);
-    if (tr->n_chunks > 1 && trainer_reserve_recv(tr, rank_rows * cfg->model.d_model, err) != 0)
+    int64_t rows = model_rows(&tr->chunks[0].model.dims, rank_rows);
+    if (tr->n_chunks > 1 && trainer_reserve_recv(tr, rows * cfg->model.d_model, err) != 0)
         return -1;
     return 0;
 }
