@@ -17,33 +17,20 @@ holds every step once (the trainer cuts it back when it resumes), so it plots as
 matplotlib comes from PyPI; it is installed with pip when missing (as scripts/plot_dryrun.py does).
 """
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_dryrun import need_matplotlib  # noqa: E402
+from plot_dryrun import json_lines, need_matplotlib  # noqa: E402
 
 
 def load(path):
     """The step objects of a metrics file, in step order; exits with one error line when it is not one."""
     steps = []
-    try:
-        f = open(path)
-    except OSError as e:
-        sys.exit(f"wlbtrain: error: {path}: cannot open: {e.strerror}")
-    with f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                sys.exit(f"wlbtrain: error: {path}:{n}: not a JSON line: {e.msg}")
-            if not isinstance(obj, dict) or "step" not in obj or "loss" not in obj:
-                sys.exit(f"wlbtrain: error: {path}:{n}: not a step of log.metrics (no \"step\" and \"loss\")")
-            steps.append(obj)
+    for n, obj in json_lines(path):
+        if not isinstance(obj, dict) or "step" not in obj or "loss" not in obj:
+            sys.exit(f"wlbtrain: error: {path}:{n}: not a step of log.metrics (no \"step\" and \"loss\")")
+        steps.append(obj)
     if not steps:
         sys.exit(f"wlbtrain: error: {path}: no steps (write it with log.metrics: FILE)")
     steps.sort(key=lambda s: s["step"])

@@ -5,6 +5,10 @@
  * rank R: WHERE: WHAT") and ends the whole job through comm_abort with the error's status; a rank
  * that dies is noticed by the launcher, which stops the others. Either way no rank is left waiting.
  *
+ * Evaluation: after step s when s is a multiple of train.eval_every or the last step, before the
+ * checkpoint (which records it): the validation loss (train_eval.c), on the log line and in the
+ * metrics line of the step, whose time leaves the evaluation out; the last and best at the end.
+ *
  * Checkpoints: after step s, when checkpoint.dir is set and s is a multiple of checkpoint.every
  * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
  * goes on from the step after it, and log.metrics keeps its lines up to that step.
