@@ -24,8 +24,10 @@
 #        fills within the step that read it: no delay to study)
 #   gpu  train.device cuda, an 8-layer d_model 512 model, window 1024, 300 steps of 32768 tokens
 #        (about 10M tokens, an epoch of the corpus); wlb-cp2's 2 ranks share the GPU (parallel.comm mpi)
-# Environment: STEPS, EVAL_EVERY, EVAL_TOKENS override the mode's; WLBTRAIN a binary (default: ./wlbtrain,
-# built here: make CUDA=0 for cpu); OUT=DIR keeps the runs (default a temporary folder); PLOT=FILE.
+# Environment: STEPS, EVAL_EVERY, EVAL_TOKENS override the mode's; JOBS=N runs N runs at once (each
+# with one OpenMP thread a rank; default 1: one after another with the mode's threads); WLBTRAIN a
+# binary (default: ./wlbtrain, built here: make CUDA=0 for cpu); OUT=DIR keeps the runs (default a
+# temporary folder); PLOT=FILE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-cpu}
@@ -77,24 +79,33 @@ variant_sets() { # the --set arguments of a variant
   esac
 }
 
+one_run() { # VARIANT SEED: the run, then its final weights under one packing for every variant
+  local v=$1 seed=$2 name=$1-$2 launch=() omp=$threads
+  if [ "$v" = wlb-cp2 ]; then launch=(mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1) omp=1; fi
+  # shellcheck disable=SC2046
+  OMP_NUM_THREADS=$omp "${launch[@]}" "$bin" --config "$out/study.yaml" $(variant_sets "$v") \
+    --set "data.seed=$seed" --set "train.seed=$seed" --set "checkpoint.dir=$out/ck-$name" \
+    --set "log.metrics=$out/$name.jsonl" >"$out/$name.log"
+  # Plain-4D's pieces of the held-out documents, the same for all.
+  OMP_NUM_THREADS=$threads "$bin" eval --checkpoint "$out/ck-$name" --set balance.packer=fixed \
+    --set balance.cp_sharding=per_seq --out "$out/$name.common.json" >"$out/$name.eval.log"
+  echo "convergence: $name done ($(( $(date +%s) - t0 )) s)" >&2
+}
+
 variants="plain4d wlb wlb-nodelay wlb-cp2"
+jobs=${JOBS:-1}
+[ "$jobs" -gt 1 ] && threads=1
 t0=$(date +%s)
 cpu0=$(awk '{print $14 + $15 + $16 + $17}' /proc/$$/stat)
+failed=0
 for seed in $(seq 1 "$seeds"); do
   for v in $variants; do
-    name=$v-$seed
-    launch=() omp=$threads
-    if [ "$v" = wlb-cp2 ]; then launch=(mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1) omp=1; fi
-    # shellcheck disable=SC2046
-    OMP_NUM_THREADS=$omp "${launch[@]}" "$bin" --config "$out/study.yaml" $(variant_sets "$v") \
-      --set "data.seed=$seed" --set "train.seed=$seed" --set "checkpoint.dir=$out/ck-$name" \
-      --set "log.metrics=$out/$name.jsonl" >"$out/$name.log"
-    # The final weights under one packing for every variant: Plain-4D's pieces of the held-out documents.
-    OMP_NUM_THREADS=$threads "$bin" eval --checkpoint "$out/ck-$name" --set balance.packer=fixed \
-      --set balance.cp_sharding=per_seq --out "$out/$name.common.json" >"$out/$name.eval.log"
-    echo "convergence: $name done ($(( $(date +%s) - t0 )) s)" >&2
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || failed=1; done
+    one_run "$v" "$seed" &
   done
 done
+while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || failed=1; done
+[ "$failed" = 0 ] || { echo "wlbtrain: error: bench/convergence.sh: a run failed (logs in $out)" >&2; exit 1; }
 wall=$(( $(date +%s) - t0 ))
 cpu=$(awk -v hz="$(getconf CLK_TCK)" -v c0="$cpu0" '{printf "%.0f", ($14 + $15 + $16 + $17 - c0) / hz}' /proc/$$/stat)
 
@@ -102,6 +113,6 @@ echo "# convergence study: Plain-4D's fixed packing against wlb, the same tokens
 echo "machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg) at the end; $(date -u +%Y-%m-%d); wlbtrain $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "corpus: $stdlib/**/*.py of Debian's $package ($(dpkg-query -W -f='${Version}' "${package%%:*}" 2>/dev/null || echo '?')): $(sed 's/^convert: //' "$out/convert.txt")"
-echo "run: $wall s wall, $cpu CPU-s for the $((seeds * 4)) runs and their evaluations"
+echo "run: $wall s wall, $cpu CPU-s for the $((seeds * 4)) runs and their evaluations ($jobs at a time, $threads OpenMP thread(s) a rank)"
 WLB_PYTHON=${WLB_PYTHON:-$(scripts/test-python.sh)}
 "$WLB_PYTHON" bench/convergence_report.py "$out" "$plot" "$seeds" "$variants" "$out/study.yaml"
