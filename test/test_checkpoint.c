@@ -347,7 +347,7 @@ static void test_resume_with_evaluation(void **state)
     assert_int_equal(statefile_open(&sf, state_path, &err), 0);
     const StateSection *sec = statefile_find(&sf, "valid");
     assert_non_null(sec);
-    uint64_t w[4];
+    uint64_t w[5];
     double last, best, least = INFINITY;
     int64_t least_step = 0;
     memcpy(w, sec->data, sizeof w);
@@ -362,6 +362,11 @@ static void test_resume_with_evaluation(void **state)
     assert_true((int64_t)w[2] == least_step && best == least);
     statefile_close(&sf);
     free(state_path);
+    /* Resuming with another split would take up the saved position in another training stream. */
+    const char *other_split[] = {"--set", "data.valid_fraction=0.3", "--set", "checkpoint.resume=auto", NULL};
+    train(&r, 0, "eval-whole", NULL, other_split);
+    test_assert_error(&r, "saved by a run with data.valid_fraction 0.2, the config has 0.3");
+    test_cmd_free(&r);
 
     char *ckpt = test_format("%s/eval-whole/step-00000006", dir), *model = test_format("%s/eval-export", dir);
     char loss[40];

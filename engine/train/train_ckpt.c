@@ -23,8 +23,10 @@
  *                      skipped steps, the model's shape, the layout that saved it), planner (queues
  *                      and leftovers, plan_state_save), stream (the data position and shuffle state),
  *                      valid (the validation record: the step of the last evaluation, its loss, the
- *                      step of the best and its loss - u64 words, the losses' float64 bits; steps 0
- *                      when the run evaluated nothing; absent from checkpoints older than it)
+ *                      step of the best and its loss, and data.valid_fraction - u64 words, the
+ *                      numbers' float64 bits; steps 0 when the run evaluated nothing; absent from
+ *                      checkpoints older than it). Resuming with another valid_fraction is refused:
+ *                      the saved stream position and queues belong to the stream of the saved split
  *   config.yaml        the resolved config (wlbtrain export reads the model's shape from it)
  * Saving: rank 0 makes .tmp-step-NNNNNNNN; every writing rank streams its sections from the backend
  * through one 16 MiB host buffer into its file (written under a temporary name, fsynced, renamed);
@@ -68,27 +70,39 @@ static void meta_words(const Trainer *tr, int64_t step, uint64_t *w)
     memcpy(w, v, sizeof v);
 }
 
-/* The validation record as 4 words (valid section) and back; a section of another size is refused. */
-static void record_words(const TrainValidRecord *r, uint64_t *w)
+enum { VALID_WORDS = 5 };
+
+/* The valid section's words: the validation record and the split (data.valid_fraction). */
+static void record_words(const TrainValidRecord *r, double fraction, uint64_t *w)
 {
     w[0] = (uint64_t)r->last_step;
     memcpy(&w[1], &r->last_loss, sizeof w[1]);
     w[2] = (uint64_t)r->best_step;
     memcpy(&w[3], &r->best_loss, sizeof w[3]);
+    memcpy(&w[4], &fraction, sizeof w[4]);
 }
 
-static int record_read(const StateSection *sec, TrainValidRecord *r, const char *file, Error *err)
+/* The record from the valid section, when there is one (a section of another size is refused); with
+ * same_split, a split other than the config's is refused too. */
+static int record_read(const StateSection *sec, TrainValidRecord *r, double fraction, int same_split,
+                       const char *file, Error *err)
 {
-    uint64_t w[4];
+    uint64_t w[VALID_WORDS];
     if (!sec)
         return 0; /* saved before checkpoints kept one */
     if (sec->size != sizeof w)
         return error_set(err, file, "the valid section has %llu bytes, not %zu", (unsigned long long)sec->size,
                          sizeof w);
     memcpy(w, sec->data, sizeof w);
-    if (w[0] > ((uint64_t)1 << 48) || w[2] > w[0])
-        return error_set(err, file, "the valid section is corrupted (steps %llu, %llu)", (unsigned long long)w[0],
-                         (unsigned long long)w[2]);
+    double saved;
+    memcpy(&saved, &w[4], sizeof saved);
+    if (w[0] > ((uint64_t)1 << 48) || w[2] > w[0] || !(saved >= 0 && saved < 1))
+        return error_set(err, file, "the valid section is corrupted (steps %llu, %llu, valid_fraction %g)",
+                         (unsigned long long)w[0], (unsigned long long)w[2], saved);
+    if (same_split && saved != fraction)
+        return error_set(err, file, "saved by a run with data.valid_fraction %g, the config has %g: the saved data "
+                         "position belongs to the other split's training stream (resume with %g, or start a new run)",
+                         saved, fraction, saved);
     r->last_step = (int64_t)w[0];
     memcpy(&r->last_loss, &w[1], sizeof r->last_loss);
     r->best_step = (int64_t)w[2];
@@ -250,8 +264,8 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     } else {
         plan_state_save(&tr->planner, planner);
         data_stream_save(&tr->stream, stream);
-        uint64_t valid[4];
-        record_words(&tr->valid_record, valid);
+        uint64_t valid[VALID_WORDS];
+        record_words(&tr->valid_record, tr->cfg->data.valid_fraction, valid);
         StateSection s[4] = {{"meta", meta, sizeof meta},
                              {"planner", planner, np * sizeof *planner},
                              {"stream", stream, ns * sizeof *stream},
@@ -467,7 +481,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int full, int64_t *ste
     }
     TrainValidRecord record = {0};
     if (rc == 0)
-        rc = record_read(statefile_find(&sf, "valid"), &record, file, err);
+        rc = record_read(statefile_find(&sf, "valid"), &record, tr->cfg->data.valid_fraction, full, file, err);
     CkptIndex ix;
     int have_index = rc == 0 && ckpt_index_open(&ix, path, err) == 0;
     if (rc == 0 && !have_index)
