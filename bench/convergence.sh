@@ -17,15 +17,15 @@
 #
 # Usage: bench/convergence.sh [cpu|gpu] [SEEDS]        (default: cpu, 3 seeds)
 #   cpu  a 2-layer, d_model 64 model, window 1024, 90 steps of 8192 tokens (8 micro-batches) per
-#        run, 2 OpenMP threads (1 per rank for wlb-cp2): about 55 CPU-minutes for the 12 runs, under
-#        30 minutes on an idle 2-core machine. The window is 1024 rather than less so that the
+#        run, two runs at a time with one thread a rank: about 15 CPU-minutes for the 12 runs (40
+#        steps measured 411 CPU-s), under 30 minutes on an idle 2-core machine. The window is 1024 rather than less so that the
 #        documents (files of 39 bytes to 756 KB, median 8.5 KB) leave pieces of every length and the
 #        outlier queues delay some of them (with 256, nearly every piece is a full window and a queue
 #        fills within the step that read it: no delay to study)
 #   gpu  train.device cuda, an 8-layer d_model 512 model, window 1024, 300 steps of 32768 tokens
 #        (about 10M tokens, an epoch of the corpus); wlb-cp2's 2 ranks share the GPU (parallel.comm mpi)
-# Environment: STEPS, EVAL_EVERY, EVAL_TOKENS override the mode's; JOBS=N runs N runs at once (each
-# with one OpenMP thread a rank; default 1: one after another with the mode's threads); WLBTRAIN a
+# Environment: STEPS, EVAL_EVERY, EVAL_TOKENS override the mode's; JOBS=N runs N runs at once, each
+# with one OpenMP thread a rank (default: 2 on cpu; 1 on gpu, one run after another); WLBTRAIN a
 # binary (default: ./wlbtrain, built here: make CUDA=0 for cpu); OUT=DIR keeps the runs (default a
 # temporary folder); PLOT=FILE.
 set -euo pipefail
@@ -36,12 +36,12 @@ case "$mode" in
   cpu)
     model="n_layers: 2, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 192"
     window=1024 batch=8192 steps=${STEPS:-90} every=${EVAL_EVERY:-10} eval_tokens=${EVAL_TOKENS:-16384}
-    device="device: cpu" lr=3.0e-3 warmup=10 threads=2
+    device="device: cpu" lr=3.0e-3 warmup=10 threads=2 jobs=${JOBS:-2}
     [ -n "${WLBTRAIN:-}" ] || make -s CUDA=0 >/dev/null ;;
   gpu)
     model="n_layers: 8, d_model: 512, n_heads: 8, n_kv_heads: 4, d_ffn: 1536"
     window=1024 batch=32768 steps=${STEPS:-300} every=${EVAL_EVERY:-25} eval_tokens=${EVAL_TOKENS:-131072}
-    device="device: cuda" lr=1.0e-3 warmup=30 threads=4
+    device="device: cuda" lr=1.0e-3 warmup=30 threads=4 jobs=${JOBS:-1}
     [ -n "${WLBTRAIN:-}" ] || make -s >/dev/null ;;
   *) echo "wlbtrain: error: bench/convergence.sh: mode '$mode': expected cpu or gpu" >&2; exit 2 ;;
 esac
@@ -93,8 +93,7 @@ one_run() { # VARIANT SEED: the run, then its final weights under one packing fo
 }
 
 variants="plain4d wlb wlb-nodelay wlb-cp2"
-jobs=${JOBS:-1}
-[ "$jobs" -gt 1 ] && threads=1
+if [ "$jobs" -gt 1 ]; then threads=1; fi
 t0=$(date +%s)
 cpu0=$(awk '{print $14 + $15 + $16 + $17}' /proc/$$/stat)
 failed=0
