@@ -6,9 +6,10 @@
  * test/test_layering.py checks every include).
  * Every error ends here: "wlbtrain: error: WHERE: WHAT" on stderr, exit 2 for bad input, 1 at run time.
  * A training run stopped by SIGUSR1 or SIGTERM exits 75 (TRAIN_EXIT_PREEMPTED) once its checkpoint
- * is written.
+ * is written. `wlbtrain eval` loads its config here too (eval_config) and runs through the trainer.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -18,6 +19,7 @@
 #include "engine/train/calibrate.h"
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "util/ckpt_index.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
 static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, Error *err)
@@ -42,13 +44,55 @@ static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     return config_resolve(cfg, world, err);
 }
 
+/* `wlbtrain eval`: the config is --config's, or the checkpoint's config.yaml with the layout of the
+ * launch (one process, or data-parallel over the launched ranks), before --set; train.init_from none
+ * with --checkpoint, --init-from's file otherwise. *owned: a string cfg points to, for the caller to free after it. */
+static int eval_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, char **owned, Error *err)
+{
+    static const char *const own_layout[] = {"parallel.tp=1", "parallel.cp=1", "parallel.pp=1",
+                                             "parallel.virtual_stages=1", "parallel.dp=auto", "parallel.zero=0"};
+    config_init(cfg);
+    *owned = NULL;
+    char *dir = NULL;
+    int rc = 0;
+    if (opt->config_path) {
+        rc = config_load_file(cfg, opt->config_path, err);
+    } else if ((rc = ckpt_step_folder(opt->eval.checkpoint, &dir, err)) == 0) {
+        char *path = malloc(strlen(dir) + sizeof "/config.yaml");
+        if (!path)
+            rc = error_runtime(err, "eval", "out of memory");
+        else
+            sprintf(path, "%s/config.yaml", dir);
+        if (rc == 0)
+            rc = config_load_file(cfg, path, err);
+        free(path);
+        for (size_t i = 0; rc == 0 && i < sizeof own_layout / sizeof own_layout[0]; i++)
+            rc = config_apply_set(cfg, own_layout[i], err);
+    }
+    free(dir);
+    if (rc == 0 && opt->eval.checkpoint) /* the checkpoint's weights replace whatever init_from would load */
+        rc = config_apply_set(cfg, "train.init_from=none", err);
+    if (rc == 0 && opt->eval.init_from) {
+        if (!(*owned = malloc(strlen(opt->eval.init_from) + sizeof "train.init_from=")))
+            return error_runtime(err, "eval", "out of memory");
+        sprintf(*owned, "train.init_from=%s", opt->eval.init_from);
+        rc = config_apply_set(cfg, *owned, err);
+    }
+    for (int i = 0; rc == 0 && i < opt->n_sets; i++)
+        rc = config_apply_set(cfg, opt->sets[i], err);
+    return rc == 0 ? config_resolve(cfg, launch->world_size, err) : -1;
+}
+
 /* *exit_status: 0, or the trainer's TRAIN_EXIT_PREEMPTED (a run stopped by a signal). */
 static int run(const CliOptions *opt, int *exit_status, Error *err)
 {
     RuntimeLaunch launch = runtime_launch_from_env();
     Config cfg;
-    int rc = load_config(opt, &cfg, &launch, err);
-    if (rc == 0 && opt->command == CLI_CALIBRATE) {
+    char *owned = NULL;
+    int rc = opt->command == CLI_EVAL ? eval_config(opt, &cfg, &launch, &owned, err) : load_config(opt, &cfg, &launch, err);
+    if (rc == 0 && opt->command == CLI_EVAL) {
+        rc = trainer_eval_run(&cfg, opt->eval.checkpoint, opt->eval.out, err);
+    } else if (rc == 0 && opt->command == CLI_CALIBRATE) {
         rc = calibrate_run(&cfg, opt->calibrate_out, err);
     } else if (rc == 0 && opt->print_config) {
         if (launch.rank == 0)
@@ -67,6 +111,7 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
         rc = trainer_run(&cfg, exit_status, err);
     }
     config_free(&cfg);
+    free(owned);
     return rc;
 }
 
@@ -98,6 +143,7 @@ int main(int argc, char **argv)
             break;
         case CLI_RUN:
         case CLI_CALIBRATE:
+        case CLI_EVAL:
             rc = run(&opt, &exit_status, &err);
             break;
         }

@@ -7,6 +7,7 @@
  *   wlbtrain convert --out PREFIX [options] INPUT...
  *   wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]
  *   wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE
+ *   wlbtrain eval (--checkpoint PATH | --init-from FILE) [--config FILE] [--set KEY=VALUE]... [--out FILE]
  *   wlbtrain --help | --help-config | --version
  *
  * cli_parse only reads argv: it checks every flag and value and fills CliOptions; nothing is
@@ -26,6 +27,7 @@ typedef enum CliCommand {
     CLI_CONVERT,      /* convert ... */
     CLI_EXPORT,       /* export ... */
     CLI_CALIBRATE,    /* calibrate --config FILE [--set ...] --out PROFILE */
+    CLI_EVAL,         /* eval (--checkpoint PATH | --init-from FILE) [--config FILE] [--set ...] [--out FILE] */
     CLI_HELP,         /* --help (or a subcommand's --help) */
     CLI_HELP_CONFIG,  /* --help-config: every config key */
     CLI_VERSION,      /* --version */
@@ -51,9 +53,15 @@ typedef struct CliExport {
     const char *dtype;         /* --dtype float32|bfloat16 */
 } CliExport;
 
+typedef struct CliEval {
+    const char *checkpoint;    /* --checkpoint PATH: a step folder, or a checkpoint folder (its latest) */
+    const char *init_from;     /* --init-from FILE: weights as train.init_from reads them */
+    const char *out;           /* --out FILE: the result as a JSON object; NULL = none */
+} CliEval;
+
 typedef struct CliOptions {
     CliCommand command;
-    const char *help_topic;    /* for CLI_HELP: NULL, "inspect", "convert", "export" or "calibrate" */
+    const char *help_topic;    /* for CLI_HELP: NULL, "inspect", "convert", "export", "calibrate" or "eval" */
     const char *config_path;   /* --config */
     const char **sets;         /* --set KEY=VALUE, in order (pointers into argv) */
     int n_sets;
@@ -67,6 +75,7 @@ typedef struct CliOptions {
     const char *inspect_prefix;
     CliConvert convert;
     CliExport export_;
+    CliEval eval;
 } CliOptions;
 
 /* Parses argv into o. On error fills err ("--flag: what") and returns -1. cli_free releases the

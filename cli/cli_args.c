@@ -185,6 +185,21 @@ static int parse_export(int argc, char **argv, CliOptions *o, Error *err)
     return 0;
 }
 
+/* eval: weights from one place; a config of its own unless the checkpoint's is taken. */
+static int check_eval(const CliOptions *o, Error *err)
+{
+    const CliEval *e = &o->eval;
+    if (!e->checkpoint == !e->init_from)
+        return error_set(err, "eval", "needs --checkpoint PATH (a checkpoint folder or one of its step-NNNNNNNN) or "
+                         "--init-from FILE (safetensors or llama2.c weights), one of them");
+    if (e->init_from && !o->config_path)
+        return error_set(err, "eval", "--init-from needs --config FILE (the model's shape and the validation set)");
+    if (o->dry_run || o->compare || o->no_memory_check || o->print_config || o->stats_out || o->steps)
+        return error_set(err, "eval", "takes --checkpoint or --init-from, --config, --set and --out only (see "
+                         "wlbtrain eval --help)");
+    return 0;
+}
+
 int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
 {
     memset(o, 0, sizeof *o);
@@ -197,21 +212,33 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         return parse_convert(argc, argv, o, err);
     if (!strcmp(argv[1], "export"))
         return parse_export(argc, argv, o, err);
-    /* calibrate takes the run's --config and --set, and its own --out. */
-    int calibrate = !strcmp(argv[1], "calibrate");
+    /* calibrate and eval take the run's --config and --set, and flags of their own. */
+    int calibrate = !strcmp(argv[1], "calibrate"), eval = !strcmp(argv[1], "eval"), sub = calibrate || eval;
     if (calibrate)
         o->command = CLI_CALIBRATE;
+    if (eval)
+        o->command = CLI_EVAL;
+    const StrFlag eval_flags[] = {
+        {"--checkpoint", &o->eval.checkpoint, NULL},
+        {"--init-from", &o->eval.init_from, NULL},
+        {"--out", &o->eval.out, NULL},
+    };
 
     o->sets = calloc((size_t)argc, sizeof *o->sets);
     if (!o->sets)
         return error_runtime(err, "wlbtrain", "out of memory");
-    for (int i = 1 + calibrate; i < argc; i++) {
+    for (int i = 1 + sub; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int r;
         if (is_help(a)) {
             o->command = CLI_HELP;
-            o->help_topic = calibrate ? "calibrate" : NULL;
+            o->help_topic = calibrate ? "calibrate" : eval ? "eval" : NULL;
             return 0;
+        }
+        if (eval && (r = match_str_flags(eval_flags, 3, argc, argv, &i, err)) != 0) {
+            if (r < 0)
+                return -1;
+            continue;
         }
         if (calibrate && (r = flag_value(argc, argv, &i, "--out", &o->calibrate_out, err)) != 0) {
             if (r < 0)
@@ -269,8 +296,11 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         }
         if (a[0] == '-')
             return error_set(err, a, "unknown flag (see wlbtrain --help)");
-        return error_set(err, a, "unexpected argument (subcommands are inspect, convert, export and calibrate; see wlbtrain --help)");
+        return error_set(err, a, "unexpected argument (subcommands are inspect, convert, export, calibrate and eval; "
+                         "see wlbtrain --help)");
     }
+    if (eval)
+        return check_eval(o, err);
     if (!o->config_path)
         return error_set(err, "--config", "is required (see wlbtrain --help)");
     if (calibrate && !o->calibrate_out)

@@ -24,6 +24,7 @@ static const char help_main[] =
     "  wlbtrain convert --out PREFIX [options] INPUT...\n"
     "  wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]\n"
     "  wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE\n"
+    "  wlbtrain eval (--checkpoint PATH | --init-from FILE) [--config FILE] [--set KEY=VALUE]...\n"
     "  wlbtrain --help | --help-config | --version\n"
     "\n"
     "Run options:\n"
@@ -52,6 +53,8 @@ static const char help_main[] =
     "  export             a checkpoint as a Hugging Face model folder (wlbtrain export --help)\n"
     "  calibrate          measure the cost model's rates on train.device and write a profile\n"
     "                     for balance.calibration (wlbtrain calibrate --help)\n"
+    "  eval               the validation loss of a checkpoint or of saved weights\n"
+    "                     (wlbtrain eval --help)\n"
     "\n"
     "Other:\n"
     "  --help, -h         this text (wlbtrain SUBCOMMAND --help for a subcommand's)\n"
@@ -136,6 +139,30 @@ static const char help_calibrate[] =
     "\n"
     "train.device: cuda without a GPU is an error (exit status 2).\n";
 
+static const char help_eval[] =
+    "Usage: wlbtrain eval --checkpoint PATH [--config FILE] [--set KEY=VALUE]... [--out FILE]\n"
+    "       wlbtrain eval --init-from FILE --config FILE [--set KEY=VALUE]... [--out FILE]\n"
+    "\n"
+    "The validation loss of saved weights: the mean cross-entropy over the labelled tokens of the\n"
+    "validation set (data.valid_path, or the documents data.valid_fraction holds out of data.path),\n"
+    "the same batches a training run with that config evaluates (train.eval_tokens; docs/validation.md).\n"
+    "Forward only, no optimizer state. One process, or under mpirun / srun on any layout.\n"
+    "\n"
+    "Options:\n"
+    "  --checkpoint PATH    a checkpoint folder (checkpoint.dir: its latest is taken) or one of its\n"
+    "                       step-NNNNNNNN folders; without --config its config.yaml is the config,\n"
+    "                       with the layout reset to one process (or data-parallel over the launch)\n"
+    "                       and train.init_from to none: --set parallel.tp=2 etc. for another layout\n"
+    "  --init-from FILE     weights as train.init_from reads them (safetensors with Hugging Face\n"
+    "                       names, such as wlbtrain export writes, or a llama2.c checkpoint)\n"
+    "  --config FILE        the config (model shape, data, validation set); required with --init-from\n"
+    "  --set KEY=VALUE      override a config key (repeatable), e.g. --set data.valid_path=PREFIX\n"
+    "  --out FILE           also write the result as one JSON object (valid_loss with all its digits,\n"
+    "                       as log.metrics has it)\n"
+    "\n"
+    "Prints the validation set, the record the checkpoint keeps of the run's last and best\n"
+    "validation loss, and the loss measured now.\n";
+
 void cli_print_help(const char *topic)
 {
     if (topic && !strcmp(topic, "inspect"))
@@ -146,6 +173,8 @@ void cli_print_help(const char *topic)
         fputs(help_export, stdout);
     else if (topic && !strcmp(topic, "calibrate"))
         fputs(help_calibrate, stdout);
+    else if (topic && !strcmp(topic, "eval"))
+        fputs(help_eval, stdout);
     else
         fputs(help_main, stdout);
 }

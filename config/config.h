@@ -75,6 +75,8 @@ typedef struct ConfigData {
     int64_t context_window;
     int64_t global_batch_tokens; /* 0 = auto (until dp is known) */
     int64_t seed;
+    ConfigStrList valid_path;  /* Megatron prefixes of a validation set; empty = none */
+    double valid_fraction;     /* share of data.path's documents held out for validation; 0 = none */
 } ConfigData;
 
 typedef struct ConfigBalance {
@@ -111,6 +113,8 @@ typedef struct ConfigTrain {
     bool deterministic;
     double gpu_memory_gb; /* the memory check's budget per device, 10^9 bytes; 0 = the hardware profile's */
     char *stop_after; /* NULL = none; a step count or a wall time (config_stop_after parses it) */
+    int64_t eval_every;  /* validation loss every N steps; 0 = none */
+    int64_t eval_tokens; /* tokens of the validation set an evaluation reads; 0 = auto (10 global batches) */
 } ConfigTrain;
 
 typedef struct ConfigCheckpoint {

@@ -82,6 +82,11 @@ const ConfigKey config_keys[] = {
              "pp * dp * context_window",
              "tokens per optimizer step, a multiple of dp * context_window"),
     INT_KEY("data.seed", data.seed, 0, INT64_MAX, "1234", NULL, "seed of the document shuffle"),
+    {"data.valid_path", KEY_STR_LIST, OFF(data.valid_path), 0, 0, 0, 0, 0, NULL, NULL, "none",
+     "Megatron prefix (or list of prefixes) of a held-out validation set: train.eval_every measures its loss"},
+    FLOAT_KEY("data.valid_fraction", data.valid_fraction, 0, 1, KEY_MAX_OPEN, "0", NULL,
+              "share of data.path's documents held out for validation instead (chosen by a hash of the document "
+              "id: the same split for every seed and layout; never trained on); 0 = none"),
 
     ENUM_KEY("balance.packer", balance.packer, "fixed|fixed_greedy|wlb", "wlb", NULL,
              "fixed: stream order cut at the window (Plain-4D); fixed_greedy: greedy repack into "
@@ -169,6 +174,12 @@ const ConfigKey config_keys[] = {
             "end this run early, with a checkpoint: after N steps of this run (500) or the first step that "
             "ends past a wall time since its start (90s, 45m, 2h, 1h30m); the schedule stays that of "
             "train.steps; none = run to train.steps"),
+    INT_KEY("train.eval_every", train.eval_every, 0, BIG, "0", NULL,
+            "validation loss every N steps and after the last (needs data.valid_path or data.valid_fraction); "
+            "0 = none"),
+    AUTO_KEY("train.eval_tokens", train.eval_tokens, 1, BIG, "auto", NULL,
+             "validation tokens an evaluation reads, the same ones every time: rounded up to whole global batches, "
+             "at most the validation set's whole global batches (at least one); auto = 10 global batches"),
 
     STR_KEY("checkpoint.dir", checkpoint.dir, "none", "folder of checkpoints; none = no checkpoints"),
     INT_KEY("checkpoint.every", checkpoint.every, 0, BIG, "0", NULL, "save every N steps; 0 = only at the end"),

@@ -188,6 +188,9 @@ static int check_data(Config *cfg, Error *err)
                           "must be a multiple of data.context_window (%lld), got %lld",
                           (long long)d->context_window, (long long)d->global_batch_tokens);
     }
+    if (d->valid_path.n && d->valid_fraction > 0)
+        return rule_error(cfg, err, "data.valid_fraction", "data.valid_path",
+                          "a validation set is data.valid_path or a share of data.path, not both");
     return 0;
 }
 
@@ -229,6 +232,10 @@ static int check_train(const Config *cfg, Error *err)
     if (t->stop_after && config_stop_after(t->stop_after, &steps, &seconds) != 0)
         return rule_error(cfg, err, "train.stop_after", NULL,
                           "expected a step count (500) or a wall time (90s, 45m, 2h, 1h30m), got '%s'", t->stop_after);
+    if (t->eval_every > 0 && !cfg->data.valid_path.n && !(cfg->data.valid_fraction > 0))
+        return rule_error(cfg, err, "train.eval_every", NULL,
+                          "needs a validation set: data.valid_path (held-out prefixes) or data.valid_fraction (a share "
+                          "of data.path's documents)");
     const ConfigCheckpoint *c = &cfg->checkpoint;
     if (c->every > 0 && !c->dir)
         return rule_error(cfg, err, "checkpoint.every", NULL, "needs checkpoint.dir");

@@ -80,7 +80,58 @@ static int pick_source(const DataStream *s)
     return best;
 }
 
-/* Starts the next non-empty document of source i (sources have tokens, so one exists). */
+/* The split's hash of a document id: a SplitMix64 mix under a constant of its own ("VALID"), as a
+ * number in [0, 1) with 53 bits. No seed: the split is a property of the data set. */
+static double split_point(uint64_t doc)
+{
+    return (double)(rng_hash3(0x56414c4944ull, doc, 0) >> 11) * 0x1.0p-53;
+}
+
+int data_split_is_valid(uint64_t doc, double fraction)
+{
+    return fraction > 0 && split_point(doc) < fraction;
+}
+
+int data_split_keeps(DataSplit side, double fraction, uint64_t doc)
+{
+    if (side == DATA_SPLIT_ALL)
+        return 1;
+    return data_split_is_valid(doc, fraction) == (side == DATA_SPLIT_VALID);
+}
+
+void data_split_count(const DataSource *s, DataSplit side, double fraction, uint64_t *docs, uint64_t *tokens)
+{
+    *docs = *tokens = 0;
+    for (uint64_t d = 0; d < s->n_docs; d++) {
+        uint64_t len = data_source_doc_len(s, d);
+        if (len > 0 && data_split_keeps(side, fraction, d)) {
+            ++*docs;
+            *tokens += len;
+        }
+    }
+}
+
+int data_stream_set_split(DataStream *s, DataSplit side, double fraction, Error *err)
+{
+    if (!(fraction >= 0 && fraction < 1))
+        return error_set(err, "data.valid_fraction", "must be in [0, 1), got %g", fraction);
+    for (int i = 0; i < s->n_sources && side != DATA_SPLIT_ALL; i++) {
+        const DataSource *src = &s->sources[i].src;
+        uint64_t d = 0;
+        while (d < src->n_docs && !(data_source_doc_len(src, d) > 0 && data_split_keeps(side, fraction, d)))
+            d++;
+        if (d == src->n_docs)
+            return error_set(err, "data.valid_fraction", "%g leaves data source %d (%llu documents) no %s document",
+                             fraction, i + 1, (unsigned long long)src->n_docs,
+                             side == DATA_SPLIT_VALID ? "validation" : "training");
+    }
+    s->split = side;
+    s->split_fraction = fraction;
+    return 0;
+}
+
+/* Starts the next non-empty document of source i on the stream's side of the split (sources have
+ * such documents, so one exists). */
 static void start_document(DataStream *s, int i)
 {
     DataStreamSource *ss = &s->sources[i];
@@ -92,7 +143,7 @@ static void start_document(DataStream *s, int i)
             start_epoch(s, i);
         }
         uint64_t len = data_source_doc_len(&ss->src, doc);
-        if (len > 0) {
+        if (len > 0 && data_split_keeps(s->split, s->split_fraction, doc)) {
             s->current = (DataPiece){(uint32_t)i, doc, len, 0, 0};
             s->has_current = 1;
             return;

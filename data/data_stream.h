@@ -13,6 +13,11 @@
  *
  * The position is a handful of integers per source: data_stream_save/restore give them to a
  * checkpoint, and a restored stream yields exactly what the uninterrupted one would have.
+ *
+ * Held-out split (data.valid_fraction): document `doc` of any source is a validation document when
+ * a hash of its id alone, as a number in [0, 1), is below the fraction - the same split for every
+ * seed, layout, source order and run. A stream restricted to one side skips the documents of the
+ * other as it skips empty ones, so a training stream never yields a validation document.
  */
 #ifndef WLB_DATA_DATA_STREAM_H
 #define WLB_DATA_DATA_STREAM_H
@@ -53,6 +58,9 @@ typedef struct DataStreamSource {
     DataShuffle order;   /* this epoch's order */
 } DataStreamSource;
 
+/* Which documents a stream yields: all of them, or one side of the held-out split. */
+typedef enum DataSplit { DATA_SPLIT_ALL, DATA_SPLIT_TRAIN, DATA_SPLIT_VALID } DataSplit;
+
 typedef struct DataStream {
     int n_sources;
     DataStreamSource *sources;
@@ -60,6 +68,8 @@ typedef struct DataStream {
     uint64_t window;
     uint64_t tokens;     /* tokens emitted in all */
     int cut_at_windows;  /* end pieces at multiples of window of tokens (set by the user, not saved) */
+    DataSplit split;     /* the side of the held-out split it yields (data_stream_set_split, not saved) */
+    double split_fraction;
     /* The document in progress (its remaining pieces come next), if any. */
     int has_current;
     DataPiece current;   /* the next piece to emit of the current document (offset valid) */
@@ -70,6 +80,16 @@ int data_stream_init(DataStream *s, const DataSource *sources, const double *wei
                      uint64_t seed, uint64_t window, Error *err);
 void data_stream_free(DataStream *s);
 void data_stream_next(DataStream *s, DataPiece *out);
+
+/* 1 when document doc is a validation document of a split that holds out `fraction` (0 <= fraction
+ * < 1) of the documents; data_split_keeps: when a stream on `side` yields it. */
+int data_split_is_valid(uint64_t doc, double fraction);
+int data_split_keeps(DataSplit side, double fraction, uint64_t doc);
+/* The non-empty documents of source s on `side`, and their tokens (reads every length: O(documents)). */
+void data_split_count(const DataSource *s, DataSplit side, double fraction, uint64_t *docs, uint64_t *tokens);
+/* Restricts the stream to one side of the split (before the first data_stream_next). An Error (status 2)
+ * when a source has no non-empty document on that side: the stream would never yield one. */
+int data_stream_set_split(DataStream *s, DataSplit side, double fraction, Error *err);
 
 /* The position as words: save writes data_stream_state_words() of them. */
 size_t data_stream_state_words(const DataStream *s);

@@ -32,18 +32,30 @@ def need_matplotlib():
     return plt
 
 
-def load(path):
-    steps, summaries = [], []
-    with open(path) as f:
+def json_lines(path):
+    """(line number, object) of every non-blank line of a JSON-lines file; one error line and exit
+    when the file cannot be read or a line is not JSON (scripts/plot_metrics.py reads with it too)."""
+    out = []
+    try:
+        f = open(path)
+    except OSError as e:
+        sys.exit(f"wlbtrain: error: {path}: cannot open: {e.strerror}")
+    with f:
         for n, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                obj = json.loads(line)
+                out.append((n, json.loads(line)))
             except json.JSONDecodeError as e:
                 sys.exit(f"wlbtrain: error: {path}:{n}: not a JSON line: {e.msg}")
-            (summaries if obj.get("summary") else steps).append(obj)
+    return out
+
+
+def load(path):
+    steps, summaries = [], []
+    for _, obj in json_lines(path):
+        (summaries if obj.get("summary") else steps).append(obj)
     if not steps:
         sys.exit(f"wlbtrain: error: {path}: no step lines (write it with wlbtrain --dry-run --stats-out)")
     return steps, summaries

@@ -6,7 +6,9 @@
  *
  * OUT holds, gathered onto rank 0 in full Hugging Face shapes: loss and tokens (one per step,
  * F64), grad.NAME for every weight after step 1's backward (the reduced gradients the optimizer
- * sees, before clipping), and param.NAME after the last step.
+ * sees, before clipping), and param.NAME after the last step. With a validation set in the config
+ * (data.valid_path or data.valid_fraction) also valid_loss and valid_tokens (F64, one each): the
+ * evaluation after the last step (trainer_evaluate, forward only).
  *
  * --layout: one step of a plan made here by hand, not by the planner (trainer_run_plan; OUT holds
  * loss, tokens and grad.NAME). LAYOUT places the documents of every micro-batch over the CP ranks:
@@ -214,10 +216,17 @@ int main(int argc, char **argv)
     }
     if (!layout)
         add_tensors(&tr, &w, "param", 0);
+    EvalStats ev = {0};
+    if (!layout && tr.valid && trainer_evaluate(&tr, steps, &ev, &err) != 0)
+        die(&comm, &err);
     if (comm_world_rank(&comm) == 0) {
-        int64_t n = steps;
+        int64_t n = steps, one = 1;
+        double valid[2] = {ev.loss, (double)ev.tokens};
         if (st_writer_add(&w, "loss", ST_F64, &n, 1, loss, &err) != 0 ||
-            st_writer_add(&w, "tokens", ST_F64, &n, 1, tokens, &err) != 0 || st_write(&w, argv[2], &err) != 0)
+            st_writer_add(&w, "tokens", ST_F64, &n, 1, tokens, &err) != 0 ||
+            (ev.steps > 0 && (st_writer_add(&w, "valid_loss", ST_F64, &one, 1, &valid[0], &err) != 0 ||
+                              st_writer_add(&w, "valid_tokens", ST_F64, &one, 1, &valid[1], &err) != 0)) ||
+            st_write(&w, argv[2], &err) != 0)
             die(&comm, &err);
     }
     st_writer_free(&w);

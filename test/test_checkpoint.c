@@ -9,6 +9,10 @@
  * checkpoint in charge; checkpoint.keep; damaged checkpoints are one error line with exit 2 and
  * nothing overwritten; checkpoint.resume takes the checkpoint folder, its latest or a step folder; non-finite gradients stop the run or skip the update as configured (a skipped
  * update leaves the weights, the AdamW moments, the update count and the schedule where they were).
+ * With evaluation on (a held-out share, every 2 steps): the run trains exactly as without it, resumes
+ * bit for bit (validation losses included), its checkpoints record the last and best validation
+ * loss, and `wlbtrain eval` of a checkpoint - or of its exported weights - gives the run's figure
+ * bit for bit (on another layout within float rounding).
  */
 #include "test/testlib.h"
 
@@ -87,22 +91,33 @@ static void train(CmdResult *r, int ranks, const char *name, const char *fault, 
     free(mt);
 }
 
-/* The "loss" and "grad_norm" texts of each line of NAME.jsonl (full precision), and "queued". */
+/* The "loss" and "grad_norm" texts of each line of NAME.jsonl (full precision), and "queued";
+ * "valid_loss" where the step evaluated ("" elsewhere). */
 typedef struct Metrics {
     int n;
-    char loss[32][40], norm[32][40], lr[32][40];
+    char loss[32][40], norm[32][40], lr[32][40], valid[32][40];
     long long queued[32], skipped[32];
 } Metrics;
 
-static void field(const char *line, const char *key, char *out, size_t size)
+/* The text of key's value in a JSON line; "" when optional and absent. */
+static void field_opt(const char *line, const char *key, char *out, size_t size, int optional)
 {
     char pat[40];
     snprintf(pat, sizeof pat, "\"%s\":", key);
     const char *p = strstr(line, pat);
+    if (!p && optional) {
+        out[0] = '\0';
+        return;
+    }
     assert_non_null(p);
     p += strlen(pat);
     size_t n = strcspn(p, ",}");
     snprintf(out, size, "%.*s", (int)n, p);
+}
+
+static void field(const char *line, const char *key, char *out, size_t size)
+{
+    field_opt(line, key, out, size, 0);
 }
 
 static void read_metrics(const char *name, Metrics *m)
@@ -119,6 +134,7 @@ static void read_metrics(const char *name, Metrics *m)
         m->queued[m->n] = atoll(v);
         field(line, "skipped", v, sizeof v);
         m->skipped[m->n] = atoll(v);
+        field_opt(line, "valid_loss", m->valid[m->n], sizeof m->valid[0], 1);
     }
     free(text);
     free(path);
@@ -133,6 +149,7 @@ static void assert_same_run(const Metrics *a, const Metrics *b)
                         b->norm[i]);
         assert_string_equal(a->loss[i], b->loss[i]);
         assert_string_equal(a->norm[i], b->norm[i]);
+        assert_string_equal(a->valid[i], b->valid[i]);
     }
 }
 
@@ -310,6 +327,127 @@ static void test_resume_groups(void **state)
     const char *layout[] = {"--set", "parallel.cp=4", "--set", "balance.cp_sharding=groups", NULL};
     check_resume(4, "groups", 5, layout, &whole, "same layout, each rank read its own shards: at most 1 shard file a rank");
     printf("# cp 4, groups: %lld documents queued at the checkpoint (step 3)\n", whole.queued[2]);
+}
+
+/* The value of "key": in the JSON object of file path, as text. */
+static void json_value(const char *path, const char *key, char *out, size_t size)
+{
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    field(text, key, out, size);
+    free(text);
+}
+
+/* `wlbtrain eval ARGS...` (ranks 0: one process) writing DIR/eval.json; its valid_loss text. */
+static void eval_loss(int ranks, const char *const *args, char *loss, size_t size)
+{
+    const char *argv[48];
+    int k = 0;
+    char np[16];
+    const char *bin = getenv("WLBTRAIN");
+    test_launch_argv(argv, &k, 120, ranks, NULL, np);
+    char *out = test_format("%s/eval.json", dir);
+    argv[k++] = bin ? bin : "./wlbtrain";
+    argv[k++] = "eval";
+    argv[k++] = "--out";
+    argv[k++] = out;
+    for (int i = 0; args[i]; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    CmdResult r;
+    remove(out);
+    test_run(&r, argv);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    /* The record the checkpoint keeps, when it is one of the run with evaluation. */
+    if (strstr(args[1], "eval-whole/step-00000006"))
+        assert_non_null(strstr(r.out, "eval: the run measured valid_loss "));
+    test_cmd_free(&r);
+    json_value(out, "valid_loss", loss, size);
+    free(out);
+}
+
+/* Evaluation every 2 steps on a held-out 20% of the documents: a run with it trains as the run
+ * without it (the same training documents), is resumed bit for bit after a kill at step 5 (the
+ * evaluations of steps 4, 6 and 8 come after the resume from step 3), and `wlbtrain eval` of the
+ * checkpoint of step 6 gives that step's validation loss bit for bit - from the checkpoint in one
+ * process, from its exported weights (--init-from), and within float rounding through 2 pipeline
+ * stages (forward only). The checkpoint keeps the run's record of its last and best evaluation. */
+static void test_resume_with_evaluation(void **state)
+{
+    (void)state;
+    Metrics with, without;
+    const char *eval[] = {"--set", "data.valid_fraction=0.2", "--set", "train.eval_every=2", "--set",
+                          "train.eval_tokens=1024", NULL};
+    check_resume(0, "eval", 5, eval, &with, "same layout, each rank read its own shards: at most 1 shard file a rank");
+    CmdResult r;
+    const char *plain[] = {"--set", "data.valid_fraction=0.2", NULL};
+    train(&r, 0, "no-eval", NULL, plain);
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.out, "valid"));
+    test_cmd_free(&r);
+    read_metrics("no-eval", &without);
+    assert_int_equal(with.n, 8);
+    for (int i = 0; i < 8; i++) {
+        assert_string_equal(with.loss[i], without.loss[i]);
+        assert_string_equal(with.norm[i], without.norm[i]);
+        assert_true((with.valid[i][0] != '\0') == (i % 2 == 1)); /* steps 2, 4, 6, 8 */
+        assert_string_equal(without.valid[i], "");
+    }
+    printf("# validation loss after steps 2, 4, 6, 8: %s %s %s %s\n", with.valid[1], with.valid[3], with.valid[5],
+           with.valid[7]);
+    /* The record: step 8's loss is the last, and the best is the least of the four. */
+    char *state_path = test_format("%s/eval-whole/step-00000008/state.bin", dir);
+    StateFile sf;
+    Error err = {0};
+    assert_int_equal(statefile_open(&sf, state_path, &err), 0);
+    const StateSection *sec = statefile_find(&sf, "valid");
+    assert_non_null(sec);
+    uint64_t w[5];
+    double last, best, least = INFINITY;
+    int64_t least_step = 0;
+    memcpy(w, sec->data, sizeof w);
+    memcpy(&last, &w[1], sizeof last);
+    memcpy(&best, &w[3], sizeof best);
+    for (int i = 1; i < 8; i += 2)
+        if (atof(with.valid[i]) < least) {
+            least = atof(with.valid[i]);
+            least_step = i + 1;
+        }
+    assert_true(w[0] == 8 && last == atof(with.valid[7]));
+    assert_true((int64_t)w[2] == least_step && best == least);
+    statefile_close(&sf);
+    free(state_path);
+    /* Resuming with another split would take up the saved position in another training stream. */
+    const char *other_split[] = {"--set", "data.valid_fraction=0.3", "--set", "checkpoint.resume=auto", NULL};
+    train(&r, 0, "eval-whole", NULL, other_split);
+    test_assert_error(&r, "saved by a run with data.valid_fraction 0.2, the config has 0.3");
+    test_cmd_free(&r);
+
+    char *ckpt = test_format("%s/eval-whole/step-00000006", dir), *model = test_format("%s/eval-export", dir);
+    char loss[40];
+    const char *one[] = {"--checkpoint", ckpt, NULL};
+    eval_loss(0, one, loss, sizeof loss);
+    printf("# step 6: valid_loss %s in the run, %s by wlbtrain eval of its checkpoint\n", with.valid[5], loss);
+    assert_string_equal(loss, with.valid[5]);
+    const char *stages[] = {"--checkpoint", ckpt, "--set", "parallel.pp=2", NULL};
+    eval_loss(2, stages, loss, sizeof loss);
+    double a = atof(with.valid[5]), b = atof(loss);
+    printf("# step 6: valid_loss %s by wlbtrain eval through 2 pipeline stages (%.1e)\n", loss, fabs(a - b) / a);
+    assert_true(fabs(a - b) <= 1e-9 * a);
+    const char *export_argv[] = {"export", "--checkpoint", ckpt, "--out", model, NULL};
+    test_run_wlbtrain(&r, export_argv);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    char *weights = test_format("%s/model.safetensors", model), *yaml = test_format("%s/config.yaml", ckpt);
+    const char *exported[] = {"--init-from", weights, "--config", yaml, NULL};
+    eval_loss(0, exported, loss, sizeof loss);
+    assert_string_equal(loss, with.valid[5]);
+    free(weights);
+    free(yaml);
+    free(ckpt);
+    free(model);
 }
 
 static int exists(const char *rel)
@@ -615,7 +753,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_bit_identical), cmocka_unit_test(test_resume_8_ranks_and_other_layout),
         cmocka_unit_test(test_resume_across_sequence_parallelism),
-        cmocka_unit_test(test_resume_groups),
+        cmocka_unit_test(test_resume_groups),        cmocka_unit_test(test_resume_with_evaluation),
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
         cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_resume_paths),

@@ -20,6 +20,12 @@
  * outlier threshold (32) and wlb carries nothing over, so every layout trains the same documents
  * (a layout that did not would show in the tokens and the loss).
  *
+ * Validation: every run ends with an evaluation of two global batches (forward only; with pp > 1
+ * through the stages without a backward), of the 30% of the short corpus's documents it holds out
+ * (data.valid_fraction), and for the long corpus of a held-out set of its own (data.valid_path, long
+ * documents too, so that CP shards them): its loss must agree within the same 1e-5 and its tokens
+ * exactly, on every layout, CP mode and packer (dump_train's valid_loss and valid_tokens).
+ *
  * balance.cp_sharding: groups needs documents worth sharding over part of the CP ranks: a second
  * corpus where every fourth document has 100 to 255 tokens, packer fixed (which packs the stream
  * in order whatever the layout), at CP 2, CP 4 and tp 2 x cp 4 x pp 2 (16 ranks); the dry run of the
@@ -110,25 +116,29 @@ static int group_setup(void **state)
         "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
         " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
         "parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
-        "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3}\n"
+        "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3, valid_fraction: 0.3}\n"
         "balance: {hardware: cpu}\n"
-        "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9}\n",
+        "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9,"
+        " eval_tokens: 1024}\n",
         prefix, device);
     fx.config = test_write_file(fx.dir, "base.yaml", yaml, strlen(yaml));
     free(yaml);
     free(prefix);
     prefix = test_write_docs(fx.dir, "long", 7, 300, 4, 256);
+    char *valid = test_write_docs(fx.dir, "long-valid", 8, 100, 4, 256);
     yaml = test_format(
         "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
         " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
         "parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
-        "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3}\n"
+        "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3, valid_path: %s}\n"
         "balance: {hardware: cpu, packer: fixed}\n"
-        "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9}\n",
-        prefix, device);
+        "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9,"
+        " eval_tokens: 1024}\n",
+        prefix, valid, device);
     fx.config_long = test_write_file(fx.dir, "long.yaml", yaml, strlen(yaml));
     free(yaml);
     free(prefix);
+    free(valid);
     const char *bin_dir = getenv("WLB_TEST_BIN_DIR");
     fx.bin = test_format("%s/dump_train", bin_dir ? bin_dir : "build/release/test");
     for (int p = 0; p < 2; p++) {
@@ -209,12 +219,14 @@ static int check_layout_tol(int dp, int tp, int pp, int cp, const char *ref, con
     int status = run_dump_cfg(dp * tp * pp * cp, config_of(ref), out, sets, var, &log);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     char name[1100];
+    char vname[1100];
     double e = status == 0 ? test_compare_tensors(out, ref, "", name, sizeof name) : INFINITY;
+    double ev = status == 0 ? test_compare_tensors(out, ref, "valid_", vname, sizeof vname) : INFINITY;
     if (status != 0)
         snprintf(name, sizeof name, "exit status %d", status);
     int ok = e <= tol;
-    printf("# (dp %d, tp %d, pp %d, cp %d) %-40s worst %.2e (%s)  %.1fs%s\n", dp, tp, pp, cp, what, e, name,
-           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, ok ? "" : "  FAIL");
+    printf("# (dp %d, tp %d, pp %d, cp %d) %-40s worst %.2e (%s), valid_loss %.1e  %.1fs%s\n", dp, tp, pp, cp, what,
+           e, name, ev, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, ok ? "" : "  FAIL");
     if (!ok)
         printf("# log:\n%s\n", log);
     fflush(stdout);

@@ -71,7 +71,7 @@ void test_launch_argv(const char **argv, int *k, int seconds, int ranks, const c
 
 /* Every tensor of the safetensors file ref whose name starts with prefix ("" for all) against the
  * same tensor of out: the worst max |out - ref| / max |ref| (infinity when a tensor is missing, or
- * "tokens" differ at all), named in worst_name. */
+ * "tokens" or "valid_tokens" differ at all), named in worst_name. */
 double test_compare_tensors(const char *out, const char *ref, const char *prefix, char *worst_name, size_t size);
 
 /* malloc'd snprintf. */

@@ -341,9 +341,14 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     Planner pl;
     StepPlan plan = {0}, base = {0}, equal = {0};
     Series v = {0};
+    /* Training's stream: without the documents data.valid_fraction holds out. */
     if (data_stream_init(&stream, run->data->src, run->data->weights, run->data->n, (uint64_t)cfg->data.seed,
                          (uint64_t)cfg->data.context_window, err) != 0)
         return -1;
+    if (data_stream_set_split(&stream, DATA_SPLIT_TRAIN, cfg->data.valid_fraction, err) != 0) {
+        data_stream_free(&stream);
+        return -1;
+    }
     int rc = plan_init(&pl, cfg, run->cost, &stream, run->packer, run->sharding, err);
     if (rc == 0)
         rc = series_alloc(&v, run->steps, err);

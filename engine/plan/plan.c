@@ -44,6 +44,7 @@ void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
     p->n_docs = p->n_ranges = p->n_segments = p->n_ranks = 0;
     p->tokens = p->pad_tokens = p->queued = p->carried = 0;
     p->delay_token_steps = 0;
+    p->delayed_tokens = 0;
     p->filled_docs = p->filled_sharded = 0;
 }
 
@@ -252,6 +253,7 @@ int plan_step(Planner *pl, StepPlan *p, Error *err)
         } else {
             p->tokens += d->len;
             p->delay_token_steps += (double)d->len * (double)(p->step - d->arrival);
+            p->delayed_tokens += d->arrival < p->step ? d->len : 0;
         }
     }
     p->queued = 0;

@@ -146,6 +146,7 @@ typedef struct StepPlan {
     int64_t queued;          /* documents waiting in the outlier queues after this step */
     int64_t carried;         /* documents carried to the next step (did not fit) */
     double delay_token_steps; /* sum over the step's tokens of (step - arrival) */
+    int64_t delayed_tokens;  /* the step's tokens read at an earlier step (arrival < step) */
     int64_t filled_docs;     /* groups: documents moved to fill idle CP ranks (plan_fill.c) */
     int64_t filled_sharded;  /* of those, the ones their micro-batch had sharded */
     struct ShardScratch *shard_scratch[PLAN_MAX_THREADS]; /* plan_shard's working memory, one per

@@ -5,6 +5,10 @@
  * rank R: WHERE: WHAT") and ends the whole job through comm_abort with the error's status; a rank
  * that dies is noticed by the launcher, which stops the others. Either way no rank is left waiting.
  *
+ * Evaluation: after step s when s is a multiple of train.eval_every or the last step, before the
+ * checkpoint (which records it): the validation loss (train_eval.c), on the log line and in the
+ * metrics line of the step, whose time leaves the evaluation out; the last and best at the end.
+ *
  * Checkpoints: after step s, when checkpoint.dir is set and s is a multiple of checkpoint.every
  * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
  * goes on from the step after it, and log.metrics keeps its lines up to that step.
@@ -210,18 +214,22 @@ static void format_duration(double s, char *buf, size_t size)
 }
 
 /* One JSON object per step; loss and grad_norm with all their digits (a resumed run must match
- * bit for bit). */
+ * bit for bit), and after an evaluation the validation loss likewise. */
 static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
                          double mem_predicted, Error *err)
 {
     fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
-               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"skipped\":%lld,\"attn_pairs\":%lld,"
-               "\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g",
+               "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"token_delay_steps\":%.6g,\"delayed_tokens\":%lld,"
+               "\"skipped\":%lld,\"attn_pairs\":%lld,\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g",
             (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
-            (long long)st->queued, (long long)skipped, (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
+            (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,
+            (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
     trainer_write_mb_metrics(f, st); /* train_balance.c */
+    if (st->evaluated)
+        fprintf(f, ",\"valid_loss\":%.17g,\"valid_tokens\":%lld,\"eval_ms\":%.2f", st->valid_loss,
+                (long long)st->valid_tokens, st->eval_s * 1e3);
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
@@ -310,6 +318,23 @@ static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, int force, E
     return 0;
 }
 
+/* After `step`: the validation loss when one is due (every train.eval_every steps and after the
+ * last), into st. */
+static int maybe_evaluate(Trainer *tr, const Config *cfg, int64_t step, TrainStats *st, Error *err)
+{
+    int64_t every = cfg->train.eval_every;
+    if (every <= 0 || !(step % every == 0 || step == cfg->train.steps))
+        return 0;
+    EvalStats ev;
+    if (trainer_evaluate(tr, step, &ev, err) != 0)
+        return -1;
+    st->evaluated = 1;
+    st->valid_loss = ev.loss;
+    st->valid_tokens = ev.tokens;
+    st->eval_s = ev.seconds;
+    return 0;
+}
+
 /* The steps after `done`, on every rank, until train.steps or a stop (stop->reason); rank 0
  * reports. */
 static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_t done, StopRule *stop, Error *err)
@@ -342,10 +367,12 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
                 stop_decide(stop, agreed, step, done);
         }
         if (rc == 0)
+            rc = maybe_evaluate(tr, cfg, step, &st, err);
+        if (rc == 0)
             rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, err);
         if (rc != 0 || !lead)
             continue;
-        double ms = (clock_seconds() - t0) * 1e3;
+        double ms = (clock_seconds() - t0 - st.eval_s) * 1e3; /* the step's time, its evaluation not in it */
         if (metrics)
             rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted, err);
         if (st.skipped) {
@@ -353,13 +380,15 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
                    (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
             fflush(stdout);
         } else if (step % cfg->log.every == 0 || step == done + 1 || step == cfg->train.steps ||
-                   stop->reason != STOP_NONE) {
-            char left[32];
+                   stop->reason != STOP_NONE || st.evaluated) {
+            char left[32], valid[64] = "";
             double elapsed = clock_seconds() - t_start;
             format_duration(elapsed / (double)(step - done) * (double)(cfg->train.steps - step), left, sizeof left);
-            printf("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  tokens %lld  tokens/s %.0f  %.0f ms  "
+            if (st.evaluated)
+                snprintf(valid, sizeof valid, "  valid_loss %.4f (%.0f ms)", st.valid_loss, st.eval_s * 1e3);
+            printf("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  tokens %lld  tokens/s %.0f  %.0f ms%s  "
                    "(%s left)\n", (long long)step, (long long)cfg->train.steps, st.loss, st.lr, st.grad_norm,
-                   (long long)st.tokens, st.tokens / (ms / 1e3), ms, left);
+                   (long long)st.tokens, st.tokens / (ms / 1e3), ms, valid, left);
             fflush(stdout);
         }
         if (stop->reason != STOP_NONE)
@@ -367,6 +396,12 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
     }
     if (metrics && fclose(metrics) != 0 && rc == 0)
         rc = error_errno(err, cfg->log.metrics, "cannot write");
+    const TrainValidRecord *r = &tr->valid_record;
+    if (rc == 0 && lead && cfg->train.eval_every > 0 && r->last_step > 0) {
+        printf("valid: valid_loss %.4f after step %lld; best %.4f after step %lld\n", r->last_loss,
+               (long long)r->last_step, r->best_loss, (long long)r->best_step);
+        fflush(stdout);
+    }
     return rc;
 }
 
@@ -425,6 +460,12 @@ int trainer_run(const Config *cfg, int *exit_status, Error *err)
     tr.mem_predicted = mem_predicted;
     if (rc == 0 && tr.lay.rank == 0)
         print_banner(&tr, cfg);
+    if (rc == 0 && tr.lay.rank == 0 && tr.valid && cfg->train.eval_every > 0) {
+        char line[1024];
+        trainer_valid_describe(&tr, line, sizeof line);
+        printf("%s; every %lld steps and after the last\n", line, (long long)cfg->train.eval_every);
+        fflush(stdout);
+    }
     if (rc == 0)
         rc = resume(&tr, cfg, &done, err);
     if (rc == 0)

@@ -19,6 +19,8 @@
  *      log.metrics: loss, lr, grad_norm, tokens, time, and the predicted and measured pipeline and
  *      context-parallel imbalance (the measured compute seconds of every micro-batch on every rank,
  *      gathered).
+ *   6. Every train.eval_every steps and after the last, the validation loss (train_eval.c): held-out
+ *      documents through the model, forward only, on a stream of their own.
  * A rank that fails prints its error and takes the whole job down (comm_abort): no rank waits for
  * a dead peer.
  */
@@ -65,7 +67,31 @@ typedef struct TrainStats {
     double mb_imbalance, mb_imbalance_measured;
     const double *mb_s_measured, *mb_s_predicted;
     int n_mb;
+    /* The outlier queues' delay: the mean over the step's tokens of the steps each waited since it
+     * was read, and the tokens that waited at least one step. */
+    double token_delay_steps;
+    int64_t delayed_tokens;
+    /* The evaluation after the step, when there was one (train.eval_every). */
+    int evaluated;
+    double valid_loss, eval_s;
+    int64_t valid_tokens;
 } TrainStats;
+
+/* The validation loss of the held-out documents (train_eval.c): their cross-entropy summed over
+ * every labelled token of the evaluation, over the count of those tokens. */
+typedef struct EvalStats {
+    double loss;
+    int64_t tokens;   /* tokens of data evaluated (padding excluded) */
+    int64_t targets;  /* of those, the labelled ones (a next token in the document): the loss's count */
+    int64_t steps;    /* global batches of the validation set */
+    double seconds;
+} EvalStats;
+
+/* What a run last measured and the best it measured (step 0: nothing yet); checkpoints keep it. */
+typedef struct TrainValidRecord {
+    int64_t last_step, best_step;
+    double last_loss, best_loss;
+} TrainValidRecord;
 
 typedef struct Trainer {
     const Config *cfg;
@@ -98,6 +124,9 @@ typedef struct Trainer {
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
     double mem_predicted;    /* the memory model's peak of the worst rank (bytes, train_memory.h) */
+    struct TrainValid *valid; /* the validation set and its planner (train_eval.c); NULL without one */
+    TrainValidRecord valid_record;
+    int eval_only;           /* trainer_init_eval: no optimizer state */
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
     char resume_how[160];    /* trainer_resume: how the shards were read (the resume line says it) */
     uint32_t fault_plan;
@@ -107,6 +136,8 @@ typedef struct Trainer {
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
  * or loaded from train.init_from), optimizer. */
 int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err);
+/* The same for evaluation only (wlbtrain eval): no optimizer state; trainer_update must not be called. */
+int trainer_init_eval(Trainer *tr, const Config *cfg, Comm *comm, Error *err);
 /* The backend of train.device (backends.c has those this build knows), opened with the config's
  * precision and determinism for the GPU local_rank picks: what trainer_init and `calibrate` run on.
  * NULL and an Error (train.device, status 2) when there is none. */
@@ -129,6 +160,32 @@ int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error 
 /* The same from any arrays laid out like each chunk's parameters (arrays[c] for chunk c). */
 int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arrays, float *full, Error *err);
 
+/* Validation (train_eval.c). trainer_valid_init: the validation set of data.valid_path or
+ * data.valid_fraction (nothing when there is none), by trainer_init. trainer_evaluate: the
+ * validation loss of the weights as they are, on every rank of the job (all must call it), recorded
+ * in tr->valid_record as measured after `step`. trainer_valid_begin and trainer_valid_next: the
+ * evaluation's plans one global batch after another, from the start (every evaluation reads these).
+ * trainer_valid_describe: one line on the set and what an evaluation reads. */
+int trainer_valid_init(Trainer *tr, Error *err);
+void trainer_valid_free(Trainer *tr);
+int trainer_evaluate(Trainer *tr, int64_t step, EvalStats *st, Error *err);
+int trainer_valid_begin(Trainer *tr, Error *err);
+int trainer_valid_next(Trainer *tr, const StepPlan **plan, const DataSources **data, Error *err);
+int64_t trainer_valid_steps(const Trainer *tr);
+void trainer_valid_describe(const Trainer *tr, char *buf, size_t size);
+/* `wlbtrain eval`: the validation loss of a checkpoint's weights (checkpoint, a step folder or a
+ * checkpoint folder) or of train.init_from's (checkpoint NULL), on the job's layout; rank 0 prints
+ * it and with out writes it as a JSON object. */
+int trainer_eval_run(const Config *cfg, const char *checkpoint, const char *out, Error *err);
+
+/* Between the pipeline and the evaluation (train_pipeline.c): every rank planned p itself; a CRC of
+ * it (xor perturb, a test hook) must be the same on all. trainer_forward_only: the forward passes of
+ * this rank's share of p's micro-batches (documents from data), no backward, no gradient; this
+ * rank's part of the token losses added to *loss_sum (the head's TP rank 0 of each CP rank and
+ * replica holds one). */
+int trainer_check_plan(Trainer *tr, const StepPlan *p, uint32_t perturb, Error *err);
+int trainer_forward_only(Trainer *tr, const StepPlan *plan, const DataSources *data, double *loss_sum, Error *err);
+
 /* Checkpoints (train_ckpt.c). trainer_save writes checkpoint.dir/step-NNNNNNNN after `step`
  * (every rank takes part, rank 0 writes). trainer_checkpoint_path: the checkpoint that
  * checkpoint.resume names (auto: the latest in checkpoint.dir, *path NULL when there is none yet;
@@ -138,6 +195,9 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
 int trainer_save(Trainer *tr, int64_t step, Error *err);
 int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
 int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
+/* The weights only of the checkpoint at path (a step folder) into a trainer of any layout, its
+ * validation record into tr->valid_record; *step: the step it was saved after. */
+int trainer_load_weights(Trainer *tr, const char *path, int64_t *step, Error *err);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
  * (train_ckpt_index.c). */
 int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);

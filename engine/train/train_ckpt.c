@@ -21,7 +21,12 @@
  *                      counted copy of replicated blocks - kv heads over TP, norms, tied embeddings)
  *   state.bin          rank 0's sections: meta (u64 words: format 2, step, optimizer updates,
  *                      skipped steps, the model's shape, the layout that saved it), planner (queues
- *                      and leftovers, plan_state_save), stream (the data position and shuffle state)
+ *                      and leftovers, plan_state_save), stream (the data position and shuffle state),
+ *                      valid (the validation record: the step of the last evaluation, its loss, the
+ *                      step of the best and its loss, and data.valid_fraction - u64 words, the
+ *                      numbers' float64 bits; steps 0 when the run evaluated nothing; absent from
+ *                      checkpoints older than it). Resuming with another valid_fraction is refused:
+ *                      the saved stream position and queues belong to the stream of the saved split
  *   config.yaml        the resolved config (wlbtrain export reads the model's shape from it)
  * Saving: rank 0 makes .tmp-step-NNNNNNNN; every writing rank streams its sections from the backend
  * through one 16 MiB host buffer into its file (written under a temporary name, fsynced, renamed);
@@ -63,6 +68,46 @@ static void meta_words(const Trainer *tr, int64_t step, uint64_t *w)
                               (uint64_t)p->dp, (uint64_t)p->virtual_stages, (uint64_t)p->zero,
                               (uint64_t)tr->cfg->data.context_window, (uint64_t)tr->cfg->data.global_batch_tokens, 0};
     memcpy(w, v, sizeof v);
+}
+
+enum { VALID_WORDS = 5 };
+
+/* The valid section's words: the validation record and the split (data.valid_fraction). */
+static void record_words(const TrainValidRecord *r, double fraction, uint64_t *w)
+{
+    w[0] = (uint64_t)r->last_step;
+    memcpy(&w[1], &r->last_loss, sizeof w[1]);
+    w[2] = (uint64_t)r->best_step;
+    memcpy(&w[3], &r->best_loss, sizeof w[3]);
+    memcpy(&w[4], &fraction, sizeof w[4]);
+}
+
+/* The record from the valid section, when there is one (a section of another size is refused); with
+ * same_split, a split other than the config's is refused too. */
+static int record_read(const StateSection *sec, TrainValidRecord *r, double fraction, int same_split,
+                       const char *file, Error *err)
+{
+    uint64_t w[VALID_WORDS];
+    if (!sec)
+        return 0; /* saved before checkpoints kept one */
+    if (sec->size != sizeof w)
+        return error_set(err, file, "the valid section has %llu bytes, not %zu", (unsigned long long)sec->size,
+                         sizeof w);
+    memcpy(w, sec->data, sizeof w);
+    double saved;
+    memcpy(&saved, &w[4], sizeof saved);
+    if (w[0] > ((uint64_t)1 << 48) || w[2] > w[0] || !(saved >= 0 && saved < 1))
+        return error_set(err, file, "the valid section is corrupted (steps %llu, %llu, valid_fraction %g)",
+                         (unsigned long long)w[0], (unsigned long long)w[2], saved);
+    if (same_split && saved != fraction)
+        return error_set(err, file, "saved by a run with data.valid_fraction %g, the config has %g: the saved data "
+                         "position belongs to the other split's training stream (resume with %g, or start a new run)",
+                         saved, fraction, saved);
+    r->last_step = (int64_t)w[0];
+    memcpy(&r->last_loss, &w[1], sizeof r->last_loss);
+    r->best_step = (int64_t)w[2];
+    memcpy(&r->best_loss, &w[3], sizeof r->best_loss);
+    return 0;
 }
 
 static const char *const meta_model_keys[7] = {"model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads",
@@ -217,11 +262,14 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     } else {
         plan_state_save(&tr->planner, planner);
         data_stream_save(&tr->stream, stream);
-        StateSection s[3] = {{"meta", meta, sizeof meta},
+        uint64_t valid[VALID_WORDS];
+        record_words(&tr->valid_record, tr->cfg->data.valid_fraction, valid);
+        StateSection s[4] = {{"meta", meta, sizeof meta},
                              {"planner", planner, np * sizeof *planner},
-                             {"stream", stream, ns * sizeof *stream}};
+                             {"stream", stream, ns * sizeof *stream},
+                             {"valid", valid, sizeof valid}};
         snprintf(path, sizeof path, "%s/state.bin", tmp);
-        rc = statefile_write(path, s, 3, err);
+        rc = statefile_write(path, s, 4, err);
     }
     free(planner);
     free(stream);
@@ -270,7 +318,8 @@ int trainer_checkpoint_path(const Config *cfg, char **path, Error *err)
 
 /* Another layout saved it: each of this rank's blocks from the full tensor rebuilt from the index's
  * blocks (weights, then m and v clipped to the optimizer's range), one tensor at a time. */
-static int reshard_chunk(Trainer *tr, CkptIndex *ix, TrainChunk *ch, float *full, float *tmp, float *block, Error *err)
+static int reshard_chunk(Trainer *tr, CkptIndex *ix, TrainChunk *ch, int weights_only, float *full, float *tmp,
+                         float *block, Error *err)
 {
     Model *m = &ch->model;
     Optim *o = &ch->optim;
@@ -280,8 +329,8 @@ static int reshard_chunk(Trainer *tr, CkptIndex *ix, TrainChunk *ch, float *full
         int64_t n = t->rows * t->cols, lo = t->offset > o->begin ? t->offset : o->begin;
         int64_t hi = t->offset + n < o->end ? t->offset + n : o->end;
         for (int what = 0; what < 3; what++) {
-            if (what > 0 && lo >= hi)
-                break; /* no moments of this block here (a ZeRO-1 shard elsewhere) */
+            if (what > 0 && (weights_only || lo >= hi))
+                break; /* no moments wanted, or none of this block here (a ZeRO-1 shard elsewhere) */
             if (ckpt_index_full(ix, it, what, full, tmp, err) != 0)
                 return -1;
             for (int64_t r = 0; r < t->rows; r++)
@@ -301,11 +350,11 @@ static void put_device(void *ctx, float *dst, const float *src, int64_t n)
     ((const Ops *)ctx)->to_device(dst, src, (size_t)n * sizeof *dst);
 }
 
-/* Weights and moments of every chunk from the shards. On the layout that saved them (tp, pp,
- * virtual_stages) the chunk's parameter vector is the saved one: its weights come from the one
- * section that holds them and its moments from the shards that overlap its optimizer range (its own
- * with the same ZeRO-1 layout), copied as they are. Otherwise each block is resharded. */
-static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *path, Error *err)
+/* Weights and moments (weights_only: weights) of every chunk from the shards. On the layout that
+ * saved them (tp, pp, virtual_stages) the chunk's parameter vector is the saved one: its weights come
+ * from the one section that holds them and its moments from the shards that overlap its optimizer
+ * range (its own with the same ZeRO-1 layout), copied as they are. Otherwise each block is resharded. */
+static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, int weights_only, const char *path, Error *err)
 {
     const ConfigParallel *p = &tr->cfg->parallel;
     const ModelDims *d = &tr->chunks[0].model.dims;
@@ -342,12 +391,12 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *
                                k * tr->pp + tr->lay.pp_rank, tr->lay.tp_rank);
             if (rc == 0)
                 rc = ckpt_index_range(ix, c, 0, 0, m->n_params, put_device, (void *)tr->ops, m->params, err);
-            if (rc == 0)
+            if (rc == 0 && !weights_only)
                 rc = ckpt_index_range(ix, c, 1, o->begin, o->end, put_device, (void *)tr->ops, o->m, err);
-            if (rc == 0)
+            if (rc == 0 && !weights_only)
                 rc = ckpt_index_range(ix, c, 2, o->begin, o->end, put_device, (void *)tr->ops, o->v, err);
         } else {
-            rc = reshard_chunk(tr, ix, ch, full, tmp, block, err);
+            rc = reshard_chunk(tr, ix, ch, weights_only, full, tmp, block, err);
         }
         if (rc == 0)
             model_weights_changed(m);
@@ -368,7 +417,10 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *
     return rc;
 }
 
-int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
+/* A checkpoint into tr: the weights, the validation record and the step always; with full also
+ * the optimizer's moments and update count, the skipped steps, the planner and the data stream
+ * (trainer_resume), else nothing more (trainer_load_weights). */
+static int load_checkpoint(Trainer *tr, const char *path, int full, int64_t *step, Error *err)
 {
     char file[4200];
     snprintf(file, sizeof file, "%s/state.bin", path);
@@ -397,31 +449,38 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
                 rc = error_set(err, file, "saved for a model with %s %llu, the config has %llu", meta_model_keys[i],
                                (unsigned long long)w[4 + i], (unsigned long long)mine[4 + i]);
     }
+    TrainValidRecord record = {0};
+    if (rc == 0)
+        rc = record_read(statefile_find(&sf, "valid"), &record, tr->cfg->data.valid_fraction, full, file, err);
     CkptIndex ix;
     int have_index = rc == 0 && ckpt_index_open(&ix, path, err) == 0;
     if (rc == 0 && !have_index)
         rc = -1;
     if (rc == 0)
-        rc = restore_shards(tr, &ix, (int64_t)w[1], path, err);
+        rc = restore_shards(tr, &ix, (int64_t)w[1], !full, path, err);
     if (have_index)
         ckpt_index_close(&ix);
     /* Words in the file may be unaligned: copy them out first. */
-    uint64_t *words = rc == 0 ? malloc((size_t)(planner->size > stream->size ? planner->size : stream->size) + 8) : NULL;
-    if (rc == 0 && !words)
+    uint64_t *words = rc == 0 && full ? malloc((size_t)(planner->size > stream->size ? planner->size : stream->size) + 8)
+                                      : NULL;
+    if (rc == 0 && full && !words)
         rc = error_runtime(err, "checkpoint", "out of memory");
-    if (rc == 0) {
+    if (rc == 0 && full) {
         memcpy(words, planner->data, (size_t)planner->size);
         rc = plan_state_restore(&tr->planner, words, (size_t)(planner->size / 8), err);
     }
-    if (rc == 0) {
+    if (rc == 0 && full) {
         memcpy(words, stream->data, (size_t)stream->size);
         rc = data_stream_restore(&tr->stream, words, (size_t)(stream->size / 8), err);
     }
     free(words);
-    if (rc == 0) {
+    if (rc == 0 && full) {
         for (int k = 0; k < tr->v; k++)
             tr->chunks[k].optim.step = (int64_t)w[2];
         tr->skipped = (int64_t)w[3];
+    }
+    if (rc == 0) {
+        tr->valid_record = record;
         *step = (int64_t)w[1];
     }
     if (rc != 0 && err->msg[0] && strncmp(err->msg, path, strlen(path)) != 0) {
@@ -432,4 +491,14 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
     }
     statefile_close(&sf);
     return rc;
+}
+
+int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
+{
+    return load_checkpoint(tr, path, 1, step, err);
+}
+
+int trainer_load_weights(Trainer *tr, const char *path, int64_t *step, Error *err)
+{
+    return load_checkpoint(tr, path, 0, step, err);
 }

@@ -18,6 +18,9 @@
  * out on both sides. (Run through the model instead, an empty micro-batch first on a fresh slot
  * found no activations there: a crash.) A CP rank that holds no token of a non-empty micro-batch
  * still runs it: it takes part in the K/V exchange.
+ *
+ * Evaluation (trainer_forward_only, for train_eval.c) runs the same forward passes on another plan
+ * and data, with no backward and no 1F1B: each micro-batch through the stage's chunks in turn.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -31,10 +34,9 @@ static int message_tag(const Trainer *tr, int k, int g, int backward)
     return ((k * tr->n_chunks) + g) * 2 + backward;
 }
 
-/* The replica's micro-batches in pipeline order: mb_index[k] = plan index of the k-th. */
-static int replica_order(Trainer *tr, Error *err)
+/* The replica's micro-batches of plan p in pipeline order: mb_index[k] = plan index of the k-th. */
+static int replica_order(Trainer *tr, const StepPlan *p, Error *err)
 {
-    const StepPlan *p = &tr->plan;
     for (int k = 0; k < tr->m; k++)
         tr->mb_index[k] = -1;
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
@@ -49,18 +51,17 @@ static int replica_order(Trainer *tr, Error *err)
     return 0;
 }
 
-/* Every rank planned the step itself; they must agree. The CRC's min and max over the job. */
-static int check_plan_digest(Trainer *tr, Error *err)
+int trainer_check_plan(Trainer *tr, const StepPlan *p, uint32_t perturb, Error *err)
 {
     double d[2];
-    d[0] = (double)(plan_digest(&tr->plan) ^ tr->fault_plan);
+    d[0] = (double)(plan_digest(p) ^ perturb);
     d[1] = -d[0];
     if (comm_allreduce_max_f64(tr->comm, GROUP_WORLD, d, 2, err) != 0)
         return -1;
     if (d[0] != -d[1])
         return error_runtime(err, "train", "step %lld: the ranks planned different steps (plan CRCs %08x .. %08x); "
                              "every rank must read the same data with the same config",
-                             (long long)tr->plan.step + 1, (unsigned)-d[1], (unsigned)d[0]);
+                             (long long)p->step + 1, (unsigned)-d[1], (unsigned)d[0]);
     return 0;
 }
 
@@ -95,11 +96,23 @@ static int take_slot(Trainer *tr, TrainChunk *ch, int k, Error *err)
     return error_runtime(err, "train", "no free activation slot for micro-batch %d (%d slots)", k, ch->model.n_slots);
 }
 
-/* The replica's k-th micro-batch has no token: every rank of the replica skips it. */
-static int empty_micro_batch(const Trainer *tr, int k)
+/* The replica's k-th micro-batch of p has no token: every rank of the replica skips it. */
+static int empty_micro_batch(const Trainer *tr, const StepPlan *p, int k)
 {
-    return tr->plan.mbs[tr->mb_index[k]].tokens == 0;
+    return p->mbs[tr->mb_index[k]].tokens == 0;
 }
+
+/* What the forward passes run on: a plan, the data sets of its documents, and what happens to the
+ * loss - train: the activations stay for the backward and the head's gradients are dloss times the
+ * loss's derivative (timed pass by pass); else forward only (evaluation), the slot free again as soon
+ * as its output is sent. The sum of the token losses goes to *loss_sum. */
+typedef struct PassRun {
+    const StepPlan *plan;
+    const DataSources *data;
+    int train;
+    float dloss;
+    double *loss_sum;
+} PassRun;
 
 /* The compute time of pass i of the schedule (its micro-batch k), communication excluded. A backend
  * with a device timer (CUDA: events) gets marks 2 i and 2 i + 1 around the pass, read once at the
@@ -139,15 +152,15 @@ static void read_pass_timers(Trainer *tr)
         }
 }
 
-static int run_forward(Trainer *tr, int i, int k, int c, float dloss, Error *err)
+static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Error *err)
 {
-    if (empty_micro_batch(tr, k))
+    if (empty_micro_batch(tr, run->plan, k))
         return 0;
     TrainChunk *ch = &tr->chunks[c];
     Model *m = &ch->model;
     int s = tr->lay.pp_rank, g = c * tr->pp + s, prev = (s - 1 + tr->pp) % tr->pp, next = (s + 1) % tr->pp;
     ModelBatch *b = &tr->inputs[k];
-    if (c == 0 && batch_build(&tr->batches[k], &tr->plan, tr->mb_index[k], tr->lay.cp_rank, &tr->data,
+    if (c == 0 && batch_build(&tr->batches[k], run->plan, tr->mb_index[k], tr->lay.cp_rank, run->data,
                               m->dims.vocab, b, err) != 0)
         return -1;
     int slot = take_slot(tr, ch, k, err);
@@ -161,12 +174,17 @@ static int run_forward(Trainer *tr, int i, int k, int c, float dloss, Error *err
             return -1;
         h_in = tr->recv;
     }
-    double loss = 0, t0 = pass_begin(m, i), comm0 = m->comm_s;
-    if (model_forward(m, slot, b, h_in, 1, dloss, &loss, err) != 0)
+    double loss = 0, t0 = run->train ? pass_begin(m, i) : 0, comm0 = m->comm_s;
+    if (model_forward(m, slot, b, h_in, run->train, run->dloss, &loss, err) != 0)
         return -1;
-    pass_end(tr, m, i, k, t0, comm0);
+    if (run->train) {
+        pass_end(tr, m, i, k, t0, comm0);
+    } else { /* nothing stays for a backward: the send below is all that still reads the slot */
+        ch->slot_busy[slot] = 0;
+        ch->slot_of[k] = -1;
+    }
     if (m->dims.has_head && tr->lay.tp_rank == 0)
-        tr->loss_sum += loss;
+        *run->loss_sum += loss;
     if (g < tr->n_chunks - 1)
         return comm_isend(tr->comm, GROUP_PP, next, message_tag(tr, k, g + 1, 0), model_output(m, slot), n,
                           &ch->send_h[slot], err);
@@ -175,7 +193,7 @@ static int run_forward(Trainer *tr, int i, int k, int c, float dloss, Error *err
 
 static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
 {
-    if (empty_micro_batch(tr, k))
+    if (empty_micro_batch(tr, &tr->plan, k))
         return 0;
     TrainChunk *ch = &tr->chunks[c];
     Model *m = &ch->model;
@@ -242,10 +260,38 @@ static void measured_imbalance(const Trainer *tr, TrainStats *st)
     st->cp_imbalance_measured = worst_cp;
 }
 
+/* Every send of the pipeline's schedule finished (before the step's figures are read or the next
+ * schedule reuses the slots' buffers). */
+static int wait_sends(Trainer *tr, Error *err)
+{
+    for (int c = 0; c < tr->v; c++)
+        for (int s = 0; s < tr->chunks[c].model.n_slots; s++)
+            if (comm_wait(tr->comm, &tr->chunks[c].send_h[s], err) != 0 ||
+                comm_wait(tr->comm, &tr->chunks[c].send_dx[s], err) != 0)
+                return -1;
+    return 0;
+}
+
+/* Forward only: micro-batch after micro-batch, each through this stage's chunks in order. Every
+ * stage goes through the (micro-batch, global chunk) pairs in increasing order, and a pass waits
+ * only for a smaller pair (its input) or, when its slot's previous output is still being sent, for
+ * the next stage to receive a smaller pair: no stage waits forever. */
+int trainer_forward_only(Trainer *tr, const StepPlan *plan, const DataSources *data, double *loss_sum, Error *err)
+{
+    if (replica_order(tr, plan, err) != 0)
+        return -1;
+    PassRun run = {plan, data, 0, 0.0f, loss_sum};
+    for (int k = 0; k < tr->m; k++)
+        for (int c = 0; c < tr->v; c++)
+            if (run_forward(tr, &run, -1, k, c, err) != 0)
+                return -1;
+    return wait_sends(tr, err);
+}
+
 int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
 {
     memset(st, 0, sizeof *st);
-    if (plan_step(&tr->planner, &tr->plan, err) != 0 || check_plan_digest(tr, err) != 0)
+    if (plan_step(&tr->planner, &tr->plan, err) != 0 || trainer_check_plan(tr, &tr->plan, tr->fault_plan, err) != 0)
         return -1;
     return trainer_run_plan(tr, st, err);
 }
@@ -253,11 +299,11 @@ int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
 int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
 {
     memset(st, 0, sizeof *st);
-    if (replica_order(tr, err) != 0)
+    if (replica_order(tr, &tr->plan, err) != 0)
         return -1;
     tr->n_targets = batch_step_targets(&tr->plan, &tr->data);
     tr->loss_sum = 0;
-    float dloss = tr->n_targets > 0 ? 1.0f / (float)tr->n_targets : 0.0f;
+    PassRun run = {&tr->plan, &tr->data, 1, tr->n_targets > 0 ? 1.0f / (float)tr->n_targets : 0.0f, &tr->loss_sum};
     for (int c = 0; c < tr->v; c++) {
         Model *m = &tr->chunks[c].model;
         m->ops->zero(m->grads, m->n_params);
@@ -267,15 +313,12 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     for (int i = 0; i < tr->n_sched; i++) {
         const SchedOp *op = &tr->sched[i];
         if ((op->backward ? run_backward(tr, i, op->mb, op->chunk, err)
-                          : run_forward(tr, i, op->mb, op->chunk, dloss, err)) != 0)
+                          : run_forward(tr, &run, i, op->mb, op->chunk, err)) != 0)
             return -1;
     }
     read_pass_timers(tr);
-    for (int c = 0; c < tr->v; c++)
-        for (int s = 0; s < tr->chunks[c].model.n_slots; s++)
-            if (comm_wait(tr->comm, &tr->chunks[c].send_h[s], err) != 0 ||
-                comm_wait(tr->comm, &tr->chunks[c].send_dx[s], err) != 0)
-                return -1;
+    if (wait_sends(tr, err) != 0)
+        return -1;
     /* The loss over the job: the head's TP rank 0 of every CP rank and replica holds a part. */
     double loss = tr->loss_sum;
     if (comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, &loss, 1, err) != 0)
@@ -290,6 +333,8 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     measured_imbalance(tr, st);
     trainer_mb_balance(tr, st);
     st->queued = tr->plan.queued;
+    st->token_delay_steps = tr->plan.tokens > 0 ? tr->plan.delay_token_steps / (double)tr->plan.tokens : 0;
+    st->delayed_tokens = tr->plan.delayed_tokens;
     st->attn_pairs = (int64_t)plan_attn_pairs(&tr->plan); /* exact: far below 2^53 a step */
     if (tr->fault_nan) {
         float nan = NAN;

@@ -42,6 +42,8 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     } else if (model_init_weights(m, (uint64_t)cfg->train.seed, err) != 0) {
         return -1;
     }
+    if (tr->eval_only)
+        return 0;
     int64_t begin, end;
     trainer_optim_range(tr, m, &begin, &end);
     if (cfg->parallel.zero && !(ch->shard_grads = m->ops->alloc((size_t)(end - begin + 1) * sizeof(float))))
@@ -123,9 +125,10 @@ static int check_layout(const Trainer *tr, Error *err)
     return 0;
 }
 
-int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
+static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Error *err)
 {
     memset(tr, 0, sizeof *tr);
+    tr->eval_only = eval_only;
     tr->cfg = cfg;
     tr->comm = comm;
     tr->lay = comm->layout;
@@ -143,9 +146,12 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
     if (cost_model_init(&tr->cost, cfg, err) != 0 ||
         data_sources_open(&tr->data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, NULL, NULL, err) != 0)
         return -1;
+    /* The training stream skips the documents data.valid_fraction holds out. */
     if (data_stream_init(&tr->stream, tr->data.src, tr->data.weights, tr->data.n, (uint64_t)d->seed,
                          (uint64_t)d->context_window, err) != 0 ||
-        plan_init(&tr->planner, cfg, &tr->cost, &tr->stream, cfg->balance.packer, cfg->balance.cp_sharding, err) != 0)
+        data_stream_set_split(&tr->stream, DATA_SPLIT_TRAIN, d->valid_fraction, err) != 0 ||
+        plan_init(&tr->planner, cfg, &tr->cost, &tr->stream, cfg->balance.packer, cfg->balance.cp_sharding, err) != 0 ||
+        trainer_valid_init(tr, err) != 0)
         return -1;
     int world = comm->size[GROUP_WORLD];
     tr->sched = malloc((size_t)2 * tr->m * tr->v * sizeof *tr->sched);
@@ -177,6 +183,16 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
     return 0;
 }
 
+int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
+{
+    return setup(tr, cfg, comm, 0, err);
+}
+
+int trainer_init_eval(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
+{
+    return setup(tr, cfg, comm, 1, err);
+}
+
 void trainer_free(Trainer *tr)
 {
     for (int c = 0; tr->chunks && c < tr->v; c++) {
@@ -206,6 +222,7 @@ void trainer_free(Trainer *tr)
     if (tr->ops)
         tr->ops->free(tr->recv);
     const Backend *backend = tr->backend;
+    trainer_valid_free(tr);
     plan_free(&tr->plan);
     plan_destroy(&tr->planner);
     data_stream_free(&tr->stream);
