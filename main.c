@@ -18,6 +18,7 @@
 #include "engine/train/calibrate.h"
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_stages.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
 static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, Error *err)
@@ -54,9 +55,12 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
         if (launch.rank == 0)
             rc = config_print(&cfg, stdout, err);
     } else if (rc == 0 && opt->dry_run) {
-        /* The memory each rank needs: a layout that does not fit is refused here as in training. */
+        /* parallel.stage_layers: auto placed (for every rank alike), then the memory each rank needs:
+         * a layout that does not fit is refused here as in training. */
         DryRunMemoryPlan memory = {0};
-        rc = cfg.parallel.dp > 0 ? trainer_memory_plan(&cfg, &memory, err) : 0;
+        rc = cfg.parallel.dp > 0 ? trainer_stage_layers(&cfg, NULL, NULL, err) : 0;
+        if (rc == 0 && cfg.parallel.dp > 0)
+            rc = trainer_memory_plan(&cfg, &memory, err);
         if (rc == 0 && memory.stages && !opt->no_memory_check)
             rc = trainer_memory_check(&cfg, &memory, err);
         DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare, memory.stages ? &memory : NULL};
@@ -64,7 +68,9 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
             rc = dryrun_run(&cfg, &dr, err);
         trainer_memory_free(&memory);
     } else if (rc == 0) {
-        rc = trainer_run(&cfg, exit_status, err);
+        rc = trainer_stage_layers(&cfg, NULL, NULL, err);
+        if (rc == 0)
+            rc = trainer_run(&cfg, exit_status, err);
     }
     config_free(&cfg);
     return rc;

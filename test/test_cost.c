@@ -112,19 +112,51 @@ static void test_communication(void **state)
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
 }
 
+/* The even split: n / chunks each, the remainder to the first chunks; the cost model reads the
+ * config's split, even or a list. */
 static void test_stage_layers(void **state)
 {
     (void)state;
+    int64_t split[40];
     for (int layers = 1; layers <= 40; layers++)
         for (int pp = 1; pp <= layers; pp++) {
-            int total = 0;
+            int64_t total = 0;
+            config_even_layers(layers, pp, split);
             for (int s = 0; s < pp; s++) {
-                int n = cost_stage_layers(layers, pp, s);
-                assert_true(n == layers / pp || n == layers / pp + 1);
-                total += n;
+                assert_true(split[s] == layers / pp + (s < layers % pp));
+                total += split[s];
             }
             assert_int_equal(total, layers);
         }
+    CostModel m;
+    make_model(&m, "model: {preset: tiny}\nparallel: {pp: 2, virtual_stages: 2, dp: 1}\n");
+    int tiny = m.n_layers;
+    for (int g = 0; g < 4; g++)
+        assert_int_equal(cost_chunk_layers(&m, g), tiny / 4 + (g < tiny % 4));
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {pp: 4, dp: 1, stage_layers: [7, 9, 9, 7]}\n");
+    assert_int_equal(cost_chunk_layers(&m, 0), 7);
+    assert_int_equal(cost_chunk_layers(&m, 1), 9);
+    assert_int_equal(cost_chunk_layers(&m, 3), 7);
+}
+
+/* The embedding: float32 rows written, all-reduced over TP with nothing to hide under; its backward
+ * a scatter-add. Recomputation: full reruns the layer's forward, selective the norms and SwiGLU. */
+static void test_embed_and_recompute(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\n");
+    double rows = 8192.0 * 4096 * 4;
+    assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 2 * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
+    assert_true(fabs(cost_embed_bwd_s(&m, 8192) - 3 * rows / 3350e9) < 1e-12);
+    assert_true(cost_embed_fwd_s(&m, 0) == 0 && cost_embed_bwd_s(&m, 0) == 0);
+    assert_true(cost_recompute_s(&m, 1.5, 8192) == 0);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\ntrain: {recompute: full}\n");
+    assert_true(cost_recompute_s(&m, 1.5, 8192) == 1.5);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\ntrain: {recompute: selective}\n");
+    /* bf16: two norms (4 d) and SwiGLU (3 f / tp) per token. */
+    double sel = 8192.0 * (4 * 4096 + 3 * 14336 / 8) * 2 / 3350e9;
+    assert_true(fabs(cost_recompute_s(&m, 1.5, 8192) - sel) < 1e-12);
 }
 
 static void test_calibration_file(void **state)
@@ -228,6 +260,7 @@ int main(void)
         cmocka_unit_test(test_attention_quadratic_rest_linear),
         cmocka_unit_test(test_communication),
         cmocka_unit_test(test_stage_layers),
+        cmocka_unit_test(test_embed_and_recompute),
         cmocka_unit_test(test_calibration_file),
     };
     return cmocka_run_group_tests_name("cost", tests, NULL, NULL);

@@ -33,9 +33,11 @@ const CostHardware *cost_hardware_profile(HardwareKind kind)
     return &profiles[kind];
 }
 
-int cost_stage_layers(int n_layers, int pp, int stage)
+int cost_chunk_layers(const CostModel *m, int g)
 {
-    return n_layers / pp + (stage < n_layers % pp);
+    /* The split is resolved before anything is simulated (config_resolve, or the engine for auto). */
+    WLB_ASSERT(m->has_split && g >= 0 && g < m->pp * m->v);
+    return m->chunk_layers[g];
 }
 
 int cost_model_init(CostModel *m, const Config *cfg, Error *err)
@@ -75,6 +77,12 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->pp = pp;
     m->v = (int)cfg->parallel.virtual_stages;
     m->n_layers = (int)md->n_layers;
+    /* The split, once resolved (auto: by the engine, before it builds the model it plans for). */
+    const ConfigIntList *split = &cfg->parallel.chunk_layers;
+    m->has_split = split->n == pp * m->v && split->n <= COST_MAX_CHUNKS;
+    for (int g = 0; m->has_split && g < split->n; g++)
+        m->chunk_layers[g] = (int)split->v[g];
+    m->recompute = cfg->train.recompute;
     m->head_dim = (int)(md->d_model / md->n_heads);
     m->local_heads = (int)(md->n_heads / tp);
     /* With fewer kv heads than TP ranks, each rank keeps a replica of one kv head. */
@@ -87,9 +95,13 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     /* Element-wise reads and writes: 2 RMSNorms (4d), 2 residual adds (6d), RoPE on q and k,
      * SwiGLU (3f); the backward touches about twice as much: x3 in all. */
     m->elem_bytes = 3 * (10 * d + 2 * (hq + hkv) * dh + 3 * f) * elem;
+    /* Selective recomputation reruns the two RMSNorms (read x, write the normed row: 4d) and
+     * SwiGLU (read gate and up, write s: 3f) in the backward. */
+    m->recompute_bytes = (4 * d + 3 * f) * elem;
     m->vocab_local = (double)md->vocab_size / tp;
     m->head_flops_fwd = 2 * d * m->vocab_local;
     m->act_bytes = d * elem;
+    m->row_bytes = d * 4;
     m->kv_bytes = 2 * hkv * dh * elem;
     int g = m->hw.gpus_per_node;
     m->tp_bw = tp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
@@ -247,6 +259,34 @@ double cost_head_fwd_s(const CostModel *m, int64_t tokens)
 double cost_head_bwd_s(const CostModel *m, int64_t tokens)
 {
     return gemm_s(m, 2 * m->head_flops_fwd * (double)tokens);
+}
+
+double cost_embed_fwd_s(const CostModel *m, int64_t tokens)
+{
+    if (tokens <= 0)
+        return 0;
+    /* Each TP rank writes the float32 rows of the tokens in its vocabulary slice (zeros elsewhere)
+     * and the all-reduce over TP completes them: with no product to run under, all of it shows. */
+    double bytes = m->row_bytes * (double)tokens, t = bytes / (m->hw.hbm_gbps * 1e9);
+    if (m->tp > 1)
+        t += collective_s(m, bytes, 2.0 * (m->tp - 1) / m->tp, m->tp_bw);
+    return t;
+}
+
+double cost_embed_bwd_s(const CostModel *m, int64_t tokens)
+{
+    /* The scatter-add of the rows' gradients into the embedding's: read them, read and write the
+     * gradient rows. */
+    return tokens > 0 ? 3 * m->row_bytes * (double)tokens / (m->hw.hbm_gbps * 1e9) : 0;
+}
+
+double cost_recompute_s(const CostModel *m, double layer_fwd_s, int64_t tokens)
+{
+    if (m->recompute == RECOMPUTE_FULL)
+        return layer_fwd_s;
+    if (m->recompute == RECOMPUTE_SELECTIVE)
+        return m->recompute_bytes * (double)tokens / (m->hw.hbm_gbps * 1e9);
+    return 0;
 }
 
 double cost_p2p_s(const CostModel *m, int64_t tokens)

@@ -23,7 +23,11 @@
  *              K and V of the sharded tokens (forward) and reduce-scatter of dK, dV (backward);
  *              PP send/receive of activations between stages; each over the bandwidth of the link
  *              the group uses (NVLink inside a node, the network across nodes).
- * The first stage also embeds, the last also runs the output projection and cross-entropy.
+ * The first stage also embeds (a row gather, its TP all-reduce - exposed: no product to hide
+ * under - and the backward's scatter-add into the embedding's gradient); the last also runs the
+ * output projection and cross-entropy. Under train.recompute the backward also reruns what the
+ * forward did not keep (cost_recompute_s): the whole layer forward (full), or the norms and SwiGLU
+ * (selective: element-wise traffic).
  */
 #ifndef WLB_ENGINE_COST_H
 #define WLB_ENGINE_COST_H
@@ -57,6 +61,8 @@ typedef struct CostHardware {
 
 /* Attention rate from a calibration table: TFLOP/s measured at query lengths q[i] (ascending). */
 enum { COST_TABLE_MAX = 32 };
+/* Model chunks: pp * v <= model.n_layers <= 1024. */
+enum { COST_MAX_CHUNKS = 1024 };
 typedef struct CostAttnTable {
     int n;
     double q[COST_TABLE_MAX], fwd_tflops[COST_TABLE_MAX], bwd_tflops[COST_TABLE_MAX];
@@ -67,6 +73,9 @@ typedef struct CostModel {
     CostAttnTable table;      /* n == 0: use the efficiency curve */
     int tp, cp, pp, v; /* v: virtual stages (model chunks) per pipeline rank */
     int n_layers;
+    int has_split;            /* chunk_layers holds the config's split (resolved when the model was built) */
+    int chunk_layers[COST_MAX_CHUNKS]; /* layers of each model chunk g < pp * v */
+    Recompute recompute;      /* train.recompute */
     int head_dim, local_heads, local_kv_heads;
     /* Per token per layer, this rank's share: */
     double gemm_flops_fwd;    /* forward GEMM FLOPs */
@@ -74,6 +83,8 @@ typedef struct CostModel {
     double head_flops_fwd;    /* output projection (last stage) */
     double vocab_local;       /* vocabulary rows on this TP rank */
     double act_bytes;         /* one activation row: d_model * 2 bytes */
+    double row_bytes;         /* one row of the float32 residual stream: d_model * 4 bytes */
+    double recompute_bytes;   /* selective recomputation's element-wise traffic (norms, SwiGLU) */
     double kv_bytes;          /* K and V rows of the local kv heads */
     double tp_bw, cp_bw, pp_bw; /* GB/s of the link each group uses */
 } CostModel;
@@ -105,13 +116,20 @@ double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens
 /* Seconds of the output projection + loss (last stage) forward / backward for n tokens on a rank. */
 double cost_head_fwd_s(const CostModel *m, int64_t tokens);
 double cost_head_bwd_s(const CostModel *m, int64_t tokens);
+/* Seconds of the embedding (first stage) forward / backward for n tokens on a rank. */
+double cost_embed_fwd_s(const CostModel *m, int64_t tokens);
+double cost_embed_bwd_s(const CostModel *m, int64_t tokens);
+/* Seconds one layer's backward adds under train.recompute for n tokens on a rank whose layer
+ * forward takes layer_fwd_s: that forward again (full), the norms and SwiGLU (selective), or 0. */
+double cost_recompute_s(const CostModel *m, double layer_fwd_s, int64_t tokens);
 /* Seconds to send n tokens' activations to the next stage. */
 double cost_p2p_s(const CostModel *m, int64_t tokens);
 /* A whole document of n tokens on one rank (no CP), one layer, forward + backward: the packer's
  * workload estimate W_a(n) + W_l(n). */
 double cost_doc_s(const CostModel *m, int64_t n);
 
-/* Layers of pipeline stage s: floor(L / pp), one more for the first L % pp stages. */
-int cost_stage_layers(int n_layers, int pp, int stage);
+/* Layers of model chunk g (0 .. pp * v - 1) under the config's split (parallel.chunk_layers, which
+ * must be resolved when the model was built). */
+int cost_chunk_layers(const CostModel *m, int g);
 
 #endif

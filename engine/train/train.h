@@ -99,7 +99,7 @@ typedef struct Trainer {
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
     double mem_predicted;    /* the memory model's peak of the worst rank (bytes, train_memory.h) */
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
-    char resume_how[160];    /* trainer_resume: how the shards were read (the resume line says it) */
+    char resume_how[320];    /* trainer_resume: how the shards were read (the resume line says it) */
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save;
 } Trainer;

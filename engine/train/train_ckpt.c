@@ -14,7 +14,7 @@
  *                                   write no file), each Z's own flat shard with ZeRO-1
  *   index.json         rank 0's, from the config alone (train_ckpt_index.c; read by
  *                      util/ckpt_index.c): format version, step, the layout that saved (tp,
- *                      cp, pp, dp, virtual_stages, zero), the shard files, per (TP rank, chunk) its parameter count, weights section and moment shards
+ *                      cp, pp, dp, virtual_stages, zero, and stage_layers: the layers of each model chunk), the shard files, per (TP rank, chunk) its parameter count, weights section and moment shards
  *                      ({file, begin, end, m, v}), and per Hugging Face tensor name its full shape
  *                      and the blocks that make it up ({file, section, offset, tp, chunk, row0, rows,
  *                      col0, cols}: rows x cols floats at `offset` of that chunk's vector; only the
@@ -29,7 +29,7 @@
  * folder, renames it into place, points latest at it (replaced atomically) and removes the oldest
  * beyond checkpoint.keep. A job killed at any moment leaves latest naming a complete checkpoint.
  * Resuming (every rank reads state.bin and index.json, checked): on the layout that saved it (same
- * tp, pp, virtual_stages: the same chunk vectors) a rank copies its weights from its params section
+ * tp, pp, virtual_stages and layers per chunk: the same chunk vectors) a rank copies its weights from its params section
  * and its moments from the shards overlapping its optimizer range - with the same ZeRO-1 layout just
  * its own file - bit for bit; on any other layout each of its blocks comes from the full tensor
  * rebuilt from the index's blocks (one tensor at a time, host memory). A shard file is opened (and
@@ -317,6 +317,20 @@ static void put_device(void *ctx, float *dst, const float *src, int64_t n)
     ((const Ops *)ctx)->to_device(dst, src, (size_t)n * sizeof *dst);
 }
 
+/* 1 when the index's chunks hold the layers the config's do (an index without stage_layers split
+ * them evenly). */
+static int same_split(const CkptIndex *ix, const Config *cfg)
+{
+    int chunks = ix->pp * ix->virtual_stages;
+    const ConfigIntList *mine = &cfg->parallel.chunk_layers;
+    for (int g = 0; g < chunks && g < mine->n; g++) {
+        int64_t even = cfg->model.n_layers / chunks + (g < cfg->model.n_layers % chunks);
+        if ((ix->stage_layers ? ix->stage_layers[g] : even) != mine->v[g])
+            return 0;
+    }
+    return chunks == mine->n;
+}
+
 /* Weights and moments of every chunk from the shards. On the layout that saved them (tp, pp,
  * virtual_stages) the chunk's parameter vector is the saved one: its weights come from the one
  * section that holds them and its moments from the shards that overlap its optimizer range (its own
@@ -325,7 +339,8 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *
 {
     const ConfigParallel *p = &tr->cfg->parallel;
     const ModelDims *d = &tr->chunks[0].model.dims;
-    int same = ix->tp == p->tp && ix->pp == p->pp && ix->virtual_stages == p->virtual_stages, rc = 0;
+    int same = ix->tp == p->tp && ix->pp == p->pp && ix->virtual_stages == p->virtual_stages &&
+               same_split(ix, tr->cfg), rc = 0;
     int64_t most = 1;
     if (ix->step != step)
         return error_set(err, path, "index.json is of step %lld, state.bin of step %lld", (long long)ix->step,
@@ -378,9 +393,14 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *
     if (rc == 0 && same)
         snprintf(tr->resume_how, sizeof tr->resume_how, "same layout, each rank read its own shards: at most %d "
                  "shard file%s a rank", (int)opened, opened == 1 ? "" : "s");
-    else if (rc == 0)
-        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d: at most "
-                 "%d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero, (int)opened, opened == 1 ? "" : "s");
+    char saved_split[160] = "even";
+    if (ix->stage_layers)
+        config_int_list_text(ix->stage_layers, ix->pp * ix->virtual_stages, saved_split, sizeof saved_split);
+    if (rc == 0 && !same)
+        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d%s%s: at "
+                 "most %d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero,
+                 same_split(ix, tr->cfg) ? "" : ", layers per chunk ", same_split(ix, tr->cfg) ? "" : saved_split,
+                 (int)opened, opened == 1 ? "" : "s");
     return rc;
 }
 

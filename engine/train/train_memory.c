@@ -61,8 +61,8 @@ static void largest_micro_batch(const Config *cfg, int64_t *mb_tokens, int64_t *
     plan_destroy(&pl);
 }
 
-static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sched, int64_t T, int64_t T_mb,
-                        DryRunMemory *out, Error *err)
+static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, const SchedOp *sched, int n_sched,
+                        int64_t T, int64_t T_mb, DryRunMemory *out, Error *err)
 {
     const ConfigParallel *p = &cfg->parallel;
     int pp = (int)p->pp, v = (int)p->virtual_stages, chunks = pp * v;
@@ -74,7 +74,10 @@ static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sc
     double transient = 0;
     memset(out, 0, sizeof *out);
     for (int k = 0; k < v; k++) {
-        ModelParallel par = {(int)p->tp, 0, (int)p->cp, k * pp + s, chunks, NULL};
+        int g = k * pp + s, begin = 0;
+        for (int i = 0; i < g; i++)
+            begin += (int)chunk_layers[i];
+        ModelParallel par = {(int)p->tp, 0, (int)p->cp, g, chunks, begin, begin + (int)chunk_layers[g], NULL};
         ModelDims d;
         model_dims(&d, &cfg->model, &par);
         int64_t n = model_param_count(&cfg->model, &par);
@@ -115,17 +118,44 @@ static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sc
     return 0;
 }
 
+/* What every stage's memory needs besides the split: the micro-batches per replica, checked. */
+static int memory_layout(const Config *cfg, int64_t *m, Error *err)
+{
+    const ConfigParallel *p = &cfg->parallel;
+    *m = config_micro_batches(cfg);
+    if (p->dp <= 0 || *m <= 0)
+        return error_set(err, "parallel.dp", "the memory model needs a number for dp (auto is resolved by a launch)");
+    if (p->virtual_stages > 1 && *m % p->pp)
+        return error_set(err, "parallel.virtual_stages", "interleaved 1F1B needs the micro-batches per replica "
+                         "(%lld) to be a multiple of parallel.pp (%lld)", (long long)*m, (long long)p->pp);
+    return 0;
+}
+
+int trainer_stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, DryRunMemory *out, Error *err)
+{
+    int64_t m, mb_tokens, rank_rows;
+    int v = (int)cfg->parallel.virtual_stages;
+    if (memory_layout(cfg, &m, err) != 0)
+        return -1;
+    largest_micro_batch(cfg, &mb_tokens, &rank_rows);
+    SchedOp *sched = malloc((size_t)2 * (size_t)m * (size_t)v * sizeof *sched);
+    if (!sched)
+        return error_runtime(err, "memory model", "out of memory");
+    int n = sched_stage_ops(s, (int)cfg->parallel.pp, v, (int)m, sched);
+    int rc = stage_memory(cfg, chunk_layers, s, sched, n, rank_rows, mb_tokens, out, err);
+    free(sched);
+    return rc;
+}
+
 int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err)
 {
     memset(out, 0, sizeof *out);
     const ConfigParallel *p = &cfg->parallel;
     int pp = (int)p->pp, v = (int)p->virtual_stages;
-    int64_t m = config_micro_batches(cfg);
-    if (p->dp <= 0 || m <= 0)
-        return error_set(err, "parallel.dp", "the memory model needs a number for dp (auto is resolved by a launch)");
-    if (v > 1 && m % pp)
-        return error_set(err, "parallel.virtual_stages", "interleaved 1F1B needs the micro-batches per replica "
-                         "(%lld) to be a multiple of parallel.pp (%d)", (long long)m, pp);
+    int64_t m;
+    if (memory_layout(cfg, &m, err) != 0)
+        return -1;
+    WLB_ASSERT(p->chunk_layers.n == pp * v); /* the split is resolved (auto: trainer_stage_layers) */
     largest_micro_batch(cfg, &out->mb_tokens, &out->rank_rows);
     out->budget = trainer_memory_budget(cfg);
     out->n_stages = pp;
@@ -139,7 +169,7 @@ int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err)
     int rc = 0;
     for (int s = 0; s < pp && rc == 0; s++) {
         int n = sched_stage_ops(s, pp, v, (int)m, sched);
-        rc = stage_memory(cfg, s, sched, n, out->rank_rows, out->mb_tokens, &out->stages[s], err);
+        rc = stage_memory(cfg, p->chunk_layers.v, s, sched, n, out->rank_rows, out->mb_tokens, &out->stages[s], err);
         if (rc == 0 && out->stages[s].peak > out->stages[out->worst].peak)
             out->worst = s;
     }
@@ -223,11 +253,19 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
         snprintf(change, sizeof change, "parallel.tp: %lld", (long long)alt.parallel.tp);
         suggest(fits, sizeof fits, &alt, budget, change);
     }
-    if (2 * cfg->parallel.pp * cfg->parallel.virtual_stages <= cfg->model.n_layers) {
+    /* Twice the stages, with the layers split evenly over them (a list of counts is the user's to
+     * write again). */
+    int chunks = (int)(2 * cfg->parallel.pp * cfg->parallel.virtual_stages);
+    int64_t *even = cfg->parallel.stage_layers.choice != STAGE_LAYERS_LIST && chunks <= cfg->model.n_layers
+                        ? malloc((size_t)chunks * sizeof *even) : NULL;
+    if (even) {
         Config alt = *cfg;
         alt.parallel.pp *= 2;
+        config_even_layers(cfg->model.n_layers, chunks, even);
+        alt.parallel.chunk_layers = (ConfigIntList){chunks, even};
         snprintf(change, sizeof change, "parallel.pp: %lld", (long long)alt.parallel.pp);
         suggest(fits, sizeof fits, &alt, budget, change);
+        free(even);
     }
     {
         Config alt = *cfg;

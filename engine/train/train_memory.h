@@ -27,6 +27,10 @@
 /* Every pipeline stage's rank of cfg (resolved; dp a number). train.device decides the compute
  * dtype's size (train.precision) and the logits block (the GPU's or the CPU's). */
 int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err);
+/* The rank of stage s alone, its chunks holding the layers of chunk_layers (pp * virtual_stages
+ * counts, the other stages' not read) instead of the config's split: what the auto split
+ * (train_stages.c) weighs each candidate with. */
+int trainer_stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, DryRunMemory *out, Error *err);
 void trainer_memory_free(DryRunMemoryPlan *mp);
 /* Bytes a rank may use: train.gpu_memory_gb, else balance.hardware's memory (0: not checked, the
  * CPU profile). */

@@ -9,13 +9,13 @@
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_stages.h"
 
 static int init_chunk(Trainer *tr, int c, Error *err)
 {
     const Config *cfg = tr->cfg;
     TrainChunk *ch = &tr->chunks[c];
-    ModelParallel par = {tr->lay.tp, tr->lay.tp_rank, tr->lay.cp, c * tr->pp + tr->lay.pp_rank, tr->n_chunks,
-                         tr->comm};
+    ModelParallel par = trainer_chunk_parallel(cfg, tr->lay.tp_rank, c * tr->pp + tr->lay.pp_rank, tr->comm);
     if (model_init(&ch->model, &cfg->model, tr->ops, &par, cfg->train.recompute, err) != 0)
         return -1;
     Model *m = &ch->model;

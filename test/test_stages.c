@@ -1,0 +1,295 @@
+/*
+ * test/test_stages.c - parallel.stage_layers: auto. The search (engine/plan/stages.c) against every
+ * split of small models (the slowest stage it reaches is the least any split reaches, with and
+ * without memory limits, interleaved or not), Llama 3's first/last-stage rule where the output layer
+ * weighs, the typical micro-batch against its definition, and the trainer's placement under the
+ * memory model (train_stages.c): it fits where the even split does not, and every rank computes the
+ * same.
+ */
+#include "test/testlib.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "engine/plan/cost.h"
+#include "engine/plan/stages.h"
+#include "engine/train/train_memory.h"
+#include "engine/train/train_stages.h"
+
+enum { MAX_CHUNKS = 16 };
+
+/* The largest stage time of a split. */
+static double slowest(const StageCosts *c, int pp, int v, const int64_t *split)
+{
+    double most = 0;
+    for (int s = 0; s < pp; s++) {
+        double t = stages_stage_s(c, pp, v, split, s);
+        most = t > most ? t : most;
+    }
+    return most;
+}
+
+/* A memory limit for the search: stage s holds at most limit[s] layers. */
+static int within_limit(void *ctx, int s, const int64_t *split)
+{
+    const int *limit = ctx;
+    int pp = limit[MAX_CHUNKS], v = limit[MAX_CHUNKS + 1];
+    int64_t n = 0;
+    for (int g = s; g < pp * v; g += pp)
+        n += split[g];
+    return n <= limit[s];
+}
+
+/* The least slowest-stage time over every split of L layers into pp * v chunks of at least one
+ * (every composition, by recursion), among those within limit (NULL: all); -1 when none is. */
+static double best_by_brute_force(const StageCosts *c, int L, int pp, int v, int *limit, int64_t *split, int g)
+{
+    int chunks = pp * v;
+    if (g == chunks - 1) {
+        split[g] = L;
+        for (int s = 0; limit && s < pp; s++)
+            if (!within_limit(limit, s, split))
+                return -1;
+        return slowest(c, pp, v, split);
+    }
+    double best = -1;
+    for (int n = 1; n <= L - (chunks - 1 - g); n++) {
+        split[g] = n;
+        double t = best_by_brute_force(c, L - n, pp, v, limit, split, g + 1);
+        if (t >= 0 && (best < 0 || t < best))
+            best = t;
+    }
+    return best;
+}
+
+static void check_split(const int64_t *split, int L, int chunks)
+{
+    int64_t sum = 0;
+    for (int g = 0; g < chunks; g++) {
+        assert_true(split[g] >= 1);
+        sum += split[g];
+    }
+    assert_int_equal(sum, L);
+}
+
+static void test_auto_is_exact(void **state)
+{
+    (void)state;
+    const double heads[] = {0, 0.3, 1, 2.4, 5.5}, embeds[] = {0, 0.05, 0.7};
+    int cases = 0, limited = 0;
+    for (int pp = 1; pp <= 4; pp++)
+        for (int v = 1; v <= 3; v++)
+            for (int L = pp * v; L <= pp * v + 6 && L <= 14; L++)
+                for (int h = 0; h < 5; h++)
+                    for (int e = 0; e < 3; e++) {
+                        StageCosts c = {1.0, embeds[e], heads[h], 0};
+                        int64_t split[MAX_CHUNKS], scratch[MAX_CHUNKS];
+                        assert_int_equal(stages_auto(&c, L, pp, v, NULL, NULL, split), 1);
+                        check_split(split, L, pp * v);
+                        double best = best_by_brute_force(&c, L, pp, v, NULL, scratch, 0);
+                        if (fabs(slowest(&c, pp, v, split) - best) > 1e-12)
+                            print_error("pp %d v %d L %d head %g embed %g: auto %g, best %g\n", pp, v, L, heads[h],
+                                        embeds[e], slowest(&c, pp, v, split), best);
+                        assert_true(fabs(slowest(&c, pp, v, split) - best) <= 1e-12);
+                        /* A memory limit per stage (a pseudo-random one): the best within it, or none. */
+                        int limit[MAX_CHUNKS + 2];
+                        for (int s = 0; s < pp; s++)
+                            limit[s] = v + (int)((7u * (unsigned)(L + s) + 3u * (unsigned)h + (unsigned)e) % 5u);
+                        limit[MAX_CHUNKS] = pp;
+                        limit[MAX_CHUNKS + 1] = v;
+                        double lim_best = best_by_brute_force(&c, L, pp, v, limit, scratch, 0);
+                        int fits = stages_auto(&c, L, pp, v, within_limit, limit, split);
+                        check_split(split, L, pp * v);
+                        assert_int_equal(fits, lim_best >= 0);
+                        if (fits) {
+                            for (int s = 0; s < pp; s++)
+                                assert_true(within_limit(limit, s, split));
+                            assert_true(fabs(slowest(&c, pp, v, split) - lim_best) <= 1e-12);
+                            limited++;
+                        } else {
+                            /* None fits: placed for time alone. */
+                            assert_true(fabs(slowest(&c, pp, v, split) - best) <= 1e-12);
+                        }
+                        cases++;
+                    }
+    printf("# %d cases against every split, %d of them with a memory limit that some split meets\n", cases, limited);
+    assert_true(limited > 100);
+}
+
+/* Llama 3's rule: with an output layer of 2.4 layers, the last stage gives up layers (and the first,
+ * embedding aside, keeps its share); with a light one the split stays even. Interleaved, the chunk
+ * with the output layer holds fewer than the other chunk of its stage. */
+static void test_auto_first_last_rule(void **state)
+{
+    (void)state;
+    StageCosts heavy = {1.0, 0.05, 2.4, 0}, light = {1.0, 0.05, 0.3, 0};
+    int64_t split[8];
+    stages_auto(&heavy, 32, 4, 1, NULL, NULL, split);
+    assert_true(split[0] == 8 && split[1] == 9 && split[2] == 9 && split[3] == 6);
+    stages_auto(&light, 32, 4, 1, NULL, NULL, split);
+    for (int s = 0; s < 4; s++)
+        assert_int_equal(split[s], 8);
+    /* 126 layers over 16 stages (Llama 3 405B): the even split has 8 on the first 14 stages and 7 on
+     * the last two; with the output layer of 2.4 layers the last stage keeps at most 6. */
+    int64_t big[16], split16[16];
+    stages_auto(&heavy, 126, 16, 1, NULL, NULL, big);
+    check_split(big, 126, 16);
+    assert_true(big[15] <= 6);
+    config_even_layers(126, 16, split16);
+    assert_true(split16[15] == 7 && fabs(slowest(&heavy, 16, 1, split16) - 9.4) <= 1e-12);
+    assert_true(fabs(slowest(&heavy, 16, 1, big) - 8.4) <= 1e-12);
+    stages_auto(&heavy, 32, 4, 2, NULL, NULL, split);
+    check_split(split, 32, 8);
+    assert_true(split[3] + split[7] == 6 && split[7] < split[3]);
+    assert_true(split[0] + split[4] == 8 && split[1] + split[5] == 9);
+}
+
+/* A lengths file of n documents of len tokens. */
+static char *write_lengths(const char *dir, int n, int len)
+{
+    char *text = calloc((size_t)n * 8 + 1, 1);
+    for (int i = 0; i < n; i++)
+        sprintf(text + strlen(text), "%d\n", len);
+    char *path = test_write_file(dir, "lengths.txt", text, strlen(text));
+    free(text);
+    return path;
+}
+
+static void make_config(Config *cfg, const char *yaml)
+{
+    Error err = {0};
+    config_init(cfg);
+    if (config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+}
+
+/* The typical micro-batch against its definition: documents of 1000 tokens, a window of 4096 on 2
+ * CP ranks (2048 tokens each); the sample runs to the first document past 256 windows (1049
+ * documents), so a window holds 4.096 documents' attention, half of it on a CP rank. */
+static void test_typical_costs(void **state)
+{
+    (void)state;
+    for (int recompute = 0; recompute <= 2; recompute++) {
+        static const char *const modes[] = {"none", "selective", "full"};
+        char *yaml = test_format("model: {preset: llama3-8b, max_seq_len: 4096}\n"
+                                 "parallel: {tp: 2, cp: 2, pp: 2, dp: 1}\n"
+                                 "data: {context_window: 4096, global_batch_tokens: 16384}\n"
+                                 "train: {recompute: %s}\n",
+                                 modes[recompute]);
+        Config cfg;
+        CostModel cost;
+        Error err = {0};
+        make_config(&cfg, yaml);
+        assert_int_equal(cost_model_init(&cost, &cfg, &err), 0);
+        uint32_t *lens = malloc(3000 * sizeof *lens);
+        for (int i = 0; i < 3000; i++)
+            lens[i] = 1000;
+        DataSource src = data_source_from_lengths(lens, 3000, 3000000);
+        StageCosts c;
+        assert_int_equal(stages_typical_costs(&cfg, &cost, &src, NULL, 1, &c, &err), 0);
+        double f, b;
+        cost_attn_fb_s(&cost, 1000, 1000, &f, &b);
+        double share = 4096.0 / 1049000.0 / 2 * 1049;
+        double fwd = share * f + cost_linear_fwd_s(&cost, 2048) + cost_tp_comm_s(&cost, 2048);
+        double bwd = share * b + cost_linear_bwd_s(&cost, 2048) + cost_tp_comm_s(&cost, 2048);
+        double extra = recompute == 2 ? fwd : recompute == 1 ? cost_recompute_s(&cost, fwd, 2048) : 0;
+        assert_true(extra > 0 || recompute == 0);
+        assert_true(fabs(c.layer_s - (fwd + bwd + extra)) <= 1e-12 * c.layer_s);
+        assert_true(fabs(c.head_s - (cost_head_fwd_s(&cost, 2048) + cost_head_bwd_s(&cost, 2048))) <= 1e-15);
+        assert_true(fabs(c.embed_s - (cost_embed_fwd_s(&cost, 2048) + cost_embed_bwd_s(&cost, 2048))) <= 1e-15);
+        assert_true(fabs(c.pairs_per_token - cost_attn_pairs(&cost, 1000, 1000) / 1000) <= 1e-9);
+        free(lens);
+        config_free(&cfg);
+        free(yaml);
+    }
+}
+
+/* The trainer's placement: Llama 3 8B at 8K windows of short documents, pp 4 - the output layer
+ * weighs about 2 layers. With room, the last stage gives up layers. With a budget the even split
+ * exceeds on stage 0 (the most micro-batches in flight) but some split meets, every stage of the
+ * placed split fits by the memory model; with too little for any, it places for time and says so. */
+static void test_trainer_placement(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *lengths = write_lengths(dir, 4000, 300);
+    const char *form = "model: {preset: llama3-8b}\n"
+                       "parallel: {tp: 2, pp: 4, dp: 1, stage_layers: auto}\n"
+                       "data: {lengths_file: %s, global_batch_tokens: 131072}\n"
+                       "train: {device: cuda, gpu_memory_gb: %s}\n";
+    char *yaml = test_format(form, lengths, "0");
+    Config cfg;
+    Error err = {0};
+    StageCosts c;
+    int fits;
+    make_config(&cfg, yaml);
+    assert_int_equal(trainer_stage_layers(&cfg, &c, &fits, &err), 0);
+    assert_true(fits);
+    check_split(cfg.parallel.chunk_layers.v, 32, 4);
+    printf("# 8B at 8K, pp 4: output layer %.2f layers; placed %lld, %lld, %lld, %lld\n", c.head_s / c.layer_s,
+           (long long)cfg.parallel.chunk_layers.v[0], (long long)cfg.parallel.chunk_layers.v[1],
+           (long long)cfg.parallel.chunk_layers.v[2], (long long)cfg.parallel.chunk_layers.v[3]);
+    assert_true(c.head_s > 1.5 * c.layer_s);
+    assert_true(cfg.parallel.chunk_layers.v[3] < 8);
+    int64_t free_split[4];
+    memcpy(free_split, cfg.parallel.chunk_layers.v, sizeof free_split);
+    /* The budget: between the peak of stage 0 under the even split and the least peak of stage 0 with
+     * one layer fewer. */
+    DryRunMemory even0, less0;
+    int64_t even[4] = {8, 8, 8, 8}, fewer[4] = {7, 9, 8, 8};
+    assert_int_equal(trainer_stage_memory(&cfg, even, 0, &even0, &err), 0);
+    assert_int_equal(trainer_stage_memory(&cfg, fewer, 0, &less0, &err), 0);
+    assert_true(less0.peak < even0.peak);
+    double budget = (less0.peak + even0.peak) / 2;
+    config_free(&cfg);
+    char gb[32];
+    snprintf(gb, sizeof gb, "%.6f", budget / 1e9);
+    char *tight = test_format(form, lengths, gb);
+    make_config(&cfg, tight);
+    assert_int_equal(trainer_stage_layers(&cfg, NULL, &fits, &err), 0);
+    assert_true(fits);
+    check_split(cfg.parallel.chunk_layers.v, 32, 4);
+    assert_true(cfg.parallel.chunk_layers.v[0] <= 7);
+    DryRunMemoryPlan mp;
+    assert_int_equal(trainer_memory_plan(&cfg, &mp, &err), 0);
+    for (int s = 0; s < 4; s++)
+        assert_true(mp.stages[s].peak <= budget);
+    trainer_memory_free(&mp);
+    config_free(&cfg);
+    free(tight);
+    /* Far too little: no split fits; placed for time alone (the memory check then refuses it). */
+    tight = test_format(form, lengths, "1");
+    make_config(&cfg, tight);
+    assert_int_equal(trainer_stage_layers(&cfg, NULL, &fits, &err), 0);
+    assert_false(fits);
+    assert_memory_equal(cfg.parallel.chunk_layers.v, free_split, sizeof free_split);
+    config_free(&cfg);
+    free(tight);
+    /* even and a list are config_resolve's: nothing to place. */
+    char *listed = test_format("%s", yaml);
+    char *at = strstr(listed, "auto");
+    memcpy(at, "even", 4);
+    make_config(&cfg, listed);
+    assert_int_equal(trainer_stage_layers(&cfg, NULL, NULL, &err), 0);
+    assert_int_equal(cfg.parallel.chunk_layers.v[3], 8);
+    config_free(&cfg);
+    free(listed);
+    free(yaml);
+    free(lengths);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auto_is_exact),
+        cmocka_unit_test(test_auto_first_last_rule),
+        cmocka_unit_test(test_typical_costs),
+        cmocka_unit_test(test_trainer_placement),
+    };
+    return cmocka_run_group_tests_name("stages", tests, NULL, NULL);
+}
