@@ -283,6 +283,28 @@ static void test_trainer_placement(void **state)
     free(dir);
 }
 
+/* The model of each chunk holds the layers of the split: [1, 3] at pp 2 puts layer 0 with the
+ * embedding and layers 1..3 with the output layer (model_dims through trainer_chunk_parallel). */
+static void test_chunk_models(void **state)
+{
+    (void)state;
+    Config cfg;
+    make_config(&cfg, "model: {preset: tiny}\nparallel: {pp: 2, tp: 2, dp: 1, stage_layers: [1, 3]}\n");
+    ModelParallel first = trainer_chunk_parallel(&cfg, 1, 0, NULL), last = trainer_chunk_parallel(&cfg, 1, 1, NULL);
+    ModelDims d0, d1, whole;
+    model_dims(&d0, &cfg.model, &first);
+    model_dims(&d1, &cfg.model, &last);
+    model_dims(&whole, &cfg.model, NULL);
+    assert_true(d0.layer_begin == 0 && d0.layer_end == 1 && d0.has_embed && !d0.has_head);
+    assert_true(d1.layer_begin == 1 && d1.layer_end == 4 && !d1.has_embed && d1.has_head);
+    assert_true(d0.tp_rank == 1 && d1.tp == 2);
+    /* Parameters: the layers' blocks add up to the model's, the head's and embedding's aside. */
+    int64_t n0 = model_param_count(&cfg.model, &first), n1 = model_param_count(&cfg.model, &last);
+    int64_t embed = (int64_t)whole.vocab / 2 * whole.d, layer = (n0 - embed);
+    assert_int_equal(n1 - 3 * layer, embed + whole.d); /* the output layer and the final norm */
+    config_free(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -290,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_auto_first_last_rule),
         cmocka_unit_test(test_typical_costs),
         cmocka_unit_test(test_trainer_placement),
+        cmocka_unit_test(test_chunk_models),
     };
     return cmocka_run_group_tests_name("stages", tests, NULL, NULL);
 }

@@ -393,14 +393,19 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, const char *
     if (rc == 0 && same)
         snprintf(tr->resume_how, sizeof tr->resume_how, "same layout, each rank read its own shards: at most %d "
                  "shard file%s a rank", (int)opened, opened == 1 ? "" : "s");
-    char saved_split[160] = "even";
-    if (ix->stage_layers)
-        config_int_list_text(ix->stage_layers, ix->pp * ix->virtual_stages, saved_split, sizeof saved_split);
+    /* The layers per chunk that saved it, when they were not split evenly. */
+    char saved_split[160] = "";
+    int chunks = ix->pp * ix->virtual_stages;
+    for (int g = 0; ix->stage_layers && g < chunks; g++)
+        if (ix->stage_layers[g] != tr->cfg->model.n_layers / chunks + (g < tr->cfg->model.n_layers % chunks)) {
+            memcpy(saved_split, ", layers per chunk ", 20);
+            config_int_list_text(ix->stage_layers, chunks, saved_split + 19, sizeof saved_split - 19);
+            break;
+        }
     if (rc == 0 && !same)
-        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d%s%s: at "
-                 "most %d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero,
-                 same_split(ix, tr->cfg) ? "" : ", layers per chunk ", same_split(ix, tr->cfg) ? "" : saved_split,
-                 (int)opened, opened == 1 ? "" : "s");
+        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d%s: at most "
+                 "%d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero, saved_split, (int)opened,
+                 opened == 1 ? "" : "s");
     return rc;
 }
 
