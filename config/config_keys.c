@@ -721,3 +721,9 @@ const char *config_hardware_name(HardwareKind k)
     static const char *const names[] = {"h100", "h200", "a100", "cpu"};
     return names[k];
 }
+
+const char *config_stage_layers_name(StageLayers k)
+{
+    static const char *const names[] = {"even", "auto", "a list"};
+    return names[k];
+}

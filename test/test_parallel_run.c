@@ -176,7 +176,8 @@ static void test_plan_mismatch_stops_job(void **state)
 
 /* The memory model on more layouts and modes: ZeRO-1 with a checkpoint each step (which allocates no
  * device memory: each rank streams its own shards through a host buffer), tied embeddings over two stages, bf16 with selective
- * recomputation, kv heads replicated over TP; interleaved stages with full recomputation. And a
+ * recomputation, kv heads replicated over TP; interleaved stages with full recomputation; layers split
+ * unevenly over the stages. And a
  * budget the layout does not fit: refused before training with one line, exit 2, nothing written. */
 static void test_memory_model_equals_allocations(void **state)
 {
@@ -201,6 +202,17 @@ static void test_memory_model_equals_allocations(void **state)
     assert_int_equal(r.status, 0);
     test_cmd_free(&r);
     check_memory(metrics, "cp 2, pp 2 x 2 interleaved, full");
+    unlink(metrics);
+    /* Layers split unevenly: the memory model follows each stage's own layers. */
+    const char *uneven[] = {"--set", "parallel.dp=1", "--set", "parallel.tp=1", "--set", "parallel.stage_layers=[3, 1]",
+                            "--steps", "2", NULL};
+    run_mpi(&r, 4, NULL, uneven);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "train: layers per stage [3, 1] (parallel.stage_layers: a list)"));
+    test_cmd_free(&r);
+    check_memory(metrics, "cp 2, pp 2, layers [3, 1]");
     unlink(metrics);
     const char *c[] = {"--set", "parallel.dp=1", "--set", "train.gpu_memory_gb=0.001", NULL};
     run_mpi(&r, 8, NULL, c);

@@ -436,7 +436,6 @@ static void print_header(const Config *cfg, const DataSources *data, const CostM
  * the figures parallel.stage_layers: auto balances. */
 static int print_stages(const Config *cfg, const CostModel *cost, const DataSources *data, Error *err)
 {
-    static const char *const how[] = {"even", "auto", "a list"};
     int pp = cost->pp, v = cost->v;
     StageCosts c;
     char text[512];
@@ -445,7 +444,7 @@ static int print_stages(const Config *cfg, const CostModel *cost, const DataSour
     config_int_list_text(cfg->parallel.chunk_layers.v, pp * v, text, sizeof text);
     printf("stages: layers per %s %s (parallel.stage_layers: %s); a typical micro-batch (a window, %.0f attention "
            "pairs per token): a layer %.2f ms, the output layer and loss %.2f ms (%.2f layers), the embedding %.2f ms; "
-           "per stage", v > 1 ? "model chunk" : "stage", text, how[cfg->parallel.stage_layers.choice],
+           "per stage", v > 1 ? "model chunk" : "stage", text, config_stage_layers_name((StageLayers)cfg->parallel.stage_layers.choice),
            c.pairs_per_token, c.layer_s * 1e3, c.head_s * 1e3, c.layer_s > 0 ? c.head_s / c.layer_s : 0,
            c.embed_s * 1e3);
     double most = 0, sum = 0;

@@ -245,6 +245,12 @@ static void print_banner(const Trainer *tr, const Config *cfg)
            p->zero ? ", ZeRO-1" : "", (long long)params, omp_get_max_threads(), omp_get_max_threads() > 1 ? "s" : "",
            !tr->comm->mpi ? "none (one process)" : tr->comm->impl != &comm_mpi ? tr->comm->impl->name
                                                 : tr->comm->stage ? "mpi, staged through the host" : "mpi");
+    if (tr->n_chunks > 1) {
+        char split[512];
+        config_int_list_text(p->chunk_layers.v, tr->n_chunks, split, sizeof split);
+        printf("train: layers per %s %s (parallel.stage_layers: %s)\n", tr->v > 1 ? "model chunk" : "stage", split,
+               config_stage_layers_name((StageLayers)p->stage_layers.choice));
+    }
     fflush(stdout);
 }
 

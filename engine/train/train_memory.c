@@ -273,11 +273,15 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
         snprintf(change, sizeof change, "parallel.cp: %lld", (long long)alt.parallel.cp);
         suggest(fits, sizeof fits, &alt, budget, change);
     }
-    return error_set(err, "train.gpu_memory_gb", "the layout needs %.1f GB on a rank of pipeline stage %d (weights "
+    int64_t layers = 0;
+    for (int g = mp->worst; g < cfg->parallel.chunk_layers.n; g += mp->n_stages)
+        layers += cfg->parallel.chunk_layers.v[g];
+    return error_set(err, "train.gpu_memory_gb", "the layout needs %.1f GB on a rank of pipeline stage %d (%lld "
+                     "layers; weights "
                      "%.1f, their bf16 copy %.1f, gradients %.1f, optimizer %.1f, activations %.1f for %d "
                      "micro-batches of up to %lld tokens in flight, other %.1f), %.1f GB more than the %.1f GB "
                      "budget; %s%s",
-                     w->peak / 1e9, mp->worst, w->weights / 1e9, w->weights_act / 1e9, w->grads / 1e9,
+                     w->peak / 1e9, mp->worst, (long long)layers, w->weights / 1e9, w->weights_act / 1e9, w->grads / 1e9,
                      w->optimizer / 1e9, w->activations / 1e9, w->slots, (long long)mp->mb_tokens, w->other / 1e9,
                      (w->peak - budget) / 1e9, budget / 1e9,
                      fits[0] ? "each of these alone would fit: " : "no single change of train.recompute, parallel.zero, "
