@@ -20,6 +20,12 @@
 
 enum { MAX_CHUNKS = 16 };
 
+/* Costs of a layer (a third forward), an embedding and an output layer, no sends. */
+static StageCosts costs(double layer, double embed, double head)
+{
+    return (StageCosts){layer / 3, 2 * layer / 3, embed / 3, 2 * embed / 3, head / 3, 2 * head / 3, 0, 0};
+}
+
 /* The largest stage time of a split. */
 static double slowest(const StageCosts *c, int pp, int v, const int64_t *split)
 {
@@ -84,9 +90,10 @@ static void test_auto_is_exact(void **state)
             for (int L = pp * v; L <= pp * v + 6 && L <= 14; L++)
                 for (int h = 0; h < 5; h++)
                     for (int e = 0; e < 3; e++) {
-                        StageCosts c = {1.0, embeds[e], heads[h], 0};
+                        StageCosts c = costs(1.0, embeds[e], heads[h]);
+                        StageLayout l = {L, pp, v, 0};
                         int64_t split[MAX_CHUNKS], scratch[MAX_CHUNKS];
-                        assert_int_equal(stages_auto(&c, L, pp, v, NULL, NULL, split), 1);
+                        assert_int_equal(stages_least_slowest(&c, &l, NULL, NULL, split), 1);
                         check_split(split, L, pp * v);
                         double best = best_by_brute_force(&c, L, pp, v, NULL, scratch, 0);
                         if (fabs(slowest(&c, pp, v, split) - best) > 1e-12)
@@ -100,7 +107,7 @@ static void test_auto_is_exact(void **state)
                         limit[MAX_CHUNKS] = pp;
                         limit[MAX_CHUNKS + 1] = v;
                         double lim_best = best_by_brute_force(&c, L, pp, v, limit, scratch, 0);
-                        int fits = stages_auto(&c, L, pp, v, within_limit, limit, split);
+                        int fits = stages_least_slowest(&c, &l, within_limit, limit, split);
                         check_split(split, L, pp * v);
                         assert_int_equal(fits, lim_best >= 0);
                         if (fits) {
@@ -124,26 +131,76 @@ static void test_auto_is_exact(void **state)
 static void test_auto_first_last_rule(void **state)
 {
     (void)state;
-    StageCosts heavy = {1.0, 0.05, 2.4, 0}, light = {1.0, 0.05, 0.3, 0};
+    StageCosts heavy = costs(1.0, 0.05, 2.4), light = costs(1.0, 0.05, 0.3);
+    StageLayout l4 = {32, 4, 1, 0}, l16 = {126, 16, 1, 0}, l4x2 = {32, 4, 2, 0};
     int64_t split[8];
-    stages_auto(&heavy, 32, 4, 1, NULL, NULL, split);
+    stages_least_slowest(&heavy, &l4, NULL, NULL, split);
     assert_true(split[0] == 8 && split[1] == 9 && split[2] == 9 && split[3] == 6);
-    stages_auto(&light, 32, 4, 1, NULL, NULL, split);
+    stages_least_slowest(&light, &l4, NULL, NULL, split);
     for (int s = 0; s < 4; s++)
         assert_int_equal(split[s], 8);
     /* 126 layers over 16 stages (Llama 3 405B): the even split has 8 on the first 14 stages and 7 on
      * the last two; with the output layer of 2.4 layers the last stage keeps at most 6. */
     int64_t big[16], split16[16];
-    stages_auto(&heavy, 126, 16, 1, NULL, NULL, big);
+    stages_least_slowest(&heavy, &l16, NULL, NULL, big);
     check_split(big, 126, 16);
     assert_true(big[15] <= 6);
     config_even_layers(126, 16, split16);
     assert_true(split16[15] == 7 && fabs(slowest(&heavy, 16, 1, split16) - 9.4) <= 1e-12);
     assert_true(fabs(slowest(&heavy, 16, 1, big) - 8.4) <= 1e-12);
-    stages_auto(&heavy, 32, 4, 2, NULL, NULL, split);
+    stages_least_slowest(&heavy, &l4x2, NULL, NULL, split);
     check_split(split, 32, 8);
     assert_true(split[3] + split[7] == 6 && split[7] < split[3]);
     assert_true(split[0] + split[4] == 8 && split[1] + split[5] == 9);
+}
+
+/* The step check: Llama 3 405B at 8K on 16 stages (the dry run's typical micro-batch: a layer
+ * 19.49 ms, the embedding 1.61, the output layer 8.52, a send 0.5): taking a layer off the first and
+ * the last stage gains 1% on the slowest stage, but with 32 micro-batches a step the pipeline's
+ * fill and drain lose more, so auto keeps the even split; with 64 the gain wins. Llama 3 8B's
+ * output layer (two layers) wins at 32. Where the even split does not fit, auto keeps the one that
+ * does, slower or not. */
+static void test_auto_step_check(void **state)
+{
+    (void)state;
+    StageCosts big = costs(19.49e-3, 1.61e-3, 8.52e-3);
+    big.p2p_s = 0.5e-3;
+    int64_t split[16], least[16], even[16];
+    int fit;
+    Error err = {0};
+    for (int m = 32; m <= 64; m += 32) {
+        StageLayout l = {126, 16, 1, m};
+        double t_split, t_even, t_least;
+        assert_int_equal(stages_auto(&big, &l, NULL, NULL, split, &fit, &err), 0);
+        stages_least_slowest(&big, &l, NULL, NULL, least);
+        config_even_layers(126, 16, even);
+        assert_int_equal(stages_step_s(&big, &l, split, &t_split, &err), 0);
+        assert_int_equal(stages_step_s(&big, &l, even, &t_even, &err), 0);
+        assert_int_equal(stages_step_s(&big, &l, least, &t_least, &err), 0);
+        printf("# 405B at 8K, %d micro-batches: least slowest stage %.4f s a step (first %lld, last %lld layers), "
+               "even %.4f s\n", m, t_least, (long long)least[0], (long long)least[15], t_even);
+        assert_true(least[0] == 7 && least[15] == 7);
+        assert_true(t_split <= t_even && t_split == (t_least < t_even ? t_least : t_even));
+        assert_memory_equal(split, m == 32 ? even : least, sizeof split);
+    }
+    StageCosts eight = costs(1.0, 0.05, 2.0);
+    StageLayout l8 = {32, 4, 1, 32};
+    assert_int_equal(stages_auto(&eight, &l8, NULL, NULL, split, &fit, &err), 0);
+    assert_true(fit && split[3] < 8);
+    /* Stage 0 holds at most 7 layers: the even split does not fit, auto's does. */
+    int limit[MAX_CHUNKS + 2] = {7, 20, 20, 20};
+    limit[MAX_CHUNKS] = 4;
+    limit[MAX_CHUNKS + 1] = 1;
+    StageCosts light = costs(1.0, 0.05, 0.3);
+    assert_int_equal(stages_auto(&light, &l8, within_limit, limit, split, &fit, &err), 0);
+    assert_true(fit && split[0] <= 7);
+    /* Interleaved: the step is simulated with the interleaved schedule (m a multiple of pp). */
+    StageLayout inter = {32, 4, 2, 8};
+    assert_int_equal(stages_auto(&eight, &inter, NULL, NULL, split, &fit, &err), 0);
+    check_split(split, 32, 8);
+    StageLayout odd = {32, 4, 2, 6};
+    assert_int_equal(stages_auto(&eight, &odd, NULL, NULL, split, &fit, &err), -1);
+    assert_non_null(strstr(err.msg, "interleaved 1F1B takes micro-batches in groups of pp"));
 }
 
 /* A lengths file of n documents of len tokens. */
@@ -198,9 +255,11 @@ static void test_typical_costs(void **state)
         double bwd = share * b + cost_linear_bwd_s(&cost, 2048) + cost_tp_comm_s(&cost, 2048);
         double extra = recompute == 2 ? fwd : recompute == 1 ? cost_recompute_s(&cost, fwd, 2048) : 0;
         assert_true(extra > 0 || recompute == 0);
-        assert_true(fabs(c.layer_s - (fwd + bwd + extra)) <= 1e-12 * c.layer_s);
-        assert_true(fabs(c.head_s - (cost_head_fwd_s(&cost, 2048) + cost_head_bwd_s(&cost, 2048))) <= 1e-15);
-        assert_true(fabs(c.embed_s - (cost_embed_fwd_s(&cost, 2048) + cost_embed_bwd_s(&cost, 2048))) <= 1e-15);
+        assert_true(fabs(c.layer_fwd_s - fwd) <= 1e-12 * fwd);
+        assert_true(fabs(c.layer_bwd_s - (bwd + extra)) <= 1e-12 * c.layer_bwd_s);
+        assert_true(c.head_fwd_s == cost_head_fwd_s(&cost, 2048) && c.head_bwd_s == cost_head_bwd_s(&cost, 2048));
+        assert_true(c.embed_fwd_s == cost_embed_fwd_s(&cost, 2048) && c.embed_bwd_s == cost_embed_bwd_s(&cost, 2048));
+        assert_true(c.p2p_s == cost_p2p_s(&cost, 2048) && c.p2p_s > 0);
         assert_true(fabs(c.pairs_per_token - cost_attn_pairs(&cost, 1000, 1000) / 1000) <= 1e-9);
         free(lens);
         config_free(&cfg);
@@ -229,10 +288,11 @@ static void test_trainer_placement(void **state)
     assert_int_equal(trainer_stage_layers(&cfg, &c, &fits, &err), 0);
     assert_true(fits);
     check_split(cfg.parallel.chunk_layers.v, 32, 4);
-    printf("# 8B at 8K, pp 4: output layer %.2f layers; placed %lld, %lld, %lld, %lld\n", c.head_s / c.layer_s,
+    printf("# 8B at 8K, pp 4: output layer %.2f layers; placed %lld, %lld, %lld, %lld\n",
+           (c.head_fwd_s + c.head_bwd_s) / (c.layer_fwd_s + c.layer_bwd_s),
            (long long)cfg.parallel.chunk_layers.v[0], (long long)cfg.parallel.chunk_layers.v[1],
            (long long)cfg.parallel.chunk_layers.v[2], (long long)cfg.parallel.chunk_layers.v[3]);
-    assert_true(c.head_s > 1.5 * c.layer_s);
+    assert_true(c.head_fwd_s + c.head_bwd_s > 1.5 * (c.layer_fwd_s + c.layer_bwd_s));
     assert_true(cfg.parallel.chunk_layers.v[3] < 8);
     int64_t free_split[4];
     memcpy(free_split, cfg.parallel.chunk_layers.v, sizeof free_split);
@@ -310,6 +370,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_is_exact),
         cmocka_unit_test(test_auto_first_last_rule),
+        cmocka_unit_test(test_auto_step_check),
         cmocka_unit_test(test_typical_costs),
         cmocka_unit_test(test_trainer_placement),
         cmocka_unit_test(test_chunk_models),

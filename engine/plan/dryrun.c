@@ -442,11 +442,12 @@ static int print_stages(const Config *cfg, const CostModel *cost, const DataSour
     if (stages_typical_costs(cfg, cost, data->src, data->weights, data->n, &c, err) != 0)
         return -1;
     config_int_list_text(cfg->parallel.chunk_layers.v, pp * v, text, sizeof text);
+    double layer = c.layer_fwd_s + c.layer_bwd_s, head = c.head_fwd_s + c.head_bwd_s;
     printf("stages: layers per %s %s (parallel.stage_layers: %s); a typical micro-batch (a window, %.0f attention "
            "pairs per token): a layer %.2f ms, the output layer and loss %.2f ms (%.2f layers), the embedding %.2f ms; "
            "per stage", v > 1 ? "model chunk" : "stage", text, config_stage_layers_name((StageLayers)cfg->parallel.stage_layers.choice),
-           c.pairs_per_token, c.layer_s * 1e3, c.head_s * 1e3, c.layer_s > 0 ? c.head_s / c.layer_s : 0,
-           c.embed_s * 1e3);
+           c.pairs_per_token, layer * 1e3, head * 1e3, layer > 0 ? head / layer : 0,
+           (c.embed_fwd_s + c.embed_bwd_s) * 1e3);
     double most = 0, sum = 0;
     for (int k = 0; k < pp; k++) {
         double t = stages_stage_s(&c, pp, v, cfg->parallel.chunk_layers.v, k);

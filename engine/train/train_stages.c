@@ -60,11 +60,15 @@ int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err)
     /* The same budget in training and in the dry run (whether or not it is checked there), so that
      * both place the layers alike. */
     FitsCtx ctx = {cfg, trainer_memory_budget(cfg), 0, {0}};
-    int all_fit = stages_auto(&c, (int)cfg->model.n_layers, (int)p->pp, (int)p->virtual_stages,
-                              ctx.budget > 0 ? stage_fits : NULL, &ctx, split);
-    if (ctx.failed) {
-        free(split);
+    StageLayout l = {(int)cfg->model.n_layers, (int)p->pp, (int)p->virtual_stages, (int)config_micro_batches(cfg)};
+    int all_fit;
+    rc = stages_auto(&c, &l, ctx.budget > 0 ? stage_fits : NULL, &ctx, split, &all_fit, err);
+    if (rc == 0 && ctx.failed) {
         *err = ctx.err;
+        rc = -1;
+    }
+    if (rc != 0) {
+        free(split);
         return -1;
     }
     free(p->chunk_layers.v);
