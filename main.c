@@ -68,9 +68,7 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
             rc = dryrun_run(&cfg, &dr, err);
         trainer_memory_free(&memory);
     } else if (rc == 0) {
-        rc = trainer_stage_layers(&cfg, NULL, NULL, err);
-        if (rc == 0)
-            rc = trainer_run(&cfg, exit_status, err);
+        rc = trainer_run(&cfg, exit_status, err);
     }
     config_free(&cfg);
     return rc;

@@ -62,7 +62,7 @@ const ConfigKey config_keys[] = {
              "collectives: nccl on GPUs, mpi (host-staged) on CPUs or several ranks per GPU; auto picks"),
     INT_KEY("parallel.zero", parallel.zero, 0, 1, "0", NULL,
             "1 = shard optimizer state over DP x CP (ZeRO-1)"),
-    {"parallel.stage_layers", KEY_CHOICE_OR_LIST, OFF(parallel.stage_layers), 0, 1024, 0, 0, 0, "even|auto", "even",
+    {"parallel.stage_layers", KEY_CHOICE_OR_LIST, OFF(parallel.stage_layers), 0, 1024, 0, 0, 0, "even|auto", "auto",
      NULL, "layers of each pipeline stage: even (n_layers / pp, the remainder to the first stages), auto (placed by the "
      "cost model so that the slowest stage's forward + backward is least, the output layer and loss of the last stage "
      "and the embedding of the first counted, within train.gpu_memory_gb; docs/stage-balance.md), or a list of counts, "

@@ -308,7 +308,14 @@ static void test_stage_layers(void **state)
     Config cfg;
     Error err;
     const char *base = "model: {preset: llama3-8b}\nparallel:\n  pp: 4\n";
+    /* The default: auto, placed by the engine (trainer_stage_layers), not here. */
     assert_int_equal(load(&cfg, base, NULL, 0, &err), 0);
+    assert_int_equal(cfg.parallel.stage_layers.choice, STAGE_LAYERS_AUTO);
+    assert_int_equal(cfg.parallel.chunk_layers.n, 0);
+    assert_round_trip(&cfg);
+    config_free(&cfg);
+    const char *even[] = {"parallel.stage_layers=even", NULL};
+    assert_int_equal(load(&cfg, base, even, 0, &err), 0);
     assert_int_equal(cfg.parallel.stage_layers.choice, STAGE_LAYERS_EVEN);
     assert_int_equal(cfg.parallel.chunk_layers.n, 4);
     int begin, end;
@@ -331,13 +338,6 @@ static void test_stage_layers(void **state)
     config_chunk_layers(&cfg, 7, &begin, &end);
     assert_int_equal(begin, 29);
     assert_int_equal(end, 32);
-    config_free(&cfg);
-    /* auto stays unplaced here: the engine places it (trainer_stage_layers). */
-    const char *aut[] = {"parallel.stage_layers=auto", NULL};
-    assert_int_equal(load(&cfg, base, aut, 0, &err), 0);
-    assert_int_equal(cfg.parallel.stage_layers.choice, STAGE_LAYERS_AUTO);
-    assert_int_equal(cfg.parallel.chunk_layers.n, 0);
-    assert_round_trip(&cfg);
     config_free(&cfg);
     expect_error("model: {preset: llama3-8b}\nparallel:\n  pp: 4\n  stage_layers: [8, 8, 16]\n", NULL, 0,
                  "t.yaml:4:17: parallel.stage_layers: 3 counts for 4 model chunks: one per pipeline stage (pp 4 x "

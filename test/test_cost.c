@@ -11,12 +11,14 @@
 #include "config/config.h"
 #include "engine/plan/cost.h"
 
-/* A resolved config from YAML plus --set style overrides. */
+/* A resolved config from YAML; the layers split evenly unless the YAML says otherwise (auto is the
+ * engine's to place, trainer_stage_layers). */
 static void make_config(Config *cfg, const char *yaml)
 {
     Error err = {0};
     config_init(cfg);
-    if (config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
+    if (config_apply_set(cfg, "parallel.stage_layers=even", &err) != 0 ||
+        config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
     }

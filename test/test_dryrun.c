@@ -502,8 +502,9 @@ static void dry_8b(CmdResult *r, const char *cfg, const char *stats, const char 
     const char *argv[64] = {"--config", cfg, "--dry-run", "--steps", "2", "--set", "model.preset=llama3-8b", "--set",
                             "model.n_layers=4", "--set", "model.max_seq_len=32768", "--set",
                             "data.context_window=32768", "--set", "data.global_batch_tokens=262144", "--set",
-                            "parallel.dp=1", "--set", "balance.hardware=h100", "--set", "train.device=cuda"};
-    int k = 21;
+                            "parallel.dp=1", "--set", "balance.hardware=h100", "--set", "train.device=cuda", "--set",
+                            "parallel.stage_layers=even"};
+    int k = 23;
     if (stats) {
         argv[k++] = "--stats-out";
         argv[k++] = stats;

@@ -26,6 +26,7 @@
  */
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_stages.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -399,7 +400,7 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     return rc;
 }
 
-int trainer_run(const Config *cfg, int *exit_status, Error *err)
+int trainer_run(Config *cfg, int *exit_status, Error *err)
 {
     double t_begin = clock_seconds();
     *exit_status = 0;
@@ -409,9 +410,11 @@ int trainer_run(const Config *cfg, int *exit_status, Error *err)
     struct sigaction old[2];
     if (parse_fault(&fault, err) != 0 || stop_rule_init(&stop, cfg, t_begin, err) != 0)
         return -1;
-    /* A layout that does not fit the device's memory stops here, before anything starts. */
+    /* The layers placed (the same on every rank), then a layout that does not fit the device's
+     * memory stops here, before anything starts. */
     double mem_predicted = 0;
-    if (trainer_memory_admit(cfg, &mem_predicted, err) != 0)
+    if (trainer_check_data(cfg, err) != 0 || trainer_stage_layers(cfg, NULL, NULL, err) != 0 ||
+        trainer_memory_admit(cfg, &mem_predicted, err) != 0)
         return -1;
     /* Before MPI starts: a signal from then on asks for a stop instead of killing the rank. */
     if (install_stop_handlers(old, err) != 0)

@@ -118,8 +118,7 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
     return 0;
 }
 
-/* What every stage's memory needs besides the split: the micro-batches per replica, checked. */
-static int memory_layout(const Config *cfg, int64_t *m, Error *err)
+int trainer_micro_batches(const Config *cfg, int64_t *m, Error *err)
 {
     const ConfigParallel *p = &cfg->parallel;
     *m = config_micro_batches(cfg);
@@ -135,7 +134,7 @@ int trainer_stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, 
 {
     int64_t m, mb_tokens, rank_rows;
     int v = (int)cfg->parallel.virtual_stages;
-    if (memory_layout(cfg, &m, err) != 0)
+    if (trainer_micro_batches(cfg, &m, err) != 0)
         return -1;
     largest_micro_batch(cfg, &mb_tokens, &rank_rows);
     SchedOp *sched = malloc((size_t)2 * (size_t)m * (size_t)v * sizeof *sched);
@@ -153,7 +152,7 @@ int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err)
     const ConfigParallel *p = &cfg->parallel;
     int pp = (int)p->pp, v = (int)p->virtual_stages;
     int64_t m;
-    if (memory_layout(cfg, &m, err) != 0)
+    if (trainer_micro_batches(cfg, &m, err) != 0)
         return -1;
     WLB_ASSERT(p->chunk_layers.n == pp * v); /* the split is resolved (auto: trainer_stage_layers) */
     largest_micro_batch(cfg, &out->mb_tokens, &out->rank_rows);

@@ -27,6 +27,9 @@
 /* Every pipeline stage's rank of cfg (resolved; dp a number). train.device decides the compute
  * dtype's size (train.precision) and the logits block (the GPU's or the CPU's). */
 int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err);
+/* *m: the micro-batches per replica, or an Error when dp is not a number yet or interleaving cannot
+ * take them (a multiple of pp). */
+int trainer_micro_batches(const Config *cfg, int64_t *m, Error *err);
 /* The rank of stage s alone, its chunks holding the layers of chunk_layers (pp * virtual_stages
  * counts, the other stages' not read) instead of the config's split: what the auto split
  * (train_stages.c) weighs each candidate with. */

@@ -103,11 +103,18 @@ static int choose_comm(Trainer *tr, Error *err)
     return comm_use(tr->comm, nccl, err);
 }
 
+int trainer_check_data(const Config *cfg, Error *err)
+{
+    if (cfg->data.path.n == 0)
+        return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
+    return 0;
+}
+
 static int check_layout(const Trainer *tr, Error *err)
 {
     const ConfigParallel *p = &tr->cfg->parallel;
-    if (tr->cfg->data.path.n == 0)
-        return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
+    if (trainer_check_data(tr->cfg, err) != 0)
+        return -1;
     if (p->virtual_stages > 1 && p->pp == 1)
         return error_set(err, "parallel.virtual_stages", "interleaving splits pipeline stages: it needs parallel.pp "
                          "> 1 (got virtual_stages %lld with pp 1)", (long long)p->virtual_stages);

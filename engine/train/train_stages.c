@@ -38,9 +38,9 @@ int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err)
     ConfigParallel *p = &cfg->parallel;
     if (p->stage_layers.choice != STAGE_LAYERS_AUTO)
         return 0;
-    if (p->dp <= 0)
-        return error_set(err, "parallel.stage_layers", "auto needs a number for parallel.dp (a launch gives it; "
-                         "set it for a dry run)");
+    int64_t m;
+    if (trainer_micro_batches(cfg, &m, err) != 0)
+        return -1;
     CostModel cost;
     DataSources data;
     StageCosts c;
@@ -60,7 +60,7 @@ int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err)
     /* The same budget in training and in the dry run (whether or not it is checked there), so that
      * both place the layers alike. */
     FitsCtx ctx = {cfg, trainer_memory_budget(cfg), 0, {0}};
-    StageLayout l = {(int)cfg->model.n_layers, (int)p->pp, (int)p->virtual_stages, (int)config_micro_batches(cfg)};
+    StageLayout l = {(int)cfg->model.n_layers, (int)p->pp, (int)p->virtual_stages, (int)m};
     int all_fit;
     rc = stages_auto(&c, &l, ctx.budget > 0 ? stage_fits : NULL, &ctx, split, &all_fit, err);
     if (rc == 0 && ctx.failed) {

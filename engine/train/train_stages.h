@@ -23,7 +23,7 @@
 ModelParallel trainer_chunk_parallel(const Config *cfg, int tp_rank, int g, Comm *comm);
 
 /* parallel.stage_layers: auto placed into cfg->parallel.chunk_layers (nothing to do for even and a
- * list). Needs parallel.dp a number. costs (NULL: not wanted) gets the typical micro-batch it placed
+ * list). Needs parallel.dp a number (trainer_micro_batches). costs (NULL: not wanted) gets the typical micro-batch it placed
  * for; *fits (NULL: not wanted) whether every stage fits its memory. */
 int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err);
 
