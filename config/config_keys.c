@@ -63,10 +63,12 @@ const ConfigKey config_keys[] = {
     INT_KEY("parallel.zero", parallel.zero, 0, 1, "0", NULL,
             "1 = shard optimizer state over DP x CP (ZeRO-1)"),
     {"parallel.stage_layers", KEY_CHOICE_OR_LIST, OFF(parallel.stage_layers), 0, 1024, 0, 0, 0, "even|auto", "auto",
-     NULL, "layers of each pipeline stage: even (n_layers / pp, the remainder to the first stages), auto (placed by the "
-     "cost model so that the slowest stage's forward + backward is least, the output layer and loss of the last stage "
-     "and the embedding of the first counted, within train.gpu_memory_gb; docs/stage-balance.md), or a list of counts, "
-     "one per model chunk (pp x virtual_stages of them, chunk g on stage g % pp), adding up to model.n_layers"},
+     NULL, "how the layers are split over the pipeline stages: auto (placed by the cost model so that the slowest "
+     "stage's forward + backward of a typical micro-batch of the data is least - the first stage's embedding and the "
+     "last stage's output layer and loss counted - every stage within train.gpu_memory_gb, and the even split kept "
+     "where the pipeline simulator finds it as fast; docs/stage-balance.md), even (n_layers / chunks each, the "
+     "remainder to the first), or a list of counts, one per model chunk (pp x virtual_stages of them, chunk g on "
+     "stage g % pp), adding up to model.n_layers"},
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},

@@ -14,6 +14,8 @@
 
 #include "config/config.h"
 #include "engine/plan/cost.h"
+#include "engine/plan/plan.h"
+#include "engine/plan/sched.h"
 #include "engine/plan/stages.h"
 #include "engine/train/train_memory.h"
 #include "engine/train/train_stages.h"
@@ -365,6 +367,81 @@ static void test_chunk_models(void **state)
     config_free(&cfg);
 }
 
+/* The memory model sizes each chunk by its own layers: a stage's weights and gradients depend on its
+ * layers, not on how they are spread over its chunks - [5, 9, 10, 8] over 2 stages of 2 chunks
+ * holds what [15, 17] over 2 stages of one does. */
+static void test_memory_follows_split(void **state)
+{
+    (void)state;
+    Config a, b;
+    Error err = {0};
+    make_config(&a, "model: {preset: llama3-8b}\nparallel: {tp: 2, pp: 2, virtual_stages: 2, dp: 1, "
+                    "stage_layers: [5, 9, 10, 8]}\ndata: {global_batch_tokens: 32768}\n");
+    make_config(&b, "model: {preset: llama3-8b}\nparallel: {tp: 2, pp: 2, dp: 1, stage_layers: [15, 17]}\n"
+                    "data: {global_batch_tokens: 32768}\n");
+    for (int s = 0; s < 2; s++) {
+        DryRunMemory x, y;
+        assert_int_equal(trainer_stage_memory(&a, a.parallel.chunk_layers.v, s, &x, &err), 0);
+        assert_int_equal(trainer_stage_memory(&b, b.parallel.chunk_layers.v, s, &y, &err), 0);
+        assert_true(x.weights == y.weights && x.grads == y.grads && x.optimizer == y.optimizer);
+    }
+    config_free(&a);
+    config_free(&b);
+}
+
+/* The simulator's per-chunk times follow the split: chunk g's layers times the per-layer forward
+ * and backward (the backward with the forward again under full recomputation, the norms and
+ * SwiGLU under selective), the embedding on chunk 0, the output layer on the last; and a stage's
+ * busy time over a step (sched_stage_busy) is the sum over its chunks. */
+static void test_simulator_follows_split(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"none", "selective", "full"};
+    for (int r = 0; r <= 2; r++) {
+        Config cfg;
+        CostModel cost;
+        Error err = {0};
+        char *yaml = test_format("model: {preset: llama3-8b}\nparallel: {tp: 2, pp: 2, virtual_stages: 2, dp: 1, "
+                                 "stage_layers: [5, 9, 10, 8]}\ntrain: {recompute: %s}\n", modes[r]);
+        make_config(&cfg, yaml);
+        assert_int_equal(cost_model_init(&cost, &cfg, &err), 0);
+        StepPlan p = {0};
+        plan_reset(&p, 0, 1, 1, 1);
+        assert_non_null(p.mbs);
+        int64_t rank = plan_add_rank(&p);
+        assert_true(rank == 0);
+        p.ranks[0].tokens = 4096;
+        p.mbs[0].first_rank = 0;
+        p.mbs[0].tokens = 4096;
+        p.mbs[0].fwd_s = 0.01;
+        p.mbs[0].bwd_s = 0.02;
+        double fwd[4], bwd[4], p2p, busy[2] = {0, 0};
+        sched_micro_batch_times(&p, &p.mbs[0], &cost, fwd, bwd, &p2p);
+        const int layers[4] = {5, 9, 10, 8};
+        double rerun = r == 2 ? 0.01 : cost_recompute_s(&cost, 0.01, 4096);
+        assert_true(r == 0 ? rerun == 0 : rerun > 0);
+        for (int g = 0; g < 4; g++) {
+            double f = layers[g] * 0.01, b = layers[g] * (0.02 + rerun);
+            if (g == 0) {
+                f += cost_embed_fwd_s(&cost, 4096);
+                b += cost_embed_bwd_s(&cost, 4096);
+            }
+            if (g == 3) {
+                f += cost_head_fwd_s(&cost, 4096);
+                b += cost_head_bwd_s(&cost, 4096);
+            }
+            assert_true(fabs(fwd[g] - f) <= 1e-12 && fabs(bwd[g] - b) <= 1e-12);
+        }
+        assert_true(p2p == cost_p2p_s(&cost, 4096));
+        assert_int_equal(sched_stage_busy(&p, &cost, busy, &err), 0);
+        assert_true(fabs(busy[0] - (fwd[0] + bwd[0] + fwd[2] + bwd[2])) <= 1e-12);
+        assert_true(fabs(busy[1] - (fwd[1] + bwd[1] + fwd[3] + bwd[3])) <= 1e-12);
+        plan_free(&p);
+        config_free(&cfg);
+        free(yaml);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -374,6 +451,8 @@ int main(void)
         cmocka_unit_test(test_typical_costs),
         cmocka_unit_test(test_trainer_placement),
         cmocka_unit_test(test_chunk_models),
+        cmocka_unit_test(test_memory_follows_split),
+        cmocka_unit_test(test_simulator_follows_split),
     };
     return cmocka_run_group_tests_name("stages", tests, NULL, NULL);
 }
