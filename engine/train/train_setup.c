@@ -130,6 +130,24 @@ static int check_layout(const Trainer *tr, Error *err)
     return 0;
 }
 
+/* Every rank placed the layers itself (parallel.stage_layers: auto reads the data, the cost model
+ * and the memory budget on each); they must agree, or the stages would not fit together. */
+static int check_split(const Trainer *tr, Error *err)
+{
+    const ConfigIntList *split = &tr->cfg->parallel.chunk_layers;
+    uint32_t h = 2166136261u; /* FNV-1a over the counts */
+    for (int g = 0; g < split->n; g++)
+        h = (h ^ (uint32_t)split->v[g]) * 16777619u;
+    double d[2] = {(double)h, -(double)h};
+    if (comm_allreduce_max_f64(tr->comm, GROUP_WORLD, d, 2, err) != 0)
+        return -1;
+    if (d[0] != -d[1])
+        return error_runtime(err, "parallel.stage_layers", "the ranks split the layers differently (digests %08x .. "
+                             "%08x); with auto every rank must read the same data, calibration file and memory budget",
+                             (unsigned)-d[1], (unsigned)d[0]);
+    return 0;
+}
+
 int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
 {
     memset(tr, 0, sizeof *tr);
@@ -140,7 +158,7 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
     tr->v = (int)cfg->parallel.virtual_stages;
     tr->n_chunks = tr->pp * tr->v;
     tr->m = (int)config_micro_batches(cfg);
-    if (check_layout(tr, err) != 0 || open_backend(tr, err) != 0)
+    if (check_layout(tr, err) != 0 || check_split(tr, err) != 0 || open_backend(tr, err) != 0)
         return -1;
     const char *stage = getenv("WLBTRAIN_COMM_STAGE");
     comm_set_backend(comm, tr->ops, stage && !strcmp(stage, "1"));
