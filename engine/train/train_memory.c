@@ -1,8 +1,9 @@
 /*
  * engine/train/train_memory.c - the memory model (see train_memory.h).
  *
- * For the rank of pipeline stage s (its v model chunks g = k pp + s), in bytes, with n_g the
- * chunk's parameters on this rank (its TP block), e the compute dtype's size (2 for bf16, 4 for
+ * For the rank of pipeline stage s (its v model chunks g = k pp + s, each with its own layers under
+ * the split, parallel.chunk_layers), in bytes, with n_g the chunk's parameters on this rank (its TP
+ * block), e the compute dtype's size (2 for bf16, 4 for
  * float32) and Z the ranks of DP x CP:
  *   weights      4 n_g                  float32 master weights
  *   weights_act  e n_g                  the copy the products read (none when e = 4: it aliases)

@@ -4,7 +4,7 @@
  * against the device's memory (train.gpu_memory_gb).
  *
  * The parts are the ones the trainer allocates (train_setup.c), from the same shapes: the model
- * chunks' parameters (model_param_count), AdamW's moments over the optimizer's range, the
+ * chunks' parameters (model_param_count, each chunk with its layers of parallel.chunk_layers), AdamW's moments over the optimizer's range, the
  * activation slots (model_memory: the table model_reserve allocates from) times the micro-batches
  * each chunk holds at once under the pipeline schedule (sched_stage_ops), sized for the largest
  * micro-batch the planner can make (plan_largest: S_max for wlb, the window for the fixed packers),
