@@ -96,7 +96,10 @@ int stages_least_slowest(const StageCosts *c, const StageLayout *l, StageFits fi
     int n_layers = l->n_layers, pp = l->pp, v = l->v;
     int most = n_layers - v * (pp - 1), fit_all = 1, room = 0, n[STAGES_MAX], cap[STAGES_MAX];
     WLB_ASSERT(pp <= STAGES_MAX && v * pp <= n_layers); /* config_resolve's rules */
-    /* The most layers each stage holds within its memory (it grows with them). */
+    /* The most layers each stage holds within its memory (it grows with them); the other chunks
+     * hold one layer each meanwhile, so every chunk's layers lie within the model. */
+    for (int g = 0; g < pp * v; g++)
+        chunk_layers[g] = 1;
     for (int s = 0; s < pp; s++) {
         cap[s] = v - 1;
         for (int k = v; k <= most; k++) {
@@ -105,6 +108,7 @@ int stages_least_slowest(const StageCosts *c, const StageLayout *l, StageFits fi
                 break;
             cap[s] = k;
         }
+        spread(c, pp, v, s, v, chunk_layers);
         room += cap[s];
         fit_all &= cap[s] >= v;
     }

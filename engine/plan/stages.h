@@ -69,8 +69,8 @@ int stages_typical_costs(const Config *cfg, const CostModel *cost, const DataSou
 /* T_s (forward + backward) of stage s under the split chunk_layers (pp v counts). */
 double stages_stage_s(const StageCosts *c, int pp, int v, const int64_t *chunk_layers, int s);
 
-/* Whether stage s fits its memory with the layer counts of its chunks in chunk_layers (entries of
- * the other stages' chunks are not read). */
+/* Whether stage s fits its memory with the layer counts of its chunks in chunk_layers (the other
+ * chunks hold at least one layer each, all of them at most the model's). */
 typedef int (*StageFits)(void *ctx, int s, const int64_t *chunk_layers);
 
 /* The split whose largest T_s is least, into chunk_layers[0 .. pp v) (see the top). fits NULL: no

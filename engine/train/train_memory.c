@@ -78,6 +78,7 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
         int g = k * pp + s, begin = 0;
         for (int i = 0; i < g; i++)
             begin += (int)chunk_layers[i];
+        WLB_ASSERT(chunk_layers[g] >= 1 && begin + chunk_layers[g] <= cfg->model.n_layers);
         ModelParallel par = {(int)p->tp, 0, (int)p->cp, g, chunks, begin, begin + (int)chunk_layers[g], NULL};
         ModelDims d;
         model_dims(&d, &cfg->model, &par);

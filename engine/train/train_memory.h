@@ -31,8 +31,9 @@ int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err);
  * take them (a multiple of pp). */
 int trainer_micro_batches(const Config *cfg, int64_t *m, Error *err);
 /* The rank of stage s alone, its chunks holding the layers of chunk_layers (pp * virtual_stages
- * counts, the other stages' not read) instead of the config's split: what the auto split
- * (train_stages.c) weighs each candidate with. */
+ * counts of at least 1, adding up to at most model.n_layers; the other stages' only place its
+ * chunks' layers) instead of the config's split: what the auto split (train_stages.c) weighs each
+ * candidate with. */
 int trainer_stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, DryRunMemory *out, Error *err);
 void trainer_memory_free(DryRunMemoryPlan *mp);
 /* Bytes a rank may use: train.gpu_memory_gb, else balance.hardware's memory (0: not checked, the
