@@ -3,7 +3,8 @@
  * checkpoint as a Hugging Face model folder that transformers' LlamaForCausalLM.from_pretrained
  * loads: config.json (LlamaConfig, from the checkpoint's config.yaml) and model.safetensors (the
  * checkpoint's weights under the same Hugging Face names, in float32 or rounded to bfloat16,
- * nearest even). PATH is a step folder or a checkpoint folder (then its latest). The weights are
+ * nearest even). PATH is a step folder, a checkpoint folder (then its latest) or that latest file
+ * (util/ckpt_index.h's ckpt_step_folder, as a resume takes it). The weights are
  * the full tensors rebuilt from the shard files that the checkpoint's index.json names, one tensor
  * in memory at a time (the file is streamed). Everything is read and checked (index, CRCs) before
  * anything is written; both files are written atomically.
@@ -22,26 +23,6 @@
 #include "util/fileio.h"
 #include "util/jsonfile.h"
 #include "util/safetensors.h"
-
-/* The step folder PATH names: itself, or PATH/<latest>. malloc'd. */
-static char *step_folder(const char *path, Error *err)
-{
-    char latest[4096];
-    snprintf(latest, sizeof latest, "%s/latest", path);
-    struct stat st;
-    if (stat(latest, &st) != 0)
-        return strdup(path);
-    char *text;
-    size_t len;
-    if (file_read_text(latest, "checkpoint pointer", &text, &len, err) != 0)
-        return NULL;
-    text[strcspn(text, "\n")] = '\0';
-    char *out = malloc(strlen(path) + strlen(text) + 2);
-    if (out)
-        sprintf(out, "%s/%s", path, text);
-    free(text);
-    return out;
-}
 
 static json_t *llama_config(const ConfigModel *m, const char *dtype)
 {
@@ -129,9 +110,9 @@ static int write_safetensors(CkptIndex *ix, const char *path, int bf16, Error *e
 
 int cli_export(const CliExport *x, Error *err)
 {
-    char *dir = step_folder(x->checkpoint, err);
-    if (!dir)
-        return err->msg[0] ? -1 : error_runtime(err, "export", "out of memory");
+    char *dir;
+    if (ckpt_step_folder(x->checkpoint, &dir, err) < 0)
+        return -1;
     char path[4200];
     Config cfg;
     config_init(&cfg);

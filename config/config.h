@@ -8,7 +8,7 @@
  *   config_resolve       model preset expanded under the explicit keys, derived defaults filled in,
  *                        parallel.dp: auto taken from the launch, cross-field rules checked
  * Every key is described once, in the table of config_keys.c: its type, range, default and help.
- * The loader, --print-config, --help-config and the README's reference all come from that table.
+ * The loader, --print-config, --help-config and docs/configuration.md's reference all come from it.
  */
 #ifndef WLB_CONFIG_CONFIG_H
 #define WLB_CONFIG_CONFIG_H
@@ -80,6 +80,7 @@ typedef struct ConfigParallel {
      * (trainer_stage_layers, engine/train/train_stages.h). Every part that splits the model reads it
      * (config_chunk_layers). Not a key: derived, freed by config_free. */
     ConfigIntList chunk_layers;
+    bool sequence_parallel; /* with tp > 1: the residual stream and the norms on T / tp rows per TP rank */
 } ConfigParallel;
 
 typedef struct ConfigData {
@@ -180,7 +181,7 @@ int config_resolve(Config *cfg, int world_size, Error *err);
 
 /* The resolved config as YAML that config_load_file reads back to an equal config. */
 int config_print(const Config *cfg, FILE *out, Error *err);
-/* Every key as a Markdown table (the README's config reference). */
+/* Every key as a Markdown table (the config reference of docs/configuration.md). */
 void config_print_reference(FILE *out);
 /* 1 when every key has the same value in a and b. */
 int config_equal(const Config *a, const Config *b);

@@ -69,6 +69,10 @@ const ConfigKey config_keys[] = {
      "where the pipeline simulator finds it as fast; docs/stage-balance.md), even (n_layers / chunks each, the "
      "remainder to the first), or a list of counts, one per model chunk (pp x virtual_stages of them, chunk g on "
      "stage g % pp), adding up to model.n_layers"},
+    BOOL_KEY("parallel.sequence_parallel", parallel.sequence_parallel, "true", NULL,
+             "with tp > 1: the residual stream, the norms and what they keep on 1/tp of the tokens per TP "
+             "rank, all-gathered before the column-parallel products and reduce-scattered after the "
+             "row-parallel ones (Megatron's sequence parallelism); no effect with tp 1"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},
@@ -110,7 +114,7 @@ const ConfigKey config_keys[] = {
     ENUM_KEY("balance.hardware", balance.hardware, "h100|h200|a100|cpu", "h100", NULL,
              "hardware profile of the cost model"),
     STR_KEY("balance.calibration", balance.calibration, "none",
-            "cost-model calibration file (JSON of measured rates, see README); overrides the profile"),
+            "cost-model calibration file (JSON of measured rates, see docs/planner.md); overrides the profile"),
     FLOAT_KEY("balance.peak_tflops", balance.peak_tflops, 0, 1e6, 0, "0", NULL,
               "peak dense TFLOP/s of one device; 0 = from the profile or calibration"),
     FLOAT_KEY("balance.gemm_efficiency", balance.gemm_efficiency, 0, 1, 0, "0", NULL,
@@ -128,8 +132,8 @@ const ConfigKey config_keys[] = {
     FLOAT_KEY("balance.inter_node_gbps", balance.inter_node_gbps, 0, 1e6, 0, "0", NULL,
               "network bandwidth per device across nodes, GB/s; 0 = from the profile or calibration"),
     FLOAT_KEY("balance.tp_comm_overlap", balance.tp_comm_overlap, -1, 1, 0, "-1", NULL,
-              "fraction of the GEMM time that hides TP all-reduces (0 = none, 1 = full); -1 = from the "
-              "profile (1 on GPUs, 0 on cpu)"),
+              "fraction of the GEMM time that hides TP collectives (0 = none, 1 = full); -1 = from the "
+              "profile (0: wlbtrain runs them between the products, exposed)"),
     INT_KEY("balance.gpus_per_node", balance.gpus_per_node, 0, 1 << 16, "0", NULL,
             "devices per node (TP, CP, PP groups inside a node use its links); 0 = from the profile"),
 

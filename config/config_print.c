@@ -1,6 +1,6 @@
 /*
  * config/config_print.c - a Config as YAML (--print-config), equality, and the key reference
- * (--help-config, the README's config reference).
+ * (--help-config, the config reference of docs/configuration.md).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -57,7 +57,7 @@ static void derive_int(Config *cfg, const char *name, int64_t value)
     cfg->origin[k].kind = ORIGIN_DERIVED;
 }
 
-/* Default outlier thresholds for a window W: see README "Choosing the outlier thresholds". */
+/* Default outlier thresholds for a window W: see docs/planner.md, "Choosing the outlier thresholds". */
 static int derive_outlier_thresholds(Config *cfg, Error *err)
 {
     int k = key("balance.outlier_thresholds");
@@ -223,7 +223,8 @@ static int check_data(Config *cfg, Error *err)
     const ConfigParallel *p = &cfg->parallel;
     if (d->path.n && d->lengths_file)
         return rule_error(cfg, err, "data.lengths_file", NULL,
-                          "set data.path (a data set) or data.lengths_file (lengths for a dry run), not both");
+                          "set data.path (a data set) or data.lengths_file (lengths for a dry run), not both "
+                          "(unset data.path with --set data.path=)");
     if (d->weights.n && d->weights.n != d->path.n)
         return rule_error(cfg, err, "data.weights", NULL, "%d weights for %d paths in data.path",
                           d->weights.n, d->path.n);

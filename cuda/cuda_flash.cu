@@ -5,7 +5,9 @@
  *
  * Plans. The model calls attention with the same segments in every layer, forward and backward, so
  * the lists of a segment list are built and uploaded once and kept: the last FLASH_PLANS distinct
- * lists, found again by comparing the segments themselves (a memcmp). The upload is a
+ * lists, found again by comparing the segments themselves (a memcmp) and the tiles they were cut by
+ * (cuda_flash_plan: the float32 reference kernels of cuda_attention.cu use the cache with their own
+ * tiles). The upload is a
  * cudaMemcpyAsync from the plan's host copy, which stays alive and unchanged while the plan is
  * kept; it is ordered before the kernels that read it and after those that read the buffer before.
  * A new plan costs linear host work in segments and tiles (a 128K window of thousands of documents:
@@ -29,7 +31,8 @@ enum { FLASH_PLANS = 16 };
 
 struct FlashPlanEntry {
     std::vector<AttnSegment> key; /* the segments the plan was built from */
-    int head_dim = 0;
+    FlashPlanShape tiles{};       /* and the tiles they were cut by */
+    bool valid = false;
     FlashPlan plan;
     void *dev = nullptr; /* the segments, then the items */
     size_t dev_bytes = 0;
@@ -73,13 +76,12 @@ static void flash_check_align(const char *where, const char *name, const void *p
     }
 }
 
-/* The plan of these segments for this head size: kept, or built and uploaded. */
-static const FlashPlanEntry *flash_plan_get(const char *where, const AttnSegment *segs, int64_t n, AttnShape shape)
+/* The plan of these segments cut by these tiles: kept, or built and uploaded. */
+FlashDevPlan cuda_flash_plan(const char *where, const AttnSegment *segs, int64_t n, FlashPlanShape tiles, int n_heads)
 {
-    const int head_dim = shape.head_dim;
     FlashPlanEntry *e = nullptr, *oldest = &flash_plans[0];
     for (FlashPlanEntry &c : flash_plans) {
-        if (c.head_dim == head_dim && (int64_t)c.key.size() == n &&
+        if (c.valid && memcmp(&c.tiles, &tiles, sizeof tiles) == 0 && (int64_t)c.key.size() == n &&
             (n == 0 || memcmp(c.key.data(), segs, (size_t)n * sizeof *segs) == 0)) {
             e = &c;
             break;
@@ -90,8 +92,7 @@ static const FlashPlanEntry *flash_plan_get(const char *where, const AttnSegment
     if (!e) {
         e = oldest;
         char err[200];
-        FlashPlanShape tiles = head_dim == 64 ? flash_plan_shape<FlashTiles<64>>() : flash_plan_shape<FlashTiles<128>>();
-        e->head_dim = 0; /* unusable until complete */
+        e->valid = false; /* unusable until complete */
         if (flash_plan_build(&e->plan, segs, n, tiles, err, sizeof err) != 0)
             cuda_fatal(where, err);
         e->key.assign(segs, segs + n);
@@ -110,18 +111,20 @@ static const FlashPlanEntry *flash_plan_get(const char *where, const AttnSegment
             CUDA_CHECK(cudaMemcpyAsync((char *)e->dev + seg_bytes, e->plan.items.data(), bytes - seg_bytes,
                                        cudaMemcpyHostToDevice, 0));
         }
-        e->head_dim = head_dim;
+        e->tiles = tiles;
+        e->valid = true;
     }
     e->last_use = ++flash_clock;
-    if (e->plan.max_items * shape.n_heads > INT32_MAX) /* blocks of one launch: items x heads */
+    if (e->plan.max_items * n_heads > INT32_MAX) /* blocks of one launch (gridDim.x): items x heads */
         cuda_fatal(where, "too many tiles for one launch");
-    return e;
+    const int4 *dsegs = (const int4 *)e->dev;
+    return FlashDevPlan{&e->plan, dsegs, (const int2 *)(dsegs + e->plan.segs.size())};
 }
 
-static const int4 *flash_dev_segs(const FlashPlanEntry *e) { return (const int4 *)e->dev; }
-static const int2 *flash_dev_items(const FlashPlanEntry *e, int64_t first)
+static FlashDevPlan flash_plan_get(const char *where, const AttnSegment *segs, int64_t n, AttnShape shape)
 {
-    return (const int2 *)((const char *)e->dev + e->plan.segs.size() * sizeof(int4)) + first;
+    FlashPlanShape tiles = shape.head_dim == 64 ? flash_plan_shape<FlashTiles<64>>() : flash_plan_shape<FlashTiles<128>>();
+    return cuda_flash_plan(where, segs, n, tiles, shape.n_heads);
 }
 
 void cuda_flash_fwd(void *out, float *lse, const void *q, const void *k, const void *v, const AttnSegment *segs,
@@ -134,12 +137,12 @@ void cuda_flash_fwd(void *out, float *lse, const void *q, const void *k, const v
     flash_check_align(where, "v", v, 16);
     flash_check_align(where, "out", out, 16);
     flash_check_align(where, "lse", lse, 4);
-    const FlashPlanEntry *e = flash_plan_get(where, segs, n_segs, shape);
-    if (e->plan.fwd_count == 0)
+    const FlashDevPlan e = flash_plan_get(where, segs, n_segs, shape);
+    if (e.plan->fwd_count == 0)
         return;
     const float scale = 1.0f / sqrtf((float)shape.head_dim);
-    FlashFwdArgs a = {flash_dev_segs(e),
-                      flash_dev_items(e, e->plan.fwd_begin),
+    FlashFwdArgs a = {e.segs,
+                      e.items + e.plan->fwd_begin,
                       (const uint16_t *)q,
                       (const uint16_t *)k,
                       (const uint16_t *)v,
@@ -152,30 +155,30 @@ void cuda_flash_fwd(void *out, float *lse, const void *q, const void *k, const v
                       shape.o_stride,
                       scale * 1.4426950408889634f};
     if (shape.head_dim == 64)
-        flash_launch_fwd<64>(a, e->plan.fwd_count);
+        flash_launch_fwd<64>(a, e.plan->fwd_count);
     else
-        flash_launch_fwd<128>(a, e->plan.fwd_count);
+        flash_launch_fwd<128>(a, e.plan->fwd_count);
 }
 
-template <int D> static void flash_bwd_run(FlashBwdArgs a, const FlashPlanEntry *e, int deterministic)
+template <int D> static void flash_bwd_run(FlashBwdArgs a, const FlashDevPlan &e, int deterministic)
 {
-    const FlashPlan &p = e->plan;
-    a.items = flash_dev_items(e, p.dq_begin);
+    const FlashPlan &p = *e.plan;
+    a.items = e.items + p.dq_begin;
     flash_launch_delta<D>(a, p.dq_count);
     const int64_t waves = (int64_t)p.wave_begin.size() - 1;
     if (deterministic) {
         /* one launch per wave (no two blocks of a launch share a dk, dv row), then dQ */
         a.kv_atomic = 0;
         for (int64_t w = 0; w < waves; w++) {
-            a.items = flash_dev_items(e, p.wave_begin[(size_t)w]);
+            a.items = e.items + p.wave_begin[(size_t)w];
             flash_launch_dkdv<D>(a, p.wave_begin[(size_t)w + 1] - p.wave_begin[(size_t)w], false);
         }
-        a.items = flash_dev_items(e, p.dq_begin);
+        a.items = e.items + p.dq_begin;
         flash_launch_dq<D>(a, p.dq_count);
     } else {
         /* one launch for every wave, dQ by atomics; dk, dv by atomics when segments share keys */
         a.kv_atomic = waves > 1;
-        a.items = flash_dev_items(e, p.wave_begin[0]);
+        a.items = e.items + p.wave_begin[0];
         flash_launch_dkdv<D>(a, p.wave_begin[(size_t)waves] - p.wave_begin[0], true);
     }
 }
@@ -194,10 +197,10 @@ void cuda_flash_bwd(float *dq, float *dk, float *dv, const void *dout, const voi
     flash_check_align(where, "dk", dk, 8);
     flash_check_align(where, "dv", dv, 8);
     flash_check_align(where, "lse", lse, 4);
-    const FlashPlanEntry *e = flash_plan_get(where, segs, n_segs, shape);
-    if (e->plan.dq_count == 0)
+    const FlashDevPlan e = flash_plan_get(where, segs, n_segs, shape);
+    if (e.plan->dq_count == 0)
         return;
-    const size_t delta_bytes = (size_t)e->plan.rows * (size_t)shape.n_heads * sizeof(float);
+    const size_t delta_bytes = (size_t)e.plan->rows * (size_t)shape.n_heads * sizeof(float);
     if (delta_bytes > flash_delta_bytes) {
         if (flash_delta)
             CUDA_CHECK(cudaFree(flash_delta));
@@ -207,7 +210,7 @@ void cuda_flash_bwd(float *dq, float *dk, float *dv, const void *dout, const voi
         flash_delta_bytes = delta_bytes;
     }
     const float scale = 1.0f / sqrtf((float)shape.head_dim);
-    FlashBwdArgs a = {flash_dev_segs(e),
+    FlashBwdArgs a = {e.segs,
                       nullptr,
                       (const uint16_t *)q,
                       (const uint16_t *)k,

@@ -38,11 +38,11 @@ template <int D> void flash_launch_dkdv(const FlashBwdArgs &a, int64_t n_items, 
     const unsigned blocks = (unsigned)(n_items * (a.n_heads / a.group));
     if (atomic_dq) {
         static bool smem_set = false;
-        flash_allow_smem(k_flash_dkdv<C, true>, C::SMEM, &smem_set);
+        flash_allow_smem(k_flash_dkdv<C, true>, C::SMEM, &smem_set, "cuda_flash_bwd dk, dv");
         k_flash_dkdv<C, true><<<blocks, C::THREADS, C::SMEM>>>(a);
     } else {
         static bool smem_set = false;
-        flash_allow_smem(k_flash_dkdv<C, false>, C::SMEM, &smem_set);
+        flash_allow_smem(k_flash_dkdv<C, false>, C::SMEM, &smem_set, "cuda_flash_bwd dk, dv");
         k_flash_dkdv<C, false><<<blocks, C::THREADS, C::SMEM>>>(a);
     }
     CUDA_LAUNCHED("cuda_flash_bwd dk, dv");
@@ -52,7 +52,7 @@ template <int D> void flash_launch_dq(const FlashBwdArgs &a, int64_t n_items)
 {
     using C = typename FlashTiles<D>::Dq;
     static bool smem_set = false;
-    flash_allow_smem(k_flash_dq<C>, C::SMEM, &smem_set);
+    flash_allow_smem(k_flash_dq<C>, C::SMEM, &smem_set, "cuda_flash_bwd dq");
     k_flash_dq<C><<<(unsigned)(n_items * a.n_heads), C::THREADS, C::SMEM>>>(a);
     CUDA_LAUNCHED("cuda_flash_bwd dq");
 }

@@ -166,6 +166,8 @@ FLASH_DEV void flash_add_global_f32x2(float *p, float a, float b)
     x.y += b;
     *reinterpret_cast<float2 *>(p) = x;
 }
+/* *p += v (this thread the only writer of the float in the launch). */
+FLASH_DEV void flash_add_global_f32(float *p, float v) { *p += v; }
 FLASH_DEV void flash_atomic_add_f32(float *p, float v) { atomicAdd(p, v); }
 #endif /* !FLASH_EMULATE */
 

@@ -16,7 +16,7 @@ template <int D> void flash_launch_fwd(const FlashFwdArgs &a, int64_t n_items)
 {
     using C = typename FlashTiles<D>::Fwd;
     static bool smem_set = false;
-    flash_allow_smem(k_flash_fwd<C>, C::SMEM, &smem_set);
+    flash_allow_smem(k_flash_fwd<C>, C::SMEM, &smem_set, "cuda_flash_fwd");
     k_flash_fwd<C><<<(unsigned)(n_items * a.n_heads), C::THREADS, C::SMEM>>>(a);
     CUDA_LAUNCHED("cuda_flash_fwd");
 }

@@ -10,14 +10,34 @@
 #include "cuda/cuda_flash_plan.cuh"
 
 /* Blocks above 48 KB of shared memory need the kernel's limit raised, once (done: a static flag of
- * the launcher). */
-template <class K> static void flash_allow_smem(K kernel, int bytes, bool *done)
+ * the launcher). A block larger than the GPU allows (an sm_86/sm_89 card: 99 KB; A100: 163 KB;
+ * H100: 227 KB) stops with a message that says so, not with the runtime's "invalid argument". */
+template <class K> static void flash_allow_smem(K kernel, int bytes, bool *done, const char *name)
 {
     if (!*done) {
+        int dev = 0, most = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if (bytes > most) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "a block needs %d bytes of shared memory, this GPU allows %d", bytes, most);
+            cuda_fatal(name, msg);
+        }
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         *done = true;
     }
 }
+
+/* The work lists of a segment list cut by the given tiles, on the device: built and uploaded once
+ * per distinct list and kept (cuda_flash.cu keeps the recent ones; the reference kernels of
+ * cuda_attention.cu use them too). items[k] is the plan's item k. Bad segments, or more than
+ * 2^31 - 1 blocks of items x n_heads in one launch, stop with a message. Valid until the next call. */
+struct FlashDevPlan {
+    const FlashPlan *plan;
+    const int4 *segs;
+    const int2 *items;
+};
+FlashDevPlan cuda_flash_plan(const char *where, const AttnSegment *segs, int64_t n, FlashPlanShape tiles, int n_heads);
 
 /* Forward: n_items query tiles x n_heads blocks. */
 template <int D> void flash_launch_fwd(const FlashFwdArgs &a, int64_t n_items);

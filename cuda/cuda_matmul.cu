@@ -12,7 +12,10 @@
  *
  * A product's descriptors and algorithm depend only on its shape and types, so they are made once
  * per shape and kept (a step runs the same few dozen shapes again and again; asking the heuristic
- * each call cost tens of microseconds). With train.deterministic the heuristic may not pick an
+ * each call cost tens of microseconds). Shapes include the micro-batch's token count, which the
+ * packers vary from one micro-batch to the next (about 15 shapes per distinct count): when the
+ * cache is three quarters full it is emptied and refilled as shapes come, so a long run never
+ * outgrows it. With train.deterministic the heuristic may not pick an
  * algorithm that reduces split-K partial sums with atomics (CUBLASLT_REDUCTION_SCHEME_INPLACE).
  */
 #include <cublasLt.h>
@@ -60,10 +63,14 @@ typedef struct Plan {
 static cublasLtHandle_t lt;
 static CudaScratch workspace;
 static Plan plans[PLANS];
+static int n_plans;
 static int deterministic_now = -1;
 
+/* Descriptors are host objects that cublasLtMatmul reads when it is called: dropping them does not
+ * wait for the products in flight. */
 static void drop_plans(void)
 {
+    n_plans = 0;
     for (int i = 0; i < PLANS; i++) {
         if (!plans[i].used)
             continue;
@@ -114,6 +121,10 @@ static const Plan *plan_of(const PlanKey *key)
             return p;
         if (p->used)
             continue;
+        if (n_plans >= PLANS * 3 / 4) { /* a new shape and a full cache: start again (short probes) */
+            drop_plans();
+            p = &plans[h % PLANS];
+        }
         p->key = *key;
         LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         cublasOperation_t ta = key->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -147,6 +158,7 @@ static const Plan *plan_of(const PlanKey *key)
             cuda_fatal("cublasLtMatmulAlgoGetHeuristic", "no algorithm for this product");
         p->algo = heur.algo;
         p->used = 1;
+        n_plans++;
         return p;
     }
     cuda_fatal("matmul", "more product shapes than the plan cache holds");

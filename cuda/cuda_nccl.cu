@@ -135,26 +135,28 @@ static int nccl_allreduce(Comm *c, LayoutGroup slot, float *buf, int64_t count, 
     return compute_after(n, slot, NULL, err);
 }
 
-/* NCCL has no v-collectives: a broadcast from every rank (gather) or a reduce to every rank
- * (scatter), fused in one group. */
-static int nccl_allgatherv(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
+/* NCCL has no v-collectives: a broadcast from every rank (gather: bytes, any dtype) or a reduce to
+ * every rank (scatter), fused in one group. */
+static int nccl_allgatherv(Comm *c, LayoutGroup slot, const void *send, void *recv, const int64_t *counts, Dt dt,
                            Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
     int size = c->size[slot], me = c->rank[slot];
+    size_t e = comm_elem_bytes(c, dt);
+    char *to = (char *)recv;
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
-    int64_t at = 0;
+    size_t at = 0;
     NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < size; r++) {
-        const float *from = r == me ? (send ? send : recv + at) : recv + at;
-        ncclResult_t res = ncclBroadcast(from, recv + at, (size_t)counts[r], ncclFloat, r, n->comm[slot],
+        const void *from = r == me && send ? send : (const void *)(to + at);
+        ncclResult_t res = ncclBroadcast(from, to + at, (size_t)counts[r] * e, ncclUint8, r, n->comm[slot],
                                          n->stream[slot]);
         if (res != ncclSuccess) {
             ncclGroupEnd();
             return nccl_error(res, "ncclBroadcast", err);
         }
-        at += counts[r];
+        at += (size_t)counts[r] * e;
     }
     NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
     return compute_after(n, slot, NULL, err);
@@ -179,6 +181,29 @@ static int nccl_reduce_scatterv(Comm *c, LayoutGroup slot, const float *send, fl
         at += counts[r];
     }
     NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
+    return compute_after(n, slot, NULL, err);
+}
+
+/* The equal-count collectives: one NCCL call each. The gather copies bytes (a bf16 compute dtype
+ * travels as it is); the reduce-scatter sums float32. */
+static int nccl_allgather(Comm *c, LayoutGroup slot, const void *send, void *recv, int64_t count, Dt dt, Error *err)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    size_t part = (size_t)count * comm_elem_bytes(c, dt);
+    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+        return -1;
+    const void *from = send ? send : (const void *)((const char *)recv + part * (size_t)c->rank[slot]);
+    NCCL_TRY(ncclAllGather(from, recv, part, ncclUint8, n->comm[slot], n->stream[slot]), "ncclAllGather");
+    return compute_after(n, slot, NULL, err);
+}
+
+static int nccl_reduce_scatter(Comm *c, LayoutGroup slot, const float *send, float *recv, int64_t count, Error *err)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+        return -1;
+    NCCL_TRY(ncclReduceScatter(send, recv, (size_t)count, ncclFloat, ncclSum, n->comm[slot], n->stream[slot]),
+             "ncclReduceScatter");
     return compute_after(n, slot, NULL, err);
 }
 
@@ -229,6 +254,6 @@ static int nccl_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int6
 }
 
 extern "C" const CommImpl cuda_nccl_comm = {
-    "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_isend, nccl_wait,
-    nccl_recv,
+    "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_allgather,
+    nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv,
 };

@@ -189,10 +189,8 @@ int data_idx_open(DataIdx *d, const char *prefix, Error *err)
     if (file_map(ip, &d->idx, err) != 0) {
         size_t n = strlen(prefix);
         if (err && err->status == ERROR_INPUT && n > 4 &&
-            (!strcmp(prefix + n - 4, ".idx") || !strcmp(prefix + n - 4, ".bin"))) {
-            size_t m = strlen(err->msg);
-            snprintf(err->msg + m, sizeof err->msg - m, " (give the data set's PREFIX, without .idx or .bin)");
-        }
+            (!strcmp(prefix + n - 4, ".idx") || !strcmp(prefix + n - 4, ".bin")))
+            error_append(err, " (give the data set's PREFIX, without .idx or .bin)");
         goto out;
     }
     if (check_header(d, ip, &D, err) != 0)

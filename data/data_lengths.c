@@ -2,6 +2,7 @@
 #include "data/data_lengths.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,11 +10,16 @@
 #include "util/fileio.h"
 #include "util/parse.h"
 
-/* Appends one entry; lengths <= 0 are counted as skipped. */
-static int push(DataLengths *l, int64_t *cap, int64_t v, const char *where, Error *err)
+/* Appends one entry, the at-th (its line, or its entry of a JSON array); lengths <= 0 are counted
+ * as skipped. */
+static int push(DataLengths *l, int64_t *cap, int64_t v, uint64_t at, const char *where, Error *err)
 {
     if (v <= 0) {
-        l->skipped++;
+        if (l->skipped++ == 0) {
+            l->first_skipped = v;
+            l->first_skipped_at = at;
+        }
+        l->skipped_negative += v < 0;
         return 0;
     }
     if (v > UINT32_MAX)
@@ -46,7 +52,7 @@ static int load_json(DataLengths *l, const char *path, const char *text, size_t 
                 rc = error_set(err, path, "entry %zu of the JSON array is not an integer", i);
                 break;
             }
-            if ((rc = push(l, &cap, json_integer_value(v), path, err)) != 0)
+            if ((rc = push(l, &cap, json_integer_value(v), i, path, err)) != 0)
                 break;
         }
     }
@@ -142,7 +148,7 @@ static int load_lines(DataLengths *l, const char *path, char *text, const char *
         } else if (parse_int64(line, &v) != 0) {
             return error_set(err, where, "expected an integer length, got '%.40s'", line);
         }
-        if (push(l, &cap, v, where, err) != 0)
+        if (push(l, &cap, v, (uint64_t)lineno, where, err) != 0)
             return -1;
     }
     return 0;
@@ -160,14 +166,25 @@ int data_lengths_load(DataLengths *l, const char *path, const char *column, Erro
         p += 3;
     while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
         p++;
-    int rc = *p == '[' || *p == '{' ? load_json(l, path, p, len - (size_t)(p - text), err)
-                       : load_lines(l, path, (char *)p, column, err);
+    l->json = *p == '[' || *p == '{';
+    int rc = l->json ? load_json(l, path, p, len - (size_t)(p - text), err) : load_lines(l, path, (char *)p, column, err);
     free(text);
     if (rc == 0 && l->n == 0)
         rc = error_set(err, path, "no document lengths (%llu entries <= 0 skipped)", (unsigned long long)l->skipped);
     if (rc != 0)
         data_lengths_free(l);
     return rc;
+}
+
+void data_lengths_skipped_note(const DataLengths *l, const char *path, char *buf, size_t size)
+{
+    char at[64];
+    snprintf(at, sizeof at, l->json ? "entry %llu of the JSON array" : "line %llu",
+             (unsigned long long)l->first_skipped_at);
+    snprintf(buf, size, "%s: %llu of %llu entries skipped, lengths <= 0 (%llu negative, %llu zero; the first, %lld, "
+             "at %s)", path, (unsigned long long)l->skipped, (unsigned long long)(l->n + l->skipped),
+             (unsigned long long)l->skipped_negative, (unsigned long long)(l->skipped - l->skipped_negative),
+             (long long)l->first_skipped, at);
 }
 
 void data_lengths_free(DataLengths *l)

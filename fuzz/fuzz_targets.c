@@ -16,6 +16,7 @@
 #include "engine/plan/plan.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
+#include "util/safetensors.h"
 #include "util/statefile.h"
 
 /* The model whose weights mode 2 loads (test/fuzz/checkpoint's seeds are of this shape). */
@@ -47,6 +48,15 @@ static void write_file(const char *path, const uint8_t *data, size_t size)
     FILE *f = fopen(path, "wb");
     if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f) != 0)
         abort();
+}
+
+/* The input as the scratch folder's file `name`; its path (until the next call). */
+static const char *scratch_input(const char *name, const uint8_t *data, size_t size)
+{
+    static char path[160];
+    snprintf(path, sizeof path, "%s/%s", scratch(), name);
+    write_file(path, data, size);
+    return path;
 }
 
 int fuzz_config(const uint8_t *data, size_t size)
@@ -196,6 +206,24 @@ static void edited_state(const uint8_t *data, size_t size)
     free(w);
 }
 
+/* The tiny model of FUZZ_MODEL, made once (kept to the end: the targets' leaks are off). */
+static Model *fuzz_model(void)
+{
+    static Model m;
+    static int ready;
+    if (!ready) {
+        Config cfg;
+        Error err = {0};
+        config_init(&cfg);
+        if (config_load_string(&cfg, FUZZ_MODEL, "fuzz", &err) != 0 || config_resolve(&cfg, 0, &err) != 0 ||
+            model_init(&m, &cfg.model, cpu_ops(), NULL, RECOMPUTE_NONE, &err) != 0)
+            abort();
+        config_free(&cfg);
+        ready = 1;
+    }
+    return &m;
+}
+
 int fuzz_checkpoint(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -203,33 +231,17 @@ int fuzz_checkpoint(const uint8_t *data, size_t size)
     int mode = data[0] % 3;
     data++;
     size--;
-    char path[160];
     Error err = {0};
     if (mode == 2) {
-        static Model m;
-        static int ready;
-        if (!ready) {
-            Config cfg;
-            config_init(&cfg);
-            if (config_load_string(&cfg, FUZZ_MODEL, "fuzz", &err) != 0 ||
-                config_resolve(&cfg, 0, &err) != 0 || model_init(&m, &cfg.model, cpu_ops(), NULL, RECOMPUTE_NONE, &err) != 0)
-                abort();
-            config_free(&cfg);
-            ready = 1;
-        }
-        snprintf(path, sizeof path, "%s/model.safetensors", scratch());
-        write_file(path, data, size);
-        model_load(&m, path, &err);
+        model_load(fuzz_model(), scratch_input("model.safetensors", data, size), &err);
         return 0;
     }
     if (mode == 1) {
         edited_state(data, size);
         return 0;
     }
-    snprintf(path, sizeof path, "%s/state.bin", scratch());
-    write_file(path, data, size);
     StateFile f;
-    if (statefile_open(&f, path, &err) != 0)
+    if (statefile_open(&f, scratch_input("state.bin", data, size), &err) != 0)
         return 0;
     const StateSection *p = statefile_find(&f, "planner"), *s = statefile_find(&f, "stream");
     if (p && s) {
@@ -284,9 +296,7 @@ static void check_index(const CkptIndex *ix)
 
 int fuzz_ckpt_index(const uint8_t *data, size_t size)
 {
-    char path[128];
-    snprintf(path, sizeof path, "%s/index.json", scratch());
-    write_file(path, data, size);
+    scratch_input("index.json", data, size);
     CkptIndex ix;
     Error err = {0};
     if (ckpt_index_open(&ix, scratch(), &err) != 0)
@@ -308,5 +318,62 @@ int fuzz_ckpt_index(const uint8_t *data, size_t size)
         free(tmp);
     }
     ckpt_index_close(&ix);
+    return 0;
+}
+
+/* What st_open promises of a file it opens (fuzz_targets.h). */
+static void check_safetensors(const StFile *f)
+{
+    static const uint64_t bytes[] = {[ST_F32] = 4, [ST_F16] = 2, [ST_BF16] = 2, [ST_F64] = 8, [ST_I32] = 4, [ST_I64] = 8};
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++)
+        n |= (uint64_t)f->map.data[i] << (8 * i);
+    if (n > f->map.size - 8)
+        abort();
+    const unsigned char *data = f->map.data + 8 + n;
+    uint64_t data_size = f->map.size - 8 - n, covered = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const StTensor *t = &f->tensors[i];
+        int64_t numel = 1;
+        for (int d = 0; d < t->n_dims; d++)
+            numel *= t->shape[d];
+        if (t->numel != numel || t->data < data || (uint64_t)(t->data - data) > data_size ||
+            (uint64_t)t->numel * bytes[t->dtype] > data_size - (uint64_t)(t->data - data))
+            abort();
+        for (int j = 0; j < i; j++) { /* no two tensors share a byte */
+            const StTensor *o = &f->tensors[j];
+            uint64_t a = (uint64_t)(t->data - data), b = a + (uint64_t)t->numel * bytes[t->dtype];
+            uint64_t c = (uint64_t)(o->data - data), d = c + (uint64_t)o->numel * bytes[o->dtype];
+            if (a < d && c < b)
+                abort();
+        }
+        covered += (uint64_t)t->numel * bytes[t->dtype];
+    }
+    if (covered != data_size) /* and so, disjoint and inside, they fill it */
+        abort();
+}
+
+int fuzz_safetensors(const uint8_t *data, size_t size)
+{
+    const char *path = scratch_input("weights.safetensors", data, size);
+    StFile f;
+    Error err = {0};
+    if (st_open(&f, path, &err) == 0) {
+        check_safetensors(&f);
+        for (int i = 0; i < f.n_tensors; i++) { /* read whole: ASan sees any byte outside the mapping */
+            const StTensor *t = &f.tensors[i];
+            void *out = malloc((size_t)t->numel * sizeof(float) + 1);
+            if (!out)
+                abort();
+            if (t->dtype == ST_I32 || t->dtype == ST_I64)
+                st_read_i32(t, out);
+            else
+                st_read_f32(t, out);
+            free(out);
+        }
+        st_close(&f);
+    }
+    model_load(fuzz_model(), path, &err);
+    model_load(fuzz_model(), scratch_input("weights.bin", data, size), &err);
     return 0;
 }

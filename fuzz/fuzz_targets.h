@@ -21,6 +21,12 @@
  *                    shards partition its parameters, every tensor's blocks inside it, inside their
  *                    chunk, disjoint and covering it), and reading each tensor (whose shard files
  *                    are not there) must end in an Error.
+ *   fuzz_safetensors the safetensors reader (util/safetensors.h; weight files users download): the
+ *                    input is the file; one that opens must keep what the reader promises (every
+ *                    tensor's bytes inside the data section, the tensors filling it one after
+ *                    another, sizes = shape x dtype), and every tensor is read whole. Then the same
+ *                    bytes go to model_load (a tiny model) named .safetensors and .bin: the format
+ *                    sniffing of engine/model/model_format.c and, for a llama2.c header, its loader.
  */
 #ifndef WLB_FUZZ_FUZZ_TARGETS_H
 #define WLB_FUZZ_FUZZ_TARGETS_H
@@ -32,5 +38,6 @@ int fuzz_config(const uint8_t *data, size_t size);
 int fuzz_idx(const uint8_t *data, size_t size);
 int fuzz_checkpoint(const uint8_t *data, size_t size);
 int fuzz_ckpt_index(const uint8_t *data, size_t size);
+int fuzz_safetensors(const uint8_t *data, size_t size);
 
 #endif

@@ -708,8 +708,14 @@ void flash_add_global_f32x2(float *p, float a, float b)
         p[1] += b;
     }
 }
+void flash_add_global_f32(float *p, float v)
+{
+    if (global_ok(p, 4, false))
+        *p += v;
+}
 void flash_atomic_add_f32(float *p, float v)
 {
+    emu.stats.atomics++;
     if (global_ok(p, 4, true))
         *p += v;
 }

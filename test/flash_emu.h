@@ -85,6 +85,7 @@ template <class T> inline T flash_ld_global(const T *p)
 void flash_st_global_u32(void *p, uint32_t v);
 void flash_st_global_f32(float *p, float v);
 void flash_add_global_f32x2(float *p, float a, float b);
+void flash_add_global_f32(float *p, float v);
 void flash_atomic_add_f32(float *p, float v);
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -103,6 +104,7 @@ struct FlashEmuConfig {
 
 struct FlashEmuStats {
     int64_t blocks = 0, collectives = 0, mma = 0, ldsm = 0, switches = 0;
+    int64_t atomics = 0;                             /* floating-point atomic adds to global memory */
     int64_t ldsm_wavefronts = 0, ldsm_ideal = 0;   /* shared-memory wavefronts of ldmatrix: actual, minimum */
     int64_t shared_wavefronts = 0, shared_ideal = 0; /* of the 4-byte shared loads and stores */
 };

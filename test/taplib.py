@@ -1,4 +1,5 @@
-"""Shared pieces of the Python tests: TAP comments and checks, Skip, and the test dependencies.
+"""Shared pieces of the Python tests: TAP comments and checks, Skip, the test dependencies, and a
+runner for tests that share one fixture (run_tests).
 
 The modules the tests import (test/requirements.txt) come with the python that test/run.sh runs
 them with (scripts/test-python.sh finds or makes it); nothing is installed here. A dependency that
@@ -9,6 +10,7 @@ tests to raise in each case.
 """
 import os
 import sys
+import traceback
 
 
 class Skip(Exception):
@@ -55,3 +57,52 @@ def comment(msg):
 def check(cond, msg):
     if not cond:
         raise AssertionError(msg)
+
+
+def require(module, *programs):
+    """Raises what import_module returned for a module that is missing (Skip, or Missing under CI),
+    and Skip for a program that is not built."""
+    if isinstance(module, Exception):
+        raise module
+    for p in programs:
+        if not os.path.exists(p):
+            raise Skip("%s is not built" % p)
+
+
+def run_tests(tests, setup, teardown=None):
+    """Prints the TAP plan and runs tests, a list of (name, fn), each as fn(fixture), where
+    fixture = setup(). When setup raises Skip every test skips with its reason; any other exception
+    (Missing under CI among them) fails every test. A test may raise Skip itself. teardown(fixture)
+    runs at the end. Returns the exit status: 1 when a test failed."""
+    print("1..%d" % len(tests))
+    fx, why, failure = None, None, None
+    try:
+        fx = setup()
+    except Skip as s:
+        why = str(s)
+    except Exception as e:
+        failure = "".join(traceback.format_exception_only(type(e), e)).strip()
+    failed = 0
+    for i, (name, fn) in enumerate(tests, 1):
+        if why:
+            print("ok %d - %s # SKIP %s" % (i, name, why))
+            print("# skip: %s" % why)
+            continue
+        if failure:
+            print("not ok %d - %s" % (i, name))
+            comment("fixture failed: " + failure)
+            failed += 1
+            continue
+        try:
+            fn(fx)
+            print("ok %d - %s" % (i, name))
+        except Skip as s:
+            print("ok %d - %s # SKIP %s" % (i, name, s))
+            print("# skip: %s" % s)  # test/run.sh lists these lines once each
+        except Exception:
+            print("not ok %d - %s" % (i, name))
+            comment(traceback.format_exc())
+            failed += 1
+    if fx is not None and teardown:
+        teardown(fx)
+    return 1 if failed else 0

@@ -71,15 +71,15 @@ static void test_help_config_lists_keys(void **state)
     test_cmd_free(&r);
 }
 
-/* The README's config reference is the output of --help-config, word for word. */
-static void test_readme_reference_is_current(void **state)
+/* The config reference of docs/configuration.md is the output of --help-config, word for word. */
+static void test_config_reference_is_current(void **state)
 {
     (void)state;
     size_t len;
-    char *readme = test_read_file("README.md", &len);
-    assert_non_null(readme);
-    const char *begin = strstr(readme, "<!-- config-reference:begin -->\n");
-    const char *end = strstr(readme, "<!-- config-reference:end -->");
+    char *page = test_read_file("docs/configuration.md", &len);
+    assert_non_null(page);
+    const char *begin = strstr(page, "<!-- config-reference:begin -->\n");
+    const char *end = strstr(page, "<!-- config-reference:end -->");
     assert_non_null(begin);
     assert_non_null(end);
     begin += strlen("<!-- config-reference:begin -->\n");
@@ -87,11 +87,12 @@ static void test_readme_reference_is_current(void **state)
     RUN(&r, "--help-config");
     assert_int_equal(r.status, 0);
     if (strlen(r.out) != (size_t)(end - begin) || strncmp(begin, r.out, strlen(r.out))) {
-        print_error("README.md's config reference differs from ./wlbtrain --help-config: paste the new output\n");
+        print_error("docs/configuration.md's config reference differs from ./wlbtrain --help-config: run "
+                    "scripts/update-config-reference.sh\n");
         fail();
     }
     test_cmd_free(&r);
-    free(readme);
+    free(page);
 }
 
 static void test_flag_errors(void **state)
@@ -228,7 +229,7 @@ int main(void)
         cmocka_unit_test(test_help_names_every_flag),
         cmocka_unit_test(test_version_says_cuda),
         cmocka_unit_test(test_help_config_lists_keys),
-        cmocka_unit_test(test_readme_reference_is_current),
+        cmocka_unit_test(test_config_reference_is_current),
         cmocka_unit_test(test_flag_errors),
         cmocka_unit_test(test_config_errors_through_the_binary),
         cmocka_unit_test(test_print_config_round_trip_with_sets),

@@ -189,7 +189,7 @@ static void test_cross_field_rules(void **state)
                  "t.yaml:5:12: data.weights: 1 weights for 2 paths in data.path");
     expect_error("model:\n  preset: tiny\ndata:\n  path: a\n  lengths_file: l.txt\n", NULL, 0,
                  "t.yaml:5:17: data.lengths_file: set data.path (a data set) or data.lengths_file (lengths for a "
-                 "dry run), not both");
+                 "dry run), not both (unset data.path with --set data.path=)");
     expect_error("model:\n  preset: tiny\ntrain:\n  device: cpu\n  recompute: some\n", NULL, 0,
                  "t.yaml:5:14: train.recompute: expected one of none|selective|full, got 'some'");
     expect_error("model:\n  preset: tiny\ntrain:\n  lr: 0.001\n  min_lr: 0.01\n", NULL, 0,

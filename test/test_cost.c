@@ -1,6 +1,7 @@
 /*
  * test/test_cost.c - the cost model: FLOP counts against their closed forms, attention growing with
- * the square of the document length and the rest linearly, communication terms, calibration files.
+ * the square of the document length and the rest linearly, communication terms, what recomputation
+ * adds to the backward, calibration files.
  */
 #include "test/testlib.h"
 
@@ -46,7 +47,8 @@ static void test_flop_closed_forms(void **state)
     double expect = 2 * d * 128 * (4 + 4) /* q + o */ + 2 * d * 128 * 2 * 1 /* k, v */ + 3 * 2 * d * f;
     assert_true(fabs(m.gemm_flops_fwd - expect) < 1e-6 * expect);
     assert_true(m.head_flops_fwd == 2 * d * 128256.0 / 8);
-    assert_true(m.kv_bytes == 2 * 1 * 128 * 2); /* K and V of one local kv head, bf16 */
+    /* K and V of one local kv head: gathered in bf16, their gradients reduce-scattered in float32 */
+    assert_true(m.kv_bytes == 2 * 1 * 128 * (2 + 4) / 2);
 
     /* Pairs of a segment: query i sees kv_len - q_len + i + 1 keys. With a tile of 1 it is exact. */
     make_model(&m, "model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {attn_tile: 1}\n");
@@ -98,20 +100,59 @@ static void test_communication(void **state)
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
     assert_true(cost_cp_comm_s(&m, 8192) == 0);
     assert_true(cost_p2p_s(&m, 8192) == 0);
-    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n"
-                   "balance: {tp_comm_overlap: 0}\n");
-    double kv = 8192.0 * 2 * 2 * 128 * 2; /* tokens x (K, V) x 2 local kv heads x head_dim x bf16 */
+    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. The profile
+     * hides no TP traffic (wlbtrain runs it between the products). */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n");
+    double kv = 8192.0 * 2 * 2 * 128 * 3; /* tokens x (K, V) x 2 local kv heads x head_dim x (bf16 + fp32) / 2 */
     double expect = kv * 0.5 / (370e9) + 15e-6;
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
-    /* TP: two all-reduces of the activations, 2 (n-1)/n of the bytes each. */
-    double act = 8192.0 * 4096 * 2;
-    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (act * 1.5 / 370e9 + 15e-6)) < 1e-9);
-    /* Stages: tp * cp * pp = 16 > 8 GPUs per node, so the p2p link is the network. */
-    assert_true(fabs(cost_p2p_s(&m, 8192) - (act / 45e9 + 15e-6)) < 1e-9);
-    /* Overlapped with the GEMMs, TP traffic shorter than them disappears. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, dp: 1}\n");
+    /* TP with sequence parallelism (the default): a direction's mean of 3 all-gathers of bf16 rows
+     * and 2 reduce-scatters of float32 ones, (n-1)/n of the bytes each. */
+    double act = 8192.0 * 4096 * 2, sums = 8192.0 * 4096 * 4;
+    double sp = 3 * (act * 0.75 / 370e9 + 15e-6) + 2 * (sums * 0.75 / 370e9 + 15e-6);
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - sp) < 1e-9);
+    /* Stages: tp * cp * pp = 16 > 8 GPUs per node, so the p2p link is the network; a TP rank sends
+     * its quarter of the float32 stream. */
+    assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 4 / 45e9 + 15e-6)) < 1e-9);
+    /* Without SP: two all-reduces of float32 partial sums, 2 (n-1)/n of the bytes each; every TP
+     * rank sends the whole stream. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, sequence_parallel: false}\n");
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (sums * 1.5 / 370e9 + 15e-6)) < 1e-9);
+    assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 45e9 + 15e-6)) < 1e-9);
+    /* Overlapped with the GEMMs (a stack that does: tp_comm_overlap 1), TP traffic shorter than them
+     * disappears. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, dp: 1}\nbalance: {tp_comm_overlap: 1}\n");
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
+}
+
+/* train.recompute in the backward: selective adds the norms' and SwiGLU's element-wise bytes, full
+ * the layer's forward (GEMMs, element-wise, attention) and its exchanges once more. */
+static void test_recompute(void **state)
+{
+    (void)state;
+    CostModel none, sel, full;
+    const char *base = "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\n";
+    char *y = test_format("%strain: {recompute: selective}\n", base), *z = test_format("%strain: {recompute: full}\n", base);
+    make_model(&none, base);
+    make_model(&sel, y);
+    make_model(&full, z);
+    free(y);
+    free(z);
+    int64_t n = 8192;
+    assert_true(cost_linear_fwd_s(&sel, n) == cost_linear_fwd_s(&none, n));
+    double extra = cost_linear_bwd_s(&sel, n) - cost_linear_bwd_s(&none, n);
+    assert_true(extra > 0 && extra < 0.2 * cost_linear_fwd_s(&none, n));
+    assert_true(fabs(cost_linear_bwd_s(&full, n) - cost_linear_bwd_s(&none, n) - cost_linear_fwd_s(&none, n)) < 1e-12);
+    double f0, b0, f2, b2;
+    cost_attn_fb_s(&none, 4000, 6000, &f0, &b0);
+    cost_attn_fb_s(&full, 4000, 6000, &f2, &b2);
+    assert_true(f2 == f0 && fabs(b2 - b0 - f0) < 1e-12);
+    assert_true(cost_tp_comm_s(&sel, n) == cost_tp_comm_s(&none, n));
+    /* SP on TP 4: 3 + 1 all-gathers and 2 + 1 reduce-scatters a direction on the mean */
+    double ag = 8192.0 * 4096 * 2 * 0.75 / 370e9 + 15e-6, rs = 8192.0 * 4096 * 4 * 0.75 / 370e9 + 15e-6;
+    assert_true(fabs(cost_tp_comm_s(&none, n) - (3 * ag + 2 * rs)) < 1e-12);
+    assert_true(fabs(cost_tp_comm_s(&full, n) - (4 * ag + 3 * rs)) < 1e-12);
+    assert_true(cost_cp_comm_s(&full, n) > cost_cp_comm_s(&none, n));
 }
 
 /* The even split: n / chunks each, the remainder to the first chunks; the cost model reads the
@@ -141,24 +182,21 @@ static void test_stage_layers(void **state)
     assert_int_equal(cost_chunk_layers(&m, 3), 7);
 }
 
-/* The embedding: float32 rows written, all-reduced over TP with nothing to hide under; its backward
- * a scatter-add. Recomputation: full reruns the layer's forward, selective the norms and SwiGLU. */
-static void test_embed_and_recompute(void **state)
+/* The embedding: float32 rows written and summed over TP with nothing to hide under - an
+ * all-reduce, or with sequence parallelism a reduce-scatter onto the rank's rows; its backward a
+ * scatter-add, after an all-gather of the rows' gradients with SP. */
+static void test_embedding(void **state)
 {
     (void)state;
     CostModel m;
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1, sequence_parallel: false}\n");
     double rows = 8192.0 * 4096 * 4;
     assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 2 * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
     assert_true(fabs(cost_embed_bwd_s(&m, 8192) - 3 * rows / 3350e9) < 1e-12);
     assert_true(cost_embed_fwd_s(&m, 0) == 0 && cost_embed_bwd_s(&m, 0) == 0);
-    assert_true(cost_recompute_s(&m, 1.5, 8192) == 0);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\ntrain: {recompute: full}\n");
-    assert_true(cost_recompute_s(&m, 1.5, 8192) == 1.5);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\ntrain: {recompute: selective}\n");
-    /* bf16: two norms (4 d) and SwiGLU (3 f / tp) per token. */
-    double sel = 8192.0 * (4 * 4096 + 3 * 14336 / 8) * 2 / 3350e9;
-    assert_true(fabs(cost_recompute_s(&m, 1.5, 8192) - sel) < 1e-12);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\n");
+    assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
+    assert_true(fabs(cost_embed_bwd_s(&m, 8192) - (3 * rows / 3350e9 + rows * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
 }
 
 static void test_calibration_file(void **state)
@@ -261,8 +299,9 @@ int main(void)
         cmocka_unit_test(test_flop_closed_forms),
         cmocka_unit_test(test_attention_quadratic_rest_linear),
         cmocka_unit_test(test_communication),
+        cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_stage_layers),
-        cmocka_unit_test(test_embed_and_recompute),
+        cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_calibration_file),
     };
     return cmocka_run_group_tests_name("cost", tests, NULL, NULL);

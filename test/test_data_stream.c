@@ -49,6 +49,17 @@ static void test_length_formats(void **state)
     assert_int_equal(l.len[2], 7);
     assert_int_equal(l.skipped, 2);
     assert_int_equal(l.n_tokens, 15);
+    /* What was skipped is said: how many, negative and zero, and the first. */
+    char note[512];
+    data_lengths_skipped_note(&l, "a.json", note, sizeof note);
+    assert_string_equal(note, "a.json: 2 of 5 entries skipped, lengths <= 0 (1 negative, 1 zero; the first, 0, at entry 1 "
+                              "of the JSON array)");
+    data_lengths_free(&l);
+    load_ok(&l, dir, "g.txt", "12\n-3\n40\n0\n7\n", NULL);
+    assert_int_equal(l.n, 3);
+    assert_int_equal(l.skipped, 2);
+    data_lengths_skipped_note(&l, "g.txt", note, sizeof note);
+    assert_string_equal(note, "g.txt: 2 of 5 entries skipped, lengths <= 0 (1 negative, 1 zero; the first, -3, at line 2)");
     data_lengths_free(&l);
     load_ok(&l, dir, "b.txt", "10\r\n20\n\n30\n", NULL);
     assert_int_equal(l.n, 3);
@@ -125,6 +136,9 @@ static void test_real_length_lists(void **state)
     assert_int_equal(data_lengths_load(&l, path, "llama3_tokens", &err), 0);
     assert_int_equal(l.n, 78546);
     assert_int_equal(l.skipped, 33);
+    assert_int_equal(l.skipped_negative, 3);
+    assert_int_equal(l.first_skipped, -1);
+    assert_int_equal(l.first_skipped_at, 591); /* tools/perf/tests/pe-file.exe.debug (zcat | grep -n) */
     assert_int_equal(l.len[0], 260062);
     assert_int_equal(l.n_tokens, 396300859ull);
     data_lengths_free(&l);

@@ -1,10 +1,12 @@
 /*
  * test/test_dryrun.c - the dry run as a user runs it: per-step lines, the stats file (every field
- * the README names, each imbalance equal to its definition over the per-micro-batch and per-rank
+ * docs/planner.md names, each imbalance equal to its definition over the per-micro-batch and per-rank
  * costs printed beside it, a summary last that summarizes the steps), --compare, the attention work
  * and the speedup at equal work equal to their definitions under each long_documents rule, the balance the
- * README reports on the real length lists (wlb well below Plain-4D's pipeline imbalance, per_doc
- * even over the CP ranks), reading lengths from a Megatron .idx, a large cluster, and the errors.
+ * docs/planner.md reports on the real length lists (wlb well below Plain-4D's pipeline imbalance, per_doc
+ * even over the CP ranks), reading lengths from a Megatron .idx, a large cluster, the dry runs the
+ * example configs' comments give (and the error that says how when their data is not here), entries
+ * <= 0 of a length list skipped with a warning that says what, and the errors.
  */
 #include "test/testlib.h"
 
@@ -341,7 +343,7 @@ static void test_attention_work(void **state)
     free(dir);
 }
 
-/* The balance the README reports, on the real length lists, at WLB-LLM's 7B-128K layout (TP 8, CP 2,
+/* The balance docs/planner.md reports, on the real length lists, at WLB-LLM's 7B-128K layout (TP 8, CP 2,
  * PP 4, DP 1, interleaved, H100 profile), 100 steps: the wlb packer's mean pp_imbalance is below 1.03
  * and at least 0.05 below the fixed packer's (Plain-4D's windows: 1.07 to 1.25 on these lists), and
  * per_doc sharding leaves the CP ranks even (mean cp_imbalance at most 1.001, every step at most
@@ -366,6 +368,11 @@ static void test_balance_on_real_lists(void **state)
     (void)state;
     const char *lists[] = {"lengths/distca_wlbllm_lengths.json", "lengths/distca_prolong_lengths.json",
                            "lengths/flexsp_wikipedia_lengths.txt", "lengths/linux61_files_llama3_tokens.csv.gz"};
+    /* Every list is looked for before anything is allocated: skip() leaves by longjmp (testlib.h). */
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        SKIP_WITHOUT_REAL_DATA(list, lists[i]);
+        (void)list;
+    }
     char *dir = test_tmpdir();
     const char *yaml = "model: {preset: llama2-7b, max_seq_len: 131072}\n"
                        "parallel: {tp: 8, cp: 2, pp: 4, dp: 1, virtual_stages: 2}\n"
@@ -373,14 +380,15 @@ static void test_balance_on_real_lists(void **state)
                        "balance: {cp_sharding: per_doc, hardware: h100}\n";
     char *cfg = test_write_file(dir, "7b-128k.yaml", yaml, strlen(yaml)), *stats = test_format("%s/s.jsonl", dir);
     for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
-        SKIP_WITHOUT_REAL_DATA(list, lists[i]);
+        const char *list = test_real_data(lists[i]);
+        assert_non_null(list);
         char *set = test_format("data.lengths_file=%s", list);
         double pp[2];
         const char *packers[2] = {"balance.packer=fixed", "balance.packer=wlb"};
         for (int k = 0; k < 2; k++) {
             CmdResult r;
-            /* The WLB-LLM layout, whose activations wlbtrain's engine cannot hold (no sequence
-             * parallelism): the planner's figures only. */
+            /* The WLB-LLM layout (at S_max 2 windows without recomputation its activations do not
+             * fit even with sequence parallelism): the planner's figures only. */
             RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--steps", "100", "--set", set, "--set",
                 packers[k], "--stats-out", stats);
             assert_int_equal(r.status, 0);
@@ -392,12 +400,17 @@ static void test_balance_on_real_lists(void **state)
             assert_true(cp_mean <= 1.001 && cp_max <= 1.005);
         }
         assert_true(pp[1] <= 1.03);
-        assert_true(pp[0] - pp[1] >= 0.05);
+        /* wlb removes most of fixed's excess over 1 (the TP traffic, exposed, is the same on every
+         * micro-batch of equal tokens, so it narrows both). */
+        assert_true(pp[1] - 1 <= 0.25 * (pp[0] - 1));
         /* The issue's bounds for wlb + hybrid (the default outlier queues, whose last one takes the
          * window-size pieces of documents longer than the window), interleaved and not: mean
-         * pp_imbalance at most 1.03 and its p95 at most 1.10, mean cp_imbalance at most 1.01 (the
+         * pp_imbalance at most 1.03 and its p95 at most 1.10, mean cp imbalance at most 1.01 (the
          * planning time is printed; tests do not time, bench/wlbllm_table1.sh does). 200 steps: on
-         * the Linux list the bad steps of the old two queues (p95 1.13) come after step 100. */
+         * the Linux list the bad steps of the old two queues (p95 1.13) come after step 100. The
+         * CP bound is on the ranks' times (cp_time_imbalance): with the TP collectives exposed (the
+         * profile's tp_comm_overlap 0) a rank's rows cost their all-gathers and reduce-scatters
+         * too, and the planner evens times, not attention + GEMMs alone (cp_imbalance, printed). */
         for (int v = 2; v >= 1; v--) {
             char *vs = test_format("parallel.virtual_stages=%d", v);
             CmdResult r;
@@ -406,9 +419,10 @@ static void test_balance_on_real_lists(void **state)
             assert_int_equal(r.status, 0);
             test_cmd_free(&r);
             double mean = summary_value(stats, "pp_imbalance", "mean"), p95 = summary_value(stats, "pp_imbalance", "p95");
-            double cp = summary_value(stats, "cp_imbalance", "mean"), ms = summary_value(stats, "packer_ms", "mean");
-            printf("# %s, wlb + hybrid, v %d: pp_imbalance mean %.4f p95 %.4f, cp_imbalance mean %.4f, plan %.3f ms\n",
-                   lists[i], v, mean, p95, cp, ms);
+            double cp = summary_value(stats, "cp_time_imbalance", "mean"), ms = summary_value(stats, "packer_ms", "mean");
+            double cp_compute = summary_value(stats, "cp_imbalance", "mean");
+            printf("# %s, wlb + hybrid, v %d: pp_imbalance mean %.4f p95 %.4f, cp_time_imbalance mean %.4f "
+                   "(cp_imbalance %.4f), plan %.3f ms\n", lists[i], v, mean, p95, cp, cp_compute, ms);
             assert_true(mean <= 1.03 && p95 <= 1.10 && cp <= 1.01);
             free(vs);
         }
@@ -593,6 +607,14 @@ static void test_memory_model(void **state)
     test_cmd_free(&r);
     read_memory(stats, v);
     assert_true(v[0] <= budget && fabs(v[0] - promised) <= 0.06);
+    /* Without sequence parallelism the stream's rows are on every TP rank: in the budget the layout
+     * fits with it, turning it back on is among the changes that fit. */
+    char sp_budget[64];
+    snprintf(sp_budget, sizeof sp_budget, "train.gpu_memory_gb=%.3f", 1.001 * base[0]);
+    dry_8b(&r, cfg, NULL, (const char *[]){"--set", sp_budget, "--set", "parallel.sequence_parallel=false", NULL});
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "parallel.sequence_parallel: true ("));
+    test_cmd_free(&r);
     /* --no-memory-check plans it anyway and says so. */
     dry_8b(&r, cfg, NULL, (const char *[]){"--no-memory-check", "--set", set_budget, NULL});
     assert_int_equal(r.status, 0);
@@ -689,9 +711,97 @@ static void test_examples_fit(void **state)
             print_error("%s: %s\n", configs[i], r.err);
         assert_int_equal(r.status, 0);
         assert_non_null(strstr(r.out, " of 80.0 GB: fits, "));
+        /* The headline jobs at the paper's S_max of 2 windows (sequence parallelism makes room). */
+        const char *mb = strstr(r.out, "largest micro-batch "), *window = strstr(r.out, "window ");
+        assert_non_null(mb);
+        assert_non_null(window);
+        if (i < 3)
+            assert_true(strtoll(mb + strlen("largest micro-batch "), NULL, 10) ==
+                        2 * strtoll(window + strlen("window "), NULL, 10));
         test_cmd_free(&r);
     }
     free(set);
+}
+
+/* The dry-run commands in the example configs' comments run as written (with the real data where
+ * WLB_REAL_DATA says, and 2 steps); typed without their --set lines, the error says how. */
+static void test_example_commands(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_REAL_DATA(real, "lengths");
+    char real_root[4096];
+    snprintf(real_root, sizeof real_root, "%.*s", (int)(strlen(real) - strlen("/lengths")), real);
+    const char *configs[] = {"config/examples/llama8b.yaml", "config/examples/llama70b-128k.yaml"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        char *text = test_read_file(configs[i], NULL), *words[64], *command = NULL;
+        int n = 0;
+        /* The comment lines "#   ./wlbtrain ... --dry-run \" and the lines they continue on. */
+        for (char *line = strtok(text, "\n"); line && line[0] == '#'; line = strtok(NULL, "\n")) {
+            char *at = line + strspn(line, "# ");
+            if (!command && strncmp(at, "./wlbtrain ", 11) == 0 && strstr(at, "--dry-run"))
+                command = at;
+            else if (!command)
+                continue;
+            int more = line[strlen(line) - 1] == '\\';
+            for (char *w = strtok_r(at, " \\", &at); w && n < 60; w = strtok_r(NULL, " \\", &at))
+                words[n++] = !strncmp(w, "data.lengths_file=../shared/real-data/", 38)
+                                 ? test_format("data.lengths_file=%s/%s", real_root, w + 38)
+                                 : test_format("%s", w);
+            if (!more)
+                break;
+        }
+        assert_non_null(command);
+        assert_string_equal(words[0], "./wlbtrain");
+        words[n++] = test_format("--steps");
+        words[n++] = test_format("2");
+        words[n] = NULL;
+        CmdResult r;
+        test_run_wlbtrain(&r, (const char *const *)words + 1);
+        if (r.status != 0)
+            print_error("%s: the comment's dry run: %s\n", configs[i], r.err);
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, "summary: "));
+        printf("# %s: the comment's dry run (%d words, --steps 2 added) ran\n", configs[i], n);
+        test_cmd_free(&r);
+        /* Without its --set lines: the data path is not here, and the error says what a dry run needs. */
+        RUN(&r, "--config", configs[i], "--dry-run", "--steps", "2");
+        test_assert_error(&r, ".idx: cannot open: No such file or directory (a dry run needs only document lengths: "
+                              "--set data.lengths_file=FILE --set data.path=)");
+        test_cmd_free(&r);
+        for (int k = 0; k < n; k++)
+            free(words[k]);
+        free(text);
+    }
+}
+
+/* Entries <= 0 of a length list are skipped and said: how many, negative and zero, the first. */
+static void test_skipped_lengths(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *cfg = write_config(dir, "");
+    const char *list = "300\n-3\n1200\n0\n800\n0\n";
+    char *lengths = test_write_file(dir, "l.txt", list, strlen(list)), *set = test_format("data.lengths_file=%s", lengths);
+    CmdResult r;
+    RUN(&r, "--config", cfg, "--dry-run", "--steps", "1", "--set", set);
+    assert_int_equal(r.status, 0);
+    char *want = test_format("wlbtrain: warning: %s: 3 of 6 entries skipped, lengths <= 0 (1 negative, 2 zero; the "
+                             "first, -3, at line 2)\n", lengths);
+    assert_string_equal(r.err, want);
+    char *data = test_format("data: %s, 3 documents, 2300 tokens\n", lengths);
+    assert_non_null(strstr(r.out, data));
+    test_cmd_free(&r);
+    /* A list with nothing to skip says nothing. */
+    RUN(&r, "--config", cfg, "--dry-run", "--steps", "1");
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.err, "");
+    test_cmd_free(&r);
+    free(data);
+    free(want);
+    free(set);
+    free(lengths);
+    free(cfg);
+    test_rm_rf(dir);
+    free(dir);
 }
 
 static void test_errors(void **state)
@@ -741,6 +851,8 @@ int main(void)
         cmocka_unit_test(test_memory_model),
         cmocka_unit_test(test_stage_balance),
         cmocka_unit_test(test_examples_fit),
+        cmocka_unit_test(test_example_commands),
+        cmocka_unit_test(test_skipped_lengths),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests_name("dryrun", tests, NULL, NULL);

@@ -16,6 +16,9 @@ checkpoint, then is exported in float32 and bfloat16.
     this one); skipped with that reason when they are missing.
 5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (11 kinds): one
     error line, exit status 2, the output folder left as it was (or not made).
+6   --checkpoint takes the checkpoint folder (trailing slash or not), its latest file (also as a
+    relative path), a step folder: the same model.safetensors; another file, or a folder holding no
+    checkpoint, is one error line.
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
 """
@@ -25,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -33,7 +35,7 @@ sys.path.insert(0, HERE)
 WLBTRAIN = os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain")
 HF_PYTHON = os.environ.get("WLB_HF_PYTHON") or sys.executable
 
-from taplib import Skip, check, comment, import_numpy  # noqa: E402
+from taplib import Skip, check, comment, import_numpy, require, run_tests  # noqa: E402
 
 np = import_numpy()
 if not isinstance(np, Exception):
@@ -264,6 +266,33 @@ def test_errors(fx):
           os.path.getmtime(os.path.join(fx.out32, "model.safetensors")) == mtime, "the output folder was touched")
 
 
+def test_paths(fx):
+    """--checkpoint names the checkpoint as a user finds it: the checkpoint folder (with or without a
+    trailing slash), its latest file (also relative, from inside the folder), a step folder - all the
+    same export; a file that is not latest, or a folder holding no checkpoint, is one error line."""
+    with open(os.path.join(fx.out32, "model.safetensors"), "rb") as f:
+        want = f.read()
+    out = os.path.join(fx.dir, "hf-path")
+    for path, cwd in ((fx.ckpt + "/", None), (os.path.join(fx.ckpt, "latest"), None), ("latest", fx.ckpt),
+                      (step_dir(fx), None)):
+        shutil.rmtree(out, ignore_errors=True)
+        r = run([WLBTRAIN, "export", "--checkpoint", path, "--out", out], cwd=cwd)
+        check(r.returncode == 0, "--checkpoint %s: status %d, stderr %r" % (path, r.returncode, r.stderr))
+        check("-> %s " % out in r.stdout and r.stdout.startswith("export: ") and "step-0000000" in r.stdout,
+              "--checkpoint %s: %r" % (path, r.stdout))
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            check(f.read() == want, "--checkpoint %s: another model.safetensors" % path)
+    for path, expect in ((os.path.join(step_dir(fx), "index.json"), "index.json: a file, not a checkpoint"),
+                         (fx.dir, ": not a checkpoint: no latest, no index.json"),
+                         (os.path.join(fx.ckpt, "nothing"), "nothing: no checkpoint here")):
+        shutil.rmtree(out, ignore_errors=True)
+        r = run([WLBTRAIN, "export", "--checkpoint", path, "--out", out])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 2 and len(lines) == 1 and expect in lines[0],
+              "--checkpoint %s: status %d, stderr %r" % (path, r.returncode, r.stderr))
+        check(not os.path.exists(out), path + ": the output folder was written")
+
+
 def overlap(tensor):
     """The tensor's one block as two that share a row and leave the last one out."""
     b = tensor["blocks"][0]
@@ -320,49 +349,10 @@ TESTS = [("config.json is the model's LlamaConfig", test_config),
          ("bfloat16 export: rounded to nearest even", test_bfloat16),
          ("transformers loads the export; its logits = the numpy reference", test_transformers),
          ("export errors: one line, exit 2, output untouched", test_errors),
+         ("--checkpoint: the checkpoint folder, its latest file, a step folder", test_paths),
          ("a malformed index.json: one line, exit 2, nothing written", test_bad_index)]
 
 
-def main():
-    print("1..%d" % len(TESTS))
-    fx, why, failure = None, None, None
-    if isinstance(np, Skip):
-        why = str(np)
-    elif isinstance(np, Exception):
-        failure = str(np)
-    elif not os.path.exists(WLBTRAIN):
-        why = "%s is not built" % WLBTRAIN
-    else:
-        try:
-            fx = Fixture()
-        except Exception as e:
-            why = None
-            failure = "".join(traceback.format_exception_only(type(e), e)).strip()
-    failed = 0
-    for i, (name, fn) in enumerate(TESTS, 1):
-        if why:
-            print("ok %d - %s # SKIP %s" % (i, name, why))
-            print("# skip: %s" % why)
-            continue
-        if fx is None:
-            print("not ok %d - %s" % (i, name))
-            comment("fixture failed: " + failure)
-            failed += 1
-            continue
-        try:
-            fn(fx)
-            print("ok %d - %s" % (i, name))
-        except Skip as s:
-            print("ok %d - %s # SKIP %s" % (i, name, s))
-            print("# skip: %s" % s)  # test/run.sh lists these lines once each
-        except Exception:
-            print("not ok %d - %s" % (i, name))
-            comment(traceback.format_exc())
-            failed += 1
-    if fx:
-        shutil.rmtree(fx.dir, ignore_errors=True)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tests(TESTS, lambda: require(np, WLBTRAIN) or Fixture(),
+                       lambda fx: shutil.rmtree(fx.dir, ignore_errors=True)))

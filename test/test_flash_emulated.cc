@@ -1,8 +1,9 @@
 /*
- * test/test_flash_emulated.cc - the flash attention kernels' own source (cuda/cuda_flash_*.cuh),
- * run on the CPU by the emulator of test/flash_emu.h, against the CPU backend's attention (the
- * reference) on the same bf16-rounded inputs. No GPU: this is how the index math of fragments,
- * tiles, masks and work lists is checked where there is none.
+ * test/test_flash_emulated.cc - the flash attention kernels' own source (cuda/cuda_flash_*.cuh, and
+ * the float32 reference's, cuda/cuda_attention_ref.cuh), run on the CPU by the emulator of
+ * test/flash_emu.h, against the CPU backend's attention (the reference) on the same bf16-rounded
+ * inputs. No GPU: this is how the index math of fragments, tiles, masks and work lists is checked
+ * where there is none.
  *
  *   fragments   the kernels' ldmatrix loaders (all four operand layouts) and the mma accumulators
  *               against the PTX ISA's fragment tables as the emulator implements them; swizzled
@@ -16,6 +17,11 @@
  *               and 128, q/k/v as columns of one fused array and out with a stride of its own
  *   schedules   the same forward and backward under three thread schedules and both cp.async
  *               timings give the same bits (a race would show as a difference)
+ *   reference   the float32 reference kernels (cuda/cuda_attention_ref.cuh: fp32 training, and the
+ *               head sizes without tensor-core kernels, such as test/test_cuda_model.c's 16) at head
+ *               sizes 8, 16, 64 and 256 against the CPU backend within 1e-5 relative, both backward
+ *               modes; the deterministic one makes no atomic add and writes every float of dq, dk,
+ *               dv from one block per launch, and gives the same bits under every schedule
  * Every emulated launch must also be free of the emulator's own findings (races, shared reads of
  * unwritten or in-flight data, out-of-bounds or misaligned global accesses, two blocks writing one
  * float, divergence, deadlock).
@@ -27,6 +33,7 @@
  */
 #include "test/flash_emu.h"
 
+#include "cuda/cuda_attention_ref.cuh"
 #include "cuda/cuda_flash_bwd.cuh"
 
 #include <math.h>
@@ -44,6 +51,7 @@ extern "C" {
 }
 
 #include <algorithm>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -395,6 +403,23 @@ struct Results {
     std::vector<float> lse, dq, dk, dv; /* dq in q's columns of a [T, qkv_stride] array, dk, dv likewise */
 };
 
+/* The global buffers of one emulated attention: the plan's lists and the inputs (read-only), out,
+ * then lse, Delta, dq, dk and dv (float32, in that order). */
+static void emu_buffers(const FlashPlan &plan, const void *qkv, size_t qkv_bytes, const void *dout, size_t dout_bytes,
+                        const void *out, size_t out_bytes, std::initializer_list<const std::vector<float> *> floats)
+{
+    static const char *const names[] = {"lse", "delta", "dq", "dk", "dv"};
+    flash_emu_clear_buffers();
+    flash_emu_buffer(plan.segs.data(), plan.segs.size() * sizeof(int4), false, "segs");
+    flash_emu_buffer(plan.items.data(), plan.items.size() * sizeof(int2), false, "items");
+    flash_emu_buffer(qkv, qkv_bytes, false, "qkv");
+    flash_emu_buffer(dout, dout_bytes, false, "dout");
+    flash_emu_buffer(out, out_bytes, true, "out");
+    size_t i = 0;
+    for (const std::vector<float> *f : floats)
+        flash_emu_buffer(f->data(), f->size() * 4, true, names[i++]);
+}
+
 /* The emulated kernels on one problem, exactly as cuda_flash.cu launches them. */
 template <int D> static void emulate(const Problem &pr, bool deterministic, Results *res, bool backward)
 {
@@ -412,17 +437,8 @@ template <int D> static void emulate(const Problem &pr, bool deterministic, Resu
     res->dv.assign(pr.qkv.size(), 0.0f);
     std::vector<float> delta((size_t)(plan.rows * pr.H), NAN);
     const uint16_t *q = pr.qkv.data(), *k = q + pr.H * D, *v = k + pr.Hkv * D;
-    flash_emu_clear_buffers();
-    flash_emu_buffer(plan.segs.data(), plan.segs.size() * sizeof(int4), false, "segs");
-    flash_emu_buffer(plan.items.data(), plan.items.size() * sizeof(int2), false, "items");
-    flash_emu_buffer(pr.qkv.data(), pr.qkv.size() * 2, false, "qkv");
-    flash_emu_buffer(pr.dout.data(), pr.dout.size() * 2, false, "dout");
-    flash_emu_buffer(res->out.data(), res->out.size() * 2, true, "out");
-    flash_emu_buffer(res->lse.data(), res->lse.size() * 4, true, "lse");
-    flash_emu_buffer(delta.data(), delta.size() * 4, true, "delta");
-    flash_emu_buffer(res->dq.data(), res->dq.size() * 4, true, "dq");
-    flash_emu_buffer(res->dk.data(), res->dk.size() * 4, true, "dk");
-    flash_emu_buffer(res->dv.data(), res->dv.size() * 4, true, "dv");
+    emu_buffers(plan, pr.qkv.data(), pr.qkv.size() * 2, pr.dout.data(), pr.dout.size() * 2, res->out.data(),
+                res->out.size() * 2, {&res->lse, &delta, &res->dq, &res->dk, &res->dv});
     FlashFwdArgs fa = {plan.segs.data(), plan.items.data() + plan.fwd_begin, q, k, v, res->out.data(),
                        res->lse.data(), pr.H, pr.H / pr.Hkv, pr.qkv_stride, pr.qkv_stride, pr.o_stride,
                        scale * 1.4426950408889634f};
@@ -512,32 +528,43 @@ static void rows_of(const Problem &pr, std::vector<int64_t> *qrows, std::vector<
     }
 }
 
+/* Prints and returns in e the relative errors of dq, dk, dv (in the q, k and v columns of fused
+ * arrays) against the reference's; fails when a gradient was written outside its columns. */
+static void gradient_errors(const char *name, const Problem &pr, const std::vector<float> &dq,
+                            const std::vector<float> &dk, const std::vector<float> &dv, const Reference &ref,
+                            double e[3])
+{
+    std::vector<int64_t> qrows, krows;
+    rows_of(pr, &qrows, &krows);
+    const int64_t HD = (int64_t)pr.H * pr.D, KD = (int64_t)pr.Hkv * pr.D;
+    e[0] = rel_error(dq, ref.dq, pr.qkv_stride, 0, HD, qrows, get_f);
+    e[1] = rel_error(dk, ref.dk, pr.qkv_stride, HD, KD, krows, get_f);
+    e[2] = rel_error(dv, ref.dv, pr.qkv_stride, HD + KD, KD, krows, get_f);
+    printf("  dq %.2e  dk %.2e  dv %.2e", e[0], e[1], e[2]);
+    /* nothing outside the q, k, v columns */
+    for (size_t i = 0; i < dq.size(); i++) {
+        int64_t col = (int64_t)(i % (size_t)pr.qkv_stride);
+        if ((col >= HD && dq[i] != 0) || ((col < HD || col >= HD + KD) && dk[i] != 0) || (col < HD + KD && dv[i] != 0)) {
+            printf("\n");
+            fail_msg("%s: a gradient written outside its columns (float %zu)", name, i);
+        }
+    }
+}
+
 static void check_against_reference(const char *name, const Problem &pr, const Results &res, const Reference &ref,
                                     bool backward)
 {
     std::vector<int64_t> qrows, krows;
     rows_of(pr, &qrows, &krows);
-    const int64_t HD = (int64_t)pr.H * pr.D, KD = (int64_t)pr.Hkv * pr.D;
+    const int64_t HD = (int64_t)pr.H * pr.D;
     double e_out = rel_error(res.out, ref.out, pr.o_stride, 0, HD, qrows, get_bf16);
     double e_lse = rel_error(res.lse, ref.lse, pr.H, 0, pr.H, qrows, get_f);
     printf("# %-34s out %.2e  lse %.2e", name, e_out, e_lse);
     bool ok = e_out <= 1e-2 && e_lse <= 1e-5;
     if (backward) {
-        /* dq, dk and dv live in the q, k and v columns of fused arrays */
-        double e_dq = rel_error(res.dq, ref.dq, pr.qkv_stride, 0, HD, qrows, get_f);
-        double e_dk = rel_error(res.dk, ref.dk, pr.qkv_stride, HD, KD, krows, get_f);
-        double e_dv = rel_error(res.dv, ref.dv, pr.qkv_stride, HD + KD, KD, krows, get_f);
-        printf("  dq %.2e  dk %.2e  dv %.2e", e_dq, e_dk, e_dv);
-        ok = ok && e_dq <= 2e-2 && e_dk <= 2e-2 && e_dv <= 2e-2;
-        /* nothing outside the q, k, v columns or the touched rows */
-        for (size_t i = 0; i < res.dq.size(); i++) {
-            int64_t col = (int64_t)(i % (size_t)pr.qkv_stride);
-            if ((col >= HD && res.dq[i] != 0) || ((col < HD || col >= HD + KD) && res.dk[i] != 0) ||
-                (col < HD + KD && res.dv[i] != 0)) {
-                printf("\n");
-                fail_msg("%s: a gradient written outside its columns (float %zu)", name, i);
-            }
-        }
+        double e[3];
+        gradient_errors(name, pr, res.dq, res.dk, res.dv, ref, e);
+        ok = ok && e[0] <= 2e-2 && e[1] <= 2e-2 && e[2] <= 2e-2;
     }
     printf("\n");
     if (!ok)
@@ -641,12 +668,136 @@ static void test_schedules(void **state)
     printf("# 3 schedules x 2 cp.async timings: the same bits\n");
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* The float32 reference kernels                                                                   */
+
+/* The reference kernels (cuda/cuda_attention_ref.cuh) on the float values of a problem, launched as
+ * cuda_attention.cu launches them: forward, Delta, then the dK/dV launches and dQ (deterministic:
+ * one dK/dV launch per wave, then the dQ pass) from the emulated forward's out and lse. Returns
+ * the floating-point atomic adds of the backward's launches. */
+template <class C> static int64_t emulate_reference(const Problem &pr, bool deterministic, Reference *res)
+{
+    FlashPlan plan;
+    char err[200];
+    assert_int_equal(flash_plan_build(&plan, pr.segs.data(), (int64_t)pr.segs.size(), ref_attn_plan_shape<C>(), err,
+                                      sizeof err),
+                     0);
+    res->out.assign((size_t)(pr.T * pr.o_stride), NAN); /* rows never written show */
+    res->lse.assign((size_t)(pr.T * pr.H), NAN);
+    res->dq.assign(pr.qkv_f.size(), 0.0f);
+    res->dk.assign(pr.qkv_f.size(), 0.0f);
+    res->dv.assign(pr.qkv_f.size(), 0.0f);
+    std::vector<float> delta((size_t)(plan.rows * pr.H), NAN);
+    emu_buffers(plan, pr.qkv_f.data(), pr.qkv_f.size() * 4, pr.dout_f.data(), pr.dout_f.size() * 4, res->out.data(),
+                res->out.size() * 4, {&res->lse, &delta, &res->dq, &res->dk, &res->dv});
+    const float *q = pr.qkv_f.data(), *k = q + pr.H * pr.D, *v = k + pr.Hkv * pr.D;
+    RefAttnArgs a = {plan.segs.data(), plan.items.data() + plan.fwd_begin, q, k, v, res->out.data(), res->lse.data(),
+                     pr.dout_f.data(), delta.data(), res->dq.data(), res->dk.data() + pr.H * pr.D,
+                     res->dv.data() + (pr.H + pr.Hkv) * pr.D, pr.H, pr.H / pr.Hkv, pr.qkv_stride, pr.qkv_stride,
+                     pr.o_stride, 1.0f / sqrtf((float)pr.D), 0};
+    auto run = [&](const char *name, int64_t blocks, int smem, void (*cta)(const RefAttnArgs &, float *, int64_t, int)) {
+        expect_clean(flash_emu_launch(name, blocks, C::THREADS, smem,
+                                      [&](unsigned char *sm, int64_t b, int tid) { cta(a, (float *)sm, b, tid); }),
+                     name);
+    };
+    run("reference forward", plan.fwd_count * pr.H, C::FWD_SMEM, ref_fwd_cta<C>);
+    const int64_t atomics_before = flash_emu_stats().atomics;
+    a.items = plan.items.data() + plan.dq_begin;
+    expect_clean(flash_emu_launch("reference delta", plan.dq_count, C::THREADS, 0,
+                                  [&](unsigned char *, int64_t b, int tid) {
+                                      ref_delta_cta<C::D, C::BM, C::THREADS>(a, b, tid);
+                                  }),
+                 "reference delta");
+    const int64_t waves = (int64_t)plan.wave_begin.size() - 1;
+    if (deterministic) {
+        for (int64_t w = 0; w < waves; w++) {
+            a.items = plan.items.data() + plan.wave_begin[(size_t)w];
+            run("reference dk, dv (deterministic)", (plan.wave_begin[(size_t)w + 1] - plan.wave_begin[(size_t)w]) * pr.Hkv,
+                C::DKDV_SMEM, ref_dkdv_cta<C, false>);
+        }
+        a.items = plan.items.data() + plan.dq_begin;
+        run("reference dq (deterministic)", plan.dq_count * pr.H, C::DQ_SMEM, ref_dq_cta<C>);
+    } else {
+        a.items = plan.items.data() + plan.wave_begin[0];
+        a.kv_atomic = waves > 1;
+        run("reference dk, dv, dq (atomic)", (plan.wave_begin[(size_t)waves] - plan.wave_begin[0]) * pr.Hkv,
+            C::DKDV_SMEM, ref_dkdv_cta<C, true>);
+    }
+    return flash_emu_stats().atomics - atomics_before;
+}
+
+/* Forward and both backward modes of the reference at head size D against the CPU backend on the
+ * same float32 values: within 1e-5 relative (float32 sums in another order); the deterministic
+ * backward without a single atomic, and (the emulator's check) no float of dq, dk or dv written by
+ * two blocks of one launch; the atomic one with atomics (the count is live). */
+template <int D> static void check_reference_case(const char *name, int H, int Hkv, std::vector<AttnSegment> segs)
+{
+    using C = typename RefAttnTiles<D>::Cfg;
+    flash_emu_reset();
+    Problem pr = make_problem(H, Hkv, D, segs);
+    Reference ref = reference(pr);
+    std::vector<int64_t> qrows, krows;
+    rows_of(pr, &qrows, &krows);
+    for (int det = 1; det >= 0; det--) {
+        Reference got;
+        const int64_t atomics = emulate_reference<C>(pr, det, &got);
+        double e_out = rel_error(got.out, ref.out, pr.o_stride, 0, (int64_t)H * D, qrows, get_f);
+        double e_lse = rel_error(got.lse, ref.lse, pr.H, 0, pr.H, qrows, get_f), e[3];
+        printf("# reference %-24s %-13s out %.2e  lse %.2e", name, det ? "deterministic" : "atomic", e_out, e_lse);
+        gradient_errors(name, pr, got.dq, got.dk, got.dv, ref, e);
+        printf("  atomics %lld\n", (long long)atomics);
+        assert_true(e_out <= 1e-5 && e_lse <= 1e-5 && e[0] <= 1e-5 && e[1] <= 1e-5 && e[2] <= 1e-5);
+        if (det)
+            assert_int_equal(atomics, 0);
+        else
+            assert_true(atomics > 0);
+    }
+}
+
+static void test_reference_kernels(void **state)
+{
+    (void)state;
+    check_reference_case<16>("D 16, H 4, Hkv 2", 4, 2, mixed_segments()); /* test/test_cuda_model.c's model */
+    if (!FLASH_EMU_ALL_CASES)
+        return;
+    check_reference_case<64>("D 64, H 4, Hkv 1", 4, 1, mixed_segments());
+    check_reference_case<8>("D 8, H 2, Hkv 2", 2, 2, mixed_segments());
+    check_reference_case<256>("D 256, H 2, Hkv 1", 2, 1, {{0, 40, 0, 40}, {40, 17, 40, 50}, {57, 20, 40, 70}});
+}
+
+/* The deterministic reference under every schedule: the same bits. */
+static void test_reference_schedules(void **state)
+{
+    (void)state;
+    flash_emu_reset();
+    Problem pr = make_problem(4, 2, 16, {{0, 70, 0, 70}, {70, 30, 70, 100}, {100, 40, 70, 70}});
+    Reference first;
+    for (int sched = 0; sched < 3; sched++) {
+        FlashEmuConfig c;
+        c.schedule = (FlashEmuSchedule)sched;
+        flash_emu_configure(c);
+        Reference r;
+        emulate_reference<RefAttnTiles<16>::Cfg>(pr, true, &r);
+        if (sched == 0) {
+            first = r;
+            continue;
+        }
+        const std::vector<float> *a[5] = {&r.out, &r.lse, &r.dq, &r.dk, &r.dv}, *b[5] = {&first.out, &first.lse,
+                                                                                        &first.dq, &first.dk, &first.dv};
+        for (int i = 0; i < 5; i++)
+            assert_memory_equal(a[i]->data(), b[i]->data(), a[i]->size() * 4);
+    }
+    flash_emu_configure(FlashEmuConfig());
+    printf("# reference, deterministic: 3 schedules, the same bits\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fragments),     cmocka_unit_test(test_mma),
         cmocka_unit_test(test_plans),         cmocka_unit_test(test_attention_d64),
         cmocka_unit_test(test_attention_d128), cmocka_unit_test(test_schedules),
+        cmocka_unit_test(test_reference_kernels), cmocka_unit_test(test_reference_schedules),
     };
     return cmocka_run_group_tests_name("flash_emulated", tests, NULL, NULL);
 }

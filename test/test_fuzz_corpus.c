@@ -61,6 +61,12 @@ static void test_ckpt_index(void **state)
     replay("ckpt_index", fuzz_ckpt_index);
 }
 
+static void test_safetensors(void **state)
+{
+    (void)state;
+    replay("safetensors", fuzz_safetensors);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -68,6 +74,7 @@ int main(void)
         cmocka_unit_test(test_idx),
         cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_ckpt_index),
+        cmocka_unit_test(test_safetensors),
     };
     return cmocka_run_group_tests_name("fuzz_corpus", tests, NULL, NULL);
 }

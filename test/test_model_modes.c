@@ -5,7 +5,7 @@
  *   train.precision: bf16 (the emulated GPU roundings) gives the fp32 loss within 1e-2 and the
  *     gradients within 5e-2, and its weights' compute copy is the rounded master weights;
  *   model_memory: exactly the bytes model_reserve allocates, per slot and for the scratch, in every
- *     mode, and less memory for more recomputation;
+ *     mode, with and without sequence parallelism, and less memory for more recomputation;
  *   out of memory: one error that says how much was needed, how much is free, and what the other
  *     recompute modes would need.
  */
@@ -25,7 +25,7 @@
 static const char tiny_model[] = "{n_layers: 3, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 48, vocab_size: 61, "
                                  "rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 256}";
 
-static void new_model(Model *m, Config *cfg, const Ops *ops, Recompute r)
+static void new_model_par(Model *m, Config *cfg, const Ops *ops, Recompute r, const ModelParallel *par)
 {
     char *yaml = test_format("model: %s\nparallel: {dp: 1}\ntrain: {device: cpu}\n", tiny_model);
     Error err = {0};
@@ -33,9 +33,11 @@ static void new_model(Model *m, Config *cfg, const Ops *ops, Recompute r)
     if (config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0)
         fail_msg("%s", err.msg);
     free(yaml);
-    assert_int_equal(model_init(m, &cfg->model, ops, NULL, r, &err), 0);
+    assert_int_equal(model_init(m, &cfg->model, ops, par, r, &err), 0);
     assert_int_equal(model_init_weights(m, 11, &err), 0);
 }
+
+static void new_model(Model *m, Config *cfg, const Ops *ops, Recompute r) { new_model_par(m, cfg, ops, r, NULL); }
 
 /* Documents of the given lengths, back to back, seeded random tokens. */
 typedef struct TestBatch {
@@ -204,23 +206,30 @@ static void test_memory_is_what_is_allocated(void **state)
 {
     (void)state;
     const Ops *bases[2] = {cpu_ops(), cpu_ops_bf16()};
+    /* One process, and the middle chunk of three of TP rank 1 of 2 with sequence parallelism (its
+     * stream on 101 of 201 rows, one padding row). */
+    const ModelParallel sp = {2, 1, 1, 1, 3, 1, 2, NULL, 1};
     for (int b = 0; b < 2; b++)
-        for (int r = 0; r < 3; r++) {
+        for (int r = 0; r < 6; r++) {
             Config cfg;
             Model m;
             limit_bytes = -1;
-            new_model(&m, &cfg, counting_ops(bases[b]), (Recompute)r);
+            new_model_par(&m, &cfg, counting_ops(bases[b]), (Recompute)(r % 3), r < 3 ? NULL : &sp);
             Error err = {0};
+            int64_t T = r < 3 ? 200 : 201;
             assert_int_equal(model_set_slots(&m, 3, &err), 0);
             int64_t before = live_bytes;
-            assert_int_equal(model_reserve(&m, 0, 200, 0, &err), 0);
-            ModelMemory mem = model_memory(&m.dims, 200, 0, (Recompute)r, m.ops->act_bytes, m.ops->logits_floats);
+            assert_int_equal(model_reserve(&m, 0, T, 0, &err), 0);
+            ModelMemory mem = model_memory(&m.dims, T, 0, (Recompute)(r % 3), m.ops->act_bytes, m.ops->logits_floats);
             assert_int_equal(live_bytes - before, mem.slot_bytes + mem.scratch_bytes);
             int64_t one = live_bytes;
-            assert_int_equal(model_reserve(&m, 1, 200, 0, &err), 0);
+            assert_int_equal(model_reserve(&m, 1, T, 0, &err), 0);
             assert_int_equal(live_bytes - one, mem.slot_bytes); /* the scratch is shared */
-            printf("# %s, recompute %d: %lld bytes per slot, %lld of scratch at 200 rows\n", bases[b]->name, r,
-                   (long long)mem.slot_bytes, (long long)mem.scratch_bytes);
+            printf("# %s, recompute %d%s: %lld bytes per slot, %lld of scratch at %lld rows\n", bases[b]->name, r % 3,
+                   r < 3 ? "" : ", sequence parallel", (long long)mem.slot_bytes, (long long)mem.scratch_bytes,
+                   (long long)T);
+            if (r == 5) /* full: the layer's input and the chunk's, and the input gradient, on 101 rows */
+                assert_int_equal(mem.slot_bytes, 3 * 101 * 32 * 4);
             model_free(&m);
             config_free(&cfg);
             assert_int_equal(live_bytes, 0);
@@ -237,6 +246,15 @@ static void test_memory_is_what_is_allocated(void **state)
     assert_true(none.slot_bytes > sel.slot_bytes && sel.slot_bytes > full.slot_bytes);
     /* full keeps the 5 residual buffers [T, d] float32 and the final norm's output, rstd and gradient */
     assert_int_equal(full.slot_bytes, 5 * 32768LL * 4096 * 4 + 32768LL * 4096 * (2 + 4) + 32768LL * 4);
+    /* With TP 8 and sequence parallelism all of them on R = ceil(T / 8) rows (T = 32769: R = 4097). */
+    d.tp = 8;
+    d.sp = 1;
+    d.local_heads = 4;
+    d.local_kv_heads = 1;
+    d.local_ffn = 14336 / 8;
+    d.local_vocab = 128256 / 8;
+    full = model_memory(&d, 32769, 0, RECOMPUTE_FULL, 2, 1 << 28);
+    assert_int_equal(full.slot_bytes, 5 * 4097LL * 4096 * 4 + 4097LL * 4096 * (2 + 4) + 4097LL * 4);
 }
 
 static void test_out_of_memory_says_what_would_fit(void **state)

@@ -3,10 +3,14 @@
  * model, every CP sharding mode where cp > 1, packers fixed and wlb, trained 3 steps under
  * `mpirun --oversubscribe` by test/dump_train, against the same config with every size 1. The loss
  * of each step, every gradient of step 1 and every parameter after step 3 must agree within 1e-5
- * relative (per tensor: max |x - ref| / max |ref|); tokens per step exactly. Also the extras: kv
- * heads replicated over TP (tp 4 > 2 kv heads), interleaved virtual stages, ZeRO-1, tied
- * embeddings split over stages, layers split unevenly over the stages (parallel.stage_layers), and every message staged through host buffers (what a GPU backend
- * does with parallel.comm: mpi; WLBTRAIN_COMM_STAGE=1 turns it on for the CPU backend). The ASan build runs a smaller matrix (the same code paths).
+ * relative (per tensor: max |x - ref| / max |ref|); tokens per step exactly. Every layout with
+ * tp > 1 runs with sequence parallelism (parallel.sequence_parallel, the default; the corpus makes
+ * CP ranks' row counts that tp does not divide, so padding rows are exercised too). Also the
+ * extras: kv heads replicated over TP (tp 4 > 2 kv heads), interleaved virtual stages, ZeRO-1,
+ * tied embeddings split over stages, layers split unevenly over the stages
+ * (parallel.stage_layers), TP without sequence parallelism (with and without
+ * recomputation), and every message staged through host buffers (what a GPU backend does with
+ * parallel.comm: mpi; WLBTRAIN_COMM_STAGE=1 turns it on for the CPU backend). The ASan build runs a smaller matrix (the same code paths).
  *
  * AdamW's eps is 1e-3 here, not 1e-8: with a tiny eps the first updates are lr * sign(g), and a
  * gradient element a 10^-7 of its tensor's largest - whose sign the summation order decides - moves
@@ -278,11 +282,16 @@ static void test_extras(void **state)
     const char *wlb[] = {"balance.packer=wlb", NULL};
     ok &= check_layout(1, 4, 1, 1, fx.ref[1], wlb, "kv heads replicated (tp 4 > 2)");
     const char *interleaved[] = {"balance.packer=wlb", "parallel.virtual_stages=2", NULL};
-    ok &= check_layout(1, 1, 2, 1, fx.ref[1], interleaved, "interleaved, 2 virtual stages");
+    ok &= check_layout(1, 2, 2, 1, fx.ref[1], interleaved, "interleaved, 2 virtual stages");
     const char *zero[] = {"balance.packer=wlb", "parallel.zero=1", NULL};
-    ok &= check_layout(2, 1, 1, 2, fx.ref[1], zero, "ZeRO-1 over DP x CP");
+    ok &= check_layout(2, 2, 1, 2, fx.ref[1], zero, "ZeRO-1 over DP x CP");
     const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 2, 2, 1, fx.ref_tied, tied, "tied embeddings over 2 stages");
+    const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", NULL};
+    ok &= check_layout(2, 2, 2, 2, fx.ref[1], no_sp, "no sequence parallelism");
+    const char *no_sp_full[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
+                                "model.tie_embeddings=true", NULL};
+    ok &= check_layout(1, 4, 1, 2, fx.ref_tied, no_sp_full, "no sequence parallelism, full, tied");
     /* The path of a GPU backend with parallel.comm: mpi: every buffer copied through the host. */
     setenv("WLBTRAIN_COMM_STAGE", "1", 1);
     const char *staged[] = {"balance.packer=wlb", "parallel.zero=1", "model.tie_embeddings=true", NULL};
@@ -402,8 +411,8 @@ static void test_groups(void **state)
 }
 
 /* train.recompute recomputes with the same ops (collectives included under full): the same
- * tolerance as every layout; train.precision: bf16 (on the CPU the GPU's roundings emulated)
- * against one bf16 process: each layout sums in its own order before rounding, so the tolerance is
+ * tolerance as every layout; train.precision: bf16 (on the CPU the GPU's roundings emulated; the
+ * all-gathers carry bf16, also staged through host buffers) against one bf16 process: each layout sums in its own order before rounding, so the tolerance is
  * bf16's. */
 static void test_modes(void **state)
 {
@@ -412,9 +421,13 @@ static void test_modes(void **state)
     const char *full[] = {"balance.packer=wlb", "balance.cp_sharding=hybrid", "train.recompute=full", NULL};
     ok &= check_layout(1, 2, 2, 2, fx.ref[1], full, "recompute full");
     const char *selective[] = {"balance.packer=wlb", "train.recompute=selective", NULL};
-    ok &= check_layout(2, 1, 2, 1, fx.ref[1], selective, "recompute selective");
+    ok &= check_layout(2, 2, 2, 1, fx.ref[1], selective, "recompute selective");
     const char *bf16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
     ok &= check_layout_tol(1, 2, 1, 2, fx.ref_bf16, bf16, NULL, "bf16, per_doc", 1e-2);
+    /* The SP and K/V all-gathers carry 2-byte elements: staged through the host as a GPU's are. */
+    setenv("WLBTRAIN_COMM_STAGE", "1", 1);
+    ok &= check_layout_tol(1, 2, 2, 2, fx.ref_bf16, bf16, "WLBTRAIN_COMM_STAGE", "bf16, per_doc, staged", 1e-2);
+    unsetenv("WLBTRAIN_COMM_STAGE");
     assert_true(ok);
 }
 

@@ -96,6 +96,18 @@ static void check_memory(const char *metrics, const char *what)
                 peak[n - 1] >= 0.97 * predicted[n - 1]);
 }
 
+/* A run of n ranks that must succeed, then check_memory on its metrics. */
+static void run_checking_memory(int n, const char *const *args, const char *metrics, const char *what)
+{
+    CmdResult r;
+    run_mpi(&r, n, NULL, args);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    check_memory(metrics, what);
+}
+
 static void test_16_ranks_equal_one(void **state)
 {
     (void)state;
@@ -176,9 +188,10 @@ static void test_plan_mismatch_stops_job(void **state)
 
 /* The memory model on more layouts and modes: ZeRO-1 with a checkpoint each step (which allocates no
  * device memory: each rank streams its own shards through a host buffer), tied embeddings over two stages, bf16 with selective
- * recomputation, kv heads replicated over TP; interleaved stages with full recomputation; layers split
- * unevenly over the stages. And a
- * budget the layout does not fit: refused before training with one line, exit 2, nothing written. */
+ * recomputation, kv heads replicated over TP (sequence parallel, the default); interleaved stages
+ * with full recomputation; TP without sequence parallelism; layers split unevenly over
+ * the stages under TP with sequence parallelism. And a budget the layout does not fit:
+ * refused before training with one line, exit 2, nothing written. */
 static void test_memory_model_equals_allocations(void **state)
 {
     (void)state;
@@ -188,23 +201,17 @@ static void test_memory_model_equals_allocations(void **state)
                        "parallel.zero=1", "--set", ckpt, "--set", "checkpoint.every=1", "--set",
                        "model.tie_embeddings=true", "--set", "train.precision=bf16", "--set",
                        "train.recompute=selective", "--steps", "2", NULL};
-    run_mpi(&r, 8, NULL, a);
-    if (r.status != 0)
-        print_error("%s\n%s\n", r.out, r.err);
-    assert_int_equal(r.status, 0);
-    test_cmd_free(&r);
-    check_memory(metrics, "tp 4 (kv replicas), pp 2, ZeRO-1 + checkpoints, tied, bf16, selective");
+    run_checking_memory(8, a, metrics, "tp 4 (kv replicas), pp 2, ZeRO-1 + checkpoints, tied, bf16, selective");
     const char *b[] = {"--set", "parallel.dp=1", "--set", "parallel.tp=1", "--set", "parallel.virtual_stages=2",
                        "--set", "train.recompute=full", "--steps", "2", NULL};
-    run_mpi(&r, 4, NULL, b);
-    if (r.status != 0)
-        print_error("%s\n%s\n", r.out, r.err);
-    assert_int_equal(r.status, 0);
-    test_cmd_free(&r);
-    check_memory(metrics, "cp 2, pp 2 x 2 interleaved, full");
+    run_checking_memory(4, b, metrics, "cp 2, pp 2 x 2 interleaved, full");
+    const char *nosp[] = {"--set", "parallel.dp=1", "--set", "parallel.cp=1", "--set", "parallel.tp=2", "--set",
+                          "parallel.sequence_parallel=false", "--set", "train.recompute=full", "--steps", "2", NULL};
+    run_checking_memory(4, nosp, metrics, "tp 2, pp 2, no sequence parallelism, full");
     unlink(metrics);
-    /* Layers split unevenly: the memory model follows each stage's own layers. */
-    const char *uneven[] = {"--set", "parallel.dp=1", "--set", "parallel.tp=1", "--set", "parallel.stage_layers=[3, 1]",
+    /* Layers split unevenly: the memory model follows each stage's own layers (and, under TP, the
+     * stream's ceil(T / tp) rows of sequence parallelism). */
+    const char *uneven[] = {"--set", "parallel.dp=1", "--set", "parallel.cp=1", "--set", "parallel.stage_layers=[3, 1]",
                             "--steps", "2", NULL};
     run_mpi(&r, 4, NULL, uneven);
     if (r.status != 0)
@@ -212,9 +219,9 @@ static void test_memory_model_equals_allocations(void **state)
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "train: layers per stage [3, 1] (parallel.stage_layers: a list)"));
     test_cmd_free(&r);
-    check_memory(metrics, "cp 2, pp 2, layers [3, 1]");
+    check_memory(metrics, "tp 2 (sequence parallel), pp 2, layers [3, 1]");
     unlink(metrics);
-    const char *c[] = {"--set", "parallel.dp=1", "--set", "train.gpu_memory_gb=0.001", NULL};
+    const char *c[] = {"--set", "parallel.dp=1", "--set", "train.gpu_memory_gb=0.0001", NULL};
     run_mpi(&r, 8, NULL, c);
     assert_int_equal(r.status, 2);
     assert_non_null(strstr(r.err, "wlbtrain: error: train.gpu_memory_gb: the layout needs 0.0 GB on a rank of "

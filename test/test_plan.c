@@ -171,7 +171,7 @@ static void doc_starts(const Fixture *f, uint64_t *start)
     data_stream_free(&s);
 }
 
-/* What each packer does to documents, from the definitions (plan.h, README), over 20 steps:
+/* What each packer does to documents, from the definitions (plan.h, docs/planner.md), over 20 steps:
  *   cut   every piece lies inside one window of the stream (stream position of its first and last
  *         token in the same multiple of the window); fixed and fixed_greedy fill every window exactly.
  *   keep  every piece is a whole document, or a window-size piece of a longer one starting at a

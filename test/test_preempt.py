@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """test/test_preempt.py - time limits and preemption: a run stopped early writes a checkpoint, and
-resuming it gives the uninterrupted run bit for bit (README "Time limits and preemption").
+resuming it gives the uninterrupted run bit for bit (docs/slurm.md, "Time limits and preemption").
 
 Every multi-rank run is 4 ranks under mpirun (pp 2 x dp 2, the wlb packer), 12 steps, a checkpoint
 every 8 steps, so a stop (after steps 3 to 5 here) must save one of its own. "The same run" means:

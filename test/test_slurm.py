@@ -6,7 +6,7 @@ environment Slurm sets (SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_CPUS_PER_TASK
 and, for the srun scripts, an `srun` on PATH that records its flags and starts the ranks with
 mpirun. Each must train the tiny model on 2 ranks (dp: auto = 2) and pass the flags through.
 
-Time limits and preemption (README "Time limits and preemption"): each script asks Slurm for
+Time limits and preemption (docs/slurm.md, "Time limits and preemption"): each script asks Slurm for
 SIGUSR1 before the time limit (#SBATCH --signal=B:USR1@...) and allows requeueing (--requeue).
 Sent SIGUSR1 as Slurm would (to the batch shell) once training is under way, the script passes it
 to the ranks, which write a checkpoint and exit 75; the script then calls `scontrol requeue

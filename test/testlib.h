@@ -33,7 +33,11 @@ void test_assert_error(const CmdResult *r, const char *expect);
 
 /* Path of a file under ../shared/real-data (or $WLB_REAL_DATA), or NULL when it is absent: then
  * the caller skips with the message printed here. With CI set (test_in_ci) an absent file fails
- * the test instead: CI runs with ../shared beside the clone and must run every test. */
+ * the test instead: CI runs with ../shared beside the clone and must run every test.
+ * A user's clone has no ../shared, so the skip path is the one users run. cmocka's skip() leaves the
+ * test by longjmp: look the data up before the test allocates anything, or free what it holds
+ * before skipping, else LeakSanitizer fails the test there. test/run.sh runs these tests a second
+ * time without the real data to keep that path honest. */
 const char *test_real_data(const char *rel);
 #define SKIP_WITHOUT_REAL_DATA(var, rel)          \
     const char *var = test_real_data(rel);        \

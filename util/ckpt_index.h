@@ -1,7 +1,7 @@
 /*
  * util/ckpt_index.h - reading the index.json of a sharded checkpoint (engine/train/train_ckpt.c has
  * the format; rank 0 writes it from the config alone, train_ckpt_index.c): by a resume on any layout
- * and by `wlbtrain export`.
+ * and by `wlbtrain export`; and, for both, which step folder a path a user gives names.
  *
  * The reader checks the index before anything is used (its version, the layout, every file name,
  * every chunk's moment shards partitioning its parameter vector, every tensor's blocks inside it and
@@ -69,6 +69,14 @@ typedef struct CkptIndex {
 
 /* The name of the shard file of TP rank tp, pipeline rank pp, DP x CP rank dpcp. */
 void ckpt_shard_file(char *buf, size_t size, int tp, int pp, int dpcp);
+/* 1 when name is a checkpoint's step folder name, step-NNNNNNNN. */
+int ckpt_is_step_name(const char *name);
+/* The step folder that path names (*step, malloc'd), as a resume and `wlbtrain export` take it:
+ * a checkpoint folder (checkpoint.dir: the step its `latest` names), that `latest` file itself, or
+ * a step folder (one with an index.json; what is wrong inside it, reading it says). Anything else
+ * (a missing path, another file, a folder with neither latest nor index.json, a latest that names
+ * no step-NNNNNNNN folder) is an Error. */
+int ckpt_step_folder(const char *path, char **step, Error *err);
 
 /* Reads and checks dir/index.json. */
 int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err);

@@ -50,6 +50,20 @@ int error_errno(Error *err, const char *where, const char *what)
     return error_runtime(err, where, "%s: %s", what, strerror(e));
 }
 
+void error_append(Error *err, const char *fmt, ...)
+{
+    if (!err || !err->status)
+        return;
+    size_t n = strlen(err->msg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg + n, sizeof err->msg - n, fmt, ap);
+    va_end(ap);
+    for (char *p = err->msg + n; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+}
+
 noreturn void error_exit(const Error *err)
 {
     fflush(stdout);

@@ -42,6 +42,9 @@ int error_runtime(Error *err, const char *where, const char *fmt, ...)
  * input (ENOENT, EACCES, EISDIR, ENOTDIR), else 1. Always returns -1. */
 int error_errno(Error *err, const char *where, const char *what);
 
+/* Adds to the message of an error already set (how to fix it, say); nothing when none is set. */
+void error_append(Error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Prints "wlbtrain: error: MSG" on stderr and exits with err->status (1 if none was set). */
 WLB_NORETURN void error_exit(const Error *err);
 

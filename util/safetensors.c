@@ -24,8 +24,9 @@ static uint64_t load_le(const unsigned char *p, int bytes)
     return v;
 }
 
+/* One tensor's entry; its bytes [*begin, *end) of the data section are checked to lie inside it. */
 static int parse_entry(StTensor *t, const char *name, json_t *e, uint64_t data_size, const unsigned char *data,
-                       const char *path, Error *err)
+                       uint64_t *begin, uint64_t *end, const char *path, Error *err)
 {
     json_t *dt = json_object_get(e, "dtype"), *shape = json_object_get(e, "shape"),
            *off = json_object_get(e, "data_offsets");
@@ -55,15 +56,71 @@ static int parse_entry(StTensor *t, const char *name, json_t *e, uint64_t data_s
     json_t *b = json_array_get(off, 0), *e2 = json_array_get(off, 1);
     if (!json_is_integer(b) || !json_is_integer(e2) || json_integer_value(b) < 0 ||
         json_integer_value(e2) < json_integer_value(b) || (uint64_t)json_integer_value(e2) > data_size)
-        return error_set(err, path, "tensor %s: data_offsets outside the file's %llu data bytes", name,
-                         (unsigned long long)data_size);
-    uint64_t bytes = (uint64_t)(json_integer_value(e2) - json_integer_value(b));
-    if (bytes != (uint64_t)t->numel * (uint64_t)dtypes[d].size)
-        return error_set(err, path, "tensor %s: %llu bytes for %lld elements of %s", name, (unsigned long long)bytes,
-                         (long long)t->numel, dtypes[d].name);
-    t->data = data + json_integer_value(b);
+        return error_set(err, path, "tensor %s: data_offsets outside the file's %llu data bytes (after its 8-byte "
+                         "length and JSON header)", name, (unsigned long long)data_size);
+    *begin = (uint64_t)json_integer_value(b);
+    *end = (uint64_t)json_integer_value(e2);
+    if (*end - *begin != (uint64_t)t->numel * (uint64_t)dtypes[d].size)
+        return error_set(err, path, "tensor %s: %llu bytes for %lld elements of %s", name,
+                         (unsigned long long)(*end - *begin), (long long)t->numel, dtypes[d].name);
+    t->data = data + *begin;
     t->name = strdup(name);
     return t->name ? 0 : error_runtime(err, path, "out of memory");
+}
+
+int st_sniff(const unsigned char *p, uint64_t size, char *why, size_t why_size)
+{
+    uint64_t n = size >= 8 ? load_le(p, 8) : 0;
+    if (size < 10)
+        snprintf(why, why_size, "%llu bytes, too few for a length and a JSON header", (unsigned long long)size);
+    else if (n > size - 8)
+        snprintf(why, why_size, "its first 8 bytes, read as the length of a JSON header, point past the end of the "
+                 "file (%llu bytes)", (unsigned long long)size);
+    else if (n < 2)
+        snprintf(why, why_size, "its first 8 bytes give a JSON header of %llu bytes, too short for one",
+                 (unsigned long long)n);
+    else if (p[8] != '{')
+        snprintf(why, why_size, "its JSON header does not start with '{' (byte 8 is 0x%02x)", p[8]);
+    else
+        return 1;
+    return 0;
+}
+
+/* The bytes [begin, end) of the data section that tensor `tensor` holds. */
+typedef struct StSpan {
+    uint64_t begin, end;
+    int tensor;
+} StSpan;
+
+static int by_begin(const void *a, const void *b)
+{
+    const StSpan *x = a, *y = b;
+    return x->begin != y->begin ? (x->begin < y->begin ? -1 : 1) : (x->end > y->end) - (x->end < y->end);
+}
+
+/* The format's rule (Hugging Face's reader refuses any other file): the tensors' bytes, in the
+ * order of their offsets, follow one another from the start of the data section to its end - no
+ * tensor shares a byte with another, no byte belongs to none. */
+static int check_tiling(const StFile *f, StSpan *spans, uint64_t data_size, const char *path, Error *err)
+{
+    qsort(spans, (size_t)f->n_tensors, sizeof *spans, by_begin);
+    uint64_t at = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const StSpan *s = &spans[i];
+        if (s->begin < at)
+            return error_set(err, path, "tensor %s: bytes [%llu, %llu) overlap tensor %s's [%llu, %llu)",
+                             f->tensors[s->tensor].name, (unsigned long long)s->begin, (unsigned long long)s->end,
+                             f->tensors[spans[i - 1].tensor].name, (unsigned long long)spans[i - 1].begin,
+                             (unsigned long long)spans[i - 1].end);
+        if (s->begin > at)
+            return error_set(err, path, "data bytes [%llu, %llu) belong to no tensor (before %s)",
+                             (unsigned long long)at, (unsigned long long)s->begin, f->tensors[s->tensor].name);
+        at = s->end;
+    }
+    if (at != data_size)
+        return error_set(err, path, "the tensors hold %llu of the file's %llu data bytes (truncated, or extended?)",
+                         (unsigned long long)at, (unsigned long long)data_size);
+    return 0;
 }
 
 int st_open(StFile *f, const char *path, Error *err)
@@ -71,28 +128,25 @@ int st_open(StFile *f, const char *path, Error *err)
     memset(f, 0, sizeof *f);
     if (file_map(path, &f->map, err) != 0)
         return -1;
-    if (f->map.size < 8) {
+    char why[160];
+    if (!st_sniff(f->map.data, f->map.size, why, sizeof why)) {
         st_close(f);
-        return error_set(err, path, "not a safetensors file (%llu bytes)", (unsigned long long)f->map.size);
+        return error_set(err, path, "not a safetensors file: %s", why);
     }
     uint64_t n = load_le(f->map.data, 8);
-    if (n > f->map.size - 8 || n < 2 || f->map.data[8] != '{') {
-        st_close(f);
-        return error_set(err, path, "not a safetensors file (header of %llu bytes in a file of %llu)",
-                         (unsigned long long)n, (unsigned long long)f->map.size);
-    }
     json_error_t je;
-    json_t *root = json_loadb((const char *)f->map.data + 8, (size_t)n, 0, &je);
+    json_t *root = json_loadb((const char *)f->map.data + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
     if (!root || !json_is_object(root)) {
         json_decref(root);
         st_close(f);
-        return error_set(err, path, "safetensors header is not a JSON object: %s", je.text);
+        return error_set(err, path, "safetensors header is not a JSON object%s%s", root ? "" : ": ", root ? "" : je.text);
     }
     size_t count = json_object_size(root);
+    StSpan *spans = calloc(count + 1, sizeof *spans);
     f->tensors = calloc(count + 1, sizeof *f->tensors);
     f->meta_keys = calloc(count + 1, sizeof *f->meta_keys);
     f->meta_values = calloc(count + 1, sizeof *f->meta_values);
-    int rc = f->tensors && f->meta_keys && f->meta_values ? 0 : error_runtime(err, path, "out of memory");
+    int rc = spans && f->tensors && f->meta_keys && f->meta_values ? 0 : error_runtime(err, path, "out of memory");
     const char *key;
     json_t *val;
     const unsigned char *data = f->map.data + 8 + n;
@@ -127,11 +181,16 @@ int st_open(StFile *f, const char *path, Error *err)
             }
             continue;
         }
-        rc = parse_entry(&f->tensors[f->n_tensors], key, val, data_size, data, path, err);
+        StSpan *sp = &spans[f->n_tensors];
+        rc = parse_entry(&f->tensors[f->n_tensors], key, val, data_size, data, &sp->begin, &sp->end, path, err);
+        sp->tensor = f->n_tensors;
         if (rc == 0)
             f->n_tensors++;
     }
     json_decref(root);
+    if (rc == 0)
+        rc = check_tiling(f, spans, data_size, path, err);
+    free(spans);
     if (rc != 0)
         st_close(f);
     return rc;

@@ -3,8 +3,13 @@
  *
  * Layout: u64 little-endian N, then N bytes of JSON {name: {"dtype": D, "shape": [...],
  * "data_offsets": [begin, end]}, ..., "__metadata__": {key: string}}, then the tensor bytes;
- * offsets count from the byte after the JSON. The reader maps the file and checks every entry
- * (dtype known, size = product of the shape x dtype size, inside the data) before use.
+ * offsets count from the byte after the JSON: the data section is the file's last size - 8 - N
+ * bytes. The reader maps the file and checks every entry before use: N inside the file, the header
+ * one JSON object without repeated names, each tensor's dtype known, its size the product of its
+ * shape (each side at most 2^40, the product at most 2^46) x the dtype's size, its [begin, end)
+ * inside the data section; and, as the format requires (Hugging Face's reader refuses anything
+ * else), the tensors in the order of their offsets fill the data section exactly, one after the
+ * other - no overlap, no gap, nothing after the last.
  */
 #ifndef WLB_UTIL_SAFETENSORS_H
 #define WLB_UTIL_SAFETENSORS_H
@@ -37,6 +42,9 @@ typedef struct StFile {
 } StFile;
 
 int st_open(StFile *f, const char *path, Error *err);
+/* 1 when the first bytes of a file of `size` bytes at p are a safetensors file's: an 8-byte length
+ * N of at least 2 that fits in the file, then '{'. Else 0, and why (one phrase) in why. */
+int st_sniff(const unsigned char *p, uint64_t size, char *why, size_t why_size);
 void st_close(StFile *f);
 const StTensor *st_find(const StFile *f, const char *name);
 const char *st_meta(const StFile *f, const char *key);

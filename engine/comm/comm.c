@@ -23,14 +23,29 @@ int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err
     return n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err);
 }
 
-int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
+int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt, Error *err)
 {
-    return c->impl->allgatherv(c, g, send, recv, counts, err);
+    return c->impl->allgatherv(c, g, send, recv, counts, dt, err);
 }
 
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
     return c->impl->reduce_scatterv(c, g, send, recv, counts, err);
+}
+
+int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
+{
+    return c->impl->allgather(c, g, send, recv, n, dt, err);
+}
+
+int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
+{
+    return c->impl->reduce_scatter(c, g, send, recv, n, err);
+}
+
+size_t comm_elem_bytes(const Comm *c, Dt dt)
+{
+    return dt == DT_ACT && c->ops ? c->ops->act_bytes : sizeof(float);
 }
 
 int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,

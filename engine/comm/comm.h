@@ -62,9 +62,12 @@ struct CommImpl {
     int (*open)(Comm *c, Error *err);
     void (*close)(Comm *c);
     int (*allreduce_sum)(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err);
-    int (*allgatherv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err);
+    int (*allgatherv)(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt,
+                      Error *err);
     int (*reduce_scatterv)(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
                            Error *err);
+    int (*allgather)(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
+    int (*reduce_scatter)(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err);
     int (*isend)(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
                  Error *err);
     int (*wait)(const Comm *c, CommRequest *req, Error *err);
@@ -99,13 +102,27 @@ int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err
 int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err);
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err);
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err);
-/* recv = the group's send buffers one after the other, counts[i] elements from group rank i.
+/* recv = the group's send buffers one after the other, counts[i] elements of dtype dt from group
+ * rank i (DT_ACT: the compute dtype; a gather only copies, so any dtype travels as it is).
  * send NULL: this rank's part is already in place in recv. */
-int comm_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err);
+int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt,
+                    Error *err);
 /* Sums the group's send buffers, each laid out as counts[0] elements for group rank 0, then
  * counts[1] for rank 1, ...; this rank gets the sum of its part in recv. */
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
                          Error *err);
+/* The equal-count forms (sequence parallelism's exchanges over TP), each one collective of the
+ * path (MPI_Allgather / ncclAllGather, MPI_Reduce_scatter_block / ncclReduceScatter):
+ * comm_allgather: recv = n elements of dtype dt from every group rank, in group-rank order (DT_ACT:
+ * the backend's compute dtype, 2 bytes for bf16; the gather only copies, so the elements travel as
+ * they are). send NULL: this rank's part is already in place in recv.
+ * comm_reduce_scatter: sums the group's float32 send buffers, each n elements for group rank 0,
+ * then n for rank 1, ...; recv (not inside send) gets this rank's n sums. */
+int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
+int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err);
+/* Bytes of one element of dt on c's backend (4 for DT_F32; the compute dtype's for DT_ACT, 4 with
+ * host memory). */
+size_t comm_elem_bytes(const Comm *c, Dt dt);
 /* recv = n doubles from every group rank, in group-rank order. */
 int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err);
 int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t bytes, Error *err);

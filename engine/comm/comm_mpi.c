@@ -242,11 +242,23 @@ static int displs(const Comm *c, LayoutGroup g, const int64_t *counts, int *cnt,
     return 0;
 }
 
-static int mpi_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
+/* An element of dt as MPI sees it: the all-gathers copy bytes, so a 2-byte compute dtype travels
+ * as 16-bit integers. */
+static MPI_Datatype elem_type(size_t bytes) { return bytes == 2 ? MPI_UINT16_T : MPI_FLOAT; }
+
+/* Host staging room for `bytes` in c->host (and c->host2). */
+static int stage_bytes(Comm *c, int64_t bytes, Error *err)
 {
+    return stage_room(c, (bytes + (int64_t)sizeof(float) - 1) / (int64_t)sizeof(float), err);
+}
+
+static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt,
+                          Error *err)
+{
+    size_t e = comm_elem_bytes(c, dt);
     if (alone(c, g)) {
         if (send && counts[0] && recv != send)
-            c->ops ? c->ops->copy(recv, send, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * sizeof *recv);
+            c->ops ? ops_cast(c->ops, recv, dt, send, dt, counts[0]) : (void)memmove(recv, send, (size_t)counts[0] * e);
         return 0;
     }
     int cnt[4096], dsp[4096];
@@ -255,16 +267,20 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const float *send, float *recv
     if (c->stage) {
         /* Everything through the host: this rank's part in place, then the whole result back. */
         int64_t n = total(counts, c->size[g]), mine = dsp[c->rank[g]];
-        if (stage_room(c, n, err) != 0)
+        if (stage_bytes(c, n * (int64_t)e, err) != 0)
             return -1;
-        to_host(c, c->host + mine, send ? send : recv + mine, counts[c->rank[g]]);
-        CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, c->host, cnt, dsp, MPI_FLOAT, group_comm(c, g)),
+        char *host = (char *)c->host;
+        size_t part = (size_t)counts[c->rank[g]] * e;
+        if (part)
+            c->ops->to_host(host + (size_t)mine * e, send ? send : (const char *)recv + (size_t)mine * e, part);
+        CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, elem_type(e), host, cnt, dsp, elem_type(e), group_comm(c, g)),
               "MPI_Allgatherv");
-        to_device(c, recv, c->host, n);
+        if (n)
+            c->ops->to_device(recv, host, (size_t)n * e);
         return 0;
     }
-    const void *from = send ? (const void *)send : MPI_IN_PLACE;
-    CHECK(MPI_Allgatherv(from, cnt[c->rank[g]], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, group_comm(c, g)),
+    const void *from = send ? send : MPI_IN_PLACE;
+    CHECK(MPI_Allgatherv(from, cnt[c->rank[g]], elem_type(e), recv, cnt, dsp, elem_type(e), group_comm(c, g)),
           "MPI_Allgatherv");
     return 0;
 }
@@ -303,6 +319,59 @@ static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float 
         return 0;
     }
     CHECK(MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+    return 0;
+}
+
+static int mpi_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
+{
+    size_t e = comm_elem_bytes(c, dt);
+    int me = c->rank[g];
+    if (alone(c, g)) {
+        if (send && n && recv != send)
+            c->ops ? ops_cast(c->ops, recv, dt, send, dt, n) : (void)memmove(recv, send, (size_t)n * e);
+        return 0;
+    }
+    if (count_ok(n, "allgather", err) != 0 || count_ok(n * c->size[g], "allgather", err) != 0)
+        return -1;
+    size_t part = (size_t)n * e;
+    if (c->stage) {
+        /* This rank's part in place in the host buffer, then the whole result back. */
+        if (stage_bytes(c, (int64_t)part * c->size[g], err) != 0)
+            return -1;
+        char *host = (char *)c->host;
+        if (part)
+            c->ops->to_host(host + part * (size_t)me, send ? send : (const char *)recv + part * (size_t)me, part);
+        CHECK(MPI_Allgather(MPI_IN_PLACE, 0, elem_type(e), host, (int)n, elem_type(e), group_comm(c, g)),
+              "MPI_Allgather");
+        if (part)
+            c->ops->to_device(recv, host, part * (size_t)c->size[g]);
+        return 0;
+    }
+    const void *from = send ? send : MPI_IN_PLACE;
+    CHECK(MPI_Allgather(from, (int)n, elem_type(e), recv, (int)n, elem_type(e), group_comm(c, g)), "MPI_Allgather");
+    return 0;
+}
+
+static int mpi_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
+{
+    if (alone(c, g)) {
+        if (n && recv != send)
+            c->ops ? c->ops->copy(recv, send, n) : (void)memmove(recv, send, (size_t)n * sizeof *recv);
+        return 0;
+    }
+    if (count_ok(n, "reduce_scatter", err) != 0 || count_ok(n * c->size[g], "reduce_scatter", err) != 0)
+        return -1;
+    if (c->stage) {
+        if (stage_room(c, n * c->size[g], err) != 0)
+            return -1;
+        to_host(c, c->host, send, n * c->size[g]);
+        CHECK(MPI_Reduce_scatter_block(c->host, c->host2, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
+              "MPI_Reduce_scatter_block");
+        to_device(c, recv, c->host2, n);
+        return 0;
+    }
+    CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
+          "MPI_Reduce_scatter_block");
     return 0;
 }
 
@@ -384,6 +453,8 @@ const CommImpl comm_mpi = {
     .allreduce_sum = mpi_allreduce_sum,
     .allgatherv = mpi_allgatherv,
     .reduce_scatterv = mpi_reduce_scatterv,
+    .allgather = mpi_allgather,
+    .reduce_scatter = mpi_reduce_scatter,
     .isend = mpi_isend,
     .wait = mpi_wait,
     .recv = mpi_recv,

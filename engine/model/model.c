@@ -90,6 +90,7 @@ void model_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
     d->tp = tp;
     d->tp_rank = tr;
     d->cp = p ? p->cp : 1;
+    d->sp = p && p->sequence_parallel && tp > 1;
     d->layer_begin = p ? p->layer_begin : 0;
     d->layer_end = p ? p->layer_end : d->n_layers;
     d->has_embed = g == 0;
@@ -107,6 +108,11 @@ void model_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
         d->kv_replicas = tp / d->n_kv_heads;
         d->kv_head0 = tr / d->kv_replicas;
     }
+}
+
+int64_t model_rows(const ModelDims *d, int64_t T)
+{
+    return d->sp ? (T + d->tp - 1) / d->tp : T;
 }
 
 /* The rank's tensor table (no parameter memory yet): m->tensors, m->n_tensors, m->n_params. */

@@ -15,6 +15,18 @@
  *       fewer of them than TP ranks. The embedding and the output projection are split by
  *       vocabulary rows; the cross-entropy reduces its max, sum and target logit over TP. The
  *       gradients of the layer inputs are all-reduced over TP.
+ *   SP  sequence parallelism (parallel.sequence_parallel, with tp > 1): the residual stream, both
+ *       RMSNorms and what they keep live on 1/tp of the rows. The chunk's T rows (the CP rank's) are
+ *       padded to Tp = tp ceil(T / tp); TP rank r holds rows [r Tp / tp, (r + 1) Tp / tp). The
+ *       normed rows are all-gathered over TP before the column-parallel products, whose outputs
+ *       (heads, FFN columns) cover all T rows as without SP; the row-parallel products' partial sums
+ *       are reduce-scattered instead of all-reduced; the backward mirrors both (the gradient of the
+ *       residual all-gathered before the row-parallel products' backward, the input gradients
+ *       reduce-scattered, the kept normed rows all-gathered again for the weight gradients). The
+ *       embedding reduce-scatters, the head all-gathers the normed rows. Padding rows (at most
+ *       tp - 1, on the last TP ranks) are zero throughout: no product, attention or loss reads
+ *       them. The norms' weight gradients are then partial sums over each rank's rows: the trainer
+ *       sums them over TP.
  *   CP  a rank computes its own rows of the micro-batch; before attention the K and V rows of the
  *       documents that are sharded are all-gathered over CP into a buffer in micro-batch
  *       coordinates, and their gradients are reduce-scattered back in the backward.
@@ -68,6 +80,7 @@ typedef struct ModelDims {
     int tied;
     int layer_begin, layer_end, has_embed, has_head; /* this chunk */
     int tp, tp_rank, cp;
+    int sp;              /* sequence parallelism on (tp > 1 and parallel.sequence_parallel) */
     int local_heads, local_kv_heads, local_ffn, kv_head0, kv_replicas;
     int64_t vocab0, local_vocab; /* this rank's vocabulary rows */
 } ModelDims;
@@ -80,23 +93,26 @@ typedef struct ModelParallel {
     int tp, tp_rank, cp, chunk, n_chunks;
     int layer_begin, layer_end;
     Comm *comm;
+    int sequence_parallel; /* parallel.sequence_parallel (takes effect with tp > 1) */
 } ModelParallel;
 
 /* What a layer's backward needs from its forward. Act arrays are in the backend's compute dtype
  * (bf16 on the GPU), the rest float32: rstd and lse are statistics of a sum, y is the residual
  * stream (kept in float32 so that every layer adds to the full-precision sum). Under
  * train.recompute some of them are not kept per layer but recomputed in the backward into the
- * model's scratch (model_memory lists which). */
+ * model's scratch (model_memory lists which). Rows: T the CP rank's rows of the micro-batch, R
+ * those of its residual stream on this TP rank (T, or with SP ceil(T / tp): model_rows), T_mb the
+ * micro-batch's. */
 typedef struct LayerActs {
-    Act *a;             /* rmsnorm(x), the input of the Q/K/V product      [T, d] */
-    float *rstd1;       /*                                                  [T] */
+    Act *a;             /* rmsnorm(x), the input of the Q/K/V product      [R, d] */
+    float *rstd1;       /*                                                  [R] */
     Act *qkv;           /* q | k | v after RoPE on q and k                  [T, q + k + v] */
     Act *k_mb, *v_mb;   /* with CP: K and V in micro-batch rows             [T_mb, k] */
     Act *att;           /* attention output                                 [T, q] */
     float *lse;         /* its log-sum-exp per row and head                 [T, heads] */
-    float *y;           /* x + the attention block                          [T, d] */
-    Act *b;             /* rmsnorm(y), the input of the gate/up product     [T, d] */
-    float *rstd2;       /*                                                  [T] */
+    float *y;           /* x + the attention block                          [R, d] */
+    Act *b;             /* rmsnorm(y), the input of the gate/up product     [R, d] */
+    float *rstd2;       /*                                                  [R] */
     Act *gu;            /* gate | up                                        [T, 2 ffn] */
     Act *s;             /* silu(gate) * up, the input of the down product   [T, ffn] */
 } LayerActs;
@@ -104,13 +120,13 @@ typedef struct LayerActs {
 /* The activations of one micro-batch in flight (1F1B keeps up to pp of them). */
 typedef struct ModelSlot {
     int64_t cap, cap_mb;
-    float **h;          /* n + 1 residual buffers [T, d]: h[0] the chunk input, h[i + 1] the output of
+    float **h;          /* n + 1 residual buffers [R, d]: h[0] the chunk input, h[i + 1] the output of
                          * its layer i (h[n] the chunk's output, or the final norm's input) */
     LayerActs *layers;  /* per layer: the slot's own arrays, or the model's scratch where recomputed */
-    Act *hn;            /* last chunk: the final norm's output                 [T, d] */
-    float *rstd_f;      /*                                                     [T] */
-    float *dhn;         /* last chunk: the gradient of hn                      [T, d] */
-    float *dx;          /* not the first chunk: the gradient of its input     [T, d] (to send back) */
+    Act *hn;            /* last chunk: the final norm's output                 [R, d] */
+    float *rstd_f;      /*                                                     [R] */
+    float *dhn;         /* last chunk: the gradient of hn                      [R, d] */
+    float *dx;          /* not the first chunk: the gradient of its input     [R, d] (to send back) */
 } ModelSlot;
 
 /* One K/V exchange of a micro-batch (CP): the aligned block of CP ranks [first, first + size) with
@@ -165,8 +181,11 @@ typedef struct Model {
     /* Scratch shared by the slots (one op at a time), for up to cap rows / cap_mb micro-batch rows. */
     int64_t cap, cap_mb;
     LayerActs rc;          /* the arrays train.recompute does not keep per layer, one layer's worth */
-    float *dh, *tmp, *g32; /* gradient of the residual stream, TP partial sums, [T, max(ffn, qkv)] */
+    float *dh, *tmp, *g32; /* gradient of the residual stream [R, d], TP partial sums [Tp, d] (Tp: T
+                            * padded to a multiple of tp with SP, else T), [T, max(ffn, qkv)] */
     Act *dh_act, *dgu, *datt, *dqkv;
+    Act *sp_full;          /* SP: rows all-gathered over TP (normed rows, dh_act, hn)  [Tp, d] */
+    float *sp_part;        /* SP: this rank's rows of an input gradient, reduce-scattered [R, d] */
     float *dk_mb, *dv_mb, *xfer, *xfer2;      /* CP: dK, dV in micro-batch rows; the exchange */
     float *logits;                            /* a block of rows of logits */
     Act *dlogits;                             /* their gradient */
@@ -214,7 +233,7 @@ const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer)
 void model_tensor_name(ModelTensorKind kind, int layer, char *buf, size_t size);
 const ModelTensor *model_tensor_by_name(const Model *m, const char *name);
 
-/* Forward of the chunk on a micro-batch into slot. h_in: the chunk input [T, d] (NULL on the first
+/* Forward of the chunk on a micro-batch into slot. h_in: the chunk input [R, d] (NULL on the first
  * chunk). On the last chunk the output projection runs a block of rows at a time, and with train its
  * backward too, so logits never outlive a chunk: *loss_sum gets the sum of the token losses of this
  * rank's rows, and the gradients dloss times their derivative. On other chunks the output waits in
@@ -229,6 +248,11 @@ float *model_output(const Model *m, int slot);
 float *model_input_grad(const Model *m, int slot);
 /* The logits of one row (host memory, vocab floats), one process only: generation and tests. */
 int model_predict(Model *m, const ModelBatch *b, int64_t row, float *logits, Error *err);
+
+/* The rows of the residual stream of a micro-batch of T rows (a CP rank's) on this TP rank: T, or
+ * with sequence parallelism ceil(T / tp) (the stream's rows padded to a multiple of tp). Chunk
+ * inputs, outputs and their gradients (model_output, model_input_grad) have this many rows. */
+int64_t model_rows(const ModelDims *d, int64_t T);
 
 /* Room for T rows (and T_mb micro-batch rows with CP) in slot and in the scratch, grown on demand;
  * out of memory is an Error that says how much was needed, how much is free and which keys would

@@ -13,8 +13,11 @@
  * every rank whose queries read it: the shares are reduce-scattered over CP, each rank receiving
  * the sum for its own sharded rows - the transpose of the all-gather.
  *
- * Message layout for CP rank r: its n_r rows of K, then its n_r rows of V (2 n_r lkv floats; K and
- * V are converted from the compute dtype to float32 for the message, which is exact).
+ * Message layout for CP rank r: its n_r rows of K, then its n_r rows of V (2 n_r lkv elements).
+ * The all-gather carries K and V as they are, in the compute dtype (bf16 under train.precision:
+ * bf16: half the bytes of float32, and nothing lost, for attention reads that dtype anyway). The
+ * reduce-scatter of dK, dV forms sums, so it travels in float32, as attention accumulates them: a
+ * share rounded to bf16 before the sum would lose what the float32 sum keeps.
  *
  * With sharding groups a document is sharded over an aligned block of CP ranks, and blocks nest
  * (the tree of plan.h): a rank exchanges in each block above it that holds sharded
@@ -64,19 +67,21 @@ static int gather_one(Model *m, LayerActs *a, const CpExchange *x, const Act *k,
         return 0;
     if (exchange_group(m, x, &g, err) != 0)
         return -1;
-    /* The message travels in float32 (exact for the compute dtype). */
-    o->copy_rows(m->xfer, DT_F32, lkv, NULL, k, DT_ACT, Q, x->send_rows, x->n_send, lkv);
-    o->copy_rows(m->xfer + x->n_send * lkv, DT_F32, lkv, NULL, v, DT_ACT, Q, x->send_rows, x->n_send, lkv);
+    /* The message travels in the compute dtype (xfer, xfer2 hold it: float32 room is enough). */
+    Act *send = (Act *)m->xfer, *recv = (Act *)m->xfer2;
+    o->copy_rows(send, DT_ACT, lkv, NULL, k, DT_ACT, Q, x->send_rows, x->n_send, lkv);
+    o->copy_rows(ops_act(o, send, x->n_send * lkv), DT_ACT, lkv, NULL, v, DT_ACT, Q, x->send_rows, x->n_send, lkv);
     double t0 = clock_seconds();
-    int rc = comm_allgatherv(m->comm, g, m->xfer, m->xfer2, counts, err);
+    int rc = comm_allgatherv(m->comm, g, send, recv, counts, DT_ACT, err);
     m->comm_s += clock_seconds() - t0;
     if (rc != 0)
         return -1;
     int64_t at = 0, row = 0;
     for (int r = 0; r < x->size; r++) {
         int64_t n = x->recv_counts[r];
-        o->copy_rows(a->k_mb, DT_ACT, lkv, x->recv_rows + row, m->xfer2 + at, DT_F32, lkv, NULL, n, lkv);
-        o->copy_rows(a->v_mb, DT_ACT, lkv, x->recv_rows + row, m->xfer2 + at + n * lkv, DT_F32, lkv, NULL, n, lkv);
+        o->copy_rows(a->k_mb, DT_ACT, lkv, x->recv_rows + row, ops_act(o, recv, at), DT_ACT, lkv, NULL, n, lkv);
+        o->copy_rows(a->v_mb, DT_ACT, lkv, x->recv_rows + row, ops_act(o, recv, at + n * lkv), DT_ACT, lkv, NULL, n,
+                     lkv);
         at += 2 * n * lkv;
         row += n;
     }

@@ -16,6 +16,11 @@
  * The rows go through in blocks (model_head_chunk) so that [T, V] logits never exist at once; the
  * logits are float32 (the loss is a difference of large numbers), their gradient is in the compute
  * dtype for the two products that read it.
+ *
+ * With sequence parallelism (model_sp.c) the stream has this rank's R rows: the embedding's partial
+ * rows are reduce-scattered onto them instead of all-reduced (and its backward all-gathers the
+ * gradient first); the head all-gathers the normed rows, computes the logits of all T rows as
+ * above, and reduce-scatters the partial gradient dz W of all of them onto the R rows of dhn.
  */
 #include <math.h>
 
@@ -24,14 +29,23 @@
 int model_embed_fwd(Model *m, float *h, const ModelBatch *b, Error *err)
 {
     const ModelDims *d = &m->dims;
-    m->ops->embedding_fwd(h, b->tokens, b->T, model_param(m, T_EMBED, -1), d->vocab0, d->local_vocab, d->d);
+    float *rows = d->sp ? m->tmp : h;
+    m->ops->embedding_fwd(rows, b->tokens, b->T, model_param(m, T_EMBED, -1), d->vocab0, d->local_vocab, d->d);
+    if (d->sp)
+        return model_sp_scatter(m, m->tmp, b->T, h, err);
     return model_tp_allreduce(m, h, b->T * d->d, err);
 }
 
-void model_embed_bwd(Model *m, const float *dh, const ModelBatch *b)
+int model_embed_bwd(Model *m, const float *dh, const ModelBatch *b, Error *err)
 {
     const ModelDims *d = &m->dims;
+    if (d->sp) {
+        if (model_sp_gather(m, dh, DT_F32, b->T, m->tmp, err) != 0)
+            return -1;
+        dh = m->tmp;
+    }
     m->ops->embedding_bwd(model_grad(m, T_EMBED, -1), b->tokens, dh, b->T, d->vocab0, d->local_vocab, d->d);
+    return 0;
 }
 
 /* Rows [r, r + n) of the slot: logits, the loss of each row with a target, and with train their
@@ -82,17 +96,27 @@ int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float
     int64_t chunk = model_head_chunk(m), V = d->local_vocab;
     float *dw_out = model_grad(m, T_HEAD, -1);
     const Act *w_out = model_weight(m, T_HEAD, -1);
+    /* With SP: all T normed rows in sp_full, their partial gradients in tmp. */
+    const Act *hn = s->hn;
+    float *dhn_all = d->sp ? m->tmp : s->dhn;
+    if (d->sp) {
+        if (model_sp_gather(m, s->hn, DT_ACT, b->T, m->sp_full, err) != 0)
+            return -1;
+        hn = m->sp_full;
+    }
     for (int64_t r = 0; r < b->T; r += chunk) {
         int64_t n = b->T - r < chunk ? b->T - r : chunk;
-        if (head_rows(m, b, s->hn, r, n, train, dloss, loss_sum, err) != 0)
+        if (head_rows(m, b, hn, r, n, train, dloss, loss_sum, err) != 0)
             return -1;
         if (!train)
             continue;
-        float *dhn = s->dhn + r * d->d;
-        o->matmul_bwd_dw(dw_out, m->dlogits, ops_act(o, s->hn, r * d->d), n, d->d, V);
+        float *dhn = dhn_all + r * d->d;
+        o->matmul_bwd_dw(dw_out, m->dlogits, ops_act(o, hn, r * d->d), n, d->d, V);
         o->matmul_bwd_dx(mat_f32(dhn), m->dlogits, w_out, n, d->d, V);
-        if (model_tp_allreduce(m, dhn, n * d->d, err) != 0)
+        if (!d->sp && model_tp_allreduce(m, dhn, n * d->d, err) != 0)
             return -1;
     }
+    if (train && d->sp)
+        return model_sp_scatter(m, m->tmp, b->T, s->dhn, err);
     return 0;
 }

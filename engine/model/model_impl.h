@@ -1,11 +1,12 @@
 /*
  * engine/model/model_impl.h - what the model's source files share (model_pass.c, model_head.c,
- * model_cp.c); not for callers outside the model.
+ * model_cp.c, model_load.c, model_format.c); not for callers outside the model.
  */
 #ifndef WLB_ENGINE_MODEL_IMPL_H
 #define WLB_ENGINE_MODEL_IMPL_H
 
 #include "engine/model/model.h"
+#include "util/fileio.h"
 
 static inline float *model_param(const Model *m, ModelTensorKind kind, int layer)
 {
@@ -32,6 +33,12 @@ int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err);
 /* The same over f64 host arrays, sum or max. */
 int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
 
+/* SP (model_sp.c). model_sp_gather: full [Tp, d] = the R rows x [R, d] of every TP rank, in TP rank
+ * order (dt: their dtype). model_sp_scatter: part [Tp, d] holds partial sums on its first T rows;
+ * its padding rows are zeroed and out [R, d] gets the sums over TP of this rank's rows. */
+int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err);
+int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err);
+
 /* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
  * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V
  * columns of dqkv (float32, this rank's rows) from m->dk_mb, m->dv_mb, the sharded rows summed over
@@ -39,13 +46,28 @@ int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
 int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err);
 int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err);
 
-/* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP), and its
- * backward from dh. */
+/* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP; with SP
+ * reduce-scattered: h has R rows), and its backward from dh (R rows: all-gathered with SP). */
 int model_embed_fwd(Model *m, float *h, const ModelBatch *b, Error *err);
-void model_embed_bwd(Model *m, const float *dh, const ModelBatch *b);
+int model_embed_bwd(Model *m, const float *dh, const ModelBatch *b, Error *err);
 /* The output projection and the vocabulary-parallel cross-entropy of the last chunk on slot's
  * normalized rows, in chunks of rows; with train, slot->dhn gets their gradient. */
 int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float dloss, double *loss_sum,
                    Error *err);
+
+/* The header of a llama2.c checkpoint: its seven int32 (vocab as a size; shared: the classifier is
+ * the embedding, stored as a negative vocab_size) and the floats of weights and RoPE tables after it. */
+typedef struct Llama2cHeader {
+    int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len;
+    int shared;
+    int64_t floats;
+} Llama2cHeader;
+
+enum { WEIGHTS_SAFETENSORS = 1, WEIGHTS_LLAMA2C = 2 };
+
+/* The format of the weight file at path, mapped (model_format.c): WEIGHTS_SAFETENSORS, or
+ * WEIGHTS_LLAMA2C with its header in h; -1 with err saying what the name promised and what the
+ * content is when it is neither. */
+int model_weight_format(const char *path, const MappedFile *map, Llama2cHeader *h, Error *err);
 
 #endif

@@ -2,7 +2,7 @@
  * engine/model/model_load.c - initial weights from a file (train.init_from), and the map between a rank's
  * blocks and the full tensors.
  *
- * Two formats, told apart by their first bytes:
+ * Two formats, told apart by their content (model_format.c, which also checks the name):
  *   safetensors  Hugging Face Llama names (model.layers.0.self_attn.q_proj.weight, ...), F32, F16,
  *                BF16 or F64; every tensor the model has must be there with its shape (lm_head is
  *                not needed when the embeddings are tied).
@@ -21,8 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/model/model.h"
-#include "util/fileio.h"
+#include "engine/model/model_impl.h"
 #include "util/safetensors.h"
 
 int model_full_tensor_count(const ModelDims *d)
@@ -149,32 +148,22 @@ static void llama2c_tensor(const Model *m, const char *name, const unsigned char
     model_put_block(m, name, full, host);
 }
 
-static int load_llama2c(Model *m, const char *path, const MappedFile *map, Error *err)
+static int load_llama2c(Model *m, const char *path, const MappedFile *map, const Llama2cHeader *h, Error *err)
 {
     const ModelDims *d = &m->dims;
-    int32_t h[7];
-    memcpy(h, map->data, sizeof h);
-    int shared = h[5] > 0;
-    if (h[5] == INT32_MIN)
-        return error_set(err, path, "not a llama2.c model (vocabulary size %d)", h[5]);
-    int32_t vocab = shared ? h[5] : -h[5];
     const char *keys[] = {"model.d_model", "model.d_ffn", "model.n_layers", "model.n_heads", "model.n_kv_heads",
                           "model.vocab_size"};
     int32_t want[] = {d->d, d->d_ffn, d->n_layers, d->n_heads, d->n_kv_heads, d->vocab};
-    int32_t got[] = {h[0], h[1], h[2], h[3], h[4], vocab};
+    int32_t got[] = {h->dim, h->hidden_dim, h->n_layers, h->n_heads, h->n_kv_heads, h->vocab};
     for (int i = 0; i < 6; i++)
         if (got[i] != want[i])
             return error_set(err, path, "a llama2.c model with %s %d, the config has %d", keys[i], got[i], want[i]);
+    int shared = h->shared;
     if (shared != d->tied)
         return error_set(err, path, "a llama2.c model whose classifier is %sshared, but model.tie_embeddings is %s",
                          shared ? "" : "not ", d->tied ? "true" : "false");
-    int64_t L = d->n_layers, dm = d->d, F = d->d_ffn, hd = (int64_t)d->n_heads * d->head_dim;
-    int64_t kvd = (int64_t)d->n_kv_heads * d->head_dim, seq = h[6], half = d->head_dim / 2;
-    int64_t floats = vocab * dm + L * (2 * dm + hd * dm + 2 * kvd * dm + dm * hd + 3 * F * dm) + dm + 2 * seq * half +
-                     (shared ? 0 : vocab * dm);
-    if (seq < 0 || map->size != 28 + (uint64_t)floats * 4)
-        return error_set(err, path, "llama2.c model of %llu bytes, its header promises %llu", (unsigned long long)map->size,
-                         (unsigned long long)(28 + floats * 4));
+    int64_t L = d->n_layers, dm = d->d, F = d->d_ffn, hd = (int64_t)d->n_heads * d->head_dim, vocab = h->vocab;
+    int64_t kvd = (int64_t)d->n_kv_heads * d->head_dim, seq = h->seq_len, half = d->head_dim / 2;
     float *host = malloc((size_t)m->n_params * sizeof *host), *full = full_buffer(m);
     float *tmp = malloc((size_t)d->head_dim * dm * sizeof *tmp);
     if (!host || !full || !tmp) {
@@ -217,15 +206,12 @@ int model_load(Model *m, const char *path, Error *err)
     MappedFile map;
     if (file_map(path, &map, err) != 0)
         return -1;
-    int rc;
-    /* safetensors: a little-endian header length, then '{'. llama2.c: seven small ints. */
-    if (map.size >= 9 && map.data[8] == '{')
+    Llama2cHeader h;
+    int rc = model_weight_format(path, &map, &h, err);
+    if (rc == WEIGHTS_SAFETENSORS)
         rc = load_safetensors(m, path, err);
-    else if (map.size >= 28)
-        rc = load_llama2c(m, path, &map, err);
-    else
-        rc = error_set(err, path, "neither a safetensors file nor a llama2.c model (%llu bytes)",
-                       (unsigned long long)map.size);
+    else if (rc == WEIGHTS_LLAMA2C)
+        rc = load_llama2c(m, path, &map, &h, err);
     file_unmap(&map);
     return rc;
 }

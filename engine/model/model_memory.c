@@ -12,6 +12,9 @@
  *              (a, b and their rstd) and silu(g) u are recomputed in the backward - element-wise work
  *   full       nothing: the backward runs the layer's forward again from x (its collectives too)
  * What is not kept lives once, in the model's scratch m->rc, and is overwritten layer after layer.
+ * With sequence parallelism the residual stream and the norms' arrays (x, a, rstd1, y, b, rstd2)
+ * have R = ceil(T / tp) rows instead of T, so `full` keeps only x on R rows per layer; the products'
+ * and attention's arrays keep T rows (their columns are the rank's heads and FFN columns already).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -23,13 +26,28 @@
 enum { KEEP_NONE = 1, KEEP_SELECTIVE = 2 };
 enum { EL_ACT = 0, EL_F32 = 4, EL_F64 = 8 }; /* element kinds: the compute dtype, float, double */
 
-/* An array at byte offset `field` of its struct: elements of `kind`, `width` per row, over the
- * micro-batch's rows (mb) or this rank's; `keep`: the modes in which each layer keeps its own. */
+/* The rows an array has: this CP rank's T, the micro-batch's T_mb (CP), the residual stream's R on
+ * this TP rank (T, or ceil(T / tp) with SP), T padded to Tp = R tp (the rows of an SP exchange), or
+ * none (a fixed size: width elements). */
+typedef enum RowKind { ROWS_T, ROWS_MB, ROWS_R, ROWS_TP, ROWS_FIXED } RowKind;
+
+typedef struct Rows {
+    int64_t T, mb, R, Tp;
+} Rows;
+
+static Rows rows_of(const ModelDims *d, int64_t T, int64_t mb)
+{
+    int64_t R = model_rows(d, T);
+    return (Rows){T, mb, R, d->sp ? R * d->tp : T};
+}
+
+/* An array at byte offset `field` of its struct: elements of `kind`, `width` per row of `rows`;
+ * `keep`: the modes in which each layer keeps its own. */
 typedef struct ArraySpec {
     size_t field;
     int kind;
     int64_t width;
-    int mb;
+    RowKind rows;
     int keep;
 } ArraySpec;
 
@@ -48,18 +66,18 @@ static void layer_arrays(const ModelDims *d, ArraySpec *a)
     int64_t F = d->local_ffn, cp = d->cp > 1;
     const int all = KEEP_NONE | KEEP_SELECTIVE;
     ArraySpec t[N_LAYER_ARRAYS] = {
-        {offsetof(LayerActs, a), EL_ACT, D, 0, KEEP_NONE},
-        {offsetof(LayerActs, rstd1), EL_F32, 1, 0, KEEP_NONE},
-        {offsetof(LayerActs, qkv), EL_ACT, qkv_width(d), 0, all},
-        {offsetof(LayerActs, k_mb), EL_ACT, cp ? lkv : 0, 1, all},
-        {offsetof(LayerActs, v_mb), EL_ACT, cp ? lkv : 0, 1, all},
-        {offsetof(LayerActs, att), EL_ACT, lhd, 0, all},
-        {offsetof(LayerActs, lse), EL_F32, H, 0, all},
-        {offsetof(LayerActs, y), EL_F32, D, 0, all},
-        {offsetof(LayerActs, b), EL_ACT, D, 0, KEEP_NONE},
-        {offsetof(LayerActs, rstd2), EL_F32, 1, 0, KEEP_NONE},
-        {offsetof(LayerActs, gu), EL_ACT, 2 * F, 0, all},
-        {offsetof(LayerActs, s), EL_ACT, F, 0, KEEP_NONE},
+        {offsetof(LayerActs, a), EL_ACT, D, ROWS_R, KEEP_NONE},
+        {offsetof(LayerActs, rstd1), EL_F32, 1, ROWS_R, KEEP_NONE},
+        {offsetof(LayerActs, qkv), EL_ACT, qkv_width(d), ROWS_T, all},
+        {offsetof(LayerActs, k_mb), EL_ACT, cp ? lkv : 0, ROWS_MB, all},
+        {offsetof(LayerActs, v_mb), EL_ACT, cp ? lkv : 0, ROWS_MB, all},
+        {offsetof(LayerActs, att), EL_ACT, lhd, ROWS_T, all},
+        {offsetof(LayerActs, lse), EL_F32, H, ROWS_T, all},
+        {offsetof(LayerActs, y), EL_F32, D, ROWS_R, all},
+        {offsetof(LayerActs, b), EL_ACT, D, ROWS_R, KEEP_NONE},
+        {offsetof(LayerActs, rstd2), EL_F32, 1, ROWS_R, KEEP_NONE},
+        {offsetof(LayerActs, gu), EL_ACT, 2 * F, ROWS_T, all},
+        {offsetof(LayerActs, s), EL_ACT, F, ROWS_T, KEEP_NONE},
     };
     memcpy(a, t, sizeof t);
 }
@@ -76,47 +94,56 @@ static void slot_arrays(const ModelDims *d, ArraySpec *a)
 {
     int64_t D = d->d;
     ArraySpec t[N_SLOT_ARRAYS] = {
-        {offsetof(ModelSlot, hn), EL_ACT, d->has_head ? D : 0, 0, 0},
-        {offsetof(ModelSlot, rstd_f), EL_F32, d->has_head ? 1 : 0, 0, 0},
-        {offsetof(ModelSlot, dhn), EL_F32, d->has_head ? D : 0, 0, 0},
-        {offsetof(ModelSlot, dx), EL_F32, d->has_embed ? 0 : D, 0, 0},
+        {offsetof(ModelSlot, hn), EL_ACT, d->has_head ? D : 0, ROWS_R, 0},
+        {offsetof(ModelSlot, rstd_f), EL_F32, d->has_head ? 1 : 0, ROWS_R, 0},
+        {offsetof(ModelSlot, dhn), EL_F32, d->has_head ? D : 0, ROWS_R, 0},
+        {offsetof(ModelSlot, dx), EL_F32, d->has_embed ? 0 : D, ROWS_R, 0},
     };
     memcpy(a, t, sizeof t);
 }
 
-enum { N_SCRATCH_ARRAYS = 15 };
+enum { N_SCRATCH_ARRAYS = 17 };
 
 /* The scratch the slots share; rows of a logits block count as "rows" of width vocab (chunk rows,
  * set by the caller through `head_rows`). */
 static void scratch_arrays(const ModelDims *d, int64_t head_rows, ArraySpec *a)
 {
     int64_t D = d->d, lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    int64_t F = d->local_ffn, Q = qkv_width(d), cp = d->cp > 1, V = d->has_head ? d->local_vocab : 0;
+    int64_t F = d->local_ffn, Q = qkv_width(d), cp = d->cp > 1, V = d->has_head ? d->local_vocab : 0, sp = d->sp;
     ArraySpec t[N_SCRATCH_ARRAYS] = {
-        {offsetof(Model, dh), EL_F32, D, 0, 0},
-        {offsetof(Model, dh_act), EL_ACT, D, 0, 0},
-        {offsetof(Model, tmp), EL_F32, D, 0, 0},
-        {offsetof(Model, g32), EL_F32, F > Q ? F : Q, 0, 0},
-        {offsetof(Model, dgu), EL_ACT, 2 * F, 0, 0},
-        {offsetof(Model, datt), EL_ACT, lhd, 0, 0},
-        {offsetof(Model, dqkv), EL_ACT, Q, 0, 0},
-        {offsetof(Model, dk_mb), EL_F32, cp ? lkv : 0, 1, 0},
-        {offsetof(Model, dv_mb), EL_F32, cp ? lkv : 0, 1, 0},
-        {offsetof(Model, xfer), EL_F32, cp ? 2 * lkv : 0, 1, 0},
-        {offsetof(Model, xfer2), EL_F32, cp ? 2 * lkv : 0, 1, 0},
+        {offsetof(Model, dh), EL_F32, D, ROWS_R, 0},
+        {offsetof(Model, dh_act), EL_ACT, D, ROWS_R, 0},
+        {offsetof(Model, tmp), EL_F32, D, ROWS_TP, 0},
+        {offsetof(Model, g32), EL_F32, F > Q ? F : Q, ROWS_T, 0},
+        {offsetof(Model, dgu), EL_ACT, 2 * F, ROWS_T, 0},
+        {offsetof(Model, datt), EL_ACT, lhd, ROWS_T, 0},
+        {offsetof(Model, dqkv), EL_ACT, Q, ROWS_T, 0},
+        {offsetof(Model, sp_full), EL_ACT, sp ? D : 0, ROWS_TP, 0},
+        {offsetof(Model, sp_part), EL_F32, sp ? D : 0, ROWS_R, 0},
+        {offsetof(Model, dk_mb), EL_F32, cp ? lkv : 0, ROWS_MB, 0},
+        {offsetof(Model, dv_mb), EL_F32, cp ? lkv : 0, ROWS_MB, 0},
+        {offsetof(Model, xfer), EL_F32, cp ? 2 * lkv : 0, ROWS_MB, 0},
+        {offsetof(Model, xfer2), EL_F32, cp ? 2 * lkv : 0, ROWS_MB, 0},
         /* logits blocks: head_rows rows (stored as "width" so that T does not scale them) */
-        {offsetof(Model, logits), EL_F32, V * head_rows, -1, 0},
-        {offsetof(Model, dlogits), EL_ACT, V * head_rows, -1, 0},
-        {offsetof(Model, stats), EL_F64, V ? 3 * head_rows : 0, -1, 0},
-        {offsetof(Model, lse), EL_F64, V ? head_rows : 0, -1, 0},
+        {offsetof(Model, logits), EL_F32, V * head_rows, ROWS_FIXED, 0},
+        {offsetof(Model, dlogits), EL_ACT, V * head_rows, ROWS_FIXED, 0},
+        {offsetof(Model, stats), EL_F64, V ? 3 * head_rows : 0, ROWS_FIXED, 0},
+        {offsetof(Model, lse), EL_F64, V ? head_rows : 0, ROWS_FIXED, 0},
     };
     memcpy(a, t, sizeof t);
 }
 
-/* Elements of array a for T rows and mb micro-batch rows (mb = -1: a fixed size). */
-static int64_t elems(const ArraySpec *a, int64_t T, int64_t mb)
+/* Elements of array a for the rows r. */
+static int64_t elems(const ArraySpec *a, const Rows *r)
 {
-    return a->mb < 0 ? a->width : a->width * (a->mb ? mb : T);
+    switch (a->rows) {
+    case ROWS_T: return a->width * r->T;
+    case ROWS_MB: return a->width * r->mb;
+    case ROWS_R: return a->width * r->R;
+    case ROWS_TP: return a->width * r->Tp;
+    case ROWS_FIXED: break;
+    }
+    return a->width;
 }
 
 int64_t model_head_chunk(const Model *m)
@@ -137,23 +164,24 @@ ModelMemory model_memory(const ModelDims *d, int64_t T, int64_t T_mb, Recompute 
                          int64_t logits_floats)
 {
     ModelMemory mem = {0, 0};
-    int64_t mb = d->cp > 1 ? T_mb : 0, layers = d->layer_end - d->layer_begin;
+    int64_t layers = d->layer_end - d->layer_begin;
+    Rows rows = rows_of(d, T, d->cp > 1 ? T_mb : 0);
     ArraySpec la[N_LAYER_ARRAYS], sa[N_SLOT_ARRAYS], xa[N_SCRATCH_ARRAYS];
     layer_arrays(d, la);
     slot_arrays(d, sa);
     scratch_arrays(d, head_rows(d, logits_floats, T), xa);
-    mem.slot_bytes = (layers + 1) * T * d->d * 4; /* h[0 .. layers] */
+    mem.slot_bytes = (layers + 1) * rows.R * d->d * 4; /* h[0 .. layers] */
     for (int i = 0; i < N_LAYER_ARRAYS; i++) {
-        int64_t b = elems(&la[i], T, mb) * (int64_t)elem_bytes(la[i].kind, act_bytes);
+        int64_t b = elems(&la[i], &rows) * (int64_t)elem_bytes(la[i].kind, act_bytes);
         if (kept(&la[i], r))
             mem.slot_bytes += layers * b;
         else if (layers > 0)
             mem.scratch_bytes += b;
     }
     for (int i = 0; i < N_SLOT_ARRAYS; i++)
-        mem.slot_bytes += elems(&sa[i], T, mb) * (int64_t)elem_bytes(sa[i].kind, act_bytes);
+        mem.slot_bytes += elems(&sa[i], &rows) * (int64_t)elem_bytes(sa[i].kind, act_bytes);
     for (int i = 0; i < N_SCRATCH_ARRAYS; i++)
-        mem.scratch_bytes += elems(&xa[i], T, mb) * (int64_t)elem_bytes(xa[i].kind, act_bytes);
+        mem.scratch_bytes += elems(&xa[i], &rows) * (int64_t)elem_bytes(xa[i].kind, act_bytes);
     return mem;
 }
 
@@ -173,7 +201,8 @@ static void set_ptr(void *base, size_t field, void *p) { memcpy((char *)base + f
 /* Allocates array a of base for T, mb rows (nothing for none); 0, or -1 when memory ran out. */
 static int alloc_array(const Model *m, void *base, const ArraySpec *a, int64_t T, int64_t mb)
 {
-    int64_t n = elems(a, T, mb);
+    Rows rows = rows_of(&m->dims, T, mb);
+    int64_t n = elems(a, &rows);
     if (n <= 0) {
         set_ptr(base, a->field, NULL);
         return 0;
@@ -249,7 +278,7 @@ static int alloc_slot(Model *m, ModelSlot *s, int64_t T, int64_t mb)
     if (!s->layers || !s->h)
         return -1;
     for (int l = 0; l <= L; l++)
-        ok &= (s->h[l] = m->ops->alloc((size_t)(T * m->dims.d) * sizeof(float))) != NULL;
+        ok &= (s->h[l] = m->ops->alloc((size_t)(model_rows(&m->dims, T) * m->dims.d) * sizeof(float))) != NULL;
     for (int l = 0; l < L; l++)
         for (int i = 0; i < N_LAYER_ARRAYS; i++)
             if (kept(&la[i], m->recompute))

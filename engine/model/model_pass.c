@@ -21,6 +21,11 @@
  * The all-reduces of the input gradients sum each rank's part: every rank's heads and FFN columns
  * read the whole input. train.recompute: what a layer did not keep (model_memory.c) is computed
  * again at the start of its backward, by the same ops, so the gradients are the same bits.
+ *
+ * Sequence parallelism (model.h, model_sp.c): x, a, y, b, their rstd and dh have this rank's R rows;
+ * the products read all T rows of a and b, all-gathered (all_rows), and every allreduce above is a
+ * reduce-scatter onto the R rows; the backward all-gathers dh before the row-parallel products'
+ * backward (dWdown, ds; dWo, datt) and a, b again before dWgu, dWqkv (they are kept on R rows only).
  */
 #include <math.h>
 #include <string.h>
@@ -61,7 +66,30 @@ static AttnShape attn_shape(const ModelDims *d)
     return (AttnShape){d->local_heads, d->local_kv_heads, d->head_dim, qkv_width(d), kv, q_width(d)};
 }
 
-/* out = res + the TP-reduced product x W^T: into out directly with tp = 1, else through m->tmp. */
+/* All T rows of x, the compute-dtype rows of the residual stream's layout (R rows): x itself, or
+ * with SP every TP rank's rows all-gathered into m->sp_full. */
+static int all_rows(Model *m, const Act *x, int64_t T, const Act **full, Error *err)
+{
+    *full = x;
+    if (!m->dims.sp)
+        return 0;
+    *full = m->sp_full;
+    return model_sp_gather(m, x, DT_ACT, T, m->sp_full, err);
+}
+
+/* The partial sums of a product's output in m->tmp (T rows) summed over TP, onto the stream's rows:
+ * all-reduced in place (*sum = m->tmp), or with SP reduce-scattered into out (R rows, *sum = out). */
+static int tp_sum(Model *m, int64_t T, float *out, float **sum, Error *err)
+{
+    *sum = m->tmp;
+    if (!m->dims.sp)
+        return model_tp_allreduce(m, m->tmp, T * m->dims.d, err);
+    *sum = out;
+    return model_sp_scatter(m, m->tmp, T, out, err);
+}
+
+/* out = res + the TP-reduced product x W^T (x: all T rows; out, res: the stream's rows): into out
+ * directly with tp = 1, else through m->tmp. */
 static int residual_product(Model *m, float *out, const float *res, const Act *x, const Act *w, int64_t T,
                             int64_t n_in, Error *err)
 {
@@ -71,10 +99,11 @@ static int residual_product(Model *m, float *out, const float *res, const Act *x
         o->matmul_fwd(mat_f32_plus(out, res), x, w, T, n_in, D);
         return 0;
     }
+    float *sum;
     o->matmul_fwd(mat_f32(m->tmp), x, w, T, n_in, D);
-    if (model_tp_allreduce(m, m->tmp, T * D, err) != 0)
+    if (tp_sum(m, T, out, &sum, err) != 0)
         return -1;
-    o->add(out, res, m->tmp, T * D);
+    o->add(out, sum, res, model_rows(&m->dims, T) * D); /* sum may be out */
     return 0;
 }
 
@@ -84,9 +113,12 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
-    int64_t T = b->T, D = d->d, F = d->local_ffn, Q = qkv_width(d);
-    o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), T, D, d->norm_eps);
-    o->matmul_fwd(mat_act(a->qkv), a->a, model_weight(m, T_WQ, l), T, D, Q);
+    int64_t T = b->T, R = model_rows(d, T), D = d->d, F = d->local_ffn, Q = qkv_width(d);
+    const Act *in;
+    o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), R, D, d->norm_eps);
+    if (all_rows(m, a->a, T, &in, err) != 0)
+        return -1;
+    o->matmul_fwd(mat_act(a->qkv), in, model_weight(m, T_WQ, l), T, D, Q);
     o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq);
     const Act *k = ops_act(o, a->qkv, q_width(d)), *v = ops_act(o, a->qkv, q_width(d) + kv_width(d));
     if (d->cp > 1) {
@@ -98,8 +130,10 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
     o->attention_fwd(a->att, a->lse, a->qkv, k, v, b->segs, b->n_segs, attn_shape(d));
     if (residual_product(m, a->y, x, a->att, model_weight(m, T_WO, l), T, q_width(d), err) != 0)
         return -1;
-    o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), T, D, d->norm_eps);
-    o->matmul_fwd(mat_act(a->gu), a->b, model_weight(m, T_WGATE, l), T, D, 2 * F);
+    o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), R, D, d->norm_eps);
+    if (all_rows(m, a->b, T, &in, err) != 0)
+        return -1;
+    o->matmul_fwd(mat_act(a->gu), in, model_weight(m, T_WGATE, l), T, D, 2 * F);
     o->swiglu_fwd(a->s, a->gu, T, F);
     if (!out)
         return 0;
@@ -114,8 +148,9 @@ static int recompute_layer(Model *m, const ModelBatch *b, int l, const float *x,
     if (m->recompute == RECOMPUTE_FULL)
         return layer_forward(m, b, l, x, NULL, a, err);
     if (m->recompute == RECOMPUTE_SELECTIVE) {
-        o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), b->T, d->d, d->norm_eps);
-        o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), b->T, d->d, d->norm_eps);
+        int64_t R = model_rows(d, b->T);
+        o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), R, d->d, d->norm_eps);
+        o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), R, d->d, d->norm_eps);
         o->swiglu_fwd(a->s, a->gu, b->T, d->local_ffn);
     }
     return 0;
@@ -129,24 +164,33 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     int i = l - d->layer_begin;
     LayerActs *a = &s->layers[i];
     const float *x = s->h[i];
-    int64_t T = b->T, D = d->d, F = d->local_ffn, lq = q_width(d), lkv = kv_width(d), Q = qkv_width(d);
+    int64_t T = b->T, R = model_rows(d, T), D = d->d, F = d->local_ffn, lq = q_width(d), lkv = kv_width(d);
+    int64_t Q = qkv_width(d);
+    const Act *dout, *in;
+    float *sum;
     if (recompute_layer(m, b, l, x, a, err) != 0)
         return -1;
     /* MLP */
     float *ds = m->g32;
-    o->matmul_bwd_dw(model_grad(m, T_WDOWN, l), m->dh_act, a->s, T, F, D);
-    o->matmul_bwd_dx(mat_f32(ds), m->dh_act, model_weight(m, T_WDOWN, l), T, F, D);
-    o->swiglu_bwd(m->dgu, ds, a->gu, T, F);
-    o->matmul_bwd_dw(model_grad(m, T_WGATE, l), m->dgu, a->b, T, D, 2 * F);
-    o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
-    if (model_tp_allreduce(m, m->tmp, T * D, err) != 0)
+    if (all_rows(m, m->dh_act, T, &dout, err) != 0)
         return -1;
-    o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_MLP_NORM, l), m->tmp, a->y, model_param(m, T_MLP_NORM, l),
-                   a->rstd2, T, D);
+    o->matmul_bwd_dw(model_grad(m, T_WDOWN, l), dout, a->s, T, F, D);
+    o->matmul_bwd_dx(mat_f32(ds), dout, model_weight(m, T_WDOWN, l), T, F, D);
+    o->swiglu_bwd(m->dgu, ds, a->gu, T, F);
+    if (all_rows(m, a->b, T, &in, err) != 0)
+        return -1;
+    o->matmul_bwd_dw(model_grad(m, T_WGATE, l), m->dgu, in, T, D, 2 * F);
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
+    if (tp_sum(m, T, m->sp_part, &sum, err) != 0)
+        return -1;
+    o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_MLP_NORM, l), sum, a->y, model_param(m, T_MLP_NORM, l),
+                   a->rstd2, R, D);
     /* Attention: dq, dk, dv accumulate in float32 (dqkv32); with CP dk, dv in micro-batch rows. */
     float *dqkv32 = m->g32;
-    o->matmul_bwd_dw(model_grad(m, T_WO, l), m->dh_act, a->att, T, lq, D);
-    o->matmul_bwd_dx(mat_act(m->datt), m->dh_act, model_weight(m, T_WO, l), T, lq, D);
+    if (all_rows(m, m->dh_act, T, &dout, err) != 0)
+        return -1;
+    o->matmul_bwd_dw(model_grad(m, T_WO, l), dout, a->att, T, lq, D);
+    o->matmul_bwd_dx(mat_act(m->datt), dout, model_weight(m, T_WO, l), T, lq, D);
     o->zero(dqkv32, T * Q);
     const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
     if (d->cp > 1) {
@@ -162,12 +206,14 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     }
     o->rope_bwd(m->dqkv, Q, dqkv32, Q, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim,
                 m->inv_freq);
-    o->matmul_bwd_dw(model_grad(m, T_WQ, l), m->dqkv, a->a, T, D, Q);
-    o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
-    if (model_tp_allreduce(m, m->tmp, T * D, err) != 0)
+    if (all_rows(m, a->a, T, &in, err) != 0)
         return -1;
-    o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_ATTN_NORM, l), m->tmp, x, model_param(m, T_ATTN_NORM, l),
-                   a->rstd1, T, D);
+    o->matmul_bwd_dw(model_grad(m, T_WQ, l), m->dqkv, in, T, D, Q);
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
+    if (tp_sum(m, T, m->sp_part, &sum, err) != 0)
+        return -1;
+    o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_ATTN_NORM, l), sum, x, model_param(m, T_ATTN_NORM, l),
+                   a->rstd1, R, D);
     return 0;
 }
 
@@ -183,11 +229,12 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
     if (model_reserve(m, slot, b->T, d->cp > 1 ? b->T_mb : 0, err) != 0)
         return -1;
     ModelSlot *s = &m->slots[slot];
+    int64_t R = model_rows(d, b->T);
     if (d->has_embed) {
         if (model_embed_fwd(m, s->h[0], b, err) != 0)
             return -1;
     } else {
-        m->ops->copy(s->h[0], h_in, b->T * d->d);
+        m->ops->copy(s->h[0], h_in, R * d->d);
     }
     for (int l = d->layer_begin; l < d->layer_end; l++) {
         int i = l - d->layer_begin;
@@ -196,7 +243,7 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
     }
     if (d->has_head)
         m->ops->rmsnorm_fwd(s->hn, s->rstd_f, s->h[d->layer_end - d->layer_begin], model_param(m, T_FINAL_NORM, -1),
-                            b->T, d->d, d->norm_eps);
+                            R, d->d, d->norm_eps);
     return 0;
 }
 
@@ -231,26 +278,25 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
-    int64_t T = b->T, D = d->d;
+    int64_t R = model_rows(d, b->T), D = d->d;
     if (slot < 0 || slot >= m->n_slots)
         return error_runtime(err, "model", "no activation slot %d (%d slots)", slot, m->n_slots);
     if (!d->has_head && !dh_out)
         return error_runtime(err, "model", "chunk of layers %d.. needs the gradient of its output", d->layer_begin);
     ModelSlot *s = &m->slots[slot];
     if (d->has_head) {
-        o->zero(m->dh, T * D);
+        o->zero(m->dh, R * D);
         o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_FINAL_NORM, -1), s->dhn, s->h[d->layer_end - d->layer_begin],
-                       model_param(m, T_FINAL_NORM, -1), s->rstd_f, T, D);
+                       model_param(m, T_FINAL_NORM, -1), s->rstd_f, R, D);
     } else {
-        o->copy(m->dh, dh_out, T * D);
-        ops_cast(o, m->dh_act, DT_ACT, m->dh, DT_F32, T * D);
+        o->copy(m->dh, dh_out, R * D);
+        ops_cast(o, m->dh_act, DT_ACT, m->dh, DT_F32, R * D);
     }
     for (int l = d->layer_end - 1; l >= d->layer_begin; l--)
         if (layer_backward(m, s, l, b, err) != 0)
             return -1;
     if (d->has_embed)
-        model_embed_bwd(m, m->dh, b);
-    else
-        o->copy(s->dx, m->dh, T * D);
+        return model_embed_bwd(m, m->dh, b, err);
+    o->copy(s->dx, m->dh, R * D);
     return 0;
 }

@@ -15,16 +15,18 @@
  * H200: same compute (989 TF), HBM3e 4.8 TB/s, same NVLink.
  * A100: 312 TF; FA2 forward+backward ~203 TF (65%, §2.3); HBM 2.0 TB/s; NVLink 3 busBW ~230 GB/s;
  *   200 Gb/s InfiniBand.
- * GPU stacks overlap the TP collectives with the GEMMs (Megatron's TP communication overlap, used by
- *   WLB-LLM's and Llama 3's stacks): tp_comm_overlap 1, so only TP traffic longer than the GEMMs shows.
+ * TP collectives: wlbtrain's engine runs them between the products (the NCCL stream waits for the
+ *   product before, the next product waits for the collective), so none hides behind a GEMM:
+ *   tp_comm_overlap 0 in every profile. (Megatron's TP communication overlap, used by WLB-LLM's and
+ *   Llama 3's stacks, would be 1: only TP traffic longer than the GEMMs shows.)
  * cpu: the reference backend on a laptop-class core pair; rough, meant to be calibrated.
  * Device memory (train.gpu_memory_gb's default): H100 SXM 80 GB HBM3, H200 141 GB HBM3e, A100 80 GB
  *   (the 40 GB A100: set train.gpu_memory_gb: 40); the CPU's is the host's, and it is not checked.
  */
 static const CostHardware profiles[] = {
-    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 1, 80, 0},
-    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 1, 141, 0},
-    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 1, 80, 0},
+    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 0, 80, 0},
+    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 0, 141, 0},
+    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 0, 80, 0},
     [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0, 0, 0},
 };
 
@@ -82,27 +84,32 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->has_split = split->n == pp * m->v && split->n <= COST_MAX_CHUNKS;
     for (int g = 0; m->has_split && g < split->n; g++)
         m->chunk_layers[g] = (int)split->v[g];
-    m->recompute = cfg->train.recompute;
     m->head_dim = (int)(md->d_model / md->n_heads);
     m->local_heads = (int)(md->n_heads / tp);
     /* With fewer kv heads than TP ranks, each rank keeps a replica of one kv head. */
     m->local_kv_heads = md->n_kv_heads >= tp ? (int)(md->n_kv_heads / tp) : 1;
+    m->sp = tp > 1 && cfg->parallel.sequence_parallel;
     double d = (double)md->d_model, f = (double)md->d_ffn / tp, dh = m->head_dim;
-    double hq = m->local_heads, hkv = m->local_kv_heads;
+    double hq = m->local_heads, hkv = m->local_kv_heads, stream = m->sp ? tp : 1;
     double elem = cfg->train.precision == PRECISION_BF16 ? 2 : 4;
     /* q, k, v and output projections, then gate, up and down. */
     m->gemm_flops_fwd = 2 * d * dh * (2 * hq + 2 * hkv) + 6 * d * f;
-    /* Element-wise reads and writes: 2 RMSNorms (4d), 2 residual adds (6d), RoPE on q and k,
-     * SwiGLU (3f); the backward touches about twice as much: x3 in all. */
-    m->elem_bytes = 3 * (10 * d + 2 * (hq + hkv) * dh + 3 * f) * elem;
-    /* Selective recomputation reruns the two RMSNorms (read x, write the normed row: 4d) and
-     * SwiGLU (read gate and up, write s: 3f) in the backward. */
-    m->recompute_bytes = (4 * d + 3 * f) * elem;
+    /* Element-wise reads and writes: 2 RMSNorms (4d) and 2 residual adds (6d) on the stream's rows
+     * (1/tp of them with SP), RoPE on q and k, SwiGLU (3f); the backward touches about twice as
+     * much: x3 in all. */
+    m->elem_bytes = 3 * (10 * d / stream + 2 * (hq + hkv) * dh + 3 * f) * elem;
+    /* selective recomputes each norm (read x float32, write the normed row) and SwiGLU (read g, u,
+     * write the product); full recomputes the forward's third of the element-wise traffic. */
+    m->recompute = cfg->train.recompute;
+    m->recompute_bytes = 2 * (4 + elem) * d / stream + 3 * f * elem;
     m->vocab_local = (double)md->vocab_size / tp;
     m->head_flops_fwd = 2 * d * m->vocab_local;
     m->act_bytes = d * elem;
-    m->row_bytes = d * 4;
-    m->kv_bytes = 2 * hkv * dh * elem;
+    m->sum_bytes = d * 4;
+    m->p2p_bytes = d * 4 / stream;
+    /* The K/V all-gather carries the compute dtype, the dK/dV reduce-scatter float32 sums (and full
+     * recomputation gathers again): a direction is charged their mean. */
+    m->kv_bytes = 2 * hkv * dh * (elem * (m->recompute == RECOMPUTE_FULL ? 2 : 1) + 4) / 2;
     int g = m->hw.gpus_per_node;
     m->tp_bw = tp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->cp_bw = tp * cp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
@@ -187,7 +194,7 @@ void cost_attn_fb_s(const CostModel *m, int64_t q_len, int64_t kv_len, double *f
     double flops = 4.0 * m->head_dim * m->local_heads * attn_pairs_padded(qp, q_len, kv_len);
     attn_rates_tflops(m, qp, &rf, &rb);
     *fwd = flops / (rf * 1e12);
-    *bwd = 2.5 * flops / (rb * 1e12);
+    *bwd = 2.5 * flops / (rb * 1e12) + (m->recompute == RECOMPUTE_FULL ? *fwd : 0);
 }
 
 static double gemm_s(const CostModel *m, double flops)
@@ -210,8 +217,13 @@ double cost_linear_fwd_s(const CostModel *m, int64_t tokens)
 
 double cost_linear_bwd_s(const CostModel *m, int64_t tokens)
 {
-    return gemm_s(m, 2 * m->gemm_flops_fwd * (double)tokens) +
-           2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) + launch_s(m, tokens, 2.0 / 3);
+    double t = gemm_s(m, 2 * m->gemm_flops_fwd * (double)tokens) +
+               2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) + launch_s(m, tokens, 2.0 / 3);
+    if (m->recompute == RECOMPUTE_FULL)
+        return t + cost_linear_fwd_s(m, tokens);
+    if (m->recompute == RECOMPUTE_SELECTIVE)
+        return t + m->recompute_bytes * (double)tokens / (m->hw.hbm_gbps * 1e9);
+    return t;
 }
 
 /* One collective: bytes over a bus bandwidth (GB/s) scaled by the algorithm's factor, plus latency. */
@@ -224,10 +236,18 @@ double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
 {
     if (m->tp <= 1 || tokens_rank <= 0)
         return 0;
-    /* Two ring all-reduces (after the attention output and the MLP down projection): 2 (n - 1) / n.
-     * Overlapped with the GEMMs (tp_comm_overlap of the forward GEMM time can hide it), only the
+    /* Without SP two ring all-reduces of float32 partial sums (after the attention output and the
+     * MLP down projection): 2 (n - 1) / n. With SP ring all-gathers (compute dtype) and
+     * reduce-scatters (float32), (n - 1) / n each: 3 and 2 a direction on the mean (cost.h). Full
+     * recomputation runs the forward's again in the backward (2 all-reduces, or 2 all-gathers and
+     * 2 reduce-scatters): one more of each a direction on the mean. Overlapped with the GEMMs (tp_comm_overlap of the forward GEMM time can hide it), only the
      * rest is exposed. */
-    double t = 2 * collective_s(m, m->act_bytes * (double)tokens_rank, 2.0 * (m->tp - 1) / m->tp, m->tp_bw);
+    double rows = (double)tokens_rank, ring = (m->tp - 1.0) / m->tp, again = m->recompute == RECOMPUTE_FULL, t;
+    if (m->sp)
+        t = (3 + again) * collective_s(m, m->act_bytes * rows, ring, m->tp_bw) +
+            (2 + again) * collective_s(m, m->sum_bytes * rows, ring, m->tp_bw);
+    else
+        t = (2 + again) * collective_s(m, m->sum_bytes * rows, 2 * ring, m->tp_bw);
     double hidden = m->hw.tp_comm_overlap * gemm_s(m, m->gemm_flops_fwd * (double)tokens_rank);
     return t > hidden ? t - hidden : 0;
 }
@@ -266,34 +286,31 @@ double cost_embed_fwd_s(const CostModel *m, int64_t tokens)
     if (tokens <= 0)
         return 0;
     /* Each TP rank writes the float32 rows of the tokens in its vocabulary slice (zeros elsewhere)
-     * and the all-reduce over TP completes them: with no product to run under, all of it shows. */
-    double bytes = m->row_bytes * (double)tokens, t = bytes / (m->hw.hbm_gbps * 1e9);
+     * and the TP sum completes them - an all-reduce, or with SP a reduce-scatter onto the rank's
+     * rows: with no product to run under, all of it shows. */
+    double bytes = m->sum_bytes * (double)tokens, t = bytes / (m->hw.hbm_gbps * 1e9);
     if (m->tp > 1)
-        t += collective_s(m, bytes, 2.0 * (m->tp - 1) / m->tp, m->tp_bw);
+        t += collective_s(m, bytes, (m->sp ? 1.0 : 2.0) * (m->tp - 1) / m->tp, m->tp_bw);
     return t;
 }
 
 double cost_embed_bwd_s(const CostModel *m, int64_t tokens)
 {
+    if (tokens <= 0)
+        return 0;
     /* The scatter-add of the rows' gradients into the embedding's: read them, read and write the
-     * gradient rows. */
-    return tokens > 0 ? 3 * m->row_bytes * (double)tokens / (m->hw.hbm_gbps * 1e9) : 0;
-}
-
-double cost_recompute_s(const CostModel *m, double layer_fwd_s, int64_t tokens)
-{
-    if (m->recompute == RECOMPUTE_FULL)
-        return layer_fwd_s;
-    if (m->recompute == RECOMPUTE_SELECTIVE)
-        return m->recompute_bytes * (double)tokens / (m->hw.hbm_gbps * 1e9);
-    return 0;
+     * gradient rows; with SP the rows' gradients are all-gathered (float32) first. */
+    double bytes = m->sum_bytes * (double)tokens, t = 3 * bytes / (m->hw.hbm_gbps * 1e9);
+    if (m->sp)
+        t += collective_s(m, bytes, (m->tp - 1.0) / m->tp, m->tp_bw);
+    return t;
 }
 
 double cost_p2p_s(const CostModel *m, int64_t tokens)
 {
     if (m->pp <= 1 || tokens <= 0)
         return 0;
-    return m->act_bytes * (double)tokens / (m->pp_bw * 1e9) + m->hw.link_latency_us * 1e-6;
+    return m->p2p_bytes * (double)tokens / (m->pp_bw * 1e9) + m->hw.link_latency_us * 1e-6;
 }
 
 double cost_doc_s(const CostModel *m, int64_t n)

@@ -18,16 +18,26 @@
  *   linear     GEMM FLOPs of the layer's local TP shard per token, x 3 for forward + backward,
  *              at peak * gemm_efficiency; norms, RoPE, SwiGLU and residuals as HBM bytes per token;
  *              plus launch_us per layer for a micro-batch with tokens (calibrated profiles).
- *   comm       TP all-reduces (2 forward, 2 backward) of the rank's activations, less what runs
- *              under the GEMMs (tp_comm_overlap); CP all-gather of
- *              K and V of the sharded tokens (forward) and reduce-scatter of dK, dV (backward);
- *              PP send/receive of activations between stages; each over the bandwidth of the link
- *              the group uses (NVLink inside a node, the network across nodes).
- * The first stage also embeds (a row gather, its TP all-reduce - exposed: no product to hide
- * under - and the backward's scatter-add into the embedding's gradient); the last also runs the
- * output projection and cross-entropy. Under train.recompute the backward also reruns what the
- * forward did not keep (cost_recompute_s): the whole layer forward (full), or the norms and SwiGLU
- * (selective: element-wise traffic).
+ *   comm       TP: without sequence parallelism 2 all-reduces a direction of the rank's rows in
+ *              float32 (the partial sums); with it (parallel.sequence_parallel) the forward's 2
+ *              all-gathers of normed rows (compute dtype) and 2 reduce-scatters (float32), the
+ *              backward's 4 all-gathers (the stream's gradient twice, the normed rows again) and 2
+ *              reduce-scatters - a direction is charged their mean, 3 all-gathers and 2
+ *              reduce-scatters; less what runs under the GEMMs (tp_comm_overlap: 0 in the
+ *              profiles, for wlbtrain runs its TP collectives between the products, exposed);
+ *              CP all-gather of K and V of the sharded tokens (forward, compute dtype) and
+ *              reduce-scatter of dK, dV (backward, float32), a direction charged their mean; PP
+ *              send/receive of the residual stream between stages (float32, a TP rank's rows: 1/tp
+ *              of them with SP); each over the bandwidth of the link the group uses (NVLink inside a
+ *              node, the network across nodes).
+ *   recompute  train.recompute's work in the backward: selective recomputes the two norms and
+ *              SwiGLU (their element-wise bytes); full runs the layer's forward again - its GEMMs,
+ *              element-wise work and attention forward are added to the backward, and its TP
+ *              exchanges and K/V all-gather to the exchanges (half to each direction's mean).
+ * The first stage also embeds (a row gather, its TP sum - all-reduce, or reduce-scatter with SP -
+ * exposed: no product to hide under - and the backward's scatter-add into the embedding's gradient,
+ * after an all-gather of the rows' gradients with SP); the last also runs the output projection and
+ * cross-entropy.
  */
 #ifndef WLB_ENGINE_COST_H
 #define WLB_ENGINE_COST_H
@@ -51,7 +61,8 @@ typedef struct CostHardware {
     double inter_node_gbps;   /* per GPU across nodes (network), GB/s */
     double link_latency_us;   /* per collective or send */
     int gpus_per_node;
-    double tp_comm_overlap;   /* fraction of the forward GEMM time that can hide TP collectives */
+    double tp_comm_overlap;   /* fraction of the forward GEMM time that hides TP collectives (0: none,
+                               * wlbtrain's; a stack that overlaps them with the products has 1) */
     double memory_gb;         /* device memory, 10^9 bytes: the memory check's budget (0: none, the CPU) */
     double launch_us;         /* fixed microseconds per layer per micro-batch (forward + backward) that
                                * do not grow with its tokens: kernel launches, thread starts; a third in
@@ -72,20 +83,23 @@ typedef struct CostModel {
     CostHardware hw;
     CostAttnTable table;      /* n == 0: use the efficiency curve */
     int tp, cp, pp, v; /* v: virtual stages (model chunks) per pipeline rank */
+    int sp;            /* sequence parallelism (tp > 1 and parallel.sequence_parallel) */
+    Recompute recompute; /* train.recompute: what the backward runs again */
     int n_layers;
     int has_split;            /* chunk_layers holds the config's split (resolved when the model was built) */
     int chunk_layers[COST_MAX_CHUNKS]; /* layers of each model chunk g < pp * v */
-    Recompute recompute;      /* train.recompute */
     int head_dim, local_heads, local_kv_heads;
     /* Per token per layer, this rank's share: */
     double gemm_flops_fwd;    /* forward GEMM FLOPs */
     double elem_bytes;        /* forward + backward element-wise HBM traffic */
+    double recompute_bytes;   /* selective: the norms' and SwiGLU's forward bytes run again */
     double head_flops_fwd;    /* output projection (last stage) */
     double vocab_local;       /* vocabulary rows on this TP rank */
-    double act_bytes;         /* one activation row: d_model * 2 bytes */
-    double row_bytes;         /* one row of the float32 residual stream: d_model * 4 bytes */
-    double recompute_bytes;   /* selective recomputation's element-wise traffic (norms, SwiGLU) */
-    double kv_bytes;          /* K and V rows of the local kv heads */
+    double act_bytes;         /* one activation row in the compute dtype: d_model * 2 bytes in bf16 */
+    double sum_bytes;         /* one row of partial sums, float32: d_model * 4 bytes */
+    double p2p_bytes;         /* a TP rank's part of one row of the stream sent between stages */
+    double kv_bytes;          /* K and V rows of the local kv heads: the mean of the all-gather's
+                               * (compute dtype) and the reduce-scatter's (float32) */
     double tp_bw, cp_bw, pp_bw; /* GB/s of the link each group uses */
 } CostModel;
 
@@ -105,8 +119,9 @@ void cost_attn_fb_s(const CostModel *m, int64_t q_len, int64_t kv_len, double *f
 double cost_linear_fwd_s(const CostModel *m, int64_t tokens);
 double cost_linear_bwd_s(const CostModel *m, int64_t tokens);
 /* Seconds of one layer's communication in one direction (the backward mirrors the forward):
- * the TP all-reduces of a rank's tokens_rank activation rows, and the CP all-gather (backward:
- * reduce-scatter) of the K/V rows of the micro-batch's sharded_tokens. */
+ * the TP exchanges of a rank's tokens_rank activation rows (with SP the mean of the two
+ * directions), and the CP all-gather (backward: reduce-scatter) of the K/V rows of the
+ * micro-batch's sharded_tokens. */
 double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank);
 double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens);
 /* The same exchange inside a group of `size` CP ranks (an aligned block of the CP group, sharding
@@ -119,9 +134,6 @@ double cost_head_bwd_s(const CostModel *m, int64_t tokens);
 /* Seconds of the embedding (first stage) forward / backward for n tokens on a rank. */
 double cost_embed_fwd_s(const CostModel *m, int64_t tokens);
 double cost_embed_bwd_s(const CostModel *m, int64_t tokens);
-/* Seconds one layer's backward adds under train.recompute for n tokens on a rank whose layer
- * forward takes layer_fwd_s: that forward again (full), the norms and SwiGLU (selective), or 0. */
-double cost_recompute_s(const CostModel *m, double layer_fwd_s, int64_t tokens);
 /* Seconds to send n tokens' activations to the next stage. */
 double cost_p2p_s(const CostModel *m, int64_t tokens);
 /* A whole document of n tokens on one rank (no CP), one layer, forward + backward: the packer's

@@ -555,6 +555,12 @@ static int compare_all(const Run *base_run, Error *err)
     return 0;
 }
 
+void dryrun_data_hint(const Config *cfg, Error *err)
+{
+    if (cfg->data.path.n && err->status == ERROR_INPUT)
+        error_append(err, " (a dry run needs only document lengths: --set data.lengths_file=FILE --set data.path=)");
+}
+
 int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
 {
     DataSources data;
@@ -570,8 +576,15 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
                          "(%lld) to be a multiple of parallel.pp (%lld)", (long long)config_micro_batches(cfg),
                          (long long)cfg->parallel.pp);
     if (data_sources_open(&data, cfg->data.path.v, cfg->data.weights.n ? cfg->data.weights.v : NULL,
-                          cfg->data.path.n, cfg->data.lengths_file, cfg->data.lengths_column, err) != 0)
+                          cfg->data.path.n, cfg->data.lengths_file, cfg->data.lengths_column, err) != 0) {
+        dryrun_data_hint(cfg, err);
         return -1;
+    }
+    if (data.lengths.skipped) { /* what a length list left out is said, not silently dropped */
+        char note[1400];
+        data_lengths_skipped_note(&data.lengths, cfg->data.lengths_file, note, sizeof note);
+        fprintf(stderr, "wlbtrain: warning: %s\n", note);
+    }
     AtomicFile stats = {0};
     int rc = 0;
     if (opt->stats_out)

@@ -49,7 +49,7 @@
  * evaluations, then at most 2 b(K) greedy passes of n (G comparisons + L group-time evaluations) or,
  * for whole documents, n CP comparisons; at K = 16 that is at most 72 n (16 + 5) steps, each a few
  * flops (step 3 evaluates the cost model's lines, not the model). The later stages' bounds are in
- * their files; all of it with hybrid's own candidates beside it: README, measured planning time.
+ * their files; all of it with hybrid's own candidates beside it: docs/benchmarks.md, measured planning time.
  */
 #include <stdlib.h>
 

@@ -35,6 +35,20 @@ static inline double line_rank_time(const LineCost *c, double attn, int64_t rows
     return attn + c->lin * x + 2 * (tp > 0 ? tp : 0);
 }
 
+/* The least line_rank_time's TP term changes by when a rank's rows change by dr, whatever its rows
+ * (a lower bound for the searches' pruning): with the term a x + b (b >= 0, x >= 1 rows; 0 rows
+ * cost nothing) 2 a dr growing and 2 (a dr - b) shrinking (the last rows take the intercept with
+ * them); clipped at 0 (b < 0) 0 growing and 2 a dr shrinking; flat, at most the one row's. */
+static inline double line_tp_least(const LineCost *c, int64_t dr)
+{
+    if (c->tp_flat)
+        return dr == 0 ? 0 : -2 * c->tp_1;
+    double a = c->tp_a, b = c->tp_b, x = (double)dr;
+    if (b >= 0)
+        return 2 * (dr >= 0 ? a * x : a * x - b);
+    return dr >= 0 ? 0 : 2 * a * x;
+}
+
 /* cost_cp_comm_group_s(2^j, tokens), from the lines. */
 static inline double line_cp_comm(const LineCost *c, int j, int64_t tokens)
 {

@@ -30,6 +30,12 @@
 
 enum { NEST_SCAN = 4 }; /* when the slowest rank is stuck, moves off the next slowest ranks up to this */
 
+/* "Strictly below T" means below T by more than rounding: a move is predicted on one sum of its
+ * deltas, and nest_move applies them one block at a time, which may round a rank predicted a hair
+ * below T back to T; two such moves then undo each other forever (a swap of two documents between
+ * sibling blocks whose ranks tie at T, seen with the TP collectives exposed). */
+#define NEST_BELOW (1 - 1e-12)
+
 static double rank_time(const Nest *x, int r, double da, int64_t drows, double dcomm, int64_t *rows)
 {
     *rows = x->rows[r] + drows;
@@ -110,10 +116,10 @@ static double changed_max(const Nest *x, const NestDelta *a, const NestDelta *b,
 }
 
 /* What a change adds at least to each of its block's ranks: its attention, its rows' GEMMs and
- * element-wise work, its exchange (the TP term only grows with the rows). */
+ * element-wise work and TP exchanges, its K/V exchange. */
 static double least_gain(const Nest *x, const NestDelta *d)
 {
-    return d->attn + x->line->lin * (double)d->rows + d->comm;
+    return d->attn + x->line->lin * (double)d->rows + line_tp_least(x->line, d->rows) + d->comm;
 }
 
 /* A lower bound on the slowest of block b's ranks after changes a and b (top_b: its slowest now). */
@@ -138,6 +144,7 @@ static void consider(NestMove *best, int64_t k, int64_t k2, int to, double t)
 static NestMove best_move(const Nest *x, int s, double T, const double *top)
 {
     int cp = x->cp, leaf = cp + s;
+    T *= NEST_BELOW;
     NestMove best = {-1, -1, 0, 0};
     for (int64_t k = 0; k < x->n; k++) {
         int u = x->node[k];
@@ -154,8 +161,8 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
              * from u): the cheap test first. */
             int lg = x->depth - plan_block_depth(w), ws = 1 << lg, wf = plan_block_first(cp, w);
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
-                top[w] + ew + x->line->lin * (double)(d >> lg) >= bar) /* d / ws: sizes are powers of two */
-                continue;
+                top[w] + ew + x->line->lin * (double)(d >> lg) + line_tp_least(x->line, d >> lg) >= bar)
+                continue; /* d / ws: sizes are powers of two */
             NestDelta on = nest_delta(x, w, d, ew);
             if (least_after(x, &off, &on, top[w]) >= bar)
                 continue;
@@ -169,8 +176,9 @@ static NestMove best_move(const Nest *x, int s, double T, const double *top)
                 continue;
             double bar = best.k >= 0 ? best.t : T, ew = nest_attn(x, k, w) - nest_attn(x, k2, w);
             int lg = x->depth - plan_block_depth(w), ws = 1 << lg, wf = plan_block_first(cp, w);
+            int64_t least_rows = ((d - d2) >> lg) - 1; /* d > d2 */
             if ((wf >= off.first + off.size || off.first >= wf + ws) &&
-                top[w] + ew + x->line->lin * (double)(((d - d2) >> lg) - 1) >= bar) /* d > d2 */
+                top[w] + ew + x->line->lin * (double)least_rows + line_tp_least(x->line, least_rows) >= bar)
                 continue;
             NestDelta a = nest_delta(x, u, d2 - d, nest_attn(x, k2, u) - eu);
             NestDelta b = nest_delta(x, w, d - d2, ew);

@@ -112,8 +112,9 @@ void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const 
         int64_t t = p->ranks[mb->first_rank + r].tokens;
         max_tokens = t > max_tokens ? t : max_tokens;
     }
-    /* A layer's backward also reruns what train.recompute did not keep. */
-    double layer_bwd = mb->bwd_s + cost_recompute_s(cost, mb->fwd_s, max_tokens);
+    /* mb->bwd_s already holds train.recompute's work (cost_linear_bwd_s, cost_attn_fb_s and the
+     * exchanges charge it). */
+    double layer_bwd = mb->bwd_s;
     for (int g = 0; g < chunks; g++) {
         int layers = cost_chunk_layers(cost, g);
         fwd[g] = layers * mb->fwd_s;

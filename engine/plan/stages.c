@@ -34,8 +34,8 @@ int stages_typical_costs(const Config *cfg, const CostModel *cost, const DataSou
         int64_t t = window / cp;
         double share = (double)window / tokens / (double)cp;
         out->layer_fwd_s = attn_f * share + cost_linear_fwd_s(cost, t) + cost_tp_comm_s(cost, t);
-        out->layer_bwd_s = attn_b * share + cost_linear_bwd_s(cost, t) + cost_tp_comm_s(cost, t) +
-                           cost_recompute_s(cost, out->layer_fwd_s, t);
+        /* The backward's costs hold train.recompute's work (cost.h). */
+        out->layer_bwd_s = attn_b * share + cost_linear_bwd_s(cost, t) + cost_tp_comm_s(cost, t);
         out->embed_fwd_s = cost_embed_fwd_s(cost, t);
         out->embed_bwd_s = cost_embed_bwd_s(cost, t);
         out->head_fwd_s = cost_head_fwd_s(cost, t);

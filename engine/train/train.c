@@ -9,7 +9,7 @@
  * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
  * goes on from the step after it, and log.metrics keeps its lines up to that step.
  *
- * Stopping early (README "Time limits and preemption"): SIGUSR1 or SIGTERM on any rank, or
+ * Stopping early (docs/slurm.md, "Time limits and preemption"): SIGUSR1 or SIGTERM on any rank, or
  * train.stop_after, ends the run after a step that every rank finishes: at the end of each step
  * one small all-reduce (MAX) tells every rank whether any rank was signalled and whether rank 0's
  * clock passed a stop_after wall time, so all ranks stop after the same step. Then a checkpoint of

@@ -132,7 +132,8 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
 /* Checkpoints (train_ckpt.c). trainer_save writes checkpoint.dir/step-NNNNNNNN after `step`
  * (every rank takes part, rank 0 writes). trainer_checkpoint_path: the checkpoint that
  * checkpoint.resume names (auto: the latest in checkpoint.dir, *path NULL when there is none yet;
- * a path: a step folder, or a checkpoint folder whose latest is taken). trainer_resume loads it
+ * a path: a step folder, a checkpoint folder whose latest is taken, or that latest file:
+ * ckpt_step_folder). trainer_resume loads it
  * into a freshly initialised trainer of any layout and gives the step it was saved after. */
 int trainer_save(Trainer *tr, int64_t step, Error *err);
 int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
@@ -165,7 +166,7 @@ void trainer_write_mb_metrics(FILE *f, const TrainStats *st);
 
 /* The exit status of a job that stopped early on SIGUSR1 or SIGTERM after writing a checkpoint:
  * "not finished, resume me" (sysexits.h's EX_TEMPFAIL, temporary failure, retry). The Slurm
- * scripts requeue the job on it (scripts/slurm/, README "Time limits and preemption"). */
+ * scripts requeue the job on it (scripts/slurm/, docs/slurm.md "Time limits and preemption"). */
 enum { TRAIN_EXIT_PREEMPTED = 75 };
 
 /* The whole job: places the layers of parallel.stage_layers: auto (trainer_stage_layers, into cfg),

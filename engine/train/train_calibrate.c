@@ -483,6 +483,10 @@ int calibrate_run(const Config *cfg, const char *out_path, Error *err)
      * rates replace. */
     Config plain = *cfg;
     plain.balance.calibration = NULL;
+    /* The jobs run the kernels as they are timed here: norms on all T rows (no sequence
+     * parallelism) and no recomputation, so the counts must be those. */
+    plain.parallel.sequence_parallel = false;
+    plain.train.recompute = RECOMPUTE_NONE;
     if (cost_model_init(&c.cm, &plain, err) != 0)
         return -1;
     const ConfigModel *md = &cfg->model;

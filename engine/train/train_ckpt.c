@@ -138,8 +138,6 @@ static int write_config(const Config *cfg, const char *path, Error *err)
     return atomic_commit(&a, err);
 }
 
-static int is_step_dir(const char *name) { return !strncmp(name, "step-", 5) && strlen(name) == 13; }
-
 /* Removes unfinished saves and the oldest checkpoints beyond keep (never the newest). */
 static int prune(const char *dir, int64_t keep, Error *err)
 {
@@ -159,7 +157,7 @@ static int prune(const char *dir, int64_t keep, Error *err)
                 rc = file_remove_tree(p, err);
                 free(p);
             }
-        } else if (is_step_dir(e->d_name)) {
+        } else if (ckpt_is_step_name(e->d_name)) {
             if (n == cap) {
                 cap = cap ? 2 * cap : 16;
                 char (*grown)[16] = realloc(names, (size_t)cap * sizeof *names);
@@ -259,29 +257,15 @@ int trainer_checkpoint_path(const Config *cfg, char **path, Error *err)
     const char *r = cfg->checkpoint.resume;
     if (!r)
         return 0;
-    const char *dir = strcmp(r, "auto") ? r : cfg->checkpoint.dir;
-    char latest[4096], *text = NULL;
-    snprintf(latest, sizeof latest, "%s/latest", dir);
-    struct stat st;
-    if (stat(latest, &st) != 0) {
-        if (!strcmp(r, "auto"))
+    if (!strcmp(r, "auto")) {
+        char latest[4200];
+        struct stat st;
+        snprintf(latest, sizeof latest, "%s/latest", cfg->checkpoint.dir);
+        if (stat(latest, &st) != 0)
             return 0; /* nothing saved yet: start at step 1 */
-        return (*path = strdup(r)) ? 0 : error_runtime(err, r, "out of memory");
+        r = cfg->checkpoint.dir;
     }
-    size_t len;
-    if (file_read_text(latest, "checkpoint pointer", &text, &len, err) != 0)
-        return -1;
-    text[strcspn(text, "\n")] = '\0';
-    if (!is_step_dir(text)) {
-        int rc = error_set(err, latest, "names '%.40s', not a step-NNNNNNNN folder", text);
-        free(text);
-        return rc;
-    }
-    *path = malloc(strlen(dir) + strlen(text) + 2);
-    if (*path)
-        sprintf(*path, "%s/%s", dir, text);
-    free(text);
-    return *path ? 0 : error_runtime(err, dir, "out of memory");
+    return ckpt_step_folder(r, path, err);
 }
 
 /* Another layout saved it: each of this rank's blocks from the full tensor rebuilt from the index's

@@ -2,6 +2,8 @@
  * engine/train/train_grads.c - from every rank's gradients to the update (see train.h, steps 3 and 4).
  *
  * After the pipeline a rank holds the gradient of its block of the weights from its own tokens.
+ *   norms (SP)   with sequence parallelism each TP rank normalized its own rows of the stream:
+ *                its norm weights' gradients are partial sums over them, summed over TP.
  *   kv replicas  with tp > n_kv_heads, tp / n_kv_heads TP ranks hold the same kv head and each
  *                has the part of its gradient that its own query heads caused: summed over them.
  *                (An all-reduce over TP of a buffer with a place per kv head: a rank writes its
@@ -47,6 +49,20 @@ static int sum_kv_replicas(Trainer *tr, Model *m, Error *err)
         }
     o->free(buf);
     return rc;
+}
+
+/* Sequence parallelism: the norm weights' gradients (replicated over TP, each rank's from its own
+ * rows) summed over TP, in place, one tensor at a time. */
+static int sum_sp_norms(Trainer *tr, Model *m, Error *err)
+{
+    if (!m->dims.sp)
+        return 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ModelTensor *t = &m->tensors[i];
+        if (t->is_vector && comm_allreduce_sum(tr->comm, GROUP_TP, m->grads + t->offset, t->cols, err) != 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* The first chunk (stage 0) and the last (stage pp - 1) swap their embedding gradients and add. */
@@ -109,7 +125,7 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
     trainer_optim_range(tr, m, &b, &e);
     if (shard && shard != full + b)
         m->ops->copy(full + b, shard, e - b);
-    return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, err);
+    return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, DT_F32, err);
 }
 
 int trainer_reduce_grads(Trainer *tr, Error *err)
@@ -117,7 +133,7 @@ int trainer_reduce_grads(Trainer *tr, Error *err)
     Comm *c = tr->comm;
     tr->grads_gathered = 0;
     for (int k = 0; k < tr->v; k++)
-        if (sum_kv_replicas(tr, &tr->chunks[k].model, err) != 0)
+        if (sum_sp_norms(tr, &tr->chunks[k].model, err) != 0 || sum_kv_replicas(tr, &tr->chunks[k].model, err) != 0)
             return -1;
     if (sum_tied_embeddings(tr, err) != 0)
         return -1;

@@ -12,7 +12,8 @@
  *   activations  slots_g x slot(T, T_mb) + scratch(T, T_mb)   (model_memory, for the largest
  *                micro-batch: T rows on this CP rank, T_mb in the micro-batch; slots_g = the most
  *                micro-batches the schedule of stage s has in flight on chunk g)
- *   other        the stage input received (T d floats, when there is more than one chunk), the batch
+ *   other        the stage input received (R d floats, when there is more than one chunk; R = T, or
+ *                ceil(T / tp) with sequence parallelism), the batch
  *                inputs of the replica's M micro-batches (tokens, targets, positions, and with CP
  *                the row indices of the K/V exchange), the largest transient buffer of a step (the
  *                tied embedding's gradient exchange, the kv replicas' gradient sum; a checkpoint
@@ -73,15 +74,18 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
     int64_t z = p->dp * p->cp, m = config_micro_batches(cfg);
     int64_t mb = p->cp > 1 ? T_mb : 0;
     double transient = 0;
+    int64_t rows = T; /* of the stream on a TP rank: T / tp with sequence parallelism */
     memset(out, 0, sizeof *out);
     for (int k = 0; k < v; k++) {
         int g = k * pp + s, begin = 0;
         for (int i = 0; i < g; i++)
             begin += (int)chunk_layers[i];
         WLB_ASSERT(chunk_layers[g] >= 1 && begin + chunk_layers[g] <= cfg->model.n_layers);
-        ModelParallel par = {(int)p->tp, 0, (int)p->cp, g, chunks, begin, begin + (int)chunk_layers[g], NULL};
+        ModelParallel par = {(int)p->tp, 0, (int)p->cp, g, chunks, begin, begin + (int)chunk_layers[g], NULL,
+                             p->sequence_parallel};
         ModelDims d;
         model_dims(&d, &cfg->model, &par);
+        rows = model_rows(&d, T);
         int64_t n = model_param_count(&cfg->model, &par);
         if (n < 0)
             return error_runtime(err, "memory model", "out of memory");
@@ -109,7 +113,7 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
     }
     int64_t d_model = cfg->model.d_model;
     if (chunks > 1)
-        out->other += 4.0 * (double)T * (double)d_model;
+        out->other += 4.0 * (double)rows * (double)d_model;
     /* Batch inputs: 3 int32 per row, and with CP the int64 row indices (own rows, sent rows,
      * received rows). */
     double per_batch = 12.0 * (double)(T > 0 ? T : 1) + (p->cp > 1 ? 8.0 * (double)(2 * T + T_mb + 1) : 0);
@@ -235,6 +239,11 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
         snprintf(change, sizeof change, "train.recompute: %s", modes[r]);
         suggest(fits, sizeof fits, &alt, budget, change);
     }
+    if (!cfg->parallel.sequence_parallel && cfg->parallel.tp > 1) {
+        Config alt = *cfg;
+        alt.parallel.sequence_parallel = true;
+        suggest(fits, sizeof fits, &alt, budget, "parallel.sequence_parallel: true");
+    }
     if (!cfg->parallel.zero && cfg->parallel.dp * cfg->parallel.cp > 1) {
         Config alt = *cfg;
         alt.parallel.zero = 1;
@@ -285,8 +294,9 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
                      w->peak / 1e9, mp->worst, (long long)layers, w->weights / 1e9, w->weights_act / 1e9, w->grads / 1e9,
                      w->optimizer / 1e9, w->activations / 1e9, w->slots, (long long)mp->mb_tokens, w->other / 1e9,
                      (w->peak - budget) / 1e9, budget / 1e9,
-                     fits[0] ? "each of these alone would fit: " : "no single change of train.recompute, parallel.zero, "
-                     "balance.max_tokens_per_micro_batch or twice parallel.tp, pp or cp fits; combine them or use more GPUs",
+                     fits[0] ? "each of these alone would fit: " : "no single change of train.recompute, "
+                     "parallel.sequence_parallel, parallel.zero, balance.max_tokens_per_micro_batch or twice parallel.tp, "
+                     "pp or cp fits; combine them or use more GPUs",
                      fits);
 }
 

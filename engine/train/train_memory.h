@@ -40,8 +40,8 @@ void trainer_memory_free(DryRunMemoryPlan *mp);
  * CPU profile). */
 double trainer_memory_budget(const Config *cfg);
 /* An Error (train.gpu_memory_gb, status 2) when the worst rank needs more than the budget: by how
- * much, and which single change would make it fit (a recompute mode, ZeRO-1, a smaller S_max, twice
- * the TP, PP or CP degree), each with the peak it would have. */
+ * much, and which single change would make it fit (a recompute mode, sequence parallelism, ZeRO-1,
+ * a smaller S_max, twice the TP, PP or CP degree), each with the peak it would have. */
 int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *err);
 /* What training does before it starts MPI and opens the backend: *predicted gets the worst rank's
  * peak (bytes, for the metrics), and on the GPU - or on the CPU when train.gpu_memory_gb is set, the

@@ -154,7 +154,7 @@ static int run_forward(Trainer *tr, int i, int k, int c, float dloss, Error *err
     if (slot < 0)
         return -1;
     const float *h_in = NULL;
-    int64_t n = b->T * m->dims.d;
+    int64_t n = model_rows(&m->dims, b->T) * m->dims.d; /* with SP this TP rank's rows only */
     if (g > 0) {
         if (trainer_reserve_recv(tr, n, err) != 0 ||
             comm_recv(tr->comm, GROUP_PP, prev, message_tag(tr, k, g, 0), tr->recv, n, err) != 0)
@@ -183,7 +183,7 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
     const ModelBatch *b = &tr->inputs[k];
     int slot = ch->slot_of[k];
     const float *dh_out = NULL;
-    int64_t n = b->T * m->dims.d;
+    int64_t n = model_rows(&m->dims, b->T) * m->dims.d;
     if (g < tr->n_chunks - 1) {
         if (trainer_reserve_recv(tr, n, err) != 0 ||
             comm_recv(tr->comm, GROUP_PP, next, message_tag(tr, k, g, 1), tr->recv, n, err) != 0)

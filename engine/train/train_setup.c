@@ -196,7 +196,8 @@ int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
     /* A stage's input (or its output's gradient) for the largest micro-batch. */
     int64_t mb_tokens, rank_rows;
     plan_largest(&tr->planner, &mb_tokens, &rank_rows);
-    if (tr->n_chunks > 1 && trainer_reserve_recv(tr, rank_rows * cfg->model.d_model, err) != 0)
+    int64_t rows = model_rows(&tr->chunks[0].model.dims, rank_rows);
+    if (tr->n_chunks > 1 && trainer_reserve_recv(tr, rows * cfg->model.d_model, err) != 0)
         return -1;
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "data/data_sources.h"
+#include "engine/plan/dryrun.h"
 #include "engine/train/train_memory.h"
 
 ModelParallel trainer_chunk_parallel(const Config *cfg, int tp_rank, int g, Comm *comm)
@@ -11,7 +12,8 @@ ModelParallel trainer_chunk_parallel(const Config *cfg, int tp_rank, int g, Comm
     const ConfigParallel *p = &cfg->parallel;
     int begin, end;
     config_chunk_layers(cfg, g, &begin, &end);
-    return (ModelParallel){(int)p->tp, tp_rank, (int)p->cp, g, (int)(p->pp * p->virtual_stages), begin, end, comm};
+    return (ModelParallel){(int)p->tp, tp_rank, (int)p->cp, g, (int)(p->pp * p->virtual_stages), begin, end, comm,
+                           p->sequence_parallel};
 }
 
 /* The memory model's verdict on one candidate stage. */
@@ -45,10 +47,13 @@ int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err)
     DataSources data;
     StageCosts c;
     const ConfigData *d = &cfg->data;
-    if (cost_model_init(&cost, cfg, err) != 0 ||
-        data_sources_open(&data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, d->lengths_file,
-                          d->lengths_column, err) != 0)
+    if (cost_model_init(&cost, cfg, err) != 0)
         return -1;
+    if (data_sources_open(&data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, d->lengths_file,
+                          d->lengths_column, err) != 0) {
+        dryrun_data_hint(cfg, err);
+        return -1;
+    }
     int rc = stages_typical_costs(cfg, &cost, data.src, data.weights, data.n, &c, err);
     data_sources_close(&data);
     if (rc != 0)

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# On the GPU machine (device tool), from the repository root, with build/release, .ompi, .devlibs and
-# .devdata carried (scripts/device/prepare.sh makes them). One device call runs at most 10 minutes,
-# so the work comes in parts, named on the command line (default: tests):
-#   bash scripts/device/gpu_check.sh tests      1-5 below                      (about 4 minutes)
+# On the GPU machine (device tool), from the repository root, with build/device, .ompi, .devlibs and
+# .devdata carried (scripts/device/prepare.sh makes them; build/device holds wlbtrain, the test
+# programs below with the dump_train they drive, and bench/attn_kernels). One device call runs at
+# most 10 minutes, so the work comes in parts, named on the command line (default: tests); each
+# part's logs in $OUT, one file a step (the device tool brings back at most 8 files a call, so one
+# part a call):
+#   bash scripts/device/gpu_check.sh tests      1-5 below  (about 4 minutes with one model in
+#                                               test_cuda_model; not yet timed with two)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
 #   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh     (about 3 minutes)
 #   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
@@ -11,19 +15,23 @@
 #                                               calibrated profile kept in $OUT (about 8 minutes)
 # tests:
 #   1. test_ops          every op against the CPU backend (fp32 against fp32, bf16 against the CPU's
-#                        bf16 emulation), the GPU's reductions twice for the same bits, and the
-#                        tensor-core attention against the fp32 reference at its tile edges
-#   2. test_cuda_model   a tiny model's loss and gradients against the CPU (fp32, bf16); recompute
-#                        modes; two runs and a resumed run bit for bit; 50 steps
+#                        bf16 emulation), the GPU's reductions twice for the same bits (attention
+#                        on the tensor cores and on the fp32 reference), products of 700 token
+#                        counts, and the tensor-core attention against the fp32 reference at its
+#                        tile edges
+#   2. test_cuda_model   two tiny models (head size 16: the fp32 reference attention; 64: the
+#                        tensor cores in bf16): loss and gradients against the CPU (fp32, bf16);
+#                        recompute modes; two runs and a resumed run bit for bit; 50 steps
 #   3. test_parallel     the 4D equivalence suite on the GPU (WLB_TEST_DEVICE=cuda): several ranks on
 #                        the one GPU, messages staged through the host (parallel.comm: mpi)
 #   4. the NCCL path     mpirun -np 1 with parallel.comm: nccl
 #   5. test_export.py    the export loaded by the machine's transformers
 # sanitize: compute-sanitizer over test_ops (WLB_TEST_SMALL=1: the same cases without the longest
-#   windows) and test_cuda_model: memcheck with the leak check, racecheck and initcheck on the
-#   project's kernels (k_*); any finding fails the step (exit 99). NCCL's probing of kernel images
-#   at communicator start reports API errors that are not ours: memcheck runs with
-#   --report-api-errors no (every CUDA call of the project is checked by CUDA_CHECK anyway).
+#   windows) and test_cuda_model (WLB_TEST_SMALL=1: without its 50-step curves): memcheck with the
+#   leak check, racecheck and initcheck on the project's kernels (k_*); any finding fails the step
+#   (exit 99). NCCL's probing of kernel images at communicator start reports API errors that are
+#   not ours: memcheck runs with --report-api-errors no (every CUDA call of the project is checked
+#   by CUDA_CHECK anyway).
 # Logs go to $OUT when set (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -35,7 +43,9 @@ source .ompi/env.sh
 if [ ! -d .devlibs/root ]; then for f in .devlibs/*.deb; do dpkg-deb -x "$f" .devlibs/root; done; fi
 nccl=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null)/lib
 export LD_LIBRARY_PATH=$PWD/.devlibs/root/usr/lib/x86_64-linux-gnu:${nccl}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export WLBTRAIN=$PWD/build/release/wlbtrain WLB_TEST_BIN_DIR=$PWD/build/release/test
+bin=$PWD/build/device
+[ -x "$bin/wlbtrain" ] || { echo "gpu_check: $bin/wlbtrain missing: run scripts/device/prepare.sh and carry build/device" >&2; exit 2; }
+export WLBTRAIN=$bin/wlbtrain WLB_TEST_BIN_DIR=$bin/test WLB_BENCH_BIN=$bin/bench
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=4
 nvidia-smi -L | tee "$out/gpu.txt"
 "$WLBTRAIN" --version | tee -a "$out/gpu.txt"
@@ -55,9 +65,9 @@ parts=("$@")
 for part in "${parts[@]}"; do
   case $part in
   tests)
-    step ops build/release/test/test_ops
-    step cuda_model build/release/test/test_cuda_model
-    WLB_TEST_DEVICE=cuda step parallel_gpu build/release/test/test_parallel
+    step ops "$bin/test/test_ops"
+    step cuda_model "$bin/test/test_cuda_model"
+    WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
     cat > /tmp/nccl.yaml <<'YAML'
 model: {preset: tiny}
 parallel: {tp: 1, cp: 1, pp: 1, dp: 1, comm: nccl}
@@ -72,11 +82,11 @@ YAML
     san=(compute-sanitizer --error-exitcode 99 --print-limit 20)
     k=(--kernel-name regex:k_)
     export WLB_TEST_SMALL=1
-    step memcheck_ops "${san[@]}" --tool memcheck --leak-check full build/release/test/test_ops
-    step racecheck_ops "${san[@]}" --tool racecheck "${k[@]}" build/release/test/test_ops
-    step initcheck_ops "${san[@]}" --tool initcheck "${k[@]}" build/release/test/test_ops
+    step memcheck_ops "${san[@]}" --tool memcheck --leak-check full "$bin/test/test_ops"
+    step racecheck_ops "${san[@]}" --tool racecheck "${k[@]}" "$bin/test/test_ops"
+    step initcheck_ops "${san[@]}" --tool initcheck "${k[@]}" "$bin/test/test_ops"
     step memcheck_model "${san[@]}" --tool memcheck --leak-check full --report-api-errors no \
-      build/release/test/test_cuda_model
+      "$bin/test/test_cuda_model"
     unset WLB_TEST_SMALL
     ;;
   attention) step attention bash bench/attention_kernels.sh; grep -E '^(#|\||$)' "$out/attention.log" ;;

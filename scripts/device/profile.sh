@@ -14,7 +14,7 @@ layers=${2:-2}
 shift $(($# > 2 ? 2 : $#))
 out=${OUT:-/tmp/profile}
 mkdir -p "$out"
-wlb=${WLBTRAIN:-$PWD/build/release/wlbtrain}
+wlb=${WLBTRAIN:-$PWD/build/device/wlbtrain}
 lengths=.devdata/distca_wlbllm_lengths.json
 [ -f "$lengths" ] || lengths=../shared/real-data/lengths/distca_wlbllm_lengths.json
 work=$(mktemp -d)
