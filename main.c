@@ -20,6 +20,7 @@
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
 #include "util/ckpt_index.h"
+#include "engine/train/train_stages.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
 static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *launch, Error *err)
@@ -91,16 +92,22 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
     char *owned = NULL;
     int rc = opt->command == CLI_EVAL ? eval_config(opt, &cfg, &launch, &owned, err) : load_config(opt, &cfg, &launch, err);
     if (rc == 0 && opt->command == CLI_EVAL) {
-        rc = trainer_eval_run(&cfg, opt->eval.checkpoint, opt->eval.out, err);
+        /* parallel.stage_layers: auto placed as training places it (every rank alike). */
+        rc = trainer_stage_layers(&cfg, NULL, NULL, err);
+        if (rc == 0)
+            rc = trainer_eval_run(&cfg, opt->eval.checkpoint, opt->eval.out, err);
     } else if (rc == 0 && opt->command == CLI_CALIBRATE) {
         rc = calibrate_run(&cfg, opt->calibrate_out, err);
     } else if (rc == 0 && opt->print_config) {
         if (launch.rank == 0)
             rc = config_print(&cfg, stdout, err);
     } else if (rc == 0 && opt->dry_run) {
-        /* The memory each rank needs: a layout that does not fit is refused here as in training. */
+        /* parallel.stage_layers: auto placed (for every rank alike), then the memory each rank needs:
+         * a layout that does not fit is refused here as in training. */
         DryRunMemoryPlan memory = {0};
-        rc = cfg.parallel.dp > 0 ? trainer_memory_plan(&cfg, &memory, err) : 0;
+        rc = cfg.parallel.dp > 0 ? trainer_stage_layers(&cfg, NULL, NULL, err) : 0;
+        if (rc == 0 && cfg.parallel.dp > 0)
+            rc = trainer_memory_plan(&cfg, &memory, err);
         if (rc == 0 && memory.stages && !opt->no_memory_check)
             rc = trainer_memory_check(&cfg, &memory, err);
         DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare, memory.stages ? &memory : NULL};

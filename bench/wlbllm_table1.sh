@@ -28,7 +28,7 @@ trap 'rm -rf "$out"' EXIT
 echo "# wlbtrain dry run on WLB-LLM Table 1 configurations"
 echo "machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores;" \
      "$(date -u +%Y-%m-%d); wlbtrain $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $steps steps each"
-echo "cost model: hardware h100 (bench/wlbllm/*.yaml: interleaved 1F1B, v = 2, as in the paper's stack)"
+echo "cost model: hardware h100 (bench/wlbllm/*.yaml: interleaved 1F1B, v = 2, layers split evenly, as in the paper's stack)"
 for cfg in bench/wlbllm/*.yaml; do
   name=$(basename "$cfg" .yaml)
   ./wlbtrain --config "$cfg" --dry-run --no-memory-check --compare --steps "$steps" --stats-out "$out/$name.jsonl" >/dev/null

@@ -47,6 +47,15 @@ typedef struct ConfigStrList {
     int n;
     char **v;
 } ConfigStrList;
+/* A key that is one of a few words or a list of integers: choice indexes the key's words, or equals
+ * their count for a list (then in list). */
+typedef struct ConfigChoiceOrList {
+    int choice;
+    ConfigIntList list;
+} ConfigChoiceOrList;
+
+/* parallel.stage_layers as written: the words even and auto, or a list of counts (STAGE_LAYERS_LIST). */
+typedef enum StageLayers { STAGE_LAYERS_EVEN, STAGE_LAYERS_AUTO, STAGE_LAYERS_LIST } StageLayers;
 
 typedef struct ConfigModel {
     char *preset; /* NULL = none */
@@ -64,6 +73,13 @@ typedef struct ConfigParallel {
     int64_t virtual_stages; /* model chunks per pipeline rank: 1 = 1F1B, more = interleaved 1F1B */
     CommKind comm;
     int64_t zero;
+    ConfigChoiceOrList stage_layers; /* how the layers are split over the model chunks, as written */
+    /* The split as resolved: the layers of each model chunk g = 0 .. pp * virtual_stages - 1 (chunk
+     * g on pipeline stage g % pp), adding up to model.n_layers. config_resolve fills it for even and
+     * a list; for auto it stays empty (n 0) until the engine places the layers by their cost
+     * (trainer_stage_layers, engine/train/train_stages.h). Every part that splits the model reads it
+     * (config_chunk_layers). Not a key: derived, freed by config_free. */
+    ConfigIntList chunk_layers;
     bool sequence_parallel; /* with tp > 1: the residual stream and the norms on T / tp rows per TP rank */
 } ConfigParallel;
 
@@ -174,6 +190,16 @@ void config_print_reference(FILE *out);
 /* 1 when every key has the same value in a and b. */
 int config_equal(const Config *a, const Config *b);
 
+/* Layers [*begin, *end) of model chunk g under the resolved split (parallel.chunk_layers, which
+ * must be resolved: stage_layers auto is placed by the engine first). */
+void config_chunk_layers(const Config *cfg, int g, int *begin, int *end);
+/* The even split of n_layers over n_chunks chunks into out[0..n_chunks): n_layers / n_chunks each,
+ * one more for the first n_layers % n_chunks. */
+void config_even_layers(int64_t n_layers, int n_chunks, int64_t *out);
+
+/* "[8, 9, 9, 6]": n counts as YAML's flow list, cut with "...]" where it would not fit in size. */
+void config_int_list_text(const int64_t *v, int n, char *buf, size_t size);
+
 /* Micro-batches per DP replica, M = global_batch_tokens / (dp * context_window); 0 if dp is auto. */
 int64_t config_micro_batches(const Config *cfg);
 
@@ -186,5 +212,6 @@ int config_stop_after(const char *s, int64_t *steps, double *seconds);
 const char *config_packer_name(PackerKind k);
 const char *config_cp_sharding_name(CpSharding k);
 const char *config_hardware_name(HardwareKind k);
+const char *config_stage_layers_name(StageLayers k); /* "even", "auto", "a list" */
 
 #endif

@@ -62,6 +62,13 @@ const ConfigKey config_keys[] = {
              "collectives: nccl on GPUs, mpi (host-staged) on CPUs or several ranks per GPU; auto picks"),
     INT_KEY("parallel.zero", parallel.zero, 0, 1, "0", NULL,
             "1 = shard optimizer state over DP x CP (ZeRO-1)"),
+    {"parallel.stage_layers", KEY_CHOICE_OR_LIST, OFF(parallel.stage_layers), 0, 1024, 0, 0, 0, "even|auto", "auto",
+     NULL, "how the layers are split over the pipeline stages: auto (placed by the cost model so that the slowest "
+     "stage's forward + backward of a typical micro-batch of the data is least - the first stage's embedding and the "
+     "last stage's output layer and loss counted - every stage within train.gpu_memory_gb, and the even split kept "
+     "where the pipeline simulator finds it as fast; docs/stage-balance.md), even (n_layers / chunks each, the "
+     "remainder to the first), or a list of counts, one per model chunk (pp x virtual_stages of them, chunk g on "
+     "stage g % pp), adding up to model.n_layers"},
     BOOL_KEY("parallel.sequence_parallel", parallel.sequence_parallel, "true", NULL,
              "with tp > 1: the residual stream, the norms and what they keep on 1/tp of the tokens per TP "
              "rank, all-gathered before the column-parallel products and reduce-scattered after the "
@@ -307,18 +314,28 @@ static int read_float(const ConfigKey *key, const char *s, double *out, const ch
     return 0;
 }
 
-static int read_enum(const ConfigKey *key, const char *s, int *out, const char *where, Error *err)
+/* The index of s among the key's choices, or -1; *count gets how many there are. */
+static int choice_index(const ConfigKey *key, const char *s, int *count)
 {
     size_t n = strlen(s);
-    int i = 0;
+    int i = 0, found = -1;
     for (const char *p = key->choices; *p; i++) {
         const char *bar = strchr(p, '|');
         size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && !strncmp(p, s, n)) {
-            *out = i;
-            return 0;
-        }
+        if (found < 0 && len == n && !strncmp(p, s, n))
+            found = i;
         p += len + (bar != NULL);
+    }
+    *count = i;
+    return found;
+}
+
+static int read_enum(const ConfigKey *key, const char *s, int *out, const char *where, Error *err)
+{
+    int count, i = choice_index(key, s, &count);
+    if (i >= 0) {
+        *out = i;
+        return 0;
     }
     return error_set(err, where, "%s: expected one of %s, got '%s'", key->name, key->choices, s);
 }
@@ -350,7 +367,8 @@ static char *dup_or_fail(const char *s, const char *where, Error *err)
 int config_key_assign(Config *cfg, int k, const ConfigValue *v, const char *where, Error *err)
 {
     const ConfigKey *key = &config_keys[k];
-    int is_list_type = key->type == KEY_INT_LIST || key->type == KEY_FLOAT_LIST || key->type == KEY_STR_LIST;
+    int is_list_type = key->type == KEY_INT_LIST || key->type == KEY_FLOAT_LIST || key->type == KEY_STR_LIST ||
+                       key->type == KEY_CHOICE_OR_LIST;
     if (v->is_list && !is_list_type)
         return error_set(err, where, "%s: expected a single value, got a list", key->name);
     const char *s = v->n > 0 ? v->items[0] : "";
@@ -412,6 +430,28 @@ int config_key_assign(Config *cfg, int k, const ConfigValue *v, const char *wher
         }
         return 0;
     }
+    case KEY_CHOICE_OR_LIST: {
+        ConfigChoiceOrList *c = CONFIG_FIELD(cfg, k, ConfigChoiceOrList);
+        int count, word = choice_index(key, s, &count);
+        int64_t ignored;
+        if (v->is_list)
+            word = -1;
+        else if (v->n != 1 || (word < 0 && parse_int64(s, &ignored) != 0))
+            return error_set(err, where, "%s: expected one of %s or a list of integers, got '%s'", key->name,
+                             key->choices, s);
+        int64_t *vals = calloc((size_t)v->n + 1, sizeof *vals);
+        if (!vals)
+            return error_runtime(err, where, "out of memory");
+        for (int i = 0; word < 0 && i < v->n; i++)
+            if (read_int(key, v->items[i], &vals[i], where, err) != 0) {
+                free(vals);
+                return -1;
+            }
+        free(c->list.v);
+        c->list = (ConfigIntList){word < 0 ? v->n : 0, vals};
+        c->choice = word < 0 ? count : word;
+        return 0;
+    }
     case KEY_STR_LIST: {
         ConfigStrList *l = CONFIG_FIELD(cfg, k, ConfigStrList);
         char **vals = calloc((size_t)n + 1, sizeof *vals);
@@ -466,9 +506,22 @@ int config_key_count(const Config *cfg, int k)
         return CONFIG_FIELD(cfg, k, ConfigStrList)->n;
     case KEY_STR:
         return *CONFIG_FIELD(cfg, k, char *) != NULL;
+    case KEY_CHOICE_OR_LIST:
+        return config_key_is_list(cfg, k) ? CONFIG_FIELD(cfg, k, ConfigChoiceOrList)->list.n : 1;
     default:
         return 1;
     }
+}
+
+int config_key_is_list(const Config *cfg, int k)
+{
+    const ConfigKey *key = &config_keys[k];
+    if (key->type == KEY_CHOICE_OR_LIST) {
+        int count;
+        choice_index(key, "", &count);
+        return CONFIG_FIELD(cfg, k, ConfigChoiceOrList)->choice >= count;
+    }
+    return key->type == KEY_INT_LIST || key->type == KEY_FLOAT_LIST || key->type == KEY_STR_LIST;
 }
 
 void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, int *quote)
@@ -508,6 +561,14 @@ void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, 
     case KEY_FLOAT_LIST:
         format_double(CONFIG_FIELD(cfg, k, ConfigFloatList)->v[i], buf, size);
         return;
+    case KEY_CHOICE_OR_LIST: {
+        const ConfigChoiceOrList *c = CONFIG_FIELD(cfg, k, ConfigChoiceOrList);
+        if (config_key_is_list(cfg, k))
+            snprintf(buf, size, "%lld", (long long)c->list.v[i]);
+        else
+            enum_name(key, c->choice, buf, size);
+        return;
+    }
     case KEY_STR_LIST: {
         const char *s = CONFIG_FIELD(cfg, k, ConfigStrList)->v[i];
         snprintf(buf, size, "%s", s);
@@ -518,6 +579,11 @@ void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, 
 }
 
 static int str_eq(const char *a, const char *b) { return (!a && !b) || (a && b && !strcmp(a, b)); }
+
+static int int_lists_equal(const ConfigIntList *x, const ConfigIntList *y)
+{
+    return x->n == y->n && (x->n == 0 || !memcmp(x->v, y->v, (size_t)x->n * sizeof *x->v));
+}
 
 int config_key_equal(const Config *a, const Config *b, int k)
 {
@@ -533,9 +599,11 @@ int config_key_equal(const Config *a, const Config *b, int k)
         return *CONFIG_FIELD(a, k, int) == *CONFIG_FIELD(b, k, int);
     case KEY_STR:
         return str_eq(*CONFIG_FIELD(a, k, char *), *CONFIG_FIELD(b, k, char *));
-    case KEY_INT_LIST: {
-        const ConfigIntList *x = CONFIG_FIELD(a, k, ConfigIntList), *y = CONFIG_FIELD(b, k, ConfigIntList);
-        return x->n == y->n && (x->n == 0 || !memcmp(x->v, y->v, (size_t)x->n * sizeof *x->v));
+    case KEY_INT_LIST:
+        return int_lists_equal(CONFIG_FIELD(a, k, ConfigIntList), CONFIG_FIELD(b, k, ConfigIntList));
+    case KEY_CHOICE_OR_LIST: {
+        const ConfigChoiceOrList *x = CONFIG_FIELD(a, k, ConfigChoiceOrList), *y = CONFIG_FIELD(b, k, ConfigChoiceOrList);
+        return x->choice == y->choice && int_lists_equal(&x->list, &y->list);
     }
     case KEY_FLOAT_LIST: {
         const ConfigFloatList *x = CONFIG_FIELD(a, k, ConfigFloatList), *y = CONFIG_FIELD(b, k, ConfigFloatList);
@@ -582,6 +650,13 @@ void config_key_free(Config *cfg, int k)
         l->n = 0;
         return;
     }
+    case KEY_CHOICE_OR_LIST: {
+        ConfigIntList *l = &CONFIG_FIELD(cfg, k, ConfigChoiceOrList)->list;
+        free(l->v);
+        l->v = NULL;
+        l->n = 0;
+        return;
+    }
     case KEY_STR_LIST: {
         ConfigStrList *l = CONFIG_FIELD(cfg, k, ConfigStrList);
         for (int i = 0; i < l->n; i++)
@@ -601,7 +676,7 @@ int config_key_copy(Config *dst, const Config *src, int k, Error *err)
     /* Through the text form: one code path for every type, and copying is rare (presets, tests). */
     int n = config_key_count(src, k);
     const ConfigKey *key = &config_keys[k];
-    int is_list = key->type == KEY_INT_LIST || key->type == KEY_FLOAT_LIST || key->type == KEY_STR_LIST;
+    int is_list = config_key_is_list(src, k);
     char **items = calloc((size_t)n + 1, sizeof *items);
     int *plain = calloc((size_t)n + 1, sizeof *plain);
     int rc = -1;
@@ -661,5 +736,11 @@ const char *config_cp_sharding_name(CpSharding k)
 const char *config_hardware_name(HardwareKind k)
 {
     static const char *const names[] = {"h100", "h200", "a100", "cpu"};
+    return names[k];
+}
+
+const char *config_stage_layers_name(StageLayers k)
+{
+    static const char *const names[] = {"even", "auto", "a list"};
     return names[k];
 }

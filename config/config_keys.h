@@ -20,6 +20,8 @@ typedef enum KeyType {
     KEY_INT_LIST,   /* ConfigIntList */
     KEY_FLOAT_LIST, /* ConfigFloatList */
     KEY_STR_LIST,   /* ConfigStrList; a single scalar is a list of one */
+    KEY_CHOICE_OR_LIST, /* ConfigChoiceOrList: one of the words in choices, or a list of integers
+                         * (imin..imax each; a single integer is a list of one) */
 } KeyType;
 
 /* Range flags for KEY_FLOAT: the bound itself is excluded. */
@@ -66,6 +68,8 @@ int config_key_assign(Config *cfg, int k, const ConfigValue *v, const char *wher
 void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, int *quote);
 /* Number of elements of a list key (or 1 for scalars, 0 for a NULL string). */
 int config_key_count(const Config *cfg, int k);
+/* 1 when key k's value is written as a YAML list. */
+int config_key_is_list(const Config *cfg, int k);
 int config_key_equal(const Config *a, const Config *b, int k);
 void config_key_free(Config *cfg, int k);
 /* Copies key k's value from src into dst (deep copy). */

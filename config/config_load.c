@@ -32,6 +32,8 @@ void config_free(Config *cfg)
 {
     for (int k = 0; k < config_n_keys; k++)
         config_key_free(cfg, k);
+    free(cfg->parallel.chunk_layers.v);
+    cfg->parallel.chunk_layers = (ConfigIntList){0, NULL};
     free(cfg->source_path);
     cfg->source_path = NULL;
 }

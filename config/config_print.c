@@ -31,8 +31,7 @@ static int emit_key_value(yaml_emitter_t *em, const Config *cfg, int k, Error *e
     int quote;
     if (emit_scalar(em, strchr(key->name, '.') + 1, 0, err) != 0)
         return -1;
-    int is_list = key->type == KEY_INT_LIST || key->type == KEY_FLOAT_LIST || key->type == KEY_STR_LIST;
-    if (!is_list) {
+    if (!config_key_is_list(cfg, k)) {
         config_key_format(cfg, k, 0, buf, sizeof buf, &quote);
         return emit_scalar(em, buf, quote, err);
     }
@@ -103,12 +102,42 @@ int config_print(const Config *cfg, FILE *out, Error *err)
     return rc;
 }
 
+void config_int_list_text(const int64_t *v, int n, char *buf, size_t size)
+{
+    /* size >= 8 (callers' buffers are larger): "[" and ", ...]" always fit. */
+    size_t len = 1, fits = 1; /* fits: the end of the last item after which ", ...]" still fits */
+    buf[0] = '[';
+    for (int i = 0; i < n; i++) {
+        char item[32];
+        size_t k = (size_t)snprintf(item, sizeof item, "%s%lld", i ? ", " : "", (long long)v[i]);
+        if (len + k + 2 > size) {
+            snprintf(buf + fits, size - fits, "%s...]", fits > 1 ? ", " : "");
+            return;
+        }
+        memcpy(buf + len, item, k);
+        len += k;
+        if (len + 7 <= size)
+            fits = len;
+    }
+    snprintf(buf + len, size - len, "]");
+}
+
 int config_equal(const Config *a, const Config *b)
 {
     for (int k = 0; k < config_n_keys; k++)
         if (!config_key_equal(a, b, k))
             return 0;
     return 1;
+}
+
+/* The key's choices separated by spaces; returns their length. */
+static size_t choice_words(const ConfigKey *key, char *buf, size_t size)
+{
+    size_t n = 0;
+    for (const char *p = key->choices; *p && n + 2 < size; p++)
+        buf[n++] = *p == '|' ? ' ' : *p;
+    buf[n] = '\0';
+    return n;
 }
 
 /* "integer 1..1024", "number > 0", "one of a, b" ... for the reference. */
@@ -130,19 +159,20 @@ static void describe_type(const ConfigKey *key, char *buf, size_t size)
     case KEY_BOOL:
         snprintf(buf, size, "true or false");
         return;
-    case KEY_ENUM: {
-        size_t n = 0;
-        for (const char *p = key->choices; *p && n + 2 < size; p++)
-            buf[n++] = *p == '|' ? ' ' : *p;
-        buf[n] = '\0';
+    case KEY_ENUM:
+        choice_words(key, buf, size);
         return;
-    }
     case KEY_STR:
         snprintf(buf, size, "string");
         return;
     case KEY_STR_LIST:
         snprintf(buf, size, "string or list of strings");
         return;
+    case KEY_CHOICE_OR_LIST: {
+        size_t n = choice_words(key, buf, size);
+        snprintf(buf + n, size - n, " or list of integers %lld..%lld", (long long)key->imin, (long long)key->imax);
+        return;
+    }
     }
 }
 

@@ -111,6 +111,65 @@ static int check_model(const Config *cfg, Error *err)
     return 0;
 }
 
+void config_even_layers(int64_t n_layers, int n_chunks, int64_t *out)
+{
+    for (int g = 0; g < n_chunks; g++)
+        out[g] = n_layers / n_chunks + (g < n_layers % n_chunks);
+}
+
+/* parallel.chunk_layers from parallel.stage_layers: the even split, or the list once checked (one
+ * count per model chunk, none 0, adding up to model.n_layers); empty for auto (the engine's). */
+static int resolve_stage_layers(Config *cfg, Error *err)
+{
+    ConfigParallel *p = &cfg->parallel;
+    const ConfigIntList *list = &p->stage_layers.list;
+    int chunks = (int)(p->pp * p->virtual_stages);
+    free(p->chunk_layers.v);
+    p->chunk_layers = (ConfigIntList){0, NULL};
+    if (p->stage_layers.choice == STAGE_LAYERS_AUTO)
+        return 0;
+    if (p->stage_layers.choice == STAGE_LAYERS_LIST) {
+        int64_t sum = 0;
+        if (list->n != chunks)
+            return rule_error(cfg, err, "parallel.stage_layers", NULL,
+                              "%d counts for %d model chunks: one per pipeline stage%s (pp %lld x virtual_stages %lld)",
+                              list->n, chunks, p->virtual_stages > 1 ? " and virtual stage" : "", (long long)p->pp,
+                              (long long)p->virtual_stages);
+        for (int g = 0; g < chunks; g++) {
+            if (list->v[g] == 0)
+                return rule_error(cfg, err, "parallel.stage_layers", NULL,
+                                  "model chunk %d (stage %lld) has no layer; every chunk needs at least one", g,
+                                  (long long)(g % p->pp));
+            sum += list->v[g];
+        }
+        if (sum != cfg->model.n_layers)
+            return rule_error(cfg, err, "parallel.stage_layers", "model.n_layers",
+                              "the counts add up to %lld layers, model.n_layers is %lld", (long long)sum,
+                              (long long)cfg->model.n_layers);
+    }
+    int64_t *v = malloc((size_t)chunks * sizeof *v);
+    if (!v)
+        return error_runtime(err, "config", "out of memory");
+    if (p->stage_layers.choice == STAGE_LAYERS_LIST)
+        memcpy(v, list->v, (size_t)chunks * sizeof *v);
+    else
+        config_even_layers(cfg->model.n_layers, chunks, v);
+    p->chunk_layers = (ConfigIntList){chunks, v};
+    return 0;
+}
+
+void config_chunk_layers(const Config *cfg, int g, int *begin, int *end)
+{
+    const ConfigIntList *l = &cfg->parallel.chunk_layers;
+    /* Resolved: config_resolve, and for auto the engine (trainer_stage_layers). */
+    WLB_ASSERT(l->n == cfg->parallel.pp * cfg->parallel.virtual_stages && g >= 0 && g < l->n);
+    int64_t b = 0;
+    for (int i = 0; i < g; i++)
+        b += l->v[i];
+    *begin = (int)b;
+    *end = (int)(b + l->v[g]);
+}
+
 static int check_parallel(Config *cfg, int world_size, Error *err)
 {
     const ConfigModel *m = &cfg->model;
@@ -137,6 +196,8 @@ static int check_parallel(Config *cfg, int world_size, Error *err)
         return rule_error(cfg, err, "parallel.virtual_stages", "parallel.pp",
                           "pp * virtual_stages = %lld model chunks must not exceed model.n_layers (%lld)",
                           (long long)(p->pp * p->virtual_stages), (long long)m->n_layers);
+    if (resolve_stage_layers(cfg, err) != 0)
+        return -1;
     long long mp = (long long)(p->tp * p->cp * p->pp);
     if (world_size > 0 && p->dp == 0) {
         if (world_size % mp)

@@ -139,7 +139,7 @@ static void plan_setup(PlanSetup *s)
     }
     char yaml[512];
     snprintf(yaml, sizeof yaml,
-             "model: {preset: tiny}\nparallel: {tp: 1, cp: 2, pp: 1, dp: 2}\n"
+             "model: {preset: tiny}\nparallel: {tp: 1, cp: 2, pp: 1, dp: 2, stage_layers: even}\n"
              "data: {lengths_file: %s, context_window: 128, global_batch_tokens: 512}\n"
              "balance: {packer: wlb, cp_sharding: hybrid, hardware: cpu}\n",
              lengths);

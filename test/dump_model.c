@@ -123,7 +123,9 @@ static void load_config(Config *cfg, const char *yaml)
 {
     Error err = {0};
     config_init(cfg);
-    if (config_load_string(cfg, yaml, "case", &err) != 0 || config_resolve(cfg, 0, &err) != 0)
+    /* The layers split evenly (auto is the engine's to place; the planner here simulates them). */
+    if (config_apply_set(cfg, "parallel.stage_layers=even", &err) != 0 ||
+        config_load_string(cfg, yaml, "case", &err) != 0 || config_resolve(cfg, 0, &err) != 0)
         die(&err);
 }
 

@@ -26,6 +26,7 @@
 #include "config/config.h"
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
+#include "engine/train/train_stages.h"
 #include "util/safetensors.h"
 
 enum { MAX_DOCS = 64 }; /* documents a LAYOUT names */
@@ -184,7 +185,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--set") || config_apply_set(&cfg, argv[i + 1], &err) != 0)
             die(NULL, err.msg[0] ? &err : &(Error){2, "expected --set KEY=VALUE or --layout LAYOUT"});
     }
-    if (config_resolve(&cfg, launch.world_size, &err) != 0)
+    if (config_resolve(&cfg, launch.world_size, &err) != 0 || trainer_stage_layers(&cfg, NULL, NULL, &err) != 0)
         die(NULL, &err);
     Comm comm;
     const ConfigParallel *p = &cfg.parallel;

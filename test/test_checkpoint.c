@@ -16,6 +16,7 @@
  */
 #include "test/testlib.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -450,6 +451,55 @@ static void test_resume_with_evaluation(void **state)
     free(model);
 }
 
+/* parallel.stage_layers: a run on 2 pipeline stages with the layers split [1, 3], killed after the
+ * checkpoint of step 3 and resumed on that split, is the same run bit for bit (each rank reads its
+ * own shards: the index records the split); the checkpoint of step 6 resumed with [3, 1], with the
+ * even split and in one process is resharded by tensor name (the index's layers per chunk differ
+ * from the config's), within float rounding of the uninterrupted run. */
+static void test_resume_other_split(void **state)
+{
+    (void)state;
+    Metrics whole, other;
+    const char *layout[] = {"--set", "parallel.pp=2", "--set", "parallel.stage_layers=[1, 3]", NULL};
+    check_resume(2, "split", 5, layout, &whole, "same layout, each rank read its own shards: at most 1 shard file a rank");
+    char *index = test_format("%s/split-whole/step-00000006/index.json", dir);
+    json_t *root = json_load_file(index, 0, NULL);
+    json_t *split = json_object_get(json_object_get(root, "layout"), "stage_layers");
+    assert_int_equal(json_array_size(split), 2);
+    assert_int_equal(json_integer_value(json_array_get(split, 0)), 1);
+    assert_int_equal(json_integer_value(json_array_get(split, 1)), 3);
+    json_decref(root);
+    free(index);
+    char *from = test_format("checkpoint.resume=%s/split-whole/step-00000006", dir);
+    char *copy = test_format("cp %s/split-whole.jsonl %s/resplit.jsonl", dir, dir);
+    const char *splits[][8] = {
+        {"--set", from, "--set", "parallel.pp=2", "--set", "parallel.stage_layers=[3, 1]", NULL},
+        {"--set", from, "--set", "parallel.pp=2", NULL},
+        {"--set", from, NULL},
+    };
+    const int ranks[] = {2, 2, 0};
+    for (int i = 0; i < 3; i++) {
+        CmdResult r;
+        assert_int_equal(system(copy), 0);
+        train(&r, ranks[i], "resplit", NULL, splits[i]);
+        if (r.status != 0)
+            print_error("%s\n%s\n", r.out, r.err);
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, "resharded from tp 1, cp 1, pp 2, dp 1, zero 0, layers per chunk [1, 3]: "));
+        test_cmd_free(&r);
+        read_metrics("resplit", &other);
+        assert_int_equal(other.n, 8);
+        for (int k = 6; k < 8; k++) {
+            double a = atof(whole.loss[k]), b = atof(other.loss[k]);
+            printf("# step %d: loss %.12f with layers [1, 3], %.12f resumed on split %d (%.1e)\n", k + 1, a, b, i,
+                   fabs(a - b) / fabs(a));
+            assert_true(fabs(a - b) <= 1e-9 * fabs(a));
+        }
+    }
+    free(copy);
+    free(from);
+}
+
 static int exists(const char *rel)
 {
     struct stat st;
@@ -752,6 +802,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_bit_identical), cmocka_unit_test(test_resume_8_ranks_and_other_layout),
+        cmocka_unit_test(test_resume_other_split),
         cmocka_unit_test(test_resume_across_sequence_parallelism),
         cmocka_unit_test(test_resume_groups),        cmocka_unit_test(test_resume_with_evaluation),
         cmocka_unit_test(test_shard_files),

@@ -299,6 +299,72 @@ static void test_print_round_trip_odd_values(void **state)
     config_free(&cfg);
 }
 
+/* parallel.stage_layers: even, auto or a list, printed as written (auto loads back to auto: the
+ * engine places it from the same config); the resolved split in parallel.chunk_layers; a list that
+ * does not fit the model chunks is an error at the key's line. */
+static void test_stage_layers(void **state)
+{
+    (void)state;
+    Config cfg;
+    Error err;
+    const char *base = "model: {preset: llama3-8b}\nparallel:\n  pp: 4\n";
+    /* The default: auto, placed by the engine (trainer_stage_layers), not here. */
+    assert_int_equal(load(&cfg, base, NULL, 0, &err), 0);
+    assert_int_equal(cfg.parallel.stage_layers.choice, STAGE_LAYERS_AUTO);
+    assert_int_equal(cfg.parallel.chunk_layers.n, 0);
+    assert_round_trip(&cfg);
+    config_free(&cfg);
+    const char *even[] = {"parallel.stage_layers=even", NULL};
+    assert_int_equal(load(&cfg, base, even, 0, &err), 0);
+    assert_int_equal(cfg.parallel.stage_layers.choice, STAGE_LAYERS_EVEN);
+    assert_int_equal(cfg.parallel.chunk_layers.n, 4);
+    int begin, end;
+    config_chunk_layers(&cfg, 3, &begin, &end);
+    assert_int_equal(begin, 24);
+    assert_int_equal(end, 32);
+    assert_round_trip(&cfg);
+    config_free(&cfg);
+    const char *list[] = {"parallel.stage_layers=[7, 9, 9, 7]", NULL};
+    assert_int_equal(load(&cfg, base, list, 0, &err), 0);
+    assert_int_equal(cfg.parallel.stage_layers.choice, STAGE_LAYERS_LIST);
+    config_chunk_layers(&cfg, 1, &begin, &end);
+    assert_int_equal(begin, 7);
+    assert_int_equal(end, 16);
+    assert_round_trip(&cfg);
+    config_free(&cfg);
+    /* Interleaved: one count per model chunk, chunk g on stage g % pp. */
+    const char *inter[] = {"parallel.virtual_stages=2", "parallel.stage_layers=[3, 4, 4, 5, 4, 4, 5, 3]", NULL};
+    assert_int_equal(load(&cfg, base, inter, 0, &err), 0);
+    config_chunk_layers(&cfg, 7, &begin, &end);
+    assert_int_equal(begin, 29);
+    assert_int_equal(end, 32);
+    config_free(&cfg);
+    expect_error("model: {preset: llama3-8b}\nparallel:\n  pp: 4\n  stage_layers: [8, 8, 16]\n", NULL, 0,
+                 "t.yaml:4:17: parallel.stage_layers: 3 counts for 4 model chunks: one per pipeline stage (pp 4 x "
+                 "virtual_stages 1)");
+    expect_error("model: {preset: llama3-8b}\nparallel:\n  pp: 2\n  virtual_stages: 2\n  stage_layers: [16, 16]\n",
+                 NULL, 0, "t.yaml:5:17: parallel.stage_layers: 2 counts for 4 model chunks: one per pipeline stage and "
+                 "virtual stage (pp 2 x virtual_stages 2)");
+    expect_error("model: {preset: llama3-8b}\nparallel:\n  pp: 2\n  stage_layers: [0, 32]\n", NULL, 0,
+                 "t.yaml:4:17: parallel.stage_layers: model chunk 0 (stage 0) has no layer; every chunk needs at least "
+                 "one");
+    expect_error("model: {preset: llama3-8b}\nparallel:\n  pp: 2\n  stage_layers: [15, 16]\n", NULL, 0,
+                 "t.yaml:4:17: parallel.stage_layers: the counts add up to 31 layers, model.n_layers is 32");
+    expect_error("model: {preset: llama3-8b}\nparallel:\n  pp: 2\n  stage_layers: balanced\n", NULL, 0,
+                 "t.yaml:4:17: parallel.stage_layers: expected one of even|auto or a list of integers, got 'balanced'");
+    expect_error("model: {preset: llama3-8b}\nparallel:\n  pp: 2\n  stage_layers: [16, -1]\n", NULL, 0,
+                 "t.yaml:4:17: parallel.stage_layers: must be between 0 and 1024, got -1");
+    const char *short_list[] = {"parallel.pp=2", "parallel.stage_layers=[1, 3]", NULL};
+    expect_error("model: {preset: llama3-8b}\n", short_list, 0,
+                 "--set parallel.stage_layers=[1, 3]: parallel.stage_layers: the counts add up to 4 layers, "
+                 "model.n_layers is 32");
+    /* One stage: a single count is a list of one. */
+    const char *one[] = {"parallel.stage_layers=32", NULL};
+    assert_int_equal(load(&cfg, "model: {preset: llama3-8b}\n", one, 0, &err), 0);
+    assert_int_equal(cfg.parallel.chunk_layers.v[0], 32);
+    config_free(&cfg);
+}
+
 static void test_every_default_loads(void **state)
 {
     (void)state;
@@ -334,6 +400,7 @@ int main(void)
         cmocka_unit_test(test_set_overrides),
         cmocka_unit_test(test_print_round_trip_examples),
         cmocka_unit_test(test_print_round_trip_odd_values),
+        cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_every_default_loads),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);

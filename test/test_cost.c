@@ -12,12 +12,14 @@
 #include "config/config.h"
 #include "engine/plan/cost.h"
 
-/* A resolved config from YAML plus --set style overrides. */
+/* A resolved config from YAML; the layers split evenly unless the YAML says otherwise (auto is the
+ * engine's to place, trainer_stage_layers). */
 static void make_config(Config *cfg, const char *yaml)
 {
     Error err = {0};
     config_init(cfg);
-    if (config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
+    if (config_apply_set(cfg, "parallel.stage_layers=even", &err) != 0 ||
+        config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
     }
@@ -153,19 +155,48 @@ static void test_recompute(void **state)
     assert_true(cost_cp_comm_s(&full, n) > cost_cp_comm_s(&none, n));
 }
 
+/* The even split: n / chunks each, the remainder to the first chunks; the cost model reads the
+ * config's split, even or a list. */
 static void test_stage_layers(void **state)
 {
     (void)state;
+    int64_t split[40];
     for (int layers = 1; layers <= 40; layers++)
         for (int pp = 1; pp <= layers; pp++) {
-            int total = 0;
+            int64_t total = 0;
+            config_even_layers(layers, pp, split);
             for (int s = 0; s < pp; s++) {
-                int n = cost_stage_layers(layers, pp, s);
-                assert_true(n == layers / pp || n == layers / pp + 1);
-                total += n;
+                assert_true(split[s] == layers / pp + (s < layers % pp));
+                total += split[s];
             }
             assert_int_equal(total, layers);
         }
+    CostModel m;
+    make_model(&m, "model: {preset: tiny}\nparallel: {pp: 2, virtual_stages: 2, dp: 1}\n");
+    int tiny = m.n_layers;
+    for (int g = 0; g < 4; g++)
+        assert_int_equal(cost_chunk_layers(&m, g), tiny / 4 + (g < tiny % 4));
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {pp: 4, dp: 1, stage_layers: [7, 9, 9, 7]}\n");
+    assert_int_equal(cost_chunk_layers(&m, 0), 7);
+    assert_int_equal(cost_chunk_layers(&m, 1), 9);
+    assert_int_equal(cost_chunk_layers(&m, 3), 7);
+}
+
+/* The embedding: float32 rows written and summed over TP with nothing to hide under - an
+ * all-reduce, or with sequence parallelism a reduce-scatter onto the rank's rows; its backward a
+ * scatter-add, after an all-gather of the rows' gradients with SP. */
+static void test_embedding(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1, sequence_parallel: false}\n");
+    double rows = 8192.0 * 4096 * 4;
+    assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 2 * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
+    assert_true(fabs(cost_embed_bwd_s(&m, 8192) - 3 * rows / 3350e9) < 1e-12);
+    assert_true(cost_embed_fwd_s(&m, 0) == 0 && cost_embed_bwd_s(&m, 0) == 0);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\n");
+    assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
+    assert_true(fabs(cost_embed_bwd_s(&m, 8192) - (3 * rows / 3350e9 + rows * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
 }
 
 static void test_calibration_file(void **state)
@@ -270,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_communication),
         cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_stage_layers),
+        cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_calibration_file),
     };
     return cmocka_run_group_tests_name("cost", tests, NULL, NULL);

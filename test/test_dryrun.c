@@ -516,8 +516,9 @@ static void dry_8b(CmdResult *r, const char *cfg, const char *stats, const char 
     const char *argv[64] = {"--config", cfg, "--dry-run", "--steps", "2", "--set", "model.preset=llama3-8b", "--set",
                             "model.n_layers=4", "--set", "model.max_seq_len=32768", "--set",
                             "data.context_window=32768", "--set", "data.global_batch_tokens=262144", "--set",
-                            "parallel.dp=1", "--set", "balance.hardware=h100", "--set", "train.device=cuda"};
-    int k = 21;
+                            "parallel.dp=1", "--set", "balance.hardware=h100", "--set", "train.device=cuda", "--set",
+                            "parallel.stage_layers=even"};
+    int k = 23;
     if (stats) {
         argv[k++] = "--stats-out";
         argv[k++] = stats;
@@ -545,7 +546,8 @@ static void test_memory_model(void **state)
         print_error("%s\n", r.err);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "memory per rank, GB (train.recompute: none;"));
-    assert_non_null(strstr(r.out, " stage   weights      bf16     grads  optimizer  activations in_flight"));
+    assert_non_null(strstr(r.out, " stage  layers   weights      bf16     grads  optimizer  activations in_flight"));
+    assert_non_null(strstr(r.out, "\n     0       2 ")); /* 4 layers, 2 a stage */
     assert_non_null(strstr(r.out, "of 1000.0 GB: fits"));
     test_cmd_free(&r);
     read_memory(stats, base);
@@ -618,6 +620,75 @@ static void test_memory_model(void **state)
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "DOES NOT FIT"));
     test_cmd_free(&r);
+    free(stats);
+    free(cfg);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+/* The summary's number at key, and its array at akey (up to n values; returns how many). */
+static double summary_number(const char *stats, const char *key, const char *akey, double *a, int n, int *count)
+{
+    char *text = test_read_file(stats, NULL);
+    assert_non_null(text);
+    json_t *o = json_loads(strstr(text, "{\"summary\""), 0, NULL);
+    assert_non_null(o);
+    json_t *x = json_object_get(o, key), *arr = json_object_get(o, akey);
+    assert_true(json_is_number(x) && json_is_array(arr));
+    double v = json_number_value(x);
+    *count = (int)json_array_size(arr);
+    for (int i = 0; i < *count && i < n; i++)
+        a[i] = json_number_value(json_array_get(arr, (size_t)i));
+    json_decref(o);
+    free(text);
+    return v;
+}
+
+/* parallel.stage_layers in the dry run: Llama 3 8B's vocabulary at 8K windows of short documents,
+ * pp 4 - the output layer weighs about two layers. The stages line and the memory table show the
+ * split; the summary's slowest-stage share is its definition over the stages' busy times; auto
+ * takes layers off the last stage and predicts a faster step than even, with a smaller share for
+ * the slowest stage. */
+static void test_stage_balance(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *cfg = write_config(dir, ""), *stats = test_format("%s/s.jsonl", dir);
+    double predicted[2], share[2];
+    for (int a = 0; a < 2; a++) {
+        CmdResult r;
+        RUN(&r, "--config", cfg, "--dry-run", "--steps", "6", "--stats-out", stats, "--set", "model.preset=llama3-8b",
+            "--set", "model.max_seq_len=8192", "--set", "data.context_window=8192", "--set", "parallel.tp=2",
+            "--set", "parallel.cp=1", "--set", "parallel.pp=4", "--set", "parallel.dp=1", "--set",
+            "data.global_batch_tokens=65536", "--set", a ? "parallel.stage_layers=auto" : "parallel.stage_layers=even");
+        if (r.status != 0)
+            print_error("%s\n", r.err);
+        assert_int_equal(r.status, 0);
+        const char *line = strstr(r.out, "stages: layers per stage [");
+        assert_non_null(line);
+        assert_non_null(strstr(line, a ? "(parallel.stage_layers: auto)" : "[8, 8, 8, 8] (parallel.stage_layers: even)"));
+        assert_non_null(strstr(r.out, "summary: stages busy "));
+        double busy[4], layers[4], total = 0, most = 0;
+        int n;
+        share[a] = summary_number(stats, "slowest_stage_share", "stage_busy_s", busy, 4, &n);
+        assert_int_equal(n, 4);
+        for (int s = 0; s < 4; s++) {
+            total += busy[s];
+            most = busy[s] > most ? busy[s] : most;
+        }
+        assert_true(fabs(share[a] - most / total) <= 1e-5 * share[a]);
+        predicted[a] = summary_number(stats, "predicted_s", "stage_layers", layers, 4, &n);
+        assert_int_equal(n, 4);
+        char table[64];
+        snprintf(table, sizeof table, "\n     3 %7.0f ", layers[3]);
+        assert_non_null(strstr(r.out, table));
+        assert_true(layers[0] + layers[1] + layers[2] + layers[3] == 32);
+        if (a)
+            assert_true(layers[3] < 8);
+        printf("# %s: layers %g, %g, %g, %g; predicted %.4f s; slowest stage %.1f%% of the stages' time\n",
+               a ? "auto" : "even", layers[0], layers[1], layers[2], layers[3], predicted[a], 100 * share[a]);
+        test_cmd_free(&r);
+    }
+    assert_true(predicted[1] < predicted[0] && share[1] < share[0]);
     free(stats);
     free(cfg);
     test_rm_rf(dir);
@@ -778,6 +849,7 @@ int main(void)
         cmocka_unit_test(test_lengths_from_idx),
         cmocka_unit_test(test_large_cluster),
         cmocka_unit_test(test_memory_model),
+        cmocka_unit_test(test_stage_balance),
         cmocka_unit_test(test_examples_fit),
         cmocka_unit_test(test_example_commands),
         cmocka_unit_test(test_skipped_lengths),

@@ -6,13 +6,15 @@ checkpoint, then is exported in float32 and bfloat16.
 1   config.json is the LlamaConfig of the model (every field transformers reads).
 2   float32: every tensor of the checkpoint (rebuilt here from the shard files' sections and the blocks
     index.json names), under the same name and shape, bit for bit.
-    The same for a checkpoint of 4 ranks (tp 2, pp 2; when mpirun is there): 4 shard files.
+    The same for a checkpoint of 4 ranks (tp 2, pp 2; when mpirun is there): 4 shard files; and for
+    one of 3 layers split [2, 1] over 2 pipeline stages (parallel.stage_layers): the Hugging Face model
+    of 3 layers, whatever stage held them.
 3   bfloat16: every tensor rounded to nearest even (recomputed here), dtype BF16.
 4   transformers: LlamaForCausalLM.from_pretrained loads the float32 folder and its logits on a
     sequence equal the float64 numpy reference (ref_llama, itself checked against the C model)
     within 1e-4 relative. Needs torch and transformers in the python of $WLB_HF_PYTHON (default
     this one); skipped with that reason when they are missing.
-5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (9 kinds): one
+5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (11 kinds): one
     error line, exit status 2, the output folder left as it was (or not made).
 6   --checkpoint takes the checkpoint folder (trailing slash or not), its latest file (also as a
     relative path), a step folder: the same model.safetensors; another file, or a folder holding no
@@ -94,6 +96,16 @@ class Fixture:
             check(r.returncode == 0, "training on 4 ranks failed: %s%s" % (r.stdout, r.stderr))
             self.out4 = os.path.join(self.dir, "hf4")
             r = run([WLBTRAIN, "export", "--checkpoint", self.ckpt4, "--out", self.out4])
+            check(r.returncode == 0, "export failed: %s" % r.stderr)
+            comment(r.stdout.strip())
+            # 3 layers, 2 on the first stage and 1 on the last.
+            self.ckpt_split = os.path.join(self.dir, "ckpt-split")
+            r = run(["mpirun", "-np", "2", WLBTRAIN, "--config", cfg, "--set", "checkpoint.dir=" + self.ckpt_split,
+                     "--set", "model.n_layers=3", "--set", "parallel.pp=2", "--set", "parallel.stage_layers=[2, 1]"],
+                    timeout=300)
+            check(r.returncode == 0, "training with layers [2, 1] failed: %s%s" % (r.stdout, r.stderr))
+            self.out_split = os.path.join(self.dir, "hf-split")
+            r = run([WLBTRAIN, "export", "--checkpoint", self.ckpt_split, "--out", self.out_split])
             check(r.returncode == 0, "export failed: %s" % r.stderr)
             comment(r.stdout.strip())
         self.out32 = os.path.join(self.dir, "hf32")
@@ -180,6 +192,26 @@ def test_sharded(fx):
         check(out[n].shape == src[n].shape, n + ": shape")
         check(np.array_equal(out[n].view(np.uint32), src[n].view(np.uint32)), n + ": values differ")
         check(np.isfinite(out[n]).all() and np.abs(out[n]).max() > 0, n + ": not trained weights")
+
+
+def test_uneven_split(fx):
+    if not fx.ckpt4:
+        raise Skip("no mpirun")
+    step = step_dir(fx, fx.ckpt_split)
+    with open(os.path.join(step, "index.json")) as f:
+        index = json.load(f)
+    check(index["layout"]["stage_layers"] == [2, 1], "index.json: stage_layers %r" % index["layout"].get("stage_layers"))
+    chunk_of = {b["chunk"] for b in index["tensors"]["model.layers.1.mlp.up_proj.weight"]["blocks"]}
+    check(chunk_of == {0}, "layer 1 is not on the first stage: chunks %r" % chunk_of)
+    chunk_of = {b["chunk"] for b in index["tensors"]["model.layers.2.mlp.up_proj.weight"]["blocks"]}
+    check(chunk_of == {1}, "layer 2 is not on the last stage: chunks %r" % chunk_of)
+    src = checkpoint_tensors(step)
+    out, _ = R.load_safetensors(os.path.join(fx.out_split, "model.safetensors"))
+    check(sorted(out) == sorted(R.weight_names(dict(MODEL, n_layers=3))), "not the 3-layer model's Hugging Face names")
+    for n in src:
+        check(np.array_equal(out[n].view(np.uint32), src[n].view(np.uint32)), n + ": values differ")
+    with open(os.path.join(fx.out_split, "config.json")) as f:
+        check(json.load(f)["num_hidden_layers"] == 3, "config.json: not 3 layers")
 
 
 def test_bfloat16(fx):
@@ -287,6 +319,10 @@ def test_bad_index(fx):
         ("weights from a moment section", lambda d: d["tensors"][t]["blocks"][0].update(section="m.c0"),
          "not the weights of its chunk"),
         ("not an object", lambda d: d.clear(), "not a wlbtrain checkpoint index"),
+        ("layers for two chunks of one", lambda d: d["layout"].update(stage_layers=[1, 1]),
+         "layout.stage_layers is not a list of 1 layer counts"),
+        ("a chunk of no layer", lambda d: d["layout"].update(stage_layers=[0]),
+         "layout.stage_layers[0] is not a layer count"),
         ("two blocks overlapping by a row, a row missing (the area adds up)", lambda d: overlap(d["tensors"][t]),
          "blocks 0 and 1 overlap"),
     ]
@@ -309,6 +345,7 @@ def test_bad_index(fx):
 TESTS = [("config.json is the model's LlamaConfig", test_config),
          ("float32 export: the checkpoint's tensors bit for bit", test_float32),
          ("float32 export of a 4-rank checkpoint (tp 2, pp 2): its 4 shards' blocks bit for bit", test_sharded),
+         ("float32 export of layers split [2, 1] over 2 stages: the 3-layer model", test_uneven_split),
          ("bfloat16 export: rounded to nearest even", test_bfloat16),
          ("transformers loads the export; its logits = the numpy reference", test_transformers),
          ("export errors: one line, exit 2, output untouched", test_errors),

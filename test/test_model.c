@@ -30,7 +30,9 @@ static void load_config(Config *cfg, const char *yaml)
 {
     Error err = {0};
     config_init(cfg);
-    if (config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
+    /* The layers split evenly unless the YAML says otherwise (auto is the engine's to place). */
+    if (config_apply_set(cfg, "parallel.stage_layers=even", &err) != 0 ||
+        config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
     }

@@ -208,7 +208,7 @@ static void test_memory_is_what_is_allocated(void **state)
     const Ops *bases[2] = {cpu_ops(), cpu_ops_bf16()};
     /* One process, and the middle chunk of three of TP rank 1 of 2 with sequence parallelism (its
      * stream on 101 of 201 rows, one padding row). */
-    const ModelParallel sp = {2, 1, 1, 1, 3, NULL, 1};
+    const ModelParallel sp = {2, 1, 1, 1, 3, 1, 2, NULL, 1};
     for (int b = 0; b < 2; b++)
         for (int r = 0; r < 6; r++) {
             Config cfg;

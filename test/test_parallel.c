@@ -7,7 +7,8 @@
  * tp > 1 runs with sequence parallelism (parallel.sequence_parallel, the default; the corpus makes
  * CP ranks' row counts that tp does not divide, so padding rows are exercised too). Also the
  * extras: kv heads replicated over TP (tp 4 > 2 kv heads), interleaved virtual stages, ZeRO-1,
- * tied embeddings split over stages, TP without sequence parallelism (with and without
+ * tied embeddings split over stages, layers split unevenly over the stages
+ * (parallel.stage_layers), TP without sequence parallelism (with and without
  * recomputation), and every message staged through host buffers (what a GPU backend does with
  * parallel.comm: mpi; WLBTRAIN_COMM_STAGE=1 turns it on for the CPU backend). The ASan build runs a smaller matrix (the same code paths).
  *
@@ -55,6 +56,7 @@ typedef struct Fixture {
     char *config_long; /* the corpus with long documents */
     char *ref_long;    /* its reference: packer fixed */
     char *ref_long_wlb; /* and with packer wlb */
+    char *ref6;        /* wlb, model.n_layers: 6 (room for an uneven interleaved split) */
 } Fixture;
 
 static Fixture fx;
@@ -163,6 +165,14 @@ static int group_setup(void **state)
         }
         free(log);
     }
+    fx.ref6 = test_format("%s/ref-6.safetensors", fx.dir);
+    const char *six[] = {"balance.packer=wlb", "model.n_layers=6", NULL};
+    char *log6;
+    if (run_dump(0, fx.ref6, six, &log6) != 0) {
+        fprintf(stderr, "reference run failed:\n%s\n", log6);
+        return -1;
+    }
+    free(log6);
     fx.ref_tied = test_format("%s/ref-tied.safetensors", fx.dir);
     fx.ref_bf16 = test_format("%s/ref-bf16.safetensors", fx.dir);
     const char *sets[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
@@ -193,6 +203,7 @@ static int group_teardown(void **state)
     free(fx.config_long);
     free(fx.ref_long);
     free(fx.ref_long_wlb);
+    free(fx.ref6);
     return 0;
 }
 
@@ -298,6 +309,27 @@ static void test_extras(void **state)
     const char *staged[] = {"balance.packer=wlb", "parallel.zero=1", "model.tie_embeddings=true", NULL};
     ok &= check_layout_env(2, 2, 2, 2, fx.ref_tied, staged, "WLBTRAIN_COMM_STAGE", "staged through host buffers");
     unsetenv("WLBTRAIN_COMM_STAGE");
+    assert_true(ok);
+}
+
+/* parallel.stage_layers: the pipeline's layers split unevenly - [1, 3] at pp 2, and interleaved
+ * [2, 1, 1, 2] over pp 2 x 2 virtual stages of a 6-layer model, both on 16 ranks (dp, tp, pp, cp 2
+ * each) - and placed by auto (on one stage of 3 layers and one of 1, with the embedding tied), give
+ * one process's losses, gradients and parameters. */
+static void test_stage_layers(void **state)
+{
+    (void)state;
+    int ok = 1;
+    const char *uneven[] = {"balance.packer=wlb", "parallel.stage_layers=[1, 3]", NULL};
+    ok &= check_layout(2, 2, 2, 2, fx.ref[1], uneven, "stage layers [1, 3]");
+    const char *interleaved[] = {"balance.packer=wlb", "model.n_layers=6", "parallel.virtual_stages=2",
+                                 "parallel.stage_layers=[2, 1, 1, 2]", NULL};
+    ok &= check_layout(2, 2, 2, 2, fx.ref6, interleaved, "interleaved, stage layers [2, 1, 1, 2]");
+    const char *last_heavy[] = {"balance.packer=wlb", "model.tie_embeddings=true", "parallel.stage_layers=[3, 1]",
+                                NULL};
+    ok &= check_layout(1, 2, 2, 1, fx.ref_tied, last_heavy, "tied embeddings, stage layers [3, 1]");
+    const char *placed[] = {"balance.packer=wlb", "parallel.stage_layers=auto", NULL};
+    ok &= check_layout(1, 1, 2, 2, fx.ref[1], placed, "stage layers auto");
     assert_true(ok);
 }
 
@@ -417,7 +449,7 @@ int main(void)
         cmocka_unit_test(test_dp2),         cmocka_unit_test(test_tp2),         cmocka_unit_test(test_pp2),
         cmocka_unit_test(test_cp2),         cmocka_unit_test(test_cp4),         cmocka_unit_test(test_dp2_tp2_pp2),
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
-        cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),
+        cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),      cmocka_unit_test(test_stage_layers),
     };
     const char *filter = getenv("WLB_TEST_FILTER");
     if (filter)

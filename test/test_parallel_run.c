@@ -189,7 +189,8 @@ static void test_plan_mismatch_stops_job(void **state)
 /* The memory model on more layouts and modes: ZeRO-1 with a checkpoint each step (which allocates no
  * device memory: each rank streams its own shards through a host buffer), tied embeddings over two stages, bf16 with selective
  * recomputation, kv heads replicated over TP (sequence parallel, the default); interleaved stages
- * with full recomputation; TP without sequence parallelism. And a budget the layout does not fit:
+ * with full recomputation; TP without sequence parallelism; layers split unevenly over
+ * the stages under TP with sequence parallelism. And a budget the layout does not fit:
  * refused before training with one line, exit 2, nothing written. */
 static void test_memory_model_equals_allocations(void **state)
 {
@@ -207,6 +208,18 @@ static void test_memory_model_equals_allocations(void **state)
     const char *nosp[] = {"--set", "parallel.dp=1", "--set", "parallel.cp=1", "--set", "parallel.tp=2", "--set",
                           "parallel.sequence_parallel=false", "--set", "train.recompute=full", "--steps", "2", NULL};
     run_checking_memory(4, nosp, metrics, "tp 2, pp 2, no sequence parallelism, full");
+    unlink(metrics);
+    /* Layers split unevenly: the memory model follows each stage's own layers (and, under TP, the
+     * stream's ceil(T / tp) rows of sequence parallelism). */
+    const char *uneven[] = {"--set", "parallel.dp=1", "--set", "parallel.cp=1", "--set", "parallel.stage_layers=[3, 1]",
+                            "--steps", "2", NULL};
+    run_mpi(&r, 4, NULL, uneven);
+    if (r.status != 0)
+        print_error("%s\n%s\n", r.out, r.err);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "train: layers per stage [3, 1] (parallel.stage_layers: a list)"));
+    test_cmd_free(&r);
+    check_memory(metrics, "tp 2 (sequence parallel), pp 2, layers [3, 1]");
     unlink(metrics);
     const char *c[] = {"--set", "parallel.dp=1", "--set", "train.gpu_memory_gb=0.0001", NULL};
     run_mpi(&r, 8, NULL, c);
@@ -233,12 +246,47 @@ static void test_layout_must_fit_job(void **state)
     test_cmd_free(&r);
 }
 
+/* Ranks that split the layers differently (here two programs of one job, each with its own list;
+ * with auto, ranks that read other data or another calibration file) stop the job with one line
+ * before anything is allocated on a device, never a hang. */
+static void test_ranks_must_agree_on_split(void **state)
+{
+    (void)state;
+    const char *bin = getenv("WLBTRAIN");
+    bin = bin ? bin : "./wlbtrain";
+    const char *common[] = {"--config", config, "--set", "parallel.dp=1", "--set", "parallel.tp=1", "--set",
+                            "parallel.cp=1", "--steps", "1"};
+    const char *argv[64] = {"timeout", "120", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", "1", bin};
+    int k = 9;
+    for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
+        argv[k++] = common[i];
+    argv[k++] = "--set";
+    argv[k++] = "parallel.stage_layers=[1, 3]";
+    const char *second[] = {":", "-np", "1", bin};
+    for (size_t i = 0; i < sizeof second / sizeof second[0]; i++)
+        argv[k++] = second[i];
+    for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
+        argv[k++] = common[i];
+    argv[k++] = "--set";
+    argv[k++] = "parallel.stage_layers=[3, 1]";
+    argv[k] = NULL;
+    CmdResult r;
+    test_run(&r, argv);
+    if (!strstr(r.err, "the ranks split the layers differently"))
+        print_error("stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    assert_true(r.status != 0 && r.status != 124);
+    assert_non_null(strstr(r.err, "parallel.stage_layers: the ranks split the layers differently"));
+    assert_null(strstr(r.out, "step "));
+    test_cmd_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_16_ranks_equal_one),       cmocka_unit_test(test_rank_error_stops_job),
         cmocka_unit_test(test_rank_killed_stops_job),    cmocka_unit_test(test_plan_mismatch_stops_job),
         cmocka_unit_test(test_layout_must_fit_job),      cmocka_unit_test(test_memory_model_equals_allocations),
+        cmocka_unit_test(test_ranks_must_agree_on_split),
     };
     return cmocka_run_group_tests_name("parallel_run", tests, group_setup, group_teardown);
 }

@@ -26,13 +26,22 @@ typedef struct Fixture {
     Planner pl;
 } Fixture;
 
+/* YAML into a resolved config with the layers split evenly (auto is the engine's to place,
+ * trainer_stage_layers; the planner simulates the pipeline under the split). */
+static int load_even(Config *cfg, const char *yaml, Error *err)
+{
+    if (config_apply_set(cfg, "parallel.stage_layers=even", err) != 0 ||
+        config_load_string(cfg, yaml, "t.yaml", err) != 0)
+        return -1;
+    return config_resolve(cfg, 0, err);
+}
+
 /* Documents from 1 to 3000 tokens with a few long ones (up to 2.5 windows of 1024). */
 static void setup(Fixture *f, const char *yaml, PackerKind packer, CpSharding mode)
 {
     Error err = {0};
     config_init(&f->cfg);
-    if (config_load_string(&f->cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&f->cfg, 0, &err) != 0 ||
-        cost_model_init(&f->cost, &f->cfg, &err) != 0) {
+    if (load_even(&f->cfg, yaml, &err) != 0 || cost_model_init(&f->cost, &f->cfg, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
     }
@@ -229,8 +238,7 @@ static void test_keep_window_boundary(void **state)
     Planner pl;
     Error err = {0};
     config_init(&cfg);
-    assert_int_equal(config_load_string(&cfg, yaml_keep, "t.yaml", &err), 0);
-    assert_int_equal(config_resolve(&cfg, 0, &err), 0);
+    assert_int_equal(load_even(&cfg, yaml_keep, &err), 0);
     assert_int_equal(cost_model_init(&cost, &cfg, &err), 0);
     DataSource src = data_source_from_lengths(lens, 64, 64 * 205);
     assert_int_equal(data_stream_init(&stream, &src, NULL, 1, 1, 1024, &err), 0);
@@ -396,11 +404,11 @@ static void test_outlier_thresholds_exact(void **state)
     Error err = {0};
     config_init(&cfg);
     /* S_max of 8 windows: nothing is carried, so a document of no class trains when it arrives. */
-    if (config_load_string(&cfg, "model: {preset: tiny}\nparallel: {cp: 2, pp: 2, dp: 2}\n"
-                                 "data: {context_window: 1024, global_batch_tokens: 8192}\n"
-                                 "balance: {outlier_thresholds: [256, 512], max_tokens_per_micro_batch: 8192}\n",
-                           "t.yaml", &err) != 0 ||
-        config_resolve(&cfg, 0, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
+    if (load_even(&cfg, "model: {preset: tiny}\nparallel: {cp: 2, pp: 2, dp: 2}\n"
+                        "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                        "balance: {outlier_thresholds: [256, 512], max_tokens_per_micro_batch: 8192}\n",
+                  &err) != 0 ||
+        cost_model_init(&cost, &cfg, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
     }
@@ -480,11 +488,11 @@ static void test_wlb_s_max_binds(void **state)
     Planner pl;
     Error err = {0};
     config_init(&cfg);
-    if (config_load_string(&cfg, "model: {preset: tiny}\nparallel: {pp: 2, dp: 2}\n"
-                                 "data: {context_window: 1024, global_batch_tokens: 8192}\n"
-                                 "balance: {outlier_thresholds: [], max_tokens_per_micro_batch: 1024}\n",
-                           "t.yaml", &err) != 0 ||
-        config_resolve(&cfg, 0, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
+    if (load_even(&cfg, "model: {preset: tiny}\nparallel: {pp: 2, dp: 2}\n"
+                        "data: {context_window: 1024, global_batch_tokens: 8192}\n"
+                        "balance: {outlier_thresholds: [], max_tokens_per_micro_batch: 1024}\n",
+                  &err) != 0 ||
+        cost_model_init(&cost, &cfg, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
     }

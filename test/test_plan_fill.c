@@ -64,7 +64,9 @@ static void run_open(Run *r, int cp, const char *sharding, int fill)
     Error err = {0};
     memset(r, 0, sizeof *r);
     config_init(&r->cfg);
-    if (config_load_string(&r->cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&r->cfg, 0, &err) != 0 ||
+    /* The layers split evenly (auto is the engine's to place; the planner simulates them). */
+    if (config_apply_set(&r->cfg, "parallel.stage_layers=even", &err) != 0 ||
+        config_load_string(&r->cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&r->cfg, 0, &err) != 0 ||
         cost_model_init(&r->cost, &r->cfg, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
@@ -231,7 +233,8 @@ static void test_replay(void **state)
     CostModel cost;
     Error err = {0};
     config_init(&cfg);
-    if (config_load_string(&cfg, "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 4, dp: 1}\n",
+    if (config_load_string(&cfg, "model: {preset: llama3-70b, max_seq_len: 131072}\n"
+                                 "parallel: {tp: 8, cp: 4, dp: 1, stage_layers: even}\n",
                            "t.yaml", &err) != 0 ||
         config_resolve(&cfg, 0, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
         print_error("%s\n", err.msg);

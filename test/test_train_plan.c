@@ -16,6 +16,7 @@
 
 #include "config/config.h"
 #include "engine/train/train.h"
+#include "engine/train/train_stages.h"
 
 enum { N_MB = 4, MAX_DOCS = 8 };
 
@@ -45,6 +46,7 @@ static int group_setup(void **state)
     Error err = {0};
     config_init(&fx.cfg);
     int rc = config_load_string(&fx.cfg, yaml, "t.yaml", &err) != 0 || config_resolve(&fx.cfg, 1, &err) != 0 ||
+             trainer_stage_layers(&fx.cfg, NULL, NULL, &err) != 0 ||
              comm_start(&fx.comm, 0, &err) != 0 || comm_split(&fx.comm, 1, 1, 1, 1, 0, &err) != 0 ||
              trainer_init(&fx.tr, &fx.cfg, &fx.comm, &err) != 0;
     if (rc)

@@ -22,6 +22,7 @@
 
 #include "config/config.h"
 #include "engine/train/train.h"
+#include "engine/train/train_stages.h"
 
 typedef struct Fixture {
     char *dir, *a, *b; /* two Megatron sets to blend */
@@ -144,7 +145,8 @@ static void run_open_set(Run *r, const char *extra, const char *set)
     Error err = {0};
     config_init(&r->cfg);
     int rc = config_load_string(&r->cfg, yaml, "t.yaml", &err) != 0 || (set && config_apply_set(&r->cfg, set, &err)) ||
-             config_resolve(&r->cfg, 1, &err) != 0 || comm_start(&r->comm, 0, &err) != 0 ||
+             config_resolve(&r->cfg, 1, &err) != 0 || trainer_stage_layers(&r->cfg, NULL, NULL, &err) != 0 ||
+             comm_start(&r->comm, 0, &err) != 0 ||
              comm_split(&r->comm, 1, 1, 1, 1, 0, &err) != 0 || trainer_init(&r->tr, &r->cfg, &r->comm, &err) != 0;
     if (rc)
         print_error("setup: %s\n", err.msg);

@@ -139,6 +139,26 @@ static int read_files(CkptIndex *ix, json_t *files, const char *path, Error *err
     return 0;
 }
 
+/* layout.stage_layers: absent, or a count of at least 1 per model chunk. */
+static int read_stage_layers(CkptIndex *ix, json_t *list, const char *path, Error *err)
+{
+    if (!list)
+        return 0;
+    size_t chunks = (size_t)ix->pp * (size_t)ix->virtual_stages;
+    if (!json_is_array(list) || json_array_size(list) != chunks)
+        return error_set(err, path, "layout.stage_layers is not a list of %zu layer counts (pp x virtual_stages)",
+                         chunks);
+    if (!(ix->stage_layers = malloc(chunks * sizeof *ix->stage_layers)))
+        return error_runtime(err, path, "out of memory");
+    for (size_t g = 0; g < chunks; g++) {
+        json_t *n = json_array_get(list, g);
+        ix->stage_layers[g] = json_is_integer(n) ? (int64_t)json_integer_value(n) : 0;
+        if (ix->stage_layers[g] < 1 || ix->stage_layers[g] > 65536)
+            return error_set(err, path, "layout.stage_layers[%zu] is not a layer count", g);
+    }
+    return 0;
+}
+
 static int section_name(char *dst, const char *s, const char *path, const char *where, Error *err)
 {
     if (!s || !s[0] || strlen(s) >= STATE_NAME_LEN)
@@ -307,6 +327,8 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
         rc = error_set(err, path, "not a wlbtrain checkpoint index (layout, files, chunks, tensors)");
     ix->step = step;
     if (rc == 0)
+        rc = read_stage_layers(ix, json_object_get(json_object_get(root, "layout"), "stage_layers"), path, err);
+    if (rc == 0)
         rc = read_files(ix, files, path, err);
     if (rc == 0)
         rc = read_chunks(ix, chunks, path, err);
@@ -327,6 +349,7 @@ void ckpt_index_close(CkptIndex *ix)
         free(ix->chunks[i].shards);
     for (int i = 0; ix->tensors && i < ix->n_tensors; i++)
         free(ix->tensors[i].blocks);
+    free(ix->stage_layers);
     free(ix->files);
     free(ix->sf);
     free(ix->opened);

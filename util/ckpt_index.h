@@ -54,6 +54,8 @@ typedef struct CkptTensor {
 typedef struct CkptIndex {
     char dir[4096];
     int tp, cp, pp, dp, virtual_stages, zero;
+    int64_t *stage_layers; /* the layers of each model chunk (pp * virtual_stages), or NULL: an index
+                            * written before the split was a setting (the layers were split evenly) */
     int64_t step;
     char (*files)[64];
     StateFile *sf;

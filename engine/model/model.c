@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/plan/cost.h"
 #include "util/rng.h"
 
 void model_tensor_name(ModelTensorKind kind, int layer, char *buf, size_t size)
@@ -92,10 +91,8 @@ void model_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
     d->tp_rank = tr;
     d->cp = p ? p->cp : 1;
     d->sp = p && p->sequence_parallel && tp > 1;
-    d->layer_begin = 0;
-    for (int s = 0; s < g; s++)
-        d->layer_begin += cost_stage_layers(d->n_layers, chunks, s);
-    d->layer_end = d->layer_begin + cost_stage_layers(d->n_layers, chunks, g);
+    d->layer_begin = p ? p->layer_begin : 0;
+    d->layer_end = p ? p->layer_end : d->n_layers;
     d->has_embed = g == 0;
     d->has_head = g == chunks - 1;
     d->local_heads = d->n_heads / tp;

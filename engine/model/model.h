@@ -87,9 +87,11 @@ typedef struct ModelDims {
 
 /* Where this rank sits, for the model: its TP coordinate, the CP size, and which model chunk it
  * holds (the pipeline stage, or with interleaving one of the stage's virtual stages: chunk g of
- * n_chunks holds the g-th run of layers). comm NULL: one process. */
+ * n_chunks holds the g-th run of layers, [layer_begin, layer_end) under the config's split,
+ * config_chunk_layers). comm NULL: one process. */
 typedef struct ModelParallel {
     int tp, tp_rank, cp, chunk, n_chunks;
+    int layer_begin, layer_end;
     Comm *comm;
     int sequence_parallel; /* parallel.sequence_parallel (takes effect with tp > 1) */
 } ModelParallel;

@@ -35,9 +35,11 @@ const CostHardware *cost_hardware_profile(HardwareKind kind)
     return &profiles[kind];
 }
 
-int cost_stage_layers(int n_layers, int pp, int stage)
+int cost_chunk_layers(const CostModel *m, int g)
 {
-    return n_layers / pp + (stage < n_layers % pp);
+    /* The split is resolved before anything is simulated (config_resolve, or the engine for auto). */
+    WLB_ASSERT(m->has_split && g >= 0 && g < m->pp * m->v);
+    return m->chunk_layers[g];
 }
 
 int cost_model_init(CostModel *m, const Config *cfg, Error *err)
@@ -77,6 +79,11 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->pp = pp;
     m->v = (int)cfg->parallel.virtual_stages;
     m->n_layers = (int)md->n_layers;
+    /* The split, once resolved (auto: by the engine, before it builds the model it plans for). */
+    const ConfigIntList *split = &cfg->parallel.chunk_layers;
+    m->has_split = split->n == pp * m->v && split->n <= COST_MAX_CHUNKS;
+    for (int g = 0; m->has_split && g < split->n; g++)
+        m->chunk_layers[g] = (int)split->v[g];
     m->head_dim = (int)(md->d_model / md->n_heads);
     m->local_heads = (int)(md->n_heads / tp);
     /* With fewer kv heads than TP ranks, each rank keeps a replica of one kv head. */
@@ -272,6 +279,31 @@ double cost_head_fwd_s(const CostModel *m, int64_t tokens)
 double cost_head_bwd_s(const CostModel *m, int64_t tokens)
 {
     return gemm_s(m, 2 * m->head_flops_fwd * (double)tokens);
+}
+
+double cost_embed_fwd_s(const CostModel *m, int64_t tokens)
+{
+    if (tokens <= 0)
+        return 0;
+    /* Each TP rank writes the float32 rows of the tokens in its vocabulary slice (zeros elsewhere)
+     * and the TP sum completes them - an all-reduce, or with SP a reduce-scatter onto the rank's
+     * rows: with no product to run under, all of it shows. */
+    double bytes = m->sum_bytes * (double)tokens, t = bytes / (m->hw.hbm_gbps * 1e9);
+    if (m->tp > 1)
+        t += collective_s(m, bytes, (m->sp ? 1.0 : 2.0) * (m->tp - 1) / m->tp, m->tp_bw);
+    return t;
+}
+
+double cost_embed_bwd_s(const CostModel *m, int64_t tokens)
+{
+    if (tokens <= 0)
+        return 0;
+    /* The scatter-add of the rows' gradients into the embedding's: read them, read and write the
+     * gradient rows; with SP the rows' gradients are all-gathered (float32) first. */
+    double bytes = m->sum_bytes * (double)tokens, t = 3 * bytes / (m->hw.hbm_gbps * 1e9);
+    if (m->sp)
+        t += collective_s(m, bytes, (m->tp - 1.0) / m->tp, m->tp_bw);
+    return t;
 }
 
 double cost_p2p_s(const CostModel *m, int64_t tokens)

@@ -34,7 +34,10 @@
  *              SwiGLU (their element-wise bytes); full runs the layer's forward again - its GEMMs,
  *              element-wise work and attention forward are added to the backward, and its TP
  *              exchanges and K/V all-gather to the exchanges (half to each direction's mean).
- * The first stage also embeds, the last also runs the output projection and cross-entropy.
+ * The first stage also embeds (a row gather, its TP sum - all-reduce, or reduce-scatter with SP -
+ * exposed: no product to hide under - and the backward's scatter-add into the embedding's gradient,
+ * after an all-gather of the rows' gradients with SP); the last also runs the output projection and
+ * cross-entropy.
  */
 #ifndef WLB_ENGINE_COST_H
 #define WLB_ENGINE_COST_H
@@ -69,6 +72,8 @@ typedef struct CostHardware {
 
 /* Attention rate from a calibration table: TFLOP/s measured at query lengths q[i] (ascending). */
 enum { COST_TABLE_MAX = 32 };
+/* Model chunks: pp * v <= model.n_layers <= 1024. */
+enum { COST_MAX_CHUNKS = 1024 };
 typedef struct CostAttnTable {
     int n;
     double q[COST_TABLE_MAX], fwd_tflops[COST_TABLE_MAX], bwd_tflops[COST_TABLE_MAX];
@@ -81,6 +86,8 @@ typedef struct CostModel {
     int sp;            /* sequence parallelism (tp > 1 and parallel.sequence_parallel) */
     Recompute recompute; /* train.recompute: what the backward runs again */
     int n_layers;
+    int has_split;            /* chunk_layers holds the config's split (resolved when the model was built) */
+    int chunk_layers[COST_MAX_CHUNKS]; /* layers of each model chunk g < pp * v */
     int head_dim, local_heads, local_kv_heads;
     /* Per token per layer, this rank's share: */
     double gemm_flops_fwd;    /* forward GEMM FLOPs */
@@ -124,13 +131,17 @@ double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens
 /* Seconds of the output projection + loss (last stage) forward / backward for n tokens on a rank. */
 double cost_head_fwd_s(const CostModel *m, int64_t tokens);
 double cost_head_bwd_s(const CostModel *m, int64_t tokens);
+/* Seconds of the embedding (first stage) forward / backward for n tokens on a rank. */
+double cost_embed_fwd_s(const CostModel *m, int64_t tokens);
+double cost_embed_bwd_s(const CostModel *m, int64_t tokens);
 /* Seconds to send n tokens' activations to the next stage. */
 double cost_p2p_s(const CostModel *m, int64_t tokens);
 /* A whole document of n tokens on one rank (no CP), one layer, forward + backward: the packer's
  * workload estimate W_a(n) + W_l(n). */
 double cost_doc_s(const CostModel *m, int64_t n);
 
-/* Layers of pipeline stage s: floor(L / pp), one more for the first L % pp stages. */
-int cost_stage_layers(int n_layers, int pp, int stage);
+/* Layers of model chunk g (0 .. pp * v - 1) under the config's split (parallel.chunk_layers, which
+ * must be resolved when the model was built). */
+int cost_chunk_layers(const CostModel *m, int g);
 
 #endif

@@ -10,6 +10,7 @@
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/sched.h"
+#include "engine/plan/stages.h"
 #include "util/clock.h"
 #include "util/fileio.h"
 
@@ -154,7 +155,24 @@ typedef struct RunSummary {
     double attn_pairs, baseline_pairs, equal_s; /* sums over the steps */
     int cut;                                    /* the run's long_documents: cut (1) or keep */
     Dist pp, cp, cpt, speedup, packer_ms, speedup_eq;
+    int n_stages;
+    double *stage_busy; /* seconds each pipeline stage computes over the run (sched_stage_busy) */
 } RunSummary;
+
+/* The slowest stage's busy time: its share of all the stages' (1 / pp when balanced), and over
+ * their mean; *slowest gets which stage it is. */
+static double slowest_stage_share(const RunSummary *s, int *slowest, double *over_mean)
+{
+    double total = 0;
+    *slowest = 0;
+    for (int k = 0; k < s->n_stages; k++) {
+        total += s->stage_busy[k];
+        if (s->stage_busy[k] > s->stage_busy[*slowest])
+            *slowest = k;
+    }
+    *over_mean = total > 0 ? s->stage_busy[*slowest] * s->n_stages / total : 1;
+    return total > 0 ? s->stage_busy[*slowest] / total : 1;
+}
 
 static void json_dist(FILE *f, const char *key, Dist d)
 {
@@ -191,6 +209,16 @@ static void json_summary(FILE *f, const RunSummary *s, const Planner *pl, const 
             s->steps ? s->baseline_pairs / (double)s->steps : 0, s->equal_s,
             s->predicted_s > 0 ? s->equal_s / s->predicted_s : 1);
     json_dist(f, "speedup_equal_work", s->speedup_eq);
+    int slowest;
+    double over_mean, share = slowest_stage_share(s, &slowest, &over_mean);
+    fputs(",\"stage_layers\":[", f);
+    for (int g = 0; g < pl->pp * pl->cost->v; g++)
+        fprintf(f, "%s%lld", g ? "," : "", (long long)cost_chunk_layers(pl->cost, g));
+    fputs("],\"stage_busy_s\":[", f);
+    for (int k = 0; k < s->n_stages; k++)
+        fprintf(f, "%s%.6g", k ? "," : "", s->stage_busy[k]);
+    fprintf(f, "],\"slowest_stage\":%d,\"slowest_stage_share\":%.6g,\"stage_max_over_mean\":%.6g", slowest, share,
+            over_mean);
     if (mp)
         json_memory(f, mp);
     fprintf(f, ",\"token_delay_steps\":%.6g}\n", s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
@@ -332,7 +360,13 @@ static int report_step(const Run *run, const Planner *pl, const StepPlan *plan, 
     return rc;
 }
 
-/* Plans, predicts and reports run->steps steps; sum gets the run's summary. */
+static void run_summary_free(RunSummary *s)
+{
+    free(s->stage_busy);
+    s->stage_busy = NULL;
+}
+
+/* Plans, predicts and reports run->steps steps; sum gets the run's summary (run_summary_free). */
 static int run_steps(const Run *run, RunSummary *sum, Error *err)
 {
     memset(sum, 0, sizeof *sum);
@@ -352,10 +386,15 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     int rc = plan_init(&pl, cfg, run->cost, &stream, run->packer, run->sharding, err);
     if (rc == 0)
         rc = series_alloc(&v, run->steps, err);
+    sum->n_stages = (int)cfg->parallel.pp;
+    if (rc == 0 && !(sum->stage_busy = calloc((size_t)sum->n_stages, sizeof *sum->stage_busy)))
+        rc = error_runtime(err, "dry run", "out of memory");
     for (int64_t step = 0; step < run->steps && rc == 0; step++) {
         StepStats s;
         int64_t worst_mb = -1;
         rc = plan_and_predict(run, &pl, &plan, &base, &equal, &s, &worst_mb, err);
+        if (rc == 0)
+            rc = sched_stage_busy(&plan, run->cost, sum->stage_busy, err);
         if (rc == 0) {
             series_add(&v, sum, step, &s, run->with_baseline);
             rc = report_step(run, &pl, &plan, &base, &s, worst_mb, err);
@@ -368,6 +407,8 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
             json_summary(run->stats, sum, &pl, run->memory);
     }
     series_free(&v);
+    if (rc != 0)
+        run_summary_free(sum);
     plan_free(&plan);
     plan_free(&base);
     plan_free(&equal);
@@ -396,6 +437,33 @@ static void print_header(const Config *cfg, const DataSources *data, const CostM
            (unsigned long long)docs, (unsigned long long)tokens);
 }
 
+/* The split of the layers, and what a typical micro-batch costs each stage under it (stages.h):
+ * the figures parallel.stage_layers: auto balances. */
+static int print_stages(const Config *cfg, const CostModel *cost, const DataSources *data, Error *err)
+{
+    int pp = cost->pp, v = cost->v;
+    StageCosts c;
+    char text[512];
+    if (stages_typical_costs(cfg, cost, data->src, data->weights, data->n, &c, err) != 0)
+        return -1;
+    config_int_list_text(cfg->parallel.chunk_layers.v, pp * v, text, sizeof text);
+    double layer = c.layer_fwd_s + c.layer_bwd_s, head = c.head_fwd_s + c.head_bwd_s;
+    printf("stages: layers per %s %s (parallel.stage_layers: %s); a typical micro-batch (a window, %.0f attention "
+           "pairs per token): a layer %.2f ms, the output layer and loss %.2f ms (%.2f layers), the embedding %.2f ms; "
+           "per stage", v > 1 ? "model chunk" : "stage", text, config_stage_layers_name((StageLayers)cfg->parallel.stage_layers.choice),
+           c.pairs_per_token, layer * 1e3, head * 1e3, layer > 0 ? head / layer : 0,
+           (c.embed_fwd_s + c.embed_bwd_s) * 1e3);
+    double most = 0, sum = 0;
+    for (int k = 0; k < pp; k++) {
+        double t = stages_stage_s(&c, pp, v, cfg->parallel.chunk_layers.v, k);
+        printf("%s%.1f", k ? ", " : " ", t * 1e3);
+        most = t > most ? t : most;
+        sum += t;
+    }
+    printf(" ms (slowest %.3f x the mean)\n", sum > 0 ? most * pp / sum : 1);
+    return 0;
+}
+
 /* Every pipeline stage's rank: its memory by part, and the worst against the budget. */
 static void print_memory(const Config *cfg, const DryRunMemoryPlan *mp)
 {
@@ -403,12 +471,16 @@ static void print_memory(const Config *cfg, const DryRunMemoryPlan *mp)
     printf("memory per rank, GB (train.recompute: %s%s; largest micro-batch %lld tokens, %lld rows on a CP rank):\n",
            modes[cfg->train.recompute], cfg->parallel.zero ? ", ZeRO-1" : "", (long long)mp->mb_tokens,
            (long long)mp->rank_rows);
-    printf("%6s %9s %9s %9s %10s %12s %9s %9s %9s\n", "stage", "weights", "bf16", "grads", "optimizer",
+    printf("%6s %7s %9s %9s %9s %10s %12s %9s %9s %9s\n", "stage", "layers", "weights", "bf16", "grads", "optimizer",
            "activations", "in_flight", "other", "peak");
     for (int s = 0; s < mp->n_stages; s++) {
         const DryRunMemory *m = &mp->stages[s];
-        printf("%6d %9.2f %9.2f %9.2f %10.2f %12.2f %9d %9.2f %9.2f\n", s, m->weights / 1e9, m->weights_act / 1e9,
-               m->grads / 1e9, m->optimizer / 1e9, m->activations / 1e9, m->slots, m->other / 1e9, m->peak / 1e9);
+        int64_t layers = 0;
+        for (int g = s; g < cfg->parallel.chunk_layers.n; g += mp->n_stages)
+            layers += cfg->parallel.chunk_layers.v[g];
+        printf("%6d %7lld %9.2f %9.2f %9.2f %10.2f %12.2f %9d %9.2f %9.2f\n", s, (long long)layers, m->weights / 1e9,
+               m->weights_act / 1e9, m->grads / 1e9, m->optimizer / 1e9, m->activations / 1e9, m->slots,
+               m->other / 1e9, m->peak / 1e9);
     }
     double peak = mp->stages[mp->worst].peak;
     if (mp->budget > 0 && peak <= mp->budget)
@@ -439,6 +511,15 @@ static void print_summary(const RunSummary *s)
            "ends); at equal work (Plain-4D of the same pieces, %.2f s) speedup %.3fx (per step mean %.3f, p50 %.3f)\n",
            s->attn_pairs / n, s->cut ? "cut" : "kept whole", s->baseline_pairs / n, s->equal_s,
            s->predicted_s > 0 ? s->equal_s / s->predicted_s : 1, s->speedup_eq.mean, s->speedup_eq.p50);
+    if (s->n_stages > 1) {
+        int slowest;
+        double over_mean, share = slowest_stage_share(s, &slowest, &over_mean);
+        printf("summary: stages busy");
+        for (int k = 0; k < s->n_stages; k++)
+            printf("%s%.2f", k ? ", " : " ", s->stage_busy[k]);
+        printf(" s; the slowest, stage %d, %.1f%% of their time (balanced: %.1f%%), %.3f x their mean\n", slowest,
+               100 * share, 100.0 / s->n_stages, over_mean);
+    }
 }
 
 static int compare_all(const Run *base_run, Error *err)
@@ -461,6 +542,7 @@ static int compare_all(const Run *base_run, Error *err)
             RunSummary s;
             if (run_steps(&run, &s, err) != 0)
                 return -1;
+            run_summary_free(&s);
             double tps = s.predicted_s > 0 ? (double)s.tokens / s.predicted_s : 0;
             if (a == 0 && b == 0)
                 plain_tps = tps;
@@ -478,6 +560,12 @@ static int compare_all(const Run *base_run, Error *err)
     return 0;
 }
 
+void dryrun_data_hint(const Config *cfg, Error *err)
+{
+    if (cfg->data.path.n && err->status == ERROR_INPUT)
+        error_append(err, " (a dry run needs only document lengths: --set data.lengths_file=FILE --set data.path=)");
+}
+
 int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
 {
     DataSources data;
@@ -487,15 +575,14 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
                          "parallel.dp or --set parallel.dp=N");
     if (cost_model_init(&cost, cfg, err) != 0)
         return -1;
+    WLB_ASSERT(cost.has_split); /* the split is resolved: config_resolve, for auto trainer_stage_layers */
     if (cost.v > 1 && config_micro_batches(cfg) % cfg->parallel.pp)
         return error_set(err, "parallel.virtual_stages", "interleaved 1F1B needs the micro-batches per replica "
                          "(%lld) to be a multiple of parallel.pp (%lld)", (long long)config_micro_batches(cfg),
                          (long long)cfg->parallel.pp);
     if (data_sources_open(&data, cfg->data.path.v, cfg->data.weights.n ? cfg->data.weights.v : NULL,
                           cfg->data.path.n, cfg->data.lengths_file, cfg->data.lengths_column, err) != 0) {
-        if (cfg->data.path.n && err->status == ERROR_INPUT) /* an example config's data is not here */
-            error_append(err, " (a dry run needs only document lengths: --set data.lengths_file=FILE --set "
-                         "data.path=)");
+        dryrun_data_hint(cfg, err);
         return -1;
     }
     if (data.lengths.skipped) { /* what a length list left out is said, not silently dropped */
@@ -511,6 +598,10 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
                opt->memory};
     if (rc == 0) {
         print_header(cfg, &data, &cost, opt->steps);
+        if (cost.pp > 1)
+            rc = print_stages(cfg, &cost, &data, err);
+    }
+    if (rc == 0) {
         if (opt->memory)
             print_memory(cfg, opt->memory);
         if (opt->compare) {
@@ -520,6 +611,8 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
             rc = run_steps(&run, &s, err);
             if (rc == 0)
                 print_summary(&s);
+            if (rc == 0)
+                run_summary_free(&s);
         }
     }
     if (opt->stats_out && rc == 0)

@@ -46,5 +46,9 @@ typedef struct DryRunOptions {
 } DryRunOptions;
 
 int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err);
+/* After data.path failed to open (err set): an example config's data is not here, so the error
+ * says what a dry run needs instead (document lengths). Used by the dry run and by auto's
+ * placement of the layers (training checks its data before, trainer_check_data). */
+void dryrun_data_hint(const Config *cfg, Error *err);
 
 #endif

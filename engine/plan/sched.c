@@ -112,10 +112,17 @@ void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const 
         int64_t t = p->ranks[mb->first_rank + r].tokens;
         max_tokens = t > max_tokens ? t : max_tokens;
     }
+    /* mb->bwd_s already holds train.recompute's work (cost_linear_bwd_s, cost_attn_fb_s and the
+     * exchanges charge it). */
+    double layer_bwd = mb->bwd_s;
     for (int g = 0; g < chunks; g++) {
-        int layers = cost_stage_layers(cost->n_layers, chunks, g);
+        int layers = cost_chunk_layers(cost, g);
         fwd[g] = layers * mb->fwd_s;
-        bwd[g] = layers * mb->bwd_s;
+        bwd[g] = layers * layer_bwd;
+        if (g == 0 && max_tokens > 0) {
+            fwd[g] += cost_embed_fwd_s(cost, max_tokens);
+            bwd[g] += cost_embed_bwd_s(cost, max_tokens);
+        }
         if (g == chunks - 1 && max_tokens > 0) {
             fwd[g] += cost_head_fwd_s(cost, max_tokens);
             bwd[g] += cost_head_bwd_s(cost, max_tokens);
@@ -201,6 +208,21 @@ int sched_step_time(const StepPlan *p, const CostModel *cost, double *seconds, E
     for (int r = 0; rc == 0 && r < p->dp; r++)
         *seconds = rep[r] > *seconds ? rep[r] : *seconds;
     free(rep);
+    return rc;
+}
+
+int sched_stage_busy(const StepPlan *p, const CostModel *cost, double *busy, Error *err)
+{
+    int chunks = cost->pp * cost->v;
+    double *fwd = malloc((size_t)chunks * sizeof *fwd), *bwd = malloc((size_t)chunks * sizeof *bwd), p2p;
+    int rc = fwd && bwd ? 0 : error_runtime(err, "pipeline", "out of memory");
+    for (int64_t i = 0; rc == 0 && i < (int64_t)p->dp * p->m; i++) {
+        sched_micro_batch_times(p, &p->mbs[i], cost, fwd, bwd, &p2p);
+        for (int g = 0; g < chunks; g++)
+            busy[g % cost->pp] += fwd[g] + bwd[g];
+    }
+    free(fwd);
+    free(bwd);
     return rc;
 }
 

@@ -39,7 +39,10 @@ int sched_stage_ops(int s, int pp, int v, int n_mb, SchedOp *ops);
  * (status 2: with v > 1, n_mb must be a multiple of pp) or memory runs out (status 1). */
 int sched_makespan(const SchedReplica *r, double *makespan, Error *err);
 
-/* Per-chunk times of micro-batch mb of a plan, written to fwd[g], bwd[g] (g < pp * v), and its p2p. */
+/* Per-chunk times of micro-batch mb of a plan, written to fwd[g], bwd[g] (g < pp * v), and its p2p:
+ * the chunk's layers (the config's split, cost_chunk_layers) times the per-layer forward and backward
+ * of the slowest CP rank (the backward with what train.recompute reruns), plus the embedding on
+ * chunk 0 and the output layer and loss on the last chunk, for the most tokens a CP rank holds. */
 void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const CostModel *cost, double *fwd,
                              double *bwd, double *p2p);
 
@@ -47,6 +50,11 @@ void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const 
 int sched_step_time(const StepPlan *p, const CostModel *cost, double *seconds, Error *err);
 /* Predicted makespan of each replica (replica_s has p->dp entries). */
 int sched_replica_times(const StepPlan *p, const CostModel *cost, double *replica_s, Error *err);
+
+/* Adds to busy[s] (s < pp) the seconds pipeline stage s computes in step p: the forward and backward
+ * of its chunks over every micro-batch of every replica (summed over the replicas). Returns -1 out
+ * of memory. */
+int sched_stage_busy(const StepPlan *p, const CostModel *cost, double *busy, Error *err);
 
 /* Chooses the order of each replica's micro-batches (descending, ascending or largest in the
  * middle) with the shortest simulated makespan, and sets mb->order accordingly. */

@@ -30,6 +30,7 @@
  */
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_stages.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -253,6 +254,12 @@ static void print_banner(const Trainer *tr, const Config *cfg)
            p->zero ? ", ZeRO-1" : "", (long long)params, omp_get_max_threads(), omp_get_max_threads() > 1 ? "s" : "",
            !tr->comm->mpi ? "none (one process)" : tr->comm->impl != &comm_mpi ? tr->comm->impl->name
                                                 : tr->comm->stage ? "mpi, staged through the host" : "mpi");
+    if (tr->n_chunks > 1) {
+        char split[512];
+        config_int_list_text(p->chunk_layers.v, tr->n_chunks, split, sizeof split);
+        printf("train: layers per %s %s (parallel.stage_layers: %s)\n", tr->v > 1 ? "model chunk" : "stage", split,
+               config_stage_layers_name((StageLayers)p->stage_layers.choice));
+    }
     fflush(stdout);
 }
 
@@ -428,7 +435,7 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     return rc;
 }
 
-int trainer_run(const Config *cfg, int *exit_status, Error *err)
+int trainer_run(Config *cfg, int *exit_status, Error *err)
 {
     double t_begin = clock_seconds();
     *exit_status = 0;
@@ -438,9 +445,11 @@ int trainer_run(const Config *cfg, int *exit_status, Error *err)
     struct sigaction old[2];
     if (parse_fault(&fault, err) != 0 || stop_rule_init(&stop, cfg, t_begin, err) != 0)
         return -1;
-    /* A layout that does not fit the device's memory stops here, before anything starts. */
+    /* The layers placed (the same on every rank), then a layout that does not fit the device's
+     * memory stops here, before anything starts. */
     double mem_predicted = 0;
-    if (trainer_memory_admit(cfg, &mem_predicted, err) != 0)
+    if (trainer_check_data(cfg, err) != 0 || trainer_stage_layers(cfg, NULL, NULL, err) != 0 ||
+        trainer_memory_admit(cfg, &mem_predicted, err) != 0)
         return -1;
     /* Before MPI starts: a signal from then on asks for a stop instead of killing the rank. */
     if (install_stop_handlers(old, err) != 0)

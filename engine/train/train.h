@@ -128,7 +128,7 @@ typedef struct Trainer {
     TrainValidRecord valid_record;
     int eval_only;           /* trainer_init_eval: no optimizer state */
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
-    char resume_how[160];    /* trainer_resume: how the shards were read (the resume line says it) */
+    char resume_how[320];    /* trainer_resume: how the shards were read (the resume line says it) */
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save;
 } Trainer;
@@ -229,9 +229,11 @@ void trainer_write_mb_metrics(FILE *f, const TrainStats *st);
  * scripts requeue the job on it (scripts/slurm/, docs/slurm.md "Time limits and preemption"). */
 enum { TRAIN_EXIT_PREEMPTED = 75 };
 
-/* The whole job: starts MPI when launched, trains cfg->train.steps steps, or fewer when
- * train.stop_after or a signal stops it (train.c). *exit_status: 0, or TRAIN_EXIT_PREEMPTED after
- * a signal. */
-int trainer_run(const Config *cfg, int *exit_status, Error *err);
+/* The whole job: places the layers of parallel.stage_layers: auto (trainer_stage_layers, into cfg),
+ * starts MPI when launched, trains cfg->train.steps steps, or fewer when train.stop_after or a
+ * signal stops it (train.c). *exit_status: 0, or TRAIN_EXIT_PREEMPTED after a signal. */
+int trainer_run(Config *cfg, int *exit_status, Error *err);
+/* An Error unless cfg has the data training reads (data.path). */
+int trainer_check_data(const Config *cfg, Error *err);
 
 #endif

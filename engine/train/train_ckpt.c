@@ -14,7 +14,7 @@
  *                                   write no file), each Z's own flat shard with ZeRO-1
  *   index.json         rank 0's, from the config alone (train_ckpt_index.c; read by
  *                      util/ckpt_index.c): format version, step, the layout that saved (tp,
- *                      cp, pp, dp, virtual_stages, zero), the shard files, per (TP rank, chunk) its parameter count, weights section and moment shards
+ *                      cp, pp, dp, virtual_stages, zero, and stage_layers: the layers of each model chunk), the shard files, per (TP rank, chunk) its parameter count, weights section and moment shards
  *                      ({file, begin, end, m, v}), and per Hugging Face tensor name its full shape
  *                      and the blocks that make it up ({file, section, offset, tp, chunk, row0, rows,
  *                      col0, cols}: rows x cols floats at `offset` of that chunk's vector; only the
@@ -34,7 +34,7 @@
  * folder, renames it into place, points latest at it (replaced atomically) and removes the oldest
  * beyond checkpoint.keep. A job killed at any moment leaves latest naming a complete checkpoint.
  * Resuming (every rank reads state.bin and index.json, checked): on the layout that saved it (same
- * tp, pp, virtual_stages: the same chunk vectors) a rank copies its weights from its params section
+ * tp, pp, virtual_stages and layers per chunk: the same chunk vectors) a rank copies its weights from its params section
  * and its moments from the shards overlapping its optimizer range - with the same ZeRO-1 layout just
  * its own file - bit for bit; on any other layout each of its blocks comes from the full tensor
  * rebuilt from the index's blocks (one tensor at a time, host memory). A shard file is opened (and
@@ -83,8 +83,8 @@ static void record_words(const TrainValidRecord *r, double fraction, uint64_t *w
 }
 
 /* The record from the valid section, when there is one (a section of another size is refused); with
- * same_split, a split other than the config's is refused too. */
-static int record_read(const StateSection *sec, TrainValidRecord *r, double fraction, int same_split,
+ * check_fraction, a held-out share other than the config's is refused too. */
+static int record_read(const StateSection *sec, TrainValidRecord *r, double fraction, int check_fraction,
                        const char *file, Error *err)
 {
     uint64_t w[VALID_WORDS];
@@ -99,7 +99,7 @@ static int record_read(const StateSection *sec, TrainValidRecord *r, double frac
     if (w[0] > ((uint64_t)1 << 48) || w[2] > w[0] || !(saved >= 0 && saved < 1))
         return error_set(err, file, "the valid section is corrupted (steps %llu, %llu, valid_fraction %g)",
                          (unsigned long long)w[0], (unsigned long long)w[2], saved);
-    if (same_split && saved != fraction)
+    if (check_fraction && saved != fraction)
         return error_set(err, file, "saved by a run with data.valid_fraction %g, the config has %g: the saved data "
                          "position belongs to the other split's training stream (resume with %g, or start a new run)",
                          saved, fraction, saved);
@@ -350,6 +350,20 @@ static void put_device(void *ctx, float *dst, const float *src, int64_t n)
     ((const Ops *)ctx)->to_device(dst, src, (size_t)n * sizeof *dst);
 }
 
+/* 1 when the index's chunks hold the layers the config's do (an index without stage_layers split
+ * them evenly). */
+static int same_split(const CkptIndex *ix, const Config *cfg)
+{
+    int chunks = ix->pp * ix->virtual_stages;
+    const ConfigIntList *mine = &cfg->parallel.chunk_layers;
+    for (int g = 0; g < chunks && g < mine->n; g++) {
+        int64_t even = cfg->model.n_layers / chunks + (g < cfg->model.n_layers % chunks);
+        if ((ix->stage_layers ? ix->stage_layers[g] : even) != mine->v[g])
+            return 0;
+    }
+    return chunks == mine->n;
+}
+
 /* Weights and moments (weights_only: weights) of every chunk from the shards. On the layout that
  * saved them (tp, pp, virtual_stages) the chunk's parameter vector is the saved one: its weights come
  * from the one section that holds them and its moments from the shards that overlap its optimizer
@@ -358,7 +372,8 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, int weights_
 {
     const ConfigParallel *p = &tr->cfg->parallel;
     const ModelDims *d = &tr->chunks[0].model.dims;
-    int same = ix->tp == p->tp && ix->pp == p->pp && ix->virtual_stages == p->virtual_stages, rc = 0;
+    int same = ix->tp == p->tp && ix->pp == p->pp && ix->virtual_stages == p->virtual_stages &&
+               same_split(ix, tr->cfg), rc = 0;
     int64_t most = 1;
     if (ix->step != step)
         return error_set(err, path, "index.json is of step %lld, state.bin of step %lld", (long long)ix->step,
@@ -411,9 +426,19 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, int weights_
     if (rc == 0 && same)
         snprintf(tr->resume_how, sizeof tr->resume_how, "same layout, each rank read its own shards: at most %d "
                  "shard file%s a rank", (int)opened, opened == 1 ? "" : "s");
-    else if (rc == 0)
-        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d: at most "
-                 "%d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero, (int)opened, opened == 1 ? "" : "s");
+    /* The layers per chunk that saved it, when they were not split evenly. */
+    char saved_split[160] = "";
+    int chunks = ix->pp * ix->virtual_stages;
+    for (int g = 0; ix->stage_layers && g < chunks; g++)
+        if (ix->stage_layers[g] != tr->cfg->model.n_layers / chunks + (g < tr->cfg->model.n_layers % chunks)) {
+            memcpy(saved_split, ", layers per chunk ", 20);
+            config_int_list_text(ix->stage_layers, chunks, saved_split + 19, sizeof saved_split - 19);
+            break;
+        }
+    if (rc == 0 && !same)
+        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d%s: at most "
+                 "%d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero, saved_split, (int)opened,
+                 opened == 1 ? "" : "s");
     return rc;
 }
 

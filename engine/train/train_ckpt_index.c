@@ -8,6 +8,7 @@
 
 #include "engine/model/model.h"
 #include "engine/train/train.h"
+#include "engine/train/train_stages.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
 #include "util/jsonfile.h"
@@ -16,8 +17,8 @@
 static int index_chunk(const Config *cfg, int tp_rank, int g, json_t *chunks, json_t *tensors, Error *err)
 {
     const ConfigParallel *p = &cfg->parallel;
-    int pp = (int)p->pp, n_chunks = pp * (int)p->virtual_stages, z = p->zero ? (int)(p->dp * p->cp) : 1;
-    ModelParallel par = {(int)p->tp, tp_rank, (int)p->cp, g, n_chunks, NULL, p->sequence_parallel};
+    int pp = (int)p->pp, z = p->zero ? (int)(p->dp * p->cp) : 1;
+    ModelParallel par = trainer_chunk_parallel(cfg, tp_rank, g, NULL);
     ModelTensor *t;
     int n;
     int64_t n_params;
@@ -67,7 +68,10 @@ int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error
                              "version", CKPT_INDEX_VERSION, "step", (json_int_t)step, "layout", "tp",
                              (json_int_t)p->tp, "cp", (json_int_t)p->cp, "pp", (json_int_t)p->pp, "dp",
                              (json_int_t)p->dp, "virtual_stages", (json_int_t)p->virtual_stages, "zero", (int)p->zero);
-    json_t *files = json_array(), *chunks = json_array(), *tensors = json_object();
+    json_t *split = json_array(), *files = json_array(), *chunks = json_array(), *tensors = json_object();
+    for (int g = 0; g < n_chunks; g++)
+        json_array_append_new(split, json_integer((json_int_t)p->chunk_layers.v[g]));
+    json_object_set_new(json_object_get(root, "layout"), "stage_layers", split);
     json_object_set_new(root, "files", files);
     json_object_set_new(root, "chunks", chunks);
     json_object_set_new(root, "tensors", tensors);

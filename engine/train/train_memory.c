@@ -1,8 +1,9 @@
 /*
  * engine/train/train_memory.c - the memory model (see train_memory.h).
  *
- * For the rank of pipeline stage s (its v model chunks g = k pp + s), in bytes, with n_g the
- * chunk's parameters on this rank (its TP block), e the compute dtype's size (2 for bf16, 4 for
+ * For the rank of pipeline stage s (its v model chunks g = k pp + s, each with its own layers under
+ * the split, parallel.chunk_layers), in bytes, with n_g the chunk's parameters on this rank (its TP
+ * block), e the compute dtype's size (2 for bf16, 4 for
  * float32) and Z the ranks of DP x CP:
  *   weights      4 n_g                  float32 master weights
  *   weights_act  e n_g                  the copy the products read (none when e = 4: it aliases)
@@ -62,8 +63,8 @@ static void largest_micro_batch(const Config *cfg, int64_t *mb_tokens, int64_t *
     plan_destroy(&pl);
 }
 
-static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sched, int64_t T, int64_t T_mb,
-                        DryRunMemory *out, Error *err)
+static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, const SchedOp *sched, int n_sched,
+                        int64_t T, int64_t T_mb, DryRunMemory *out, Error *err)
 {
     const ConfigParallel *p = &cfg->parallel;
     int pp = (int)p->pp, v = (int)p->virtual_stages, chunks = pp * v;
@@ -76,7 +77,12 @@ static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sc
     int64_t rows = T; /* of the stream on a TP rank: T / tp with sequence parallelism */
     memset(out, 0, sizeof *out);
     for (int k = 0; k < v; k++) {
-        ModelParallel par = {(int)p->tp, 0, (int)p->cp, k * pp + s, chunks, NULL, p->sequence_parallel};
+        int g = k * pp + s, begin = 0;
+        for (int i = 0; i < g; i++)
+            begin += (int)chunk_layers[i];
+        WLB_ASSERT(chunk_layers[g] >= 1 && begin + chunk_layers[g] <= cfg->model.n_layers);
+        ModelParallel par = {(int)p->tp, 0, (int)p->cp, g, chunks, begin, begin + (int)chunk_layers[g], NULL,
+                             p->sequence_parallel};
         ModelDims d;
         model_dims(&d, &cfg->model, &par);
         rows = model_rows(&d, T);
@@ -118,17 +124,43 @@ static int stage_memory(const Config *cfg, int s, const SchedOp *sched, int n_sc
     return 0;
 }
 
+int trainer_micro_batches(const Config *cfg, int64_t *m, Error *err)
+{
+    const ConfigParallel *p = &cfg->parallel;
+    *m = config_micro_batches(cfg);
+    if (p->dp <= 0 || *m <= 0)
+        return error_set(err, "parallel.dp", "the memory model needs a number for dp (auto is resolved by a launch)");
+    if (p->virtual_stages > 1 && *m % p->pp)
+        return error_set(err, "parallel.virtual_stages", "interleaved 1F1B needs the micro-batches per replica "
+                         "(%lld) to be a multiple of parallel.pp (%lld)", (long long)*m, (long long)p->pp);
+    return 0;
+}
+
+int trainer_stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, DryRunMemory *out, Error *err)
+{
+    int64_t m, mb_tokens, rank_rows;
+    int v = (int)cfg->parallel.virtual_stages;
+    if (trainer_micro_batches(cfg, &m, err) != 0)
+        return -1;
+    largest_micro_batch(cfg, &mb_tokens, &rank_rows);
+    SchedOp *sched = malloc((size_t)2 * (size_t)m * (size_t)v * sizeof *sched);
+    if (!sched)
+        return error_runtime(err, "memory model", "out of memory");
+    int n = sched_stage_ops(s, (int)cfg->parallel.pp, v, (int)m, sched);
+    int rc = stage_memory(cfg, chunk_layers, s, sched, n, rank_rows, mb_tokens, out, err);
+    free(sched);
+    return rc;
+}
+
 int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err)
 {
     memset(out, 0, sizeof *out);
     const ConfigParallel *p = &cfg->parallel;
     int pp = (int)p->pp, v = (int)p->virtual_stages;
-    int64_t m = config_micro_batches(cfg);
-    if (p->dp <= 0 || m <= 0)
-        return error_set(err, "parallel.dp", "the memory model needs a number for dp (auto is resolved by a launch)");
-    if (v > 1 && m % pp)
-        return error_set(err, "parallel.virtual_stages", "interleaved 1F1B needs the micro-batches per replica "
-                         "(%lld) to be a multiple of parallel.pp (%d)", (long long)m, pp);
+    int64_t m;
+    if (trainer_micro_batches(cfg, &m, err) != 0)
+        return -1;
+    WLB_ASSERT(p->chunk_layers.n == pp * v); /* the split is resolved (auto: trainer_stage_layers) */
     largest_micro_batch(cfg, &out->mb_tokens, &out->rank_rows);
     out->budget = trainer_memory_budget(cfg);
     out->n_stages = pp;
@@ -142,7 +174,7 @@ int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err)
     int rc = 0;
     for (int s = 0; s < pp && rc == 0; s++) {
         int n = sched_stage_ops(s, pp, v, (int)m, sched);
-        rc = stage_memory(cfg, s, sched, n, out->rank_rows, out->mb_tokens, &out->stages[s], err);
+        rc = stage_memory(cfg, p->chunk_layers.v, s, sched, n, out->rank_rows, out->mb_tokens, &out->stages[s], err);
         if (rc == 0 && out->stages[s].peak > out->stages[out->worst].peak)
             out->worst = s;
     }
@@ -231,11 +263,19 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
         snprintf(change, sizeof change, "parallel.tp: %lld", (long long)alt.parallel.tp);
         suggest(fits, sizeof fits, &alt, budget, change);
     }
-    if (2 * cfg->parallel.pp * cfg->parallel.virtual_stages <= cfg->model.n_layers) {
+    /* Twice the stages, with the layers split evenly over them (a list of counts is the user's to
+     * write again). */
+    int chunks = (int)(2 * cfg->parallel.pp * cfg->parallel.virtual_stages);
+    int64_t *even = cfg->parallel.stage_layers.choice != STAGE_LAYERS_LIST && chunks <= cfg->model.n_layers
+                        ? malloc((size_t)chunks * sizeof *even) : NULL;
+    if (even) {
         Config alt = *cfg;
         alt.parallel.pp *= 2;
+        config_even_layers(cfg->model.n_layers, chunks, even);
+        alt.parallel.chunk_layers = (ConfigIntList){chunks, even};
         snprintf(change, sizeof change, "parallel.pp: %lld", (long long)alt.parallel.pp);
         suggest(fits, sizeof fits, &alt, budget, change);
+        free(even);
     }
     {
         Config alt = *cfg;
@@ -243,11 +283,15 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
         snprintf(change, sizeof change, "parallel.cp: %lld", (long long)alt.parallel.cp);
         suggest(fits, sizeof fits, &alt, budget, change);
     }
-    return error_set(err, "train.gpu_memory_gb", "the layout needs %.1f GB on a rank of pipeline stage %d (weights "
+    int64_t layers = 0;
+    for (int g = mp->worst; g < cfg->parallel.chunk_layers.n; g += mp->n_stages)
+        layers += cfg->parallel.chunk_layers.v[g];
+    return error_set(err, "train.gpu_memory_gb", "the layout needs %.1f GB on a rank of pipeline stage %d (%lld "
+                     "layers; weights "
                      "%.1f, their bf16 copy %.1f, gradients %.1f, optimizer %.1f, activations %.1f for %d "
                      "micro-batches of up to %lld tokens in flight, other %.1f), %.1f GB more than the %.1f GB "
                      "budget; %s%s",
-                     w->peak / 1e9, mp->worst, w->weights / 1e9, w->weights_act / 1e9, w->grads / 1e9,
+                     w->peak / 1e9, mp->worst, (long long)layers, w->weights / 1e9, w->weights_act / 1e9, w->grads / 1e9,
                      w->optimizer / 1e9, w->activations / 1e9, w->slots, (long long)mp->mb_tokens, w->other / 1e9,
                      (w->peak - budget) / 1e9, budget / 1e9,
                      fits[0] ? "each of these alone would fit: " : "no single change of train.recompute, "

@@ -4,7 +4,7 @@
  * against the device's memory (train.gpu_memory_gb).
  *
  * The parts are the ones the trainer allocates (train_setup.c), from the same shapes: the model
- * chunks' parameters (model_param_count), AdamW's moments over the optimizer's range, the
+ * chunks' parameters (model_param_count, each chunk with its layers of parallel.chunk_layers), AdamW's moments over the optimizer's range, the
  * activation slots (model_memory: the table model_reserve allocates from) times the micro-batches
  * each chunk holds at once under the pipeline schedule (sched_stage_ops), sized for the largest
  * micro-batch the planner can make (plan_largest: S_max for wlb, the window for the fixed packers),
@@ -27,6 +27,14 @@
 /* Every pipeline stage's rank of cfg (resolved; dp a number). train.device decides the compute
  * dtype's size (train.precision) and the logits block (the GPU's or the CPU's). */
 int trainer_memory_plan(const Config *cfg, DryRunMemoryPlan *out, Error *err);
+/* *m: the micro-batches per replica, or an Error when dp is not a number yet or interleaving cannot
+ * take them (a multiple of pp). */
+int trainer_micro_batches(const Config *cfg, int64_t *m, Error *err);
+/* The rank of stage s alone, its chunks holding the layers of chunk_layers (pp * virtual_stages
+ * counts of at least 1, adding up to at most model.n_layers; the other stages' only place its
+ * chunks' layers) instead of the config's split: what the auto split (train_stages.c) weighs each
+ * candidate with. */
+int trainer_stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, DryRunMemory *out, Error *err);
 void trainer_memory_free(DryRunMemoryPlan *mp);
 /* Bytes a rank may use: train.gpu_memory_gb, else balance.hardware's memory (0: not checked, the
  * CPU profile). */

@@ -9,13 +9,13 @@
 #include "engine/comm/runtime.h"
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_stages.h"
 
 static int init_chunk(Trainer *tr, int c, Error *err)
 {
     const Config *cfg = tr->cfg;
     TrainChunk *ch = &tr->chunks[c];
-    ModelParallel par = {tr->lay.tp, tr->lay.tp_rank, tr->lay.cp, c * tr->pp + tr->lay.pp_rank, tr->n_chunks,
-                         tr->comm, cfg->parallel.sequence_parallel};
+    ModelParallel par = trainer_chunk_parallel(cfg, tr->lay.tp_rank, c * tr->pp + tr->lay.pp_rank, tr->comm);
     if (model_init(&ch->model, &cfg->model, tr->ops, &par, cfg->train.recompute, err) != 0)
         return -1;
     Model *m = &ch->model;
@@ -105,11 +105,18 @@ static int choose_comm(Trainer *tr, Error *err)
     return comm_use(tr->comm, nccl, err);
 }
 
+int trainer_check_data(const Config *cfg, Error *err)
+{
+    if (cfg->data.path.n == 0)
+        return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
+    return 0;
+}
+
 static int check_layout(const Trainer *tr, Error *err)
 {
     const ConfigParallel *p = &tr->cfg->parallel;
-    if (tr->cfg->data.path.n == 0)
-        return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
+    if (trainer_check_data(tr->cfg, err) != 0)
+        return -1;
     if (p->virtual_stages > 1 && p->pp == 1)
         return error_set(err, "parallel.virtual_stages", "interleaving splits pipeline stages: it needs parallel.pp "
                          "> 1 (got virtual_stages %lld with pp 1)", (long long)p->virtual_stages);
@@ -125,6 +132,24 @@ static int check_layout(const Trainer *tr, Error *err)
     return 0;
 }
 
+/* Every rank placed the layers itself (parallel.stage_layers: auto reads the data, the cost model
+ * and the memory budget on each); they must agree, or the stages would not fit together. */
+static int check_split(const Trainer *tr, Error *err)
+{
+    const ConfigIntList *split = &tr->cfg->parallel.chunk_layers;
+    uint32_t h = 2166136261u; /* FNV-1a over the counts */
+    for (int g = 0; g < split->n; g++)
+        h = (h ^ (uint32_t)split->v[g]) * 16777619u;
+    double d[2] = {(double)h, -(double)h};
+    if (comm_allreduce_max_f64(tr->comm, GROUP_WORLD, d, 2, err) != 0)
+        return -1;
+    if (d[0] != -d[1])
+        return error_runtime(err, "parallel.stage_layers", "the ranks split the layers differently (digests %08x .. "
+                             "%08x); with auto every rank must read the same data, calibration file and memory budget",
+                             (unsigned)-d[1], (unsigned)d[0]);
+    return 0;
+}
+
 static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Error *err)
 {
     memset(tr, 0, sizeof *tr);
@@ -136,7 +161,7 @@ static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Erro
     tr->v = (int)cfg->parallel.virtual_stages;
     tr->n_chunks = tr->pp * tr->v;
     tr->m = (int)config_micro_batches(cfg);
-    if (check_layout(tr, err) != 0 || open_backend(tr, err) != 0)
+    if (check_layout(tr, err) != 0 || check_split(tr, err) != 0 || open_backend(tr, err) != 0)
         return -1;
     const char *stage = getenv("WLBTRAIN_COMM_STAGE");
     comm_set_backend(comm, tr->ops, stage && !strcmp(stage, "1"));
