@@ -17,8 +17,8 @@
 #
 # Usage: bench/convergence.sh [cpu|gpu] [SEEDS]        (default: cpu, 3 seeds)
 #   cpu  a 2-layer, d_model 64 model, window 1024, 90 steps of 8192 tokens (8 micro-batches) per
-#        run, two runs at a time with one thread a rank: about 15 CPU-minutes for the 12 runs (40
-#        steps measured 411 CPU-s), under 30 minutes on an idle 2-core machine. The window is 1024 rather than less so that the
+#        run, two runs at a time with one thread a rank: 839 CPU-s for the 12 runs, 709 s wall on a
+#        2-core VM shared with other jobs (docs/validation.md). The window is 1024 rather than less so that the
 #        documents (files of 39 bytes to 756 KB, median 8.5 KB) leave pieces of every length and the
 #        outlier queues delay some of them (with 256, nearly every piece is a full window and a queue
 #        fills within the step that read it: no delay to study)
