@@ -98,7 +98,6 @@ typedef struct ConfigData {
 typedef struct ConfigBalance {
     PackerKind packer;
     CpSharding cp_sharding;
-    bool cp_fill; /* groups: fill the idle CP ranks of a step's most uneven micro-batch (plan_fill.c) */
     int64_t plan_threads; /* threads that shard a step's micro-batches; 0 = auto */
     LongDocuments long_documents;
     int64_t max_tokens_per_micro_batch;

@@ -47,6 +47,8 @@ extern const int config_n_keys;
 int config_key_find(const char *name);
 /* The known key nearest to name (edit distance), for "did you mean" hints; NULL if none is close. */
 const char *config_key_hint(const char *name);
+/* Why a key that earlier versions knew is gone and what to do, or NULL when name never was a key. */
+const char *config_key_removed(const char *name);
 /* The known section nearest to name, or NULL (returns a static buffer). */
 const char *config_section_hint(const char *name);
 /* 1 when name is a section (model, parallel, ...). */

@@ -119,6 +119,17 @@ static int yaml_problem(yaml_parser_t *p, const char *name, Error *err)
     return error_set(err, where, "YAML syntax: %s", p->problem ? p->problem : "error");
 }
 
+/* The error for a key the table does not have: why it is gone, the nearest key, or the help. */
+static int unknown_key(Error *err, const char *where, const char *key)
+{
+    const char *removed = config_key_removed(key), *hint = config_key_hint(key);
+    if (removed)
+        return error_set(err, where, "%s: %s", key, removed);
+    if (hint)
+        return error_set(err, where, "%s: unknown key (did you mean %s?)", key, hint);
+    return error_set(err, where, "%s: unknown key (see wlbtrain --help-config)", key);
+}
+
 static int load_section(Config *cfg, yaml_document_t *doc, const char *section, yaml_node_t *map,
                         const char *name, unsigned char *seen, Error *err)
 {
@@ -138,12 +149,8 @@ static int load_section(Config *cfg, yaml_document_t *doc, const char *section, 
         char full[512];
         snprintf(full, sizeof full, "%s.%s", section, (const char *)kn->data.scalar.value);
         int k = config_key_find(full);
-        if (k < 0) {
-            const char *hint = config_key_hint(full);
-            if (hint)
-                return error_set(err, where, "%s: unknown key (did you mean %s?)", full, hint);
-            return error_set(err, where, "%s: unknown key (see wlbtrain --help-config)", full);
-        }
+        if (k < 0)
+            return unknown_key(err, where, full);
         if (seen[k])
             return error_set(err, where, "%s: set twice in this file", full);
         seen[k] = 1;
@@ -249,12 +256,8 @@ int config_apply_set(Config *cfg, const char *arg, Error *err)
         return error_set(err, where, "key too long");
     snprintf(key, sizeof key, "%.*s", (int)(eq - arg), arg);
     int k = config_key_find(key);
-    if (k < 0) {
-        const char *hint = config_key_hint(key);
-        if (hint)
-            return error_set(err, where, "%s: unknown key (did you mean %s?)", key, hint);
-        return error_set(err, where, "%s: unknown key (see wlbtrain --help-config)", key);
-    }
+    if (k < 0)
+        return unknown_key(err, where, key);
     yaml_parser_t parser;
     yaml_document_t doc;
     if (!yaml_parser_initialize(&parser))

@@ -115,6 +115,13 @@ static void test_unknown_keys_have_hints(void **state)
                  "t.yaml:2:3: model.xyzzy_frobnicate: unknown key (see wlbtrain --help-config)");
     const char *sets[] = {"train.lrr=0.1", NULL};
     expect_error(tiny, sets, 0, "--set train.lrr=0.1: train.lrr: unknown key (did you mean train.lr?)");
+    /* A key earlier versions knew says why it is gone, in a file and in --set. */
+    expect_error("balance:\n  cp_fill: true\n", NULL, 0,
+                 "t.yaml:2:3: balance.cp_fill: removed: the step pass it switched changed predicted throughput "
+                 "by under 0.2% on every benchmarked layout (docs/planner.md); delete the line");
+    const char *fill[] = {"balance.cp_fill=false", NULL};
+    expect_error(tiny, fill, 0, "--set balance.cp_fill=false: balance.cp_fill: removed: the step pass it switched "
+                 "changed predicted throughput by under 0.2% on every benchmarked layout (docs/planner.md); delete the line");
     assert_string_equal(config_key_hint("data.contex_window"), "data.context_window");
     assert_null(config_key_hint("completely.different"));
 }

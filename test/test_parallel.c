@@ -126,7 +126,7 @@ static int group_setup(void **state)
     fx.config = test_write_file(fx.dir, "base.yaml", yaml, strlen(yaml));
     free(yaml);
     free(prefix);
-    prefix = test_write_docs(fx.dir, "long", 7, 300, 4, 256);
+    prefix = test_write_docs(fx.dir, "long", 2, 300, 4, 256);
     char *valid = test_write_docs(fx.dir, "long-valid", 8, 100, 4, 256);
     yaml = test_format(
         "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
@@ -335,10 +335,8 @@ static void test_stage_layers(void **state)
 
 /* How many CP ranks of the dry run of the long corpus at this layout and packer exchange in blocks
  * of each size (its cp_group_ranks, summed over the steps): sizes[g] for g = 1, 2, 4; sizes[0]:
- * ranks in nested blocks (cp_nested_ranks); *cut: documents cut unevenly (cp_cut_docs); *filled:
- * documents moved to fill idle CP ranks (cp_filled_docs). */
-static void dry_run_group_ranks(int tp, int pp, int cp, const char *packer, int64_t *sizes, int64_t *cut,
-                                int64_t *filled)
+ * ranks in nested blocks (cp_nested_ranks); *cut: documents cut unevenly (cp_cut_docs). */
+static void dry_run_group_ranks(int tp, int pp, int cp, const char *packer, int64_t *sizes, int64_t *cut)
 {
     const char *bin = getenv("WLBTRAIN");
     char *stats = test_format("%s/groups.jsonl", fx.dir);
@@ -360,9 +358,8 @@ static void dry_run_group_ranks(int tp, int pp, int cp, const char *packer, int6
     char *text = test_read_file(stats, &len);
     for (int g = 0; g <= 4; g++)
         sizes[g] = 0;
-    *cut = *filled = 0;
-    /* "cp_group_ranks":{"1":N,"2":N,...},"cp_nested_ranks":N,"cp_cut_docs":N,"cp_filled_docs":N on
-     * every step line. */
+    *cut = 0;
+    /* "cp_group_ranks":{"1":N,"2":N,...},"cp_nested_ranks":N,"cp_cut_docs":N on every step line. */
     for (char *at = strstr(text, "\"cp_group_ranks\":{"); at; at = strstr(at + 1, "\"cp_group_ranks\":{")) {
         char *end = strchr(at, '}');
         for (int g = 1; g <= 4; g *= 2) {
@@ -373,11 +370,8 @@ static void dry_run_group_ranks(int tp, int pp, int cp, const char *packer, int6
                 sizes[g] += strtoll(k + strlen(key), NULL, 10);
         }
         char *nested = strstr(end, "\"cp_nested_ranks\":"), *cuts = strstr(end, "\"cp_cut_docs\":");
-        char *fills = strstr(end, "\"cp_filled_docs\":");
         assert_non_null(nested);
         assert_non_null(cuts);
-        assert_non_null(fills);
-        *filled += strtoll(fills + strlen("\"cp_filled_docs\":"), NULL, 10);
         sizes[0] += strtoll(nested + strlen("\"cp_nested_ranks\":"), NULL, 10);
         *cut += strtoll(cuts + strlen("\"cp_cut_docs\":"), NULL, 10);
     }
@@ -389,25 +383,21 @@ static void dry_run_group_ranks(int tp, int pp, int cp, const char *packer, int6
  * fixed and wlb) at CP 2, CP 4 and 16 ranks (tp 2, cp 4, pp 2), and on the short one with wlb. The
  * dry run of the long corpus must show blocks of 2 CP ranks (their communicators), ranks of their
  * own (no exchange) and documents cut unevenly over a block (eveners) at CP 4 and at tp 2 x cp 4 x
- * pp 2, and with wlb at CP 4 documents moved between micro-batches to fill idle ranks
- * (balance.cp_fill): otherwise the runs would not test them. (Nested blocks: test_cp_nested, on
- * hand-made plans.) */
+ * pp 2: otherwise the runs would not test them. (Nested blocks: test_cp_nested, on hand-made
+ * plans.) */
 static void test_groups(void **state)
 {
     (void)state;
-    int64_t sizes[5], cut, filled;
-    dry_run_group_ranks(1, 1, 4, "fixed", sizes, &cut, &filled);
+    int64_t sizes[5], cut;
+    dry_run_group_ranks(1, 1, 4, "fixed", sizes, &cut);
     printf("# dry run, cp 4, groups: CP ranks in blocks of 1, 2, 4: %lld, %lld, %lld; in nested blocks %lld; "
            "documents cut unevenly %lld\n", (long long)sizes[1], (long long)sizes[2], (long long)sizes[4],
            (long long)sizes[0], (long long)cut);
     assert_true(sizes[1] > 0 && sizes[2] > 0 && cut > 0);
-    dry_run_group_ranks(2, 2, 4, "fixed", sizes, &cut, &filled);
+    dry_run_group_ranks(2, 2, 4, "fixed", sizes, &cut);
     printf("# dry run, tp 2 x cp 4 x pp 2: in nested blocks %lld; documents cut unevenly %lld\n", (long long)sizes[0],
            (long long)cut);
     assert_true(sizes[2] > 0 && cut > 0);
-    dry_run_group_ranks(1, 1, 4, "wlb", sizes, &cut, &filled);
-    printf("# dry run, cp 4, groups, wlb: documents moved to fill idle CP ranks %lld\n", (long long)filled);
-    assert_true(filled > 0);
     int ok = 1;
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
     const char *wlb[] = {"balance.packer=wlb", "balance.cp_sharding=groups", NULL};

@@ -652,13 +652,12 @@ static void check_threads_same_plan(const char *yaml, CpSharding mode)
     assert_int_equal(b.cfg.balance.plan_threads, 3);
     StepPlan pa = {0}, pb = {0};
     Error err = {0};
-    int64_t modes[CP_GROUPS + 1] = {0}, filled = 0;
+    int64_t modes[CP_GROUPS + 1] = {0};
     for (int step = 0; step < 12; step++) {
         assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
         assert_int_equal(plan_step(&b.pl, &pb, &err), 0);
         assert_true(digest(&pa) == digest(&pb));
         assert_true(plan_digest(&pa) == plan_digest(&pb));
-        filled += pa.filled_docs;
         for (int64_t i = 0; i < (int64_t)pa.dp * pa.m; i++) {
             assert_true(pa.mbs[i].fwd_s == pb.mbs[i].fwd_s && pa.mbs[i].bwd_s == pb.mbs[i].bwd_s);
             modes[pa.mbs[i].mode]++;
@@ -666,11 +665,6 @@ static void check_threads_same_plan(const char *yaml, CpSharding mode)
     }
     /* The runs chose the mode asked for on some micro-batches (or they would not test it). */
     assert_true(modes[mode] > 0);
-    /* With groups the step pass moved documents, so its layouts anew ran on the threads too. */
-    if (mode == CP_GROUPS)
-        printf("# groups, 1 and 3 planning threads: the same plans; %lld documents moved by the step pass\n",
-               (long long)filled);
-    assert_true(mode != CP_GROUPS || filled > 0);
     plan_free(&pa);
     plan_free(&pb);
     teardown(&a);

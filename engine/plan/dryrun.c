@@ -114,8 +114,7 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
         int64_t cut = 0;
         for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
             cut += p->mbs[i].cut_docs;
-        fprintf(f, "},\"cp_nested_ranks\":%lld,\"cp_cut_docs\":%lld,\"cp_filled_docs\":%lld", (long long)nested,
-                (long long)cut, (long long)p->filled_docs);
+        fprintf(f, "},\"cp_nested_ranks\":%lld,\"cp_cut_docs\":%lld", (long long)nested, (long long)cut);
     }
     (void)cfg;
 }

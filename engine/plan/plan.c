@@ -2,7 +2,7 @@
  * engine/plan/plan.c - the planner's step: take the step's documents from the stream, pack them
  * (plan_pack.c), shard every micro-batch over the CP ranks (plan_shard.c; several micro-batches at
  * once on balance.plan_threads threads), give the micro-batches to the DP replicas and order them in
- * each replica's pipeline, and with groups run the step pass (plan_fill.c).
+ * each replica's pipeline.
  */
 #include "engine/plan/plan.h"
 
@@ -45,7 +45,6 @@ void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
     p->tokens = p->pad_tokens = p->queued = p->carried = 0;
     p->delay_token_steps = 0;
     p->delayed_tokens = 0;
-    p->filled_docs = p->filled_sharded = 0;
 }
 
 int64_t plan_add_doc(StepPlan *p, const PlanDoc *d)
@@ -99,7 +98,6 @@ int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream 
     pl->stream = stream;
     pl->packer = packer;
     pl->sharding = sharding;
-    pl->fill = cfg->balance.cp_fill;
     /* auto: OpenMP's default team (OMP_NUM_THREADS, else the CPUs), at most 4. */
     pl->threads = (int)cfg->balance.plan_threads;
     if (pl->threads == 0)
@@ -243,8 +241,6 @@ int plan_step(Planner *pl, StepPlan *p, Error *err)
     if (plan_shard_step(p, pl->n_mb, pl->sharding, pl->cost, pl->rank_capacity, pl->threads, err) != 0)
         return -1;
     if (plan_arrange(pl, p, err) != 0)
-        return -1;
-    if (pl->fill && pl->sharding == CP_GROUPS && pl->packer != PACKER_FIXED && plan_fill_idle(pl, p, err) != 0)
         return -1;
     for (int64_t i = 0; i < p->n_docs; i++) {
         const PlanDoc *d = &p->docs[i];

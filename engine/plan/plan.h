@@ -147,8 +147,6 @@ typedef struct StepPlan {
     int64_t carried;         /* documents carried to the next step (did not fit) */
     double delay_token_steps; /* sum over the step's tokens of (step - arrival) */
     int64_t delayed_tokens;  /* the step's tokens read at an earlier step (arrival < step) */
-    int64_t filled_docs;     /* groups: documents moved to fill idle CP ranks (plan_fill.c) */
-    int64_t filled_sharded;  /* of those, the ones their micro-batch had sharded */
     struct ShardScratch *shard_scratch[PLAN_MAX_THREADS]; /* plan_shard's working memory, one per
                                                            * micro-batch laid out at once */
 } StepPlan;
@@ -184,7 +182,6 @@ typedef struct Planner {
     PlanQueue queues[PLAN_MAX_QUEUES];
     PlanQueue remained;      /* wlb: did not fit, first in the next step */
     int cut;                 /* balance.long_documents resolved: cut at the stream's windows */
-    int fill;                /* balance.cp_fill (groups only) */
     int threads;             /* balance.plan_threads resolved: threads that shard a step's micro-batches */
     int has_pending;         /* a piece read from the stream but not yet taken */
     PlanDoc pending;
@@ -259,11 +256,6 @@ void plan_shard_scratch_free(StepPlan *p);
 
 /* Gives the sharded micro-batches to the DP replicas and orders each replica's pipeline (plan.c). */
 int plan_arrange(const Planner *pl, StepPlan *p, Error *err);
-
-/* groups' step pass (plan_fill.c), on an arranged plan: documents of the step's other micro-batches
- * move to a micro-batch whose CP ranks a long document leaves uneven, when that lowers both the
- * predicted step time and the worst CP imbalance; sets p->filled_docs. */
-int plan_fill_idle(const Planner *pl, StepPlan *p, Error *err);
 
 /* Packers (plan_pack.c): fill p's micro-batches with docs (start offsets set, not yet sharded). */
 int plan_pack_fixed(Planner *pl, StepPlan *p, Error *err);

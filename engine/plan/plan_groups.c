@@ -11,7 +11,7 @@
  * every rank gathers its K/V; over a block just large enough to balance it, its chunks are longer
  * and its K/V go to fewer ranks over a faster link (a block of tp * g ranks within a node uses
  * NVLink). Blocks may nest (plan_groups_nest.c) and a few documents may be cut unevenly over theirs
- * (plan_groups_even.c, plan_groups_cut.c).
+ * (plan_groups_even.c).
  *
  * This file, for K = min(cp, 16) units of u = cp / K ranks:
  *  1. Predict every document on every block size g = u, 2u, .., cp: its attention per rank when
@@ -30,24 +30,23 @@
  *     longest-processing-time first on machines of different speeds (Q||Cmax) - among the groups
  *     with room (a group of g ranks holds at most g x the rank capacity: per_doc gives its ranks
  *     token counts within one of each other); of the groups of one size only the least loaded with
- *     room is a candidate (they differ in nothing else). Done twice: every document sharded over
- *     its group (skipped on micro-batches of more than 6 cp documents when hybrid keeps some whole),
- *     and with the documents shorter than hybrid's best threshold kept whole instead, each on the
- *     rank (of any group) that would finish earliest with room - hybrid's rule inside the split,
- *     which makes hybrid's own layout the split {CP} of this pass. A split is abandoned as soon as
+ *     room is a candidate (they differ in nothing else). The documents shorter than hybrid's best
+ *     threshold are kept whole instead, each on the rank (of any group) that would finish earliest
+ *     with room - hybrid's rule inside the split, which makes hybrid's own layout the split {CP};
+ *     when hybrid keeps none whole, every document is sharded. A split is abandoned as soon as
  *     it cannot beat hybrid or the best split so far: when a group's new time reaches it, or when
  *     the mean over the ranks of the work so far plus the least work the remaining documents need
  *     (each on its cheapest group size) does - the slowest rank is at least the mean.
  *  4. The nested search (plan_groups_nest.c) from the best split, or from hybrid's layout when no
  *     split beat it; the layout it ends with is laid out exactly (ranges, segments) and predicted
  *     exactly.
- *  5. The eveners (plan_groups_even.c) on the nested search's result, laid out exactly
- *     (plan_groups_cut.c); kept when faster than step 4's layout. plan_shard keeps the result only
+ *  5. The eveners (plan_groups_even.c) on the nested search's result, laid out exactly; kept
+ *     when faster than step 4's layout. plan_shard keeps the result only
  *     when it beats hybrid, per_seq and per_doc on the time the plan records and fits the capacity,
  *     so groups never predicts worse than hybrid.
  * Bound of steps 1-3: n documents, L = log2 K + 1 sizes, G <= K groups: 4 n (L + 1) attention
- * evaluations, then at most 2 b(K) greedy passes of n (G comparisons + L group-time evaluations) or,
- * for whole documents, n CP comparisons; at K = 16 that is at most 72 n (16 + 5) steps, each a few
+ * evaluations, then at most b(K) greedy passes of n (G comparisons + L group-time evaluations) or,
+ * for whole documents, n CP comparisons; at K = 16 that is at most 36 n (16 + 5) steps, each a few
  * flops (step 3 evaluates the cost model's lines, not the model). The later stages' bounds are in
  * their files; all of it with hybrid's own candidates beside it: docs/benchmarks.md, measured planning time.
  */
@@ -101,8 +100,8 @@ typedef struct Search {
     Group best[GROUPS_UNITS];
     int n_best;
     double best_t; /* -1: no split yet */
-    int tie_wins;  /* the best is of this pass: a split tried now is earlier in the order that breaks
-                    * ties, so one that ties it wins */
+    int tie_wins;  /* a split tried now is earlier in the order that breaks ties than the best, so
+                    * one that ties it wins */
     int descending; /* the splits tried in the order that breaks ties (the tests: the same result) */
 } Search;
 
@@ -336,9 +335,9 @@ static void enumerate(Search *s, int level, int units)
 }
 
 /* The exact layout of the nested blocks in s: every document on its block (node), per_doc or whole,
- * in micro-batch order; with eveners (even[k] > 0), those after them (plan_groups_cut.c). */
+ * in micro-batch order; with eveners (even[k] > 0), those after them (plan_groups_even.c). */
 static int lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t n, const int32_t *node,
-                   const int32_t *even, const EvenCut *ev, int n_ev, int64_t capacity)
+                   const int32_t *even, const EvenCut *ev, int n_ev)
 {
     int cp = s->cp;
     if (shard_reset(s, n) != 0)
@@ -352,7 +351,7 @@ static int lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t
         if (rc != 0)
             return -1;
     }
-    return n_ev > 0 ? groups_even_lay_out(s, cost, docs, ev, n_ev, capacity) : 0;
+    return n_ev > 0 ? groups_even_lay_out(s, cost, docs, ev, n_ev) : 0;
 }
 
 int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
@@ -411,21 +410,12 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     s.est = est;
     s.assign = sc->assign;
     s.best_assign = sc->best_assign;
-    /* Every split with every document sharded, then with the documents shorter than hybrid's
-     * best threshold whole (hybrid's layout is the split {cp} with that threshold). */
-    /* No state from other micro-batches: a micro-batch's layout depends on its documents alone, so
+    /* Every split, the documents shorter than hybrid's best threshold whole (hybrid's layout is
+     * the split {cp} with that threshold), or every document sharded when hybrid kept none whole.
+     * No state from other micro-batches: a micro-batch's layout depends on its documents alone, so
      * a step's micro-batches can be planned in any order, in parallel (plan_shard_step). */
-    for (int pass = 0; pass < 2; pass++) {
-        s.threshold = pass ? sc->hybrid_threshold : 0;
-        if (pass && sc->hybrid_threshold <= 0)
-            break;
-        /* Every document sharded is no contender when there are many short ones (more than 6 a
-         * rank) and hybrid keeps some whole: only the pass that keeps them whole runs. */
-        if (!pass && n > 6 * (int64_t)cp && sc->hybrid_threshold > 0)
-            continue;
-        s.tie_wins = 0; /* a split of this pass must beat the last pass's best */
-        enumerate(&s, s.levels - 1, s.units);
-    }
+    s.threshold = sc->hybrid_threshold > 0 ? sc->hybrid_threshold : 0;
+    enumerate(&s, s.levels - 1, s.units);
     /* The search swaps its two assignment arrays; give both back to the scratch. */
     sc->assign = s.assign;
     sc->best_assign = s.best_assign;
@@ -473,7 +463,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     /* Step 4: the exact layout, documents in micro-batch order (per_doc's leftover counters run in
      * that order, as in the other modes) - from hybrid's layout, only when the search ended faster
      * than hybrid. */
-    if ((s.best_t >= 0 || after < limit) && lay_out(out, cost, docs, n, node, NULL, NULL, 0, capacity) != 0)
+    if ((s.best_t >= 0 || after < limit) && lay_out(out, cost, docs, n, node, NULL, NULL, 0) != 0)
         return -1;
     if ((s.best_t >= 0 || after < limit) && shard_fits(out, capacity))
         *t = shard_time(out, cost);
@@ -495,7 +485,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     int n_even = groups_even_pick(&x, even_node, even_rows, list, saved, ev);
     if (n_even > 0 && (s.best_t >= 0 || groups_nest_worst(&x) < limit)) {
         Shard *alt = &sc->cand[SHARD_EVEN];
-        if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even, capacity) != 0)
+        if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even) != 0)
             return -1;
         double t_alt = shard_fits(alt, capacity) ? shard_time(alt, cost) : -1;
         if (t_alt >= 0 && (*t < 0 || t_alt < *t)) {

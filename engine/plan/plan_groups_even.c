@@ -16,14 +16,12 @@
  *
  * groups_even_pick repeats, while it lowers the slowest rank: of every document on a block above
  * s and every block containing its block, the cut that leaves w's slowest rank lowest, if below s's
- * time; or an evener already made re-cut over a larger block (a pair evened to its mean can then be
- * evened with its neighbours); when none helps, s's partner (s ^ 1) may trade the documents it
- * holds whole with another rank's (both staying below s's time) if that opens an evener - s's pair
- * is aligned, a slack rank elsewhere is not. At most EVEN_MAX eveners a micro-batch.
- * The exact layout cuts each evener again on the exact times (plan_groups_cut.c); plan_groups_best
- * keeps the layout with the eveners only when its exact figure beats the one without.
- * Bound: at most 2 EVEN_MAX rounds, each O(n (L + EVEN_MAX)) water-fillings of at most cp ranks
- * (O(cp log cp) each), and when stuck cp trades of O(n) each with as many again.
+ * time; when none does, a block above s rebuilt around its longest document (the others whole on
+ * its ranks), which the cut then evens. At most EVEN_MAX eveners a micro-batch.
+ * groups_even_lay_out lays them out with those rows, rounded; plan_groups_best keeps the layout with
+ * the eveners only when its exact figure beats the one without.
+ * Bound: at most EVEN_MAX rounds, each O(n L) water-fillings of at most cp ranks (O(cp log cp)
+ * each), and when none helps L rebuilds of O(n) each.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -131,32 +129,27 @@ typedef struct Evener {
     double *rows;
 } Evener;
 
-/* Puts evener e on the lines (sign +1) or takes it off (-1), k back on u. */
-static void evener_apply(Nest *x, const Evener *e, int sign)
+/* Puts evener e on the lines: k off block u, cut over w. */
+static void evener_apply(Nest *x, const Evener *e)
 {
     int ws = plan_block_size(x->cp, e->w), wf = plan_block_first(x->cp, e->w);
     int64_t d = x->docs[e->k].len;
     double per_attn = nest_attn(x, e->k, e->w) * ws / (double)d;
-    if (sign > 0)
-        nest_move(x, e->k, e->u, -1);
-    double comm = nest_delta(x, e->w, sign * d, 0).comm; /* after k left u, which may be w */
-    x->tok[e->w] += sign * d;
+    nest_move(x, e->k, e->u, -1);
+    double comm = nest_delta(x, e->w, d, 0).comm; /* after k left u, which may be w */
+    x->tok[e->w] += d;
     for (int i = 0; i < ws; i++) {
-        x->rows[wf + i] += sign * (int64_t)(e->rows[i] + 0.5);
-        x->attn_r[wf + i] += sign * e->rows[i] * per_attn;
-        x->comm_r[wf + i] += comm + sign * e->uneven;
+        x->rows[wf + i] += (int64_t)(e->rows[i] + 0.5);
+        x->attn_r[wf + i] += e->rows[i] * per_attn;
+        x->comm_r[wf + i] += comm + e->uneven;
     }
-    if (sign < 0)
-        nest_move(x, e->k, e->u, +1);
 }
 
 typedef struct Pick {
     int64_t k;
-    int u, w, again; /* again: the index of the evener it re-cuts, or -1 */
+    int u, w;
     double t;
-    int64_t shed;    /* a document moved out of the re-cut evener's block first (-1: none) */
-    int shed_to;     /* its new block */
-    int rebuild;     /* 1: block w rebuilt around k first (rebuild) */
+    int rebuild; /* 1: block w rebuilt around k first (rebuild) */
 } Pick;
 
 /* 1 when block v lies above rank s (holds it). */
@@ -166,9 +159,8 @@ static int above(int cp, int s, int v)
 }
 
 /* The best evener for the slowest rank s, on the lines, if it beats p->t: a document on a block
- * above s cut over a block containing that one, or an evener whose block is above s re-cut over a
- * larger block. */
-static void best_evener(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s, Pick *p)
+ * above s cut over a block containing that one. */
+static void best_evener(Nest *x, int n_ev, const int32_t *even, int s, Pick *p)
 {
     int cp = x->cp;
     double rows[1024], comm;
@@ -179,77 +171,8 @@ static void best_evener(Nest *x, Evener *ev, int n_ev, const int32_t *even, int 
         for (int w = u; w >= 1; w /= 2) {
             double t = plan_block_size(cp, w) > 1 ? even_try(x, k, u, w, s, rows, &comm) : p->t;
             if (t < p->t)
-                *p = (Pick){k, u, w, -1, t, -1, 0, 0};
+                *p = (Pick){k, u, w, t, 0};
         }
-    }
-    for (int i = 0; i < n_ev; i++) {
-        if (!above(cp, s, ev[i].w) || ev[i].w == 1)
-            continue;
-        evener_apply(x, &ev[i], -1);
-        for (int w = ev[i].w / 2; w >= 1; w /= 2) {
-            double t = even_try(x, ev[i].k, ev[i].u, w, s, rows, &comm);
-            if (t < p->t)
-                *p = (Pick){ev[i].k, ev[i].u, w, i, t, -1, 0, 0};
-        }
-        evener_apply(x, &ev[i], +1);
-    }
-}
-
-/* When s's evener levels its whole block above the rest: a document inside that block moved to a
- * block apart from it (staying below p->t there) and the evener re-cut over its block, which then
- * levels lower. */
-static void best_shed(Nest *x, Evener *ev, int n_ev, const int32_t *even, int s, Pick *p)
-{
-    int cp = x->cp;
-    double rows[1024], comm, top[2048];
-    for (int r = 0; r < cp; r++)
-        top[cp + r] = line_t(x, r, 0, 0, 0);
-    for (int v = cp - 1; v >= 1; v--)
-        top[v] = top[2 * v] > top[2 * v + 1] ? top[2 * v] : top[2 * v + 1];
-    for (int i = 0; i < n_ev; i++) {
-        int w = ev[i].w;
-        if (!above(cp, s, w) || w == 1)
-            continue;
-        evener_apply(x, &ev[i], -1);
-        for (int64_t k = 0; k < x->n; k++) {
-            int u = x->node[k];
-            if (even[k] || !plan_block_inside(u, w))
-                continue;
-            for (int to = 1; to < 2 * cp; to++) {
-                if (plan_block_inside(to, w) || plan_block_inside(w, to))
-                    continue; /* not apart */
-                if (top[to] + nest_attn(x, k, to) >= p->t)
-                    continue; /* its ranks gain at least its attention */
-                /* Block to's ranks with k (apart from w, k leaving u does not touch them): none may
-                 * reach p->t or its capacity - checked before moving anything (up to rounding: the
-                 * sums are kept in another order once moved, hence the margin). */
-                NestDelta on = nest_delta(x, to, x->docs[k].len, nest_attn(x, k, to));
-                double ranks_t = 0;
-                int over = 0;
-                for (int r = on.first; r < on.first + on.size; r++) {
-                    double tr = line_t(x, r, on.attn, (double)on.rows, on.comm);
-                    ranks_t = tr > ranks_t ? tr : ranks_t;
-                    over |= x->rows[r] + on.rows > x->capacity;
-                }
-                if (over || ranks_t >= p->t * (1 + 1e-12))
-                    continue;
-                nest_move(x, k, u, -1);
-                nest_move(x, k, to, +1);
-                int size = plan_block_size(cp, to), first = plan_block_first(cp, to);
-                double t = even_try(x, ev[i].k, ev[i].u, w, s, rows, &comm);
-                for (int r = first; r < first + size && t < p->t; r++) {
-                    double tr = line_t(x, r, 0, 0, 0);
-                    t = tr > t ? tr : t;
-                    if (x->rows[r] > x->capacity)
-                        t = p->t;
-                }
-                nest_move(x, k, to, -1);
-                nest_move(x, k, u, +1);
-                if (t < p->t)
-                    *p = (Pick){ev[i].k, ev[i].u, w, i, t, k, to, 0};
-            }
-        }
-        evener_apply(x, &ev[i], +1);
     }
 }
 
@@ -318,47 +241,14 @@ static void best_rebuild(Nest *x, const int32_t *even, int s, int64_t *list, int
         double t = even_try(x, longest, w, w, s, rows, &comm);
         unbuild(x, list, saved, m);
         if (t < p->t)
-            *p = (Pick){longest, w, w, -1, t, -1, 0, 1};
+            *p = (Pick){longest, w, w, t, 1};
     }
-}
-
-/* Ranks a and b trade the documents they hold whole (eveners stay). With T > 0, only when both end below T (else
- * nothing changes and -1); T < 0: unconditionally (to undo a trade). */
-static int trade(Nest *x, const int32_t *even, int a, int b, double T)
-{
-    int cp = x->cp;
-    if (T > 0) {
-        double da = 0, db = 0;
-        int64_t ra = 0, rb = 0;
-        for (int64_t k = 0; k < x->n; k++) {
-            double e = nest_attn(x, k, cp + a); /* whole on a rank */
-            int sign = even[k] ? 0 : x->node[k] == cp + a ? 1 : x->node[k] == cp + b ? -1 : 0;
-            da -= sign * e;
-            db += sign * e;
-            ra -= sign * x->docs[k].len;
-            rb += sign * x->docs[k].len;
-        }
-        if (line_t(x, a, da, (double)ra, 0) >= T || line_t(x, b, db, (double)rb, 0) >= T ||
-            x->rows[a] + ra > x->capacity || x->rows[b] + rb > x->capacity)
-            return -1;
-    }
-    for (int64_t k = 0; k < x->n; k++) {
-        int v = x->node[k];
-        if (!even[k] && (v == cp + a || v == cp + b)) {
-            int to = v == cp + a ? cp + b : cp + a;
-            nest_move(x, k, v, -1);
-            nest_move(x, k, to, +1);
-            x->node[k] = to;
-        }
-    }
-    return 0;
 }
 
 int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int32_t *saved, EvenCut *out)
 {
     int cp = x->cp, n_ev = 0;
-    Evener ev[EVEN_MAX];
-    for (int round = 0; round < 2 * EVEN_MAX; round++) {
+    while (n_ev < EVEN_MAX) {
         /* The slowest rank s, and its time T. */
         int s = 0;
         double T = 0;
@@ -369,54 +259,60 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int
                 s = r;
             }
         }
-        Pick p = {-1, 0, 0, -1, T, -1, 0, 0};
-        best_evener(x, ev, n_ev, even, s, &p);
-        /* None: s's partner may be as slow as s. The documents held whole by the partner and by
-         * another rank q can trade places (no block changes; both must stay below T), which can
-         * give s a partner with room to even with: the best trade that opens an evener is made. */
-        int swap_q = -1;
-        for (int q = 0; q < cp && p.k < 0 && x->n <= 6 * (int64_t)cp; q++) {
-            if (q == s || q == (s ^ 1) || trade(x, even, s ^ 1, q, T) != 0)
-                continue;
-            Pick with = p;
-            best_evener(x, ev, n_ev, even, s, &with);
-            if (with.k >= 0 && (p.k < 0 || with.t < p.t)) {
-                p = with;
-                swap_q = q;
-            }
-            trade(x, even, s ^ 1, q, -1); /* back */
-        }
-        if (p.k < 0 && swap_q < 0)
-            best_shed(x, ev, n_ev, even, s, &p);
-        if (p.k < 0 && swap_q < 0 && n_ev < EVEN_MAX)
+        Pick p = {-1, 0, 0, T, 0};
+        best_evener(x, n_ev, even, s, &p);
+        if (p.k < 0)
             best_rebuild(x, even, s, list, saved, &p);
         if (p.k < 0)
             break;
-        if (swap_q >= 0)
-            trade(x, even, s ^ 1, swap_q, -1);
-        int i = p.again >= 0 ? p.again : n_ev++;
-        if (p.again >= 0)
-            evener_apply(x, &ev[i], -1);
         if (p.rebuild)
             rebuild(x, even, p.k, p.w, list, saved);
-        if (p.shed >= 0) {
-            nest_move(x, p.shed, x->node[p.shed], -1);
-            nest_move(x, p.shed, p.shed_to, +1);
-            x->node[p.shed] = p.shed_to;
-        }
-        ev[i] = (Evener){p.k, p.u, p.w, 0, scratch + (size_t)i * cp};
-        even_try(x, p.k, p.u, p.w, s, ev[i].rows, &ev[i].uneven);
-        evener_apply(x, &ev[i], +1);
+        Evener e = {p.k, p.u, p.w, 0, scratch + (size_t)n_ev * cp};
+        even_try(x, p.k, p.u, p.w, s, e.rows, &e.uneven);
+        evener_apply(x, &e);
         even[p.k] = p.w;
-        if (p.again >= 0) { /* re-cut: it moves to the end of the order */
-            for (int j = 0; j < n_ev; j++)
-                if (out[j].k == p.k) {
-                    for (; j + 1 < n_ev; j++)
-                        out[j] = out[j + 1];
-                    break;
-                }
-        }
-        out[n_ev - 1] = (EvenCut){p.k, p.w, ev[i].rows};
+        out[n_ev++] = (EvenCut){p.k, p.w, e.rows};
     }
     return n_ev;
+}
+
+/* Whole rows in proportion to want[], summing to d: floors, then the largest remainders. */
+static void round_rows(const double *want, int g, int64_t d, int64_t *x)
+{
+    double total = 0, share[1024];
+    for (int i = 0; i < g; i++)
+        total += want[i] > 0 ? want[i] : 0;
+    int64_t sum = 0;
+    for (int i = 0; i < g; i++) {
+        share[i] = total > 0 ? (want[i] > 0 ? want[i] : 0) * (double)d / total : (double)d / g;
+        x[i] = (int64_t)share[i];
+        sum += x[i];
+    }
+    for (; sum < d; sum++) {
+        int best = 0;
+        for (int i = 1; i < g; i++)
+            if (share[i] - (double)x[i] > share[best] - (double)x[best])
+                best = i;
+        x[best]++;
+    }
+}
+
+int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev)
+{
+    for (int i = 0; i < n_ev; i++) {
+        int g = plan_block_size(s->cp, ev[i].w), first = plan_block_first(s->cp, ev[i].w);
+        int64_t x[1024], sizes[2 * 1024];
+        round_rows(ev[i].rows, g, docs[ev[i].k].len, x);
+        /* Rank i's rows as two chunks, mirrored as per_doc places its two (chunks i and 2 g - 1 - i
+         * of the document), so its rows sit early and late and its attention per row is near the
+         * document's mean. */
+        for (int r = 0; r < g; r++) {
+            sizes[r] = (x[r] + 1) / 2;
+            sizes[2 * g - 1 - r] = x[r] / 2;
+        }
+        s->uneven[ev[i].w]++;
+        if (shard_chunks(s, cost, docs, ev[i].k, first, g, sizes) != 0)
+            return -1;
+    }
+    return 0;
 }

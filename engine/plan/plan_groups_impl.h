@@ -1,7 +1,7 @@
 /*
  * engine/plan/plan_groups_impl.h - the groups search's cost lines, groups and nested-block state,
- * shared by its split (plan_groups.c), nested search (plan_groups_nest.c), eveners
- * (plan_groups_even.c) and their exact cut (plan_groups_cut.c).
+ * shared by its split (plan_groups.c), nested search (plan_groups_nest.c) and eveners
+ * (plan_groups_even.c).
  */
 #ifndef WLB_ENGINE_PLAN_GROUPS_IMPL_H
 #define WLB_ENGINE_PLAN_GROUPS_IMPL_H
@@ -99,9 +99,9 @@ typedef struct EvenCut {
  * Returns their number. */
 enum { EVEN_MAX = 16 };
 int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int32_t *saved, EvenCut *out);
-/* The eveners' exact layout (plan_groups_cut.c), after every other document is laid out in s. */
-int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev,
-                        int64_t capacity);
+/* The eveners' layout, after every other document is laid out in s: each cut over its block with
+ * the rows the lines gave, rounded. */
+int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev);
 /* What block v gaining dtok tokens (losing: dtok < 0) and da attention per rank does to each of its
  * ranks [first, first + size) on the lines. Inline with the helpers below: the nested search and
  * the eveners call them in their innermost loops. */

@@ -72,7 +72,7 @@ int shard_per_doc_group(Shard *s, const CostModel *cost, const PlanDoc *docs, in
 int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k, int first, int g,
                  const int64_t *size);
 /* Rows [start, start + len) on rank r, their queries against keys [kv_start, start + len). The
- * caller keeps the document's group (doc_*) and exchange counters (plan_fill.c replays a layout). */
+ * caller keeps the document's group (doc_*) and exchange counters. */
 int shard_piece(Shard *s, const CostModel *cost, int r, int64_t start, int64_t len, int64_t kv_start);
 /* Lays out micro-batches list[0 .. n - 1] of p (n at most PLAN_MAX_THREADS) at once, on up to
  * `threads` threads, list[j] in plan scratch j: chosen[j] is its layout (mode as plan_shard's; each
