@@ -546,11 +546,10 @@ static void test_groups_pairs_for_mid_documents(void **state)
     plan_free(&p);
 }
 
-/* Three documents, 5000, 2500 and 600 tokens, over CP 2 (tp 8, across nodes): whole, the ranks hold
- * 5000 and 3100 tokens; sharded, all 8100 tokens are exchanged and the short ones make short
- * chunks. hybrid and the nested search end at per_doc's layout; rebuilding the pair around the
- * long one and cutting it unevenly (an evener) keeps the two short ones whole at full kernel
- * tiles, as balanced, with the same exchange (its rank holding the fewest rows receives the rest). */
+/* Three documents, 8000, 5000 and 4000 tokens, over CP 2 (tp 8, across nodes): whole, the ranks
+ * cannot be balanced (8000 against 9000); sharded, all 17000 tokens are exchanged. The best is one
+ * document sharded and cut unevenly (an evener) so that its rows fill what the two whole ones
+ * leave uneven: faster than hybrid (sharded per_doc's even halves) and per_doc. */
 static void test_groups_evener(void **state)
 {
     (void)state;
@@ -560,24 +559,26 @@ static void test_groups_evener(void **state)
      * rows win this mix. */
     make_model(&m, "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 2, dp: 1}\n"
                    "balance: {tp_comm_overlap: 1}\n");
-    int64_t lens[3] = {5000, 2500, 600};
+    int64_t lens[3] = {8000, 5000, 4000};
     StepPlan p = {0};
     double t[5];
     for (int k = 0; k < 5; k++) {
         one_micro_batch(&p, 2, lens, 3);
         Error err = {0};
-        assert_int_equal(plan_shard(&p, 0, (CpSharding)k, &m, 8100, &err), 0);
+        assert_int_equal(plan_shard(&p, 0, (CpSharding)k, &m, 17000, &err), 0);
         t[k] = mb_time(&p);
     }
     assert_int_equal(p.mbs[0].mode, CP_GROUPS);
     check_layout_mb(&p, 0);
-    GroupsSeen g = check_groups_mb(&p, 0, &m, 8100);
-    printf("# 5000 + 2500 + 600 tokens at CP 2: groups %.4g ms, hybrid %.4g, per_doc %.4g; %d cut unevenly, "
+    GroupsSeen g = check_groups_mb(&p, 0, &m, 17000);
+    printf("# 8000 + 5000 + 4000 tokens at CP 2: groups %.4g ms, hybrid %.4g, per_doc %.4g; %d cut unevenly, "
            "ranks hold %lld and %lld\n", 1e3 * t[CP_GROUPS], 1e3 * t[CP_HYBRID], 1e3 * t[CP_PER_DOC], g.cut,
            (long long)p.ranks[0].tokens, (long long)p.ranks[1].tokens);
     assert_int_equal(g.cut, 1);
-    assert_int_equal(p.docs[1].group_size, 1); /* the short ones whole */
-    assert_int_equal(p.docs[2].group_size, 1);
+    int whole = 0;
+    for (int k = 0; k < 3; k++)
+        whole += p.docs[k].group_size == 1;
+    assert_int_equal(whole, 2); /* the two others whole */
     assert_true(t[CP_GROUPS] < t[CP_HYBRID] && t[CP_GROUPS] < t[CP_PER_DOC]);
     plan_free(&p);
 }

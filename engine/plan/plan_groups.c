@@ -467,22 +467,18 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
         return -1;
     if ((s.best_t >= 0 || after < limit) && shard_fits(out, capacity))
         *t = shard_time(out, cost);
-    /* The eveners (plan_groups_even.c), on the lines (a document's block in even_node, 0: none;
-     * the moves made on the way in node), then laid out exactly: kept when faster than without. */
+    /* The eveners (plan_groups_even.c), on the lines (a document's block in even_node, 0: none),
+     * then laid out exactly: kept when faster than without. */
     int32_t *even_node = array_grow(sc->even_node, &sc->cap_even_node, n + 1, sizeof *even_node);
     double *even_rows = array_grow(sc->even_rows, &sc->cap_even_rows, (int64_t)EVEN_MAX * cp, sizeof *even_rows);
-    int64_t *list = array_grow(sc->even_list, &sc->cap_even_list, n + 1, sizeof *list);
-    int32_t *saved = array_grow(sc->even_saved, &sc->cap_even_saved, n + 1, sizeof *saved);
     sc->even_node = even_node ? even_node : sc->even_node;
     sc->even_rows = even_rows ? even_rows : sc->even_rows;
-    sc->even_list = list ? list : sc->even_list;
-    sc->even_saved = saved ? saved : sc->even_saved;
-    if (!even_node || !even_rows || !list || !saved)
+    if (!even_node || !even_rows)
         return -1;
     for (int64_t k = 0; k < n; k++)
         even_node[k] = 0;
     EvenCut ev[EVEN_MAX];
-    int n_even = groups_even_pick(&x, even_node, even_rows, list, saved, ev);
+    int n_even = groups_even_pick(&x, even_node, even_rows, ev);
     if (n_even > 0 && (s.best_t >= 0 || groups_nest_worst(&x) < limit)) {
         Shard *alt = &sc->cand[SHARD_EVEN];
         if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even) != 0)

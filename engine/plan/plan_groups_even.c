@@ -16,12 +16,11 @@
  *
  * groups_even_pick repeats, while it lowers the slowest rank: of every document on a block above
  * s and every block containing its block, the cut that leaves w's slowest rank lowest, if below s's
- * time; when none does, a block above s rebuilt around its longest document (the others whole on
- * its ranks), which the cut then evens. At most EVEN_MAX eveners a micro-batch.
+ * time. At most EVEN_MAX eveners a micro-batch.
  * groups_even_lay_out lays them out with those rows, rounded; plan_groups_best keeps the layout with
  * the eveners only when its exact figure beats the one without.
  * Bound: at most EVEN_MAX rounds, each O(n L) water-fillings of at most cp ranks (O(cp log cp)
- * each), and when none helps L rebuilds of O(n) each.
+ * each).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -149,7 +148,6 @@ typedef struct Pick {
     int64_t k;
     int u, w;
     double t;
-    int rebuild; /* 1: block w rebuilt around k first (rebuild) */
 } Pick;
 
 /* 1 when block v lies above rank s (holds it). */
@@ -171,81 +169,12 @@ static void best_evener(Nest *x, int n_ev, const int32_t *even, int s, Pick *p)
         for (int w = u; w >= 1; w /= 2) {
             double t = plan_block_size(cp, w) > 1 ? even_try(x, k, u, w, s, rows, &comm) : p->t;
             if (t < p->t)
-                *p = (Pick){k, u, w, t, 0};
+                *p = (Pick){k, u, w, t};
         }
     }
 }
 
-/* Block w rebuilt around document k: every other document on a block inside w (eveners aside)
- * whole, longest first, each on the rank of w that would finish earliest with room, and k on w
- * itself, to be cut over it. saved: room for the documents' blocks before (returned: how many). */
-static int64_t rebuild(Nest *x, const int32_t *even, int64_t k, int w, int64_t *list, int32_t *saved)
-{
-    int cp = x->cp, ws = plan_block_size(cp, w), wf = plan_block_first(cp, w);
-    int64_t m = 0;
-    for (int64_t j = 0; j < x->n; j++)
-        if (!even[j] && plan_block_inside(x->node[j], w)) {
-            /* Longest first (insertion; equal lengths in document order). */
-            int64_t i = m++;
-            for (; i > 0 && x->docs[list[i - 1]].len < x->docs[j].len; i--) {
-                list[i] = list[i - 1];
-                saved[i] = saved[i - 1];
-            }
-            list[i] = j;
-            saved[i] = x->node[j];
-            nest_move(x, j, x->node[j], -1);
-        }
-    /* The ranks' times, kept current: a whole document changes its rank's only, one sharded over
-     * w every rank's. */
-    double t[1024];
-    for (int r = 0; r < ws; r++)
-        t[r] = line_t(x, wf + r, 0, 0, 0);
-    for (int64_t i = 0; i < m; i++) {
-        int64_t j = list[i];
-        int at = -1;
-        for (int r = 0; r < ws && j != k; r++)
-            if (x->rows[wf + r] + x->docs[j].len <= x->capacity && (at < 0 || t[r] < t[at]))
-                at = r;
-        x->node[j] = j == k || at < 0 ? w : cp + wf + at; /* no room: sharded over w */
-        nest_move(x, j, x->node[j], +1);
-        for (int r = x->node[j] == w ? 0 : at; r < (x->node[j] == w ? ws : at + 1); r++)
-            t[r] = line_t(x, wf + r, 0, 0, 0);
-    }
-    return m;
-}
-
-/* Undoes rebuild. */
-static void unbuild(Nest *x, const int64_t *list, const int32_t *saved, int64_t m)
-{
-    for (int64_t i = 0; i < m; i++) {
-        nest_move(x, list[i], x->node[list[i]], -1);
-        x->node[list[i]] = saved[i];
-        nest_move(x, list[i], saved[i], +1);
-    }
-}
-
-/* When no evener lowers s: a block w above s rebuilt around its longest document, which then
- * evens it (the others whole at full kernel tiles and without exchange). */
-static void best_rebuild(Nest *x, const int32_t *even, int s, int64_t *list, int32_t *saved, Pick *p)
-{
-    int cp = x->cp;
-    double rows[1024], comm;
-    for (int w = (cp + s) / 2; w >= 1; w /= 2) {
-        int64_t longest = -1;
-        for (int64_t j = 0; j < x->n; j++)
-            if (!even[j] && plan_block_inside(x->node[j], w) && (longest < 0 || x->docs[j].len > x->docs[longest].len))
-                longest = j;
-        if (longest < 0)
-            continue;
-        int64_t m = rebuild(x, even, longest, w, list, saved);
-        double t = even_try(x, longest, w, w, s, rows, &comm);
-        unbuild(x, list, saved, m);
-        if (t < p->t)
-            *p = (Pick){longest, w, w, t, 1};
-    }
-}
-
-int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int32_t *saved, EvenCut *out)
+int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out)
 {
     int cp = x->cp, n_ev = 0;
     while (n_ev < EVEN_MAX) {
@@ -259,14 +188,10 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int
                 s = r;
             }
         }
-        Pick p = {-1, 0, 0, T, 0};
+        Pick p = {-1, 0, 0, T};
         best_evener(x, n_ev, even, s, &p);
         if (p.k < 0)
-            best_rebuild(x, even, s, list, saved, &p);
-        if (p.k < 0)
             break;
-        if (p.rebuild)
-            rebuild(x, even, p.k, p.w, list, saved);
         Evener e = {p.k, p.u, p.w, 0, scratch + (size_t)n_ev * cp};
         even_try(x, p.k, p.u, p.w, s, e.rows, &e.uneven);
         evener_apply(x, &e);

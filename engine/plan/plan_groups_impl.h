@@ -94,11 +94,10 @@ typedef struct EvenCut {
 } EvenCut;
 
 /* The eveners (plan_groups_even.c), on the lines: even[k] gets the block document k is cut over
- * (0: not an evener), out[] the eveners in the order they were picked; x's sums include them (and
- * x->node the moves made on the way). scratch: EVEN_MAX x cp doubles; list, saved: n each.
- * Returns their number. */
+ * (0: not an evener), out[] the eveners in the order they were picked; x's sums include them.
+ * scratch: EVEN_MAX x cp doubles. Returns their number. */
 enum { EVEN_MAX = 16 };
-int groups_even_pick(Nest *x, int32_t *even, double *scratch, int64_t *list, int32_t *saved, EvenCut *out);
+int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out);
 /* The eveners' layout, after every other document is laid out in s: each cut over its block with
  * the rows the lines gave, rounded. */
 int groups_even_lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, const EvenCut *ev, int n_ev);

@@ -473,8 +473,6 @@ void plan_shard_scratch_free(StepPlan *p)
         free(sc->nest_est);
         free(sc->even_node);
         free(sc->even_rows);
-        free(sc->even_list);
-        free(sc->even_saved);
         free(sc);
         p->shard_scratch[t] = NULL;
     }

@@ -51,9 +51,7 @@ typedef struct ShardScratch {
     double *nest_est;      /* plan_groups: per document and size 2^j, when cp > 16 */
     int32_t *even_node;    /* plan_groups: per document, its block as an evener (0: none) */
     double *even_rows;     /* plan_groups: the eveners' rows per rank */
-    int64_t *even_list;    /* plan_groups: the eveners' working lists */
-    int32_t *even_saved;
-    int64_t cap_nest_est, cap_even_node, cap_even_rows, cap_even_list, cap_even_saved;
+    int64_t cap_nest_est, cap_even_node, cap_even_rows;
     int64_t cap_assign, cap_best_assign;
     int splits_descending;  /* plan_groups: try the splits in the order that breaks their ties, not
                              * the reverse (for the tests: the layout must be the same) */
