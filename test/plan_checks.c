@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/plan/plan_groups_impl.h"
+#include "engine/plan/plan_groups.h"
 #include "test/testlib.h"
 
 void check_layout_mb(const StepPlan *p, int64_t i)

@@ -19,8 +19,8 @@
 #include "config/config.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
-#include "engine/plan/plan_groups_impl.h"
-#include "engine/plan/plan_shard_impl.h"
+#include "engine/plan/plan_groups.h"
+#include "engine/plan/plan_shard.h"
 #include "test/plan_checks.h"
 #include "util/rng.h"
 
@@ -359,15 +359,15 @@ static void test_hybrid_predict_equals_layout(void **state)
         const ShardScratch *sc = p.shard_scratch[0];
         const PlanDoc *docs = p.docs + p.mbs[0].first_doc;
         assert_true(hybrid_predict(&m, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL) ==
-                    shard_time(&sc->cand[SHARD_DOC], &m));
+                    shard_time(&sc->doc, &m));
         one_micro_batch(&p, cp, lens, n);
         assert_int_equal(plan_shard(&p, 0, CP_HYBRID, &m, capacity, &err), 0);
         sc = p.shard_scratch[0];
         docs = p.docs + p.mbs[0].first_doc;
         if (p.mbs[0].mode != CP_HYBRID)
             continue;
-        double t = hybrid_predict(&m, docs, n, sc->order, cp, sc->hybrid_threshold, capacity, 0, NULL);
-        assert_true(t >= 0 && t == shard_time(&sc->cand[SHARD_BEST], &m));
+        double t = hybrid_predict(&m, docs, n, sc->hybrid.order, cp, sc->hybrid.threshold, capacity, 0, NULL);
+        assert_true(t >= 0 && t == shard_time(&sc->hybrid.layout, &m));
         checked_hybrid++;
     }
     printf("# per_doc on 200 mixes, hybrid's chosen candidate on %d: predicted = laid out, bit for bit\n",
@@ -501,7 +501,7 @@ static void test_groups_split_order(void **state)
         for (int order = 0; order < 2; order++) {
             one_micro_batch(&p, cp, lens, n);
             if (p.shard_scratch[0])
-                p.shard_scratch[0]->splits_descending = order;
+                p.shard_scratch[0]->groups.splits_descending = order;
             Error err = {0};
             assert_int_equal(plan_shard(&p, 0, CP_GROUPS, &m, capacity, &err), 0);
             digest[order] = plan_digest(&p);
@@ -511,7 +511,7 @@ static void test_groups_split_order(void **state)
         assert_true(t[0] == t[1]);
         assert_int_equal(digest[0], digest[1]);
     }
-    p.shard_scratch[0]->splits_descending = 0;
+    p.shard_scratch[0]->groups.splits_descending = 0;
     printf("# groups: %d tie-prone mixes (%d laid out by groups) the same with the splits tried either way\n", trials,
            grouped);
     assert_true(grouped >= trials / 2);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "engine/plan/plan_shard.h"
 #include "engine/train/train.h"
 #include "engine/train/train_stages.h"
 

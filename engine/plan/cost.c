@@ -4,7 +4,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/plan/calibration.h"
 
 /*
  * Profiles. Sources: ../shared/reference/performance.md.

@@ -144,4 +144,9 @@ double cost_doc_s(const CostModel *m, int64_t n);
  * must be resolved when the model was built). */
 int cost_chunk_layers(const CostModel *m, int g);
 
+/* The calibration file (calibration.c, which documents its fields): its rates into hw and table.
+ * Any fault is one error (status 2) naming the file. */
+enum { CALIBRATION_VERSION = 2 };
+int calibration_load(const char *path, CostHardware *hw, CostAttnTable *table, Error *err);
+
 #endif

@@ -9,6 +9,7 @@
 #include "data/data_sources.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
+#include "engine/plan/plan_shard.h"
 #include "engine/plan/sched.h"
 #include "engine/plan/stages.h"
 #include "util/clock.h"

@@ -2,7 +2,7 @@
  * engine/plan/plan.c - the planner's step: take the step's documents from the stream, pack them
  * (plan_pack.c), shard every micro-batch over the CP ranks (plan_shard.c; several micro-batches at
  * once on balance.plan_threads threads), give the micro-batches to the DP replicas and order them in
- * each replica's pipeline.
+ * each replica's pipeline (sched.c); the Plain-4D baselines of a step and the balance of a plan.
  */
 #include "engine/plan/plan.h"
 
@@ -11,11 +11,9 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "engine/plan/plan_pack.h"
+#include "engine/plan/plan_shard.h"
 #include "engine/plan/sched.h"
-#include "util/array.h"
-
-/* ---------------------------------------------------------------------------------------------- */
-/* StepPlan arrays                                                                                 */
 
 void plan_free(StepPlan *p)
 {
@@ -26,65 +24,6 @@ void plan_free(StepPlan *p)
     free(p->segments);
     free(p->ranks);
     memset(p, 0, sizeof *p);
-}
-
-void plan_reset(StepPlan *p, int64_t step, int dp, int m, int cp)
-{
-    int64_t n_mb = (int64_t)dp * m;
-    if (p->dp * p->m < n_mb) {
-        free(p->mbs);
-        p->mbs = calloc((size_t)n_mb, sizeof *p->mbs);
-    }
-    if (p->mbs)
-        memset(p->mbs, 0, (size_t)n_mb * sizeof *p->mbs);
-    p->step = step;
-    p->dp = p->mbs ? dp : 0;
-    p->m = m;
-    p->cp = cp;
-    p->n_docs = p->n_ranges = p->n_segments = p->n_ranks = 0;
-    p->tokens = p->pad_tokens = p->queued = p->carried = 0;
-    p->delay_token_steps = 0;
-    p->delayed_tokens = 0;
-}
-
-int64_t plan_add_doc(StepPlan *p, const PlanDoc *d)
-{
-    void *bigger = array_grow(p->docs, &p->cap_docs, p->n_docs + 1, sizeof *p->docs);
-    if (!bigger)
-        return -1;
-    p->docs = bigger;
-    p->docs[p->n_docs] = *d;
-    return p->n_docs++;
-}
-
-int64_t plan_add_range(StepPlan *p, int32_t rank, int64_t start, int64_t len)
-{
-    void *bigger = array_grow(p->ranges, &p->cap_ranges, p->n_ranges + 1, sizeof *p->ranges);
-    if (!bigger)
-        return -1;
-    p->ranges = bigger;
-    p->ranges[p->n_ranges] = (PlanRange){rank, start, len};
-    return p->n_ranges++;
-}
-
-int64_t plan_add_segment(StepPlan *p, int32_t rank, int64_t q_start, int64_t q_len, int64_t kv_start)
-{
-    void *bigger = array_grow(p->segments, &p->cap_segments, p->n_segments + 1, sizeof *p->segments);
-    if (!bigger)
-        return -1;
-    p->segments = bigger;
-    p->segments[p->n_segments] = (PlanSegment){rank, q_start, q_len, kv_start};
-    return p->n_segments++;
-}
-
-int64_t plan_add_rank(StepPlan *p)
-{
-    void *bigger = array_grow(p->ranks, &p->cap_ranks, p->n_ranks + 1, sizeof *p->ranks);
-    if (!bigger)
-        return -1;
-    p->ranks = bigger;
-    memset(&p->ranks[p->n_ranks], 0, sizeof *p->ranks);
-    return p->n_ranks++;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -151,14 +90,6 @@ void plan_destroy(Planner *pl)
     memset(pl, 0, sizeof *pl);
 }
 
-int64_t plan_waiting_docs(const Planner *pl)
-{
-    int64_t n = pl->remained.n + pl->has_pending;
-    for (int i = 0; i < pl->n_queues; i++)
-        n += pl->queues[i].n;
-    return n;
-}
-
 /* Replica assignment: micro-batches by descending cost, each to the replica with the least total
  * so far among those with fewer than M (longest-processing-time first with a count limit). */
 static void assign_replicas(StepPlan *p, int64_t *load_scratch_count, double *load)
@@ -194,8 +125,8 @@ static void assign_replicas(StepPlan *p, int64_t *load_scratch_count, double *lo
     free(count);
 }
 
-/* Gives the micro-batches to the DP replicas and orders each replica's pipeline. */
-int plan_arrange(const Planner *pl, StepPlan *p, Error *err)
+/* Gives the sharded micro-batches to the DP replicas and orders each replica's pipeline. */
+static int plan_arrange(const Planner *pl, StepPlan *p, Error *err)
 {
     int64_t n_mb = (int64_t)pl->n_mb;
     if (pl->packer == PACKER_FIXED) {
@@ -260,6 +191,36 @@ int plan_step(Planner *pl, StepPlan *p, Error *err)
     return 0;
 }
 
+/* A baseline's windows (plan_pack_baseline), each sharded per_seq. */
+static int baseline(const Planner *pl, const StepPlan *src, StepPlan *out, int cut, Error *err)
+{
+    if (plan_pack_baseline(pl, src, out, cut, err) != 0)
+        return -1;
+    for (int64_t i = 0; i < (int64_t)out->dp * out->m; i++)
+        if (plan_shard(out, i, CP_PER_SEQ, pl->cost, pl->rank_capacity, err) != 0)
+            return -1;
+    return 0;
+}
+
+int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
+{
+    return baseline(pl, src, out, 1, err);
+}
+
+int plan_baseline_equal_work(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
+{
+    return baseline(pl, src, out, 0, err);
+}
+
+double plan_attn_pairs(const StepPlan *p)
+{
+    double pairs = 0;
+    for (int64_t k = 0; k < p->n_docs; k++)
+        if (p->docs[k].source != PLAN_PAD_SOURCE)
+            pairs += (double)p->docs[k].len * (double)(p->docs[k].len + 1) / 2;
+    return pairs;
+}
+
 double plan_pp_imbalance(const StepPlan *p)
 {
     int64_t n = (int64_t)p->dp * p->m;
@@ -279,9 +240,8 @@ double plan_rank_compute(const StepPlan *p, const PlanMicroBatch *mb, int r)
 }
 
 /* Micro-batch i's slowest CP rank over its CP mean, of each rank's compute, with its K/V exchange
- * (and TP all-reduces) when with_comm; 0 when it holds nothing. *slowest (may be NULL): that rank's
- * seconds. */
-static double mb_imbalance(const StepPlan *p, int64_t i, int with_comm, double *slowest)
+ * (and TP all-reduces) when with_comm; 0 when it holds nothing. */
+static double mb_imbalance(const StepPlan *p, int64_t i, int with_comm)
 {
     const PlanMicroBatch *mb = &p->mbs[i];
     double mx = 0, sum = 0;
@@ -291,14 +251,7 @@ static double mb_imbalance(const StepPlan *p, int64_t i, int with_comm, double *
         mx = t > mx ? t : mx;
         sum += t;
     }
-    if (slowest)
-        *slowest = mx;
     return sum > 0 ? mx * p->cp / sum : 0;
-}
-
-double plan_mb_time_imbalance(const StepPlan *p, int64_t i, double *slowest)
-{
-    return mb_imbalance(p, i, 1, slowest);
 }
 
 /* The worst micro-batch's imbalance (mb_imbalance); *worst_mb (may be NULL) its index, -1 when all
@@ -309,7 +262,7 @@ static double cp_imbalance(const StepPlan *p, int with_comm, int64_t *worst_mb)
     if (worst_mb)
         *worst_mb = -1;
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
-        double imb = mb_imbalance(p, i, with_comm, NULL);
+        double imb = mb_imbalance(p, i, with_comm);
         if (imb >= worst) {
             worst = imb;
             if (worst_mb)

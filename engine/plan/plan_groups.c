@@ -52,7 +52,7 @@
  */
 #include <stdlib.h>
 
-#include "engine/plan/plan_groups_impl.h"
+#include "engine/plan/plan_groups.h"
 #include "util/array.h"
 
 void line_cost_init(LineCost *c, const CostModel *cost)
@@ -354,31 +354,31 @@ static int lay_out(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t
     return n_ev > 0 ? groups_even_lay_out(s, cost, docs, ev, n_ev) : 0;
 }
 
-int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity,
-                     double limit, double *t)
+int plan_groups_best(Groups *gr, const CostModel *cost, const PlanDoc *docs, int64_t n, const Hybrid *hyb,
+                     int64_t capacity, double limit, double *t)
 {
-    Shard *out = &sc->cand[SHARD_GROUPS];
+    Shard *out = &gr->layout;
     int cp = out->cp;
-    Search s = {.docs = docs, .order = sc->order, .n = n, .capacity = capacity, .best_t = -1,
-                .limit = limit > 0 ? limit : 0, .descending = sc->splits_descending};
+    Search s = {.docs = docs, .order = hyb->order, .n = n, .capacity = capacity, .best_t = -1,
+                .limit = limit > 0 ? limit : 0, .descending = gr->splits_descending};
     line_cost_init(&s.line, cost);
     s.units = cp < GROUPS_UNITS ? cp : GROUPS_UNITS;
     s.unit = cp / s.units;
     while ((1 << s.levels) <= s.units)
         s.levels++;
     /* est, then rest (n + 1). */
-    double *est = array_grow(sc->est, &sc->cap_est, n * (s.levels + 1) + n + 2, sizeof *est);
+    double *est = array_grow(gr->est, &gr->cap_est, n * (s.levels + 1) + n + 2, sizeof *est);
     if (!est)
         return -1;
-    sc->est = est;
-    int32_t *assign = array_grow(sc->assign, &sc->cap_assign, n + 1, sizeof *assign);
+    gr->est = est;
+    int32_t *assign = array_grow(gr->assign, &gr->cap_assign, n + 1, sizeof *assign);
     if (!assign)
         return -1;
-    sc->assign = assign;
-    int32_t *best_assign = array_grow(sc->best_assign, &sc->cap_best_assign, n + 1, sizeof *best_assign);
+    gr->assign = assign;
+    int32_t *best_assign = array_grow(gr->best_assign, &gr->cap_best_assign, n + 1, sizeof *best_assign);
     if (!best_assign)
         return -1;
-    sc->best_assign = best_assign;
+    gr->best_assign = best_assign;
     for (int64_t k = 0; k < n; k++) {
         for (int j = 0; j < s.levels; j++)
             est[k * (s.levels + 1) + j] = groups_attn_per_rank(cost, docs[k].len, s.unit << j);
@@ -389,7 +389,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     double *rest = est + n * (s.levels + 1);
     rest[n] = 0;
     for (int64_t i = n - 1; i >= 0; i--) {
-        int64_t k = sc->order[i];
+        int64_t k = hyb->order[i];
         double w = est[k * (s.levels + 1) + s.levels];
         for (int j = 0; j < s.levels; j++) {
             double x = est[k * (s.levels + 1) + j] * (s.unit << j);
@@ -408,27 +408,27 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     s.rank_t = rank_t;
     s.heap = heap;
     s.est = est;
-    s.assign = sc->assign;
-    s.best_assign = sc->best_assign;
+    s.assign = gr->assign;
+    s.best_assign = gr->best_assign;
     /* Every split, the documents shorter than hybrid's best threshold whole (hybrid's layout is
      * the split {cp} with that threshold), or every document sharded when hybrid kept none whole.
      * No state from other micro-batches: a micro-batch's layout depends on its documents alone, so
      * a step's micro-batches can be planned in any order, in parallel (plan_shard_step). */
-    s.threshold = sc->hybrid_threshold > 0 ? sc->hybrid_threshold : 0;
+    s.threshold = hyb->threshold > 0 ? hyb->threshold : 0;
     enumerate(&s, s.levels - 1, s.units);
     /* The search swaps its two assignment arrays; give both back to the scratch. */
-    sc->assign = s.assign;
-    sc->best_assign = s.best_assign;
+    gr->assign = s.assign;
+    gr->best_assign = s.best_assign;
     *t = -1;
     /* The nested search (plan_groups_nest.c) from the best split - or from hybrid's own layout
      * (the split {cp} with hybrid's documents whole where it put them) when no split beat hybrid:
      * every document on its group's block, or on its rank's when whole. */
     int32_t *node = s.best_assign;
     if (s.best_t < 0) {
-        if (sc->hybrid_threshold <= 0)
+        if (hyb->threshold <= 0)
             return 0;
         for (int64_t k = 0; k < n; k++)
-            node[k] = sc->cand[SHARD_BEST].doc_rank[k] < 0 ? 1 : cp + sc->cand[SHARD_BEST].doc_rank[k];
+            node[k] = hyb->layout.doc_rank[k] < 0 ? 1 : cp + hyb->layout.doc_rank[k];
     } else {
         for (int64_t k = 0; k < n; k++) {
             int a = node[k];
@@ -442,10 +442,10 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     const double *nest_est = est;
     int stride = s.levels + 1;
     if (s.unit > 1) {
-        double *e = array_grow(sc->nest_est, &sc->cap_nest_est, n * (depth + 1) + 1, sizeof *e);
+        double *e = array_grow(gr->nest_est, &gr->cap_nest_est, n * (depth + 1) + 1, sizeof *e);
         if (!e)
             return -1;
-        sc->nest_est = e;
+        gr->nest_est = e;
         for (int64_t k = 0; k < n; k++)
             for (int j = 0; j <= depth; j++)
                 e[k * (depth + 1) + j] = groups_attn_per_rank(cost, docs[k].len, 1 << j);
@@ -469,10 +469,10 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
         *t = shard_time(out, cost);
     /* The eveners (plan_groups_even.c), on the lines (a document's block in even_node, 0: none),
      * then laid out exactly: kept when faster than without. */
-    int32_t *even_node = array_grow(sc->even_node, &sc->cap_even_node, n + 1, sizeof *even_node);
-    double *even_rows = array_grow(sc->even_rows, &sc->cap_even_rows, (int64_t)EVEN_MAX * cp, sizeof *even_rows);
-    sc->even_node = even_node ? even_node : sc->even_node;
-    sc->even_rows = even_rows ? even_rows : sc->even_rows;
+    int32_t *even_node = array_grow(gr->even_node, &gr->cap_even_node, n + 1, sizeof *even_node);
+    double *even_rows = array_grow(gr->even_rows, &gr->cap_even_rows, (int64_t)EVEN_MAX * cp, sizeof *even_rows);
+    gr->even_node = even_node ? even_node : gr->even_node;
+    gr->even_rows = even_rows ? even_rows : gr->even_rows;
     if (!even_node || !even_rows)
         return -1;
     for (int64_t k = 0; k < n; k++)
@@ -480,7 +480,7 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
     EvenCut ev[EVEN_MAX];
     int n_even = groups_even_pick(&x, even_node, even_rows, ev);
     if (n_even > 0 && (s.best_t >= 0 || groups_nest_worst(&x) < limit)) {
-        Shard *alt = &sc->cand[SHARD_EVEN];
+        Shard *alt = &gr->alt;
         if (lay_out(alt, cost, docs, n, node, even_node, ev, n_even) != 0)
             return -1;
         double t_alt = shard_fits(alt, capacity) ? shard_time(alt, cost) : -1;
@@ -492,4 +492,16 @@ int plan_groups_best(ShardScratch *sc, const CostModel *cost, const PlanDoc *doc
         }
     }
     return 0;
+}
+
+void plan_groups_free(Groups *g)
+{
+    shard_free(&g->layout);
+    shard_free(&g->alt);
+    free(g->est);
+    free(g->assign);
+    free(g->best_assign);
+    free(g->nest_est);
+    free(g->even_node);
+    free(g->even_rows);
 }

@@ -25,7 +25,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "engine/plan/plan_groups_impl.h"
+#include "engine/plan/plan_groups.h"
 
 static int by_value(const void *a, const void *b)
 {

@@ -21,12 +21,12 @@
  * such move, the next NEST_SCAN - 1 slowest ranks are tried (a budget of cp such moves, for
  * micro-batches of at most 6 cp documents). Every rank keeps its capacity. A block's documents add
  * to each of its ranks their attention per rank (est), ceil(tokens / 2^j) rows and the block's
- * exchange, all on the cost model's lines (plan_groups_impl.h).
+ * exchange, all on the cost model's lines (plan_groups.h).
  * Bound: at most 2 n + cp moves, each a scan of the n documents for those above the rank, then per
  * such document 2 cp - 2 target blocks and n swap partners, each dropped in O(1) when the least it
  * adds to its ranks reaches the best move so far, else evaluated over its ranks (O(cp)).
  */
-#include "engine/plan/plan_groups_impl.h"
+#include "engine/plan/plan_groups.h"
 
 enum { NEST_SCAN = 4 }; /* when the slowest rank is stuck, moves off the next slowest ranks up to this */
 

@@ -1,9 +1,10 @@
 /*
- * engine/plan/plan_hybrid.c - predicting one hybrid candidate without laying it out.
+ * engine/plan/plan_hybrid.c - hybrid's candidates (plan_hybrid.h): each predicted without laying it
+ * out, the fastest laid out.
  *
  * hybrid tries a dozen length thresholds per micro-batch and keeps the fastest; laying every one out
  * (ranges and segments) cost most of its planning time. hybrid_predict runs the same steps as
- * plan_shard.c's shard_hybrid on per-rank sums only - attention seconds and tokens, added in the same
+ * shard_hybrid (below) on per-rank sums only - attention seconds and tokens, added in the same
  * order with the same floating-point operations - so a finished prediction equals shard_time of the
  * layout bit for bit, and only the winner is laid out.
  *
@@ -14,7 +15,12 @@
  * it reaches `bound` the candidate cannot be strictly faster than bound and is dropped: the
  * candidate kept is the same as when every one is predicted to the end.
  */
-#include "engine/plan/plan_shard_impl.h"
+#include "engine/plan/plan_hybrid.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "util/array.h"
 
 /* The rank's final time is at least this (see above). */
 static double lower_bound(const CostModel *cost, double attn, int64_t tokens, double comm2)
@@ -41,7 +47,10 @@ static void add_per_doc(const CostModel *cost, const PlanDoc *d, int cp, int *co
     }
 }
 
-void hybrid_doc_bounds(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, double *whole, double *shard_lb)
+/* Per document: whole[k], its attention seconds whole (forward + backward, the figure a layout
+ * adds), and shard_lb[k], a lower bound on its attention summed over the ranks when sharded per_doc
+ * over cp. whole may then be passed to hybrid_predict. */
+static void hybrid_doc_bounds(const CostModel *cost, const PlanDoc *docs, int64_t n, int cp, double *whole, double *shard_lb)
 {
     for (int64_t k = 0; k < n; k++) {
         int64_t d = docs[k].len, base = d / (2 * cp);
@@ -156,4 +165,119 @@ double hybrid_predict(const CostModel *cost, const PlanDoc *docs, int64_t n, con
         worst = t > worst ? t : worst;
     }
     return worst;
+}
+
+/* Longest first; equal lengths by position. */
+static int by_len_desc(const void *a, const void *b, void *docs_)
+{
+    const PlanDoc *docs = docs_;
+    const PlanDoc *x = &docs[*(const int64_t *)a], *y = &docs[*(const int64_t *)b];
+    if (x->len != y->len)
+        return x->len < y->len ? 1 : -1;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* One hybrid candidate: documents of at least threshold tokens sharded, the others whole, longest
+ * first on the least loaded rank with room (sharded when none has room). order: the documents
+ * longest first. */
+static int shard_hybrid(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t n_docs, const int64_t *order,
+                        int64_t threshold, int64_t capacity)
+{
+    if (shard_reset(s, n_docs) != 0)
+        return -1;
+    for (int64_t k = 0; k < n_docs; k++)
+        if (docs[k].len >= threshold && shard_per_doc(s, cost, docs, k) != 0)
+            return -1;
+    /* Each rank's time, kept as documents arrive (only the ranks a document lands on change). */
+    double t_rank[1024];
+    for (int r = 0; r < s->cp; r++)
+        t_rank[r] = shard_rank_time_with(cost, s->attn[r], s->tokens[r]);
+    for (int64_t i = 0; i < n_docs; i++) {
+        int64_t k = order[i];
+        if (docs[k].len >= threshold)
+            continue;
+        int best = -1;
+        double best_t = 0;
+        for (int r = 0; r < s->cp; r++) {
+            if (s->tokens[r] + docs[k].len <= capacity && (best < 0 || t_rank[r] < best_t)) {
+                best = r;
+                best_t = t_rank[r];
+            }
+        }
+        if ((best >= 0 ? shard_whole(s, cost, docs, k, best) : shard_per_doc(s, cost, docs, k)) != 0)
+            return -1;
+        for (int r = best >= 0 ? best : 0; r < (best >= 0 ? best + 1 : s->cp); r++)
+            t_rank[r] = shard_rank_time_with(cost, s->attn[r], s->tokens[r]);
+    }
+    return 0;
+}
+
+/* Each candidate is predicted without its layout (hybrid_predict, the same figure) and dropped as
+ * soon as it cannot beat the best so far; the winner alone is laid out. */
+int hybrid_best(Hybrid *h, const CostModel *cost, const PlanDoc *docs, int64_t n, int64_t capacity, double bound,
+                double *best_t)
+{
+    int64_t *order = array_grow(h->order, &h->cap_order, n + 1, sizeof *order);
+    if (!order)
+        return -1;
+    h->order = order;
+    for (int64_t k = 0; k < n; k++)
+        h->order[k] = k;
+    qsort_r(h->order, (size_t)n, sizeof *h->order, by_len_desc, (void *)docs);
+    int64_t longest = n ? docs[h->order[0]].len : 0;
+    int64_t first = cost->hw.attn_tile > 16 ? cost->hw.attn_tile : 16;
+    *best_t = -1;
+    h->threshold = -1;
+    int cp = h->layout.cp;
+    double *whole = array_grow(h->whole, &h->cap_whole, n + 1, sizeof *whole);
+    if (!whole)
+        return -1;
+    h->whole = whole;
+    double *lb = array_grow(h->shard_lb, &h->cap_lb, n + 1, sizeof *lb);
+    if (!lb)
+        return -1;
+    h->shard_lb = lb;
+    hybrid_doc_bounds(cost, docs, n, cp, whole, lb);
+    /* The thresholds tile, 2 tile, ... up to the first above the longest document or the capacity,
+     * tried from the largest: a few documents sharded first, which is cheap to predict and usually
+     * near the best, so the candidates that shard almost everything (dear to predict, rarely
+     * best) are mostly dropped on their O(n) lower bound. The kept one is the same as trying them
+     * from the smallest and keeping the first fastest: the fastest, ties to the smallest threshold
+     * (a candidate equal to the best so far is taken, and only one strictly slower is dropped). */
+    int64_t thresholds[64];
+    int nt = 0;
+    for (int64_t threshold = first; nt < 64; threshold *= 2) {
+        thresholds[nt++] = threshold;
+        if (threshold > longest || threshold > capacity)
+            break;
+    }
+    for (int i = nt - 1; i >= 0; i--) {
+        /* A document that fits on no rank whole is sharded, and its chunks may then overfill a
+         * rank that whole documents filled first: such a candidate breaks the capacity (a rank's
+         * activation memory) and is not taken (-1). per_seq and per_doc, even by construction, remain.
+         * Dropped when it cannot beat bound (hybrid must be strictly faster than per_seq and per_doc)
+         * or be at most the best so far. */
+        double limit = *best_t >= 0 ? nextafter(*best_t, INFINITY) : bound;
+        if (limit > 0 && hybrid_lower_bound(cost, docs, n, cp, whole, lb, thresholds[i]) >= limit)
+            continue;
+        double t = hybrid_predict(cost, docs, n, h->order, cp, thresholds[i], capacity, limit, whole);
+        if (t >= 0 && (*best_t < 0 || t <= *best_t)) {
+            *best_t = t;
+            h->threshold = thresholds[i];
+        }
+    }
+    if (h->threshold < 0)
+        return 0;
+    if (shard_hybrid(&h->layout, cost, docs, n, h->order, h->threshold, capacity) != 0)
+        return -1;
+    *best_t = shard_time(&h->layout, cost);
+    return 0;
+}
+
+void hybrid_free(Hybrid *h)
+{
+    shard_free(&h->layout);
+    free(h->order);
+    free(h->whole);
+    free(h->shard_lb);
 }

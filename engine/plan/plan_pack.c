@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/plan/plan.h"
+#include "engine/plan/plan_pack.h"
 #include "util/array.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -372,10 +372,7 @@ static int by_stream_order(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* Plain-4D windows of src's data pieces in stream order. cut: concatenated and cut at every multiple
- * of the window (Plain-4D's loader); else whole, a piece that does not fit in the rest of a window
- * starting the next. */
-static int baseline(const Planner *pl, const StepPlan *src, StepPlan *out, int cut, Error *err)
+int plan_pack_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, int cut, Error *err)
 {
     Packed in = {0}, pk = {0};
     int rc = 0;
@@ -438,30 +435,10 @@ static int baseline(const Planner *pl, const StepPlan *src, StepPlan *out, int c
     for (int64_t i = 0; i < (int64_t)pl->dp * m && rc == 0; i++) {
         out->mbs[i].replica = (int32_t)(i / m);
         out->mbs[i].order = (int32_t)(i % m);
-        rc = plan_shard(out, i, CP_PER_SEQ, pl->cost, pl->rank_capacity, err);
     }
     for (int64_t k = 0; k < out->n_docs; k++)
         out->tokens += out->docs[k].len;
     packed_free(&in);
     packed_free(&pk);
     return rc;
-}
-
-int plan_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
-{
-    return baseline(pl, src, out, 1, err);
-}
-
-int plan_baseline_equal_work(const Planner *pl, const StepPlan *src, StepPlan *out, Error *err)
-{
-    return baseline(pl, src, out, 0, err);
-}
-
-double plan_attn_pairs(const StepPlan *p)
-{
-    double pairs = 0;
-    for (int64_t k = 0; k < p->n_docs; k++)
-        if (p->docs[k].source != PLAN_PAD_SOURCE)
-            pairs += (double)p->docs[k].len * (double)(p->docs[k].len + 1) / 2;
-    return pairs;
 }

@@ -184,7 +184,8 @@ static void scratch_free(Scratch *s)
     free(s->p2p);
 }
 
-int sched_replica_times(const StepPlan *p, const CostModel *cost, double *replica_s, Error *err)
+/* Predicted makespan of each replica (replica_s has p->dp entries). */
+static int replica_times(const StepPlan *p, const CostModel *cost, double *replica_s, Error *err)
 {
     Scratch s = {0};
     int rc = scratch_alloc(&s, p, cost, err);
@@ -203,7 +204,7 @@ int sched_step_time(const StepPlan *p, const CostModel *cost, double *seconds, E
     double *rep = malloc((size_t)p->dp * sizeof *rep);
     if (!rep)
         return error_runtime(err, "pipeline", "out of memory");
-    int rc = sched_replica_times(p, cost, rep, err);
+    int rc = replica_times(p, cost, rep, err);
     *seconds = 0;
     for (int r = 0; rc == 0 && r < p->dp; r++)
         *seconds = rep[r] > *seconds ? rep[r] : *seconds;

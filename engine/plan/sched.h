@@ -16,7 +16,7 @@
 #define WLB_ENGINE_SCHED_H
 
 #include "engine/plan/cost.h"
-#include "engine/plan/plan.h"
+#include "engine/plan/plan_types.h"
 
 /* Times of one replica's micro-batches in pipeline order: fwd[m * chunks + g] and bwd[...] for model
  * chunk g = c * pp + s (chunks = pp * v), p2p[m] per hop. */
@@ -48,8 +48,6 @@ void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const 
 
 /* Predicted step time: the slowest replica's makespan, in seconds. */
 int sched_step_time(const StepPlan *p, const CostModel *cost, double *seconds, Error *err);
-/* Predicted makespan of each replica (replica_s has p->dp entries). */
-int sched_replica_times(const StepPlan *p, const CostModel *cost, double *replica_s, Error *err);
 
 /* Adds to busy[s] (s < pp) the seconds pipeline stage s computes in step p: the forward and backward
  * of its chunks over every micro-batch of every replica (summed over the replicas). Returns -1 out

@@ -1,6 +1,6 @@
 /*
  * engine/train/calibrate.h - `wlbtrain calibrate`: measures the cost model's rates on the device of
- * train.device and writes them as a calibration profile (engine/plan/calibration.h, version 2) that
+ * train.device and writes them as a calibration profile (engine/plan/calibration.c, version 2) that
  * balance.calibration loads - the dry run and the live planner then predict with them.
  *
  * What is timed, at the config's model shapes with its TP split (one layer of one rank; a device

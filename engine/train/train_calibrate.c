@@ -12,7 +12,6 @@
 #include <time.h>
 
 #include "engine/backend.h"
-#include "engine/plan/calibration.h"
 #include "engine/plan/cost.h"
 #include "engine/train/train.h"
 #include "util/clock.h"

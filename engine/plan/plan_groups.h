@@ -1,12 +1,37 @@
 /*
- * engine/plan/plan_groups_impl.h - the groups search's cost lines, groups and nested-block state,
- * shared by its split (plan_groups.c), nested search (plan_groups_nest.c) and eveners
- * (plan_groups_even.c).
+ * engine/plan/plan_groups.h - balance.cp_sharding: groups (plan_groups.c says what it does): its
+ * entry, and the cost lines, groups and nested-block state its split (plan_groups.c), nested search
+ * (plan_groups_nest.c) and eveners (plan_groups_even.c) share.
  */
-#ifndef WLB_ENGINE_PLAN_GROUPS_IMPL_H
-#define WLB_ENGINE_PLAN_GROUPS_IMPL_H
+#ifndef WLB_ENGINE_PLAN_GROUPS_H
+#define WLB_ENGINE_PLAN_GROUPS_H
 
-#include "engine/plan/plan_shard_impl.h"
+#include "engine/plan/plan_hybrid.h"
+
+/* groups' working memory and result for one micro-batch (kept across calls). */
+typedef struct Groups {
+    Shard layout;          /* the best layout found */
+    Shard alt;             /* the layout with eveners, while it is tried */
+    double *est;           /* per document and group size, predicted seconds */
+    int32_t *assign, *best_assign; /* per document, its group */
+    double *nest_est;      /* per document and size 2^j, when cp > 16 */
+    int32_t *even_node;    /* per document, its block as an evener (0: none) */
+    double *even_rows;     /* the eveners' rows per rank */
+    int64_t cap_est, cap_assign, cap_best_assign, cap_nest_est, cap_even_node, cap_even_rows;
+    int splits_descending; /* try the splits in the order that breaks their ties, not the reverse
+                            * (for the tests: the layout must be the same) */
+} Groups;
+
+/* The best layout over aligned power-of-two groups of the CP ranks (cp a power of two), in
+ * g->layout (allocated for the CP, as g->alt: shard_alloc), its time in *t (-1: none within
+ * capacity, or none predicted faster than limit, when limit > 0). hyb: hybrid_best's result for
+ * the same documents (its order, threshold and layout). -1 out of memory. */
+int plan_groups_best(Groups *g, const CostModel *cost, const PlanDoc *docs, int64_t n, const Hybrid *hyb,
+                     int64_t capacity, double limit, double *t);
+void plan_groups_free(Groups *g);
+/* The groups search's rank time (its sampled lines): shard_rank_time_with(attn, rows) plus the
+ * exchange of `tokens` over `size` ranks, both directions. For the tests. */
+double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens);
 
 enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
 enum { LINE_SIZES = 11 };                      /* group sizes 2^0 .. 2^10: any CP up to 1024 */
