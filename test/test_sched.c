@@ -1,7 +1,8 @@
 /*
  * test/test_sched.c - the pipeline simulator against the textbook makespans of 1F1B and interleaved
  * 1F1B, its response to one slow micro-batch, and its monotony: with the order fixed, no shorter
- * operation makes the makespan longer (the step pass keeps the step's order on that ground).
+ * operation makes the makespan longer (the CP sharding compares layouts on their micro-batch times
+ * on that ground).
  */
 #include "test/testlib.h"
 

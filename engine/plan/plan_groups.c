@@ -71,16 +71,6 @@ void line_cost_init(LineCost *c, const CostModel *cost)
     }
 }
 
-double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens)
-{
-    LineCost c;
-    line_cost_init(&c, cost);
-    int j = 0;
-    while ((1 << j) < size)
-        j++;
-    return line_rank_time(&c, attn, rows) + 2 * line_cp_comm(&c, j, tokens);
-}
-
 typedef struct Search {
     LineCost line;
     const PlanDoc *docs;

@@ -29,9 +29,6 @@ typedef struct Groups {
 int plan_groups_best(Groups *g, const CostModel *cost, const PlanDoc *docs, int64_t n, const Hybrid *hyb,
                      int64_t capacity, double limit, double *t);
 void plan_groups_free(Groups *g);
-/* The groups search's rank time (its sampled lines): shard_rank_time_with(attn, rows) plus the
- * exchange of `tokens` over `size` ranks, both directions. For the tests. */
-double plan_groups_line_check(const CostModel *cost, int size, double attn, int64_t rows, int64_t tokens);
 
 enum { GROUPS_UNITS = 16, GROUPS_LEVELS = 5 }; /* at most 16 units: sizes u, 2u, 4u, 8u, 16u */
 enum { LINE_SIZES = 11 };                      /* group sizes 2^0 .. 2^10: any CP up to 1024 */
@@ -88,7 +85,7 @@ typedef struct Group {
 } Group;
 
 /* The nested-block search's state (plan_groups_nest.c): every document on a block of the tree over
- * the ranks (plan_shard_impl.h; cp a power of two), and per rank the sums of the blocks above it. */
+ * the ranks (plan_types.h; cp a power of two), and per rank the sums of the blocks above it. */
 typedef struct Nest {
     const LineCost *line;
     const PlanDoc *docs;

@@ -119,28 +119,20 @@ static double even_try(const Nest *x, int64_t k, int u, int w, int s, double *ro
     return (level > top ? level : top) + *comm;
 }
 
-/* One evener on the lines: document k, taken off block u, cut over block w (containing u) with
- * rows[i] rows on w's rank i; uneven: the exchange it adds to each rank of w beyond per_doc's. */
-typedef struct Evener {
-    int64_t k;
-    int u, w;
-    double uneven;
-    double *rows;
-} Evener;
-
-/* Puts evener e on the lines: k off block u, cut over w. */
-static void evener_apply(Nest *x, const Evener *e)
+/* Puts an evener on the lines: document k off block u, cut over block w (containing u) with rows[i]
+ * rows on w's rank i; uneven: the exchange it adds to each rank of w beyond per_doc's. */
+static void evener_apply(Nest *x, int64_t k, int u, int w, const double *rows, double uneven)
 {
-    int ws = plan_block_size(x->cp, e->w), wf = plan_block_first(x->cp, e->w);
-    int64_t d = x->docs[e->k].len;
-    double per_attn = nest_attn(x, e->k, e->w) * ws / (double)d;
-    nest_move(x, e->k, e->u, -1);
-    double comm = nest_delta(x, e->w, d, 0).comm; /* after k left u, which may be w */
-    x->tok[e->w] += d;
+    int ws = plan_block_size(x->cp, w), wf = plan_block_first(x->cp, w);
+    int64_t d = x->docs[k].len;
+    double per_attn = nest_attn(x, k, w) * ws / (double)d;
+    nest_move(x, k, u, -1);
+    double comm = nest_delta(x, w, d, 0).comm; /* after k left u, which may be w */
+    x->tok[w] += d;
     for (int i = 0; i < ws; i++) {
-        x->rows[wf + i] += (int64_t)(e->rows[i] + 0.5);
-        x->attn_r[wf + i] += e->rows[i] * per_attn;
-        x->comm_r[wf + i] += comm + e->uneven;
+        x->rows[wf + i] += (int64_t)(rows[i] + 0.5);
+        x->attn_r[wf + i] += rows[i] * per_attn;
+        x->comm_r[wf + i] += comm + uneven;
     }
 }
 
@@ -158,11 +150,11 @@ static int above(int cp, int s, int v)
 
 /* The best evener for the slowest rank s, on the lines, if it beats p->t: a document on a block
  * above s cut over a block containing that one. */
-static void best_evener(Nest *x, int n_ev, const int32_t *even, int s, Pick *p)
+static void best_evener(Nest *x, const int32_t *even, int s, Pick *p)
 {
     int cp = x->cp;
     double rows[1024], comm;
-    for (int64_t k = 0; k < x->n && n_ev < EVEN_MAX; k++) {
+    for (int64_t k = 0; k < x->n; k++) {
         int u = x->node[k];
         if (even[k] || !above(cp, s, u))
             continue;
@@ -189,14 +181,14 @@ int groups_even_pick(Nest *x, int32_t *even, double *scratch, EvenCut *out)
             }
         }
         Pick p = {-1, 0, 0, T};
-        best_evener(x, n_ev, even, s, &p);
+        best_evener(x, even, s, &p);
         if (p.k < 0)
             break;
-        Evener e = {p.k, p.u, p.w, 0, scratch + (size_t)n_ev * cp};
-        even_try(x, p.k, p.u, p.w, s, e.rows, &e.uneven);
-        evener_apply(x, &e);
+        double *rows = scratch + (size_t)n_ev * cp, uneven;
+        even_try(x, p.k, p.u, p.w, s, rows, &uneven);
+        evener_apply(x, p.k, p.u, p.w, rows, uneven);
         even[p.k] = p.w;
-        out[n_ev++] = (EvenCut){p.k, p.w, e.rows};
+        out[n_ev++] = (EvenCut){p.k, p.w, rows};
     }
     return n_ev;
 }

@@ -29,7 +29,7 @@ typedef struct Shard {
     double *attn_fwd, *attn_bwd;
     int64_t *blk_sharded;  /* per block (below): the tokens of the documents sharded over it, what its
                             * K/V exchange moves */
-    int32_t *uneven;       /* per block: the documents cut unevenly over it (plan_groups_cut.c) */
+    int32_t *uneven;       /* per block: the documents cut unevenly over it (groups' eveners) */
     int64_t *own;          /* per rank and tree depth (SHARD_DEPTHS): its rows of the documents
                             * sharded over its block at that depth */
     int *counter;          /* per block: per_doc's leftover-token counter */

@@ -37,7 +37,6 @@
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "util/array.h"
 

@@ -2,7 +2,7 @@
  * engine/plan/plan_types.h - the planner's data types: a step's plan (StepPlan: its micro-batches,
  * the document pieces in them, every CP rank's token ranges and attention segments, and what each
  * is predicted to cost) and the planner's state carried from step to step (Planner). Every pass of
- * the planner (plan.h has their order) reads and writes these, and nothing else of another pass.
+ * the planner (plan.h has their order) reads and writes these.
  *
  * Coordinates. A micro-batch is its pieces laid end to end: token t of the micro-batch is token
  * t - doc.start of its piece, whose RoPE position is doc.offset + (t - doc.start). A CP rank holds
