@@ -6,11 +6,13 @@
 # a table at the end: mutation, file, the test that caught it (the first that failed) or SURVIVED.
 # A tool for whoever changes code or tests, not a CI step (a full run takes some minutes).
 #
-# Usage: scripts/mutate.sh [--all-tests] [--keep] [--list] [WORD...]
+# Usage: scripts/mutate.sh [--all-tests] [--keep] [--list] [--check] [WORD...]
 #   WORD...       only the mutations whose name or file contains one of the words
 #   --all-tests   run every listed test of a mutation, not just until one fails
 #   --keep        keep the scratch copy (its path is printed); MUTATE_DIR=DIR uses DIR
 #   --list        list the mutations and stop
+#   --check       only check that every mutation still applies to this tree (its text is in its file),
+#                 build nothing and stop (test/test_mutations.py runs it in make test)
 # First the unmutated copy must pass every test selected (else the table would mean nothing).
 # Tests read ../shared/real-data through WLB_REAL_DATA (as test/run.sh sets it); Python tests run
 # with the python scripts/test-python.sh finds.
@@ -25,11 +27,12 @@ import os, shutil, subprocess, sys, tempfile, time
 
 repo = os.getcwd()
 args = [a for a in sys.argv[1:]]
-all_tests, keep, only_list = "--all-tests" in args, "--keep" in args, "--list" in args
+all_tests, keep, only_list, only_check = "--all-tests" in args, "--keep" in args, "--list" in args, "--check" in args
 words = [a for a in args if not a.startswith("--")]
-unknown = [a for a in args if a.startswith("--") and a not in ("--all-tests", "--keep", "--list")]
+unknown = [a for a in args if a.startswith("--") and a not in ("--all-tests", "--keep", "--list", "--check")]
 if unknown:
-    sys.exit("wlbtrain: error: scripts/mutate.sh: unknown option %s (--all-tests, --keep, --list)" % unknown[0])
+    sys.exit("wlbtrain: error: scripts/mutate.sh: unknown option %s (--all-tests, --keep, --list, --check)"
+             % unknown[0])
 
 
 def parse(path):
@@ -81,11 +84,21 @@ if not muts:
     sys.exit("wlbtrain: error: scripts/mutate.sh: no mutation matches %s" % " ".join(words))
 
 # Every mutation must apply to this tree before anything is built.
+stale = []
 for m in muts:
-    with open(m["file"], encoding="utf-8") as f:
-        if mutated(f.read(), m) is None:
-            sys.exit("wlbtrain: error: %s: %s: the text to replace (occurrence %d) is not in %s; update "
-                     "scripts/mutations.txt" % (m["where"], m["name"], m["nth"], m["file"]))
+    try:
+        with open(m["file"], encoding="utf-8") as f:
+            applies = mutated(f.read(), m) is not None
+    except OSError:
+        applies = False
+    if not applies:
+        stale.append("%s: %s: the text to replace (occurrence %d) is not in %s; update scripts/mutations.txt"
+                     % (m["where"], m["name"], m["nth"], m["file"]))
+if stale:
+    sys.exit("wlbtrain: error: " + "\nwlbtrain: error: ".join(stale))
+if only_check:
+    print("mutate: all %d mutations apply to this tree" % len(muts))
+    sys.exit(0)
 
 scratch = os.environ.get("MUTATE_DIR") or tempfile.mkdtemp(prefix="wlb-mutate.")
 files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], check=True,
