@@ -21,7 +21,9 @@
 # its memory model predicted before the run (mem_predicted_gb, the dry run's figure; the issue's
 # target: within 10%), and PyTorch's torch.cuda.max_memory_allocated.
 # Usage (on the GPU machine, see scripts/device/gpu_check.sh): bash bench/gpu_throughput.sh [STEPS]
-#   WINDOWS="8192 32768" to choose the windows; SKIP_8B=1 to leave out the 8B layer rows.
+#   WINDOWS="8192 32768" to choose the windows; SKIP_8B=1 to leave out the 8B layer rows; SHORT=1
+#   for the rows the targets need, in a device lease: fixed, wlb and flex at 8K and 32K, wlb alone at
+#   64K (does it fit), no 8B rows. Each row is printed as it is measured.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 steps=${1:-8}
@@ -31,7 +33,9 @@ lengths=.devdata/distca_wlbllm_lengths.json
 wlb=${WLBTRAIN:-./wlbtrain}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "# wlbtrain (cuda, bf16) beside PyTorch, one GPU: ${gpu:-unknown}; $(date -u +%Y-%m-%d); $("$wlb" --version | head -1)"
-rows=()
+echo "| implementation | window | tokens/s | step ms | MFU | peak memory | predicted by the memory model (vs peak) |"
+echo "|---|---|---|---|---|---|---|"
+short=${SHORT:-0}
 
 # wlbtrain on corpus $1 at window $2: label, model keys, "LAYERS HEADS HEAD_DIM", packer, recompute
 run_wlbtrain() {
@@ -48,7 +52,7 @@ YAML
   if "$wlb" --config "$out/w.yaml" >"$out/w.log" 2>&1; then
     local n
     n=$(sed -n 's/.*rank 0 holds \([0-9]*\) parameters.*/\1/p' "$out/w.log")
-    rows+=("$(python3 - "$out/m.jsonl" "$n" "$ctx" "$label, $packer, recompute $recompute" $shape <<'PY'
+    python3 - "$out/m.jsonl" "$n" "$ctx" "$label, $packer, recompute $recompute" $shape <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][2:]
 n, ctx, label = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -61,9 +65,8 @@ print("| wlbtrain, %s | %d | %.0f | %.0f | %.1f%% | %.1f GB | %.1f GB (%+.1f%%) 
       100 * flops / (ms / 1e3) / 989e12, last.get("mem_peak_gb", 0), last.get("mem_predicted_gb", 0),
       100 * (last.get("mem_predicted_gb", 0) / max(last.get("mem_peak_gb", 0), 1e-9) - 1)))
 PY
-)")
   else
-    rows+=("| wlbtrain, $label, $packer, recompute $recompute | $ctx | failed: $(grep -m1 'error' "$out/w.log" | cut -c1-160) | | | | |")
+    echo "| wlbtrain, $label, $packer, recompute $recompute | $ctx | failed: $(grep -m1 'error' "$out/w.log" | cut -c1-160) | | | | |"
   fi
 }
 
@@ -72,15 +75,14 @@ run_torch() {
   local corpus=$1 ctx=$2 attention=$3
   if python3 bench/torch_llama.py --data "$corpus" --ctx "$ctx" --micro 4 --steps "$steps" --attention "$attention" \
        >"$out/t.json" 2>"$out/t.log"; then
-    rows+=("$(python3 - "$out/t.json" <<'PY'
+    python3 - "$out/t.json" <<'PY'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print("| %s | %d | %.0f | %.0f | %.1f%% | %.1f GB | |" % (r["impl"], r["ctx"], r["tokens_per_s"], r["step_ms"],
       100 * r["flops_per_step"] / (r["step_ms"] / 1e3) / 989e12, r["peak_mem_gb"]))
 PY
-)")
   else
-    rows+=("| PyTorch, $attention | $ctx | failed: $(grep -v '^ ' "$out/t.log" | tail -1 | cut -c1-160) | | | | |")
+    echo "| PyTorch, $attention | $ctx | failed: $(grep -v '^ ' "$out/t.log" | tail -1 | cut -c1-160) | | | | |"
   fi
 }
 
@@ -98,17 +100,18 @@ for ctx in ${WINDOWS:-8192 32768 65536}; do
   c=$(corpus "$ctx")
   rc=none
   [ "$ctx" -ge 65536 ] && rc=full
+  if [ "$short" = 1 ] && [ "$ctx" -ge 65536 ]; then
+    run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" wlb "$rc"
+    continue
+  fi
   for packer in fixed wlb; do run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" "$packer" "$rc"; done
-  [ "$rc" = none ] && run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" wlb selective
+  [ "$rc" = none ] && [ "$short" != 1 ] && run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" wlb selective
   run_torch "$c" "$ctx" flex
-  [ "$ctx" -le 8192 ] && run_torch "$c" "$ctx" sdpa
+  [ "$ctx" -le 8192 ] && [ "$short" != 1 ] && run_torch "$c" "$ctx" sdpa
 done
-if [ "${SKIP_8B:-0}" != 1 ]; then
+if [ "${SKIP_8B:-0}" != 1 ] && [ "$short" != 1 ]; then
   c=$(corpus 32768)
   eight_b="{preset: llama3-8b, n_layers: 4, tie_embeddings: false}"
   for rc in selective full; do run_wlbtrain "$c" 32768 "llama3-8b layers x 4" "$eight_b" "4 32 128" wlb "$rc"; done
 fi
-echo "| implementation | window | tokens/s | step ms | MFU | peak memory | predicted by the memory model (vs peak) |"
-echo "|---|---|---|---|---|---|---|"
-printf '%s\n' "${rows[@]}"
 rm -rf "$out"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool), from the repository root, with build/device, .ompi, .devlibs and
 # .devdata carried (scripts/device/prepare.sh makes them; build/device holds wlbtrain, the test
-# programs below with the dump_train they drive, and bench/attn_kernels). One device call runs at
-# most 10 minutes, so the work comes in parts, named on the command line (default: tests); each
-# part's logs in $OUT, one file a step (the device tool brings back at most 8 files a call, so one
-# part a call):
+# programs below with the dump_train they drive, and bench/attn_kernels). Parts, named on the
+# command line (default: lease), run in the order given:
+#   bash scripts/device/gpu_check.sh lease      what one device lease holds, most telling first: the
+#                                               tests but test_parallel, attention at 8K and 32K,
+#                                               the bench's short table, then test_parallel
 #   bash scripts/device/gpu_check.sh tests      1-5 below  (about 4 minutes with one model in
 #                                               test_cuda_model; not yet timed with two)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
@@ -13,6 +14,14 @@
 #   bash scripts/device/gpu_check.sh profile    scripts/device/profile.sh 8192 2
 #   bash scripts/device/gpu_check.sh calibration  bench/planner_calibration.sh on cuda, and the
 #                                               calibrated profile kept in $OUT (about 8 minutes)
+# A lease is 15 minutes of device time, the machine's start (a minute or more) included, and one
+# call runs at most 10: so one call with lease, timeout_s 600, is what a lease holds. The run keeps
+# to a deadline, GPU_CHECK_SECONDS (default 560) from its start: each step runs under timeout(1)
+# with the time left, a step that would start with under GPU_CHECK_MIN_STEP seconds left (30) is
+# skipped, and the summary says which steps timed out or were skipped. What comes back in $OUT (the
+# device tool returns at most 8 files a call): summary.txt (the GPU, the version, a line per step)
+# and logs.tar.gz (every step's log), both rewritten after each step, so that a run cut short still
+# returns what it did; calibration adds the profile it writes.
 # tests:
 #   1. test_ops          every op against the CPU backend (fp32 against fp32, bf16 against the CPU's
 #                        bf16 emulation), the GPU's reductions twice for the same bits (attention
@@ -32,10 +41,11 @@
 #   (exit 99). NCCL's probing of kernel images at communicator start reports API errors that are
 #   not ours: memcheck runs with --report-api-errors no (every CUDA call of the project is checked
 #   by CUDA_CHECK anyway).
-# Logs go to $OUT when set (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-560}))
 out=${OUT:-/tmp/gpu_check}
+logs=$(mktemp -d)
 mkdir -p "$out"
 # Runtime libraries: Open MPI, the Debian ones, NCCL and cuBLAS from the machine's own CUDA/PyTorch.
 # shellcheck source=/dev/null
@@ -47,35 +57,62 @@ bin=$PWD/build/device
 [ -x "$bin/wlbtrain" ] || { echo "gpu_check: $bin/wlbtrain missing: run scripts/device/prepare.sh and carry build/device" >&2; exit 2; }
 export WLBTRAIN=$bin/wlbtrain WLB_TEST_BIN_DIR=$bin/test WLB_BENCH_BIN=$bin/bench
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=4
-nvidia-smi -L | tee "$out/gpu.txt"
-"$WLBTRAIN" --version | tee -a "$out/gpu.txt"
+export PYTHONUNBUFFERED=1
+{ nvidia-smi -L; "$WLBTRAIN" --version; } 2>&1 | tee "$logs/gpu.txt"
 summary=()
-step() { # name, command...
-  local name=$1; shift
-  local t0=$SECONDS
-  "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-18s exit %3d  %4ds  %s' "$name" "$rc" $((SECONDS - t0)) \
-    "$(grep -E '^(not )?ok|# ok|# not ok' "$out/$name.log" | grep -c '^ok') ok, $(grep -c '^not ok' "$out/$name.log") not ok")")
-  grep -E '^# ' "$out/$name.log" | tail -40
+report() { # summary.txt and logs.tar.gz in $OUT, as they stand
+  { cat "$logs/gpu.txt"; printf '%s\n' "${summary[@]}"; } > "$out/summary.txt"
+  tar czf "$out/logs.tar.gz" -C "$logs" . 2>/dev/null
 }
-export CMOCKA_MESSAGE_OUTPUT=TAP
-parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(tests)
-for part in "${parts[@]}"; do
-  case $part in
-  tests)
-    step ops "$bin/test/test_ops"
-    step cuda_model "$bin/test/test_cuda_model"
-    WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
-    cat > /tmp/nccl.yaml <<'YAML'
+step() { # name, command...: run under the time left, log in $logs/NAME.log
+  local name=$1; shift
+  local left=$((deadline - SECONDS)) t0=$SECONDS rc
+  if [ "$left" -lt "${GPU_CHECK_MIN_STEP:-30}" ]; then
+    summary+=("$(printf '%-18s skipped: %ds left of GPU_CHECK_SECONDS' "$name" "$left")")
+    report
+    return
+  fi
+  timeout -k 10 "$left" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  local note=""
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && note="  timed out at the deadline"
+  summary+=("$(printf '%-18s exit %3d  %4ds  %s%s' "$name" "$rc" $((SECONDS - t0)) \
+    "$(grep -c '^ok' "$logs/$name.log") ok, $(grep -c '^not ok' "$logs/$name.log") not ok" "$note")")
+  grep -E '^# ' "$logs/$name.log" | tail -40
+  report
+}
+nccl_one_rank() { # mpirun -np 1 with parallel.comm: nccl, 5 steps of the tiny model
+  cat > /tmp/nccl.yaml <<'YAML'
 model: {preset: tiny}
 parallel: {tp: 1, cp: 1, pp: 1, dp: 1, comm: nccl}
 data: {path: /tmp/nccl_docs, context_window: 512, global_batch_tokens: 4096}
 train: {device: cuda, steps: 5, lr: 0.002, warmup_steps: 1}
 YAML
-    python3 bench/make_corpus.py --out /tmp/nccl_docs --docs 2000 --vocab 512 >/dev/null 2>&1
-    step nccl_one_rank mpirun -np 1 "$WLBTRAIN" --config /tmp/nccl.yaml
+  python3 bench/make_corpus.py --out /tmp/nccl_docs --docs 2000 --vocab 512 >/dev/null 2>&1
+  mpirun -np 1 "$WLBTRAIN" --config /tmp/nccl.yaml
+}
+export -f nccl_one_rank  # step runs it under timeout(1), in a child bash
+export CMOCKA_MESSAGE_OUTPUT=TAP
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(lease)
+for part in "${parts[@]}"; do
+  case $part in
+  lease)
+    step ops "$bin/test/test_ops"
+    step cuda_model "$bin/test/test_cuda_model"
+    step nccl_one_rank bash -c nccl_one_rank
+    WLB_HF_PYTHON=python3 step export python3 test/test_export.py
+    step attention bash bench/attention_kernels.sh 8192 32768
+    grep -E '^(##|\||$)' "$logs/attention.log"
+    SHORT=1 step bench bash bench/gpu_throughput.sh 6
+    grep -E '^\|' "$logs/bench.log"
+    WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
+    ;;
+  tests)
+    step ops "$bin/test/test_ops"
+    step cuda_model "$bin/test/test_cuda_model"
+    WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
+    step nccl_one_rank bash -c nccl_one_rank
     WLB_HF_PYTHON=python3 step export python3 test/test_export.py
     ;;
   sanitize)
@@ -89,17 +126,19 @@ YAML
       "$bin/test/test_cuda_model"
     unset WLB_TEST_SMALL
     ;;
-  attention) step attention bash bench/attention_kernels.sh; grep -E '^(#|\||$)' "$out/attention.log" ;;
-  bench) step bench bash bench/gpu_throughput.sh; tail -20 "$out/bench.log" ;;
-  profile) step profile bash scripts/device/profile.sh 8192 2; cat "$out/profile.log" ;;
+  attention) step attention bash bench/attention_kernels.sh; grep -E '^(##|\||$)' "$logs/attention.log" ;;
+  bench) step bench bash bench/gpu_throughput.sh; grep -E '^\|' "$logs/bench.log" ;;
+  profile) OUT=$logs step profile bash scripts/device/profile.sh 8192 2; cat "$logs/profile.log" ;;
   calibration)
     # The H100 profile to keep in the repository (config/profiles/), then the bench.
     python3 bench/make_corpus.py --out /tmp/cal_docs --docs 2000 --vocab 128256 >/dev/null 2>&1
     printf 'model: {preset: llama3.2-1b, n_layers: 4}\nparallel: {dp: 1}\ndata: {path: /tmp/cal_docs, context_window: 65536, global_batch_tokens: 262144}\ntrain: {device: cuda, precision: bf16}\n' > /tmp/cal.yaml
     step calibrate "$WLBTRAIN" calibrate --config /tmp/cal.yaml --out "$out/h100-llama3.2-1b.json"
     DEVICE=cuda WLBTRAIN=$WLBTRAIN step calibration bash bench/planner_calibration.sh
-    grep -E '^(#|\||device)' "$out/calibration.log" ;;
-  *) echo "gpu_check: unknown part '$part' (tests, sanitize, attention, bench, profile, calibration)" >&2; exit 2 ;;
+    grep -E '^(#|\||device)' "$logs/calibration.log" ;;
+  *) echo "gpu_check: unknown part '$part' (lease, tests, sanitize, attention, bench, profile, calibration)" >&2; exit 2 ;;
   esac
 done
-printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+report
+printf '%s\n' "${summary[@]}"
+rm -rf "$logs"
