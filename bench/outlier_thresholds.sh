@@ -3,7 +3,7 @@
 # hybrid CP on four WLB-LLM Table 1 configurations (550M-64K, 7B-64K, 7B-128K, 30B-128K) and the
 # four real length lists, for candidate thresholds given as fractions of the context window W.
 # For each candidate: pp_imbalance (mean over the 16 runs, the worst run's mean and the worst run's
-# p95 over its steps), the worst run's mean cp_imbalance, the mean delay of a token in steps, and the
+# p95 over its steps), the worst run's mean cp_time_imbalance, the mean delay of a token in steps, and the
 # predicted speedup over Plain-4D on the same documents.
 # WLB-LLM's aim: the best balance at a delay of about half a step (its Table 2: 2 queues, 1.05).
 # Usage: bench/outlier_thresholds.sh [STEPS]      (default 300)
@@ -34,14 +34,14 @@ done
 python3 - "$out" "$candidates" <<'PY'
 import glob, json, os, sys
 out, candidates = sys.argv[1], sys.argv[2].split()
-print("\n| thresholds (x W) | pp_imbalance mean | worst run | worst run p95 | worst run cp_imbalance | token delay (steps) | speedup vs Plain-4D |")
+print("\n| thresholds (x W) | pp_imbalance mean | worst run | worst run p95 | worst run cp_time_imbalance | token delay (steps) | speedup vs Plain-4D |")
 print("|---|---|---|---|---|---|---|")
 for c in candidates:
     rows = []
     for path in glob.glob(os.path.join(out, f"*-{c.replace('/', '_')}.jsonl")):
         s = [json.loads(l) for l in open(path)][-1]
         rows.append((s["pp_imbalance"]["mean"], s["token_delay_steps"], s["throughput_speedup"],
-                     s["pp_imbalance"]["p95"], s["cp_imbalance"]["mean"]))
+                     s["pp_imbalance"]["p95"], s["cp_time_imbalance"]["mean"]))
     n = len(rows)
     print(f"| {c if c != 'none' else 'none (no delay)'} | {sum(r[0] for r in rows) / n:.3f} | "
           f"{max(r[0] for r in rows):.3f} | {max(r[3] for r in rows):.3f} | {max(r[4] for r in rows):.4f} | "

@@ -2,7 +2,7 @@
 # The dry run on the eight WLB-LLM Table 1 configurations (bench/wlbllm/*.yaml; papers.md §1.7)
 # and the real document length lists of ../shared/real-data/lengths. For every configuration it
 # runs `wlbtrain --dry-run --compare` (every packer with every CP mode on the same stream) and prints
-#   1. one table on the WLB-LLM length list: mean pp_imbalance, cp_imbalance, predicted speedup
+#   1. one table on the WLB-LLM length list: mean pp_imbalance, cp_time_imbalance, predicted speedup
 #      over Plain-4D (fixed + per_seq, same stream) and planning time, for Plain-4D, Fixed-4D
 #      (fixed_greedy + adaptive), WLB-LLM (wlb + adaptive) and ours (wlb + hybrid);
 #   2. every packer x CP mode for one configuration (7B-128K by default);
@@ -69,37 +69,38 @@ def layout(name):
 SYSTEMS = [("fixed", "per_seq", "Plain-4D"), ("fixed_greedy", "adaptive", "Fixed-4D"),
            ("wlb", "adaptive", "WLB-LLM"), ("wlb", "hybrid", "wlb+hybrid")]
 print("\n## 1. Table 1 configurations, WLB-LLM length list (distca_wlbllm_lengths.json)\n")
-print("| config | TP,CP,PP,DP | " + " | ".join(f"{s[2]} pp / cp / speedup" for s in SYSTEMS) + " | plan ms (wlb+hybrid) |")
+print("| config | TP,CP,PP,DP | " + " | ".join(f"{s[2]} pp / cp_t / speedup" for s in SYSTEMS) + " | plan ms (wlb+hybrid) |")
 print("|---|---|" + "---|" * len(SYSTEMS) + "---|")
 for name in ORDER:
     runs = summaries(os.path.join(out, name + ".jsonl"))
     cells = []
     for p, m, _ in SYSTEMS:
         r = runs[(p, m)]
-        cells.append(f"{r['pp_imbalance']['mean']:.3f} / {r['cp_imbalance']['mean']:.3f} / {r['speedup']:.3f}x")
+        cells.append(f"{r['pp_imbalance']['mean']:.3f} / {r['cp_time_imbalance']['mean']:.3f} / {r['speedup']:.3f}x")
     h = runs[("wlb", "hybrid")]
     print(f"| {name} | {','.join(map(str, layout(name)))} | " + " | ".join(cells) +
           f" | {h['packer_ms']['mean']:.3f} (max {h['packer_ms']['max']:.2f}) |")
 
 print(f"\n## 2. Every packer and CP mode, {full}, WLB-LLM length list\n")
-print("| packer | cp_sharding | pp_imbalance mean | p95 | cp_imbalance mean | speedup | plan ms mean | token delay (steps) |")
-print("|---|---|---|---|---|---|---|---|")
+print("| packer | cp_sharding | pp_imbalance mean | p95 | cp_imbalance mean | cp_time_imbalance mean | speedup | "
+      "plan ms mean | token delay (steps) |")
+print("|---|---|---|---|---|---|---|---|---|")
 runs = summaries(os.path.join(out, full + ".jsonl"))
 for (p, m), r in sorted(runs.items(), key=lambda kv: (["fixed", "fixed_greedy", "wlb"].index(kv[0][0]),
                                                       ["per_seq", "per_doc", "adaptive", "hybrid", "groups"].index(kv[0][1]))):
     print(f"| {p} | {m} | {r['pp_imbalance']['mean']:.3f} | {r['pp_imbalance']['p95']:.3f} | "
-          f"{r['cp_imbalance']['mean']:.3f} | {r['speedup']:.3f}x | {r['packer_ms']['mean']:.3f} | "
+          f"{r['cp_imbalance']['mean']:.3f} | {r['cp_time_imbalance']['mean']:.3f} | {r['speedup']:.3f}x | {r['packer_ms']['mean']:.3f} | "
           f"{r['token_delay_steps']:.2f} |")
 
 print(f"\n## 3. {full} on each real length list\n")
-print("| lengths | Plain-4D pp_imbalance | WLB-LLM pp / speedup | wlb+hybrid pp / cp / speedup |")
+print("| lengths | Plain-4D pp_imbalance | WLB-LLM pp / speedup | wlb+hybrid pp / cp_t / speedup |")
 print("|---|---|---|---|")
 for path in sorted(glob.glob(os.path.join(out, "list-*.jsonl"))):
     runs = summaries(path)
     pl, w, h = runs[("fixed", "per_seq")], runs[("wlb", "adaptive")], runs[("wlb", "hybrid")]
     print(f"| {os.path.basename(path)[5:-6]} | {pl['pp_imbalance']['mean']:.3f} | "
           f"{w['pp_imbalance']['mean']:.3f} / {w['speedup']:.3f}x | "
-          f"{h['pp_imbalance']['mean']:.3f} / {h['cp_imbalance']['mean']:.3f} / {h['speedup']:.3f}x |")
+          f"{h['pp_imbalance']['mean']:.3f} / {h['cp_time_imbalance']['mean']:.3f} / {h['speedup']:.3f}x |")
 
 print(f"\n## 4. {full} on each real length list, like for like (balance.long_documents the same for every packer)\n")
 print("| lengths | documents | attention pairs per token: Plain-4D / wlb | WLB-LLM (wlb + per_doc) pp / speedup | "
