@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""test/test_gpu_check.py - scripts/device/gpu_check.sh keeps to its deadline and returns what it did.
+"""test/test_gpu_check.py - scripts/device/gpu_check.sh keeps to its deadline and returns what it did,
+and scripts/device/targets.py reads what it returned against the CUDA backend's targets.
 
 A device lease is 15 minutes, one call at most 10, and a call returns at most 8 files: the script's
 lease part runs every check it can inside GPU_CHECK_SECONDS, and a call cut short must still bring
 back a summary and the logs. No GPU is needed to test that: the script runs here over a fake tree
 (fake test programs and benches, a fake nvidia-smi and mpirun on PATH) with a deadline of a few
 seconds, in which one test fails, the bench outlives the deadline and the last step finds no time.
+targets.py reads that run (tests failed, the bench cut: nothing measured is claimed) and logs in the
+benches' own table format with figures on both sides of each target.
 Output: TAP.
 """
 import os
@@ -94,6 +97,69 @@ def test_files_back(fx):
     taplib.check("| wlbtrain, 8192 | 1 |" in fx["text"], "the bench's rows are not printed")
 
 
+# The tables of bench/attention_kernels.sh and bench/gpu_throughput.sh, as they print them.
+ATTENTION = """# attention kernels on NVIDIA H100 80GB HBM3, PyTorch 2.11.0; heads 32 q / 8 kv, head size 64;
+
+## window 32768 (8 documents)
+
+| kernel | forward ms | forward TFLOP/s | fwd + bwd ms | fwd + bwd TFLOP/s |
+|---|---|---|---|---|
+| wlbtrain cuda | 2.000 | %s | 6.000 | %s |
+| wlbtrain cuda (atomic backward) | 2.000 | 320 | 5.000 | 280 |
+| flex (compiled, block mask) | 4.900 | 133 | 14.800 | 153 |
+| FlashAttention-2 varlen (aten) | 2.600 | 248 | 8.900 | 246 |
+"""
+BENCH = """| implementation | window | tokens/s | step ms | MFU | peak memory | predicted by the memory model (vs peak) |
+|---|---|---|---|---|---|---|
+| wlbtrain, llama3.2-1b, fixed, recompute none | 8192 | 50000 | 655 | 40.0%% | 30.0 GB | 31.0 GB (+3.3%%) |
+| wlbtrain, llama3.2-1b, wlb, recompute none | 8192 | %s | 600 | 44.0%% | 30.0 GB | %s GB (+0.0%%) |
+| PyTorch 2.11.0, FlexAttention (document-causal block mask) + torch.compile | 8192 | 44490 | 737 | 36.3%% | 37.7 GB | |
+| wlbtrain, llama3.2-1b, wlb, recompute none | 32768 | failed: wlbtrain: error: out of memory | | | | |
+| PyTorch 2.11.0, FlexAttention (document-causal block mask) + torch.compile | 32768 | 43131 | 3039 | 37.8%% | 67.7 GB | |
+| wlbtrain, llama3.2-1b, wlb, recompute full | 65536 | 40000 | 6553 | 40.0%% | 50.0 GB | 52.0 GB (+4.0%%) |
+"""
+
+
+def targets(folder):
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "device", "targets.py"), folder],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    text = r.stdout.decode(errors="replace")
+    taplib.comment(text)
+    taplib.check(r.returncode == 0, "targets.py exit %d" % r.returncode)
+    rows = [[c.strip() for c in l.strip().strip("|").split(" | ")] for l in text.splitlines()
+            if l.startswith("| ") and not l.startswith("| target")]
+    return {r[0]: r[1:] for r in rows}
+
+
+def test_targets_of_the_cut_run(fx):
+    t = targets(fx["out"])
+    taplib.check(t["tests: every step exits 0, no test fails"][1].strip() == "NOT MET" and
+                 "cuda_model" in t["tests: every step exits 0, no test fails"][0], "tests: %s" % t)
+    for name, (measured, verdict) in t.items():
+        if not name.startswith("tests"):
+            taplib.check(verdict.strip() == "not measured", "%s is claimed from a run without figures: %s" % (name, measured))
+
+
+def test_targets_met_and_missed(fx):
+    for fast, (fwd, fb, tok, pred) in (("met", ("310", "255", "60000", "30.5")), ("missed", ("290", "240", "50000", "40.0"))):
+        d = os.path.join(fx["root"], fast)
+        os.makedirs(d)
+        with open(os.path.join(d, "attention.log"), "w") as f:
+            f.write(ATTENTION % (fwd, fb))
+        with open(os.path.join(d, "bench.log"), "w") as f:
+            f.write(BENCH % (tok, pred))
+        t = targets(d)
+        want = "met" if fast == "met" else "NOT MET"
+        for name in ("attention, 32K: fwd + bwd >= 250 TFLOP/s", "attention, 32K: forward >= 300 TFLOP/s",
+                     "bench, 8K: tokens/s >= 1.2x FlexAttention + compile", "bench: memory model within 10% of the peak"):
+            taplib.check(t[name][1].strip() == want, "%s, %s: %s" % (fast, name, t[name]))
+        taplib.check(t["bench, 8K: peak memory <= FlexAttention's"][1].strip() == "met", "peak: %s" % t)
+        taplib.check(t["bench, 32K: tokens/s >= 1.2x FlexAttention + compile"][1].strip() == "NOT MET" and
+                     "out of memory" in t["bench, 32K: tokens/s >= 1.2x FlexAttention + compile"][0], "32K: %s" % t)
+        taplib.check(t["bench: a 64K window runs"][1].strip() == "met", "64K: %s" % t)
+        taplib.check(t["tests: every step exits 0, no test fails"][1].strip() == "not measured", "no summary: %s" % t)
+
+
 def test_unknown_part(fx):
     out = fx["bad"].stdout.decode(errors="replace")
     taplib.check(fx["bad"].returncode == 2 and "unknown part 'nosuch'" in out, "rc %d: %s" % (fx["bad"].returncode, out))
@@ -105,4 +171,7 @@ if __name__ == "__main__":
         ("summary.txt: the GPU, each step's exit and TAP counts, timed out and skipped steps", test_summary),
         ("$OUT holds two files, the logs of every step packed, a cut step's output kept", test_files_back),
         ("an unknown part is exit 2", test_unknown_part),
+        ("targets.py: the cut run's tests not met, nothing else claimed", test_targets_of_the_cut_run),
+        ("targets.py: each target met and missed, a failed row not met, a missing one not measured",
+         test_targets_met_and_missed),
     ], setup, lambda fx: shutil.rmtree(fx["root"], ignore_errors=True)))

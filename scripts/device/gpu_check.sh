@@ -5,7 +5,8 @@
 # command line (default: lease), run in the order given:
 #   bash scripts/device/gpu_check.sh lease      what one device lease holds, most telling first: the
 #                                               tests but test_parallel, attention at 8K and 32K,
-#                                               the bench's short table, then test_parallel
+#                                               the bench's short table, then test_parallel;
+#                                               then scripts/device/targets.py's table
 #   bash scripts/device/gpu_check.sh tests      1-5 below  (about 4 minutes with one model in
 #                                               test_cuda_model; not yet timed with two)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
@@ -107,6 +108,8 @@ for part in "${parts[@]}"; do
     SHORT=1 step bench bash bench/gpu_throughput.sh 6
     grep -E '^\|' "$logs/bench.log"
     WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
+    report
+    python3 scripts/device/targets.py "$out"
     ;;
   tests)
     step ops "$bin/test/test_ops"
