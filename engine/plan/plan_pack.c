@@ -226,7 +226,7 @@ int plan_pack_fixed_greedy(Planner *pl, StepPlan *p, Error *err)
         rc = error_runtime(err, "planner", "out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
         room[i] = pl->window;
-    if (rc == 0)
+    if (rc == 0 && in.n > 1) /* in.docs is NULL while empty: qsort's pointer must not be */
         qsort(in.docs, (size_t)in.n, sizeof *in.docs, by_length_desc);
     for (int64_t k = 0; rc == 0 && k < in.n; k++) {
         PlanDoc d = in.docs[k];
@@ -326,7 +326,8 @@ int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
             return error_runtime(err, "planner", "out of memory");
     }
     /* 2. Longest first, after last step's leftovers. */
-    qsort(set.docs, (size_t)set.n, sizeof *set.docs, by_length_desc);
+    if (set.n > 1) /* all of the intake queued: set.docs is NULL */
+        qsort(set.docs, (size_t)set.n, sizeof *set.docs, by_length_desc);
     int64_t n_left = pl->remained.n;
     double *load = calloc((size_t)n, sizeof *load);
     int64_t *tokens = calloc((size_t)n, sizeof *tokens);
@@ -383,7 +384,7 @@ int plan_pack_baseline(const Planner *pl, const StepPlan *src, StepPlan *out, in
             if (packed_add(&in, &src->docs[k], 0) != 0)
                 rc = error_runtime(err, "planner", "out of memory");
         }
-    if (rc == 0)
+    if (rc == 0 && in.n > 1)
         qsort(in.docs, (size_t)in.n, sizeof *in.docs, by_stream_order);
     /* Windows: ceil(total / W) when cutting; else counted by filling them. */
     int64_t n_mb = (total + pl->window - 1) / pl->window;
