@@ -256,14 +256,22 @@ static void test_calibration_file(void **state)
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 2, \"backend\": \"cpu\"}", "peak_tflops: missing"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 2, \"backend\": \"tpu\"}", "backend: expected"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"gemm_efficiency\": 1.5}",
-         "gemm_efficiency: expected a number in (0, 1]"},
+         "gemm_efficiency: expected a number in [1e-06, 1]"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"launch_us\": -1}", "launch_us: expected"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"gpus_per_node\": 2.5}", "gpus_per_node: expected a whole"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"peak_tflop\": 3}", "unknown key 'peak_tflop'"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"attention\": {\"q\": [1], \"fwd_tflops\": [1], "
          "\"bwd_tflops\": [1], \"tile\": 0}}", "tile: expected a whole number in [1, 4096]"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"peak_tflops\": -1}",
-         "peak_tflops: expected a number in (0, 100000]"},
+         "peak_tflops: expected a number in [1e-06, 100000]"},
+        /* Rates so small that the predicted times would be infinite (found by fuzz_calibration). */
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"peak_tflops\": 1e-300}",
+         "peak_tflops: expected a number in [1e-06, 100000]"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"inter_node_gbps\": 1e-9}",
+         "inter_node_gbps: expected a number in [1e-06, 1e+06]"},
+        {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"attention\": {\"q\": [1, 2], \"fwd_tflops\": [1, 1], "
+         "\"bwd_tflops\": [1, 1e-300]}}",
+         "attention.bwd_tflops[1]: expected a rate of at least 1e-06 TFLOP/s"},
         {"{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"attention\": {\"q\": [1, 2], \"fwd_tflops\": [1], "
          "\"bwd_tflops\": [1, 2]}}",
          "attention: q, fwd_tflops and bwd_tflops must have the same length (2, 1, 2)"},
@@ -287,6 +295,25 @@ static void test_calibration_file(void **state)
         config_free(&cfg);
         free(y);
         free(p);
+    }
+    /* The same floor for the balance.* keys, which win over the file. */
+    const char *keys[] = {"peak_tflops", "gemm_efficiency", "attn_efficiency", "hbm_gbps", "intra_node_gbps",
+                          "inter_node_gbps"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        Config cfg;
+        Error err = {0};
+        char *y = test_format("model: {preset: tiny}\nparallel: {dp: 1}\nbalance: {%s: 1.0e-9}\n", keys[i]);
+        make_config(&cfg, y);
+        assert_int_equal(cost_model_init(&m, &cfg, &err), -1);
+        assert_int_equal(err.status, 2);
+        char *want = test_format("balance.%s: 1e-09 is below the least rate the cost model takes (1e-06)", keys[i]);
+        if (!strstr(err.msg, want)) {
+            print_error("expected '%s' in: %s\n", want, err.msg);
+            fail();
+        }
+        config_free(&cfg);
+        free(want);
+        free(y);
     }
     free(path);
     test_rm_rf(dir);

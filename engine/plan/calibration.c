@@ -24,8 +24,8 @@
  * Each number replaces the hardware profile's (explicit balance.* keys still win). The attention
  * table replaces the efficiency curve: the rate at a query length is interpolated linearly in
  * log2(length) and clamped at the ends. Checked on load: the format and version, no unknown key,
- * every number in its range (efficiency in (0, 1], tile and gpus_per_node whole numbers, rates
- * positive, launch_us >= 0, q increasing, the three arrays of one length); any fault is one error
+ * every number in its range (rates, bandwidths and the efficiency at least COST_MIN_RATE, 1e-6, the
+ * efficiency at most 1, tile and gpus_per_node whole numbers, launch_us >= 0, q increasing, the three arrays of one length); any fault is one error
  * (status 2) naming the file.
  */
 #include "engine/plan/cost.h"
@@ -65,7 +65,9 @@ static int read_number(json_t *root, const NumberRule *r, int version, double *o
     return 0;
 }
 
-static int read_array(json_t *att, const char *key, double *out, int *n, const char *path, Error *err)
+/* An array of 1 to COST_TABLE_MAX finite numbers, each above 0 (rate 0) or at least COST_MIN_RATE
+ * (rate 1). */
+static int read_array(json_t *att, const char *key, int rate, double *out, int *n, const char *path, Error *err)
 {
     json_t *a = json_object_get(att, key);
     if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > COST_TABLE_MAX)
@@ -74,8 +76,10 @@ static int read_array(json_t *att, const char *key, double *out, int *n, const c
     *n = (int)json_array_size(a);
     for (int i = 0; i < *n; i++) {
         json_t *v = json_array_get(a, (size_t)i);
-        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
-            return error_set(err, path, "attention.%s[%d]: expected a positive number", key, i);
+        double x = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!isfinite(x) || !(rate ? x >= COST_MIN_RATE : x > 0))
+            return error_set(err, path, "attention.%s[%d]: expected a %s", key, i,
+                             rate ? "rate of at least 1e-06 TFLOP/s" : "positive number");
         out[i] = json_number_value(v);
     }
     return 0;
@@ -97,8 +101,9 @@ static int read_attention(json_t *att, CostHardware *hw, CostAttnTable *t, const
         return -1;
     hw->attn_tile = (int)tile;
     int nq, nf, nb;
-    if (read_array(att, "q", t->q, &nq, path, err) != 0 || read_array(att, "fwd_tflops", t->fwd_tflops, &nf, path, err) ||
-        read_array(att, "bwd_tflops", t->bwd_tflops, &nb, path, err))
+    if (read_array(att, "q", 0, t->q, &nq, path, err) != 0 ||
+        read_array(att, "fwd_tflops", 1, t->fwd_tflops, &nf, path, err) != 0 ||
+        read_array(att, "bwd_tflops", 1, t->bwd_tflops, &nb, path, err) != 0)
         return -1;
     if (nq != nf || nq != nb)
         return error_set(err, path, "attention: q, fwd_tflops and bwd_tflops must have the same length (%d, %d, %d)",
@@ -138,12 +143,12 @@ static int read_body(json_t *root, int version, CostHardware *hw, CostAttnTable 
         NumberRule rule;
         double *out;
     } fields[] = {
-        {{"peak_tflops", 0, 1e5, 1, 0, 1}, &h.peak_tflops},
-        {{"gemm_efficiency", 0, 1, 1, 0, 1}, &h.gemm_efficiency},
-        {{"hbm_gbps", 0, 1e6, 1, 0, 1}, &h.hbm_gbps},
+        {{"peak_tflops", COST_MIN_RATE, 1e5, 0, 0, 1}, &h.peak_tflops},
+        {{"gemm_efficiency", COST_MIN_RATE, 1, 0, 0, 1}, &h.gemm_efficiency},
+        {{"hbm_gbps", COST_MIN_RATE, 1e6, 0, 0, 1}, &h.hbm_gbps},
         {{"launch_us", 0, 1e6, 0, 0, 1}, &h.launch_us},
-        {{"intra_node_gbps", 0, 1e6, 1, 0, 0}, &h.intra_node_gbps},
-        {{"inter_node_gbps", 0, 1e6, 1, 0, 0}, &h.inter_node_gbps},
+        {{"intra_node_gbps", COST_MIN_RATE, 1e6, 0, 0, 0}, &h.intra_node_gbps},
+        {{"inter_node_gbps", COST_MIN_RATE, 1e6, 0, 0, 0}, &h.inter_node_gbps},
         {{"link_latency_us", 0, 1e6, 1, 0, 0}, &h.link_latency_us},
         {{"gpus_per_node", 1, 1 << 16, 0, 1, 0}, &gpus},
     };

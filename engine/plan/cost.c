@@ -70,6 +70,16 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
         m->hw.gpus_per_node = (int)b->gpus_per_node;
     if (b->tp_comm_overlap >= 0)
         m->hw.tp_comm_overlap = b->tp_comm_overlap;
+    const struct {
+        const char *key;
+        double value;
+    } rates[] = {{"balance.peak_tflops", b->peak_tflops},     {"balance.gemm_efficiency", b->gemm_efficiency},
+                 {"balance.attn_efficiency", b->attn_efficiency}, {"balance.hbm_gbps", b->hbm_gbps},
+                 {"balance.intra_node_gbps", b->intra_node_gbps}, {"balance.inter_node_gbps", b->inter_node_gbps}};
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
+        if (rates[i].value > 0 && rates[i].value < COST_MIN_RATE)
+            return error_set(err, rates[i].key, "%g is below the least rate the cost model takes (%g): its predicted "
+                             "times would be infinite", rates[i].value, COST_MIN_RATE);
 
     const ConfigModel *md = &cfg->model;
     int tp = (int)cfg->parallel.tp, cp = (int)cfg->parallel.cp, pp = (int)cfg->parallel.pp;

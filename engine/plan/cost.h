@@ -70,6 +70,11 @@ typedef struct CostHardware {
                                * `wlbtrain calibrate` measures it) */
 } CostHardware;
 
+/* The least rate the cost model takes, in TFLOP/s, GB/s or as an efficiency: the calibration file's
+ * and the balance.* keys' ranges start here. Below it, the products of rates underflow towards 0
+ * and predicted times become infinite (1e-6 TFLOP/s x 1e-6 efficiency is still 1 FLOP/s). */
+#define COST_MIN_RATE 1e-6
+
 /* Attention rate from a calibration table: TFLOP/s measured at query lengths q[i] (ascending). */
 enum { COST_TABLE_MAX = 32 };
 /* Model chunks: pp * v <= model.n_layers <= 1024. */
