@@ -1,16 +1,20 @@
 /* fuzz/fuzz_targets.c - the fuzz targets (see fuzz_targets.h). */
 #include "fuzz/fuzz_targets.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "config/config.h"
 #include "cpu/cpu_ops.h"
 #include "data/data_idx.h"
+#include "data/data_lengths.h"
 #include "data/data_sources.h"
 #include "data/data_stream.h"
+#include "data/data_tokenizer.h"
 #include "engine/plan/cost.h"
 #include "engine/model/model.h"
 #include "engine/plan/plan.h"
@@ -129,13 +133,18 @@ typedef struct PlanSetup {
     Planner planner;
 } PlanSetup;
 
-static void plan_setup(PlanSetup *s)
+/* lengths: a length list, or NULL for a small fixed one. Returns -1 (err set) where the list is
+ * refused; any other failure aborts. */
+static int plan_setup(PlanSetup *s, const char *lengths, Error *err)
 {
-    char lengths[128];
-    snprintf(lengths, sizeof lengths, "%s/lengths.txt", scratch());
-    if (access(lengths, F_OK) != 0) {
-        static const uint8_t list[] = "5\n300\n17\n64\n1\n128\n40\n90\n250\n33\n8\n";
-        write_file(lengths, list, sizeof list - 1);
+    char fixed[128];
+    if (!lengths) {
+        snprintf(fixed, sizeof fixed, "%s/lengths.txt", scratch());
+        if (access(fixed, F_OK) != 0) {
+            static const uint8_t list[] = "5\n300\n17\n64\n1\n128\n40\n90\n250\n33\n8\n";
+            write_file(fixed, list, sizeof list - 1);
+        }
+        lengths = fixed;
     }
     char yaml[512];
     snprintf(yaml, sizeof yaml,
@@ -143,16 +152,26 @@ static void plan_setup(PlanSetup *s)
              "data: {lengths_file: %s, context_window: 128, global_batch_tokens: 512}\n"
              "balance: {packer: wlb, cp_sharding: hybrid, hardware: cpu}\n",
              lengths);
-    Error err = {0};
     config_init(&s->cfg);
-    if (config_load_string(&s->cfg, yaml, "fuzz", &err) != 0 || config_resolve(&s->cfg, 0, &err) != 0 ||
-        data_sources_open(&s->data, NULL, NULL, 0, lengths, NULL, &err) != 0 ||
-        data_stream_init(&s->stream, s->data.src, NULL, s->data.n, 1, 128, &err) != 0 ||
-        cost_model_init(&s->cost, &s->cfg, &err) != 0 ||
-        plan_init(&s->planner, &s->cfg, &s->cost, &s->stream, PACKER_WLB, CP_HYBRID, &err) != 0) {
-        fprintf(stderr, "fuzz_checkpoint: setup: %s\n", err.msg);
+    if (config_load_string(&s->cfg, yaml, "fuzz", err) != 0 || config_resolve(&s->cfg, 0, err) != 0) {
+        fprintf(stderr, "fuzz: plan setup: %s\n", err->msg);
         abort();
     }
+    if (data_sources_open(&s->data, NULL, NULL, 0, lengths, NULL, err) != 0) {
+        config_free(&s->cfg);
+        return -1;
+    }
+    if (data_stream_init(&s->stream, s->data.src, NULL, s->data.n, 1, 128, err) != 0) {
+        data_sources_close(&s->data);
+        config_free(&s->cfg);
+        return -1;
+    }
+    if (cost_model_init(&s->cost, &s->cfg, err) != 0 ||
+        plan_init(&s->planner, &s->cfg, &s->cost, &s->stream, PACKER_WLB, CP_HYBRID, err) != 0) {
+        fprintf(stderr, "fuzz: plan setup: %s\n", err->msg);
+        abort();
+    }
+    return 0;
 }
 
 static void plan_teardown(PlanSetup *s)
@@ -167,8 +186,9 @@ static void plan_teardown(PlanSetup *s)
 static void restore_and_plan(const uint64_t *planner, size_t n_planner, const uint64_t *stream, size_t n_stream)
 {
     PlanSetup setup;
-    plan_setup(&setup);
     Error err = {0};
+    if (plan_setup(&setup, NULL, &err) != 0)
+        abort();
     int ok = plan_state_restore(&setup.planner, planner, n_planner, &err) == 0 &&
              data_stream_restore(&setup.stream, stream, n_stream, &err) == 0;
     StepPlan plan = {0};
@@ -183,8 +203,9 @@ static void restore_and_plan(const uint64_t *planner, size_t n_planner, const ui
 static void edited_state(const uint8_t *data, size_t size)
 {
     PlanSetup setup;
-    plan_setup(&setup);
     Error err = {0};
+    if (plan_setup(&setup, NULL, &err) != 0)
+        abort();
     StepPlan plan = {0};
     int steps = size ? data[0] % 4 : 0;
     for (int i = 0; i < steps; i++)
@@ -375,5 +396,131 @@ int fuzz_safetensors(const uint8_t *data, size_t size)
     }
     model_load(fuzz_model(), path, &err);
     model_load(fuzz_model(), scratch_input("weights.bin", data, size), &err);
+    return 0;
+}
+
+/* The input as a length list: byte 0 says how (bit 0: gzip-compressed, named .gz; bit 1: the CSV
+ * column "tokens" rather than the last), the rest is the file. */
+int fuzz_lengths(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    int gz = data[0] & 1;
+    const char *column = data[0] & 2 ? "tokens" : NULL;
+    char path[160];
+    snprintf(path, sizeof path, "%s/list%s", scratch(), gz ? ".txt.gz" : ".txt");
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        if (!f || (size > 1 && gzwrite(f, data + 1, (unsigned)(size - 1)) != (int)(size - 1)) || gzclose(f) != Z_OK)
+            abort();
+    } else {
+        write_file(path, data + 1, size - 1);
+    }
+    DataLengths l;
+    Error err = {0};
+    if (data_lengths_load(&l, path, column, &err) != 0)
+        return 0;
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < l.n; i++) {
+        if (l.len[i] == 0)
+            abort();
+        sum += l.len[i];
+    }
+    if (sum != l.n_tokens || l.skipped_negative > l.skipped)
+        abort();
+    char note[256];
+    if (l.skipped)
+        data_lengths_skipped_note(&l, path, note, sizeof note);
+    data_lengths_free(&l);
+    /* The dry run over it: two steps planned, or an Error (an empty list, say). */
+    PlanSetup setup;
+    if (plan_setup(&setup, path, &err) != 0)
+        return 0;
+    StepPlan plan = {0};
+    for (int i = 0; i < 2 && plan_step(&setup.planner, &plan, &err) == 0; i++)
+        ;
+    plan_free(&plan);
+    plan_teardown(&setup);
+    return 0;
+}
+
+/* Byte 0: bit 0 - byte-level (no ranks file), bit 1 - the gpt2 pattern forced; then a u16 length L,
+ * L bytes of ranks file, and the rest is the text to encode. */
+int fuzz_tokenizer(const uint8_t *data, size_t size)
+{
+    if (size < 3)
+        return 0;
+    size_t n_ranks = (size_t)(data[1] | data[2] << 8);
+    if (n_ranks > size - 3)
+        n_ranks = size - 3;
+    const char *ranks = data[0] & 1 ? NULL : scratch_input("ranks.tiktoken", data + 3, n_ranks);
+    Error err = {0};
+    DataTokenizer *t = data_tokenizer_open(ranks, ranks && data[0] & 2 ? "gpt2" : NULL, &err);
+    if (!t)
+        return 0;
+    const char *text = (const char *)data + 3 + n_ranks;
+    size_t len = size - 3 - n_ranks;
+    DataTokens ids = {0};
+    if (data_tokenizer_encode(t, text, len, &ids, &err) != 0) {
+        fprintf(stderr, "fuzz_tokenizer: encoding failed: %s\n", err.msg);
+        abort();
+    }
+    /* Every id an ordinary token; the ids decode to the text, byte for byte. */
+    for (size_t i = 0; i < ids.n; i++)
+        if (ids.ids[i] < 0 || ids.ids[i] >= data_tokenizer_n_ranks(t))
+            abort();
+    size_t back_len;
+    char *back = data_tokenizer_decode(t, ids.ids, ids.n, &back_len, &err);
+    if (!back || back_len != len || (len && memcmp(back, text, len) != 0)) {
+        fprintf(stderr, "fuzz_tokenizer: %zu bytes encode to %zu ids that decode to %zu bytes\n", len, ids.n,
+                back ? back_len : 0);
+        abort();
+    }
+    free(back);
+    data_tokens_free(&ids);
+    data_tokenizer_close(t);
+    return 0;
+}
+
+/* The input as a calibration file (balance.calibration); one that loads must give a cost model
+ * whose times are finite and not negative at every length. */
+int fuzz_calibration(const uint8_t *data, size_t size)
+{
+    const char *path = scratch_input("profile.json", data, size);
+    CostHardware hw = {0};
+    CostAttnTable table = {0};
+    Error err = {0};
+    if (calibration_load(path, &hw, &table, &err) != 0)
+        return 0;
+    if (table.n < 0 || table.n > COST_TABLE_MAX)
+        abort();
+    for (int i = 0; i < table.n; i++)
+        if (!(table.fwd_tflops[i] > 0) || !(table.bwd_tflops[i] > 0) || !isfinite(table.fwd_tflops[i]) ||
+            !isfinite(table.bwd_tflops[i]) || (i && !(table.q[i] > table.q[i - 1])))
+            abort();
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "model: {preset: tiny}\nparallel: {tp: 2, cp: 2, pp: 2, dp: 1}\n"
+             "data: {lengths_file: x, context_window: 4096, global_batch_tokens: 16384}\n"
+             "balance: {hardware: h100, calibration: %s}\n",
+             path);
+    Config cfg;
+    CostModel m;
+    config_init(&cfg);
+    if (config_load_string(&cfg, yaml, "fuzz", &err) != 0 || config_resolve(&cfg, 0, &err) != 0 ||
+        cost_model_init(&m, &cfg, &err) != 0) {
+        fprintf(stderr, "fuzz_calibration: a profile that loads is refused by the cost model: %s\n", err.msg);
+        abort();
+    }
+    for (int64_t n = 1; n <= (int64_t)1 << 22; n *= 3) {
+        double t[] = {cost_attn_fwd_s(&m, n, n), cost_attn_bwd_s(&m, n, n), cost_doc_s(&m, n), cost_tp_comm_s(&m, n),
+                      cost_cp_comm_s(&m, n)};
+        for (size_t k = 0; k < sizeof t / sizeof t[0]; k++)
+            if (!isfinite(t[k]) || t[k] < 0) {
+                fprintf(stderr, "fuzz_calibration: cost %zu at %lld tokens is %g\n", k, (long long)n, t[k]);
+                abort();
+            }
+    }
+    config_free(&cfg);
     return 0;
 }

@@ -39,5 +39,8 @@ int fuzz_idx(const uint8_t *data, size_t size);
 int fuzz_checkpoint(const uint8_t *data, size_t size);
 int fuzz_ckpt_index(const uint8_t *data, size_t size);
 int fuzz_safetensors(const uint8_t *data, size_t size);
+int fuzz_lengths(const uint8_t *data, size_t size);
+int fuzz_tokenizer(const uint8_t *data, size_t size);
+int fuzz_calibration(const uint8_t *data, size_t size);
 
 #endif

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Fuzzes the five input readers with libFuzzer (clang, -fsanitize=fuzzer,address,undefined) for a
+# Fuzzes the eight input readers with libFuzzer (clang, -fsanitize=fuzzer,address,undefined) for a
 # bounded time each: the YAML config loader, the Megatron .idx/.bin reader, the checkpoint reader,
-# the sharded checkpoint's index.json reader and the safetensors reader (with model_load's format
-# sniffing)
+# the sharded checkpoint's index.json reader, the safetensors reader (with model_load's format
+# sniffing), the document length lists (with the planner over them), the tiktoken ranks reader and
+# BPE encoder, and the calibration file (with the cost model over it)
 # (fuzz/fuzz_targets.h says what each target checks). Seeds: test/fuzz/TARGET/. Every input that
 # crashes, trips a sanitizer or times out is copied into test/fuzz/TARGET/ as crash-*, where
 # test/test_fuzz_corpus (in make test) replays it from then on; the script then exits 1.
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
-#        (default 60 s; config idx checkpoint ckpt_index safetensors)
+#        (default 60 s; config idx checkpoint ckpt_index safetensors lengths tokenizer calibration)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config idx checkpoint ckpt_index safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(config idx checkpoint ckpt_index safetensors lengths tokenizer calibration)
 scripts/install-deps.sh fuzz
 out=build/fuzz
 mkdir -p "$out/obj"

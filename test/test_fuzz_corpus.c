@@ -67,6 +67,24 @@ static void test_safetensors(void **state)
     replay("safetensors", fuzz_safetensors);
 }
 
+static void test_lengths(void **state)
+{
+    (void)state;
+    replay("lengths", fuzz_lengths);
+}
+
+static void test_tokenizer(void **state)
+{
+    (void)state;
+    replay("tokenizer", fuzz_tokenizer);
+}
+
+static void test_calibration(void **state)
+{
+    (void)state;
+    replay("calibration", fuzz_calibration);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -75,6 +93,9 @@ int main(void)
         cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_ckpt_index),
         cmocka_unit_test(test_safetensors),
+        cmocka_unit_test(test_lengths),
+        cmocka_unit_test(test_tokenizer),
+        cmocka_unit_test(test_calibration),
     };
     return cmocka_run_group_tests_name("fuzz_corpus", tests, NULL, NULL);
 }
