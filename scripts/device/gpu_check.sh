@@ -108,8 +108,7 @@ for part in "${parts[@]}"; do
     SHORT=1 step bench bash bench/gpu_throughput.sh 6
     grep -E '^\|' "$logs/bench.log"
     WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
-    report
-    python3 scripts/device/targets.py "$out"
+    python3 scripts/device/targets.py "$out"  # step has written $out after the last step
     ;;
   tests)
     step ops "$bin/test/test_ops"

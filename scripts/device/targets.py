@@ -49,7 +49,7 @@ def table_rows(text):
 
 
 def number(cell):
-    m = re.match(r"[-+]?[\d,]*\.?\d+", cell.replace(",", ""))
+    m = re.match(r"[-+]?\d*\.?\d+", cell.replace(",", ""))
     return float(m.group(0)) if m else None
 
 
