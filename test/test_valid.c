@@ -6,7 +6,8 @@
  * document - over several epochs and with two sets blended - and a validation stream yields nothing
  * else; a side with no document is an error. Through the trainer: no planned training step holds a
  * held-out document (packers fixed and wlb, several epochs, two blended prefixes), and the
- * evaluation's plans hold only held-out ones.
+ * evaluation's plans hold only held-out ones; the dry run plans the training stream, step by step
+ * the trainer's documents and micro-batches.
  * The evaluation: it reads the same batches every time, the same documents with outlier queues or
  * without, and leaves training untouched (the training stream and planner, the weights, the
  * gradients); its loss is the token sum over the evaluation's labelled tokens over their count,
@@ -18,11 +19,13 @@
  */
 #include "test/testlib.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config/config.h"
+#include "engine/plan/dryrun.h"
 #include "engine/train/train.h"
 #include "engine/train/train_stages.h"
 
@@ -384,6 +387,68 @@ static void test_loss_is_the_mean_over_labelled_tokens(void **state)
     run_close(&r);
 }
 
+/* The dry run plans the stream training reads: with data.valid_fraction, without the held-out
+ * documents. Step by step, its stats line and the trainer's own plan have the same documents and
+ * tokens, the same micro-batches (their tokens in order) and the same queues (packers fixed and wlb,
+ * two blended sets). */
+static void test_dry_run_plans_the_training_stream(void **state)
+{
+    (void)state;
+    const char *packers[] = {"fixed", "wlb"};
+    enum { STEPS = 6 };
+    for (int k = 0; k < 2; k++) {
+        Run r;
+        char *extra = test_format("data: {valid_fraction: 0.25}\nbalance: {packer: %s}\n", packers[k]);
+        char *stats = test_format("%s/dry-%s.jsonl", fx.dir, packers[k]);
+        run_open(&r, extra);
+        DryRunOptions opt = {STEPS, stats, 0, NULL};
+        Error err = {0};
+        if (dryrun_run(&r.cfg, &opt, &err) != 0)
+            print_error("dry run: %s\n", err.msg);
+        assert_int_equal(err.status, 0);
+        fflush(stdout);
+        char *text = test_read_file(stats, NULL);
+        assert_non_null(text);
+        char *line = strtok(text, "\n");
+        Trainer *tr = &r.tr;
+        int64_t docs_all = 0;
+        for (int step = 1; step <= STEPS; step++, line = strtok(NULL, "\n")) {
+            assert_non_null(line);
+            json_error_t je;
+            json_t *o = json_loads(line, 0, &je);
+            assert_non_null(o);
+            assert_int_equal(json_integer_value(json_object_get(o, "step")), step);
+            assert_int_equal(plan_step(&tr->planner, &tr->plan, &err), 0);
+            const StepPlan *p = &tr->plan;
+            int64_t docs = 0;
+            for (int64_t i = 0; i < p->n_docs; i++)
+                docs += p->docs[i].source != PLAN_PAD_SOURCE;
+            json_t *mbs = json_object_get(o, "mb_tokens");
+            int64_t dry_docs = json_integer_value(json_object_get(o, "docs"));
+            int64_t dry_tokens = json_integer_value(json_object_get(o, "tokens"));
+            int64_t dry_queued = json_integer_value(json_object_get(o, "queued"));
+            if (dry_docs != docs || dry_tokens != p->tokens || dry_queued != p->queued)
+                print_error("%s, step %d: the dry run plans %lld documents, %lld tokens, %lld queued; training "
+                            "%lld, %lld, %lld\n", packers[k], step, (long long)dry_docs, (long long)dry_tokens,
+                            (long long)dry_queued, (long long)docs, (long long)p->tokens, (long long)p->queued);
+            assert_int_equal(dry_docs, docs);
+            assert_int_equal(dry_tokens, p->tokens);
+            assert_int_equal(dry_queued, p->queued);
+            assert_int_equal(json_array_size(mbs), (size_t)p->dp * (size_t)p->m);
+            for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+                assert_int_equal(json_integer_value(json_array_get(mbs, (size_t)i)), p->mbs[i].tokens);
+            docs_all += docs;
+            json_decref(o);
+        }
+        printf("# %s: %d steps, %lld documents, the same in the dry run as in training\n", packers[k], STEPS,
+               (long long)docs_all);
+        free(text);
+        free(stats);
+        free(extra);
+        run_close(&r);
+    }
+}
+
 /* train.eval_tokens that is not a whole number of global batches (512 tokens) is rounded up to
  * whole ones, at least one: an evaluation reads that many. */
 static void test_eval_tokens_rounded_up(void **state)
@@ -521,6 +586,7 @@ int main(void)
         cmocka_unit_test(test_trainer_never_trains_held_out),
         cmocka_unit_test(test_evaluation_repeats_and_leaves_training),
         cmocka_unit_test(test_loss_is_the_mean_over_labelled_tokens),
+        cmocka_unit_test(test_dry_run_plans_the_training_stream),
         cmocka_unit_test(test_eval_tokens_rounded_up),
         cmocka_unit_test(test_valid_path_sets_by_tokens),
         cmocka_unit_test(test_config_rules_and_eval_errors),
