@@ -1,7 +1,8 @@
 /*
  * test/test_checkpoint.c - checkpoints through the wlbtrain binary: a run killed after a
  * checkpoint and resumed gives the uninterrupted run's losses and gradient norms bit for bit (on
- * one process with and without outlier documents queued at the checkpoint, and on 8 ranks); a
+ * one process with and without outlier documents queued at the checkpoint, in bf16, and on 8
+ * ranks); a
  * checkpoint resumes on another layout; the shard files hold each rank's blocks once (weights once
  * and moments once over the files, no gathered model) and a same-layout resume reads only its own;
  * a checkpoint resumes across sequence parallelism on and off;
@@ -205,6 +206,11 @@ static void test_resume_bit_identical(void **state)
     check_resume(0, "fixed", 5, fixed, &whole, same1);
     printf("# one process, fixed: %lld documents queued at the checkpoint\n", whole.queued[2]);
     assert_int_equal(whole.queued[2], 0);
+    /* bf16 (the CPU backend emulates it exactly): the first step after the resume computes with the
+     * restored weights' bf16 copy, so the resumed run is the uninterrupted one bit for bit. */
+    const char *bf16[] = {"--set", "train.precision=bf16", NULL};
+    check_resume(0, "bf16", 5, bf16, &whole, same1);
+    printf("# one process, bf16: step 4 loss %s resumed as uninterrupted\n", whole.loss[3]);
 }
 
 /* A run that must succeed, with `want` (NULL: anything) in its output. */

@@ -774,7 +774,8 @@ static void test_example_commands(void **state)
     }
 }
 
-/* Entries <= 0 of a length list are skipped and said: how many, negative and zero, the first. */
+/* Entries <= 0 of a length list are skipped and said: how many, negative and zero, the first; a list
+ * whose skipped entries are all zeros is said too. */
 static void test_skipped_lengths(void **state)
 {
     (void)state;
@@ -790,6 +791,18 @@ static void test_skipped_lengths(void **state)
     char *data = test_format("data: %s, 3 documents, 2300 tokens\n", lengths);
     assert_non_null(strstr(r.out, data));
     test_cmd_free(&r);
+    /* Zeros alone (real lists have them without any negative entry) are said the same way. */
+    const char *zeros = "300\n0\n1200\n800\n0\n";
+    char *zlist = test_write_file(dir, "z.txt", zeros, strlen(zeros)), *zset = test_format("data.lengths_file=%s", zlist);
+    RUN(&r, "--config", cfg, "--dry-run", "--steps", "1", "--set", zset);
+    assert_int_equal(r.status, 0);
+    char *zwant = test_format("wlbtrain: warning: %s: 2 of 5 entries skipped, lengths <= 0 (0 negative, 2 zero; the "
+                              "first, 0, at line 2)\n", zlist);
+    assert_string_equal(r.err, zwant);
+    test_cmd_free(&r);
+    free(zwant);
+    free(zset);
+    free(zlist);
     /* A list with nothing to skip says nothing. */
     RUN(&r, "--config", cfg, "--dry-run", "--steps", "1");
     assert_int_equal(r.status, 0);

@@ -15,7 +15,9 @@ checkpoint (every shard, index.json, state.bin) has the same bytes.
 4   SIGTERM sent to rank 3 only (a signal that reaches some ranks): all ranks stop after the same
     step, exit 75, checkpoint; resumed: the same run.
 5   one process without checkpoint.dir, SIGUSR1: a warning that nothing was saved, exit 75.
-6   bad train.stop_after values (--set and YAML): one "wlbtrain: error:" line, exit 2; good ones
+6   SIGTERM, then SIGUSR1, to one process while its last step runs: the run finished - exit 0 (no
+    requeue), no stop line, the last step's checkpoint.
+7   bad train.stop_after values (--set and YAML): one "wlbtrain: error:" line, exit 2; good ones
     resolve.
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
@@ -201,12 +203,12 @@ def rank_pid(parent, rank):
     return None
 
 
-def signalled(name, sig, to_rank=None, ranks=4, args=()):
-    """Starts run NAME slowed down, sends sig once step 2 is logged (to mpirun, or to one rank), waits."""
-    cmd, env = command(ranks, name, args, delay=0.2)
+def signalled(name, sig, to_rank=None, ranks=4, args=(), at_step=2, delay=0.2):
+    """Starts run NAME slowed down, sends sig once step at_step is logged (to mpirun, or to one rank), waits."""
+    cmd, env = command(ranks, name, args, delay=delay)
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     try:
-        wait_for_step(name, 2, p)
+        wait_for_step(name, at_step, p)
         pid = p.pid if to_rank is None else rank_pid(p.pid, to_rank)
         check(pid is not None, "no rank %s under mpirun" % to_rank)
         os.kill(pid, sig)
@@ -244,6 +246,21 @@ def test_no_checkpoint_dir():
           "no warning: %r" % r.stderr)
 
 
+def test_signal_in_last_step():
+    # 3 steps, rank 0 sleeping 1 s at the end of each: the signal, sent once step 2 is logged,
+    # arrives while step 3, the last, runs. The run finished: exit 0 (nothing for Slurm to requeue),
+    # no stop line, the last step's checkpoint.
+    for sig, tag in ((signal.SIGTERM, "lastterm"), (signal.SIGUSR1, "lastusr1")):
+        r = signalled(tag, sig, ranks=0, at_step=2, delay=1.0,
+                      args=["--set", "parallel.pp=1", "--set", "train.steps=3"])
+        if r.returncode != 0 or "stop:" in r.stdout:
+            show(r)
+        check(r.returncode == 0, "%s in the last step: exit status %d, expected 0" % (tag, r.returncode))
+        check("stop:" not in r.stdout, "%s in the last step: a stop line" % tag)
+        check([x[0] for x in metrics(tag)] == [1, 2, 3], "%s: metrics steps %s" % (tag, [x[0] for x in metrics(tag)]))
+        check(latest(tag) == "step-00000003", "%s: latest is %s" % (tag, latest(tag)))
+
+
 def test_bad_values():
     base = [WLBTRAIN, "--config", os.path.join(work, "tiny.yaml"), "--print-config", "--set", "checkpoint.every=0"]
     for bad in ("0", "-5", "1.5h", "abc", "10x", "1m1h", "h", "5 m", "0s", "0h0m", "1h1h", "90S", "m30"):
@@ -276,6 +293,7 @@ TESTS = [("train.stop_after: 5 steps, three runs on 4 ranks, the same run as the
          ("SIGTERM to rank 3 only: all ranks stop after the same step, exit 75, resume the same run",
           test_sigterm_to_one_rank),
          ("SIGUSR1 without checkpoint.dir: a warning, exit 75", test_no_checkpoint_dir),
+         ("SIGTERM and SIGUSR1 in the last step: the run finished, exit 0, no stop line", test_signal_in_last_step),
          ("bad train.stop_after values: one error line, exit 2", test_bad_values)]
 
 

@@ -2,14 +2,17 @@
  * test/test_sched.c - the pipeline simulator against the textbook makespans of 1F1B and interleaved
  * 1F1B, its response to one slow micro-batch, and its monotony: with the order fixed, no shorter
  * operation makes the makespan longer (the CP sharding compares layouts on their micro-batch times
- * on that ground).
+ * on that ground); and every stage's warm-up at 1F1B's bound (how many micro-batches it holds in
+ * flight, what the memory model reserves), with and without interleaving.
  */
 #include "test/testlib.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/plan/sched.h"
+#include "engine/train/train_memory.h"
 #include "util/rng.h"
 
 static double uniform(int pp, int v, int n_mb, double f, double b, double hop)
@@ -158,6 +161,67 @@ static void test_monotone_in_durations(void **state)
     assert_true(ran >= 300); /* the simulator took most layouts */
 }
 
+/* 1F1B's warm-up, against its bound counted here from the passes: stage s of pp runs
+ * min(pp - s, M) forwards before its first backward (pp - s - 1 to fill the pipeline, then the
+ * steady state's first), so it never holds more than pp - s micro-batches; interleaved with v
+ * chunks, Megatron's table: 2 (pp - s - 1) + (v - 1) pp + 1 chunk forwards, at most M v. Every
+ * pass of the stage runs once, each backward after its forward, and the most activations the stage
+ * holds at once (what the memory model reserves, trainer_slots_in_flight over its chunks) is that
+ * same count (interleaved, the chunks' slots together hold at least it). */
+static void test_warmup_bound(void **state)
+{
+    (void)state;
+    int cases = 0;
+    for (int pp = 1; pp <= 8; pp++)
+        for (int v = 1; v <= 3; v++)
+            for (int m = 1; m <= 4 * pp; m++) {
+                if (v > 1 && m % pp)
+                    continue; /* interleaving takes micro-batches in groups of pp */
+                int total = m * v;
+                SchedOp *ops = malloc((size_t)(2 * total) * sizeof *ops);
+                char *seen = malloc((size_t)(2 * total));
+                assert_non_null(ops);
+                assert_non_null(seen);
+                for (int s = 0; s < pp; s++) {
+                    int bound = v == 1 ? pp - s : 2 * (pp - s - 1) + (v - 1) * pp + 1;
+                    if (bound > total)
+                        bound = total;
+                    assert_int_equal(sched_stage_ops(s, pp, v, m, ops), 2 * total);
+                    memset(seen, 0, (size_t)(2 * total));
+                    int before_first_b = -1, held = 0, most = 0;
+                    for (int i = 0; i < 2 * total; i++) {
+                        const SchedOp *o = &ops[i];
+                        assert_true(o->mb >= 0 && o->mb < m && o->chunk >= 0 && o->chunk < v);
+                        int at = (o->mb * v + o->chunk) * 2;
+                        assert_int_equal(seen[at + o->backward], 0); /* each pass once */
+                        if (o->backward)
+                            assert_int_equal(seen[at], 1); /* its forward ran before */
+                        seen[at + o->backward] = 1;
+                        if (o->backward && before_first_b < 0)
+                            before_first_b = i;
+                        held += o->backward ? -1 : 1;
+                        most = held > most ? held : most;
+                    }
+                    int slots = 0;
+                    for (int k = 0; k < v; k++)
+                        slots += trainer_slots_in_flight(ops, 2 * total, k);
+                    if (before_first_b != bound || most != bound)
+                        print_error("pp %d v %d m %d stage %d: %d forwards before the first backward, %d held at "
+                                    "most; 1F1B's bound %d\n", pp, v, m, s, before_first_b, most, bound);
+                    assert_int_equal(before_first_b, bound);
+                    assert_int_equal(most, bound);
+                    if (v == 1)
+                        assert_int_equal(slots, bound);
+                    else
+                        assert_true(slots >= bound); /* the chunks' slots together hold the stage's most */
+                    cases++;
+                }
+                free(ops);
+                free(seen);
+            }
+    printf("# %d stages' schedules (pp 1-8, 1-3 chunks, up to 4 pp micro-batches) at 1F1B's warm-up bound\n", cases);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -165,6 +229,7 @@ int main(void)
         cmocka_unit_test(test_uniform_interleaved),
         cmocka_unit_test(test_one_slow_micro_batch),
         cmocka_unit_test(test_monotone_in_durations),
+        cmocka_unit_test(test_warmup_bound),
     };
     return cmocka_run_group_tests_name("sched", tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * test/test_stages.c - parallel.stage_layers: auto. The search (engine/plan/stages.c) against every
  * split of small models (the slowest stage it reaches is the least any split reaches, with and
  * without memory limits, interleaved or not), Llama 3's first/last-stage rule where the output layer
- * weighs, the typical micro-batch against its definition, and the trainer's placement under the
+ * weighs (interleaved: on the last model chunk, priced here in a step), the typical micro-batch
+ * against its definition, and the trainer's placement under the
  * memory model (train_stages.c): it fits where the even split does not, and every rank computes the
  * same.
  */
@@ -203,6 +204,56 @@ static void test_auto_step_check(void **state)
     StageLayout odd = {32, 4, 2, 6};
     assert_int_equal(stages_auto(&eight, &odd, NULL, NULL, split, &fit, &err), -1);
     assert_non_null(strstr(err.msg, "interleaved 1F1B takes micro-batches in groups of pp"));
+}
+
+/* A typical step of split under the schedule, priced here: every chunk its layers, the embedding on
+ * chunk 0, the output layer on the last chunk (pp v - 1: stage pp - 1's last chunk). */
+static double step_by_hand(const StageCosts *c, const StageLayout *l, const int64_t *split)
+{
+    int chunks = l->pp * l->v;
+    double fwd[8 * MAX_CHUNKS], bwd[8 * MAX_CHUNKS], p2p[8];
+    assert_true(l->m <= 8 && chunks <= MAX_CHUNKS);
+    for (int k = 0; k < l->m; k++) {
+        p2p[k] = c->p2p_s;
+        for (int g = 0; g < chunks; g++) {
+            fwd[k * chunks + g] = (double)split[g] * c->layer_fwd_s;
+            bwd[k * chunks + g] = (double)split[g] * c->layer_bwd_s;
+        }
+        fwd[k * chunks] += c->embed_fwd_s;
+        bwd[k * chunks] += c->embed_bwd_s;
+        fwd[k * chunks + chunks - 1] += c->head_fwd_s;
+        bwd[k * chunks + chunks - 1] += c->head_bwd_s;
+    }
+    SchedReplica rep = {l->pp, l->v, l->m, fwd, bwd, p2p};
+    double t;
+    Error err = {0};
+    assert_int_equal(sched_makespan(&rep, &t, &err), 0);
+    return t;
+}
+
+/* Interleaved (pp 4, 2 chunks a stage, 32 layers, 8 micro-batches, an output layer of 2 layers):
+ * the output layer is on the last model chunk, so auto moves layers off it, and its split is faster
+ * than the even one in a step priced here - and its own step time is that one. */
+static void test_auto_interleaved_output_layer(void **state)
+{
+    (void)state;
+    StageCosts eight = costs(1.0, 0.05, 2.0);
+    StageLayout inter = {32, 4, 2, 8};
+    int64_t split[8], even[8];
+    int fit;
+    Error err = {0};
+    assert_int_equal(stages_auto(&eight, &inter, NULL, NULL, split, &fit, &err), 0);
+    check_split(split, 32, 8);
+    config_even_layers(32, 8, even);
+    double t_auto = step_by_hand(&eight, &inter, split), t_even = step_by_hand(&eight, &inter, even), t_own;
+    assert_int_equal(stages_step_s(&eight, &inter, split, &t_own, &err), 0);
+    printf("# pp 4 x 2 chunks, 32 layers, 8 micro-batches: auto [%lld %lld %lld %lld | %lld %lld %lld %lld] %.2f "
+           "a step, even %.2f (%.1f%% slower)\n", (long long)split[0], (long long)split[1], (long long)split[2],
+           (long long)split[3], (long long)split[4], (long long)split[5], (long long)split[6], (long long)split[7],
+           t_auto, t_even, 100 * (t_even / t_auto - 1));
+    assert_true(fabs(t_own - t_auto) <= 1e-9 * t_auto);
+    assert_true(split[7] < even[7]);
+    assert_true(t_auto < 0.95 * t_even);
 }
 
 /* A lengths file of n documents of len tokens. */
@@ -456,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_auto_is_exact),
         cmocka_unit_test(test_auto_first_last_rule),
         cmocka_unit_test(test_auto_step_check),
+        cmocka_unit_test(test_auto_interleaved_output_layer),
         cmocka_unit_test(test_typical_costs),
         cmocka_unit_test(test_trainer_placement),
         cmocka_unit_test(test_chunk_models),

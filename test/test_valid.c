@@ -6,21 +6,26 @@
  * document - over several epochs and with two sets blended - and a validation stream yields nothing
  * else; a side with no document is an error. Through the trainer: no planned training step holds a
  * held-out document (packers fixed and wlb, several epochs, two blended prefixes), and the
- * evaluation's plans hold only held-out ones.
+ * evaluation's plans hold only held-out ones; the dry run plans the training stream, step by step
+ * the trainer's documents and micro-batches.
  * The evaluation: it reads the same batches every time, the same documents with outlier queues or
  * without, and leaves training untouched (the training stream and planner, the weights, the
  * gradients); its loss is the token sum over the evaluation's labelled tokens over their count,
  * checked against the step losses of the same plans run by the trainer (not a mean of the batches'
- * means, not over all tokens). And the config rules and the errors of `wlbtrain eval`.
+ * means, not over all tokens); train.eval_tokens rounded up to whole global batches, at least one;
+ * several data.valid_path sets read in proportion to their tokens. And the config rules and the
+ * errors of `wlbtrain eval`.
  * (Across layouts: test_parallel; resume and `wlbtrain eval` against the run: test_checkpoint.)
  */
 #include "test/testlib.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config/config.h"
+#include "engine/plan/dryrun.h"
 #include "engine/train/train.h"
 #include "engine/train/train_stages.h"
 
@@ -382,6 +387,133 @@ static void test_loss_is_the_mean_over_labelled_tokens(void **state)
     run_close(&r);
 }
 
+/* The dry run plans the stream training reads: with data.valid_fraction, without the held-out
+ * documents. Step by step, its stats line and the trainer's own plan have the same documents and
+ * tokens, the same micro-batches (their tokens in order) and the same queues (packers fixed and wlb,
+ * two blended sets). */
+static void test_dry_run_plans_the_training_stream(void **state)
+{
+    (void)state;
+    const char *packers[] = {"fixed", "wlb"};
+    enum { STEPS = 6 };
+    for (int k = 0; k < 2; k++) {
+        Run r;
+        char *extra = test_format("data: {valid_fraction: 0.25}\nbalance: {packer: %s}\n", packers[k]);
+        char *stats = test_format("%s/dry-%s.jsonl", fx.dir, packers[k]);
+        run_open(&r, extra);
+        DryRunOptions opt = {STEPS, stats, 0, NULL};
+        Error err = {0};
+        if (dryrun_run(&r.cfg, &opt, &err) != 0)
+            print_error("dry run: %s\n", err.msg);
+        assert_int_equal(err.status, 0);
+        fflush(stdout);
+        char *text = test_read_file(stats, NULL);
+        assert_non_null(text);
+        char *line = strtok(text, "\n");
+        Trainer *tr = &r.tr;
+        int64_t docs_all = 0;
+        for (int step = 1; step <= STEPS; step++, line = strtok(NULL, "\n")) {
+            assert_non_null(line);
+            json_error_t je;
+            json_t *o = json_loads(line, 0, &je);
+            assert_non_null(o);
+            assert_int_equal(json_integer_value(json_object_get(o, "step")), step);
+            assert_int_equal(plan_step(&tr->planner, &tr->plan, &err), 0);
+            const StepPlan *p = &tr->plan;
+            int64_t docs = 0;
+            for (int64_t i = 0; i < p->n_docs; i++)
+                docs += p->docs[i].source != PLAN_PAD_SOURCE;
+            json_t *mbs = json_object_get(o, "mb_tokens");
+            int64_t dry_docs = json_integer_value(json_object_get(o, "docs"));
+            int64_t dry_tokens = json_integer_value(json_object_get(o, "tokens"));
+            int64_t dry_queued = json_integer_value(json_object_get(o, "queued"));
+            if (dry_docs != docs || dry_tokens != p->tokens || dry_queued != p->queued)
+                print_error("%s, step %d: the dry run plans %lld documents, %lld tokens, %lld queued; training "
+                            "%lld, %lld, %lld\n", packers[k], step, (long long)dry_docs, (long long)dry_tokens,
+                            (long long)dry_queued, (long long)docs, (long long)p->tokens, (long long)p->queued);
+            assert_int_equal(dry_docs, docs);
+            assert_int_equal(dry_tokens, p->tokens);
+            assert_int_equal(dry_queued, p->queued);
+            assert_int_equal(json_array_size(mbs), (size_t)p->dp * (size_t)p->m);
+            for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
+                assert_int_equal(json_integer_value(json_array_get(mbs, (size_t)i)), p->mbs[i].tokens);
+            docs_all += docs;
+            json_decref(o);
+        }
+        printf("# %s: %d steps, %lld documents, the same in the dry run as in training\n", packers[k], STEPS,
+               (long long)docs_all);
+        free(text);
+        free(stats);
+        free(extra);
+        run_close(&r);
+    }
+}
+
+/* train.eval_tokens that is not a whole number of global batches (512 tokens) is rounded up to
+ * whole ones, at least one: an evaluation reads that many. */
+static void test_eval_tokens_rounded_up(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *tokens;
+        int64_t steps;
+    } cases[] = {{"1", 1}, {"100", 1}, {"511", 1}, {"512", 1}, {"513", 2}, {"1000", 2}, {"1025", 3}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Run r;
+        char *set = test_format("train.eval_tokens=%s", cases[i].tokens);
+        run_open_set(&r, "data: {valid_fraction: 0.25}\nbalance: {packer: fixed}\n", set);
+        Error err = {0};
+        EvalStats ev;
+        assert_int_equal(trainer_evaluate(&r.tr, 1, &ev, &err), 0);
+        if (trainer_valid_steps(&r.tr) != cases[i].steps || ev.steps != cases[i].steps)
+            print_error("eval_tokens %s: %lld global batches (%lld evaluated), expected %lld\n", cases[i].tokens,
+                        (long long)trainer_valid_steps(&r.tr), (long long)ev.steps, (long long)cases[i].steps);
+        assert_int_equal(trainer_valid_steps(&r.tr), cases[i].steps);
+        assert_int_equal(ev.steps, cases[i].steps);
+        free(set);
+        run_close(&r);
+    }
+}
+
+/* Several data.valid_path sets: the evaluation reads each in proportion to its tokens (set b,
+ * about a fifth of the tokens, listed first; training's data.weights, 2:1, are not the validation
+ * blend): after every batch, each set's tokens read are its share of all read, within the longest
+ * document (the sets hold none over 255 tokens). */
+static void test_valid_path_sets_by_tokens(void **state)
+{
+    (void)state;
+    Run r;
+    char *extra = test_format("data: {valid_path: [%s, %s]}\nbalance: {packer: wlb}\ntrain: {eval_tokens: 4096}\n",
+                              fx.b, fx.a);
+    run_open(&r, extra);
+    Trainer *tr = &r.tr;
+    Error err = {0};
+    assert_int_equal(trainer_valid_begin(tr, &err), 0);
+    double read[2] = {0, 0};
+    uint64_t size[2] = {0, 0};
+    int64_t steps = trainer_valid_steps(tr);
+    assert_int_equal(steps, 8);
+    for (int64_t j = 0; j < steps; j++) {
+        const StepPlan *p;
+        const DataSources *data;
+        assert_int_equal(trainer_valid_next(tr, &p, &data, &err), 0);
+        assert_int_equal(data->n, 2);
+        for (int i = 0; i < 2; i++)
+            size[i] = data->src[i].n_tokens;
+        for (int64_t k = 0; k < p->n_docs; k++)
+            if (p->docs[k].source != PLAN_PAD_SOURCE)
+                read[p->docs[k].source] += p->docs[k].len;
+        double share = (double)size[0] / (double)(size[0] + size[1]), all = read[0] + read[1];
+        printf("# batch %lld: set b %.0f tokens read, set a %.0f; b's share of the sets' tokens %.3f: %.0f\n",
+               (long long)j + 1, read[0], read[1], share, share * all);
+        assert_true(fabs(read[0] - share * all) <= 256);
+    }
+    double share = (double)size[0] / (double)(size[0] + size[1]);
+    assert_true(share < 0.3); /* far from an equal blend, and from data.weights' 1/3 */
+    free(extra);
+    run_close(&r);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Config rules and `wlbtrain eval`'s errors                                                       */
 
@@ -454,6 +586,9 @@ int main(void)
         cmocka_unit_test(test_trainer_never_trains_held_out),
         cmocka_unit_test(test_evaluation_repeats_and_leaves_training),
         cmocka_unit_test(test_loss_is_the_mean_over_labelled_tokens),
+        cmocka_unit_test(test_dry_run_plans_the_training_stream),
+        cmocka_unit_test(test_eval_tokens_rounded_up),
+        cmocka_unit_test(test_valid_path_sets_by_tokens),
         cmocka_unit_test(test_config_rules_and_eval_errors),
     };
     return cmocka_run_group_tests_name("valid", tests, group_setup, group_teardown);

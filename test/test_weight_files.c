@@ -9,7 +9,8 @@
  *   before its begin, a negative or non-integer offset, a size that is not the shape's x the dtype's,
  *   a shape whose product overflows, two tensors sharing bytes, bytes that belong to no tensor, a
  *   name twice, a header length past the end or too short, a header that is not a JSON object, an
- *   unknown dtype; and a valid crafted file opens (the builder is right).
+ *   unknown dtype; and a valid crafted file opens (the builder is right), as do files whose empty
+ *   tensors start at the offset of the next tensor (first, between two, two at one offset).
  * 3 model_load tells the formats apart by content and says what the name promised: random bytes
  *   named .safetensors, .bin or neither; a truncated and an extended llama2.c model; a zip archive
  *   named .bin; JSON text named .safetensors; a 3-byte file; a llama2.c model named .safetensors and
@@ -134,6 +135,39 @@ static void test_crafted_files(void **state)
     assert_int_equal(st_find(&f, "b")->data[0], 8); /* the data section's byte 8 */
     st_close(&f);
     free(path);
+
+    /* Empty tensors start where the next tensor starts (Hugging Face's writer makes such files): at
+     * the first tensor's offset, between two, two at one place, last; listed before or after the
+     * tensor they share their offset with. Each file opens, the tensors where their offsets say. */
+    static const char *const empties[] = {
+        "{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+        "\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[8,24]}}",
+        "{\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[8,24]},"
+        "\"e\":{\"dtype\":\"F32\",\"shape\":[2,0],\"data_offsets\":[8,8]}}",
+        "{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[8,24]},"
+        "\"f\":{\"dtype\":\"BF16\",\"shape\":[0,3],\"data_offsets\":[8,8]},"
+        "\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]}}",
+        "{\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[8,24]},"
+        "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[24,24]},"
+        "\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]}}",
+    };
+    for (size_t i = 0; i < sizeof empties / sizeof empties[0]; i++) {
+        path = craft(dir, "empty.safetensors", empties[i], 256, 24);
+        if (st_open(&f, path, &err) != 0) {
+            print_error("header %s: %s\n", empties[i], err.msg);
+            fail();
+        }
+        assert_inside(&f);
+        assert_int_equal(st_find(&f, "e")->numel, 0);
+        assert_int_equal(st_find(&f, "a")->data[0], 0);
+        assert_int_equal(st_find(&f, "b")->data[0], 8);
+        assert_int_equal(st_find(&f, "b")->numel, 4);
+        st_close(&f);
+        free(path);
+    }
 
     /* header, its length with padding, data bytes, the error */
     static const struct {
