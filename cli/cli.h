@@ -5,7 +5,7 @@
  *            [--dry-run [--compare] [--stats-out FILE] [--no-memory-check]]
  *   wlbtrain inspect PREFIX
  *   wlbtrain convert --out PREFIX [options] INPUT...
- *   wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]
+ *   wlbtrain export --checkpoint PATH --out DIR [--dtype auto|float32|bfloat16] [--max-shard-size SIZE]
  *   wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE
  *   wlbtrain eval (--checkpoint PATH | --init-from FILE) [--config FILE] [--set KEY=VALUE]... [--out FILE]
  *   wlbtrain --help | --help-config | --version
@@ -50,7 +50,8 @@ typedef struct CliConvert {
 typedef struct CliExport {
     const char *checkpoint;    /* --checkpoint PATH: a step folder, or a checkpoint folder (its latest) */
     const char *out;           /* --out DIR */
-    const char *dtype;         /* --dtype float32|bfloat16 */
+    const char *dtype;         /* --dtype auto|float32|bfloat16 (auto: what the model came in, see cli_export.c) */
+    int64_t max_shard_bytes;   /* --max-shard-size: the most tensor bytes in one safetensors file */
 } CliExport;
 
 typedef struct CliEval {

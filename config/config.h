@@ -97,6 +97,7 @@ typedef struct ConfigData {
     int64_t seed;
     ConfigStrList valid_path;  /* Megatron prefixes of a validation set; empty = none */
     double valid_fraction;     /* share of data.path's documents held out for validation; 0 = none */
+    char *tokenizer;           /* tokenizer.json the data was made with (export copies it); NULL = none */
 } ConfigData;
 
 typedef struct ConfigBalance {
@@ -164,7 +165,7 @@ typedef struct ConfigOrigin {
     const char *arg;    /* for ORIGIN_SET; points into argv */
 } ConfigOrigin;
 
-enum { CONFIG_MAX_KEYS = 96 };
+enum { CONFIG_MAX_KEYS = 128 };
 
 typedef struct Config {
     ConfigModel model;

@@ -105,6 +105,10 @@ const ConfigKey config_keys[] = {
     FLOAT_KEY("data.valid_fraction", data.valid_fraction, 0, 1, KEY_MAX_OPEN, "0", NULL,
               "share of data.path's documents held out for validation instead (chosen by a hash of the document "
               "id: the same split for every seed and layout; never trained on); 0 = none"),
+    STR_KEY("data.tokenizer", data.tokenizer, "none",
+            "the Hugging Face tokenizer.json the data was tokenized with: wlbtrain export copies it into the model "
+            "folder (with tokenizer_config.json and special_tokens_map.json beside it); none = train.init_from's "
+            "model folder's, if any"),
 
     ENUM_KEY("balance.packer", balance.packer, "fixed|fixed_greedy|wlb", "wlb", NULL,
              "fixed: stream order cut at the window (Plain-4D); fixed_greedy: greedy repack into "
