@@ -312,7 +312,7 @@ int cli_export(const CliExport *x, Error *err)
         else if (json_is_array(src.eos))
             snprintf(eos, sizeof eos, "%lld and %zu more", (long long)json_integer_value(json_array_get(src.eos, 0)),
                      json_array_size(src.eos) - 1);
-        printf("export: %s -> %s (config.json, %s: %d tensors from %d shard file%s, %s; bos %s, eos %s%s%s%s%s)\n",
+        printf("export: %s -> %s (config.json, %s: %d tensors from %d checkpoint file%s, %s; bos %s, eos %s%s%s%s%s)\n",
                dir, x->out, plan.n == 1 ? "model.safetensors" : "model.safetensors.index.json", ix.n_tensors,
                ix.files_opened, ix.files_opened == 1 ? "" : "s", dtype, bos, eos,
                src.eos_from ? " from " : "", src.eos_from ? src.eos_from : "", others[0] ? "; " : "", others);
