@@ -554,7 +554,8 @@ with torch.no_grad():
         lse = torch.logsumexp(logits[:-1], dim=-1)
         total += float((lse - logits[:-1].gather(1, torch.tensor(d[1:])[:, None])[:, 0]).sum())
         count += len(d) - 1
-print(json.dumps({"loss": total / count, "missing": info["missing_keys"], "unexpected": info["unexpected_keys"]}))
+print(json.dumps({"loss": total / count, "missing": sorted(info["missing_keys"]),
+                  "unexpected": sorted(info["unexpected_keys"])}))
 """
 
 SAVE_SCRIPT = r"""
