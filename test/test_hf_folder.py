@@ -283,6 +283,16 @@ def model_section(text):
     return text[text.index("model:"):text.index("parallel:")]
 
 
+SAVE_CONFIG = r"""
+import sys
+from transformers import LlamaConfig
+LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}).save_pretrained(sys.argv[1])
+"""
+
+
 def test_config_forms(fx):
     ropes = [{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 64},
@@ -310,6 +320,17 @@ def test_config_forms(fx):
         for w in want + ["rope_theta: 500000", "max_seq_len: %d" % MAX_POS, "d_model: 32", "n_kv_heads: 2"]:
             check("  %s\n" % w in got[0], "%s: no '%s' in\n%s" % (rope["rope_type"], w, got[0]))
     comment("llama3, linear, yarn, none: transformers 4's and 5's config.json give the same model keys")
+    # And the file transformers itself writes (no torch needed for a config).
+    tf = import_module("transformers")
+    if isinstance(tf, Exception):
+        raise tf
+    d = os.path.join(fx.dir, "form-saved")
+    r = run([sys.executable, "-c", SAVE_CONFIG, d])
+    check(r.returncode == 0, "transformers could not save a LlamaConfig: %s" % r.stderr[-2000:])
+    r1, r2 = fx.print_config(d), fx.print_config(fx.one)
+    check(r1.returncode == 0 and model_section(r1.stdout) == model_section(r2.stdout),
+          "LlamaConfig.save_pretrained's config.json: %s%s" % (r1.stderr, model_section(r1.stdout)))
+    comment("transformers %s's own config.json (rope_parameters): the same model keys" % tf.__version__)
 
 
 # key, a YAML value other than the folder's, config.json's name, the folder's value as the error prints it
