@@ -215,7 +215,7 @@ static int check_eval(const CliOptions *o, Error *err)
     const CliEval *e = &o->eval;
     if (!e->checkpoint == !e->init_from)
         return error_set(err, "eval", "needs --checkpoint PATH (a checkpoint folder or one of its step-NNNNNNNN) or "
-                         "--init-from FILE (safetensors or llama2.c weights), one of them");
+                         "--init-from PATH (a Hugging Face model folder, safetensors or llama2.c weights), one of them");
     if (e->init_from && !o->config_path)
         return error_set(err, "eval", "--init-from needs --config FILE (the model's shape and the validation set)");
     if (o->dry_run || o->compare || o->no_memory_check || o->print_config || o->stats_out || o->steps)
