@@ -23,7 +23,8 @@ typedef struct ExportSource {
 /* Reads what cfg's run started from: bos and eos from the folder's config.json, else the
  * tokenizer's added tokens (<|begin_of_text|> / <|end_of_text|>, <s> / </s>, <|endoftext|>), else
  * Llama 3's 128000 / 128001 for its vocabulary of 128256; the dtype from the folder's config.json
- * (torch_dtype or dtype), else bfloat16 for train.precision bf16 and float32 for fp32.
+ * (torch_dtype or dtype), else bfloat16 for train.precision bf16 and float32 for fp32. An id at or
+ * above the model's vocabulary size is an error (the tokenizer of another model).
  * init_from: the checkpoint's train.init_from (the config itself has none: export resolves it
  * without reading the folder). */
 int export_source_open(ExportSource *s, const Config *cfg, const char *init_from, Error *err);

@@ -162,6 +162,21 @@ int export_source_open(ExportSource *s, const Config *cfg, const char *init_from
         if (!s->eos && (s->eos = json_integer(128001)))
             s->eos_from = "Llama 3's vocabulary";
     }
+    /* A special token outside the model's vocabulary: the tokenizer (or config.json) of another model. */
+    json_t *ids[2] = {s->bos, s->eos};
+    const char *names[2] = {"bos", "eos"}, *from[2] = {s->bos_from, s->eos_from};
+    for (int i = 0; rc == 0 && i < 2; i++) {
+        json_t *one = ids[i];
+        for (size_t k = 0; rc == 0 && one && k < (json_is_array(one) ? json_array_size(one) : 1); k++) {
+            json_int_t id = json_integer_value(json_is_array(one) ? json_array_get(one, k) : one);
+            if (id >= cfg->model.vocab_size)
+                rc = error_set(err, !strcmp(from[i], "the tokenizer") ? s->tokenizer
+                                    : s->folder && strstr(from[i], "config.json") ? s->folder : "export",
+                               "the %s token id %lld (from %s) is outside the model's vocabulary of %lld: the "
+                               "tokenizer or config.json of another model?", names[i], (long long)id, from[i],
+                               (long long)cfg->model.vocab_size);
+        }
+    }
     json_decref(conf);
     json_decref(tok);
     if (rc != 0)

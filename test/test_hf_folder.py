@@ -531,6 +531,58 @@ def test_export_folder(fx):
     check(got["ids"] == got["want"], "AutoTokenizer's ids %r, the tokenizers library's %r" % (got["ids"], got["want"]))
 
 
+REAL = os.environ.get("WLB_REAL_DATA") or os.path.join(REPO, "..", "shared", "real-data")
+
+
+def test_export_data_tokenizer(fx):
+    """No bos/eos in config.json, no tokenizer in the folder: data.tokenizer's tokenizer.json is
+    copied and the ids come from its added tokens - the test tokenizer's, and Llama 3's real one
+    (../shared/real-data, when there: <|begin_of_text|> 128000, <|end_of_text|> 128001) for a model of
+    Llama 3's vocabulary, refused for the 320-token model (ids outside its vocabulary)."""
+    if fx.tokenizer_missing:
+        raise fx.tokenizer_missing
+    d = os.path.join(fx.dir, "no-ids")
+    c = hf_config()
+    del c["bos_token_id"], c["eos_token_id"]
+    write_folder(d, fx.weights, n_shards=3, config=c)
+    cases = [(fx.tokenizer, d, BOS, EOS)]
+    llama3 = os.path.join(REAL, "tokenizers", "llama3_tokenizer.json")
+    if os.path.exists(llama3):
+        big = os.path.join(fx.dir, "vocab-128256")
+        cfg = R.make_cfg(**dict(MODEL, vocab_size=128256))
+        w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(5)).items()}
+        write_folder(big, w, config=dict(c, vocab_size=128256))
+        cases.append((llama3, big, 128000, 128001))
+        _, step = fx.train("llama3-tok-small", d, "data.tokenizer=" + llama3)
+        r = run([WLBTRAIN, "export", "--checkpoint", step, "--out", os.path.join(fx.dir, "out-refused")])
+        comment(one_error(r, "llama3_tokenizer.json", "the bos token id 128000 (from the tokenizer) is outside the "
+                          "model's vocabulary of 320"))
+        check(not os.path.exists(os.path.join(fx.dir, "out-refused")), "the refused export wrote its folder")
+    else:
+        comment("no %s: the test tokenizer only" % llama3)
+    for i, (tok, init, bos, eos) in enumerate(cases):
+        _, step = fx.train("data-tok-%d" % i, init, "data.tokenizer=" + tok)
+        out = fx.export(step, "out-data-tok-%d" % i)
+        with open(os.path.join(out, "config.json")) as f:
+            c = json.load(f)
+        check((c["bos_token_id"], c["eos_token_id"]) == (bos, eos), "%s: bos/eos %r %r, want %d %d"
+              % (tok, c["bos_token_id"], c["eos_token_id"], bos, eos))
+        with open(tok, "rb") as f, open(os.path.join(out, "tokenizer.json"), "rb") as g:
+            check(f.read() == g.read(), "tokenizer.json is not data.tokenizer's, byte for byte")
+        tf = import_module("transformers")
+        if isinstance(tf, Exception):
+            raise tf
+        r = hf_probe(LOAD_SCRIPT, out, tok)
+        check(r.returncode == 0, "transformers could not load the folder: %s" % r.stderr[-3000:])
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        check(got["warnings"] == [], "transformers warned: %r" % got["warnings"])
+        check((got["tok_bos"], got["tok_eos"], got["gen_eos"]) == (bos, eos, eos),
+              "tokenizer bos/eos %r %r, generation_config eos %r" % (got["tok_bos"], got["tok_eos"], got["gen_eos"]))
+        check(got["ids"] == got["want"], "AutoTokenizer's ids differ from the tokenizers library's")
+        comment("data.tokenizer %s: bos %d, eos %d from its added tokens; AutoTokenizer (%s) loads the export"
+                % (os.path.basename(tok), bos, eos, got["tok_class"]))
+
+
 def test_bf16_step0(fx):
     d = os.path.join(fx.dir, "bf16")
     write_folder(d, fx.weights, n_shards=3, dtype="BF16", config=hf_config(torch_dtype="bfloat16"))
@@ -646,6 +698,8 @@ TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 
           ("a broken folder (shards, index, config.json): one error line, exit 2", test_folder_errors),
           ("export in shards with index, bos/eos, generation config, tokenizer; transformers loads it",
            test_export_folder),
+          ("export with data.tokenizer and no ids in config.json: the tokenizer's bos/eos, AutoTokenizer loads it",
+           test_export_data_tokenizer),
           ("a bfloat16 folder exported at step 0 (--dtype auto): its tensors bit for bit", test_bf16_step0),
           ("export -> init_from: the same loss bit for bit; eval --init-from of folders agrees", test_export_init_from),
           ("transformers (torch) on the export: wlbtrain's loss", test_transformers_loss),
