@@ -5,9 +5,9 @@
  *            [--dry-run [--compare] [--stats-out FILE] [--no-memory-check]]
  *   wlbtrain inspect PREFIX
  *   wlbtrain convert --out PREFIX [options] INPUT...
- *   wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]
+ *   wlbtrain export --checkpoint PATH --out DIR [--dtype auto|float32|bfloat16] [--max-shard-size SIZE]
  *   wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE
- *   wlbtrain eval (--checkpoint PATH | --init-from FILE) [--config FILE] [--set KEY=VALUE]... [--out FILE]
+ *   wlbtrain eval (--checkpoint PATH | --init-from PATH) [--config FILE] [--set KEY=VALUE]... [--out FILE]
  *   wlbtrain --help | --help-config | --version
  *
  * cli_parse only reads argv: it checks every flag and value and fills CliOptions; nothing is
@@ -27,7 +27,7 @@ typedef enum CliCommand {
     CLI_CONVERT,      /* convert ... */
     CLI_EXPORT,       /* export ... */
     CLI_CALIBRATE,    /* calibrate --config FILE [--set ...] --out PROFILE */
-    CLI_EVAL,         /* eval (--checkpoint PATH | --init-from FILE) [--config FILE] [--set ...] [--out FILE] */
+    CLI_EVAL,         /* eval (--checkpoint PATH | --init-from PATH) [--config FILE] [--set ...] [--out FILE] */
     CLI_HELP,         /* --help (or a subcommand's --help) */
     CLI_HELP_CONFIG,  /* --help-config: every config key */
     CLI_VERSION,      /* --version */
@@ -50,12 +50,13 @@ typedef struct CliConvert {
 typedef struct CliExport {
     const char *checkpoint;    /* --checkpoint PATH: a step folder, or a checkpoint folder (its latest) */
     const char *out;           /* --out DIR */
-    const char *dtype;         /* --dtype float32|bfloat16 */
+    const char *dtype;         /* --dtype auto|float32|bfloat16 (auto: what the model came in, see cli_export.c) */
+    int64_t max_shard_bytes;   /* --max-shard-size: the most tensor bytes in one safetensors file */
 } CliExport;
 
 typedef struct CliEval {
     const char *checkpoint;    /* --checkpoint PATH: a step folder, or a checkpoint folder (its latest) */
-    const char *init_from;     /* --init-from FILE: weights as train.init_from reads them */
+    const char *init_from;     /* --init-from PATH: weights as train.init_from reads them */
     const char *out;           /* --out FILE: the result as a JSON object; NULL = none */
 } CliEval;
 

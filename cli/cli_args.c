@@ -155,16 +155,37 @@ static int parse_convert(int argc, char **argv, CliOptions *o, Error *err)
     return 0;
 }
 
+/* A size as Hugging Face's max_shard_size writes it: bytes, or a number with KB, MB, GB (powers of
+ * 1000) or KiB, MiB, GiB (of 1024); at least 1 byte. */
+static int parse_size(const char *s, int64_t *bytes)
+{
+    static const struct { const char *unit; double scale; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0))
+        return -1;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].unit) && v * units[i].scale >= 1 && v * units[i].scale < 9e18) {
+            *bytes = (int64_t)(v * units[i].scale);
+            return 0;
+        }
+    return -1;
+}
+
 static int parse_export(int argc, char **argv, CliOptions *o, Error *err)
 {
     CliExport *x = &o->export_;
+    const char *shard = "5GB";
     const StrFlag flags[] = {
         {"--checkpoint", &x->checkpoint, NULL},
         {"--out", &x->out, NULL},
-        {"--dtype", &x->dtype, "float32|bfloat16"},
+        {"--dtype", &x->dtype, "auto|float32|bfloat16"},
+        {"--max-shard-size", &shard, NULL},
     };
     o->command = CLI_EXPORT;
-    x->dtype = "float32";
+    x->dtype = "auto";
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (is_help(a)) {
@@ -182,6 +203,9 @@ static int parse_export(int argc, char **argv, CliOptions *o, Error *err)
         return error_set(err, "export", "needs --checkpoint PATH (a checkpoint folder or one of its step-NNNNNNNN)");
     if (!x->out)
         return error_set(err, "export", "needs --out DIR");
+    if (parse_size(shard, &x->max_shard_bytes) != 0)
+        return error_set(err, "--max-shard-size", "expected a size such as 5GB, 500MB, 2GiB or a byte count, got '%s'",
+                         shard);
     return 0;
 }
 
@@ -191,7 +215,7 @@ static int check_eval(const CliOptions *o, Error *err)
     const CliEval *e = &o->eval;
     if (!e->checkpoint == !e->init_from)
         return error_set(err, "eval", "needs --checkpoint PATH (a checkpoint folder or one of its step-NNNNNNNN) or "
-                         "--init-from FILE (safetensors or llama2.c weights), one of them");
+                         "--init-from PATH (a Hugging Face model folder, safetensors or llama2.c weights), one of them");
     if (e->init_from && !o->config_path)
         return error_set(err, "eval", "--init-from needs --config FILE (the model's shape and the validation set)");
     if (o->dry_run || o->compare || o->no_memory_check || o->print_config || o->stats_out || o->steps)

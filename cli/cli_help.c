@@ -22,9 +22,9 @@ static const char help_main[] =
     "  mpirun -np N wlbtrain --config FILE ...      (or srun -n N wlbtrain ...)\n"
     "  wlbtrain inspect PREFIX\n"
     "  wlbtrain convert --out PREFIX [options] INPUT...\n"
-    "  wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]\n"
+    "  wlbtrain export --checkpoint PATH --out DIR [--dtype D] [--max-shard-size SIZE]\n"
     "  wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE\n"
-    "  wlbtrain eval (--checkpoint PATH | --init-from FILE) [--config FILE] [--set KEY=VALUE]...\n"
+    "  wlbtrain eval (--checkpoint PATH | --init-from PATH) [--config FILE] [--set KEY=VALUE]...\n"
     "  wlbtrain --help | --help-config | --version\n"
     "\n"
     "Run options:\n"
@@ -106,19 +106,25 @@ static const char help_convert[] =
     "Prints one summary line on stdout: documents, tokens, dtype, vocabulary, output.\n";
 
 static const char help_export[] =
-    "Usage: wlbtrain export --checkpoint PATH --out DIR [--dtype float32|bfloat16]\n"
+    "Usage: wlbtrain export --checkpoint PATH --out DIR [--dtype D] [--max-shard-size SIZE]\n"
     "\n"
-    "Writes a Hugging Face model folder that transformers loads with\n"
-    "LlamaForCausalLM.from_pretrained(DIR): config.json (a LlamaConfig made from the checkpoint's\n"
-    "config.yaml) and model.safetensors (the checkpoint's weights, Hugging Face names).\n"
+    "Writes a Hugging Face model folder that transformers (4 and 5) and vLLM load with\n"
+    "from_pretrained(DIR): config.json (a LlamaConfig made from the checkpoint's config.yaml, with\n"
+    "rope_theta and rope_scaling, bos_token_id and eos_token_id), generation_config.json, the\n"
+    "checkpoint's weights under Hugging Face names (model.safetensors, or shards\n"
+    "model-0000N-of-0000M.safetensors and model.safetensors.index.json), and the tokenizer files when\n"
+    "the run knows them (train.init_from's model folder, or data.tokenizer).\n"
     "\n"
     "Options:\n"
     "  --checkpoint PATH    a checkpoint folder (checkpoint.dir: its latest is taken), that\n"
     "                       latest file, or one of its step-NNNNNNNN folders\n"
-    "  --out DIR            the model folder (created; config.json and model.safetensors in it are\n"
-    "                       replaced only when complete)\n"
-    "  --dtype D            float32 (default: the checkpoint's values) or bfloat16 (rounded to\n"
-    "                       nearest even)\n";
+    "  --out DIR            the model folder (created; each file in it is replaced only when\n"
+    "                       complete; weight files of an earlier export are removed)\n"
+    "  --dtype D            auto (default: the dtype of train.init_from's model folder, else\n"
+    "                       bfloat16 for train.precision bf16, float32 for fp32), float32 (the\n"
+    "                       checkpoint's values) or bfloat16 (rounded to nearest even)\n"
+    "  --max-shard-size S   the most tensor bytes in one safetensors file (default 5GB; KB, MB,\n"
+    "                       GB are powers of 1000, KiB, MiB, GiB of 1024)\n";
 
 static const char help_calibrate[] =
     "Usage: wlbtrain calibrate --config FILE [--set KEY=VALUE]... --out PROFILE\n"
@@ -141,7 +147,7 @@ static const char help_calibrate[] =
 
 static const char help_eval[] =
     "Usage: wlbtrain eval --checkpoint PATH [--config FILE] [--set KEY=VALUE]... [--out FILE]\n"
-    "       wlbtrain eval --init-from FILE --config FILE [--set KEY=VALUE]... [--out FILE]\n"
+    "       wlbtrain eval --init-from PATH --config FILE [--set KEY=VALUE]... [--out FILE]\n"
     "\n"
     "The validation loss of saved weights: the mean cross-entropy over the labelled tokens of the\n"
     "validation set (data.valid_path, or the documents data.valid_fraction holds out of data.path),\n"
@@ -153,8 +159,9 @@ static const char help_eval[] =
     "                       step-NNNNNNNN folders; without --config its config.yaml is the config,\n"
     "                       with the layout reset to one process (or data-parallel over the launch)\n"
     "                       and train.init_from to none: --set parallel.tp=2 etc. for another layout\n"
-    "  --init-from FILE     weights as train.init_from reads them (safetensors with Hugging Face\n"
-    "                       names, such as wlbtrain export writes, or a llama2.c checkpoint)\n"
+    "  --init-from PATH     weights as train.init_from reads them: a Hugging Face model folder\n"
+    "                       (config.json and its safetensors, such as wlbtrain export writes), one\n"
+    "                       safetensors file with Hugging Face names, or a llama2.c checkpoint\n"
     "  --config FILE        the config (model shape, data, validation set); required with --init-from\n"
     "  --set KEY=VALUE      override a config key (repeatable), e.g. --set data.valid_path=PREFIX\n"
     "  --out FILE           also write the result as one JSON object (valid_loss with all its digits,\n"

@@ -32,7 +32,8 @@ typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
 typedef enum Recompute { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
 typedef enum LrSchedule { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT } LrSchedule;
 typedef enum NonfinitePolicy { NONFINITE_STOP, NONFINITE_SKIP } NonfinitePolicy;
-typedef enum RopeScaling { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 } RopeScaling;
+/* model.rope_scaling: Hugging Face's rope_type of the same name (transformers' modeling_rope_utils). */
+typedef enum RopeScaling { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3, ROPE_SCALING_LINEAR, ROPE_SCALING_YARN } RopeScaling;
 
 /* Lists own their arrays; n == 0 is the empty list. */
 typedef struct ConfigIntList {
@@ -62,9 +63,12 @@ typedef struct ConfigModel {
     int64_t n_layers, d_model, n_heads, n_kv_heads, d_ffn, vocab_size, max_seq_len;
     double rope_theta, norm_eps;
     bool tie_embeddings;
-    RopeScaling rope_scaling; /* Llama 3.1 frequency scaling of RoPE, or none */
+    RopeScaling rope_scaling; /* frequency scaling of RoPE (Llama 3.1's llama3, linear, yarn), or none */
     double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max_seq_len;
+    double rope_yarn_beta_fast, rope_yarn_beta_slow; /* yarn: the ramp's ends, in rotations */
+    bool rope_yarn_truncate;                         /* yarn: the ramp's ends rounded to whole dimensions */
+    double rope_attention_factor;                    /* yarn: cos and sin multiplied by it; 0 = 0.1 ln factor + 1 */
 } ConfigModel;
 
 typedef struct ConfigParallel {
@@ -93,6 +97,7 @@ typedef struct ConfigData {
     int64_t seed;
     ConfigStrList valid_path;  /* Megatron prefixes of a validation set; empty = none */
     double valid_fraction;     /* share of data.path's documents held out for validation; 0 = none */
+    char *tokenizer;           /* tokenizer.json the data was made with (export copies it); NULL = none */
 } ConfigData;
 
 typedef struct ConfigBalance {
@@ -151,6 +156,7 @@ typedef enum ConfigOriginKind {
     ORIGIN_DERIVED, /* computed from other keys by config_resolve */
     ORIGIN_FILE,    /* set in the YAML file at line:col */
     ORIGIN_SET,     /* set by --set (arg is the whole KEY=VALUE) */
+    ORIGIN_MODEL_FOLDER, /* from the config.json of train.init_from's model folder (config_hf.c) */
 } ConfigOriginKind;
 
 typedef struct ConfigOrigin {
@@ -159,7 +165,7 @@ typedef struct ConfigOrigin {
     const char *arg;    /* for ORIGIN_SET; points into argv */
 } ConfigOrigin;
 
-enum { CONFIG_MAX_KEYS = 96 };
+enum { CONFIG_MAX_KEYS = 128 };
 
 typedef struct Config {
     ConfigModel model;

@@ -24,8 +24,9 @@
 
 const ConfigKey config_keys[] = {
     STR_KEY("model.preset", model.preset, "none",
-            "named model shape: llama2-7b, llama3-8b, llama3-70b, llama3-405b, llama3.2-1b, "
-            "llama3.2-3b, stories260k, tiny; explicit model keys override it"),
+            "named model shape: llama2-7b, llama3-8b, llama3-70b (Llama 3.0: 8K, no RoPE scaling), llama3.1-8b, "
+            "llama3.1-70b, llama3-405b (Llama 3.1: 128K, llama3 scaling, factor 8), llama3.2-1b, llama3.2-3b "
+            "(factor 32), stories260k, tiny; explicit model keys override it"),
     INT_KEY("model.n_layers", model.n_layers, 1, 1024, NULL, "preset", "transformer layers"),
     INT_KEY("model.d_model", model.d_model, 1, 65536, NULL, "preset", "hidden size"),
     INT_KEY("model.n_heads", model.n_heads, 1, 1024, NULL, "preset", "query heads"),
@@ -40,16 +41,26 @@ const ConfigKey config_keys[] = {
              "output projection shares the embedding matrix"),
     INT_KEY("model.max_seq_len", model.max_seq_len, 1, 1 << 24, NULL, "preset",
             "longest position the model is built for; context_window must not exceed it"),
-    ENUM_KEY("model.rope_scaling", model.rope_scaling, "none|llama3", "none", NULL,
-             "RoPE frequency scaling: llama3 is Llama 3.1's (the 3.1 and 3.2 presets set it)"),
+    ENUM_KEY("model.rope_scaling", model.rope_scaling, "none|llama3|linear|yarn", "none", NULL,
+             "RoPE frequency scaling, as Hugging Face's rope_type: llama3 is Llama 3.1's (the 3.1 and 3.2 presets "
+             "set it), linear divides every frequency by the factor (position interpolation), yarn blends the two "
+             "by wavelength and scales cos and sin (YaRN)"),
     FLOAT_KEY("model.rope_scaling_factor", model.rope_scaling_factor, 1, 1e6, 0, "8", NULL,
-              "llama3 scaling: how much the low frequencies are stretched"),
+              "llama3, linear, yarn scaling: how much the low frequencies are stretched"),
     FLOAT_KEY("model.rope_low_freq_factor", model.rope_low_freq_factor, 0, 1e6, KEY_MIN_OPEN, "1", NULL,
               "llama3 scaling: wavelengths above original_max_seq_len / this are fully scaled"),
     FLOAT_KEY("model.rope_high_freq_factor", model.rope_high_freq_factor, 0, 1e6, KEY_MIN_OPEN, "4", NULL,
               "llama3 scaling: wavelengths below original_max_seq_len / this are kept"),
     INT_KEY("model.rope_original_max_seq_len", model.rope_original_max_seq_len, 1, 1 << 24, "8192", NULL,
-            "llama3 scaling: the context the model was pretrained on"),
+            "llama3 and yarn scaling: the context the model was pretrained on"),
+    FLOAT_KEY("model.rope_yarn_beta_fast", model.rope_yarn_beta_fast, 0, 1e6, KEY_MIN_OPEN, "32", NULL,
+              "yarn scaling: dimensions turning more than this many times over original_max_seq_len are kept"),
+    FLOAT_KEY("model.rope_yarn_beta_slow", model.rope_yarn_beta_slow, 0, 1e6, KEY_MIN_OPEN, "1", NULL,
+              "yarn scaling: dimensions turning fewer times than this are fully scaled"),
+    BOOL_KEY("model.rope_yarn_truncate", model.rope_yarn_truncate, "true", NULL,
+             "yarn scaling: the ramp's ends rounded to whole dimensions (floor, ceil), as Hugging Face's default"),
+    FLOAT_KEY("model.rope_attention_factor", model.rope_attention_factor, 0, 1e6, 0, "0", NULL,
+              "yarn scaling: cos and sin multiplied by it (attention logits by its square); 0 = 0.1 ln(factor) + 1"),
 
     INT_KEY("parallel.tp", parallel.tp, 1, 1024, "1", NULL, "tensor-parallel size (fastest-varying ranks)"),
     INT_KEY("parallel.cp", parallel.cp, 1, 1024, "1", NULL, "context-parallel size"),
@@ -94,6 +105,10 @@ const ConfigKey config_keys[] = {
     FLOAT_KEY("data.valid_fraction", data.valid_fraction, 0, 1, KEY_MAX_OPEN, "0", NULL,
               "share of data.path's documents held out for validation instead (chosen by a hash of the document "
               "id: the same split for every seed and layout; never trained on); 0 = none"),
+    STR_KEY("data.tokenizer", data.tokenizer, "none",
+            "the Hugging Face tokenizer.json the data was tokenized with: wlbtrain export copies it into the model "
+            "folder (with tokenizer_config.json and special_tokens_map.json beside it); none = train.init_from's "
+            "model folder's, if any"),
 
     ENUM_KEY("balance.packer", balance.packer, "fixed|fixed_greedy|wlb", "wlb", NULL,
              "fixed: stream order cut at the window (Plain-4D); fixed_greedy: greedy repack into "
@@ -169,7 +184,9 @@ const ConfigKey config_keys[] = {
              "apply weight decay to RMSNorm weights and embeddings too (else matrices only)"),
     INT_KEY("train.seed", train.seed, 0, INT64_MAX, "42", NULL, "seed of the weight initialisation"),
     STR_KEY("train.init_from", train.init_from, "none",
-            "initial weights: safetensors (Hugging Face names) or llama2.c .bin; none = random"),
+            "initial weights: a Hugging Face model folder (config.json, then model.safetensors or "
+            "model.safetensors.index.json and its shards; config.json fills the model keys not set and must agree "
+            "with those set), one safetensors file (Hugging Face names) or a llama2.c .bin; none = random"),
     ENUM_KEY("train.nonfinite", train.nonfinite, "stop|skip", "stop", NULL,
              "a step whose loss or gradients are NaN or infinite: stop the run (exit 1), or skip its update "
              "and count it"),
@@ -725,6 +742,8 @@ void config_where(const Config *cfg, int k, char *buf, size_t size)
         snprintf(buf, size, "%s:%d:%d", cfg->source_path ? cfg->source_path : "config", o->line, o->col);
     else if (o->kind == ORIGIN_SET)
         snprintf(buf, size, "--set %s", o->arg);
+    else if (o->kind == ORIGIN_MODEL_FOLDER && cfg->train.init_from)
+        snprintf(buf, size, "%s/config.json", cfg->train.init_from);
     else
         snprintf(buf, size, "%s", cfg->source_path ? cfg->source_path : "config");
 }

@@ -83,6 +83,10 @@ void config_where(const Config *cfg, int k, char *buf, size_t size);
 /* Fills the model keys the config does not set from model.preset (config_presets.c). */
 int config_apply_preset(Config *cfg, Error *err);
 
+/* train.init_from naming a model folder: its config.json's model keys fill those the config leaves
+ * unset and must equal those it sets (config_folder.c); nothing for a file or none. */
+int config_apply_model_folder(Config *cfg, Error *err);
+
 /* Pointers to fields, for config_resolve. */
 #define CONFIG_FIELD(cfg, k, type) ((type *)((char *)(cfg) + config_keys[k].offset))
 

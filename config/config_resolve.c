@@ -1,7 +1,9 @@
 /*
  * config/config_resolve.c - from the keys as written to the config a run uses.
  *
- * 1. model.preset fills the model keys not set explicitly; model keys without a preset are required.
+ * 1. model.preset fills the model keys not set explicitly, then the config.json of train.init_from's
+ *    model folder the ones still unset (and must agree with the others); model keys without either are
+ *    required.
  * 2. Derived defaults: keys the user did not set whose default depends on other keys.
  * 3. parallel.dp: auto becomes world / (tp*cp*pp) when the job is launched (world_size > 0).
  * 4. Cross-field rules. Each error points at the key that is most likely wrong, as written.
@@ -307,7 +309,7 @@ static int check_train(const Config *cfg, Error *err)
 
 int config_resolve(Config *cfg, int world_size, Error *err)
 {
-    if (config_apply_preset(cfg, err) != 0 || check_model(cfg, err) != 0)
+    if (config_apply_preset(cfg, err) != 0 || config_apply_model_folder(cfg, err) != 0 || check_model(cfg, err) != 0)
         return -1;
     derive_int(cfg, "data.context_window", cfg->model.max_seq_len);
     derive_int(cfg, "balance.max_tokens_per_micro_batch", 2 * cfg->data.context_window);

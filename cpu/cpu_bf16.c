@@ -107,22 +107,23 @@ void cpu_bf16_matmul_bwd_dw(float *dw, const Act *dout, const Act *x, int64_t T,
 }
 
 void cpu_bf16_rope_fwd(Act *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
-                       const float *inv_freq)
+                       const float *inv_freq, float scale)
 {
     /* Widen every row's span (other columns round-trip unchanged: bf16 -> f32 -> bf16 is exact). */
     int64_t n = extent(T, stride, (int64_t)n_heads * head_dim);
     float *f = widen(x, n);
-    cpu_k_rope(f, stride, positions, T, n_heads, head_dim, inv_freq, 0);
+    cpu_k_rope(f, stride, positions, T, n_heads, head_dim, inv_freq, scale, 0);
     narrow(x, f, n);
     free(f);
 }
 
 void cpu_bf16_rope_bwd(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
-                       const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq)
+                       const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq,
+                       float scale)
 {
     float *f = cpu_scratch((size_t)(T * width + 1) * sizeof *f);
     cpu_copy_rows(0, f, DT_F32, width, NULL, g, DT_F32, g_stride, NULL, T, width);
-    cpu_k_rope(f, width, positions, T, n_heads, head_dim, inv_freq, 1);
+    cpu_k_rope(f, width, positions, T, n_heads, head_dim, inv_freq, scale, 1);
     cpu_copy_rows(1, dx, DT_ACT, dx_stride, NULL, f, DT_F32, width, NULL, T, width);
     free(f);
 }

@@ -17,9 +17,10 @@ void cpu_bf16_matmul_fwd(MatOut out, const Act *x, const Act *w, int64_t T, int6
 void cpu_bf16_matmul_bwd_dx(MatOut dx, const Act *dout, const Act *w, int64_t T, int64_t n_in, int64_t n_out);
 void cpu_bf16_matmul_bwd_dw(float *dw, const Act *dout, const Act *x, int64_t T, int64_t n_in, int64_t n_out);
 void cpu_bf16_rope_fwd(Act *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
-                       const float *inv_freq);
+                       const float *inv_freq, float scale);
 void cpu_bf16_rope_bwd(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
-                       const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq);
+                       const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq,
+                       float scale);
 void cpu_bf16_attention_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
                             int64_t n_segs, AttnShape shape);
 void cpu_bf16_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,

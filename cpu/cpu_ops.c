@@ -188,7 +188,7 @@ static void f32_rmsnorm_bwd(float *dx, Act *dx_act, float *dw, const float *dout
 /* RoPE                                                                                            */
 
 void cpu_k_rope(float *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
-                const float *inv_freq, int inverse)
+                const float *inv_freq, float scale, int inverse)
 {
     int half = head_dim / 2;
 #pragma omp parallel for schedule(static)
@@ -196,7 +196,7 @@ void cpu_k_rope(float *x, int64_t stride, const int32_t *positions, int64_t T, i
         for (int i = 0; i < half; i++) {
             /* The angle in double: positions reach 10^5 and more. */
             double angle = (double)positions[t] * inv_freq[i];
-            float c = (float)cos(angle), s = (float)(inverse ? -sin(angle) : sin(angle));
+            float c = (float)(cos(angle) * scale), s = (float)((inverse ? -sin(angle) : sin(angle)) * scale);
             for (int h = 0; h < n_heads; h++) {
                 float *p = x + t * stride + (int64_t)h * head_dim;
                 float a = p[i], b = p[i + half];
@@ -207,17 +207,18 @@ void cpu_k_rope(float *x, int64_t stride, const int32_t *positions, int64_t T, i
 }
 
 static void f32_rope_fwd(Act *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
-                         const float *inv_freq)
+                         const float *inv_freq, float scale)
 {
-    cpu_k_rope((float *)x, stride, positions, T, n_heads, head_dim, inv_freq, 0);
+    cpu_k_rope((float *)x, stride, positions, T, n_heads, head_dim, inv_freq, scale, 0);
 }
 
 static void f32_rope_bwd(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
-                         const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq)
+                         const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq,
+                         float scale)
 {
     if ((const float *)dx != g || dx_stride != g_stride)
         cpu_copy_rows(0, dx, DT_ACT, dx_stride, NULL, g, DT_F32, g_stride, NULL, T, width);
-    cpu_k_rope((float *)dx, dx_stride, positions, T, n_heads, head_dim, inv_freq, 1);
+    cpu_k_rope((float *)dx, dx_stride, positions, T, n_heads, head_dim, inv_freq, scale, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

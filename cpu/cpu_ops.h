@@ -40,9 +40,10 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
 void cpu_k_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps);
 void cpu_k_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                        int64_t T, int64_t d);
-/* Rotates the first n_heads heads of T rows `stride` apart, forward or back (inverse). */
+/* Rotates the first n_heads heads of T rows `stride` apart, forward or back (inverse), cos and sin
+ * times scale. */
 void cpu_k_rope(float *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
-                const float *inv_freq, int inverse);
+                const float *inv_freq, float scale, int inverse);
 void cpu_k_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t F);
 void cpu_k_swiglu_bwd(float *dgu, const float *dout, const float *gu, int64_t T, int64_t F);
 void cpu_k_ce_grad(float *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,

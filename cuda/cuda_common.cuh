@@ -129,10 +129,10 @@ template <class T> void cuda_rmsnorm_fwd(Act *out, float *rstd, const float *x, 
 template <class T> void cuda_rmsnorm_bwd(float *dx, Act *dx_act, float *dw, const float *dout, const float *x,
                                          const float *w, const float *rstd, int64_t T_, int64_t d);
 template <class T> void cuda_rope_fwd(Act *x, int64_t stride, const int32_t *positions, int64_t T_, int n_heads,
-                                      int head_dim, const float *inv_freq);
+                                      int head_dim, const float *inv_freq, float scale);
 template <class T> void cuda_rope_bwd(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
                                       const int32_t *positions, int64_t T_, int n_heads, int head_dim,
-                                      const float *inv_freq);
+                                      const float *inv_freq, float scale);
 template <class T> void cuda_swiglu_fwd(Act *out, const Act *gu, int64_t T_, int64_t F);
 template <class T> void cuda_swiglu_bwd(Act *dgu, const float *dout, const Act *gu, int64_t T_, int64_t F);
 template <class T> void cuda_adamw(float *p, const float *g, float *m, float *v, Act *p_act, int64_t n,

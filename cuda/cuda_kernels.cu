@@ -150,7 +150,7 @@ void cuda_rmsnorm_bwd(float *dx, Act *dx_act, float *dw, const float *dout, cons
 
 template <class T>
 __global__ void k_rope_fwd(T *x, int64_t stride, const int32_t *positions, int64_t T_, int n_heads, int head_dim,
-                           const float *inv_freq)
+                           const float *inv_freq, float scale)
 {
     int half = head_dim / 2;
     GRID_STRIDE(k, T_ * half)
@@ -159,7 +159,7 @@ __global__ void k_rope_fwd(T *x, int64_t stride, const int32_t *positions, int64
         int i = (int)(k % half);
         double s, c;
         sincos((double)positions[t] * inv_freq[i], &s, &c);
-        float cf = (float)c, sf = (float)s;
+        float cf = (float)(c * scale), sf = (float)(s * scale);
         for (int h = 0; h < n_heads; h++) {
             T *p = x + t * stride + (int64_t)h * head_dim;
             float a = to_f32(p[i]), b = to_f32(p[i + half]);
@@ -172,7 +172,7 @@ __global__ void k_rope_fwd(T *x, int64_t stride, const int32_t *positions, int64
 /* The inverse rotation from the float32 gradient g into dx (compute dtype). */
 template <class T>
 __global__ void k_rope_bwd(T *dx, int64_t dx_stride, const float *g, int64_t g_stride, const int32_t *positions,
-                           int64_t T_, int n_heads, int head_dim, const float *inv_freq)
+                           int64_t T_, int n_heads, int head_dim, const float *inv_freq, float scale)
 {
     int half = head_dim / 2;
     GRID_STRIDE(k, T_ * half)
@@ -181,7 +181,7 @@ __global__ void k_rope_bwd(T *dx, int64_t dx_stride, const float *g, int64_t g_s
         int i = (int)(k % half);
         double s, c;
         sincos((double)positions[t] * inv_freq[i], &s, &c);
-        float cf = (float)c, sf = (float)-s;
+        float cf = (float)(c * scale), sf = (float)(-s * scale);
         for (int h = 0; h < n_heads; h++) {
             const float *p = g + t * g_stride + (int64_t)h * head_dim;
             T *o = dx + t * dx_stride + (int64_t)h * head_dim;
@@ -194,24 +194,25 @@ __global__ void k_rope_bwd(T *dx, int64_t dx_stride, const float *g, int64_t g_s
 
 template <class T>
 void cuda_rope_fwd(Act *x, int64_t stride, const int32_t *positions, int64_t T_, int n_heads, int head_dim,
-                   const float *inv_freq)
+                   const float *inv_freq, float scale)
 {
     if (T_ == 0)
         return;
     k_rope_fwd<T><<<cuda_blocks(T_ * (head_dim / 2)), CUDA_THREADS>>>(as<T>(x), stride, positions, T_, n_heads,
-                                                                     head_dim, inv_freq);
+                                                                     head_dim, inv_freq, scale);
     CUDA_LAUNCHED("rope_fwd");
 }
 
 template <class T>
 void cuda_rope_bwd(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
-                   const int32_t *positions, int64_t T_, int n_heads, int head_dim, const float *inv_freq)
+                   const int32_t *positions, int64_t T_, int n_heads, int head_dim, const float *inv_freq,
+                   float scale)
 {
     if (T_ == 0)
         return;
     int64_t rotated = (int64_t)n_heads * head_dim;
     k_rope_bwd<T><<<cuda_blocks(T_ * (head_dim / 2)), CUDA_THREADS>>>(as<T>(dx), dx_stride, g, g_stride, positions,
-                                                                     T_, n_heads, head_dim, inv_freq);
+                                                                     T_, n_heads, head_dim, inv_freq, scale);
     CUDA_LAUNCHED("rope_bwd");
     if (width > rotated) /* the columns after the rotated heads (v): cast only */
         cuda_copy_rows<T>(as<T>(dx) + rotated, DT_ACT, dx_stride, nullptr, g + rotated, DT_F32, g_stride, nullptr, T_,
@@ -328,9 +329,9 @@ void cuda_kernels_close(void)
     template void cuda_rmsnorm_fwd<T>(Act *, float *, const float *, const float *, int64_t, int64_t, float); \
     template void cuda_rmsnorm_bwd<T>(float *, Act *, float *, const float *, const float *, const float *, \
                                       const float *, int64_t, int64_t);                           \
-    template void cuda_rope_fwd<T>(Act *, int64_t, const int32_t *, int64_t, int, int, const float *); \
+    template void cuda_rope_fwd<T>(Act *, int64_t, const int32_t *, int64_t, int, int, const float *, float); \
     template void cuda_rope_bwd<T>(Act *, int64_t, const float *, int64_t, int64_t, const int32_t *, int64_t, int, \
-                                   int, const float *);                                           \
+                                   int, const float *, float);                                    \
     template void cuda_swiglu_fwd<T>(Act *, const Act *, int64_t, int64_t);                       \
     template void cuda_swiglu_bwd<T>(Act *, const float *, const Act *, int64_t, int64_t);        \
     template void cuda_adamw<T>(float *, const float *, float *, float *, Act *, int64_t, const AdamWSpan *, int, \

@@ -139,13 +139,15 @@ typedef struct Ops {
     /* dw[n_out, n_in] += dout^T x */
     void (*matmul_bwd_dw)(float *dw, const Act *dout, const Act *x, int64_t T, int64_t n_in, int64_t n_out);
     /* Rotates pairs (i, i + head_dim/2) of the first n_heads heads of every row of x (rows `stride`
-     * apart) in place by positions[t] * inv_freq[i] (Hugging Face's rotate_half form). */
+     * apart) in place by positions[t] * inv_freq[i] (Hugging Face's rotate_half form), cos and sin
+     * multiplied by scale (yarn's attention factor; 1: a plain rotation). */
     void (*rope_fwd)(Act *x, int64_t stride, const int32_t *positions, int64_t T, int n_heads, int head_dim,
-                     const float *inv_freq);
+                     const float *inv_freq, float scale);
     /* The backward: dx[t, :width] = g[t, :width] in the compute dtype, its first n_heads heads
-     * rotated back (the backward of a rotation is the inverse rotation). */
+     * rotated back (the backward of a rotation is the inverse rotation), times scale. */
     void (*rope_bwd)(Act *dx, int64_t dx_stride, const float *g, int64_t g_stride, int64_t width,
-                     const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq);
+                     const int32_t *positions, int64_t T, int n_heads, int head_dim, const float *inv_freq,
+                     float scale);
     void (*attention_fwd)(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
                           int64_t n_segs, AttnShape shape);
     /* Accumulates into dq, dk, dv (float32; the caller zeroes them first) on the rows the segments

@@ -178,8 +178,8 @@ static void run_rope(const Ops *o)
     /* rows of heads + 1 heads, the first `heads` rotated (q|k of a fused row; the last is v) */
     int64_t W = (int64_t)(heads + 1) * hd;
     float *x = uniform(T * W, -1, 1), *y = copy_of(x, T * W), *back = take((size_t)(T * W) * 4);
-    o->rope_fwd((Act *)y, W, pos, T, heads, hd, inv_freq);
-    o->rope_bwd((Act *)back, W, x, W, W, pos, T, heads, hd, inv_freq); /* back = x rotated back */
+    o->rope_fwd((Act *)y, W, pos, T, heads, hd, inv_freq, 1.0f);
+    o->rope_bwd((Act *)back, W, x, W, W, pos, T, heads, hd, inv_freq, 1.0f); /* back = x rotated back */
     put(c, "positions", ST_I32, pos, 0, T);
     put(c, "inv_freq", ST_F32, inv_freq, 0, hd / 2);
     put(c, "x", ST_F32, x, T, W);

@@ -217,7 +217,7 @@ static void test_cross_field_rules(void **state)
                  "t.yaml: model.d_model: required (set it, or model.preset for a named shape)");
     expect_error("model:\n  preset: llama9\n", NULL, 0,
                  "t.yaml:2:11: model.preset: unknown preset 'llama9' (presets: llama2-7b, llama3-8b, llama3-70b, "
-                 "llama3-405b, llama3.2-1b, llama3.2-3b, stories260k, tiny)");
+                 "llama3.1-8b, llama3.1-70b, llama3-405b, llama3.2-1b, llama3.2-3b, stories260k, tiny)");
 }
 
 static void test_set_overrides(void **state)

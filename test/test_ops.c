@@ -240,12 +240,12 @@ static void check_embedding_norm_rope_swiglu(const Pair *p)
     int64_t S = d + 16;
     float *q = randn(T * S, 1);
     Both ps = both_raw(p, pos, sizeof pos), iv = both(p, inv, 16, 0), qa = both(p, q, T * S, 1);
-    p->ref->rope_fwd(qa.r, S, ps.r, T, 3, 32, iv.r);
-    p->test->rope_fwd(qa.t, S, ps.t, T, 3, 32, iv.t);
+    p->ref->rope_fwd(qa.r, S, ps.r, T, 3, 32, iv.r, 1.25f); /* yarn-like scale */
+    p->test->rope_fwd(qa.t, S, ps.t, T, 3, 32, iv.t, 1.25f);
     cmp_act(p, "rope_fwd", qa.r, qa.t, T * S, p->tol.act);
     Both qf = both(p, q, T * S, 0), back = both(p, NULL, T * S, 1);
-    p->ref->rope_bwd(back.r, S, qf.r, S, S, ps.r, T, 3, 32, iv.r);
-    p->test->rope_bwd(back.t, S, qf.t, S, S, ps.t, T, 3, 32, iv.t);
+    p->ref->rope_bwd(back.r, S, qf.r, S, S, ps.r, T, 3, 32, iv.r, 1.25f);
+    p->test->rope_bwd(back.t, S, qf.t, S, S, ps.t, T, 3, 32, iv.t, 1.25f);
     cmp_act(p, "rope_bwd (cast, v columns too)", back.r, back.t, T * S, p->tol.act);
     /* SwiGLU on gate | up rows */
     float *gu = randn(T * 2 * F, 1), *dy = randn(T * F, 1);

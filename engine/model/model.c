@@ -51,29 +51,6 @@ static void add_tensor(Model *m, ModelTensorKind kind, int layer, int64_t full_r
     m->n_params += rows * cols;
 }
 
-/* RoPE frequencies 1 / theta^(2i / D), with Llama 3.1's scaling when configured (Hugging Face's
- * _compute_llama3_parameters): long wavelengths slowed by factor, short ones kept, a smooth blend
- * between low_freq_wavelen = original / low_freq_factor and high_freq_wavelen = original /
- * high_freq_factor. */
-static void rope_frequencies(const ConfigModel *c, int head_dim, float *out)
-{
-    for (int i = 0; i < head_dim / 2; i++) {
-        double f = 1.0 / pow(c->rope_theta, 2.0 * i / head_dim);
-        if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
-            double orig = (double)c->rope_original_max_seq_len, wavelen = 2 * M_PI / f;
-            double low_wl = orig / c->rope_low_freq_factor, high_wl = orig / c->rope_high_freq_factor;
-            if (wavelen > low_wl) {
-                f /= c->rope_scaling_factor;
-            } else if (wavelen >= high_wl) {
-                double smooth = (orig / wavelen - c->rope_low_freq_factor) /
-                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
-                f = (1 - smooth) * f / c->rope_scaling_factor + smooth * f;
-            }
-        }
-        out[i] = (float)f;
-    }
-}
-
 void model_dims(ModelDims *d, const ConfigModel *c, const ModelParallel *p)
 {
     memset(d, 0, sizeof *d);
@@ -191,7 +168,7 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
         model_free(m);
         return error_runtime(err, "model", "out of memory for %lld parameters", (long long)m->n_params);
     }
-    rope_frequencies(c, d->head_dim, freq);
+    m->rope_scale = model_rope_table(c, d->head_dim, freq);
     ops->to_device(m->inv_freq, freq, (size_t)(d->head_dim / 2) * sizeof(float));
     return model_set_slots(m, 1, err);
 }

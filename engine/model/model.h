@@ -176,6 +176,7 @@ typedef struct Model {
     Act *wact;             /* the weights in the compute dtype, the layout of params (params itself when
                             * that is float32); written by the optimizer (model_weights_changed) */
     float *inv_freq;       /* backend memory, head_dim / 2 RoPE frequencies */
+    float rope_scale;      /* what RoPE multiplies cos and sin by (yarn's attention factor; else 1) */
     ModelSlot *slots;
     int n_slots;
     /* Scratch shared by the slots (one op at a time), for up to cap rows / cap_mb micro-batch rows. */
@@ -259,6 +260,10 @@ int64_t model_rows(const ModelDims *d, int64_t T);
  * help. model_head_chunk: the rows of logits the output projection handles at a time. */
 int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err);
 int64_t model_head_chunk(const Model *m);
+
+/* The RoPE table of model.rope_* (model_rope.c): the head_dim / 2 frequencies into inv_freq; returns
+ * the factor cos and sin are multiplied by (1 but for yarn). */
+float model_rope_table(const ConfigModel *c, int head_dim, float *inv_freq);
 
 /* Loads weights (init_from): safetensors with Hugging Face names, or a llama2.c checkpoint; each
  * rank keeps its block. */

@@ -89,7 +89,8 @@ static const char *known_content(const MappedFile *map)
         return "; it is a shard of a wlbtrain checkpoint: resume it (checkpoint.resume) or export it (wlbtrain "
                "export)";
     if (n >= 1 && p[0] == '{')
-        return "; it is JSON text (the index of a sharded model?), not weights";
+        return "; it is JSON text (the index of a sharded model?), not weights: give train.init_from the model "
+               "folder, which reads config.json, the index and its shards";
     return "";
 }
 

@@ -7,6 +7,7 @@
 
 #include "engine/model/model.h"
 #include "util/fileio.h"
+#include "util/safetensors.h"
 
 static inline float *model_param(const Model *m, ModelTensorKind kind, int layer)
 {
@@ -69,5 +70,15 @@ enum { WEIGHTS_SAFETENSORS = 1, WEIGHTS_LLAMA2C = 2 };
  * WEIGHTS_LLAMA2C with its header in h; -1 with err saying what the name promised and what the
  * content is when it is neither. */
 int model_weight_format(const char *path, const MappedFile *map, Llama2cHeader *h, Error *err);
+
+/* A buffer of floats for the largest full tensor of the model (malloc; NULL out of memory). */
+float *model_full_buffer(const Model *m);
+/* Safetensors tensor s (of the file at path) as the full tensor t: its shape and dtype checked, read
+ * into full as float32, the rank's block copied into host (the layout of params). */
+int model_load_tensor(const Model *m, const ModelTensor *t, const StTensor *s, const char *path, float *full,
+                      float *host, Error *err);
+/* A Hugging Face model folder (model_folder.c): model.safetensors, or model.safetensors.index.json
+ * and the shards it names. */
+int model_load_folder(Model *m, const char *dir, Error *err);
 
 #endif

@@ -2,7 +2,8 @@
  * engine/model/model_load.c - initial weights from a file (train.init_from), and the map between a rank's
  * blocks and the full tensors.
  *
- * Two formats, told apart by their content (model_format.c, which also checks the name):
+ * A folder is a Hugging Face model folder (model_folder.c). A file is one of two formats, told apart
+ * by their content (model_format.c, which also checks the name):
  *   safetensors  Hugging Face Llama names (model.layers.0.self_attn.q_proj.weight, ...), F32, F16,
  *                BF16 or F64; every tensor the model has must be there with its shape (lm_head is
  *                not needed when the embeddings are tied).
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine/model/model_impl.h"
 #include "util/safetensors.h"
@@ -84,6 +86,23 @@ static float *full_buffer(const Model *m)
     return malloc((size_t)most * sizeof(float));
 }
 
+int model_load_tensor(const Model *m, const ModelTensor *t, const StTensor *s, const char *path, float *full,
+                      float *host, Error *err)
+{
+    if (!(t->is_vector ? s->n_dims == 1 && s->shape[0] == t->full_cols
+                       : s->n_dims == 2 && s->shape[0] == t->full_rows && s->shape[1] == t->full_cols))
+        return error_set(err, path, "%s has shape [%lld%s%lld], the config's model needs [%lld, %lld]", t->name,
+                         (long long)s->shape[0], s->n_dims > 1 ? ", " : "", s->n_dims > 1 ? (long long)s->shape[1] : 0LL,
+                         (long long)t->full_rows, (long long)t->full_cols);
+    if (s->dtype == ST_I32 || s->dtype == ST_I64)
+        return error_set(err, path, "%s is %s, not a floating-point tensor", t->name, st_dtype_name(s->dtype));
+    st_read_f32(s, full);
+    model_put_block(m, t->name, full, host);
+    return 0;
+}
+
+float *model_full_buffer(const Model *m) { return full_buffer(m); }
+
 static int load_safetensors(Model *m, const char *path, Error *err)
 {
     StFile f;
@@ -99,19 +118,7 @@ static int load_safetensors(Model *m, const char *path, Error *err)
                            "names)", t->name, f.n_tensors);
             break;
         }
-        if (!(t->is_vector ? s->n_dims == 1 && s->shape[0] == t->full_cols
-                           : s->n_dims == 2 && s->shape[0] == t->full_rows && s->shape[1] == t->full_cols)) {
-            rc = error_set(err, path, "%s has shape [%lld%s%lld], the config's model needs [%lld, %lld]", t->name,
-                           (long long)s->shape[0], s->n_dims > 1 ? ", " : "", s->n_dims > 1 ? (long long)s->shape[1] : 0LL,
-                           (long long)t->full_rows, (long long)t->full_cols);
-            break;
-        }
-        if (s->dtype == ST_I32 || s->dtype == ST_I64) {
-            rc = error_set(err, path, "%s is %s, not a floating-point tensor", t->name, st_dtype_name(s->dtype));
-            break;
-        }
-        st_read_f32(s, full);
-        model_put_block(m, t->name, full, host);
+        rc = model_load_tensor(m, t, s, path, full, host, err);
     }
     if (rc == 0) {
         m->ops->to_device(m->params, host, (size_t)m->n_params * sizeof *host);
@@ -203,6 +210,9 @@ static int load_llama2c(Model *m, const char *path, const MappedFile *map, const
 
 int model_load(Model *m, const char *path, Error *err)
 {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return model_load_folder(m, path, err);
     MappedFile map;
     if (file_map(path, &map, err) != 0)
         return -1;

@@ -119,7 +119,7 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
     if (all_rows(m, a->a, T, &in, err) != 0)
         return -1;
     o->matmul_fwd(mat_act(a->qkv), in, model_weight(m, T_WQ, l), T, D, Q);
-    o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq);
+    o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq, m->rope_scale);
     const Act *k = ops_act(o, a->qkv, q_width(d)), *v = ops_act(o, a->qkv, q_width(d) + kv_width(d));
     if (d->cp > 1) {
         if (model_cp_gather_kv(m, a, b, err) != 0)
@@ -205,7 +205,7 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
                          b->n_segs, attn_shape(d));
     }
     o->rope_bwd(m->dqkv, Q, dqkv32, Q, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim,
-                m->inv_freq);
+                m->inv_freq, m->rope_scale);
     if (all_rows(m, a->a, T, &in, err) != 0)
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WQ, l), m->dqkv, in, T, D, Q);

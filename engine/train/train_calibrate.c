@@ -178,12 +178,12 @@ static void cal_run(Cal *c, CalJob job, int64_t T)
     case JOB_ELEMENTWISE: /* two RMSNorms, RoPE on q and k, SwiGLU; forward and backward */
         for (int i = 0; i < 2; i++)
             o->rmsnorm_fwd(c->a_norm, c->rstd, c->xf, c->norm_w, T, c->d, 1e-5f);
-        o->rope_fwd(c->qkv, c->q_width, c->positions, T, (int)(c->hq + c->hkv), (int)c->dh, c->inv_freq);
+        o->rope_fwd(c->qkv, c->q_width, c->positions, T, (int)(c->hq + c->hkv), (int)c->dh, c->inv_freq, 1.0f);
         o->swiglu_fwd(c->s, c->gu, T, c->f);
         o->swiglu_bwd(c->dgu, c->gf, c->gu, T, c->f);
         o->zero(c->gf, T * c->q_width);
         o->rope_bwd(c->qkv, c->q_width, c->gf, c->q_width, c->q_width, c->positions, T, (int)(c->hq + c->hkv),
-                    (int)c->dh, c->inv_freq);
+                    (int)c->dh, c->inv_freq, 1.0f);
         for (int i = 0; i < 2; i++)
             o->rmsnorm_bwd(c->dx, c->a_norm, c->dnorm_w, c->xf, c->xf, c->norm_w, c->rstd, T, c->d);
         break;
