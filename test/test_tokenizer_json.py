@@ -14,7 +14,8 @@ tokenizers library (Hugging Face), and the BOS / EOS rules.
     - small byte-level BPEs trained here with the library (needing no real data): GPT-2's layout
       (ByteLevel with its regex, merges as pairs) and Llama 3's (a Split regex, then ByteLevel;
       ignore_merges; a BOS template; merges rewritten as "a b" strings), on the varied corpus.
-(b) BOS / EOS (no library needed: a tokenizer.json written here by hand): BOS first and EOS last by
+(b) With a tokenizer.json written here by hand (no library needed): a merge order unlike the order of
+    the ids made (the first merge makes the highest id), with and without ignore_merges; BOS first and EOS last by
     default when the tokenizer has them, both switchable off or to another id, one BOS when the text
     already starts with <|begin_of_text|> (in both modes), tokenizer_config.json beside the file.
 (c) Malformed tokenizer.json files: one error line "wlbtrain: error: ...", exit status 2, no output.
@@ -242,7 +243,7 @@ def hand_tokenizer(extra=None, bos=True):
                                       {"Sequence": {"id": "A", "type_id": 0}}],
                            "pair": [], "special_tokens": {BOS_TEXT: {"id": BOS_TEXT, "ids": [300], "tokens": [BOS_TEXT]}}}
         if bos else None,
-        "decoder": {"type": "ByteLevel"},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
                   "vocab": vocab, "merges": merges},
@@ -302,6 +303,26 @@ def bos_eos_rules(tmp):
     assert r.returncode == 2 and b"give --eod ID or --eod none" in r.stderr, r.stderr
     assert convert(tmp, ["--tokenizer", tj3, "--eod", "none", src])[0] == [300] + hello
     # A ranks file: Llama 3's BOS by default too, none for GPT-2's (test_tokenizer.py checks the ids).
+
+
+def merge_order(tmp):
+    """The merges list orders the merges, not the ids of the tokens they make; ignore_merges."""
+    def el_first(ignore_merges):
+        def f(j):
+            j["model"]["vocab"]["el"] = 260  # made by the first merge, yet the highest id
+            j["model"]["merges"].insert(0, ["e", "l"])
+            j["model"]["ignore_merges"] = ignore_merges
+        return f
+    src = jsonl(tmp, "m", ["hellox", "hello"])
+    h, el, l, o, x = 104, 260, 108, 111, 120
+    for ignore, want in [(True, [[h, el, l, o, x], [259]]), (False, [[h, el, l, o, x], [h, el, l, o]])]:
+        tj = write_json(tmp, "order.json", hand_tokenizer(el_first(ignore)))
+        got = convert(tmp, ["--tokenizer", tj, "--bos", "none", "--eod", "none", src])
+        assert got == want, "ignore_merges %s: got %s, want %s" % (ignore, got, want)
+        tk = import_module("tokenizers")
+        if not isinstance(tk, Exception):  # the expectation is the library's too
+            lib = tk.Tokenizer.from_file(tj)
+            assert [lib.encode(t, add_special_tokens=False).ids for t in ["hellox", "hello"]] == want
 
 
 def malformed(tmp):
@@ -408,6 +429,7 @@ TESTS = [
     ("a trained Llama-3-style BPE (merges as strings, BOS template): ids equal the library's", fixture_ids(True)),
     ("BOS / EOS: on by default, off, other ids, one BOS when the text has it, tokenizer_config.json",
      bos_eos_rules),
+    ("merges go by their order in the list, not by the ids they make; ignore_merges", merge_order),
     ("malformed tokenizer.json files and bad options: one error line, exit status 2, no output", malformed),
 ]
 
