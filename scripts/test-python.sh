@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the path of a Python 3 that has every module the Python tests import (test/requirements.txt:
-# numpy, matplotlib, tiktoken, tensorboardX), making one when there is none. test/run.sh runs the Python tests
+# numpy, matplotlib, tiktoken, tokenizers, tensorboardX), making one when there is none. test/run.sh runs the Python tests
 # with it. Usage: scripts/test-python.sh [--find]
 #
 # Where it looks, in order:
@@ -15,7 +15,7 @@
 # then report the missing modules: as skips, or with CI set as failures.
 set -u
 cd "$(dirname "$0")/.."
-modules="numpy, matplotlib, tiktoken, tensorboardX"
+modules="numpy, matplotlib, tiktoken, tokenizers, tensorboardX"
 venv=build/pyenv
 
 has_modules() { [ -x "$1" ] && "$1" -c "import $modules" >/dev/null 2>&1; }
