@@ -19,6 +19,8 @@
  *                  regex is Oniguruma's syntax; data_tok_compile_regex translates it to PCRE2.
  *   added_tokens   text that stands for one id, split off before the pre-tokenizer
  *                  (data_tokenizer_encode.c encode_pass). Special ones only when specials are matched.
+ *                  Their ids must be the ones the library gives them: a token in model.vocab its
+ *                  vocab id, any other the next id after the vocabulary and the added tokens before.
  * Anything else the library would apply (a normalizer, add_prefix_space, a Split behavior other than
  * Isolated, dropout, subword prefixes) is refused with an error naming the key, never ignored.
  *
@@ -405,6 +407,7 @@ static int read_added(HfRead *r, const json_t *root, Error *err)
     t->added = calloc(n ? n : 1, sizeof *t->added);
     if (!t->added)
         return error_runtime(err, r->path, "out of memory");
+    int64_t next_id = t->n_ranks; /* the id the library gives the next added token not in the vocab */
     for (size_t i = 0; i < n; i++) {
         const json_t *a = json_array_get(added, i);
         const json_t *id = json_object_get(a, "id"), *content = json_object_get(a, "content");
@@ -428,6 +431,13 @@ static int read_added(HfRead *r, const json_t *root, Error *err)
             return error_set(err, r->path, "added_tokens[%zu]: \"%s\" has id %d, but model.vocab %s", i,
                              shown(text, b1, sizeof b1), tid,
                              in_vocab != DATA_TOK_NONE ? "gives it another id" : "has another token at that id");
+        /* The library does not take the id of a token that is not in model.vocab from the file: it
+         * gives it the next one (the vocabulary's size, then one past the largest added id so far),
+         * in the file's order. A file whose ids differ would encode with other ids than it says. */
+        if (in_vocab == DATA_TOK_NONE && tid != next_id)
+            return error_set(err, r->path, "added_tokens[%zu]: \"%s\" has id %d, but the tokenizers library gives "
+                             "it %lld (an added token not in model.vocab takes the next id, in the file's order)", i,
+                             shown(text, b1, sizeof b1), tid, (long long)next_id);
         const json_t *special = json_object_get(a, "special"), *normalized = json_object_get(a, "normalized");
         DataTokAdded *d = &t->added[t->n_added];
         d->id = tid;
@@ -447,6 +457,8 @@ static int read_added(HfRead *r, const json_t *root, Error *err)
         t->scan_added |= !d->special;
         if (tid >= t->vocab)
             t->vocab = (int64_t)tid + 1;
+        if ((int64_t)tid + 1 > next_id)
+            next_id = (int64_t)tid + 1;
     }
     return 0;
 }

@@ -223,7 +223,7 @@ def fixture_ids(llama_style):
 
 def hand_tokenizer(extra=None, bos=True):
     """256 byte tokens (ids 0..255 in byte order), merges h+e, l+l, he+ll, hell+o; specials
-    <|begin_of_text|> 300 and <|end_of_text|> 301; the Llama 3 layout."""
+    <|begin_of_text|> 260 and <|end_of_text|> 261; the Llama 3 layout."""
     chars = bytes_to_unicode()
     vocab = {chars[b]: b for b in range(256)}
     merges = [["h", "e"], ["l", "l"], ["he", "ll"], ["hell", "o"]]
@@ -231,9 +231,9 @@ def hand_tokenizer(extra=None, bos=True):
         vocab[a + b] = 256 + i
     j = {
         "version": "1.0", "truncation": None, "padding": None, "normalizer": None,
-        "added_tokens": [{"id": 300, "content": BOS_TEXT, "special": True, "normalized": False, "lstrip": False,
+        "added_tokens": [{"id": 260, "content": BOS_TEXT, "special": True, "normalized": False, "lstrip": False,
                           "rstrip": False, "single_word": False},
-                         {"id": 301, "content": EOS_TEXT, "special": True, "normalized": False, "lstrip": False,
+                         {"id": 261, "content": EOS_TEXT, "special": True, "normalized": False, "lstrip": False,
                           "rstrip": False, "single_word": False}],
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": False},
@@ -241,7 +241,7 @@ def hand_tokenizer(extra=None, bos=True):
         "post_processor": {"type": "TemplateProcessing",
                            "single": [{"SpecialToken": {"id": BOS_TEXT, "type_id": 0}},
                                       {"Sequence": {"id": "A", "type_id": 0}}],
-                           "pair": [], "special_tokens": {BOS_TEXT: {"id": BOS_TEXT, "ids": [300], "tokens": [BOS_TEXT]}}}
+                           "pair": [], "special_tokens": {BOS_TEXT: {"id": BOS_TEXT, "ids": [260], "tokens": [BOS_TEXT]}}}
         if bos else None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
@@ -267,14 +267,14 @@ def bos_eos_rules(tmp):
     src = jsonl(tmp, "b", texts)
     pb, pe = [ord(c) for c in BOS_TEXT], [ord(c) for c in EOS_TEXT]  # as plain text: byte tokens
     cases = [
-        ([], [[300] + hello + [301], [300] + hello + [301], [300] + pb + hello + [301],
-              [300] + hello + pe + [301], [300, 32] + pb + [301]]),
-        (["--special-tokens", "match"], [[300] + hello + [301], [300] + hello + [301], [300, 300] + hello + [301],
-                                        [300] + hello + [301, 301], [300, 32, 300, 301]]),
-        (["--bos", "none"], [hello + [301], pb + hello + [301], pb + pb + hello + [301], hello + pe + [301],
-                             [32] + pb + [301]]),
+        ([], [[260] + hello + [261], [260] + hello + [261], [260] + pb + hello + [261],
+              [260] + hello + pe + [261], [260, 32] + pb + [261]]),
+        (["--special-tokens", "match"], [[260] + hello + [261], [260] + hello + [261], [260, 260] + hello + [261],
+                                        [260] + hello + [261, 261], [260, 32, 260, 261]]),
+        (["--bos", "none"], [hello + [261], pb + hello + [261], pb + pb + hello + [261], hello + pe + [261],
+                             [32] + pb + [261]]),
         (["--bos", "none", "--eod", "none", "--special-tokens", "match"],
-         [hello, [300] + hello, [300, 300] + hello, hello + [301], [32, 300]]),
+         [hello, [260] + hello, [260, 260] + hello, hello + [261], [32, 260]]),
         (["--bos", "7", "--eod", "8"], [[7] + hello + [8], [7] + pb + hello + [8], [7] + pb + pb + hello + [8],
                                         [7] + hello + pe + [8], [7, 32] + pb + [8]]),
     ]
@@ -283,17 +283,17 @@ def bos_eos_rules(tmp):
         assert got == want, "convert %s:\n  got  %s\n  want %s" % (" ".join(args), got, want)
     # The summary line says which BOS and EOD it used.
     r, _ = run_convert(tmp, ["--tokenizer", tj, src])
-    assert r.returncode == 0 and b"bos 300, eod 301" in r.stdout, r.stdout
+    assert r.returncode == 0 and b"bos 260, eod 261" in r.stdout, r.stdout
     # No template: no BOS by default; tokenizer_config.json beside the file decides then.
     d = os.path.join(tmp, "cfg")
     os.makedirs(d)
     tj2 = write_json(d, "tokenizer.json", hand_tokenizer(bos=False))
-    assert convert(tmp, ["--tokenizer", tj2, src])[0] == hello + [301]
+    assert convert(tmp, ["--tokenizer", tj2, src])[0] == hello + [261]
     write_json(d, "tokenizer_config.json", {"add_bos_token": True, "bos_token": {"content": EOS_TEXT},
                                             "eos_token": "hello"})
-    assert convert(tmp, ["--tokenizer", tj2, src])[0] == [301] + hello + [259]
+    assert convert(tmp, ["--tokenizer", tj2, src])[0] == [261] + hello + [259]
     write_json(d, "tokenizer_config.json", {"bos_token": BOS_TEXT, "eos_token": None})
-    assert convert(tmp, ["--tokenizer", tj2, src])[0] == hello + [301]
+    assert convert(tmp, ["--tokenizer", tj2, src])[0] == hello + [261]
     write_json(d, "tokenizer_config.json", {"eos_token": "<|nope|>"})
     r, _ = run_convert(tmp, ["--tokenizer", tj2, src])
     assert r.returncode == 2 and b"eos_token: \"<|nope|>\" is not a token" in r.stderr, r.stderr
@@ -301,7 +301,7 @@ def bos_eos_rules(tmp):
     tj3 = write_json(tmp, "noeos.json", hand_tokenizer(lambda j: j["added_tokens"].pop()))
     r, _ = run_convert(tmp, ["--tokenizer", tj3, src])
     assert r.returncode == 2 and b"give --eod ID or --eod none" in r.stderr, r.stderr
-    assert convert(tmp, ["--tokenizer", tj3, "--eod", "none", src])[0] == [300] + hello
+    assert convert(tmp, ["--tokenizer", tj3, "--eod", "none", src])[0] == [260] + hello
     # A ranks file: Llama 3's BOS by default too, none for GPT-2's (test_tokenizer.py checks the ids).
 
 
@@ -312,6 +312,8 @@ def merge_order(tmp):
             j["model"]["vocab"]["el"] = 260  # made by the first merge, yet the highest id
             j["model"]["merges"].insert(0, ["e", "l"])
             j["model"]["ignore_merges"] = ignore_merges
+            j["added_tokens"][0]["id"], j["added_tokens"][1]["id"] = 261, 262  # after the vocabulary
+            j["post_processor"]["special_tokens"][BOS_TEXT]["ids"] = [261]
         return f
     src = jsonl(tmp, "m", ["hellox", "hello"])
     h, el, l, o, x = 104, 260, 108, 111, 120
@@ -323,6 +325,41 @@ def merge_order(tmp):
         if not isinstance(tk, Exception):  # the expectation is the library's too
             lib = tk.Tokenizer.from_file(tj)
             assert [lib.encode(t, add_special_tokens=False).ids for t in ["hellox", "hello"]] == want
+
+
+def added_tokens_and_variants(tmp):
+    """Against the library, on hand-written variants: non-special added tokens (normalized or not,
+    two overlapping a special token's text, which ordinary mode finds and skips whole: "begin_of" in
+    "<|begin_of_text|>" is not matched), a special one with normalized true, a Split on a String, a
+    merge listed twice (the later index counts)."""
+    lib_module = tokenizers()
+    texts = ["hello <x> hel<x>lo", BOS_TEXT + "he<x>", "<|begin<x>", "a" + EOS_TEXT + "b <y>z<y", "hellohello he ll o",
+             "x<xy>y <x><x>", "hellox"]
+
+    def added(j):
+        for k, (text, special, normalized) in enumerate([("<x>", False, True), ("<xy>", False, False),
+                                                         ("<y>", True, True), ("<|begin", False, False),
+                                                         ("begin_of", False, False)]):
+            j["added_tokens"].append({"id": 262 + k, "content": text, "special": special, "normalized": normalized,
+                                      "lstrip": False, "rstrip": False, "single_word": False})
+
+    def string_split(j):
+        j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"String": "l"}
+
+    def merge_twice(j):  # e+l first and last: it merges last ("hellox" -> hello x, not h el l o x)
+        j["model"]["vocab"]["el"] = 260
+        j["model"]["merges"] = [["e", "l"]] + j["model"]["merges"] + [["e", "l"]]
+        j["added_tokens"][0]["id"], j["added_tokens"][1]["id"] = 261, 262
+        j["post_processor"]["special_tokens"][BOS_TEXT]["ids"] = [261]
+    src = jsonl(tmp, "v", texts)
+    for name, f in [("added tokens", added), ("a String split", string_split), ("a merge twice", merge_twice)]:
+        tj = write_json(tmp, "variant.json", hand_tokenizer(f))
+        lib = lib_module.Tokenizer.from_file(tj)
+        for mode in ("ordinary", "match"):
+            lib.encode_special_tokens = mode == "ordinary"
+            want = [lib.encode(t, add_special_tokens=False).ids for t in texts]
+            got = convert(tmp, ["--tokenizer", tj, "--bos", "none", "--eod", "none", "--special-tokens", mode, src])
+            assert got == want, "%s, %s:\n  got  %s\n  want %s" % (name, mode, got, want)
 
 
 def malformed(tmp):
@@ -384,11 +421,12 @@ def malformed(tmp):
         (hand_tokenizer(setk({}, "added_tokens")), "added_tokens: expected an array"),
         (hand_tokenizer(setk(-1, "added_tokens", 0, "id")), "added_tokens[0]: expected {\"id\""),
         (hand_tokenizer(setk("", "added_tokens", 0, "content")), "added_tokens[0]: expected {\"id\""),
-        (hand_tokenizer(setk(300, "added_tokens", 1, "id")), "added_tokens[1]: \"<|end_of_text|>\" or id 300 is "
+        (hand_tokenizer(setk(260, "added_tokens", 1, "id")), "added_tokens[1]: \"<|end_of_text|>\" or id 260 is "
                                                              "given twice"),
         (hand_tokenizer(setk(5, "added_tokens", 0, "id")), "model.vocab has another token at that id"),
+        (hand_tokenizer(setk(262, "added_tokens", 1, "id")), "has id 262, but the tokenizers library gives it 261"),
         (hand_tokenizer(setk("he", "added_tokens", 0, "content")), "model.vocab gives it another id"),
-        (hand_tokenizer(lambda j: j["added_tokens"].append({"id": 302, "content": "<x>", "special": False,
+        (hand_tokenizer(lambda j: j["added_tokens"].append({"id": 262, "content": "<x>", "special": False,
                                                             "lstrip": True})), "lstrip, rstrip or single_word"),
         (hand_tokenizer(setk("<nope>", "post_processor", "single", 0, "SpecialToken", "id")),
          "post_processor: special token \"<nope>\" is not a token"),
@@ -430,6 +468,8 @@ TESTS = [
     ("BOS / EOS: on by default, off, other ids, one BOS when the text has it, tokenizer_config.json",
      bos_eos_rules),
     ("merges go by their order in the list, not by the ids they make; ignore_merges", merge_order),
+    ("added tokens (special or not, normalized or not, overlapping), a String split, a merge listed twice",
+     added_tokens_and_variants),
     ("malformed tokenizer.json files and bad options: one error line, exit status 2, no output", malformed),
 ]
 
