@@ -26,8 +26,9 @@
  *
  * Special tokens for convert:
  *   BOS  on by default when the library's encode would add one: the post_processor's template
- *        starts with a special token (Llama 3: <|begin_of_text|>), or a tokenizer_config.json
- *        beside the file says add_bos_token: true (its bos_token is the token then).
+ *        starts with a special token (Llama 3: <|begin_of_text|>; unless a tokenizer_config.json
+ *        beside the file says add_bos_token: false), or that tokenizer_config.json says
+ *        add_bos_token: true (its bos_token is the token then).
  *   EOS  tokenizer_config.json's eos_token when it is there; else the template's last special token;
  *        else the special added token <|end_of_text|>, <|endoftext|>, </s> or <eos>; else none.
  */

@@ -158,6 +158,18 @@ def gpt2_ids(corpus, modes=("ordinary", "match")):
     return run
 
 
+def real_summaries(tmp):
+    """The summary line of the real files: the vocabulary, BOS and EOD, and the pre-tokenizer regex
+    translated from the file equal to the pattern test_tokenizer.py checks against tiktoken (the
+    name is printed only when the translation is that pattern, character for character)."""
+    src = jsonl(tmp, "s", ["hello"])
+    for path, want in [(LLAMA3_JSON, b"vocabulary 128256 (llama3), bos 128000, eod 128001"),
+                       (GPT2_JSON, b"vocabulary 50257 (gpt2), bos none, eod 50256")]:
+        need_file(path)
+        r, _ = run_convert(tmp, ["--tokenizer", path, src])
+        assert r.returncode == 0 and want in r.stdout, (path, r.stdout, r.stderr)
+
+
 def headers():
     """Every second header of libc6-dev (about 1.1 MB)."""
     out = []
@@ -452,6 +464,7 @@ def malformed(tmp):
 
 
 TESTS = [
+    ("the real tokenizer.json files: vocabulary, BOS, EOD, and the regex as the known pattern", real_summaries),
     ("llama3 tokenizer.json ids equal the tokenizers library's on the libc6-dev headers",
      llama3_ids(headers, ("ordinary",))),
     ("llama3 tokenizer.json ids equal the library's on the Python standard library",
