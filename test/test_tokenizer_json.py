@@ -306,6 +306,10 @@ def bos_eos_rules(tmp):
     assert convert(tmp, ["--tokenizer", tj2, src])[0] == [261] + hello + [259]
     write_json(d, "tokenizer_config.json", {"bos_token": BOS_TEXT, "eos_token": None})
     assert convert(tmp, ["--tokenizer", tj2, src])[0] == hello + [261]
+    d2 = os.path.join(tmp, "cfg2")  # a template's BOS, turned off by add_bos_token: false
+    os.makedirs(d2)
+    write_json(d2, "tokenizer_config.json", {"add_bos_token": False})
+    assert convert(tmp, ["--tokenizer", write_json(d2, "tokenizer.json", hand_tokenizer()), src])[0] == hello + [261]
     write_json(d, "tokenizer_config.json", {"eos_token": "<|nope|>"})
     r, _ = run_convert(tmp, ["--tokenizer", tj2, src])
     assert r.returncode == 2 and b"eos_token: \"<|nope|>\" is not a token" in r.stderr, r.stderr
