@@ -420,9 +420,15 @@ int data_tokenizer_match_specials(DataTokenizer *t, Error *err)
         return error_set(err, "--special-tokens", "match needs a tokenizer.json (it names the special tokens; "
                          "a tiktoken ranks file does not)");
     for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].strips)
+        if (t->added[i].strips) {
+            char shown[64]; /* the token's text on one line */
+            size_t n = 0;
+            for (; n + 1 < sizeof shown && t->added[i].text[n]; n++)
+                shown[n] = (unsigned char)t->added[i].text[n] < 0x20 ? '?' : t->added[i].text[n];
+            shown[n] = '\0';
             return error_set(err, "--special-tokens", "added token '%s' has lstrip, rstrip or single_word set, "
-                             "which matching it in text does not support", t->added[i].text);
+                             "which matching it in text does not support", shown);
+        }
     t->match_specials = 1;
     t->scan_added = t->n_added > 0;
     return 0;

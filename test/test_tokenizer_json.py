@@ -457,7 +457,11 @@ def malformed(tmp):
         assert not os.path.exists(prefix + ".idx") and not os.path.exists(prefix + ".bin")
     # Options that need a tokenizer.json, or do not go with one.
     tj = write_json(tmp, "good.json", hand_tokenizer())
-    for args, want in [(["--tokenizer", tj, "--pattern", "gpt2"], "--pattern: not with a tokenizer.json"),
+    rstrip = write_json(tmp, "rstrip.json", hand_tokenizer(setk(True, "added_tokens", 1, "rstrip")))
+    assert convert(tmp, ["--tokenizer", rstrip, src])  # a special token's rstrip matters only when matched
+    for args, want in [(["--tokenizer", rstrip, "--special-tokens", "match"],
+                        "--special-tokens: added token '<|end_of_text|>' has lstrip, rstrip or single_word set"),
+                       (["--tokenizer", tj, "--pattern", "gpt2"], "--pattern: not with a tokenizer.json"),
                        (["--special-tokens", "match"], "--special-tokens: match needs a tokenizer.json"),
                        (["--special-tokens", "all"], "--special-tokens: expected one of ordinary|match"),
                        (["--bos", "x"], "--bos: expected a token id or 'none'"),
