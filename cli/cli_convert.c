@@ -7,7 +7,8 @@
  * is put first when the tokenizer has one (Llama 3) unless --bos none, the end-of-document token is
  * appended unless --eod none, and each document becomes one sequence of the data set (data_idx.h
  * writer). A document whose text already starts with the BOS token's text gets that as its BOS:
- * one BOS, never two (the double BOS of a chat template's "<|begin_of_text|>" plus the tokenizer's). Inputs are read whole through zlib, so .gz files work as they are.
+ * one BOS, never two (the double BOS of a chat template's "<|begin_of_text|>" plus the
+ * tokenizer's). Inputs are read whole through zlib, so .gz files work as they are.
  *
  * Everything is checked before it can do harm: the token dtype is chosen (or checked) against the
  * vocabulary and the EOD id before anything is written; a bad input (unreadable, empty, malformed

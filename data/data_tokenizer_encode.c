@@ -128,14 +128,20 @@ static int append(char **out, size_t *n, size_t *cap, const char *s, size_t len)
     return 0;
 }
 
+static int is_hex(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
 /* Oniguruma (the tokenizers library's regex engine) -> PCRE2, for the escapes whose meaning
  * differs: \s is Unicode White_Space in Oniguruma, written out as WS (see the top); \d is \p{Nd};
- * \w is Oniguruma's word set (letters, marks, decimal digits, connector punctuation); \v is the
- * vertical tab; \uHHHH is \x{HHHH}. Escapes with no PCRE2 equivalent here (\S, \W, \D inside a
- * character class, \h, \b, nested classes, ...) are refused rather than guessed. */
+ * \v is the vertical tab; \uHHHH is \x{HHHH}. Escapes with no exact PCRE2 equivalent here are
+ * refused rather than guessed: \S and \D inside a character class, \h (a hex digit in
+ * Oniguruma), \b, nested classes, and \w / \W, whose Oniguruma set is neither PCRE2's nor a
+ * general category (below U+0100 it has the Latin-1 table's digits such as \u00bd, above only
+ * decimal digits: \u2460 is not in it). */
 static char *translate_regex(const char *re, const char *where, Error *err)
 {
-    static const char word[] = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
     char *out = NULL;
     size_t n = 0, cap = 0;
     int in_class = 0;
@@ -185,15 +191,10 @@ static char *translate_regex(const char *re, const char *where, Error *err)
         case 'S': rep = in_class ? NULL : "[^" WS "]"; break;
         case 'd': rep = "\\p{Nd}"; break;
         case 'D': rep = in_class ? NULL : "\\P{Nd}"; break;
-        case 'w':
-            rep = in_class ? word : "[\\p{L}\\p{M}\\p{Nd}\\p{Pc}]";
-            break;
-        case 'W': rep = in_class ? NULL : "[^\\p{L}\\p{M}\\p{Nd}\\p{Pc}]"; break;
         case 'v': rep = "\\x{0B}"; break;
         case 'u': {
             int k = 0;
-            while (k < 4 && ((re[i + 2 + k] >= '0' && re[i + 2 + k] <= '9') || (re[i + 2 + k] >= 'a' && re[i + 2 + k] <= 'f') ||
-                             (re[i + 2 + k] >= 'A' && re[i + 2 + k] <= 'F')))
+            while (k < 4 && is_hex(re[i + 2 + k]))
                 k++;
             if (k == 4) {
                 snprintf(buf, sizeof buf, "\\x{%.4s}", re + i + 2);
@@ -474,7 +475,8 @@ static long added_at(const DataTokenizer *t, const unsigned char *s, size_t len,
     size_t best_len = 0;
     for (size_t k = 0; k < t->n_added; k++) {
         const DataTokAdded *a = &t->added[k];
-        if (a->normalized == normalized && a->len > best_len && a->len <= len - pos && !memcmp(s + pos, a->text, a->len)) {
+        if (a->normalized == normalized && a->len > best_len && a->len <= len - pos &&
+            !memcmp(s + pos, a->text, a->len)) {
             best = (long)k;
             best_len = a->len;
         }

@@ -378,6 +378,40 @@ def added_tokens_and_variants(tmp):
             assert got == want, "%s, %s:\n  got  %s\n  want %s" % (name, mode, got, want)
 
 
+def regex_translation(tmp):
+    """Split regexes using the escapes whose meaning differs between Oniguruma and PCRE2 (\\s, \\d,
+    their negations, \\v, \\uHHHH, \\x{...}, escaped symbols, inside and outside classes), on the
+    varied corpus and text made for them, against the library. Every piece the library's
+    pre-tokenizer cuts is made a token (ignore_merges), so any other cut gives other ids."""
+    lib_module = tokenizers()
+    from tokenizers import pre_tokenizers, Regex
+    texts = varied_corpus()[:120] + ["a\u00e9b 12\u0663\u00bd x_y\u203fz \u0301 \x0b\x0c tab\tnl\n ~!@ (x) [y] {z} "
+                                     "a.b|c \\ done \u2014"]
+    src = jsonl(tmp, "rx", texts)
+    for rx in [r"\d+|\p{L}+|\u00e9|[\s\p{P}]+|\x{2014}|\(|\)|\[|\]|\{|\}|\||\.|\\|\v|[^\d\s]+|.",
+               r"\D+|\d", r"[\d\s']+|[^\d\s']+", r"\S+|\s+", r"[\p{N}\p{L}]+|\P{L}"]:
+        cut = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(rx), behavior="isolated"),
+                                       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        pieces = sorted(set(p for t in texts for p, _ in cut.pre_tokenize_str(t)))
+
+        def f(j):
+            j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": rx}
+            vocab = j["model"]["vocab"]
+            for p in pieces:
+                if p not in (BOS_TEXT, EOS_TEXT):  # those stay added tokens, outside the vocabulary
+                    vocab.setdefault(p, len(vocab))
+            for k, a in enumerate(j["added_tokens"]):
+                a["id"] = len(vocab) + k
+            j["post_processor"]["special_tokens"][BOS_TEXT]["ids"] = [len(vocab)]
+        tj = write_json(tmp, "rx.json", hand_tokenizer(f))
+        lib = lib_module.Tokenizer.from_file(tj)
+        lib.encode_special_tokens = True
+        want = [lib.encode(t, add_special_tokens=False).ids for t in texts]
+        got = convert(tmp, ["--tokenizer", tj, "--bos", "none", "--eod", "none", src])
+        bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+        assert not bad, "regex %r: %d of %d documents differ, the first %r" % (rx, len(bad), len(texts), texts[bad[0]][:40])
+
+
 def malformed(tmp):
     src = jsonl(tmp, "m", ["hello world"])
 
@@ -432,6 +466,8 @@ def malformed(tmp):
          "the escape \\S inside a character class is not supported"),
         (hand_tokenizer(setk({"Regex": "\\h+"}, "pre_tokenizer", "pretokenizers", 0, "pattern")),
          "the escape \\h is not supported"),
+        (hand_tokenizer(setk({"Regex": "\\w+|\\W"}, "pre_tokenizer", "pretokenizers", 0, "pattern")),
+         "the escape \\w is not supported"),
         (hand_tokenizer(setk({"Regex": "x*"}, "pre_tokenizer", "pretokenizers", 0, "pattern")),
          "matched empty text"),
         (hand_tokenizer(setk({}, "added_tokens")), "added_tokens: expected an array"),
@@ -491,6 +527,7 @@ TESTS = [
     ("merges go by their order in the list, not by the ids they make; ignore_merges", merge_order),
     ("added tokens (special or not, normalized or not, overlapping), a String split, a merge listed twice",
      added_tokens_and_variants),
+    ("regexes with the escapes Oniguruma and PCRE2 read differently, against the library", regex_translation),
     ("malformed tokenizer.json files and bad options: one error line, exit status 2, no output", malformed),
 ]
 
