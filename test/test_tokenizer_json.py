@@ -131,9 +131,18 @@ def compare(got, want, docs, what):
     assert not bad, "%s: %d of %d documents differ:\n  %s" % (what, len(bad), len(got), "\n  ".join(bad[:5]))
 
 
+_library = {}
+
+
+def library(path):
+    """The library's Tokenizer of a real file, loaded once (Llama 3's takes most of a second)."""
+    if path not in _library:
+        _library[path] = tokenizers().Tokenizer.from_file(path)
+    return _library[path]
+
+
 def check_corpus(tmp, path, docs, bos, eos, modes=("ordinary", "match"), name="c"):
-    tk = tokenizers()
-    tok = tk.Tokenizer.from_file(path)
+    tok = library(path) if path in (LLAMA3_JSON, GPT2_JSON) else tokenizers().Tokenizer.from_file(path)
     src = jsonl(tmp, name, docs)
     for mode in modes:
         got = convert(tmp, ["--tokenizer", path, "--special-tokens", mode, src])
@@ -180,7 +189,7 @@ def headers():
 
 
 def llama3_specials():
-    tok = tokenizers().Tokenizer.from_file(real(LLAMA3_JSON))
+    tok = library(real(LLAMA3_JSON))
     names = [tok.id_to_token(i) for i in (128000, 128001, 128002, 128006, 128255)]
     return specials_corpus(names + ["<|eot_id|>"])
 
