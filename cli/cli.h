@@ -35,13 +35,15 @@ typedef enum CliCommand {
 
 typedef struct CliConvert {
     const char *out;           /* --out PREFIX */
-    const char *tokenizer;     /* --tokenizer FILE (tiktoken BPE ranks); NULL = byte-level */
+    const char *tokenizer;     /* --tokenizer FILE (tiktoken BPE ranks or tokenizer.json); NULL = byte-level */
     const char *pattern;       /* --pattern llama3|gpt2 (pre-tokenizer regex); NULL = by tokenizer */
     const char *format;        /* --format text|jsonl; NULL = by file name */
     const char *json_key;      /* --json-key KEY, default "text" */
     const char *files_from;    /* --files-from FILE: one input path per line ('-' = stdin) */
     const char *dtype;         /* --dtype auto|uint16|int32 */
     int64_t eod;               /* --eod ID; -1 = the tokenizer's end-of-text token; -2 = none */
+    int64_t bos;               /* --bos ID; -1 = the tokenizer's begin-of-text token; -2 = none */
+    const char *special_tokens; /* --special-tokens ordinary|match (special-token text in the input) */
     bool quiet;                /* --quiet: no progress lines */
     char **inputs;             /* positional inputs (pointers into argv) */
     int n_inputs;

@@ -106,7 +106,7 @@ static int match_str_flags(const StrFlag *flags, int n, int argc, char **argv, i
 static int parse_convert(int argc, char **argv, CliOptions *o, Error *err)
 {
     CliConvert *c = &o->convert;
-    const char *eod = NULL;
+    const char *eod = NULL, *bos = NULL;
     const StrFlag flags[] = {
         {"--out", &c->out, NULL},
         {"--tokenizer", &c->tokenizer, NULL},
@@ -116,11 +116,15 @@ static int parse_convert(int argc, char **argv, CliOptions *o, Error *err)
         {"--files-from", &c->files_from, NULL},
         {"--dtype", &c->dtype, "auto|uint16|int32"},
         {"--eod", &eod, NULL},
+        {"--bos", &bos, NULL},
+        {"--special-tokens", &c->special_tokens, "ordinary|match"},
     };
     o->command = CLI_CONVERT;
     c->json_key = "text";
     c->dtype = "auto";
+    c->special_tokens = "ordinary";
     c->eod = -1;
+    c->bos = -1;
     c->inputs = calloc((size_t)argc, sizeof *c->inputs);
     if (!c->inputs)
         return error_runtime(err, "convert", "out of memory");
@@ -148,6 +152,10 @@ static int parse_convert(int argc, char **argv, CliOptions *o, Error *err)
         c->eod = -2;
     else if (eod && (parse_int64(eod, &c->eod) != 0 || c->eod < 0 || c->eod > INT32_MAX))
         return error_set(err, "--eod", "expected a token id or 'none', got '%s'", eod);
+    if (bos && !strcmp(bos, "none"))
+        c->bos = -2;
+    else if (bos && (parse_int64(bos, &c->bos) != 0 || c->bos < 0 || c->bos > INT32_MAX))
+        return error_set(err, "--bos", "expected a token id or 'none', got '%s'", bos);
     if (!c->out)
         return error_set(err, "convert", "needs --out PREFIX");
     if (!c->n_inputs && !c->files_from)

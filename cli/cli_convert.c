@@ -3,9 +3,12 @@
  * (PREFIX.idx + PREFIX.bin), the format training reads.
  *
  * Each text input is one document; each non-blank line of a JSON-lines input is one document (the
- * string field --json-key). Documents are tokenized (data_tokenizer.h), the end-of-document token
- * is appended unless --eod none, and each document becomes one sequence of the data set
- * (data_idx.h writer). Inputs are read whole through zlib, so .gz files work as they are.
+ * string field --json-key). Documents are tokenized (data_tokenizer.h), the begin-of-text token
+ * is put first when the tokenizer has one (Llama 3) unless --bos none, the end-of-document token is
+ * appended unless --eod none, and each document becomes one sequence of the data set (data_idx.h
+ * writer). A document whose text already starts with the BOS token's text gets that as its BOS:
+ * one BOS, never two (the double BOS of a chat template's "<|begin_of_text|>" plus the
+ * tokenizer's). Inputs are read whole through zlib, so .gz files work as they are.
  *
  * Everything is checked before it can do harm: the token dtype is chosen (or checked) against the
  * vocabulary and the EOD id before anything is written; a bad input (unreadable, empty, malformed
@@ -34,6 +37,9 @@ typedef struct Convert {
     DataIdxWriter w;
     DataTokens ids;
     int64_t eod;            /* appended id, or -1 for none */
+    int64_t bos;            /* id put first, or -1 for none */
+    const char *bos_text;   /* the BOS token's text, NULL when unknown */
+    size_t bos_len;
     int dtype;              /* DATA_DTYPE_UINT16 or DATA_DTYPE_INT32 */
     int64_t limit;          /* largest id the dtype holds */
     int check_ids;          /* the vocabulary exceeds the dtype: check every id */
@@ -71,7 +77,19 @@ static int add_document(Convert *cv, const char *where, const char *text, size_t
         return 0;
     }
     cv->ids.n = 0;
-    if (data_tokenizer_encode(cv->tok, text, len, &cv->ids, err) != 0)
+    size_t skip = 0;
+    if (cv->bos >= 0) {
+        if (cv->bos_text && len >= cv->bos_len && !memcmp(text, cv->bos_text, cv->bos_len))
+            skip = cv->bos_len; /* the text's own BOS is the BOS */
+        DataTokens *o = &cv->ids;
+        if (o->cap == 0) {
+            if (!(o->ids = malloc(16 * sizeof *o->ids)))
+                return error_runtime(err, where, "out of memory");
+            o->cap = 16;
+        }
+        o->ids[o->n++] = (int32_t)cv->bos;
+    }
+    if (data_tokenizer_encode(cv->tok, text + skip, len - skip, &cv->ids, err) != 0)
         return -1;
     if (cv->check_ids)
         for (size_t i = 0; i < cv->ids.n; i++)
@@ -247,9 +265,18 @@ static int choose_dtype(Convert *cv, Error *err)
 {
     const CliConvert *c = cv->c;
     cv->eod = c->eod == -1 ? data_tokenizer_eod(cv->tok) : c->eod == -2 ? -1 : c->eod;
+    if (c->eod == -1 && cv->eod < 0)
+        return error_set(err, "--eod", "%s names no end-of-text token (no tokenizer_config.json eos_token beside it, "
+                         "none in its post_processor, no <|end_of_text|>, <|endoftext|>, </s> or <eos>): give --eod "
+                         "ID or --eod none", c->tokenizer);
+    cv->bos = c->bos == -1 ? data_tokenizer_bos(cv->tok) : c->bos == -2 ? -1 : c->bos;
+    if (cv->bos >= 0)
+        cv->bos_text = data_tokenizer_special_text(cv->tok, (int32_t)cv->bos, &cv->bos_len);
     int64_t bound = data_tokenizer_vocab_size(cv->tok); /* ids are below this */
     if (cv->eod >= bound)
         bound = cv->eod + 1;
+    if (cv->bos >= bound)
+        bound = cv->bos + 1;
     if (!strcmp(c->dtype, "uint16") || (!strcmp(c->dtype, "auto") && bound <= 65536)) {
         cv->dtype = DATA_DTYPE_UINT16;
         cv->limit = 65535;
@@ -259,6 +286,9 @@ static int choose_dtype(Convert *cv, Error *err)
     }
     if (cv->eod > cv->limit)
         return error_set(err, "--eod", "id %lld does not fit --dtype %s (0..%lld)", (long long)cv->eod, c->dtype,
+                         (long long)cv->limit);
+    if (cv->bos > cv->limit)
+        return error_set(err, "--bos", "id %lld does not fit --dtype %s (0..%lld)", (long long)cv->bos, c->dtype,
                          (long long)cv->limit);
     cv->check_ids = data_tokenizer_vocab_size(cv->tok) - 1 > cv->limit;
     return 0;
@@ -270,7 +300,11 @@ static int run(Convert *cv, char **paths, size_t n_paths, Error *err)
     if (c->pattern && !c->tokenizer)
         return error_set(err, "--pattern", "only with --tokenizer (byte-level tokens are not pre-tokenized)");
     cv->tok = data_tokenizer_open(c->tokenizer, c->pattern, err);
-    if (!cv->tok || choose_dtype(cv, err) != 0)
+    if (!cv->tok)
+        return -1;
+    if (!strcmp(c->special_tokens, "match") && data_tokenizer_match_specials(cv->tok, err) != 0)
+        return -1;
+    if (choose_dtype(cv, err) != 0)
         return -1;
     if (data_idx_writer_open(&cv->w, c->out, cv->dtype, err) != 0)
         return -1;
@@ -287,14 +321,16 @@ static int run(Convert *cv, char **paths, size_t n_paths, Error *err)
     if (data_idx_writer_finish(&cv->w, err) != 0)
         return -1;
     double dt = now_s() - cv->t0, mb = (double)cv->bytes / 1e6;
-    char eod[32] = "none";
+    char eod[32] = "none", bos[32] = "none";
     if (cv->eod >= 0)
         snprintf(eod, sizeof eod, "%lld", (long long)cv->eod);
-    printf("convert: %llu documents, %llu tokens, dtype %s, vocabulary %lld (%s), eod %s -> %s.idx + %s.bin "
+    if (cv->bos >= 0)
+        snprintf(bos, sizeof bos, "%lld", (long long)cv->bos);
+    printf("convert: %llu documents, %llu tokens, dtype %s, vocabulary %lld (%s), bos %s, eod %s -> %s.idx + %s.bin "
            "(%.1f MB of text in %.1f s, %.1f MB/s)",
            (unsigned long long)cv->docs, (unsigned long long)cv->tokens,
            cv->dtype == DATA_DTYPE_UINT16 ? "uint16" : "int32", (long long)data_tokenizer_vocab_size(cv->tok),
-           data_tokenizer_pattern(cv->tok), eod, c->out, c->out, mb, dt, dt > 0 ? mb / dt : 0.0);
+           data_tokenizer_pattern(cv->tok), bos, eod, c->out, c->out, mb, dt, dt > 0 ? mb / dt : 0.0);
     if (cv->empty)
         printf("; %llu empty documents skipped", (unsigned long long)cv->empty);
     printf("\n");

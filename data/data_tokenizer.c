@@ -17,7 +17,7 @@
 #include "util/fileio.h"
 #include "util/parse.h"
 
-enum { LLAMA3_RANKS = 128000, LLAMA3_VOCAB = 128256, LLAMA3_EOD = 128001, GPT2_RANKS = 50256 };
+enum { LLAMA3_RANKS = 128000, LLAMA3_VOCAB = 128256, LLAMA3_BOS = 128000, LLAMA3_EOD = 128001, GPT2_RANKS = 50256 };
 
 void data_tokens_free(DataTokens *t)
 {
@@ -219,8 +219,7 @@ static int parse_ranks(DataTokenizer *t, const char *path, const char *text, siz
 #undef WHERE
 }
 
-/* Builds both hash tables and byte_rank; checks for repeated tokens and missing single bytes. */
-static int build_tables(DataTokenizer *t, const char *path, Error *err)
+int data_tok_build_token_table(DataTokenizer *t, const char *path, Error *err)
 {
     uint32_t n = t->n_ranks;
     uint64_t cap = table_capacity(n, NULL);
@@ -229,23 +228,32 @@ static int build_tables(DataTokenizer *t, const char *path, Error *err)
         return error_runtime(err, path, "out of memory");
     memset(t->tok_slots, 0xFF, cap * sizeof *t->tok_slots);
     t->tok_mask = cap - 1;
-    uint64_t n_pairs = 0;
     for (uint32_t r = 0; r < n; r++) {
-        uint64_t len = t->offsets[r + 1] - t->offsets[r];
         uint32_t q = tok_insert(t, r);
         if (q != DATA_TOK_NONE)
             return error_set(err, path, "ranks %u and %u have the same token bytes", q, r);
-        n_pairs += len - 1;
     }
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
         if ((t->byte_rank[b] = data_tok_lookup(t, &c, 1)) == DATA_TOK_NONE)
             return error_set(err, path, "byte 0x%02x has no rank (every single byte must be a token)", b);
     }
+    return 0;
+}
+
+/* Builds both hash tables and byte_rank; checks for repeated tokens and missing single bytes. */
+static int build_tables(DataTokenizer *t, const char *path, Error *err)
+{
+    uint32_t n = t->n_ranks;
+    if (data_tok_build_token_table(t, path, err) != 0)
+        return -1;
+    uint64_t n_pairs = 0;
+    for (uint32_t r = 0; r < n; r++)
+        n_pairs += t->offsets[r + 1] - t->offsets[r] - 1;
 
     /* Every split of every token into two tokens: (left, right) -> token. */
     int bits;
-    cap = table_capacity(n_pairs, &bits);
+    uint64_t cap = table_capacity(n_pairs, &bits);
     t->pair_slots = malloc(cap * sizeof *t->pair_slots);
     if (!t->pair_slots)
         return error_runtime(err, path, "out of memory");
@@ -275,6 +283,7 @@ static int open_byte_level(DataTokenizer *t, Error *err)
     t->pattern = "bytes";
     t->n_ranks = 256;
     t->eod = 256;
+    t->bos = -1;
     t->vocab = 257;
     t->bytes = malloc(256);
     t->offsets = malloc(257 * sizeof *t->offsets);
@@ -312,15 +321,46 @@ DataTokenizer *data_tokenizer_open(const char *ranks_path, const char *pattern, 
     char *text = NULL;
     size_t len = 0;
     int rc = file_read_all(ranks_path, &text, &len, err);
+    size_t first = 0;
+    while (rc == 0 && first < len && (text[first] == ' ' || text[first] == '\t' || text[first] == '\r' ||
+                                      text[first] == '\n'))
+        first++;
+    if (rc == 0 && first < len && text[first] == '{') { /* JSON: a Hugging Face tokenizer.json */
+        if (pattern)
+            rc = error_set(err, "--pattern", "not with a tokenizer.json (its pre_tokenizer gives the pattern)");
+        else
+            rc = data_tok_open_hf(t, ranks_path, text, len, err);
+        free(text);
+        if (rc != 0) {
+            data_tokenizer_close(t);
+            return NULL;
+        }
+        return t;
+    }
     if (rc == 0)
         rc = parse_ranks(t, ranks_path, text, len, err);
     free(text);
+    t->whole_piece_lookup = 1;
+    t->bos = -1;
     if (rc == 0)
         rc = build_tables(t, ranks_path, err);
     if (rc == 0) {
         if (t->n_ranks == LLAMA3_RANKS) {
+            /* Meta's tokenizer.py names these; they are what the HF files' added tokens say too. */
+            static const char *const names[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+            t->bos = LLAMA3_BOS;
             t->eod = LLAMA3_EOD;
             t->vocab = LLAMA3_VOCAB;
+            t->added = calloc(2, sizeof *t->added);
+            if (!t->added)
+                rc = error_runtime(err, ranks_path, "out of memory");
+            for (int k = 0; rc == 0 && k < 2; k++) {
+                t->added[k] = (DataTokAdded){.text = strdup(names[k]), .len = strlen(names[k]),
+                                             .id = LLAMA3_BOS + k, .special = 1};
+                t->n_added++;
+                if (!t->added[k].text)
+                    rc = error_runtime(err, ranks_path, "out of memory");
+            }
         } else {
             t->eod = (int32_t)t->n_ranks; /* GPT-2's <|endoftext|> = 50256 is this rule too */
             t->vocab = (int64_t)t->n_ranks + 1;
@@ -353,16 +393,58 @@ void data_tokenizer_close(DataTokenizer *t)
     free(t->nxt);
     free(t->prv);
     free(t->heap);
+    free(t->merge_result);
+    for (size_t i = 0; i < t->n_added; i++)
+        free(t->added[i].text);
+    free(t->added);
     free(t);
 }
 
 int32_t data_tokenizer_eod(const DataTokenizer *t) { return t->eod; }
+int32_t data_tokenizer_bos(const DataTokenizer *t) { return t->bos; }
+
+const char *data_tokenizer_special_text(const DataTokenizer *t, int32_t id, size_t *len)
+{
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].id == id) {
+            *len = t->added[i].len;
+            return t->added[i].text;
+        }
+    *len = 0;
+    return NULL;
+}
+
+int data_tokenizer_match_specials(DataTokenizer *t, Error *err)
+{
+    if (t->byte_level || !t->merge_result)
+        return error_set(err, "--special-tokens", "match needs a tokenizer.json (it names the special tokens; "
+                         "a tiktoken ranks file does not)");
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].strips) {
+            char shown[64]; /* the token's text on one line */
+            size_t n = 0;
+            for (; n + 1 < sizeof shown && t->added[i].text[n]; n++)
+                shown[n] = (unsigned char)t->added[i].text[n] < 0x20 ? '?' : t->added[i].text[n];
+            shown[n] = '\0';
+            return error_set(err, "--special-tokens", "added token '%s' has lstrip, rstrip or single_word set, "
+                             "which matching it in text does not support", shown);
+        }
+    t->match_specials = 1;
+    t->scan_added = t->n_added > 0;
+    return 0;
+}
 int64_t data_tokenizer_vocab_size(const DataTokenizer *t) { return t->vocab; }
 int64_t data_tokenizer_n_ranks(const DataTokenizer *t) { return t->n_ranks; }
 const char *data_tokenizer_pattern(const DataTokenizer *t) { return t->pattern; }
 
 const unsigned char *data_tokenizer_token_bytes(const DataTokenizer *t, int32_t id, size_t *len)
 {
+    if (id >= 0 && (uint32_t)id >= t->n_ranks)
+        for (size_t i = 0; i < t->n_added; i++)
+            if (t->added[i].id == id && !t->added[i].special) {
+                *len = t->added[i].len;
+                return (const unsigned char *)t->added[i].text;
+            }
     if (id < 0 || (uint32_t)id >= t->n_ranks) {
         *len = 0;
         return NULL;

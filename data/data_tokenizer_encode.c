@@ -20,9 +20,15 @@
  * pathological text stays fast. Both pick the same pair at every step: the minimum of (rank, start)
  * over the current adjacent pairs. Every new adjacent pair is pushed when it appears; an entry whose
  * pair no longer makes its token when it is popped is stale and dropped.
+ *
+ * A tokenizer.json (Hugging Face's BPE, models/bpe/word.rs merge_all) is the same procedure with the
+ * merge's index in its merges list as the rank and only the listed pairs as candidates: its heap is
+ * ordered by (merge index, start) too, so the same code gives its ids. Its whole-piece lookup is
+ * its model's ignore_merges, and its added tokens are split off first (encode_pass).
  */
 #include "data/data_tokenizer_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,20 +58,21 @@ static int pcre2_error(Error *err, const char *where, const char *what, int code
     return error_runtime(err, where, "%s: PCRE2 error %d: %s", what, code, (const char *)msg);
 }
 
-int data_tok_compile_pattern(DataTokenizer *t, const char *name, Error *err)
+/* Compiles the PCRE2 pattern src into t; name says where in errors. A compile error is a runtime
+ * error for the built-in patterns and bad input (status 2) for one read from a file (user). */
+static int compile_source(DataTokenizer *t, const char *src, const char *name, int user, Error *err)
 {
-    const char *src;
-    if (!strcmp(name, "llama3"))
-        src = pattern_llama3;
-    else if (!strcmp(name, "gpt2"))
-        src = pattern_gpt2;
-    else
-        return error_set(err, name, "unknown pre-tokenizer pattern (expected llama3 or gpt2)");
-    t->pattern = !strcmp(name, "llama3") ? "llama3" : "gpt2";
     int code;
     PCRE2_SIZE at;
     t->re = pcre2_compile((PCRE2_SPTR)src, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
                           &code, &at, NULL);
+    if (!t->re && user) {
+        PCRE2_UCHAR msg[256];
+        if (pcre2_get_error_message(code, msg, sizeof msg) < 0)
+            strcpy((char *)msg, "unknown error");
+        return error_set(err, name, "cannot compile the pre-tokenizer regex (PCRE2, at offset %zu of '%s'): %s",
+                         (size_t)at, src, (const char *)msg);
+    }
     if (!t->re)
         return pcre2_error(err, name, "cannot compile the pre-tokenizer pattern", code);
     /* The match limit counts backtracking steps; the default (10 million) stops a match over a run
@@ -87,6 +94,163 @@ int data_tok_compile_pattern(DataTokenizer *t, const char *name, Error *err)
     if (!t->md)
         return error_runtime(err, name, "out of memory");
     return 0;
+}
+
+int data_tok_compile_pattern(DataTokenizer *t, const char *name, Error *err)
+{
+    const char *src;
+    if (!strcmp(name, "llama3"))
+        src = pattern_llama3;
+    else if (!strcmp(name, "gpt2"))
+        src = pattern_gpt2;
+    else
+        return error_set(err, name, "unknown pre-tokenizer pattern (expected llama3 or gpt2)");
+    t->pattern = !strcmp(name, "llama3") ? "llama3" : "gpt2";
+    return compile_source(t, src, name, 0, err);
+}
+
+/* Appends s to the growing string *out (length *n, capacity *cap); -1 when out of memory. */
+static int append(char **out, size_t *n, size_t *cap, const char *s, size_t len)
+{
+    if (*n + len + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (*n + len + 1 > c)
+            c *= 2;
+        char *p = realloc(*out, c);
+        if (!p)
+            return -1;
+        *out = p;
+        *cap = c;
+    }
+    memcpy(*out + *n, s, len);
+    *n += len;
+    (*out)[*n] = '\0';
+    return 0;
+}
+
+static int is_hex(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* Oniguruma (the tokenizers library's regex engine) -> PCRE2, for the escapes whose meaning
+ * differs: \s is Unicode White_Space in Oniguruma, written out as WS (see the top); \d is \p{Nd};
+ * \v is the vertical tab; \uHHHH is \x{HHHH}. Escapes with no exact PCRE2 equivalent here are
+ * refused rather than guessed: \S and \D inside a character class, \h (a hex digit in
+ * Oniguruma), \b, nested classes, and \w / \W, whose Oniguruma set is neither PCRE2's nor a
+ * general category (below U+0100 it has the Latin-1 table's digits such as \u00bd, above only
+ * decimal digits: \u2460 is not in it). */
+static char *translate_regex(const char *re, const char *where, Error *err)
+{
+    char *out = NULL;
+    size_t n = 0, cap = 0;
+    int in_class = 0;
+    int rc = 0;
+    for (size_t i = 0; re[i] && rc == 0;) {
+        char c = re[i];
+        if (c == '[') {
+            if (in_class && re[i + 1] != ':') {
+                free(out);
+                error_set(err, where, "nested character classes are not supported in the pre-tokenizer regex");
+                return NULL;
+            }
+            if (in_class) { /* a POSIX class [:name:] inside a class: copied whole */
+                const char *end = strstr(re + i + 2, ":]");
+                size_t len = end ? (size_t)(end - (re + i)) + 2 : strlen(re + i);
+                rc = append(&out, &n, &cap, re + i, len);
+                i += len;
+                continue;
+            }
+            in_class = 1;
+            size_t len = 1;
+            if (re[i + len] == '^')
+                len++;
+            if (re[i + len] == ']') /* a ']' first in a class is literal */
+                len++;
+            rc = append(&out, &n, &cap, re + i, len);
+            i += len;
+            continue;
+        }
+        if (c == ']' && in_class) {
+            in_class = 0;
+            rc = append(&out, &n, &cap, "]", 1);
+            i++;
+            continue;
+        }
+        if (c != '\\') {
+            rc = append(&out, &n, &cap, re + i, 1);
+            i++;
+            continue;
+        }
+        char e = re[i + 1];
+        const char *rep = NULL;
+        char buf[32];
+        size_t used = 2;
+        switch (e) {
+        case 's': rep = in_class ? WS : "[" WS "]"; break;
+        case 'S': rep = in_class ? NULL : "[^" WS "]"; break;
+        case 'd': rep = "\\p{Nd}"; break;
+        case 'D': rep = in_class ? NULL : "\\P{Nd}"; break;
+        case 'v': rep = "\\x{0B}"; break;
+        case 'u': {
+            int k = 0;
+            while (k < 4 && is_hex(re[i + 2 + k]))
+                k++;
+            if (k == 4) {
+                snprintf(buf, sizeof buf, "\\x{%.4s}", re + i + 2);
+                rep = buf;
+                used = 6;
+            }
+            break;
+        }
+        case 'p': case 'P': case 'x': case 'r': case 'n': case 't': case 'f': case 'e': case 'a': case 'A': case 'z':
+            /* the same in PCRE2 (\p{..} and \x{..} are copied with their braces as they come) */
+            buf[0] = '\\';
+            buf[1] = e;
+            buf[2] = '\0';
+            rep = buf;
+            break;
+        default:
+            if (e && !((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))) {
+                buf[0] = '\\';
+                buf[1] = e;
+                buf[2] = '\0';
+                rep = buf; /* an escaped symbol: itself */
+            }
+            break;
+        }
+        if (!rep) {
+            free(out);
+            if (!e)
+                error_set(err, where, "the pre-tokenizer regex ends with a lone backslash");
+            else
+                error_set(err, where, "the escape \\%c%s is not supported in the pre-tokenizer regex", e,
+                          in_class ? " inside a character class" : "");
+            return NULL;
+        }
+        rc = append(&out, &n, &cap, rep, strlen(rep));
+        i += used;
+    }
+    if (rc == 0 && !out)
+        rc = append(&out, &n, &cap, "", 0);
+    if (rc != 0) {
+        free(out);
+        error_runtime(err, where, "out of memory");
+        return NULL;
+    }
+    return out;
+}
+
+int data_tok_compile_regex(DataTokenizer *t, const char *regex, const char *where, Error *err)
+{
+    char *src = translate_regex(regex, where, err);
+    if (!src)
+        return -1;
+    /* The two patterns wlbtrain knows by name, reported as such. */
+    t->pattern = !strcmp(src, pattern_llama3) ? "llama3" : !strcmp(src, pattern_gpt2) ? "gpt2" : "tokenizer.json";
+    int rc = compile_source(t, src, where, 1, err);
+    free(src);
+    return rc;
 }
 
 static int tokens_reserve(DataTokens *o, size_t extra, Error *err)
@@ -155,7 +319,7 @@ static void merge_linear(DataTokenizer *t, const unsigned char *p, size_t n, Dat
         if (best == DATA_TOK_NONE)
             break;
         /* tok[bi] and tok[bi + 1] become one part; pairs to their right shift left by one. */
-        tok[bi] = best;
+        tok[bi] = data_tok_merged(t, best);
         memmove(tok + bi + 1, tok + bi + 2, (m - bi - 2) * sizeof *tok);
         if (m > bi + 3)
             memmove(pr + bi + 1, pr + bi + 2, (m - bi - 3) * sizeof *pr);
@@ -235,7 +399,7 @@ static void merge_heap(DataTokenizer *t, const unsigned char *p, size_t n, DataT
          * earlier pair; the pair's own entry is then stale when it comes up. */
         if (tok[l] == DATA_TOK_NONE || r >= end || data_tok_pair(t, tok[l], tok[r]) != it.rank)
             continue;
-        tok[l] = it.rank;
+        tok[l] = data_tok_merged(t, it.rank);
         tok[r] = DATA_TOK_NONE;
         nxt[l] = nxt[r];
         if (nxt[l] < end)
@@ -257,7 +421,7 @@ static int encode_piece(DataTokenizer *t, const unsigned char *p, size_t n, Data
         out->ids[out->n++] = (int32_t)t->byte_rank[p[0]];
         return 0;
     }
-    uint32_t whole = data_tok_lookup(t, p, n);
+    uint32_t whole = t->whole_piece_lookup ? data_tok_lookup(t, p, n) : DATA_TOK_NONE;
     if (whole != DATA_TOK_NONE) {
         out->ids[out->n++] = (int32_t)whole;
         return 0;
@@ -273,16 +437,9 @@ static int encode_piece(DataTokenizer *t, const unsigned char *p, size_t n, Data
     return 0;
 }
 
-int data_tokenizer_encode(DataTokenizer *t, const char *text, size_t len, DataTokens *out, Error *err)
+/* Text with no added token in it: pre-tokenizer pieces, each byte-pair merged. */
+static int encode_text(DataTokenizer *t, const unsigned char *s, size_t len, DataTokens *out, Error *err)
 {
-    const unsigned char *s = (const unsigned char *)text;
-    if (t->byte_level) {
-        if (tokens_reserve(out, len, err) != 0)
-            return -1;
-        for (size_t i = 0; i < len; i++)
-            out->ids[out->n++] = s[i];
-        return 0;
-    }
     size_t pos = 0;
     while (pos < len) {
         int rc = pcre2_match(t->re, s, len, pos, 0, t->md, t->mctx);
@@ -298,10 +455,75 @@ int data_tokenizer_encode(DataTokenizer *t, const char *text, size_t len, DataTo
         if (start > pos && encode_piece(t, s + pos, start - pos, out, err) != 0)
             return -1;
         if (end == start && start < len) /* the patterns cannot match empty text */
+        {
+            if (!strcmp(t->pattern, "tokenizer.json")) /* a regex from the user's file */
+                return error_set(err, "tokenizer", "the tokenizer.json pre-tokenizer regex matched empty text at byte "
+                                 "%zu (regexes that can match nothing are not supported)", start);
             return error_runtime(err, "tokenizer", "pre-tokenizer matched empty text at byte %zu", start);
+        }
         if (end > start && encode_piece(t, s + start, end - start, out, err) != 0)
             return -1;
         pos = end;
     }
     return 0;
+}
+
+/* The added token of the given pass (normalized 0 or 1) at s[pos..): the longest one there, or -1. */
+static long added_at(const DataTokenizer *t, const unsigned char *s, size_t len, size_t pos, int normalized)
+{
+    long best = -1;
+    size_t best_len = 0;
+    for (size_t k = 0; k < t->n_added; k++) {
+        const DataTokAdded *a = &t->added[k];
+        if (a->normalized == normalized && a->len > best_len && a->len <= len - pos &&
+            !memcmp(s + pos, a->text, a->len)) {
+            best = (long)k;
+            best_len = a->len;
+        }
+    }
+    return best;
+}
+
+/* Added tokens, as the tokenizers library's AddedVocabulary finds them: pass 0 finds the tokens
+ * with normalized false in the text, leftmost-longest and without overlap; pass 1 finds those with
+ * normalized true in the text between (the normalizer is none, so that text is as it came); pass 2
+ * encodes what is left (encode_text). A special token found while specials are not matched is
+ * skipped, not split on: its text stays ordinary text, and the search goes on after it (as the
+ * library's encode_special_tokens does). */
+static int encode_pass(DataTokenizer *t, const unsigned char *s, size_t len, int pass, DataTokens *out, Error *err)
+{
+    if (pass == 2)
+        return encode_text(t, s, len, out, err);
+    size_t seg = 0;
+    for (size_t pos = 0; pos < len;) {
+        long k = t->added_first[s[pos]] ? added_at(t, s, len, pos, pass) : -1;
+        if (k < 0) {
+            pos++;
+            continue;
+        }
+        const DataTokAdded *a = &t->added[k];
+        if (a->special && !t->match_specials) {
+            pos += a->len;
+            continue;
+        }
+        if (encode_pass(t, s + seg, pos - seg, pass + 1, out, err) != 0 || tokens_reserve(out, 1, err) != 0)
+            return -1;
+        out->ids[out->n++] = a->id;
+        pos += a->len;
+        seg = pos;
+    }
+    return encode_pass(t, s + seg, len - seg, pass + 1, out, err);
+}
+
+int data_tokenizer_encode(DataTokenizer *t, const char *text, size_t len, DataTokens *out, Error *err)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    if (t->byte_level) {
+        if (tokens_reserve(out, len, err) != 0)
+            return -1;
+        for (size_t i = 0; i < len; i++)
+            out->ids[out->n++] = s[i];
+        return 0;
+    }
+    return t->scan_added ? encode_pass(t, s, len, 0, out, err) : encode_text(t, s, len, out, err);
 }

@@ -9,6 +9,11 @@
  *                   two tokens. During a merge every part is a token (parts start as single bytes,
  *                   and two parts merge only into a token), so "does the concatenation of these two
  *                   parts have a rank" is one integer-keyed lookup instead of hashing byte strings.
+ *
+ * A Hugging Face tokenizer.json (data_tokenizer_hf.c) fills the same tables, with one difference:
+ * its merges list, not the ranks, orders the merges. The pair table then holds (a, b) -> the
+ * merge's index in that list (its priority: the lower merges first), and merge_result maps the
+ * index to the token made. For a tiktoken file merge_result is NULL: the priority is the token.
  */
 #ifndef WLB_DATA_DATA_TOKENIZER_IMPL_H
 #define WLB_DATA_DATA_TOKENIZER_IMPL_H
@@ -26,7 +31,7 @@ typedef struct DataTokSlot {
     uint32_t rank, tag;
 } DataTokSlot;
 
-/* A slot of the pair table: a = DATA_TOK_NONE marks an empty slot. */
+/* A slot of the pair table: a = DATA_TOK_NONE marks an empty slot; rank is the merge's priority. */
 typedef struct DataTokPairSlot {
     uint32_t a, b, rank;
 } DataTokPairSlot;
@@ -37,12 +42,31 @@ typedef struct DataTokHeapItem {
     uint32_t rank, left;
 } DataTokHeapItem;
 
+/* An added token of a tokenizer.json (or a tiktoken file's known special): text that stands for one
+ * id. special: a special token (matched in text only with data_tokenizer_match_specials);
+ * normalized: matched after the normalizer (a second pass over the text between the others). */
+typedef struct DataTokAdded {
+    char *text;
+    size_t len;
+    int32_t id;
+    int special, normalized, strips; /* strips: lstrip, rstrip or single_word set (not supported) */
+} DataTokAdded;
+
 struct DataTokenizer {
     int byte_level;
-    const char *pattern;       /* "bytes", "llama3", "gpt2" */
+    const char *pattern;       /* "bytes", "llama3", "gpt2" or "tokenizer.json" (another regex) */
     uint32_t n_ranks;
-    int32_t eod;
+    int32_t eod;               /* -1: none known */
+    int32_t bos;               /* -1: none; the BOS put first by default */
     int64_t vocab;
+    int whole_piece_lookup;    /* a piece that is a token is that token (tiktoken; HF ignore_merges) */
+    uint32_t *merge_result;    /* tokenizer.json: merge priority -> token; NULL = the priority is it */
+
+    DataTokAdded *added;       /* added tokens, matched in text by leftmost-longest */
+    size_t n_added;
+    int match_specials;        /* special added tokens are matched in text too */
+    int scan_added;            /* some added token is matched in text (the scan runs at all) */
+    uint8_t added_first[256];  /* 1 for a byte that starts some added token */
 
     unsigned char *bytes;      /* every token's bytes, concatenated in rank order */
     uint64_t *offsets;         /* token r is bytes[offsets[r] .. offsets[r + 1]) */
@@ -88,7 +112,22 @@ static inline uint32_t data_tok_pair(const DataTokenizer *t, uint32_t a, uint32_
     }
 }
 
+/* The token a merge of priority prio makes. */
+static inline uint32_t data_tok_merged(const DataTokenizer *t, uint32_t prio)
+{
+    return t->merge_result ? t->merge_result[prio] : prio;
+}
+
 /* Compiles the named pre-tokenizer regex into t (data_tokenizer_encode.c). */
 int data_tok_compile_pattern(DataTokenizer *t, const char *name, Error *err);
+/* Compiles a tokenizer.json pre-tokenizer regex (Oniguruma syntax, as the tokenizers library
+ * matches it) into t, translated to PCRE2; where names it in errors (status 2 for a pattern this
+ * cannot translate or compile). */
+int data_tok_compile_regex(DataTokenizer *t, const char *regex, const char *where, Error *err);
+/* Builds the bytes -> rank table and byte_rank from bytes/offsets/n_ranks; a repeated token or a
+ * single byte that is no token is an Error naming path (data_tokenizer.c). */
+int data_tok_build_token_table(DataTokenizer *t, const char *path, Error *err);
+/* Reads a Hugging Face tokenizer.json (text[0..len), from path) into t (data_tokenizer_hf.c). */
+int data_tok_open_hf(DataTokenizer *t, const char *path, const char *text, size_t len, Error *err);
 
 #endif

@@ -2,8 +2,8 @@
 # Fuzzes the eight input readers with libFuzzer (clang, -fsanitize=fuzzer,address,undefined) for a
 # bounded time each: the YAML config loader, the Megatron .idx/.bin reader, the checkpoint reader,
 # the sharded checkpoint's index.json reader, the safetensors reader (with model_load's format
-# sniffing), the document length lists (with the planner over them), the tiktoken ranks reader and
-# BPE encoder, and the calibration file (with the cost model over it)
+# sniffing), the document length lists (with the planner over them), the tokenizer readers (tiktoken
+# ranks, tokenizer.json) and BPE encoder, and the calibration file (with the cost model over it)
 # (fuzz/fuzz_targets.h says what each target checks). Seeds: test/fuzz/TARGET/. Every input that
 # crashes, trips a sanitizer or times out is copied into test/fuzz/TARGET/ as crash-*, where
 # test/test_fuzz_corpus (in make test) replays it from then on; the script then exits 1.

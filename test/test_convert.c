@@ -118,7 +118,7 @@ static void test_text_inputs(void **state)
     RUN(&r, "convert", "--out", out, a, b);
     assert_int_equal(r.status, 0);
     /* One summary line: documents, tokens, dtype and where it went. */
-    char *want = test_format("convert: 2 documents, 16 tokens, dtype uint16, vocabulary 257 (bytes), eod 256 -> "
+    char *want = test_format("convert: 2 documents, 16 tokens, dtype uint16, vocabulary 257 (bytes), bos none, eod 256 -> "
                              "%s.idx + %s.bin", out, out);
     assert_true(!strncmp(r.out, want, strlen(want)));
     assert_ptr_equal(strchr(r.out, '\n'), r.out + strlen(r.out) - 1);
@@ -284,8 +284,9 @@ static void test_eod_and_dtype(void **state)
 }
 
 /* Real rank files: ids equal the library's encode (itself checked against tiktoken in
- * test_tokenizer.c / .py), the dtype follows the vocabulary, and a forced uint16 fails cleanly
- * when an id does not fit. */
+ * test_tokenizer.c / .py), Llama 3's with its BOS first and GPT-2's without, the same as the
+ * tokenizer.json files give (checked against the tokenizers library in test_tokenizer_json.py),
+ * the dtype follows the vocabulary, and a forced uint16 fails cleanly when an id does not fit. */
 static void test_real_tokenizers(void **state)
 {
     (void)state;
@@ -302,18 +303,30 @@ static void test_real_tokenizers(void **state)
     const char text[] = "Hello, world! They'll've 12345 na\xc3\xafve \xe6\x9d\xb1\xe4\xba\xac \xf0\x9f\x98\x80\r\n";
     char *in = test_write_file(dir, "in.txt", text, strlen(text));
     char *out = test_format("%s/r", dir);
-    const char *paths[] = {l3, g2};
-    const int want_dtype[] = {DATA_DTYPE_INT32, DATA_DTYPE_UINT16};
-    for (int k = 0; k < 2; k++) {
+    const char *l3j = test_real_data("tokenizers/llama3_tokenizer.json");
+    char *l3json = l3j ? strdup(l3j) : NULL;
+    const char *g2j = test_real_data("tokenizers/gpt2_tokenizer.json");
+    char *g2json = g2j ? strdup(g2j) : NULL;
+    const char *paths[] = {l3, g2, l3json, g2json};
+    const int want_dtype[] = {DATA_DTYPE_INT32, DATA_DTYPE_UINT16, DATA_DTYPE_INT32, DATA_DTYPE_UINT16};
+    for (int k = 0; k < 4; k++) {
+        if (!paths[k])
+            continue;
         CONVERT_OK("--out", out, "--tokenizer", paths[k], in);
         Error err = {0};
-        DataTokenizer *t = data_tokenizer_open(paths[k], NULL, &err);
+        DataTokenizer *t = data_tokenizer_open(paths[k % 2], NULL, &err); /* the ranks file's ids */
         assert_non_null(t);
         DataTokens ids = {0};
+        int llama = k % 2 == 0;
+        ids.ids = malloc(sizeof *ids.ids);
+        assert_non_null(ids.ids);
+        ids.cap = 1;
+        if (llama)
+            ids.ids[ids.n++] = 128000;
         assert_int_equal(data_tokenizer_encode(t, text, strlen(text), &ids, &err), 0);
         ids.ids = realloc(ids.ids, (ids.n + 1) * sizeof *ids.ids);
         assert_non_null(ids.ids);
-        ids.ids[ids.n++] = k == 0 ? 128001 : 50256;
+        ids.ids[ids.n++] = llama ? 128001 : 50256;
         DataIdx d;
         open_set(&d, out);
         assert_int_equal(d.dtype, want_dtype[k]);
@@ -328,13 +341,17 @@ static void test_real_tokenizers(void **state)
     test_assert_error(&r, "--eod: id 128001 does not fit --dtype uint16");
     test_cmd_free(&r);
     RUN(&r, "convert", "--quiet", "--out", out, "--tokenizer", l3, "--dtype", "uint16", "--eod", "none", in);
+    test_assert_error(&r, "--bos: id 128000 does not fit --dtype uint16");
+    test_cmd_free(&r);
+    RUN(&r, "convert", "--quiet", "--out", out, "--tokenizer", l3, "--dtype", "uint16", "--eod", "none", "--bos",
+        "none", in);
     char *want = test_format("%s: token id 95980 does not fit --dtype uint16", in);
     test_assert_error(&r, want);
     test_cmd_free(&r);
     free(want);
     /* ... while text whose ids all fit converts. */
     char *small = test_write_file(dir, "small.txt", "hello world", 11);
-    CONVERT_OK("--out", out, "--tokenizer", l3, "--dtype", "uint16", "--eod", "none", small);
+    CONVERT_OK("--out", out, "--tokenizer", l3, "--dtype", "uint16", "--eod", "none", "--bos", "none", small);
     DataIdx d;
     open_set(&d, out);
     assert_int_equal(d.dtype, DATA_DTYPE_UINT16);
@@ -343,13 +360,13 @@ static void test_real_tokenizers(void **state)
     data_idx_close(&d);
     /* --pattern gpt2 with the Llama 3 ranks: "They'll've DON'T" splits the GPT-2 way. */
     char *c = test_write_file(dir, "c.txt", "They'll've DON'T", 16);
-    CONVERT_OK("--out", out, "--tokenizer", l3, "--pattern", "gpt2", "--eod", "none", c);
+    CONVERT_OK("--out", out, "--tokenizer", l3, "--pattern", "gpt2", "--eod", "none", "--bos", "none", c);
     open_set(&d, out);
     const int32_t contr[] = {7009, 3358, 3077, 45373, 6, 51};
     assert_doc(&d, 0, contr, 6);
     data_idx_close(&d);
     test_rm_rf(dir);
-    free(in), free(out), free(small), free(c), free(l3), free(g2), free(dir);
+    free(in), free(out), free(small), free(c), free(l3), free(g2), free(l3json), free(g2json), free(dir);
 }
 
 /* Runs convert with args (after "convert --quiet --out DIR/fail") and expects one error line

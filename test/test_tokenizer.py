@@ -3,7 +3,8 @@
 
 (a) With tiktoken (in the python test/run.sh runs this with, scripts/test-python.sh; skipped with
     the reason when it is missing, failed with CI set): the ids wlbtrain writes, read back from
-    PREFIX.bin/.idx, must equal tiktoken's encode_ordinary plus the EOD, for the Llama 3 and the GPT-2 rank files of ../shared/real-data
+    PREFIX.bin/.idx, must equal tiktoken's encode_ordinary plus the EOD (after the BOS 128000 for
+    Llama 3, convert's default), for the Llama 3 and the GPT-2 rank files of ../shared/real-data
     (tiktoken.Encoding built from the local file: tiktoken cannot download here), on the C headers
     of libc6-dev (the demo corpus) and on a generated corpus of many scripts, numbers, whitespace
     runs, CRLF, contractions, emoji, long words and random mixtures.
@@ -11,7 +12,7 @@
 (b) Without tiktoken either: the 1,000 OpenWebText documents of the BigScience Megatron fixture are
     decoded to text (GPT-2 byte-level vocabulary beside it), converted with both rank files, and the
     per-document token counts must equal lengths/openwebtext1000_lengths.csv (llama3_tokens and
-    gpt2_tokens count the EOD: they are len(encode_ordinary(text)) + 1).
+    gpt2_tokens count the EOD: they are len(encode_ordinary(text)) + 1; converted with --bos none).
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_REAL_DATA (default ../shared/real-data).
 Output: TAP ("1..N", "ok N - name", "not ok N - name", "ok N # SKIP reason").
@@ -41,6 +42,7 @@ PAT_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 PAT_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 EOD = {"llama3": 128001, "gpt2": 50256}
+BOS = {"llama3": [128000], "gpt2": []}  # convert's default: Llama 3's <|begin_of_text|> first, none for GPT-2
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -139,7 +141,7 @@ def compare(name, docs_text, got):
     assert len(got) == len(docs_text), "%d documents written, %d given" % (len(got), len(docs_text))
     bad = []
     for i, (text, ids) in enumerate(zip(docs_text, got)):
-        want = enc.encode_ordinary(text) + [EOD[name]]
+        want = BOS[name] + enc.encode_ordinary(text) + [EOD[name]]
         if ids != want:
             k = next((j for j, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
             bad.append("doc %d (%r...): first difference at token %d: got %s, tiktoken %s"
@@ -278,6 +280,8 @@ def invalid_utf8_round_trip(name):
         assert len(got) == len(docs)
         for i, (doc, ids) in enumerate(zip(docs, got)):
             assert ids[-1] == EOD[name], "doc %d does not end with the EOD" % i
+            assert ids[:len(BOS[name])] == BOS[name], "doc %d does not start with the BOS" % i
+            ids = ids[len(BOS[name]):]
             assert all(0 <= t < len(table) for t in ids[:-1]), "doc %d: an id outside the ranks" % i
             back = b"".join(table[t] for t in ids[:-1])
             assert back == doc, "doc %d: %r decodes to %r" % (i, doc[:60], back[:60])
@@ -315,7 +319,7 @@ def owt_vs_csv(name):
         assert len(rows) == 1000 and [int(r["doc"]) for r in rows] == list(range(1000))
         # The fixture's own counts include its EOD: a sanity check of the decoding above.
         assert all(len(d) == int(r["gpt2_tiny_tokens"]) for d, r in zip(docs, rows))
-        got = convert(tmp, "owt", ["--tokenizer", ranks, "--files-from", write_files(tmp, "owt", texts)])
+        got = convert(tmp, "owt", ["--tokenizer", ranks, "--bos", "none", "--files-from", write_files(tmp, "owt", texts)])
         col = name + "_tokens"
         bad = [(i, len(g), int(r[col])) for i, (g, r) in enumerate(zip(got, rows)) if len(g) != int(r[col])]
         assert not bad, "%d documents differ from %s (doc, wlbtrain incl. EOD, csv): %s" % (len(bad), col, bad[:10])
