@@ -104,7 +104,8 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
             rc = config_print(&cfg, stdout, err);
     } else if (rc == 0 && opt->dry_run && opt->search) {
         SearchOptions so = {opt->config_path, opt->sets, opt->n_sets, opt->gpus,
-                            opt->steps ? opt->steps : SEARCH_DEFAULT_STEPS, opt->search_out, opt->search_all};
+                            opt->steps ? opt->steps : SEARCH_DEFAULT_STEPS, opt->search_out, opt->stats_out,
+                            opt->search_all};
         rc = cfg.parallel.dp > 0 || opt->gpus ? trainer_search_run(&cfg, &so, err)
                                  : error_set(err, "parallel.dp", "the search needs the config's layout as numbers (dp: "
                                              "set parallel.dp, or give --gpus N)");

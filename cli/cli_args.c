@@ -328,9 +328,9 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         return error_set(err, "--compare", "only with --dry-run");
     if (o->search && !o->dry_run)
         return error_set(err, "--search", "only with --dry-run (wlbtrain --config FILE --dry-run --search)");
-    if (o->search && (o->compare || o->stats_out || o->no_memory_check))
-        return error_set(err, "--search", "takes --gpus, --search-out, --search-all and --steps, not --compare, "
-                         "--stats-out or --no-memory-check (run those on the layout it writes)");
+    if (o->search && (o->compare || o->no_memory_check))
+        return error_set(err, "--search", "takes --gpus, --search-out, --search-all, --stats-out and --steps, not "
+                         "--compare or --no-memory-check (run those on the layout it writes)");
     if (o->gpus && !o->search)
         return error_set(err, "--gpus", "only with --dry-run --search");
     if (o->search_out && !o->search)

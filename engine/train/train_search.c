@@ -243,7 +243,8 @@ typedef struct Progress {
 
 static void progress_start(Progress *p, const char *what, int total)
 {
-    *p = (Progress){what, total, 0, isatty(STDERR_FILENO), clock_seconds(), 0};
+    double now = clock_seconds();
+    *p = (Progress){what, total, 0, isatty(STDERR_FILENO), now, now};
 }
 
 /* One more done (called inside a critical section): on a terminal the line is redrawn at most
@@ -254,7 +255,7 @@ static void progress_step(Progress *p)
     double now = clock_seconds();
     if (now - p->last < (p->tty ? 0.2 : 10) && p->done < p->total)
         return;
-    if (!p->tty && p->done == p->total && p->last == 0)
+    if (p->done == p->total && p->last == p->t0)
         return; /* quick enough that no line was needed */
     p->last = now;
     fprintf(stderr, "%ssearch: %s %d/%d layouts, %.0f s%s", p->tty ? "\r" : "", p->what, p->done, p->total,
@@ -423,6 +424,35 @@ static int no_fit(Search *s, int64_t gpus, Error *err)
 
 /* ---------------------------------------------------------------------------------------------- */
 
+/* --stats-out: one JSON object per candidate that resolved, in the order enumerated. */
+static int write_stats(const Search *s, Error *err)
+{
+    static const char *const modes[] = {"none", "selective", "full"};
+    AtomicFile f = {0};
+    if (atomic_open(&f, s->opt->stats_out, err) != 0)
+        return -1;
+    for (int i = 0; i < s->n; i++) {
+        const Candidate *c = &s->c[i];
+        const SearchLayout *l = &c->l;
+        if (!c->valid)
+            continue;
+        fprintf(f.f, "{\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"virtual_stages\":%d,\"recompute\":\"%s\",\"zero\":%d,"
+                     "\"max_tokens_per_micro_batch\":%lld,\"cp_sharding\":\"%s\",\"own\":%s,\"fits\":%s,\"peak_gb\":%.4g",
+                l->tp, l->cp, l->pp, l->dp, l->v, modes[l->recompute], l->zero, (long long)l->s_max,
+                config_cp_sharding_name(l->sharding), l->own ? "true" : "false", c->fits ? "true" : "false",
+                c->peak / 1e9);
+        if (c->row.fig.steps)
+            fprintf(f.f, ",\"rank\":%d,\"steps\":%lld,\"tokens\":%lld,\"predicted_s\":%.9g,\"tokens_per_s\":%.9g,"
+                         "\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"planned_with\":%d",
+                    c->row.rank, (long long)c->row.fig.steps, (long long)c->row.fig.tokens, c->row.fig.predicted_s,
+                    c->row.tps, c->row.fig.pp_imbalance, c->row.fig.cp_imbalance, c->same_as >= 0 ? c->same_as : i);
+        if (c->row.has_plain)
+            fprintf(f.f, ",\"plain_tokens_per_s\":%.9g", c->row.plain_tps);
+        fputs("}\n", f.f);
+    }
+    return atomic_commit(&f, err);
+}
+
 static int by_speed(const void *a, const void *b)
 {
     const Candidate *x = *(const Candidate *const *)a, *y = *(const Candidate *const *)b;
@@ -540,6 +570,8 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
                 order[n_ranked++] = c;
         }
         qsort(order, (size_t)n_ranked, sizeof *order, by_speed);
+        for (int k = 0; k < n_ranked; k++)
+            order[k]->row.rank = k + 1;
         /* Plain-4D at the same layout: the ten best and the config's own. */
         int n_base = 0;
         for (int k = 0; k < n_ranked && k < SEARCH_TABLE_ROWS; k++)
@@ -584,6 +616,8 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
             free(rows);
         }
     }
+    if (rc == 0 && opt->stats_out)
+        rc = write_stats(&s, err);
     if (rc == 0 && opt->out && n_ranked > 0)
         rc = write_best(&s, order[0], n_ranked, err);
     free(list);

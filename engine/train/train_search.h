@@ -37,6 +37,7 @@ typedef struct SearchOptions {
     int64_t gpus;            /* the cluster; 0: the config's tp x cp x pp x dp */
     int64_t steps;           /* steps each layout is planned */
     const char *out;         /* --search-out: the best layout as a config file; NULL: not written */
+    const char *stats_out;   /* --stats-out: one JSON object per layout; NULL: not written */
     int all;                 /* --search-all: plan every layout, those the memory model refuses too, and
                               * none once for another: the reference the pruned search must agree with */
 } SearchOptions;
