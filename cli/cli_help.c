@@ -48,7 +48,7 @@ static const char help_main[] =
     "                     for a stack with memory savings wlbtrain's engine does not have\n"
     "  --search           with --dry-run: try every layout of the cluster (tp, cp, pp, dp,\n"
     "                     virtual stages, train.recompute, parallel.zero, S_max) that fits,\n"
-    "                     plan each on the config's data (--steps, default 30) and print the\n"
+    "                     plan each on the config's data (--steps, default 100) and print the\n"
     "                     ten fastest, the config's own marked (docs/layout-search.md)\n"
     "  --gpus N           with --search: the cluster's GPUs (default: the config's layout's)\n"
     "  --search-out FILE  with --search: write the fastest layout as a config file\n"

@@ -1,6 +1,7 @@
 /* engine/train/train_search.c - the layout search (see train_search.h): candidates, pruning, planning. */
 #include "engine/train/train_search.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@ typedef struct Candidate {
     uint32_t key;      /* CRC of what planning reads (search_key) */
     CostModel *cost;   /* the same, kept to compare candidates whose keys are equal */
     int same_as;       /* -1, or the candidate whose figures are this one's (planned once) */
+    double check_tps;  /* tokens/s over twice the steps (the ten best only) */
     SearchRow row;
 } Candidate;
 
@@ -323,8 +325,12 @@ static void share_plans(Search *s)
     }
 }
 
+/* What a planning pass records: the ranking's figures, Plain-4D's beside them, or the tokens/s over
+ * twice the steps (the stability check). */
+typedef enum PlanPass { PASS_RANK, PASS_PLAIN, PASS_CHECK } PlanPass;
+
 /* Plans list[0 .. n) (candidate indices), several at once with one planning thread each. */
-static int plan_all(Search *s, const int *list, int n, int with_baseline, Progress *pr, Error *err)
+static int plan_all(Search *s, const int *list, int n, PlanPass pass, Progress *pr, Error *err)
 {
     int failed = 0;
     Error first_err = {0};
@@ -339,10 +345,13 @@ static int plan_all(Search *s, const int *list, int n, int with_baseline, Progre
             Config one = c->cfg;
             one.balance.plan_threads = 1;
             DryRunFigures f;
-            rc = dryrun_predict(&one, &s->data, s->opt->steps, with_baseline, &f, &e);
-            if (rc == 0 && with_baseline) {
+            int64_t steps = pass == PASS_CHECK ? 2 * s->opt->steps : s->opt->steps;
+            rc = dryrun_predict(&one, &s->data, steps, pass == PASS_PLAIN, &f, &e);
+            if (rc == 0 && pass == PASS_PLAIN) {
                 c->row.plain_tps = f.baseline_s > 0 ? (double)f.tokens / f.baseline_s : 0;
                 c->row.has_plain = 1;
+            } else if (rc == 0 && pass == PASS_CHECK) {
+                c->check_tps = f.predicted_s > 0 ? (double)f.tokens / f.predicted_s : 0;
             } else if (rc == 0) {
                 c->row.fig = f;
                 c->row.tps = f.predicted_s > 0 ? (double)f.tokens / f.predicted_s : 0;
@@ -453,6 +462,27 @@ static int write_stats(const Search *s, Error *err)
     return atomic_commit(&f, err);
 }
 
+/* The stability check's verdict: whether the first of the ten best over `steps` steps is still the
+ * first over twice as many. */
+static void print_stability(const Search *s, Candidate *const *order, int n)
+{
+    if (n < 2)
+        return;
+    int first = 0;
+    for (int k = 1; k < n; k++)
+        if (order[k]->check_tps > order[first]->check_tps)
+            first = k;
+    long long steps = (long long)s->opt->steps;
+    if (first == 0)
+        printf("steps: enough - over %lld steps the first of the ten is still the fastest (%.0f tokens/s, %.3fx the "
+               "second)\n", 2 * steps, order[0]->check_tps,
+               order[0]->check_tps / fmax(order[1]->check_tps, 1e-300));
+    else
+        printf("steps: NOT enough - over %lld steps #%d is the fastest of the ten (%.0f tokens/s, %.3fx the first's "
+               "%.0f): run the search with --steps %lld or more\n", 2 * steps, first + 1, order[first]->check_tps,
+               order[first]->check_tps / fmax(order[0]->check_tps, 1e-300), order[0]->check_tps, 2 * steps);
+}
+
 static int by_speed(const void *a, const void *b)
 {
     const Candidate *x = *(const Candidate *const *)a, *y = *(const Candidate *const *)b;
@@ -548,14 +578,14 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
     Candidate **order = rc == 0 ? malloc((size_t)s.n * sizeof *order) : NULL;
     if (rc == 0 && (!list || !order))
         rc = error_runtime(err, "--search", "out of memory");
-    int n_plan = 0, n_ranked = 0;
+    int n_plan = 0, n_ranked = 0, n_check = 0;
     if (rc == 0) {
         share_plans(&s);
         for (int i = 0; i < s.n; i++)
             if (s.c[i].cost && s.c[i].same_as < 0)
                 list[n_plan++] = i;
         progress_start(&pr, "planning", n_plan);
-        rc = plan_all(&s, list, n_plan, 0, &pr, err);
+        rc = plan_all(&s, list, n_plan, PASS_RANK, &pr, err);
     }
     if (rc == 0) {
         for (int i = 0; i < s.n; i++) {
@@ -583,7 +613,13 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
             if (!listed)
                 list[n_base++] = own_i;
         }
-        rc = plan_all(&s, list, n_base, 1, NULL, err);
+        rc = plan_all(&s, list, n_base, PASS_PLAIN, NULL, err);
+        /* Enough steps? The ten best again over twice the steps: the same first, or a warning. */
+        n_check = n_ranked < SEARCH_TABLE_ROWS ? n_ranked : SEARCH_TABLE_ROWS;
+        for (int k = 0; k < n_check; k++)
+            list[k] = (int)(order[k] - s.c);
+        if (rc == 0)
+            rc = plan_all(&s, list, n_check, PASS_CHECK, NULL, err);
     }
     if (rc == 0) {
         SearchRow *rows = malloc((size_t)(n_ranked + 1) * sizeof *rows);
@@ -613,6 +649,7 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
             SearchSummary sum = {gpus, s.gpn, opt->steps, s.budget, s.n, valid, fits, n_plan, clock_seconds() - t0,
                                  threads()};
             trainer_search_table(stdout, &sum, rows, n_ranked, own_p);
+            print_stability(&s, order, n_check);
             free(rows);
         }
     }

@@ -18,7 +18,8 @@
  * 3. Plan the survivors on the config's data for `steps` steps (dryrun_predict, as a dry run plans
  *    them), several layouts at once on the machine's cores with one planning thread each, and
  *    rank them by predicted tokens/s. The ten best and the config's own get Plain-4D at the same
- *    layout (a second planning run each).
+ *    layout (a second planning run each), and the ten best are planned again over twice the steps:
+ *    a first that is no longer first there is said (run with more --steps).
  * Nothing is hard-coded about which layout wins: the ranking is the cost model's and the
  * planner's, so it follows them when they change.
  */
@@ -42,9 +43,10 @@ typedef struct SearchOptions {
                               * none once for another: the reference the pruned search must agree with */
 } SearchOptions;
 
-/* Default steps per layout when --steps is not given: the figures of the example configs move by
- * well under 1% beyond it (docs/layout-search.md). */
-#define SEARCH_DEFAULT_STEPS 30
+/* Default steps per layout when --steps is not given: enough for the example configs' rankings
+ * (docs/layout-search.md); the ten best are planned again over twice as many, and a ranking whose
+ * first changes there is said. */
+#define SEARCH_DEFAULT_STEPS 100
 
 /* Runs the search for cfg (the resolved config of opt->config_path and opt->sets) and prints its
  * table on stdout, its progress on stderr. No layout fits: an Error (status 2) naming the least
