@@ -283,12 +283,15 @@ static int admit_all(Search *s, int first, int keep, Progress *pr, Error *err)
 #pragma omp parallel for num_threads(threads()) schedule(dynamic, 4)
     for (int i = first; i < s->n; i++) {
         Error e = {0};
-        int rc = 0;
-        if (!failed)
+        int rc = 0, stop;
+#pragma omp atomic read
+        stop = failed;
+        if (!stop)
             rc = admit(s, &s->c[i], keep, &e);
 #pragma omp critical(search_progress)
         {
             if (rc != 0 && !failed) {
+#pragma omp atomic write
                 failed = 1;
                 first_err = e;
             }
@@ -338,8 +341,10 @@ static int plan_all(Search *s, const int *list, int n, PlanPass pass, Progress *
     for (int j = 0; j < n; j++) {
         Candidate *c = &s->c[list[j]];
         Error e = {0};
-        int rc = 0;
-        if (!failed) {
+        int rc = 0, stop;
+#pragma omp atomic read
+        stop = failed;
+        if (!stop) {
             /* One planning thread: the layouts themselves fill the cores (the planner's threads only
              * change how fast a step is planned, never the plan). */
             Config one = c->cfg;
@@ -360,6 +365,7 @@ static int plan_all(Search *s, const int *list, int n, PlanPass pass, Progress *
 #pragma omp critical(search_progress)
         {
             if (rc != 0 && !failed) {
+#pragma omp atomic write
                 failed = 1;
                 first_err = e;
             }
