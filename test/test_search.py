@@ -109,7 +109,8 @@ def test_search_out_round_trips(fx):
     check(d.returncode == 0, d.stderr)
     with open(stats) as f:
         summary = [json.loads(line) for line in f][-1]
-    check(abs(summary["tokens"] / summary["predicted_s"] / best["tokens_per_s"] - 1) < 1e-6,
+    # the summary's predicted_s has 6 digits (%.6g)
+    check(abs(summary["tokens"] / summary["predicted_s"] / best["tokens_per_s"] - 1) < 1e-5,
           "the written config predicts %s tokens/s, the search %s" %
           (summary["tokens"] / summary["predicted_s"], best["tokens_per_s"]))
     # and it is the best layout: searching from it finds itself first, marked as the config's own
