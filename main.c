@@ -19,6 +19,7 @@
 #include "engine/train/calibrate.h"
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_search.h"
 #include "util/ckpt_index.h"
 #include "engine/train/train_stages.h"
 
@@ -101,6 +102,13 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
     } else if (rc == 0 && opt->print_config) {
         if (launch.rank == 0)
             rc = config_print(&cfg, stdout, err);
+    } else if (rc == 0 && opt->dry_run && opt->search) {
+        SearchOptions so = {opt->config_path, opt->sets, opt->n_sets, opt->gpus,
+                            opt->steps ? opt->steps : SEARCH_DEFAULT_STEPS, opt->search_out, opt->stats_out,
+                            opt->search_all};
+        rc = cfg.parallel.dp > 0 || opt->gpus ? trainer_search_run(&cfg, &so, err)
+                                 : error_set(err, "parallel.dp", "the search needs the config's layout as numbers (dp: "
+                                             "set parallel.dp, or give --gpus N)");
     } else if (rc == 0 && opt->dry_run) {
         /* parallel.stage_layers: auto placed (for every rank alike), then the memory each rank needs:
          * a layout that does not fit is refused here as in training. */

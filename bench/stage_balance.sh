@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # parallel.stage_layers: even against auto, side by side, in the dry run: the three headline configs
-# (config/examples/llama8b.yaml, llama70b.yaml, llama70b-128k.yaml on the WLB-LLM length list), the
+# (config/examples/llama8b-wlbllm.yaml - WLB-LLM's 8B layout, the pipelined one; llama8b.yaml has no
+# pipeline - llama70b.yaml, llama70b-128k.yaml on the WLB-LLM length list), the
 # eight WLB-LLM Table 1 configurations (bench/wlbllm/*.yaml; their bench plans them past the memory
 # budget, --no-memory-check, and so does this one) and Llama 3 at its 8K pre-training windows
 # (bench/stage_balance/*.yaml), where the output layer over a 128,256-token vocabulary weighs most.
@@ -32,7 +33,7 @@ run() { # name config extra-args...
       --stats-out "$out/$name.$split.jsonl" "$@" > "$out/$name.$split.txt"
   done
 }
-for c in llama8b llama70b llama70b-128k; do
+for c in llama8b-wlbllm llama70b llama70b-128k; do
   run "$c" "config/examples/$c.yaml" --set data.path= --set data.weights= --set "data.lengths_file=$list"
 done
 for cfg in bench/wlbllm/*.yaml bench/stage_balance/*.yaml; do
@@ -42,7 +43,7 @@ done
 python3 - "$out" <<'PY'
 import json, os, re, sys
 out = sys.argv[1]
-ROWS = ["llama8b", "llama70b", "llama70b-128k", "550m-64k", "550m-128k", "7b-64k", "7b-128k", "30b-64k", "30b-128k",
+ROWS = ["llama8b-wlbllm", "llama70b", "llama70b-128k", "550m-64k", "550m-128k", "7b-64k", "7b-128k", "30b-64k", "30b-128k",
         "70b-64k", "70b-128k", "llama3-8b-8k", "llama3-70b-8k", "llama3-405b-8k"]
 
 def summary(name, split):

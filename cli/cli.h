@@ -3,6 +3,7 @@
  *
  *   wlbtrain --config FILE [--set KEY=VALUE]... [--steps N] [--print-config]
  *            [--dry-run [--compare] [--stats-out FILE] [--no-memory-check]]
+ *            [--dry-run --search [--gpus N] [--search-out FILE] [--search-all]]
  *   wlbtrain inspect PREFIX
  *   wlbtrain convert --out PREFIX [options] INPUT...
  *   wlbtrain export --checkpoint PATH --out DIR [--dtype auto|float32|bfloat16] [--max-shard-size SIZE]
@@ -74,6 +75,10 @@ typedef struct CliOptions {
     bool no_memory_check;      /* --no-memory-check (with --dry-run) */
     bool print_config;         /* --print-config */
     const char *stats_out;     /* --stats-out FILE (with --dry-run) */
+    bool search;               /* --search (with --dry-run): the layout search */
+    bool search_all;           /* --search-all (with --search): every layout planned, none pruned */
+    int64_t gpus;              /* --gpus N (with --search); 0 = the config's */
+    const char *search_out;    /* --search-out FILE (with --search) */
     const char *calibrate_out; /* calibrate: --out PROFILE */
     const char *inspect_prefix;
     CliConvert convert;

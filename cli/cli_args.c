@@ -226,7 +226,8 @@ static int check_eval(const CliOptions *o, Error *err)
                          "--init-from PATH (a Hugging Face model folder, safetensors or llama2.c weights), one of them");
     if (e->init_from && !o->config_path)
         return error_set(err, "eval", "--init-from needs --config FILE (the model's shape and the validation set)");
-    if (o->dry_run || o->compare || o->no_memory_check || o->print_config || o->stats_out || o->steps)
+    if (o->dry_run || o->compare || o->no_memory_check || o->print_config || o->stats_out || o->steps || o->search ||
+        o->search_all || o->gpus || o->search_out)
         return error_set(err, "eval", "takes --checkpoint or --init-from, --config, --set and --out only (see "
                          "wlbtrain eval --help)");
     return 0;
@@ -293,6 +294,14 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
             o->compare = true;
             continue;
         }
+        if (!strcmp(a, "--search")) {
+            o->search = true;
+            continue;
+        }
+        if (!strcmp(a, "--search-all")) {
+            o->search_all = true;
+            continue;
+        }
         if (!strcmp(a, "--no-memory-check")) {
             o->no_memory_check = true;
             continue;
@@ -302,8 +311,9 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
             continue;
         }
         const char *config = NULL;
-        const StrFlag flags[] = {{"--config", &config, NULL}, {"--stats-out", &o->stats_out, NULL}};
-        if ((r = match_str_flags(flags, 2, argc, argv, &i, err)) != 0) {
+        const StrFlag flags[] = {{"--config", &config, NULL}, {"--stats-out", &o->stats_out, NULL},
+                                 {"--search-out", &o->search_out, NULL}};
+        if ((r = match_str_flags(flags, 3, argc, argv, &i, err)) != 0) {
             if (r < 0)
                 return -1;
             if (config && o->config_path)
@@ -319,6 +329,11 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
             if (!eq || eq == v)
                 return error_set(err, "--set", "expected KEY=VALUE (such as parallel.tp=2), got '%s'", v);
             o->sets[o->n_sets++] = v;
+            continue;
+        }
+        if ((r = flag_value(argc, argv, &i, "--gpus", &v, err)) != 0) {
+            if (r < 0 || parse_positive("--gpus", v, &o->gpus, err) != 0)
+                return -1;
             continue;
         }
         if ((r = flag_value(argc, argv, &i, "--steps", &v, err)) != 0) {
@@ -343,6 +358,17 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         return error_set(err, "--stats-out", "only with --dry-run (training writes log.metrics)");
     if (o->compare && !o->dry_run)
         return error_set(err, "--compare", "only with --dry-run");
+    if (o->search && !o->dry_run)
+        return error_set(err, "--search", "only with --dry-run (wlbtrain --config FILE --dry-run --search)");
+    if (o->search && (o->compare || o->no_memory_check))
+        return error_set(err, "--search", "takes --gpus, --search-out, --search-all, --stats-out and --steps, not "
+                         "--compare or --no-memory-check (run those on the layout it writes)");
+    if (o->gpus && !o->search)
+        return error_set(err, "--gpus", "only with --dry-run --search");
+    if (o->search_out && !o->search)
+        return error_set(err, "--search-out", "only with --dry-run --search");
+    if (o->search_all && !o->search)
+        return error_set(err, "--search-all", "only with --dry-run --search");
     if (o->no_memory_check && !o->dry_run)
         return error_set(err, "--no-memory-check", "only with --dry-run (training never starts a layout that does "
                          "not fit: raise train.gpu_memory_gb if the device has more)");

@@ -560,6 +560,22 @@ static int compare_all(const Run *base_run, Error *err)
     return 0;
 }
 
+int dryrun_predict(const Config *cfg, const DataSources *data, int64_t steps, int with_baseline, DryRunFigures *out,
+                   Error *err)
+{
+    CostModel cost;
+    memset(out, 0, sizeof *out);
+    if (cost_model_init(&cost, cfg, err) != 0)
+        return -1;
+    Run run = {cfg, data, &cost, cfg->balance.packer, cfg->balance.cp_sharding, steps, 0, with_baseline, NULL, NULL};
+    RunSummary s;
+    if (run_steps(&run, &s, err) != 0)
+        return -1;
+    *out = (DryRunFigures){s.steps, s.tokens, s.predicted_s, s.baseline_s, s.pp.mean, s.cp.mean, s.cpt.mean};
+    run_summary_free(&s);
+    return 0;
+}
+
 void dryrun_data_hint(const Config *cfg, Error *err)
 {
     if (cfg->data.path.n && err->status == ERROR_INPUT)

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "data/data_sources.h"
 #include "util/error.h"
 
 /* The device memory of one rank, in bytes, by what holds it (engine/train/train_memory.h computes
@@ -46,6 +47,20 @@ typedef struct DryRunOptions {
 } DryRunOptions;
 
 int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err);
+
+/* What a dry run of one layout predicts, as its summary lines print it: for the layout search
+ * (engine/train/train_search.h), which ranks layouts by it. */
+typedef struct DryRunFigures {
+    int64_t steps, tokens;       /* planned, and the tokens they train */
+    double predicted_s;          /* the steps' predicted time: tokens / predicted_s is the tokens/s */
+    double baseline_s;           /* Plain-4D's on the same documents (0 without the baseline) */
+    double pp_imbalance, cp_imbalance, cp_time_imbalance; /* means over the steps */
+} DryRunFigures;
+/* Plans `steps` steps of cfg (resolved, its split placed) over data exactly as dryrun_run does, with
+ * the config's packer and CP mode, printing nothing; with_baseline also Plain-4D of the same
+ * documents. data is only read: threads may share it, each with its own cfg. */
+int dryrun_predict(const Config *cfg, const DataSources *data, int64_t steps, int with_baseline, DryRunFigures *out,
+                   Error *err);
 /* After data.path failed to open (err set): an example config's data is not here, so the error
  * says what a dry run needs instead (document lengths). Used by the dry run and by auto's
  * placement of the layers (training checks its data before, trainer_check_data). */

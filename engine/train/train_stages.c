@@ -37,6 +37,22 @@ static int stage_fits(void *ctx_, int s, const int64_t *chunk_layers)
 
 int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err)
 {
+    if (cfg->parallel.stage_layers.choice != STAGE_LAYERS_AUTO)
+        return 0;
+    DataSources data;
+    const ConfigData *d = &cfg->data;
+    if (data_sources_open(&data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, d->lengths_file,
+                          d->lengths_column, err) != 0) {
+        dryrun_data_hint(cfg, err);
+        return -1;
+    }
+    int rc = trainer_stage_layers_on(cfg, &data, costs, fits, err);
+    data_sources_close(&data);
+    return rc;
+}
+
+int trainer_stage_layers_on(Config *cfg, const DataSources *data, StageCosts *costs, int *fits, Error *err)
+{
     ConfigParallel *p = &cfg->parallel;
     if (p->stage_layers.choice != STAGE_LAYERS_AUTO)
         return 0;
@@ -44,18 +60,10 @@ int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err)
     if (trainer_micro_batches(cfg, &m, err) != 0)
         return -1;
     CostModel cost;
-    DataSources data;
     StageCosts c;
-    const ConfigData *d = &cfg->data;
     if (cost_model_init(&cost, cfg, err) != 0)
         return -1;
-    if (data_sources_open(&data, d->path.v, d->weights.n ? d->weights.v : NULL, d->path.n, d->lengths_file,
-                          d->lengths_column, err) != 0) {
-        dryrun_data_hint(cfg, err);
-        return -1;
-    }
-    int rc = stages_typical_costs(cfg, &cost, data.src, data.weights, data.n, &c, err);
-    data_sources_close(&data);
+    int rc = stages_typical_costs(cfg, &cost, data->src, data->weights, data->n, &c, err);
     if (rc != 0)
         return -1;
     int chunks = (int)(p->pp * p->virtual_stages);

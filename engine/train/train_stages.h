@@ -14,6 +14,7 @@
 #define WLB_ENGINE_TRAIN_STAGES_H
 
 #include "config/config.h"
+#include "data/data_sources.h"
 #include "engine/comm/comm.h"
 #include "engine/model/model.h"
 #include "engine/plan/stages.h"
@@ -26,5 +27,8 @@ ModelParallel trainer_chunk_parallel(const Config *cfg, int tp_rank, int g, Comm
  * list). Needs parallel.dp a number (trainer_micro_batches). costs (NULL: not wanted) gets the typical micro-batch it placed
  * for; *fits (NULL: not wanted) whether every stage fits its memory. */
 int trainer_stage_layers(Config *cfg, StageCosts *costs, int *fits, Error *err);
+/* The same on data already open (cfg's data.path or data.lengths_file): what the layout search
+ * (train_search.h) places each candidate with, the data read once. */
+int trainer_stage_layers_on(Config *cfg, const DataSources *data, StageCosts *costs, int *fits, Error *err);
 
 #endif
