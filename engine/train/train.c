@@ -11,7 +11,8 @@
  *
  * Checkpoints: after step s, when checkpoint.dir is set and s is a multiple of checkpoint.every
  * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
- * goes on from the step after it, and log.metrics keeps its lines up to that step.
+ * goes on from the step after it, and log.metrics keeps its lines up to that step. When it finds
+ * none, checkpoint.continue_from starts the run from another run's checkpoint (train_continue.c).
  *
  * Stopping early (docs/slurm.md, "Time limits and preemption"): SIGUSR1 or SIGTERM on any rank, or
  * train.stop_after, ends the run after a step that every rank finishes: at the end of each step
@@ -412,7 +413,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
     return rc;
 }
 
-/* Loads the checkpoint that checkpoint.resume names, if any: *done = the step it was saved after. */
+/* Loads the checkpoint that checkpoint.resume names, if any, else the one of checkpoint.continue_from:
+ * *done = the step training goes on after. */
 static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
 {
     *done = 0;
@@ -422,8 +424,9 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     int lead = tr->lay.rank == 0, rc = 0;
     if (!path) {
         if (lead && cfg->checkpoint.resume)
-            printf("resume: no checkpoint in %s yet, starting at step 1\n", cfg->checkpoint.dir);
-        return 0;
+            printf("resume: no checkpoint in %s yet, %s\n", cfg->checkpoint.dir,
+                   cfg->checkpoint.continue_from ? "continuing from checkpoint.continue_from" : "starting at step 1");
+        return trainer_continue(tr, done, err); /* checkpoint.continue_from, if set (train_continue.c) */
     }
     double t0 = clock_seconds();
     rc = trainer_resume(tr, path, done, err);

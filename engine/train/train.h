@@ -198,6 +198,21 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
 /* The weights only of the checkpoint at path (a step folder) into a trainer of any layout, its
  * validation record into tr->valid_record; *step: the step it was saved after. */
 int trainer_load_weights(Trainer *tr, const char *path, int64_t *step, Error *err);
+/* What trainer_load_checkpoint takes from a checkpoint besides the weights, the validation record
+ * and the step it was saved after (*step): CKPT_LOAD_MOMENTS AdamW's moments, update count and the
+ * start of its LR schedule (Optim.lr_step0), and the skipped steps; CKPT_LOAD_STREAM the planner's
+ * state and the data stream's position (the held-out share must be the config's). trainer_resume is
+ * both, trainer_load_weights neither. */
+enum { CKPT_LOAD_MOMENTS = 1, CKPT_LOAD_STREAM = 2 };
+int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_t *step, Error *err);
+/* checkpoint.continue_from (train_continue.c): when the run has nothing to resume, it starts from that
+ * checkpoint of another run as its next stage - the config compared with the checkpoint's (a changed
+ * model key other than model.preset, model.max_seq_len and model.rope_* is an Error; rank 0 prints
+ * every changed key, old -> new), the weights and AdamW's state loaded, the data stream and the
+ * planner's queues restored only when no data.* or balance.* key changed, and the step count and LR
+ * schedule restarted or continued (checkpoint.continue_schedule). *done: the step training goes on
+ * after (0 with restart). Nothing to do (*done 0) without continue_from. */
+int trainer_continue(Trainer *tr, int64_t *done, Error *err);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
  * (train_ckpt_index.c). */
 int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);
