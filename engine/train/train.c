@@ -229,9 +229,29 @@ static int write_metrics(FILE *f, const char *path, int64_t step, const TrainSta
             (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,
             (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
     trainer_write_mb_metrics(f, st); /* train_balance.c */
-    if (st->evaluated)
+    if (st->evaluated) {
         fprintf(f, ",\"valid_loss\":%.17g,\"valid_tokens\":%lld,\"eval_ms\":%.2f", st->valid_loss,
                 (long long)st->valid_tokens, st->eval_s * 1e3);
+        /* By position (train_eval.c): the buckets' first positions, mean losses (null: empty), counts. */
+        const PositionLoss *p = &st->valid_by_position;
+        for (int a = 0; a < 3; a++) {
+            fputs(a == 0 ? ",\"valid_position_from\":[" : a == 1 ? "],\"valid_position_loss\":[" :
+                  "],\"valid_position_targets\":[", f);
+            for (int i = 0; i < p->n; i++) {
+                if (i)
+                    fputc(',', f);
+                if (a == 0)
+                    fprintf(f, "%lld", (long long)p->from[i]);
+                else if (a == 1 && p->targets[i] > 0)
+                    fprintf(f, "%.17g", p->loss[i]);
+                else if (a == 1)
+                    fputs("null", f);
+                else
+                    fprintf(f, "%lld", (long long)p->targets[i]);
+            }
+        }
+        fputc(']', f);
+    }
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
@@ -340,6 +360,7 @@ static int maybe_evaluate(Trainer *tr, const Config *cfg, int64_t step, TrainSta
     st->valid_loss = ev.loss;
     st->valid_tokens = ev.tokens;
     st->eval_s = ev.seconds;
+    st->valid_by_position = ev.by_position;
     return 0;
 }
 
