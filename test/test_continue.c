@@ -9,7 +9,10 @@
  * stage's loss, not a fresh model's. In one process, the moments and weights a continued run starts
  * with are the checkpoint's bit for bit, its update count goes on and its schedule restarts; then it
  * trains. continue_schedule continue goes on after step 6 with the learning rates of the
- * uninterrupted stage-1 run; restart counts from step 1 with the warmup again. A changed shape key
+ * uninterrupted stage-1 run; restart counts from step 1 with the warmup again. When no data.* or
+ * balance.* key changed the stream and the queues go on: continued with nothing else changed, the
+ * run is the uninterrupted one bit for bit; with a new RoPE base it reads the same tokens. A stage
+ * on two TP ranks reads the one-process checkpoint resharded. A changed shape key
  * or model.norm_eps is one error line, and so is checkpoint.dir naming the earlier stage's folder; a
  * changed model.rope_* key is accepted and printed (the rule is the prefix).
  */
@@ -27,13 +30,17 @@
 
 static char *dir, *docs;
 
-/* wlbtrain --config config/examples/cpt-tiny-wW.yaml on the test corpus, checkpoints in DIR/NAME,
- * metrics in DIR/NAME.jsonl, continuing from DIR/FROM (NULL: as the file says - none for w64), more
- * --set arguments after. */
-static void stage(CmdResult *r, int window, const char *name, const char *from, const char *const *sets)
+/* [mpirun -np RANKS] wlbtrain --config config/examples/cpt-tiny-wW.yaml on the test corpus,
+ * checkpoints in DIR/NAME, metrics in DIR/NAME.jsonl, continuing from DIR/FROM (NULL: as the file
+ * says - none for w64), more --set arguments after (ranks 0: one process). */
+static void stage_on(CmdResult *r, int ranks, int window, const char *name, const char *from, const char *const *sets)
 {
-    const char *args[40];
+    const char *args[48];
     int k = 0;
+    char np[16];
+    const char *bin = getenv("WLBTRAIN");
+    test_launch_argv(args, &k, 120, ranks, NULL, np);
+    args[k++] = bin && *bin ? bin : "./wlbtrain";
     char *cfg = test_format("config/examples/cpt-tiny-w%d.yaml", window);
     char *data = test_format("data.path=%s", docs), *ck = test_format("checkpoint.dir=%s/%s", dir, name);
     char *mt = test_format("log.metrics=%s/%s.jsonl", dir, name);
@@ -51,7 +58,7 @@ static void stage(CmdResult *r, int window, const char *name, const char *from, 
         args[k++] = sets[i];
     }
     args[k] = NULL;
-    test_run_wlbtrain(r, args);
+    test_run(r, args);
     if (r->status != 0)
         printf("# %s: exit %d\n%s%s", name, r->status, r->out, r->err);
     free(cfg);
@@ -59,6 +66,11 @@ static void stage(CmdResult *r, int window, const char *name, const char *from, 
     free(ck);
     free(mt);
     free(cf);
+}
+
+static void stage(CmdResult *r, int window, const char *name, const char *from, const char *const *sets)
+{
+    stage_on(r, 0, window, name, from, sets);
 }
 
 static int group_setup(void **state)
@@ -253,6 +265,66 @@ static void test_restart_or_continue(void **state)
     test_cmd_free(&r);
 }
 
+/* Nothing of the data or the model changed: the stream and the planner's queues go on, and with the
+ * schedule continued the run is the uninterrupted one, bit for bit. With a new RoPE base the steps
+ * read the same tokens (the stream still goes on) and the losses differ. */
+static void test_same_data_goes_on(void **state)
+{
+    (void)state;
+    CmdResult r;
+    const char *whole_sets[] = {"train.steps=10", NULL};
+    stage(&r, 64, "w64-ref", NULL, whole_sets);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    const char *same[] = {"train.steps=10", "checkpoint.continue_schedule=continue", NULL};
+    stage(&r, 64, "w64-same", "w64", same);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "continue: data stream and planner queues go on where they were"));
+    test_cmd_free(&r);
+    const char *theta[] = {"train.steps=10", "checkpoint.continue_schedule=continue", "model.rope_theta=20000", NULL};
+    stage(&r, 64, "w64-theta", "w64", theta);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "continue:   model.rope_theta 10000 -> 20000\n"));
+    assert_non_null(strstr(r.out, "continue: data stream and planner queues go on where they were"));
+    test_cmd_free(&r);
+    for (int s = 7; s <= 10; s++) {
+        const char *keys[] = {"loss", "grad_norm", "lr", "tokens", "queued"};
+        for (int i = 0; i < 5; i++) {
+            char a[40], b[40], c[40];
+            metric("w64-same", s, keys[i], a, sizeof a);
+            metric("w64-ref", s, keys[i], b, sizeof b);
+            metric("w64-theta", s, keys[i], c, sizeof c);
+            if (i == 0)
+                printf("# step %d: loss %s continued, %s uninterrupted, %s with rope_theta 20000\n", s, a, b, c);
+            assert_true(a[0] != '\0');
+            assert_string_equal(a, b);
+            if (i == 0 || i == 1)
+                assert_string_not_equal(c, b);
+            else
+                assert_string_equal(c, b);
+        }
+    }
+}
+
+/* A stage on another layout: two TP ranks read the one-process checkpoint resharded, and train. */
+static void test_stage_on_two_ranks(void **state)
+{
+    (void)state;
+    CmdResult r;
+    const char *tp2[] = {"parallel.tp=2", "train.steps=2", NULL};
+    stage_on(&r, 2, 128, "w128-tp2", "w64", tp2);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "(6 updates; resharded from tp 1, cp 1, pp 1, dp 1, zero 0"));
+    assert_non_null(strstr(r.out, "continue:   parallel.tp 1 -> 2\n"));
+    assert_non_null(strstr(r.out, "step     2/2"));
+    test_cmd_free(&r);
+    char a[40], b[40];
+    metric("w128-tp2", 1, "loss", a, sizeof a);
+    metric("w128", 1, "loss", b, sizeof b); /* the same stage in one process (test_recipe_stages) */
+    printf("# stage 2's first loss: %s on tp 2, %s in one process\n", a, b);
+    assert_true(fabs(atof(a) - atof(b)) <= 1e-6 * atof(b));
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -287,6 +359,8 @@ int main(void)
         cmocka_unit_test(test_recipe_stages),
         cmocka_unit_test(test_moments_are_the_checkpoints),
         cmocka_unit_test(test_restart_or_continue),
+        cmocka_unit_test(test_same_data_goes_on),
+        cmocka_unit_test(test_stage_on_two_ranks),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -92,6 +92,10 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err)
     config_init(&old);
     ConfigChange *ch = malloc(MAX_CHANGES * sizeof *ch);
     int rc = ch ? config_load_file(&old, file, err) : error_runtime(err, "checkpoint.continue_from", "out of memory");
+    /* Resolved as export resolves it: a key that wlbtrain derives and the saved file predates gets
+     * the value the earlier run had, not a default that would show as a change. */
+    if (rc == 0)
+        rc = config_resolve(&old, 0, err);
     int n = rc == 0 ? config_changes(&old, cfg, ch, MAX_CHANGES) : 0, shown = n < MAX_CHANGES ? n : MAX_CHANGES;
     int stream_kept = 1;
     for (int i = 0; rc == 0 && i < shown; i++) {
