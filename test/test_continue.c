@@ -1,7 +1,7 @@
 /*
  * test/test_continue.c - continued pretraining in stages (checkpoint.continue_from), with the tiny
  * recipe of config/examples/cpt-tiny-w64.yaml -> w128 -> w256 run as it is (on a corpus of its own,
- * fewer steps).
+ * fewer steps, the tiny model smaller still: 2 layers of width 32).
  *
  * Stage 1 (window 64, RoPE base 10000) runs 10 steps' schedule and stops after 6 with a checkpoint.
  * Then: stages 2 (window 128, base 40000) and 3 (256, 160000) start from the previous stage's
@@ -30,6 +30,9 @@
 
 static char *dir, *docs;
 
+/* The tiny preset made smaller still (the same for every stage): cheap enough for the ASan build. */
+static const char *const smaller[] = {"model.n_layers=2", "model.d_model=32", "model.d_ffn=64", NULL};
+
 /* [mpirun -np RANKS] wlbtrain --config config/examples/cpt-tiny-wW.yaml on the test corpus,
  * checkpoints in DIR/NAME, metrics in DIR/NAME.jsonl, continuing from DIR/FROM (NULL: as the file
  * says - none for w64), more --set arguments after (ranks 0: one process). */
@@ -53,6 +56,10 @@ static void stage_on(CmdResult *r, int ranks, int window, const char *name, cons
             args[k++] = "--set";
             args[k++] = mine[i];
         }
+    for (int i = 0; smaller[i]; i++) {
+        args[k++] = "--set";
+        args[k++] = smaller[i];
+    }
     for (int i = 0; sets && sets[i]; i++) {
         args[k++] = "--set";
         args[k++] = sets[i];
@@ -84,6 +91,11 @@ static int group_setup(void **state)
     const char *sets[] = {"train.steps=10", "train.stop_after=6", NULL};
     stage(&r, 64, "w64", NULL, sets);
     int ok = r.status == 0 && strstr(r.out, "stopped after step 6");
+    test_cmd_free(&r);
+    /* And the same run uninterrupted: the reference of the learning rates and losses after step 6. */
+    const char *whole[] = {"train.steps=10", NULL};
+    stage(&r, 64, "w64-whole", NULL, whole);
+    ok = ok && r.status == 0;
     test_cmd_free(&r);
     return ok ? 0 : -1;
 }
@@ -149,10 +161,11 @@ static void test_recipe_stages(void **state)
     metric("w256", 6, "valid_position_loss", pos, sizeof pos);
     printf("# loss: stage 1 %s .. %s, stage 2 %s .. %s, stage 3 from %s; stage 3's valid loss by position %s\n",
            first1, last1, first2, last2, first3, pos);
-    /* A fresh model starts near ln 512 = 6.24; each stage starts near where the last one ended. */
-    assert_true(atof(first1) > 5.5);
-    assert_true(atof(first2) < atof(first1) - 0.5 && fabs(atof(first2) - atof(last1)) < 0.5);
-    assert_true(atof(first3) < atof(first1) - 0.5 && fabs(atof(first3) - atof(last2)) < 0.5);
+    /* A fresh model starts near ln 512 = 6.24; each stage starts nearer to where the last one ended
+     * than to that. */
+    assert_true(atof(first1) > 6.0 && atof(last1) < atof(first1) - 0.1);
+    assert_true(atof(first2) < (atof(first1) + atof(last1)) / 2);
+    assert_true(atof(first3) < (atof(first1) + atof(last2)) / 2 && atof(last2) < atof(last1));
     assert_true(pos[0] == '[' && strchr(pos, ','));
 }
 
@@ -169,7 +182,9 @@ static void test_moments_are_the_checkpoints(void **state)
     int rc = config_load_file(&cfg, "config/examples/cpt-tiny-w128.yaml", &err) != 0 ||
              config_apply_set(&cfg, data, &err) != 0 || config_apply_set(&cfg, cf, &err) != 0 ||
              config_apply_set(&cfg, "checkpoint.dir=none", &err) != 0 ||
-             config_apply_set(&cfg, "log.metrics=none", &err) != 0 || config_resolve(&cfg, 1, &err) != 0 ||
+             config_apply_set(&cfg, "log.metrics=none", &err) != 0 || config_apply_set(&cfg, smaller[0], &err) != 0 ||
+             config_apply_set(&cfg, smaller[1], &err) != 0 || config_apply_set(&cfg, smaller[2], &err) != 0 ||
+             config_resolve(&cfg, 1, &err) != 0 ||
              trainer_stage_layers(&cfg, NULL, NULL, &err) != 0 || comm_start(&comm, 0, &err) != 0 ||
              comm_split(&comm, 1, 1, 1, 1, 0, &err) != 0 || trainer_init(&tr, &cfg, &comm, &err) != 0;
     if (rc)
@@ -211,9 +226,10 @@ static void test_moments_are_the_checkpoints(void **state)
     assert_int_equal(trainer_update(&tr, &st, &err), 0);
     printf("# first step of the continued run: loss %.4f, lr %g, AdamW update %lld\n", st.loss, st.lr,
            (long long)o->step);
-    char fresh[40];
+    char fresh[40], reached[40];
     metric("w64", 1, "loss", fresh, sizeof fresh); /* a fresh model's first loss */
-    assert_true(isfinite(st.loss) && st.loss < atof(fresh) - 0.4);
+    metric("w64", 6, "loss", reached, sizeof reached);
+    assert_true(isfinite(st.loss) && st.loss < (atof(fresh) + atof(reached)) / 2);
     assert_true(st.lr == cfg.train.lr / (double)cfg.train.warmup_steps);
     assert_int_equal(o->step, 7);
     trainer_free(&tr);
@@ -228,10 +244,6 @@ static void test_restart_or_continue(void **state)
 {
     (void)state;
     CmdResult r;
-    const char *whole_sets[] = {"train.steps=10", NULL};
-    stage(&r, 64, "w64-whole", NULL, whole_sets);
-    assert_int_equal(r.status, 0);
-    test_cmd_free(&r);
     const char *go_on[] = {"train.steps=10", "checkpoint.continue_schedule=continue", "train.lr=2.0e-3",
                            "train.warmup_steps=3", NULL};
     stage(&r, 128, "w128-continue", "w64", go_on);
@@ -272,10 +284,6 @@ static void test_same_data_goes_on(void **state)
 {
     (void)state;
     CmdResult r;
-    const char *whole_sets[] = {"train.steps=10", NULL};
-    stage(&r, 64, "w64-ref", NULL, whole_sets);
-    assert_int_equal(r.status, 0);
-    test_cmd_free(&r);
     const char *same[] = {"train.steps=10", "checkpoint.continue_schedule=continue", NULL};
     stage(&r, 64, "w64-same", "w64", same);
     assert_int_equal(r.status, 0);
@@ -292,7 +300,7 @@ static void test_same_data_goes_on(void **state)
         for (int i = 0; i < 5; i++) {
             char a[40], b[40], c[40];
             metric("w64-same", s, keys[i], a, sizeof a);
-            metric("w64-ref", s, keys[i], b, sizeof b);
+            metric("w64-whole", s, keys[i], b, sizeof b);
             metric("w64-theta", s, keys[i], c, sizeof c);
             if (i == 0)
                 printf("# step %d: loss %s continued, %s uninterrupted, %s with rope_theta 20000\n", s, a, b, c);
@@ -332,7 +340,7 @@ static void test_refusals(void **state)
     const char *ffn[] = {"model.d_ffn=256", NULL};
     stage(&r, 128, "w128-ffn", "w64", ffn);
     test_assert_error(&r, "checkpoint.continue_from: ");
-    assert_non_null(strstr(r.err, "/w64/step-00000006: model.d_ffn 384 -> 256: a continued run keeps the model"));
+    assert_non_null(strstr(r.err, "/w64/step-00000006: model.d_ffn 64 -> 256: a continued run keeps the model"));
     test_cmd_free(&r);
     const char *eps[] = {"model.norm_eps=1e-6", NULL};
     stage(&r, 128, "w128-eps", "w64", eps);
