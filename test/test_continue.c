@@ -9,7 +9,8 @@
  * stage's loss, not a fresh model's. In one process, the moments and weights a continued run starts
  * with are the checkpoint's bit for bit, its update count goes on and its schedule restarts; then it
  * trains. continue_schedule continue goes on after step 6 with the learning rates of the
- * uninterrupted stage-1 run; restart counts from step 1 with the warmup again. When no data.* or
+ * uninterrupted stage-1 run; restart counts from step 1 with the warmup again, and a restarted stage
+ * stopped and resumed goes on on its own schedule bit for bit. When no data.* or
  * balance.* key changed the stream and the queues go on: continued with nothing else changed, the
  * run is the uninterrupted one bit for bit; with a new RoPE base it reads the same tokens. A stage
  * on two TP ranks reads the one-process checkpoint resharded. A changed shape key
@@ -270,6 +271,26 @@ static void test_restart_or_continue(void **state)
     assert_string_equal(a, "0.0005"); /* train.lr 1e-3 over warmup_steps 2 */
     metric("w128-restart", 4, "lr", a, sizeof a);
     assert_true(a[0] != '\0');
+    /* A restarted stage stopped after step 2 and resumed (its own checkpoint, not continue_from
+     * again) goes on on its own schedule: steps 3 and 4 as in the stage run in one go, bit for bit. */
+    const char *stop[] = {"train.steps=4", "train.stop_after=2", NULL};
+    stage(&r, 128, "w128-resumed", "w64", stop);
+    assert_int_equal(r.status, 0);
+    test_cmd_free(&r);
+    const char *resume[] = {"train.steps=4", "checkpoint.resume=auto", NULL};
+    stage(&r, 128, "w128-resumed", "w64", resume);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "resume: "));
+    assert_null(strstr(r.out, "continue: "));
+    test_cmd_free(&r);
+    for (int s = 3; s <= 4; s++)
+        for (int i = 0; i < 2; i++) {
+            const char *key = i ? "loss" : "lr";
+            metric("w128-resumed", s, key, a, sizeof a);
+            metric("w128-restart", s, key, b, sizeof b);
+            assert_true(a[0] != '\0');
+            assert_string_equal(a, b);
+        }
     /* continue past train.steps: nothing to train, one line. */
     const char *short_[] = {"train.steps=6", "checkpoint.continue_schedule=continue", NULL};
     stage(&r, 128, "w128-short", "w64", short_);
