@@ -74,6 +74,8 @@ static int eval_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     free(dir);
     if (rc == 0 && opt->eval.checkpoint) /* the checkpoint's weights replace whatever init_from would load */
         rc = config_apply_set(cfg, "train.init_from=none", err);
+    if (rc == 0) /* evaluation continues no run: the weights are --checkpoint's or --init-from's */
+        rc = config_apply_set(cfg, "checkpoint.continue_from=none", err);
     if (rc == 0 && opt->eval.init_from) {
         if (!(*owned = malloc(strlen(opt->eval.init_from) + sizeof "train.init_from=")))
             return error_runtime(err, "eval", "out of memory");

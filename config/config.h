@@ -32,6 +32,8 @@ typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
 typedef enum Recompute { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
 typedef enum LrSchedule { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT } LrSchedule;
 typedef enum NonfinitePolicy { NONFINITE_STOP, NONFINITE_SKIP } NonfinitePolicy;
+/* checkpoint.continue_schedule: a continued run's steps and LR schedule start afresh, or go on. */
+typedef enum ContinueSchedule { CONTINUE_RESTART, CONTINUE_GO_ON } ContinueSchedule;
 /* model.rope_scaling: Hugging Face's rope_type of the same name (transformers' modeling_rope_utils). */
 typedef enum RopeScaling { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3, ROPE_SCALING_LINEAR, ROPE_SCALING_YARN } RopeScaling;
 
@@ -135,6 +137,8 @@ typedef struct ConfigTrain {
     char *stop_after; /* NULL = none; a step count or a wall time (config_stop_after parses it) */
     int64_t eval_every;  /* validation loss every N steps; 0 = none */
     int64_t eval_tokens; /* tokens of the validation set an evaluation reads; 0 = auto (10 global batches) */
+    ConfigChoiceOrList eval_position_buckets; /* choice 0: auto; else the list of bucket edges (at most
+                                               * CONFIG_MAX_POSITION_EDGES, increasing) */
 } ConfigTrain;
 
 typedef struct ConfigCheckpoint {
@@ -142,6 +146,8 @@ typedef struct ConfigCheckpoint {
     int64_t every;  /* 0 = only at the end */
     char *resume;   /* NULL = none, "auto", or a path */
     int64_t keep;
+    char *continue_from; /* NULL = none: another run's checkpoint this run starts from (a stage) */
+    ContinueSchedule continue_schedule;
 } ConfigCheckpoint;
 
 typedef struct ConfigLog {
@@ -166,6 +172,8 @@ typedef struct ConfigOrigin {
 } ConfigOrigin;
 
 enum { CONFIG_MAX_KEYS = 128 };
+/* train.eval_position_buckets: the most edges a list may have (buckets: one more). */
+enum { CONFIG_MAX_POSITION_EDGES = 15 };
 
 typedef struct Config {
     ConfigModel model;
@@ -194,6 +202,16 @@ int config_print(const Config *cfg, FILE *out, Error *err);
 void config_print_reference(FILE *out);
 /* 1 when every key has the same value in a and b. */
 int config_equal(const Config *a, const Config *b);
+
+/* A key whose value differs between two configs: its name, and both values as YAML text (a list in
+ * flow style, cut with "...]" where it would not fit). */
+typedef struct ConfigChange {
+    const char *key;
+    char before[200], after[200];
+} ConfigChange;
+/* The keys whose values differ from a (before) to b (after), in the key table's order, into out (at
+ * most max of them); returns how many differ, which may be more than max (config_changes.c). */
+int config_changes(const Config *a, const Config *b, ConfigChange *out, int max);
 
 /* Layers [*begin, *end) of model chunk g under the resolved split (parallel.chunk_layers, which
  * must be resolved: stage_layers auto is placed by the engine first). */

@@ -200,12 +200,26 @@ const ConfigKey config_keys[] = {
     AUTO_KEY("train.eval_tokens", train.eval_tokens, 1, BIG, "auto", NULL,
              "validation tokens an evaluation reads, the same ones every time: rounded up to whole global batches, "
              "at most the validation set's whole global batches (at least one); auto = 10 global batches"),
+    {"train.eval_position_buckets", KEY_CHOICE_OR_LIST, OFF(train.eval_position_buckets), 1, 1 << 30, 0, 0, 0,
+     "auto", "auto", NULL, "the validation loss by token position (the RoPE position: the token's offset in its "
+     "document) is also reported in these buckets: a list of increasing edges e1 < e2 < ... (buckets [0, e1), "
+     "[e1, e2), ..., [ek, and on)), or auto: edges 1024, 4096, 16384, 65536, 131072, then doubling, those below "
+     "data.context_window; [] = one bucket (docs/validation.md)"},
 
     STR_KEY("checkpoint.dir", checkpoint.dir, "none", "folder of checkpoints; none = no checkpoints"),
     INT_KEY("checkpoint.every", checkpoint.every, 0, BIG, "0", NULL, "save every N steps; 0 = only at the end"),
     STR_KEY("checkpoint.resume", checkpoint.resume, "none",
             "none, auto (the latest in checkpoint.dir) or a checkpoint path"),
     INT_KEY("checkpoint.keep", checkpoint.keep, 1, 1 << 20, "3", NULL, "checkpoints kept"),
+    STR_KEY("checkpoint.continue_from", checkpoint.continue_from, "none",
+            "a checkpoint of another run (a step folder, or a checkpoint folder: its latest) this run starts from "
+            "as its next stage: its weights and AdamW's moments and update count, with this config's "
+            "data.context_window, model.rope_* keys, data and schedule (a shape key must not change); used when "
+            "checkpoint.resume finds nothing to resume (docs/checkpoints.md, Stages); none = none"),
+    ENUM_KEY("checkpoint.continue_schedule", checkpoint.continue_schedule, "restart|continue", "restart", NULL,
+             "with checkpoint.continue_from: restart = this run counts its steps from 1 and runs the LR schedule "
+             "(warmup included) over its own train.steps; continue = steps and schedule go on after the "
+             "checkpoint's step (train.steps counts the earlier stages' steps too)"),
 
     INT_KEY("log.every", log.every, 1, BIG, "1", NULL, "print a line every N steps"),
     STR_KEY("log.metrics", log.metrics, "none", "JSON-lines metrics file, one object per step"),

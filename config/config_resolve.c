@@ -299,7 +299,19 @@ static int check_train(const Config *cfg, Error *err)
         return rule_error(cfg, err, "train.eval_every", NULL,
                           "needs a validation set: data.valid_path (held-out prefixes) or data.valid_fraction (a share "
                           "of data.path's documents)");
+    const ConfigChoiceOrList *pb = &t->eval_position_buckets;
+    if (pb->choice != 0 && pb->list.n > CONFIG_MAX_POSITION_EDGES)
+        return rule_error(cfg, err, "train.eval_position_buckets", NULL, "at most %d edges, got %d",
+                          CONFIG_MAX_POSITION_EDGES, pb->list.n);
+    for (int i = 1; pb->choice != 0 && i < pb->list.n; i++)
+        if (pb->list.v[i] <= pb->list.v[i - 1])
+            return rule_error(cfg, err, "train.eval_position_buckets", NULL, "edges must increase, got %lld after "
+                              "%lld", (long long)pb->list.v[i], (long long)pb->list.v[i - 1]);
     const ConfigCheckpoint *c = &cfg->checkpoint;
+    if (c->continue_from && t->init_from)
+        return rule_error(cfg, err, "checkpoint.continue_from", "train.init_from",
+                          "train.init_from is set too: a continued run takes its weights from the "
+                          "checkpoint (set train.init_from: none)");
     if (c->every > 0 && !c->dir)
         return rule_error(cfg, err, "checkpoint.every", NULL, "needs checkpoint.dir");
     if (c->resume && !strcmp(c->resume, "auto") && !c->dir)

@@ -10,6 +10,11 @@ Four panels, every run in its own colour:
   tokens/s      training throughput of every step (the evaluation's time not in it)
   pp imbalance  the pipeline imbalance the planner predicted (solid) and the one measured (dashed)
   cp imbalance  the same for context parallelism
+and when the runs evaluated with the loss by token position (valid_position_* of the metrics, the
+buckets of train.eval_position_buckets; docs/validation.md), two more:
+  by position   the validation loss of each position bucket (0-1K, 1K-4K, ...) at each evaluation,
+                the later ones darker: whether the model learns to use its long context
+  over steps    each bucket's validation loss over the steps
 --x tokens puts the tokens trained so far on the horizontal axis instead of the step, so runs
 with different batch sizes line up. Several runs (several packers, seeds, resumed runs) are
 overlaid; --label names them in the legend (default: the file names). A resumed run's file
@@ -57,9 +62,53 @@ def running_mean(values, n):
     return out
 
 
+def position_name(x):
+    """A bucket edge as the trainer prints it: 512, 1K, 64K, 1M."""
+    if x >= 1 << 20 and x % (1 << 20) == 0:
+        return f"{x >> 20}M"
+    if x >= 1024 and x % 1024 == 0:
+        return f"{x >> 10}K"
+    return str(x)
+
+
+def bucket_names(edges):
+    """["0-1K", "1K-4K", "4K+"] for the buckets' first positions [0, 1024, 4096]."""
+    return [f"{position_name(a)}-{position_name(b)}" for a, b in zip(edges, edges[1:])] + \
+        [f"{position_name(edges[-1])}+"]
+
+
+def plot_by_position(runs, labels, colors, axis, by_pos, over_steps):
+    """The two panels of the loss by token position (empty buckets, null in the metrics, left out)."""
+    for k, (steps, label) in enumerate(zip(runs, labels)):
+        c = colors[k % len(colors)]
+        evals = [(xv, s) for xv, s in zip(xs_of(steps, axis), steps) if "valid_position_loss" in s]
+        for j, (xv, s) in enumerate(evals):
+            names = bucket_names(s["valid_position_from"])
+            pts = [(i, v) for i, v in enumerate(s["valid_position_loss"]) if v is not None]
+            if pts:
+                last = j == len(evals) - 1
+                by_pos.plot([p[0] for p in pts], [p[1] for p in pts], color=c, marker="o", markersize=3,
+                            linewidth=1.2 if last else 0.7, alpha=1.0 if last else 0.25 + 0.5 * j / len(evals),
+                            label=f"{label} (step {s['step']})" if last else None)
+                by_pos.set_xticks(range(len(names)))
+                by_pos.set_xticklabels(names)
+        if not evals:
+            continue
+        names = bucket_names(evals[-1][1]["valid_position_from"])
+        styles = ["-", "--", ":", "-."]
+        for i, name in enumerate(names):
+            pts = [(xv, s["valid_position_loss"][i]) for xv, s in evals
+                   if i < len(s["valid_position_loss"]) and s["valid_position_loss"][i] is not None]
+            if pts:
+                over_steps.plot([p[0] for p in pts], [p[1] for p in pts], color=c, linestyle=styles[i % 4],
+                                marker="o", markersize=2, alpha=0.4 + 0.6 * (i + 1) / len(names),
+                                label=f"{label} {name}")
+
+
 def plot(plt, runs, labels, axis, smooth, out):
-    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
-    (loss, speed), (pp, cp) = ax
+    positions = any("valid_position_loss" in s for r in runs for s in r)
+    fig, ax = plt.subplots(3 if positions else 2, 2, figsize=(12, 12 if positions else 8))
+    (loss, speed), (pp, cp) = ax[0], ax[1]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, (steps, label) in enumerate(zip(runs, labels)):
         c = colors[k % len(colors)]
@@ -89,6 +138,16 @@ def plot(plt, runs, labels, axis, smooth, out):
         a.legend(fontsize=7)
     for a in (pp, cp):
         a.axhline(1.0, color="gray", linewidth=0.6)
+    if positions:
+        by_pos, over_steps = ax[2]
+        plot_by_position(runs, labels, colors, axis, by_pos, over_steps)
+        by_pos.set_title("Validation loss by token position (each evaluation; the last darkest)")
+        by_pos.set_xlabel("position in the document (RoPE position)")
+        over_steps.set_title("Validation loss of each position bucket")
+        over_steps.set_xlabel(xlabel)
+        for a in (by_pos, over_steps):
+            a.set_ylabel("cross-entropy (nats per token)")
+            a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -113,8 +172,10 @@ def main():
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
     plot(plt, runs, labels, args.x, args.smooth, args.out)
     n_valid = sum(1 for r in runs for s in r if "valid_loss" in s)
+    n_pos = sum(1 for r in runs for s in r if "valid_position_loss" in s)
     print(f"plot_metrics: wrote {args.out} ({len(runs)} run{'s' if len(runs) > 1 else ''}, "
-          f"{sum(len(r) for r in runs)} steps, {n_valid} evaluations)")
+          f"{sum(len(r) for r in runs)} steps, {n_valid} evaluations"
+          + (f", {n_pos} by token position)" if n_pos else ")"))
 
 
 if __name__ == "__main__":

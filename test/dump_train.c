@@ -8,7 +8,8 @@
  * F64), grad.NAME for every weight after step 1's backward (the reduced gradients the optimizer
  * sees, before clipping), and param.NAME after the last step. With a validation set in the config
  * (data.valid_path or data.valid_fraction) also valid_loss and valid_tokens (F64, one each): the
- * evaluation after the last step (trainer_evaluate, forward only).
+ * evaluation after the last step (trainer_evaluate, forward only), and its loss by token position:
+ * valid_position_loss and valid_position_targets (F64, one per bucket; 0 for an empty bucket's loss).
  *
  * --layout: one step of a plan made here by hand, not by the planner (trainer_run_plan; OUT holds
  * loss, tokens and grad.NAME). LAYOUT places the documents of every micro-batch over the CP ranks:
@@ -222,11 +223,18 @@ int main(int argc, char **argv)
         die(&comm, &err);
     if (comm_world_rank(&comm) == 0) {
         int64_t n = steps, one = 1;
-        double valid[2] = {ev.loss, (double)ev.tokens};
+        double valid[2] = {ev.loss, (double)ev.tokens}, by_pos[2][EVAL_MAX_BUCKETS];
+        int64_t nb = ev.by_position.n;
+        for (int i = 0; i < nb; i++) {
+            by_pos[0][i] = ev.by_position.targets[i] > 0 ? ev.by_position.loss[i] : 0;
+            by_pos[1][i] = (double)ev.by_position.targets[i];
+        }
         if (st_writer_add(&w, "loss", ST_F64, &n, 1, loss, &err) != 0 ||
             st_writer_add(&w, "tokens", ST_F64, &n, 1, tokens, &err) != 0 ||
             (ev.steps > 0 && (st_writer_add(&w, "valid_loss", ST_F64, &one, 1, &valid[0], &err) != 0 ||
-                              st_writer_add(&w, "valid_tokens", ST_F64, &one, 1, &valid[1], &err) != 0)) ||
+                              st_writer_add(&w, "valid_tokens", ST_F64, &one, 1, &valid[1], &err) != 0 ||
+                              st_writer_add(&w, "valid_position_loss", ST_F64, &nb, 1, by_pos[0], &err) != 0 ||
+                              st_writer_add(&w, "valid_position_targets", ST_F64, &nb, 1, by_pos[1], &err) != 0)) ||
             st_write(&w, argv[2], &err) != 0)
             die(&comm, &err);
     }

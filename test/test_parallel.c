@@ -25,7 +25,9 @@
  * through the stages without a backward), of the 30% of the short corpus's documents it holds out
  * (data.valid_fraction), and for the long corpus of a held-out set of its own (data.valid_path, long
  * documents too, so that CP shards them): its loss must agree within the same 1e-5 and its tokens
- * exactly, on every layout, CP mode and packer (dump_train's valid_loss and valid_tokens).
+ * exactly, on every layout, CP mode and packer (dump_train's valid_loss and valid_tokens), and so must
+ * its loss by token position (valid_position_loss, valid_position_targets; buckets 0-8, 8-32, 32-100,
+ * 100+: the long documents' pieces past the window's length keep their offsets).
  *
  * balance.cp_sharding: groups needs documents worth sharding over part of the CP ranks: a second
  * corpus where every fourth document has 100 to 255 tokens, packer fixed (which packs the stream
@@ -121,7 +123,7 @@ static int group_setup(void **state)
         "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3, valid_fraction: 0.3}\n"
         "balance: {hardware: cpu}\n"
         "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9,"
-        " eval_tokens: 1024}\n",
+        " eval_tokens: 1024, eval_position_buckets: [8, 32, 100]}\n",
         prefix, device);
     fx.config = test_write_file(fx.dir, "base.yaml", yaml, strlen(yaml));
     free(yaml);
@@ -135,7 +137,7 @@ static int group_setup(void **state)
         "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3, valid_path: %s}\n"
         "balance: {hardware: cpu, packer: fixed}\n"
         "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9,"
-        " eval_tokens: 1024}\n",
+        " eval_tokens: 1024, eval_position_buckets: [8, 32, 100]}\n",
         prefix, valid, device);
     fx.config_long = test_write_file(fx.dir, "long.yaml", yaml, strlen(yaml));
     free(yaml);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/plot_metrics.py and scripts/metrics_to_tensorboard.py on the metrics of a real run (a tiny
-model trained 6 steps with evaluation every 3 on held-out documents): the PNG comes out for one
-run and for two overlaid on tokens; a malformed metrics file is one error line; the TensorBoard
+model trained 6 steps with evaluation every 3 on held-out documents, by token position too): the PNG
+comes out for one run and for two overlaid on tokens; a malformed metrics file is one error line; the TensorBoard
 event file holds every step's scalars, the validation loss at the steps that evaluated with the
 metrics file's value (its records read back here, their CRCs checked). TAP output. Without
 matplotlib or tensorboardX in this python: skipped, or with CI set failed (taplib)."""
@@ -45,7 +45,8 @@ def train(tmp):
                 "parallel: {dp: 1}\n"
                 f"data: {{path: {prefix}, context_window: 128, global_batch_tokens: 512, valid_fraction: 0.25}}\n"
                 "balance: {hardware: cpu}\n"
-                "train: {device: cpu, steps: 6, lr: 0.003, warmup_steps: 1, eval_every: 3, eval_tokens: 512}\n"
+                "train: {device: cpu, steps: 6, lr: 0.003, warmup_steps: 1, eval_every: 3, eval_tokens: 512,"
+                " eval_position_buckets: [16, 64]}\n"
                 f"log: {{every: 10, metrics: {metrics}}}\n")
     r = run(WLBTRAIN, "--config", cfg)
     if r.returncode != 0:
@@ -101,9 +102,11 @@ def main():
             out = os.path.join(tmp, "fig", "one.png")
             r = run(sys.executable, "scripts/plot_metrics.py", metrics, "--out", out)
             good = (r.returncode == 0 and os.path.exists(out) and open(out, "rb").read(8) == PNG
-                    and [s["step"] for s in valid] == [3, 6] and "6 steps, 2 evaluations" in r.stdout)
+                    and [s["step"] for s in valid] == [3, 6] and "6 steps, 2 evaluations, 2 by token position)" in r.stdout
+                    and all(s["valid_position_from"] == [0, 16, 64] and len(s["valid_position_loss"]) == 3
+                            and sum(s["valid_position_targets"]) > 0 for s in valid))
             results.append((good or r.stderr + r.stdout, "plot_metrics draws one run (train and validation loss, "
-                                                         "tokens/s, imbalance)"))
+                                                         "tokens/s, imbalance, validation loss by token position)"))
             second = os.path.join(tmp, "second.jsonl")
             shutil.copy(metrics, second)
             out2 = os.path.join(tmp, "two.png")

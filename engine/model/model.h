@@ -152,6 +152,9 @@ typedef struct ModelBatch {
     const int32_t *positions; /* T (backend memory) */
     const AttnSegment *segs;  /* q_row: this rank's rows; kv_row: micro-batch rows (host memory) */
     int64_t n_segs;
+    /* Host memory, T: NULL, or the loss of each row with a target, written by the head (rows without
+     * one are left as they are): the evaluation's loss by position (engine/train/train_eval.c). */
+    double *row_loss;
     /* CP (cp > 1): the micro-batch's rows and the K/V exchanges (index arrays in backend memory). */
     int64_t T_mb;             /* rows of the whole micro-batch */
     const int64_t *mb_row;    /* T: micro-batch row of each of this rank's rows */

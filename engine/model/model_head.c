@@ -78,8 +78,11 @@ static int head_rows(Model *m, const ModelBatch *b, const Act *hn, int64_t r, in
     }
     for (int64_t i = 0; i < n; i++) {
         mx[i] += log(m->h_stats[3 * i + 1]); /* now lse */
-        if (m->h_targets[i] >= 0)
+        if (m->h_targets[i] >= 0) {
             *loss_sum += mx[i] - m->h_stats[3 * i + 2];
+            if (b->row_loss)
+                b->row_loss[r + i] = mx[i] - m->h_stats[3 * i + 2];
+        }
     }
     if (train) {
         o->to_device(m->lse, mx, (size_t)n * sizeof(double));

@@ -95,7 +95,7 @@ double optim_update(Optim *o, Model *model, const float *g, double norm, int wri
 {
     const ConfigTrain *c = o->cfg;
     o->step++;
-    double lr = optim_lr(c, o->step);
+    double lr = optim_lr(c, o->step - o->lr_step0);
     AdamWStep s = {(float)lr,
                    (float)c->beta1,
                    (float)c->beta2,

@@ -2,7 +2,7 @@
  * engine/train/optim.h - AdamW over a range of a model's parameters, the learning-rate schedule and
  * gradient clipping.
  *
- * Schedule (step s = 1, 2, ...): linear warmup lr * s / warmup_steps, then from lr to min_lr over
+ * Schedule (step s = 1, 2, ... of the schedule: the update count less Optim.lr_step0): linear warmup lr * s / warmup_steps, then from lr to min_lr over
  * the remaining steps: cosine min_lr + (lr - min_lr) (1 + cos(pi x)) / 2, linear lr - (lr - min_lr) x,
  * or constant lr, with x the fraction of the decay done. Clipping: when the global gradient norm is
  * above grad_clip, every gradient is scaled by grad_clip / norm. AdamW is PyTorch's (bias correction,
@@ -23,7 +23,10 @@ typedef struct Optim {
     const ConfigTrain *cfg;
     int64_t begin, end;
     float *m, *v;       /* backend memory, end - begin each */
-    int64_t step;       /* updates done */
+    int64_t step;       /* updates done (AdamW's bias correction counts them) */
+    int64_t lr_step0;   /* updates done before the LR schedule began: 0, or a continued run's
+                         * (checkpoint.continue_schedule: restart); update n has the schedule's step
+                         * n - lr_step0 */
     AdamWSpan *spans;   /* the range's runs of equal weight decay, relative to begin */
     int n_spans;
 } Optim;

@@ -11,7 +11,8 @@
  *
  * Checkpoints: after step s, when checkpoint.dir is set and s is a multiple of checkpoint.every
  * or the last step (train_ckpt.c). checkpoint.resume (auto or a path) loads one first; training
- * goes on from the step after it, and log.metrics keeps its lines up to that step.
+ * goes on from the step after it, and log.metrics keeps its lines up to that step. When it finds
+ * none, checkpoint.continue_from starts the run from another run's checkpoint (train_continue.c).
  *
  * Stopping early (docs/slurm.md, "Time limits and preemption"): SIGUSR1 or SIGTERM on any rank, or
  * train.stop_after, ends the run after a step that every rank finishes: at the end of each step
@@ -228,9 +229,29 @@ static int write_metrics(FILE *f, const char *path, int64_t step, const TrainSta
             (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,
             (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
     trainer_write_mb_metrics(f, st); /* train_balance.c */
-    if (st->evaluated)
+    if (st->evaluated) {
         fprintf(f, ",\"valid_loss\":%.17g,\"valid_tokens\":%lld,\"eval_ms\":%.2f", st->valid_loss,
                 (long long)st->valid_tokens, st->eval_s * 1e3);
+        /* By position (train_eval.c): the buckets' first positions, mean losses (null: empty), counts. */
+        const PositionLoss *p = &st->valid_by_position;
+        for (int a = 0; a < 3; a++) {
+            fputs(a == 0 ? ",\"valid_position_from\":[" : a == 1 ? "],\"valid_position_loss\":[" :
+                  "],\"valid_position_targets\":[", f);
+            for (int i = 0; i < p->n; i++) {
+                if (i)
+                    fputc(',', f);
+                if (a == 0)
+                    fprintf(f, "%lld", (long long)p->from[i]);
+                else if (a == 1 && p->targets[i] > 0)
+                    fprintf(f, "%.17g", p->loss[i]);
+                else if (a == 1)
+                    fputs("null", f);
+                else
+                    fprintf(f, "%lld", (long long)p->targets[i]);
+            }
+        }
+        fputc(']', f);
+    }
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f))
         return error_errno(err, path, "cannot write");
@@ -339,6 +360,7 @@ static int maybe_evaluate(Trainer *tr, const Config *cfg, int64_t step, TrainSta
     st->valid_loss = ev.loss;
     st->valid_tokens = ev.tokens;
     st->eval_s = ev.seconds;
+    st->valid_by_position = ev.by_position;
     return 0;
 }
 
@@ -412,7 +434,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
     return rc;
 }
 
-/* Loads the checkpoint that checkpoint.resume names, if any: *done = the step it was saved after. */
+/* Loads the checkpoint that checkpoint.resume names, if any, else the one of checkpoint.continue_from:
+ * *done = the step training goes on after. */
 static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
 {
     *done = 0;
@@ -422,8 +445,9 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     int lead = tr->lay.rank == 0, rc = 0;
     if (!path) {
         if (lead && cfg->checkpoint.resume)
-            printf("resume: no checkpoint in %s yet, starting at step 1\n", cfg->checkpoint.dir);
-        return 0;
+            printf("resume: no checkpoint in %s yet, %s\n", cfg->checkpoint.dir,
+                   cfg->checkpoint.continue_from ? "continuing from checkpoint.continue_from" : "starting at step 1");
+        return trainer_continue(tr, done, err); /* checkpoint.continue_from, if set (train_continue.c) */
     }
     double t0 = clock_seconds();
     rc = trainer_resume(tr, path, done, err);

@@ -52,6 +52,30 @@ typedef struct TrainChunk {
     float *shard_grads;      /* ZeRO-1: this rank's shard of the summed gradients */
 } TrainChunk;
 
+/* The validation loss by token position (the RoPE position: the token's offset in its document),
+ * train.eval_position_buckets: bucket i holds the labelled tokens at positions [from[i], from[i + 1]),
+ * the last one from from[n - 1] on (positions past the window: pieces of longer documents keep their
+ * offsets); loss[i] their mean loss (NaN when it has none), targets[i] their count. The buckets'
+ * targets add up to the evaluation's, and their token-weighted mean is its loss. */
+enum { EVAL_MAX_BUCKETS = CONFIG_MAX_POSITION_EDGES + 1 };
+typedef struct PositionLoss {
+    int n;
+    int64_t from[EVAL_MAX_BUCKETS];
+    double loss[EVAL_MAX_BUCKETS];
+    int64_t targets[EVAL_MAX_BUCKETS];
+} PositionLoss;
+
+/* What an evaluation's forward passes add up by position on this rank (trainer_forward_eval):
+ * per bucket of edges (as PositionLoss.from) the summed loss and the count of its labelled tokens;
+ * row_loss is host scratch (cap rows). */
+typedef struct PositionSums {
+    int n;
+    int64_t from[EVAL_MAX_BUCKETS];
+    double loss[EVAL_MAX_BUCKETS], targets[EVAL_MAX_BUCKETS];
+    double *row_loss;
+    int64_t cap;
+} PositionSums;
+
 typedef struct TrainStats {
     double loss, grad_norm, lr;
     int64_t tokens;
@@ -75,6 +99,7 @@ typedef struct TrainStats {
     int evaluated;
     double valid_loss, eval_s;
     int64_t valid_tokens;
+    PositionLoss valid_by_position;
 } TrainStats;
 
 /* The validation loss of the held-out documents (train_eval.c): their cross-entropy summed over
@@ -85,6 +110,7 @@ typedef struct EvalStats {
     int64_t targets;  /* of those, the labelled ones (a next token in the document): the loss's count */
     int64_t steps;    /* global batches of the validation set */
     double seconds;
+    PositionLoss by_position; /* the same loss by token position (train.eval_position_buckets) */
 } EvalStats;
 
 /* What a run last measured and the best it measured (step 0: nothing yet); checkpoints keep it. */
@@ -185,6 +211,17 @@ int trainer_eval_run(const Config *cfg, const char *checkpoint, const char *out,
  * replica holds one). */
 int trainer_check_plan(Trainer *tr, const StepPlan *p, uint32_t perturb, Error *err);
 int trainer_forward_only(Trainer *tr, const StepPlan *plan, const DataSources *data, double *loss_sum, Error *err);
+/* The same, and with pos (NULL: none) each labelled token's loss also added to its position's bucket
+ * of pos, with the count (on the ranks that add to *loss_sum). */
+int trainer_forward_eval(Trainer *tr, const StepPlan *plan, const DataSources *data, double *loss_sum,
+                         PositionSums *pos, Error *err);
+/* The buckets' edges of train.eval_position_buckets for cfg's window (auto: 1024, 4096, 16384, 65536,
+ * 131072, then doubling, those below data.context_window) into from (from[0] = 0); returns the
+ * number of buckets. */
+int trainer_position_buckets(const Config *cfg, int64_t *from);
+/* "0-1K 2.3456 (1200), 1K-4K 2.1234 (3400), 4K+ - (0)": each bucket's positions, mean loss ("-" when
+ * empty) and labelled tokens. */
+void trainer_position_text(const PositionLoss *p, char *buf, size_t size);
 
 /* Checkpoints (train_ckpt.c). trainer_save writes checkpoint.dir/step-NNNNNNNN after `step`
  * (every rank takes part, rank 0 writes). trainer_checkpoint_path: the checkpoint that
@@ -198,6 +235,21 @@ int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
 /* The weights only of the checkpoint at path (a step folder) into a trainer of any layout, its
  * validation record into tr->valid_record; *step: the step it was saved after. */
 int trainer_load_weights(Trainer *tr, const char *path, int64_t *step, Error *err);
+/* What trainer_load_checkpoint takes from a checkpoint besides the weights, the validation record
+ * and the step it was saved after (*step): CKPT_LOAD_MOMENTS AdamW's moments, update count and the
+ * start of its LR schedule (Optim.lr_step0), and the skipped steps; CKPT_LOAD_STREAM the planner's
+ * state and the data stream's position (the held-out share must be the config's). trainer_resume is
+ * both, trainer_load_weights neither. */
+enum { CKPT_LOAD_MOMENTS = 1, CKPT_LOAD_STREAM = 2 };
+int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_t *step, Error *err);
+/* checkpoint.continue_from (train_continue.c): when the run has nothing to resume, it starts from that
+ * checkpoint of another run as its next stage - the config compared with the checkpoint's (a changed
+ * model key other than model.preset, model.max_seq_len and model.rope_* is an Error; rank 0 prints
+ * every changed key, old -> new), the weights and AdamW's state loaded, the data stream and the
+ * planner's queues restored only when no data.* or balance.* key changed, and the step count and LR
+ * schedule restarted or continued (checkpoint.continue_schedule). *done: the step training goes on
+ * after (0 with restart). Nothing to do (*done 0) without continue_from. */
+int trainer_continue(Trainer *tr, int64_t *done, Error *err);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
  * (train_ckpt_index.c). */
 int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);

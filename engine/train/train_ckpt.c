@@ -20,7 +20,9 @@
  *                      col0, cols}: rows x cols floats at `offset` of that chunk's vector; only the
  *                      counted copy of replicated blocks - kv heads over TP, norms, tied embeddings)
  *   state.bin          rank 0's sections: meta (u64 words: format 2, step, optimizer updates,
- *                      skipped steps, the model's shape, the layout that saved it), planner (queues
+ *                      skipped steps, the model's shape, the layout that saved it, the window and
+ *                      batch, and the updates before the LR schedule began - Optim.lr_step0, 0 in
+ *                      checkpoints older than it, which wrote 0 there), planner (queues
  *                      and leftovers, plan_state_save), stream (the data position and shuffle state),
  *                      valid (the validation record: the step of the last evaluation, its loss, the
  *                      step of the best and its loss, and data.valid_fraction - u64 words, the
@@ -66,7 +68,8 @@ static void meta_words(const Trainer *tr, int64_t step, uint64_t *w)
                               (uint64_t)m->n_kv_heads, (uint64_t)m->d_ffn, (uint64_t)m->vocab_size,
                               (uint64_t)m->tie_embeddings, (uint64_t)p->tp, (uint64_t)p->cp, (uint64_t)p->pp,
                               (uint64_t)p->dp, (uint64_t)p->virtual_stages, (uint64_t)p->zero,
-                              (uint64_t)tr->cfg->data.context_window, (uint64_t)tr->cfg->data.global_batch_tokens, 0};
+                              (uint64_t)tr->cfg->data.context_window, (uint64_t)tr->cfg->data.global_batch_tokens,
+                              (uint64_t)tr->chunks[0].optim.lr_step0};
     memcpy(w, v, sizeof v);
 }
 
@@ -442,11 +445,9 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, int weights_
     return rc;
 }
 
-/* A checkpoint into tr: the weights, the validation record and the step always; with full also
- * the optimizer's moments and update count, the skipped steps, the planner and the data stream
- * (trainer_resume), else nothing more (trainer_load_weights). */
-static int load_checkpoint(Trainer *tr, const char *path, int full, int64_t *step, Error *err)
+int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_t *step, Error *err)
 {
+    int full = (what & CKPT_LOAD_STREAM) != 0, moments = (what & CKPT_LOAD_MOMENTS) != 0;
     char file[4200];
     snprintf(file, sizeof file, "%s/state.bin", path);
     StateFile sf;
@@ -482,7 +483,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int full, int64_t *ste
     if (rc == 0 && !have_index)
         rc = -1;
     if (rc == 0)
-        rc = restore_shards(tr, &ix, (int64_t)w[1], !full, path, err);
+        rc = restore_shards(tr, &ix, (int64_t)w[1], !moments, path, err);
     if (have_index)
         ckpt_index_close(&ix);
     /* Words in the file may be unaligned: copy them out first. */
@@ -499,9 +500,14 @@ static int load_checkpoint(Trainer *tr, const char *path, int full, int64_t *ste
         rc = data_stream_restore(&tr->stream, words, (size_t)(stream->size / 8), err);
     }
     free(words);
-    if (rc == 0 && full) {
-        for (int k = 0; k < tr->v; k++)
+    if (rc == 0 && moments) {
+        if (w[19] > w[2])
+            rc = error_set(err, file, "the meta section is corrupted (the LR schedule began after update %llu of "
+                           "%llu)", (unsigned long long)w[19], (unsigned long long)w[2]);
+        for (int k = 0; rc == 0 && k < tr->v; k++) {
             tr->chunks[k].optim.step = (int64_t)w[2];
+            tr->chunks[k].optim.lr_step0 = (int64_t)w[19];
+        }
         tr->skipped = (int64_t)w[3];
     }
     if (rc == 0) {
@@ -520,10 +526,10 @@ static int load_checkpoint(Trainer *tr, const char *path, int full, int64_t *ste
 
 int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err)
 {
-    return load_checkpoint(tr, path, 1, step, err);
+    return trainer_load_checkpoint(tr, path, CKPT_LOAD_MOMENTS | CKPT_LOAD_STREAM, step, err);
 }
 
 int trainer_load_weights(Trainer *tr, const char *path, int64_t *step, Error *err)
 {
-    return load_checkpoint(tr, path, 0, step, err);
+    return trainer_load_checkpoint(tr, path, 0, step, err);
 }

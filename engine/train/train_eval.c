@@ -22,6 +22,14 @@
  * mean over tokens, not a mean of per-batch means. Each rank sums its own part (the head's TP rank
  * 0 of each CP rank and replica, as in training) and one all-reduce adds the parts.
  *
+ * The loss by token position (train.eval_position_buckets): the same labelled tokens by their RoPE
+ * position - their offset in their document, which is what a long-context model must learn to use -
+ * in buckets such as [0, 1K), [1K, 4K), ... (trainer_position_buckets; the last bucket open-ended).
+ * The head hands back each row's loss (ModelBatch.row_loss) to the rank that sums the loss, which
+ * adds it to its bucket (trainer_forward_eval); the buckets' sums and counts travel in the loss's own
+ * all-reduce. The counts add up to the evaluation's labelled tokens, and the buckets' token-weighted
+ * mean is the loss (up to the order of the sums), on every layout.
+ *
  * Nothing of training is touched: not the training stream or planner, not the optimizer, not the
  * gradients (the passes are forward only, the head computes no derivative). A run with evaluation
  * trains exactly as one without, and resumes bit for bit.
@@ -155,6 +163,49 @@ int trainer_valid_next(Trainer *tr, const StepPlan **plan, const DataSources **d
     return 0;
 }
 
+int trainer_position_buckets(const Config *cfg, int64_t *from)
+{
+    const ConfigChoiceOrList *b = &cfg->train.eval_position_buckets;
+    int n = 0;
+    from[n++] = 0;
+    if (b->choice != 0) {
+        for (int i = 0; i < b->list.n && n < EVAL_MAX_BUCKETS; i++)
+            from[n++] = b->list.v[i];
+        return n;
+    }
+    static const int64_t fixed[5] = {1024, 4096, 16384, 65536, 131072};
+    for (int64_t i = 0, e = fixed[0]; e < cfg->data.context_window && n < EVAL_MAX_BUCKETS; i++) {
+        from[n++] = e;
+        e = i + 1 < 5 ? fixed[i + 1] : 2 * e;
+    }
+    return n;
+}
+
+/* Adds up the evaluation's loss and its loss by position over the job (one all-reduce: the sum, then
+ * per bucket its sum and count) into st. */
+static int reduce_losses(Trainer *tr, double sum, const PositionSums *pos, EvalStats *st, Error *err)
+{
+    int n = pos->n;
+    double all[1 + 2 * EVAL_MAX_BUCKETS];
+    all[0] = sum;
+    memcpy(all + 1, pos->loss, (size_t)n * sizeof *all);
+    memcpy(all + 1 + n, pos->targets, (size_t)n * sizeof *all);
+    if (comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, all, 1 + 2 * n, err) != 0)
+        return -1;
+    if (st->targets == 0)
+        return error_runtime(err, "valid", "the %lld validation tokens evaluated hold no labelled token (every "
+                             "document is one token long)", (long long)st->tokens);
+    st->loss = all[0] / (double)st->targets;
+    PositionLoss *p = &st->by_position;
+    p->n = n;
+    for (int i = 0; i < n; i++) {
+        p->from[i] = pos->from[i];
+        p->targets[i] = (int64_t)all[1 + n + i];
+        p->loss[i] = p->targets[i] > 0 ? all[1 + i] / all[1 + n + i] : NAN;
+    }
+    return 0;
+}
+
 int trainer_evaluate(Trainer *tr, int64_t step, EvalStats *st, Error *err)
 {
     memset(st, 0, sizeof *st);
@@ -163,22 +214,26 @@ int trainer_evaluate(Trainer *tr, int64_t step, EvalStats *st, Error *err)
     double t0 = clock_seconds(), sum = 0;
     if (trainer_valid_begin(tr, err) != 0)
         return -1;
-    for (int64_t j = 0; j < tr->valid->steps; j++) {
+    PositionSums pos;
+    memset(&pos, 0, sizeof pos);
+    pos.n = trainer_position_buckets(tr->cfg, pos.from);
+    int rc = 0;
+    for (int64_t j = 0; rc == 0 && j < tr->valid->steps; j++) {
         const StepPlan *plan;
         const DataSources *data;
-        if (trainer_valid_next(tr, &plan, &data, err) != 0 || trainer_check_plan(tr, plan, 0, err) != 0 ||
-            trainer_forward_only(tr, plan, data, &sum, err) != 0)
-            return -1;
-        st->targets += batch_step_targets(plan, data);
-        st->tokens += plan->tokens;
-        st->steps++;
+        rc = trainer_valid_next(tr, &plan, &data, err) != 0 || trainer_check_plan(tr, plan, 0, err) != 0 ||
+                     trainer_forward_eval(tr, plan, data, &sum, &pos, err) != 0
+                 ? -1
+                 : 0;
+        if (rc == 0) {
+            st->targets += batch_step_targets(plan, data);
+            st->tokens += plan->tokens;
+            st->steps++;
+        }
     }
-    if (comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, &sum, 1, err) != 0)
+    free(pos.row_loss);
+    if (rc != 0 || reduce_losses(tr, sum, &pos, st, err) != 0)
         return -1;
-    if (st->targets == 0)
-        return error_runtime(err, "valid", "the %lld validation tokens evaluated hold no labelled token (every "
-                             "document is one token long)", (long long)st->tokens);
-    st->loss = sum / (double)st->targets;
     st->seconds = clock_seconds() - t0;
     TrainValidRecord *r = &tr->valid_record;
     r->last_step = step;
@@ -188,6 +243,35 @@ int trainer_evaluate(Trainer *tr, int64_t step, EvalStats *st, Error *err)
         r->best_loss = st->loss;
     }
     return 0;
+}
+
+/* A position as the buckets name it: 512, 1K, 64K, 1M (1024 units, when whole). */
+static void position_name(int64_t x, char *buf, size_t size)
+{
+    if (x >= 1 << 20 && x % (1 << 20) == 0)
+        snprintf(buf, size, "%lldM", (long long)(x >> 20));
+    else if (x >= 1024 && x % 1024 == 0)
+        snprintf(buf, size, "%lldK", (long long)(x >> 10));
+    else
+        snprintf(buf, size, "%lld", (long long)x);
+}
+
+void trainer_position_text(const PositionLoss *p, char *buf, size_t size)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < p->n && len < size; i++) {
+        char a[24], b[24], loss[32];
+        position_name(p->from[i], a, sizeof a);
+        if (i + 1 < p->n)
+            position_name(p->from[i + 1], b, sizeof b);
+        if (p->targets[i] > 0)
+            snprintf(loss, sizeof loss, "%.4f", p->loss[i]);
+        else
+            snprintf(loss, sizeof loss, "-");
+        len += (size_t)snprintf(buf + len, size - len, "%s%s%s%s %s (%lld)", i ? ", " : "", a, i + 1 < p->n ? "-" : "+",
+                                i + 1 < p->n ? b : "", loss, (long long)p->targets[i]);
+    }
 }
 
 void trainer_valid_describe(const Trainer *tr, char *buf, size_t size)
@@ -218,6 +302,23 @@ static int write_result(const char *out, const char *what, int64_t step, const E
                           (json_int_t)st->targets, "eval_steps", (json_int_t)st->steps, "eval_ms", st->seconds * 1e3);
     if (!o)
         return error_runtime(err, out, "cannot make the result (a path that is not UTF-8?)");
+    /* By position: the buckets' first positions, mean losses (null for an empty bucket), counts. */
+    const PositionLoss *p = &st->by_position;
+    json_t *from = json_array(), *loss = json_array(), *count = json_array();
+    int ok = from && loss && count;
+    for (int i = 0; ok && i < p->n; i++)
+        ok = json_array_append_new(from, json_integer(p->from[i])) == 0 &&
+             json_array_append_new(loss, p->targets[i] > 0 ? json_real(p->loss[i]) : json_null()) == 0 &&
+             json_array_append_new(count, json_integer(p->targets[i])) == 0;
+    ok = ok && json_object_set(o, "valid_position_from", from) == 0 &&
+         json_object_set(o, "valid_position_loss", loss) == 0 && json_object_set(o, "valid_position_targets", count) == 0;
+    json_decref(from);
+    json_decref(loss);
+    json_decref(count);
+    if (!ok) {
+        json_decref(o);
+        return error_runtime(err, out, "out of memory");
+    }
     int rc = json_file_write(out, o, JSON_PRESERVE_ORDER | JSON_COMPACT, err);
     json_decref(o);
     return rc;
@@ -249,6 +350,9 @@ static int eval_job(Trainer *tr, const char *checkpoint, const char *out, Error 
         printf("eval: valid_loss %.6f (perplexity %.4g) over %lld labelled tokens of %lld, %lld global batch%s, "
                "%.2f s\n", st.loss, exp(st.loss), (long long)st.targets, (long long)st.tokens, (long long)st.steps,
                st.steps > 1 ? "es" : "", st.seconds);
+        char line2[EVAL_MAX_BUCKETS * 64];
+        trainer_position_text(&st.by_position, line2, sizeof line2);
+        printf("eval: by position %s\n", line2);
         fflush(stdout);
         if (out)
             rc = write_result(out, what, step, &st, err);

@@ -165,7 +165,7 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
     if (comm_allreduce_sum_f64(c, GROUP_WORLD, &sumsq, 1, err) != 0)
         return -1;
     st->grad_norm = sqrt(sumsq);
-    st->lr = optim_lr(&tr->cfg->train, tr->chunks[0].optim.step + 1);
+    st->lr = optim_lr(&tr->cfg->train, tr->chunks[0].optim.step + 1 - tr->chunks[0].optim.lr_step0);
     /* Every rank sees the same loss and norm, so all of them decide alike. */
     if (!isfinite(st->loss) || !isfinite(st->grad_norm)) {
         if (tr->cfg->train.nonfinite != NONFINITE_SKIP)

@@ -112,6 +112,7 @@ typedef struct PassRun {
     int train;
     float dloss;
     double *loss_sum;
+    PositionSums *pos; /* evaluation: the loss by position too (NULL: not wanted) */
 } PassRun;
 
 /* The compute time of pass i of the schedule (its micro-batch k), communication excluded. A backend
@@ -152,6 +153,44 @@ static void read_pass_timers(Trainer *tr)
         }
 }
 
+/* Room for n rows of losses in pos's scratch. */
+static int reserve_row_loss(PositionSums *pos, int64_t n, Error *err)
+{
+    if (n <= pos->cap)
+        return 0;
+    double *grown = realloc(pos->row_loss, (size_t)n * sizeof *grown);
+    if (!grown)
+        return error_runtime(err, "valid", "out of memory");
+    pos->row_loss = grown;
+    pos->cap = n;
+    return 0;
+}
+
+/* After the head's forward of the replica's k-th micro-batch: each of this CP rank's rows with a
+ * target adds its loss to the bucket of its position. The rank's rows are its ranges of the
+ * micro-batch in order (as batch_build laid them out); the micro-batch's host rows still hold their
+ * targets and positions. */
+static void add_by_position(Trainer *tr, const PassRun *run, int k)
+{
+    const PlanMicroBatch *mb = &run->plan->mbs[tr->mb_index[k]];
+    const PlanRank *pr = &run->plan->ranks[mb->first_rank + tr->lay.cp_rank];
+    const BatchBuffers *bb = &tr->batches[k];
+    PositionSums *pos = run->pos;
+    int64_t row = 0;
+    for (int64_t r = 0; r < pr->n_ranges; r++) {
+        const PlanRange *g = &run->plan->ranges[pr->first_range + r];
+        for (int64_t t = g->start; t < g->start + g->len; t++, row++) {
+            if (bb->targets[t] < 0)
+                continue;
+            int j = pos->n - 1;
+            while (j > 0 && bb->positions[t] < pos->from[j])
+                j--;
+            pos->loss[j] += pos->row_loss[row];
+            pos->targets[j] += 1;
+        }
+    }
+}
+
 static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Error *err)
 {
     if (empty_micro_batch(tr, run->plan, k))
@@ -175,8 +214,16 @@ static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Err
         h_in = tr->recv;
     }
     double loss = 0, t0 = run->train ? pass_begin(m, i) : 0, comm0 = m->comm_s;
-    if (model_forward(m, slot, b, h_in, run->train, run->dloss, &loss, err) != 0)
+    int by_position = run->pos && m->dims.has_head && tr->lay.tp_rank == 0;
+    if (by_position && reserve_row_loss(run->pos, b->T, err) != 0)
         return -1;
+    b->row_loss = by_position ? run->pos->row_loss : NULL;
+    int rc = model_forward(m, slot, b, h_in, run->train, run->dloss, &loss, err);
+    b->row_loss = NULL;
+    if (rc != 0)
+        return -1;
+    if (by_position)
+        add_by_position(tr, run, k);
     if (run->train) {
         pass_end(tr, m, i, k, t0, comm0);
     } else { /* nothing stays for a backward: the send below is all that still reads the slot */
@@ -278,9 +325,15 @@ static int wait_sends(Trainer *tr, Error *err)
  * the next stage to receive a smaller pair: no stage waits forever. */
 int trainer_forward_only(Trainer *tr, const StepPlan *plan, const DataSources *data, double *loss_sum, Error *err)
 {
+    return trainer_forward_eval(tr, plan, data, loss_sum, NULL, err);
+}
+
+int trainer_forward_eval(Trainer *tr, const StepPlan *plan, const DataSources *data, double *loss_sum,
+                         PositionSums *pos, Error *err)
+{
     if (replica_order(tr, plan, err) != 0)
         return -1;
-    PassRun run = {plan, data, 0, 0.0f, loss_sum};
+    PassRun run = {plan, data, 0, 0.0f, loss_sum, pos};
     for (int k = 0; k < tr->m; k++)
         for (int c = 0; c < tr->v; c++)
             if (run_forward(tr, &run, -1, k, c, err) != 0)
@@ -303,7 +356,8 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
         return -1;
     tr->n_targets = batch_step_targets(&tr->plan, &tr->data);
     tr->loss_sum = 0;
-    PassRun run = {&tr->plan, &tr->data, 1, tr->n_targets > 0 ? 1.0f / (float)tr->n_targets : 0.0f, &tr->loss_sum};
+    PassRun run = {&tr->plan, &tr->data, 1, tr->n_targets > 0 ? 1.0f / (float)tr->n_targets : 0.0f, &tr->loss_sum,
+                   NULL};
     for (int c = 0; c < tr->v; c++) {
         Model *m = &tr->chunks[c].model;
         m->ops->zero(m->grads, m->n_params);
