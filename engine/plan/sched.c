@@ -377,10 +377,9 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
             }
             done = stage_end + total;
         }
-        if (total == 0)
-            done = stage_end;
-        dpx[s] = done > stage_end ? done - stage_end : 0;
-        dph[s] = total - dpx[s] > 0 ? total - dpx[s] : 0;
+        /* What outlasts the stage's passes shows; the rest ran beside them (none without overlap). */
+        dpx[s] = !cost->overlap ? total : done > stage_end ? done - stage_end : 0;
+        dph[s] = cost->overlap && total > dpx[s] ? total - dpx[s] : 0;
         /* The hidden reduction (beside the last backward passes) and the part of the all-gather that
          * ran beside the first forwards slowed those passes. */
         double gather_hidden = gather_total[s] - gw[(size_t)slow * pp + s];
