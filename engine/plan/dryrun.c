@@ -578,8 +578,8 @@ static void print_summary(const RunSummary *s)
 /* Where the time goes: each stage's parts over the run, exposed communication and hidden side by side. */
 static void print_breakdown(const RunSummary *s)
 {
-    printf("time breakdown, s over the run (parallel.overlap: %s; shown parts + bubble = the step time; hidden: "
-           "ran behind computation):\n", s->overlap ? "true" : "false");
+    printf("time breakdown, s over the run (parallel.overlap: %s; shown parts + bubble = the step time; _hid: "
+           "ran hidden, beside computation or the pipeline's fill):\n", s->overlap ? "true" : "false");
     printf("%6s %9s %9s %9s %8s %8s %8s %8s %9s %8s %8s %8s %8s %8s\n", "stage", "products", "attention", "elemwise",
            "tp", "cp", "pp", "dp", "contend", "bubble", "tp_hid", "cp_hid", "pp_hid", "dp_hid");
     SchedBreakdown m = breakdown_mean(s);
