@@ -76,9 +76,10 @@ const ConfigKey config_keys[] = {
     BOOL_KEY("parallel.overlap", parallel.overlap, "true", NULL,
              "overlap collectives with compute; false runs every collective on the compute path"),
     ENUM_KEY("parallel.reduce_dtype", parallel.reduce_dtype, "fp32|compute", "fp32", NULL,
-             "dtype the TP and CP partial sums (the products' reduce-scatters and all-reduces, the dK/dV "
-             "reduce-scatter) travel and add in: fp32, or compute = train.precision's (bf16 halves their "
-             "bytes, as Megatron does); gradients over DP always reduce in fp32 (docs/planner.md)"),
+             "dtype the TP and CP partial sums (the products' reduce-scatters and all-reduces over TP, the "
+             "embedding's and output layer's included, and the dK/dV reduce-scatter) travel and add in: fp32, "
+             "or compute = train.precision's (bf16 halves their bytes, as Megatron does; measured in "
+             "docs/validation.md); gradients over DP x CP always reduce in fp32"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},
