@@ -8,6 +8,12 @@
 #                holds one per micro-batch)
 #   wlb-nodelay  wlb without queues (balance.outlier_thresholds: [])
 #   wlb-cp2      wlb with the queues and hybrid CP over 2 ranks (mpirun -np 2, parallel.cp 2)
+# and, asked for by VARIANTS (the first listed is the one the others are compared with), the
+# partial sums' dtype (parallel.reduce_dtype) in bf16 training over TP 2 (mpirun -np 2, every
+# layer's SP reduce-scatters and the embedding's and output layer's TP sums):
+# (the vocabulary 258, one unused row, so that TP 2 divides it)
+#   tp2-sum-fp32 train.precision bf16, parallel.tp 2, the partial sums in float32
+#   tp2-sum-bf16 the same with parallel.reduce_dtype compute: the partial sums in bf16
 # each with SEEDS seeds (the seed of the data order and of the weights). Every run evaluates the
 # held-out 5% of the documents every EVAL_EVERY steps (its own packing rules), and its final
 # checkpoint is evaluated once more by `wlbtrain eval` under one packing for all (Plain-4D's: the
@@ -24,7 +30,8 @@
 #        fills within the step that read it: no delay to study)
 #   gpu  train.device cuda, an 8-layer d_model 512 model, window 1024, 300 steps of 32768 tokens
 #        (about 10M tokens, an epoch of the corpus); wlb-cp2's 2 ranks share the GPU (parallel.comm mpi)
-# Environment: STEPS, EVAL_EVERY, EVAL_TOKENS override the mode's; JOBS=N runs N runs at once, each
+# Environment: STEPS, EVAL_EVERY, EVAL_TOKENS override the mode's; VARIANTS the runs (default
+# "plain4d wlb wlb-nodelay wlb-cp2"); JOBS=N runs N runs at once, each
 # with one OpenMP thread a rank (default: 2 on cpu; 1 on gpu, one run after another); WLBTRAIN a
 # binary (default: ./wlbtrain, built here: make CUDA=0 for cpu); OUT=DIR keeps the runs (default a
 # temporary folder); PLOT=FILE.
@@ -76,12 +83,15 @@ variant_sets() { # the --set arguments of a variant
     wlb) echo "" ;;
     wlb-nodelay) echo "--set balance.outlier_thresholds=[]" ;;
     wlb-cp2) echo "--set parallel.cp=2" ;;
+    tp2-sum-fp32) echo "--set parallel.tp=2 --set model.vocab_size=258 --set train.precision=bf16 --set parallel.reduce_dtype=fp32" ;;
+    tp2-sum-bf16) echo "--set parallel.tp=2 --set model.vocab_size=258 --set train.precision=bf16 --set parallel.reduce_dtype=compute" ;;
+    *) echo "wlbtrain: error: bench/convergence.sh: no variant '$1'" >&2; exit 2 ;;
   esac
 }
 
 one_run() { # VARIANT SEED: the run, then its final weights under one packing for every variant
   local v=$1 seed=$2 name=$1-$2 launch=() omp=$threads
-  if [ "$v" = wlb-cp2 ]; then launch=(mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1) omp=1; fi
+  if [ "$v" = wlb-cp2 ] || [ "${v#tp2-}" != "$v" ]; then launch=(mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1) omp=1; fi
   # shellcheck disable=SC2046
   OMP_NUM_THREADS=$omp "${launch[@]}" "$bin" --config "$out/study.yaml" $(variant_sets "$v") \
     --set "data.seed=$seed" --set "train.seed=$seed" --set "checkpoint.dir=$out/ck-$name" \
@@ -92,7 +102,7 @@ one_run() { # VARIANT SEED: the run, then its final weights under one packing fo
   echo "convergence: $name done ($(( $(date +%s) - t0 )) s)" >&2
 }
 
-variants="plain4d wlb wlb-nodelay wlb-cp2"
+variants=${VARIANTS:-plain4d wlb wlb-nodelay wlb-cp2}
 if [ "$jobs" -gt 1 ]; then threads=1; fi
 t0=$(date +%s)
 cpu0=$(awk '{print $14 + $15 + $16 + $17}' /proc/$$/stat)
@@ -108,7 +118,7 @@ while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || failed=1; done
 wall=$(( $(date +%s) - t0 ))
 cpu=$(awk -v hz="$(getconf CLK_TCK)" -v c0="$cpu0" '{printf "%.0f", ($14 + $15 + $16 + $17 - c0) / hz}' /proc/$$/stat)
 
-echo "# convergence study: Plain-4D's fixed packing against wlb, the same tokens, $seeds seeds ($mode)"
+echo "# convergence study: $variants (the first the baseline), the same tokens, $seeds seeds ($mode)"
 echo "machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg) at the end; $(date -u +%Y-%m-%d); wlbtrain $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "corpus: $stdlib/**/*.py of Debian's $package ($(dpkg-query -W -f='${Version}' "${package%%:*}" 2>/dev/null || echo '?')): $(sed 's/^convert: //' "$out/convert.txt")"

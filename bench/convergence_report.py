@@ -20,7 +20,8 @@ from plot_dryrun import need_matplotlib  # noqa: E402
 from plot_metrics import load, running_mean  # noqa: E402
 
 NAMES = {"plain4d": "Plain-4D (fixed)", "wlb": "wlb (outlier delay)", "wlb-nodelay": "wlb (no delay)",
-         "wlb-cp2": "wlb + hybrid CP 2 (2 ranks)"}
+         "wlb-cp2": "wlb + hybrid CP 2 (2 ranks)", "tp2-sum-fp32": "bf16, TP 2, fp32 partial sums",
+         "tp2-sum-bf16": "bf16, TP 2, bf16 partial sums"}
 
 
 def mean_sd(xs):

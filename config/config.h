@@ -29,6 +29,8 @@ typedef enum LongDocuments { LONG_DOCS_AUTO, LONG_DOCS_CUT, LONG_DOCS_KEEP } Lon
 typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
+/* parallel.reduce_dtype: the TP and CP partial sums in float32, or in the compute dtype (train.precision). */
+typedef enum ReduceDtype { REDUCE_FP32, REDUCE_COMPUTE } ReduceDtype;
 typedef enum Recompute { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
 typedef enum LrSchedule { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT } LrSchedule;
 typedef enum NonfinitePolicy { NONFINITE_STOP, NONFINITE_SKIP } NonfinitePolicy;
@@ -87,6 +89,8 @@ typedef struct ConfigParallel {
      * (config_chunk_layers). Not a key: derived, freed by config_free. */
     ConfigIntList chunk_layers;
     bool sequence_parallel; /* with tp > 1: the residual stream and the norms on T / tp rows per TP rank */
+    bool overlap;           /* collectives overlapped with compute; false: every one on the compute path */
+    ReduceDtype reduce_dtype; /* what the TP and CP partial sums travel and add in */
 } ConfigParallel;
 
 typedef struct ConfigData {
@@ -116,7 +120,6 @@ typedef struct ConfigBalance {
     int64_t attn_tile;
     double hbm_gbps, intra_node_gbps, inter_node_gbps;
     int64_t gpus_per_node;
-    double tp_comm_overlap; /* -1 = from the profile */
 } ConfigBalance;
 
 typedef struct ConfigTrain {

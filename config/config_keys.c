@@ -84,6 +84,13 @@ const ConfigKey config_keys[] = {
              "with tp > 1: the residual stream, the norms and what they keep on 1/tp of the tokens per TP "
              "rank, all-gathered before the column-parallel products and reduce-scattered after the "
              "row-parallel ones (Megatron's sequence parallelism); no effect with tp 1"),
+    BOOL_KEY("parallel.overlap", parallel.overlap, "true", NULL,
+             "overlap collectives with compute; false runs every collective on the compute path"),
+    ENUM_KEY("parallel.reduce_dtype", parallel.reduce_dtype, "fp32|compute", "fp32", NULL,
+             "dtype the TP and CP partial sums (the products' reduce-scatters and all-reduces over TP, the "
+             "embedding's and output layer's included, and the dK/dV reduce-scatter) travel and add in: fp32, "
+             "or compute = train.precision's (bf16 halves their bytes, as Megatron does; measured in "
+             "docs/validation.md); gradients over DP x CP always reduce in fp32"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},
@@ -147,9 +154,6 @@ const ConfigKey config_keys[] = {
               "collective bus bandwidth inside a node, GB/s; 0 = from the profile or calibration"),
     FLOAT_KEY("balance.inter_node_gbps", balance.inter_node_gbps, 0, 1e6, 0, "0", NULL,
               "network bandwidth per device across nodes, GB/s; 0 = from the profile or calibration"),
-    FLOAT_KEY("balance.tp_comm_overlap", balance.tp_comm_overlap, -1, 1, 0, "-1", NULL,
-              "fraction of the GEMM time that hides TP collectives (0 = none, 1 = full); -1 = from the "
-              "profile (0: wlbtrain runs them between the products, exposed)"),
     INT_KEY("balance.gpus_per_node", balance.gpus_per_node, 0, 1 << 16, "0", NULL,
             "devices per node (TP, CP, PP groups inside a node use its links); 0 = from the profile"),
 
@@ -296,6 +300,8 @@ const char *config_key_removed(const char *name)
     static const struct {
         const char *name, *why;
     } removed[] = {
+        {"balance.tp_comm_overlap", "removed: the cost model prices each collective as exposed or hidden by what the "
+                                    "engine overlaps it with (parallel.overlap, docs/planner.md); delete the line"},
         {"balance.cp_fill", "removed: the step pass it switched changed predicted throughput by under 0.2% on "
                             "every benchmarked layout (docs/planner.md); delete the line"},
     };

@@ -253,7 +253,44 @@ static int nccl_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int6
     return compute_after(n, slot, NULL, err);
 }
 
+/* parallel.reduce_dtype: compute - the partial sums in bfloat16 (ncclBfloat16: each step's sum
+ * rounded to bfloat16): one all-reduce, or one reduce-scatter when every rank gets as many, else a
+ * reduce to each rank in turn, grouped (as nccl_reduce_scatterv). */
+static int nccl_sum_bf16(Comm *c, LayoutGroup slot, const void *send, void *recv, int64_t count, const int64_t *counts,
+                         Error *err)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    int size = c->size[slot], me = c->rank[slot], equal = 1;
+    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+        return -1;
+    if (!counts) {
+        NCCL_TRY(ncclAllReduce(send, recv, (size_t)count, ncclBfloat16, ncclSum, n->comm[slot], n->stream[slot]),
+                 "ncclAllReduce");
+        return compute_after(n, slot, NULL, err);
+    }
+    for (int r = 1; r < size; r++)
+        equal &= counts[r] == counts[0];
+    if (equal) {
+        NCCL_TRY(ncclReduceScatter(send, recv, (size_t)counts[0], ncclBfloat16, ncclSum, n->comm[slot],
+                                   n->stream[slot]), "ncclReduceScatter");
+        return compute_after(n, slot, NULL, err);
+    }
+    const char *from = (const char *)send;
+    NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size; r++) {
+        ncclResult_t res = ncclReduce(from, r == me ? recv : nullptr, (size_t)counts[r], ncclBfloat16, ncclSum, r,
+                                      n->comm[slot], n->stream[slot]);
+        if (res != ncclSuccess) {
+            ncclGroupEnd();
+            return nccl_error(res, "ncclReduce", err);
+        }
+        from += (size_t)counts[r] * 2;
+    }
+    NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
+    return compute_after(n, slot, NULL, err);
+}
+
 extern "C" const CommImpl cuda_nccl_comm = {
     "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_allgather,
-    nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv,
+    nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv, nccl_sum_bf16,
 };

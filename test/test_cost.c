@@ -100,29 +100,106 @@ static void test_communication(void **state)
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
     assert_true(cost_cp_comm_s(&m, 8192) == 0);
     assert_true(cost_p2p_s(&m, 8192) == 0);
-    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. The profile
-     * hides no TP traffic (wlbtrain runs it between the products). */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n");
+    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false}\n");
     double kv = 8192.0 * 2 * 2 * 128 * 3; /* tokens x (K, V) x 2 local kv heads x head_dim x (bf16 + fp32) / 2 */
     double expect = kv * 0.5 / (370e9) + 15e-6;
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
-    /* TP with sequence parallelism (the default): a direction's mean of 3 all-gathers of bf16 rows
-     * and 2 reduce-scatters of float32 ones, (n-1)/n of the bytes each. */
+    /* TP with sequence parallelism (the default), every collective on the compute path: a
+     * direction's mean of 3 all-gathers of bf16 rows and 2 reduce-scatters of float32 ones, (n-1)/n
+     * of the bytes each. */
     double act = 8192.0 * 4096 * 2, sums = 8192.0 * 4096 * 4;
-    double sp = 3 * (act * 0.75 / 370e9 + 15e-6) + 2 * (sums * 0.75 / 370e9 + 15e-6);
+    double ag = act * 0.75 / 370e9 + 15e-6, rs = sums * 0.75 / 370e9 + 15e-6;
+    double sp = 3 * ag + 2 * rs;
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - sp) < 1e-9);
+    CostTpComm c;
+    cost_tp_comm_parts(&m, 8192, &c);
+    assert_true(fabs(c.fwd_exposed - (2 * ag + 2 * rs)) < 1e-12 && fabs(c.bwd_exposed - (4 * ag + 2 * rs)) < 1e-12);
+    assert_true(c.hidden == 0 && c.contention == 0);
     /* Stages: tp * cp * pp = 16 > 8 GPUs per node, so the p2p link is the network; a TP rank sends
      * its quarter of the float32 stream. */
     assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 4 / 45e9 + 15e-6)) < 1e-9);
-    /* Without SP: two all-reduces of float32 partial sums, 2 (n-1)/n of the bytes each; every TP
-     * rank sends the whole stream. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, sequence_parallel: false}\n");
-    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (sums * 1.5 / 370e9 + 15e-6)) < 1e-9);
-    assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 45e9 + 15e-6)) < 1e-9);
-    /* Overlapped with the GEMMs (a stack that does: tp_comm_overlap 1), TP traffic shorter than them
-     * disappears. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, dp: 1}\nbalance: {tp_comm_overlap: 1}\n");
-    assert_true(cost_tp_comm_s(&m, 8192) == 0);
+    /* Overlapped (parallel.overlap, the default): the backward's all-gathers of the normed rows
+     * beside the input-gradient products and its reduce-scatters beside the weight-gradient
+     * products - QKV (2 d (8 + 2 x 2) 128 FLOPs a row on TP 4) and gate/up (4 d 14336 / 4) - hide
+     * their bandwidth time up to the product's; the latency, the forward's and the gathers of the
+     * stream's gradient show. The hidden seconds cost 16/132 of themselves in slowed products. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n");
+    double rate = 989e12 * 0.78, qkv = 2 * 4096.0 * 128 * 12 * 8192 / rate, gu = 4 * 4096.0 * 3584 * 8192 / rate;
+    double agb = ag - 15e-6, rsb = rs - 15e-6;
+    double hidden = fmin(agb, qkv) + fmin(rsb, qkv) + fmin(agb, gu) + fmin(rsb, gu);
+    assert_true(rsb > qkv && agb < gu && rsb < gu); /* one of them shows in part */
+    cost_tp_comm_parts(&m, 8192, &c);
+    assert_true(fabs(c.fwd_exposed - (2 * ag + 2 * rs)) < 1e-12);
+    assert_true(fabs(c.hidden - hidden) < 1e-12 && fabs(c.bwd_exposed - (4 * ag + 2 * rs - hidden)) < 1e-12);
+    assert_true(fabs(c.contention - 16.0 / 132 * hidden) < 1e-12);
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - (c.fwd_exposed + c.bwd_exposed + c.contention) / 2) < 1e-15);
+    assert_true(cost_tp_comm_s(&m, 8192) < sp);
+    /* parallel.reduce_dtype: compute sends bf16 partial sums in bf16: half the reduce-scatters' and
+     * the dK/dV reduce-scatter's bytes; float32 training keeps float32. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
+                   "reduce_dtype: compute}\ntrain: {precision: bf16}\n");
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * ag - 2 * (sums / 2 * 0.75 / 370e9 + 15e-6)) < 1e-9);
+    assert_true(fabs(cost_cp_comm_s(&m, 8192) - (8192.0 * 2 * 2 * 128 * 2 * 0.5 / 370e9 + 15e-6)) < 1e-9);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
+                   "reduce_dtype: compute}\ntrain: {precision: fp32}\n");
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * (sums * 0.75 / 370e9 + 15e-6) - 2 * rs) < 1e-9);
+    /* Without SP: two all-reduces of float32 partial sums a direction, 2 (n-1)/n of the bytes each,
+     * exposed with overlap or not (the engine overlaps none); every TP rank sends the whole stream. */
+    for (int on = 0; on < 2; on++) {
+        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, "
+                              "sequence_parallel: false, overlap: %s}\n", on ? "true" : "false");
+        make_model(&m, y);
+        free(y);
+        assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (sums * 1.5 / 370e9 + 15e-6)) < 1e-9);
+        assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 45e9 + 15e-6)) < 1e-9);
+    }
+}
+
+/* The breakdown's parts of the linear work, the embedding and the output layer add up to what the
+ * pipeline is charged, under each recomputation. */
+static void test_parts_add_up(void **state)
+{
+    (void)state;
+    const char *modes[] = {"none", "selective", "full"};
+    for (int k = 0; k < 3; k++) {
+        CostModel m;
+        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\ntrain: {recompute: %s}\n",
+                              modes[k]);
+        make_model(&m, y);
+        free(y);
+        for (int bw = 0; bw < 2; bw++) {
+            double p, e, c;
+            cost_linear_split(&m, 5000, bw, &p, &e);
+            assert_true(p > 0 && e > 0 && p + e == (bw ? cost_linear_bwd_s(&m, 5000) : cost_linear_fwd_s(&m, 5000)));
+            cost_head_split(&m, 5000, bw, &p, &e);
+            assert_true(p > 0 && p + e == (bw ? cost_head_bwd_s(&m, 5000) : cost_head_fwd_s(&m, 5000)));
+            cost_embed_split(&m, 5000, bw, &e, &c);
+            assert_true(e > 0 && c > 0 && e + c == (bw ? cost_embed_bwd_s(&m, 5000) : cost_embed_fwd_s(&m, 5000)));
+        }
+    }
+}
+
+/* DP x CP: the float32 gradients of a rank's parameters all-reduced (ZeRO-1: reduce-scattered, and
+ * the parameters all-gathered), over NVLink while the group fits in a node. */
+static void test_dp_reduction(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\n");
+    /* A layer on TP 4: its products' quarter and both norms whole. */
+    double d = 4096, layer = d * 128 * (2 * 8 + 2 * 2) + 3 * d * 3584 + 2 * d;
+    assert_true(fabs(m.layer_params - layer) < 1e-6);
+    assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 2 * 0.5 / 370e9 + 15e-6)) < 1e-12);
+    assert_true(cost_dp_gather_s(&m, 1e8) == 0);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1, zero: 1}\n");
+    assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 0.5 / 370e9 + 15e-6)) < 1e-12);
+    assert_true(fabs(cost_dp_gather_s(&m, 1e8) - (4e8 * 0.5 / 370e9 + 15e-6)) < 1e-12);
+    /* 4 replicas of tp 4 x cp 2 x pp 2: 64 ranks, over the network; one rank alone reduces nothing. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 4}\n");
+    assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 2 * 7 / 8 / 45e9 + 15e-6)) < 1e-12);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 1, dp: 1}\n");
+    assert_true(cost_dp_reduce_s(&m, 1e8) == 0);
 }
 
 /* train.recompute in the backward: selective adds the norms' and SwiGLU's element-wise bytes, full
@@ -131,7 +208,7 @@ static void test_recompute(void **state)
 {
     (void)state;
     CostModel none, sel, full;
-    const char *base = "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\n";
+    const char *base = "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1, overlap: false}\n";
     char *y = test_format("%strain: {recompute: selective}\n", base), *z = test_format("%strain: {recompute: full}\n", base);
     make_model(&none, base);
     make_model(&sel, y);
@@ -148,10 +225,12 @@ static void test_recompute(void **state)
     cost_attn_fb_s(&full, 4000, 6000, &f2, &b2);
     assert_true(f2 == f0 && fabs(b2 - b0 - f0) < 1e-12);
     assert_true(cost_tp_comm_s(&sel, n) == cost_tp_comm_s(&none, n));
-    /* SP on TP 4: 3 + 1 all-gathers and 2 + 1 reduce-scatters a direction on the mean */
+    /* SP on TP 4: 3 all-gathers and 2 reduce-scatters a direction on the mean; full recomputation
+     * runs the forward again up to the down product in the backward: 2 all-gathers and 1
+     * reduce-scatter more. */
     double ag = 8192.0 * 4096 * 2 * 0.75 / 370e9 + 15e-6, rs = 8192.0 * 4096 * 4 * 0.75 / 370e9 + 15e-6;
     assert_true(fabs(cost_tp_comm_s(&none, n) - (3 * ag + 2 * rs)) < 1e-12);
-    assert_true(fabs(cost_tp_comm_s(&full, n) - (4 * ag + 3 * rs)) < 1e-12);
+    assert_true(fabs(cost_tp_comm_s(&full, n) - (4 * ag + 2.5 * rs)) < 1e-12);
     assert_true(cost_cp_comm_s(&full, n) > cost_cp_comm_s(&none, n));
 }
 
@@ -327,6 +406,8 @@ int main(void)
         cmocka_unit_test(test_attention_quadratic_rest_linear),
         cmocka_unit_test(test_communication),
         cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_dp_reduction),
+        cmocka_unit_test(test_parts_add_up),
         cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_calibration_file),

@@ -414,6 +414,61 @@ static void test_groups(void **state)
     assert_true(ok);
 }
 
+/* Runs a layout into out (kept), 0 when it ran. */
+static int run_layout_to(int dp, int tp, int pp, int cp, const char *const *extra, const char *var, const char *out)
+{
+    char lay[4][32];
+    snprintf(lay[0], 32, "parallel.dp=%d", dp);
+    snprintf(lay[1], 32, "parallel.tp=%d", tp);
+    snprintf(lay[2], 32, "parallel.pp=%d", pp);
+    snprintf(lay[3], 32, "parallel.cp=%d", cp);
+    const char *sets[16] = {lay[0], lay[1], lay[2], lay[3]};
+    int k = 4;
+    for (int i = 0; extra[i]; i++)
+        sets[k++] = extra[i];
+    sets[k] = NULL;
+    char *log;
+    remove(out);
+    int status = run_dump_cfg(dp * tp * pp * cp, fx.config, out, sets, var, &log);
+    if (status != 0)
+        printf("# log:\n%s\n", log);
+    free(log);
+    return status;
+}
+
+/* parallel.reduce_dtype: compute in bf16 - the SP reduce-scatters, the TP sums of the embedding
+ * and the output layer, and the dK/dV reduce-scatter travel and add in bf16 (an MPI user operation,
+ * each addition rounded): near one bf16 process (3e-2 rather than the float32 sums' 1e-2: each
+ * rank's partial sums are rounded to 8 bits of mantissa before they are added; the worst is a norm
+ * weight's gradient, a sum over every row), and not the bits of the float32 sums (which a
+ * reduce_dtype left unused would give); staged through host buffers too. */
+static void test_reduce_dtype(void **state)
+{
+    (void)state;
+    const char *f32[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
+    const char *b16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16",
+                         "parallel.reduce_dtype=compute", NULL};
+    char *a = test_format("%s/sums-fp32.safetensors", fx.dir), *b = test_format("%s/sums-bf16.safetensors", fx.dir);
+    char name[1100];
+    for (int staged = 0; staged < 2; staged++) {
+        const char *var = staged ? "WLBTRAIN_COMM_STAGE" : NULL;
+        if (staged)
+            setenv("WLBTRAIN_COMM_STAGE", "1", 1);
+        assert_int_equal(run_layout_to(1, 2, 1, 2, f32, var, a), 0);
+        assert_int_equal(run_layout_to(1, 2, 1, 2, b16, var, b), 0);
+        unsetenv("WLBTRAIN_COMM_STAGE");
+        double to_ref = test_compare_tensors(b, fx.ref_bf16, "", name, sizeof name);
+        double to_f32 = test_compare_tensors(b, a, "", name, sizeof name);
+        printf("# (tp 2, cp 2) bf16 sums%s: worst %.2e against one bf16 process, %.2e against the float32 sums (%s)\n",
+               staged ? ", staged" : "", to_ref, to_f32, name);
+        assert_true(to_ref <= 3e-2 && to_f32 > 0);
+    }
+    remove(a);
+    remove(b);
+    free(a);
+    free(b);
+}
+
 /* train.recompute recomputes with the same ops (collectives included under full): the same
  * tolerance as every layout; train.precision: bf16 (on the CPU the GPU's roundings emulated; the
  * all-gathers carry bf16, also staged through host buffers) against one bf16 process: each layout sums in its own order before rounding, so the tolerance is
@@ -442,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_cp2),         cmocka_unit_test(test_cp4),         cmocka_unit_test(test_dp2_tp2_pp2),
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
         cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),      cmocka_unit_test(test_stage_layers),
+        cmocka_unit_test(test_reduce_dtype),
     };
     const char *filter = getenv("WLB_TEST_FILTER");
     if (filter)

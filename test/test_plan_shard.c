@@ -554,11 +554,11 @@ static void test_groups_evener(void **state)
 {
     (void)state;
     CostModel m;
-    /* TP traffic hidden under the GEMMs (a stack that overlaps it): exposed, as wlbtrain's is, the
-     * rows the evener adds to one rank cost their all-gathers and reduce-scatters and per_doc's even
-     * rows win this mix. */
+    /* TP traffic all but free (NVLink as fast as it gets): with it as wlbtrain's engine exposes it,
+     * the rows the evener adds to one rank cost their all-gathers and reduce-scatters and per_doc's
+     * even rows win this mix. */
     make_model(&m, "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 2, dp: 1}\n"
-                   "balance: {tp_comm_overlap: 1}\n");
+                   "balance: {intra_node_gbps: 1000000}\n");
     int64_t lens[3] = {8000, 5000, 4000};
     StepPlan p = {0};
     double t[5];
@@ -622,14 +622,14 @@ static void test_group_comm_cost(void **state)
 }
 
 /* The groups search predicts rank times from lines sampled off the cost model (plan_groups.c):
- * they must be the cost model's, for TP 1, 2 and 8, clipped TP traffic or not, any group size. */
+ * they must be the cost model's, for TP 1, 2 and 8, overlapped or not, with SP or not, any group size. */
 static void test_groups_line_cost(void **state)
 {
     (void)state;
     const char *yamls[] = {
         "model: {preset: llama3-70b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 16, dp: 1}\n",
-        "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 2, cp: 8, dp: 1}\n"
-        "balance: {tp_comm_overlap: 0}\n",
+        "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 2, cp: 8, dp: 1, overlap: false}\n",
+        "model: {preset: llama3-8b, max_seq_len: 131072}\nparallel: {tp: 8, cp: 8, dp: 1, sequence_parallel: false}\n",
         "model: {preset: tiny}\nparallel: {tp: 1, cp: 4, dp: 1}\nbalance: {hardware: cpu}\n",
         "model: {preset: tiny}\nparallel: {tp: 2, cp: 4, dp: 1}\nbalance: {hardware: cpu}\n",
     };

@@ -2,8 +2,10 @@
  * test/test_sched.c - the pipeline simulator against the textbook makespans of 1F1B and interleaved
  * 1F1B, its response to one slow micro-batch, and its monotony: with the order fixed, no shorter
  * operation makes the makespan longer (the CP sharding compares layouts on their micro-batch times
- * on that ground); and every stage's warm-up at 1F1B's bound (how many micro-batches it holds in
- * flight, what the memory model reserves), with and without interleaving.
+ * on that ground); every stage's warm-up at 1F1B's bound (how many micro-batches it holds in
+ * flight, what the memory model reserves), with and without interleaving; messages with receives
+ * posted ahead against received on demand (parallel.overlap), and ZeRO-1's all-gather ahead of the
+ * first forwards.
  */
 #include "test/testlib.h"
 
@@ -27,7 +29,7 @@ static double uniform(int pp, int v, int n_mb, double f, double b, double hop)
     }
     for (int i = 0; i < n_mb; i++)
         p2p[i] = hop;
-    SchedReplica r = {pp, v, n_mb, fwd, bwd, p2p};
+    SchedReplica r = {pp, v, n_mb, fwd, bwd, p2p, 0, NULL};
     double t;
     Error err = {0};
     if (sched_makespan(&r, &t, &err) != 0)
@@ -92,7 +94,7 @@ static void test_one_slow_micro_batch(void **state)
         fwd[i] = 1;
         bwd[i] = 2;
     }
-    SchedReplica r = {pp, 1, m, fwd, bwd, p2p};
+    SchedReplica r = {pp, 1, m, fwd, bwd, p2p, 0, NULL};
     double base, slow, all;
     Error err = {0};
     assert_int_equal(sched_makespan(&r, &base, &err), 0);
@@ -105,7 +107,7 @@ static void test_one_slow_micro_batch(void **state)
     assert_true(slow >= base + 6 - 1e-9);
     assert_true(slow <= base + 6 * pp + 1e-9);
     /* PP 1: the makespan is the sum of the work. */
-    SchedReplica one = {1, 1, 8, fwd, bwd, p2p};
+    SchedReplica one = {1, 1, 8, fwd, bwd, p2p, 0, NULL};
     double sum = 0;
     for (int i = 0; i < 8; i++)
         sum += fwd[i] + bwd[i];
@@ -136,7 +138,7 @@ static void test_monotone_in_durations(void **state)
         }
         for (int i = 0; i < m; i++)
             p2p[i] = 0.2 * rng_uniform(&rng);
-        SchedReplica r = {pp, v, m, fwd, bwd, p2p};
+        SchedReplica r = {pp, v, m, fwd, bwd, p2p, 0, NULL};
         double before, after;
         int rc = sched_makespan(&r, &before, &err);
         if (rc != 0)
@@ -222,6 +224,50 @@ static void test_warmup_bound(void **state)
     printf("# %d stages' schedules (pp 1-8, 1-3 chunks, up to 4 pp micro-batches) at 1F1B's warm-up bound\n", cases);
 }
 
+/* Two stages, two micro-batches of 1 s passes, 0.5 s hops. Posted ahead, stage 1's second forward
+ * finds its input there when its first backward ends (sent at 2 s, arrived 2.5 s, it is busy until
+ * 3.5 s): the hop hides. Received on demand, the hop starts at 3.5 s and shows: every hop's full
+ * time waits. The trace counts each stage's hops, shown and hidden. */
+static void test_messages_posted_or_on_demand(void **state)
+{
+    (void)state;
+    double fwd[4] = {1, 1, 1, 1}, bwd[4] = {1, 1, 1, 1}, p2p[2] = {0.5, 0.5};
+    double t_posted, t_demand, end[2], shown[2], hidden[2], wait[2], beside[2], lbs[2], lbe[2];
+    SchedTrace tr = {end, shown, hidden, wait, beside, lbs, lbe};
+    Error err = {0};
+    SchedReplica r = {2, 1, 2, fwd, bwd, p2p, 0, NULL};
+    assert_int_equal(sched_simulate(&r, &t_posted, &tr, &err), 0);
+    /* stage 0: F0 F1 .. B0 at 4 (stage 1's B0 ends 3.5, + 0.5) .. B1; stage 1: F0 1.5, B0, F1 3.5, B1. */
+    assert_true(fabs(end[1] - 5.5) < 1e-12 && fabs(t_posted - 7) < 1e-12);
+    assert_true(fabs(shown[1] - 0.5) < 1e-12 && fabs(hidden[1] - 0.5) < 1e-12);
+    assert_true(fabs(shown[0] - 1.0) < 1e-12 && hidden[0] == 0);
+    assert_true(fabs(lbs[0] - 6) < 1e-12 && fabs(lbe[0] - 7) < 1e-12 && fabs(lbe[1] - 5.5) < 1e-12);
+    r.recv_on_demand = 1;
+    assert_int_equal(sched_simulate(&r, &t_demand, &tr, &err), 0);
+    assert_true(fabs(end[1] - 6) < 1e-12 && fabs(t_demand - 7.5) < 1e-12);
+    assert_true(fabs(shown[1] - 1.0) < 1e-12 && hidden[1] == 0 && fabs(shown[0] - 1.0) < 1e-12);
+}
+
+/* ZeRO-1's all-gather: the chunk's first forward starts on its first bucket and its last layer (half
+ * the pass here) runs after the last; what it waited shows, what ran beside the pass is counted. */
+static void test_gather_ahead(void **state)
+{
+    (void)state;
+    double fwd[2] = {1, 1}, bwd[2] = {1, 1}, p2p[2] = {0, 0};
+    SchedGather g = {0.3, 0.9, 0.5};
+    double t, end[1], shown[1], hidden[1], wait[1], beside[1];
+    SchedTrace tr = {end, shown, hidden, wait, beside, NULL, NULL};
+    SchedReplica r = {1, 1, 2, fwd, bwd, p2p, 0, &g};
+    Error err = {0};
+    assert_int_equal(sched_simulate(&r, &t, &tr, &err), 0);
+    /* F0 from 0.3 to max(1.3, 0.9 + 0.5), then B0, F1, B1. */
+    assert_true(fabs(t - 4.4) < 1e-12 && fabs(wait[0] - 0.4) < 1e-12 && fabs(beside[0] - 0.6) < 1e-12);
+    /* All of it before the step: the pass waits for the whole gather. */
+    g = (SchedGather){2, 2, 0};
+    assert_int_equal(sched_simulate(&r, &t, &tr, &err), 0);
+    assert_true(fabs(t - 6) < 1e-12 && fabs(wait[0] - 2) < 1e-12 && beside[0] == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +276,8 @@ int main(void)
         cmocka_unit_test(test_one_slow_micro_batch),
         cmocka_unit_test(test_monotone_in_durations),
         cmocka_unit_test(test_warmup_bound),
+        cmocka_unit_test(test_messages_posted_or_on_demand),
+        cmocka_unit_test(test_gather_ahead),
     };
     return cmocka_run_group_tests_name("sched", tests, NULL, NULL);
 }

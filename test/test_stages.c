@@ -224,7 +224,7 @@ static double step_by_hand(const StageCosts *c, const StageLayout *l, const int6
         fwd[k * chunks + chunks - 1] += c->head_fwd_s;
         bwd[k * chunks + chunks - 1] += c->head_bwd_s;
     }
-    SchedReplica rep = {l->pp, l->v, l->m, fwd, bwd, p2p};
+    SchedReplica rep = {l->pp, l->v, l->m, fwd, bwd, p2p, 0, NULL}; /* receives posted ahead, as stages.c prices */
     double t;
     Error err = {0};
     assert_int_equal(sched_makespan(&rep, &t, &err), 0);

@@ -44,6 +44,8 @@ typedef struct Comm {
     int64_t cap_host;
     const CommImpl *impl;         /* the float data path: MPI's, or the one comm_use chose */
     void *impl_state;             /* what that path keeps (NCCL's communicators and streams) */
+    void *sum16;                  /* the backend's memory for bfloat16 sums: cap_sum16 to send, as many */
+    int64_t cap_sum16;            /* to receive (comm_sum16.c) */
 } Comm;
 
 /* A send in flight (comm_isend), until comm_wait. */
@@ -72,10 +74,19 @@ struct CommImpl {
                  Error *err);
     int (*wait)(const Comm *c, CommRequest *req, Error *err);
     int (*recv)(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err);
+    /* Sums of n bfloat16 values of the backend's memory over the group, each addition rounded to
+     * bfloat16 (comm_reduce_scatter_sum below): counts NULL, all-reduced into recv (which may be
+     * send); else reduce-scattered, counts[i] of them for group rank i, this rank's into recv.
+     * NULL: the path has none. */
+    int (*sum_bf16)(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, const int64_t *counts,
+                    Error *err);
 };
 
 /* MPI's data path (comm_mpi.c), every Comm's until comm_use. */
 extern const CommImpl comm_mpi;
+/* Its bfloat16 sums (comm_sum16.c: a user operation on MPI_UINT16_T). */
+int comm_mpi_sum_bf16(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, const int64_t *counts,
+                      Error *err);
 
 /* Starts MPI when the job was launched (by mpirun, srun, ...), else runs as a world of one. */
 int comm_start(Comm *c, int launched, Error *err);
@@ -120,6 +131,15 @@ int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv,
  * then n for rank 1, ...; recv (not inside send) gets this rank's n sums. */
 int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
 int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err);
+/* The partial sums in a chosen dtype (parallel.reduce_dtype): as comm_reduce_scatter,
+ * comm_reduce_scatterv and comm_allreduce_sum, float32 on both sides, but with sum_dt DT_ACT and a
+ * bfloat16 compute dtype they travel and add in bfloat16 (comm_sum16.c: each rank's values rounded,
+ * each addition rounded, the result widened), half the bytes; DT_F32, a float32 backend or a group
+ * of one: the float32 call. */
+int comm_reduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Dt sum_dt, Error *err);
+int comm_reduce_scatterv_sum(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Dt sum_dt,
+                             Error *err);
+int comm_allreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, Error *err);
 /* Bytes of one element of dt on c's backend (4 for DT_F32; the compute dtype's for DT_ACT, 4 with
  * host memory). */
 size_t comm_elem_bytes(const Comm *c, Dt dt);

@@ -159,6 +159,10 @@ void comm_finish(Comm *c)
     free(c->host2);
     c->host = c->host2 = NULL;
     c->cap_host = 0;
+    if (c->sum16 && c->ops)
+        c->ops->free(c->sum16);
+    c->sum16 = NULL;
+    c->cap_sum16 = 0;
     for (int g = 0; g < GROUP_COUNT; g++) {
         if (c->groups[g]) {
             MPI_Comm_free((MPI_Comm *)c->groups[g]);
@@ -458,4 +462,5 @@ const CommImpl comm_mpi = {
     .isend = mpi_isend,
     .wait = mpi_wait,
     .recv = mpi_recv,
+    .sum_bf16 = comm_mpi_sum_bf16,
 };

@@ -172,6 +172,7 @@ typedef struct Model {
     const Ops *ops;
     Comm *comm;
     Recompute recompute;
+    Dt sum_dt;          /* the TP and CP partial sums' dtype (parallel.reduce_dtype; DT_F32 unless set) */
     ModelTensor *tensors;
     int n_tensors;
     int64_t n_params;

@@ -125,7 +125,7 @@ static int scatter_one(Model *m, const CpExchange *x, float *dk, float *dv, int6
         row += n;
     }
     double t0 = clock_seconds();
-    int rc = comm_reduce_scatterv(m->comm, g, m->xfer, m->xfer2, counts, err);
+    int rc = comm_reduce_scatterv_sum(m->comm, g, m->xfer, m->xfer2, counts, m->sum_dt, err);
     m->comm_s += clock_seconds() - t0;
     if (rc != 0)
         return -1;

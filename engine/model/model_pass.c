@@ -38,7 +38,7 @@ int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err)
     if (m->dims.tp == 1)
         return 0;
     double t0 = clock_seconds();
-    int rc = comm_allreduce_sum(m->comm, GROUP_TP, x, n, err);
+    int rc = comm_allreduce_sum_dt(m->comm, GROUP_TP, x, n, m->sum_dt, err);
     m->comm_s += clock_seconds() - t0;
     return rc;
 }

@@ -33,7 +33,7 @@ int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err)
     if (Tp > T)
         m->ops->zero(part + T * D, (Tp - T) * D);
     double t0 = clock_seconds();
-    int rc = comm_reduce_scatter(m->comm, GROUP_TP, part, out, R * D, err);
+    int rc = comm_reduce_scatter_sum(m->comm, GROUP_TP, part, out, R * D, m->sum_dt, err);
     m->comm_s += clock_seconds() - t0;
     return rc;
 }

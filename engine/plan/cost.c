@@ -14,19 +14,21 @@
  * H200: same compute (989 TF), HBM3e 4.8 TB/s, same NVLink.
  * A100: 312 TF; FA2 forward+backward ~203 TF (65%, §2.3); HBM 2.0 TB/s; NVLink 3 busBW ~230 GB/s;
  *   200 Gb/s InfiniBand.
- * TP collectives: wlbtrain's engine runs them between the products (the NCCL stream waits for the
- *   product before, the next product waits for the collective), so none hides behind a GEMM:
- *   tp_comm_overlap 0 in every profile. (Megatron's TP communication overlap, used by WLB-LLM's and
- *   Llama 3's stacks, would be 1: only TP traffic longer than the GEMMs shows.)
+ * Overlap (parallel.overlap): what a collective hides behind is priced per collective (cost.h);
+ *   comm_sm_share is the share of the SMs a communication kernel holds while it runs beside a
+ *   product: 16 of H100's and H200's 132 SMs (Megatron-Bridge's default of 16 communication SMs for
+ *   TP overlap, communication-overlap.md §1), 16 of A100's 108. The cpu profile's 0.5: the
+ *   communication thread takes one of the two cores of the machine it is meant for (rough, like
+ *   the rest of that profile).
  * cpu: the reference backend on a laptop-class core pair; rough, meant to be calibrated.
  * Device memory (train.gpu_memory_gb's default): H100 SXM 80 GB HBM3, H200 141 GB HBM3e, A100 80 GB
  *   (the 40 GB A100: set train.gpu_memory_gb: 40); the CPU's is the host's, and it is not checked.
  */
 static const CostHardware profiles[] = {
-    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 0, 80, 0},
-    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 0, 141, 0},
-    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 0, 80, 0},
-    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0, 0, 0},
+    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 16.0 / 132, 80, 0},
+    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 16.0 / 132, 141, 0},
+    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 16.0 / 108, 80, 0},
+    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0.5, 0, 0},
 };
 
 const CostHardware *cost_hardware_profile(HardwareKind kind)
@@ -68,8 +70,6 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
         m->hw.inter_node_gbps = b->inter_node_gbps;
     if (b->gpus_per_node > 0)
         m->hw.gpus_per_node = (int)b->gpus_per_node;
-    if (b->tp_comm_overlap >= 0)
-        m->hw.tp_comm_overlap = b->tp_comm_overlap;
     const struct {
         const char *key;
         double value;
@@ -99,6 +99,8 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->local_kv_heads = md->n_kv_heads >= tp ? (int)(md->n_kv_heads / tp) : 1;
     m->sp = tp > 1 && cfg->parallel.sequence_parallel;
     double d = (double)md->d_model, f = (double)md->d_ffn / tp, dh = m->head_dim;
+    m->d_model = d;
+    m->ffn_local = f;
     double hq = m->local_heads, hkv = m->local_kv_heads, stream = m->sp ? tp : 1;
     double elem = cfg->train.precision == PRECISION_BF16 ? 2 : 4;
     /* q, k, v and output projections, then gate, up and down. */
@@ -113,16 +115,32 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->recompute_bytes = 2 * (4 + elem) * d / stream + 3 * f * elem;
     m->vocab_local = (double)md->vocab_size / tp;
     m->head_flops_fwd = 2 * d * m->vocab_local;
+    /* The partial sums travel in parallel.reduce_dtype: float32, or the compute dtype. */
+    double sum_elem = cfg->parallel.reduce_dtype == REDUCE_COMPUTE ? elem : 4;
     m->act_bytes = d * elem;
-    m->sum_bytes = d * 4;
+    m->sum_bytes = d * sum_elem;
+    m->grad_row_bytes = d * 4;
     m->p2p_bytes = d * 4 / stream;
-    /* The K/V all-gather carries the compute dtype, the dK/dV reduce-scatter float32 sums (and full
-     * recomputation gathers again): a direction is charged their mean. */
-    m->kv_bytes = 2 * hkv * dh * (elem * (m->recompute == RECOMPUTE_FULL ? 2 : 1) + 4) / 2;
+    /* The K/V all-gather carries the compute dtype, the dK/dV reduce-scatter the partial sums' dtype
+     * (and full recomputation gathers again): a direction is charged their mean. */
+    m->kv_bytes = 2 * hkv * dh * (elem * (m->recompute == RECOMPUTE_FULL ? 2 : 1) + sum_elem) / 2;
     int g = m->hw.gpus_per_node;
     m->tp_bw = tp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->cp_bw = tp * cp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->pp_bw = tp * cp * pp <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
+    /* DP x CP: the ranks holding the same weights, tp * cp apart when dp is 1, else across the
+     * whole layout (world rank = tp + TP (cp + CP (pp + PP dp))). */
+    int64_t dp = cfg->parallel.dp > 0 ? cfg->parallel.dp : 1;
+    m->dpcp = (int)(dp * cp);
+    m->dp_bw = (dp == 1 ? tp * cp : tp * cp * pp * dp) <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
+    m->overlap = cfg->parallel.overlap;
+    m->zero = cfg->parallel.zero != 0;
+    /* A layer's weights on a rank: its products' TP shard (half their forward FLOPs per token) and
+     * its two norms, whole on every rank. The embedding and the output layer: vocab_local rows each
+     * (one tensor when tied on a single chunk), the final norm on the last stage. */
+    m->layer_params = m->gemm_flops_fwd / 2 + 2 * d;
+    m->embed_params = m->vocab_local * d;
+    m->head_params = (md->tie_embeddings && pp * m->v == 1 ? 0 : m->vocab_local * d) + d;
     return 0;
 }
 
@@ -217,22 +235,34 @@ static double launch_s(const CostModel *m, int64_t tokens, double share)
     return tokens > 0 ? share * m->hw.launch_us * 1e-6 : 0;
 }
 
+void cost_linear_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise)
+{
+    double n = (double)tokens, hbm = m->hw.hbm_gbps * 1e9;
+    /* A third of the element-wise traffic is the forward's, two thirds the backward's. */
+    *products = gemm_s(m, (backward ? 2 : 1) * m->gemm_flops_fwd * n);
+    *elementwise = (backward ? 2 : 1) * m->elem_bytes / 3 * n / hbm + launch_s(m, tokens, backward ? 2.0 / 3 : 1.0 / 3);
+    if (backward && m->recompute == RECOMPUTE_FULL) {
+        double p, e;
+        cost_linear_split(m, tokens, 0, &p, &e);
+        *products += p;
+        *elementwise += e;
+    } else if (backward && m->recompute == RECOMPUTE_SELECTIVE) {
+        *elementwise += m->recompute_bytes * n / hbm;
+    }
+}
+
 double cost_linear_fwd_s(const CostModel *m, int64_t tokens)
 {
-    /* A third of the element-wise traffic is the forward's. */
-    return gemm_s(m, m->gemm_flops_fwd * (double)tokens) + m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) +
-           launch_s(m, tokens, 1.0 / 3);
+    double p, e;
+    cost_linear_split(m, tokens, 0, &p, &e);
+    return p + e;
 }
 
 double cost_linear_bwd_s(const CostModel *m, int64_t tokens)
 {
-    double t = gemm_s(m, 2 * m->gemm_flops_fwd * (double)tokens) +
-               2 * m->elem_bytes / 3 * (double)tokens / (m->hw.hbm_gbps * 1e9) + launch_s(m, tokens, 2.0 / 3);
-    if (m->recompute == RECOMPUTE_FULL)
-        return t + cost_linear_fwd_s(m, tokens);
-    if (m->recompute == RECOMPUTE_SELECTIVE)
-        return t + m->recompute_bytes * (double)tokens / (m->hw.hbm_gbps * 1e9);
-    return t;
+    double p, e;
+    cost_linear_split(m, tokens, 1, &p, &e);
+    return p + e;
 }
 
 /* One collective: bytes over a bus bandwidth (GB/s) scaled by the algorithm's factor, plus latency. */
@@ -241,24 +271,61 @@ static double collective_s(const CostModel *m, double bytes, double factor, doub
     return bytes * factor / (gbps * 1e9) + m->hw.link_latency_us * 1e-6;
 }
 
+/* A collective of c seconds (its bandwidth time and the link's latency) beside a product of p
+ * seconds: the bandwidth time hides up to the product's; the latency is charged exposed. Both times
+ * grow in proportion to the rows, so what hides is the same share of them at any count and the
+ * price stays affine in the rows, as the groups search's lines take it (plan_groups.h); charging
+ * the latency costs at most 4 link latencies a layer against min(c, p). */
+static void beside(const CostModel *m, double c, double p, CostTpComm *out)
+{
+    double bandwidth = c - m->hw.link_latency_us * 1e-6;
+    double hidden = m->overlap ? (bandwidth < p ? bandwidth : p) : 0;
+    out->bwd_exposed += c - hidden;
+    out->hidden += hidden;
+    out->contention += m->hw.comm_sm_share * hidden;
+}
+
+void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
+{
+    memset(c, 0, sizeof *c);
+    if (m->tp <= 1 || tokens_rank <= 0)
+        return;
+    double rows = (double)tokens_rank, ring = (m->tp - 1.0) / m->tp, full = m->recompute == RECOMPUTE_FULL;
+    if (!m->sp) {
+        /* Ring all-reduces of the partial sums after the attention output and the MLP down
+         * projection, 2 (n - 1) / n: 2 in the forward, 2 in the backward (the input gradients of the
+         * QKV and gate/up products), 1 more in the backward with full recomputation (the forward
+         * run again stops before the down projection). The engine overlaps none of them. */
+        double ar = collective_s(m, m->sum_bytes * rows, 2 * ring, m->tp_bw);
+        c->fwd_exposed = 2 * ar;
+        c->bwd_exposed = (2 + full) * ar;
+        return;
+    }
+    /* Ring all-gathers (compute dtype) and reduce-scatters (partial sums), (n - 1) / n each. The
+     * forward: the normed rows gathered before the QKV and gate/up products, the partial sums of the
+     * output and down products reduce-scattered, all on the compute path. */
+    double ag = collective_s(m, m->act_bytes * rows, ring, m->tp_bw);
+    double rs = collective_s(m, m->sum_bytes * rows, ring, m->tp_bw);
+    c->fwd_exposed = 2 * ag + 2 * rs;
+    /* The backward: the stream's gradient gathered before the down and output products (they need
+     * it: exposed), and full recomputation's forward again (2 all-gathers, 1 reduce-scatter). Then
+     * per part (QKV, gate/up): the normed rows gathered again beside the input-gradient product,
+     * and the input gradient's partial sums reduce-scattered beside the weight-gradient product,
+     * both the same FLOPs: 2 d (q + 2 kv heads) dh, and 2 d 2 f per row. */
+    c->bwd_exposed = 2 * ag + full * (2 * ag + rs);
+    double qkv = gemm_s(m, 2 * m->d_model * m->head_dim * (m->local_heads + 2.0 * m->local_kv_heads) * rows);
+    double gate_up = gemm_s(m, 4 * m->d_model * m->ffn_local * rows);
+    beside(m, ag, gate_up, c);
+    beside(m, rs, gate_up, c);
+    beside(m, ag, qkv, c);
+    beside(m, rs, qkv, c);
+}
+
 double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
 {
-    if (m->tp <= 1 || tokens_rank <= 0)
-        return 0;
-    /* Without SP two ring all-reduces of float32 partial sums (after the attention output and the
-     * MLP down projection): 2 (n - 1) / n. With SP ring all-gathers (compute dtype) and
-     * reduce-scatters (float32), (n - 1) / n each: 3 and 2 a direction on the mean (cost.h). Full
-     * recomputation runs the forward's again in the backward (2 all-reduces, or 2 all-gathers and
-     * 2 reduce-scatters): one more of each a direction on the mean. Overlapped with the GEMMs (tp_comm_overlap of the forward GEMM time can hide it), only the
-     * rest is exposed. */
-    double rows = (double)tokens_rank, ring = (m->tp - 1.0) / m->tp, again = m->recompute == RECOMPUTE_FULL, t;
-    if (m->sp)
-        t = (3 + again) * collective_s(m, m->act_bytes * rows, ring, m->tp_bw) +
-            (2 + again) * collective_s(m, m->sum_bytes * rows, ring, m->tp_bw);
-    else
-        t = (2 + again) * collective_s(m, m->sum_bytes * rows, 2 * ring, m->tp_bw);
-    double hidden = m->hw.tp_comm_overlap * gemm_s(m, m->gemm_flops_fwd * (double)tokens_rank);
-    return t > hidden ? t - hidden : 0;
+    CostTpComm c;
+    cost_tp_comm_parts(m, tokens_rank, &c);
+    return (c.fwd_exposed + c.bwd_exposed + c.contention) / 2;
 }
 
 double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens)
@@ -277,42 +344,77 @@ double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens
     return collective_s(m, m->kv_bytes * (double)sharded_tokens, (size - 1.0) / size, bw);
 }
 
-double cost_head_fwd_s(const CostModel *m, int64_t tokens)
+void cost_head_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise)
 {
     /* Logits GEMM, then the softmax over the local vocabulary slice: read the fp32 logits, write
-     * the probabilities. */
-    double softmax_bytes = 2 * 4 * m->vocab_local * (double)tokens;
-    return gemm_s(m, m->head_flops_fwd * (double)tokens) + softmax_bytes / (m->hw.hbm_gbps * 1e9);
+     * the probabilities. The backward: the two gradient GEMMs. */
+    double n = (double)tokens;
+    *products = gemm_s(m, (backward ? 2 : 1) * m->head_flops_fwd * n);
+    *elementwise = backward ? 0 : 2 * 4 * m->vocab_local * n / (m->hw.hbm_gbps * 1e9);
+}
+
+double cost_head_fwd_s(const CostModel *m, int64_t tokens)
+{
+    double p, e;
+    cost_head_split(m, tokens, 0, &p, &e);
+    return p + e;
 }
 
 double cost_head_bwd_s(const CostModel *m, int64_t tokens)
 {
-    return gemm_s(m, 2 * m->head_flops_fwd * (double)tokens);
+    double p, e;
+    cost_head_split(m, tokens, 1, &p, &e);
+    return p + e;
+}
+
+void cost_embed_split(const CostModel *m, int64_t tokens, int backward, double *elementwise, double *comm)
+{
+    *elementwise = *comm = 0;
+    if (tokens <= 0)
+        return;
+    /* Forward: each TP rank writes the float32 rows of the tokens in its vocabulary slice (zeros
+     * elsewhere) and the TP sum completes them - an all-reduce, or with SP a reduce-scatter onto the
+     * rank's rows: with no product to run under, all of it shows. Backward: the scatter-add of the
+     * rows' gradients into the embedding's (read them, read and write the gradient rows); with SP
+     * the rows' gradients are all-gathered (float32) first. */
+    double bytes = m->grad_row_bytes * (double)tokens;
+    *elementwise = (backward ? 3 : 1) * bytes / (m->hw.hbm_gbps * 1e9);
+    if (!backward && m->tp > 1)
+        *comm = collective_s(m, bytes, (m->sp ? 1.0 : 2.0) * (m->tp - 1) / m->tp, m->tp_bw);
+    if (backward && m->sp)
+        *comm = collective_s(m, bytes, (m->tp - 1.0) / m->tp, m->tp_bw);
 }
 
 double cost_embed_fwd_s(const CostModel *m, int64_t tokens)
 {
-    if (tokens <= 0)
-        return 0;
-    /* Each TP rank writes the float32 rows of the tokens in its vocabulary slice (zeros elsewhere)
-     * and the TP sum completes them - an all-reduce, or with SP a reduce-scatter onto the rank's
-     * rows: with no product to run under, all of it shows. */
-    double bytes = m->sum_bytes * (double)tokens, t = bytes / (m->hw.hbm_gbps * 1e9);
-    if (m->tp > 1)
-        t += collective_s(m, bytes, (m->sp ? 1.0 : 2.0) * (m->tp - 1) / m->tp, m->tp_bw);
-    return t;
+    double e, c;
+    cost_embed_split(m, tokens, 0, &e, &c);
+    return e + c;
 }
 
 double cost_embed_bwd_s(const CostModel *m, int64_t tokens)
 {
-    if (tokens <= 0)
+    double e, c;
+    cost_embed_split(m, tokens, 1, &e, &c);
+    return e + c;
+}
+
+double cost_dp_reduce_s(const CostModel *m, double params)
+{
+    if (m->dpcp <= 1 || params <= 0)
         return 0;
-    /* The scatter-add of the rows' gradients into the embedding's: read them, read and write the
-     * gradient rows; with SP the rows' gradients are all-gathered (float32) first. */
-    double bytes = m->sum_bytes * (double)tokens, t = 3 * bytes / (m->hw.hbm_gbps * 1e9);
-    if (m->sp)
-        t += collective_s(m, bytes, (m->tp - 1.0) / m->tp, m->tp_bw);
-    return t;
+    /* float32 gradients: a ring all-reduce 2 (n - 1) / n, ZeRO-1's reduce-scatter (n - 1) / n. */
+    double n = m->dpcp;
+    return collective_s(m, 4 * params, (m->zero ? 1 : 2) * (n - 1) / n, m->dp_bw);
+}
+
+double cost_dp_gather_s(const CostModel *m, double params)
+{
+    if (!m->zero || m->dpcp <= 1 || params <= 0)
+        return 0;
+    /* ZeRO-1: every rank's float32 shard of the updated parameters, (n - 1) / n. */
+    double n = m->dpcp;
+    return collective_s(m, 4 * params, (n - 1) / n, m->dp_bw);
 }
 
 double cost_p2p_s(const CostModel *m, int64_t tokens)

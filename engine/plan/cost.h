@@ -18,18 +18,34 @@
  *   linear     GEMM FLOPs of the layer's local TP shard per token, x 3 for forward + backward,
  *              at peak * gemm_efficiency; norms, RoPE, SwiGLU and residuals as HBM bytes per token;
  *              plus launch_us per layer for a micro-batch with tokens (calibrated profiles).
- *   comm       TP: without sequence parallelism 2 all-reduces a direction of the rank's rows in
- *              float32 (the partial sums); with it (parallel.sequence_parallel) the forward's 2
- *              all-gathers of normed rows (compute dtype) and 2 reduce-scatters (float32), the
- *              backward's 4 all-gathers (the stream's gradient twice, the normed rows again) and 2
- *              reduce-scatters - a direction is charged their mean, 3 all-gathers and 2
- *              reduce-scatters; less what runs under the GEMMs (tp_comm_overlap: 0 in the
- *              profiles, for wlbtrain runs its TP collectives between the products, exposed);
- *              CP all-gather of K and V of the sharded tokens (forward, compute dtype) and
- *              reduce-scatter of dK, dV (backward, float32), a direction charged their mean; PP
- *              send/receive of the residual stream between stages (float32, a TP rank's rows: 1/tp
- *              of them with SP); each over the bandwidth of the link the group uses (NVLink inside a
- *              node, the network across nodes).
+ *   comm       Each collective as the engine runs it (parallel.overlap), over the bandwidth of the link
+ *              its group uses (NVLink inside a node, the network across nodes), ring algorithms:
+ *              TP with sequence parallelism (parallel.sequence_parallel), per layer: the forward's 2
+ *              all-gathers of normed rows (compute dtype) and 2 reduce-scatters of partial sums
+ *              (parallel.reduce_dtype), exposed; the backward's 2 all-gathers of the stream's gradient
+ *              (exposed: the products wait for them), 2 all-gathers of the normed rows again and 2
+ *              reduce-scatters of the input gradient. With overlap each all-gather of normed rows runs
+ *              beside the input-gradient product of the same layer part (QKV, gate/up) and each
+ *              reduce-scatter beside its weight-gradient product: hidden up to the product's time,
+ *              the rest exposed. Without SP: 2 all-reduces a direction, exposed. Full recomputation
+ *              runs the forward's first 2 all-gathers and 1 reduce-scatter (or 1 all-reduce) again in
+ *              the backward, exposed. The pipeline is charged the mean of the two directions each way
+ *              (cost_tp_comm_s), the breakdown each part (cost_tp_comm_parts).
+ *              CP: all-gather of K and V of the sharded tokens (forward, compute dtype) and
+ *              reduce-scatter of dK, dV (backward, parallel.reduce_dtype), a direction charged their
+ *              mean, exposed (the engine exchanges before attention runs).
+ *              PP: send/receive of the residual stream between stages (float32, a TP rank's rows: 1/tp
+ *              of them with SP), timed by the pipeline simulator (sched.h): with overlap the receive is
+ *              posted ahead and the message moves while the receiver computes; without, it moves when
+ *              the receiver asks for it.
+ *              DP: the float32 gradients all-reduced over DP x CP (ZeRO-1: reduce-scattered, and the
+ *              parameters all-gathered before the next forward), a layer a bucket; priced by the
+ *              simulator: with overlap each bucket starts as soon as the last micro-batch's backward has
+ *              produced it (exposed: what outlasts the backward, at least the last bucket), and ZeRO-1's
+ *              all-gather runs a bucket ahead of the first forward; without, all of it between steps.
+ *              SM contention: a collective that runs beside a computation takes comm_sm_share of the
+ *              device's SMs (cores), so the computation is slowed by that share of the overlapped time:
+ *              charged as `contention`, comm_sm_share x the hidden seconds.
  *   recompute  train.recompute's work in the backward: selective recomputes the two norms and
  *              SwiGLU (their element-wise bytes); full runs the layer's forward again - its GEMMs,
  *              element-wise work and attention forward are added to the backward, and its TP
@@ -61,8 +77,8 @@ typedef struct CostHardware {
     double inter_node_gbps;   /* per GPU across nodes (network), GB/s */
     double link_latency_us;   /* per collective or send */
     int gpus_per_node;
-    double tp_comm_overlap;   /* fraction of the forward GEMM time that hides TP collectives (0: none,
-                               * wlbtrain's; a stack that overlaps them with the products has 1) */
+    double comm_sm_share;     /* share of the compute a collective takes from what it overlaps (the
+                               * SMs its kernel holds): the overlapped computation runs that much slower */
     double memory_gb;         /* device memory, 10^9 bytes: the memory check's budget (0: none, the CPU) */
     double launch_us;         /* fixed microseconds per layer per micro-batch (forward + backward) that
                                * do not grow with its tokens: kernel launches, thread starts; a third in
@@ -94,6 +110,7 @@ typedef struct CostModel {
     int has_split;            /* chunk_layers holds the config's split (resolved when the model was built) */
     int chunk_layers[COST_MAX_CHUNKS]; /* layers of each model chunk g < pp * v */
     int head_dim, local_heads, local_kv_heads;
+    double d_model, ffn_local; /* d_model, and the SwiGLU width on a TP rank (d_ffn / tp) */
     /* Per token per layer, this rank's share: */
     double gemm_flops_fwd;    /* forward GEMM FLOPs */
     double elem_bytes;        /* forward + backward element-wise HBM traffic */
@@ -101,11 +118,20 @@ typedef struct CostModel {
     double head_flops_fwd;    /* output projection (last stage) */
     double vocab_local;       /* vocabulary rows on this TP rank */
     double act_bytes;         /* one activation row in the compute dtype: d_model * 2 bytes in bf16 */
-    double sum_bytes;         /* one row of partial sums, float32: d_model * 4 bytes */
+    double sum_bytes;         /* one row of partial sums, in parallel.reduce_dtype: d_model * 4 (fp32) or
+                               * * 2 (bf16) bytes */
+    double grad_row_bytes;    /* one row of float32 sums that are not products' partial sums (the
+                               * embedding's rows, SP's gather of their gradients): d_model * 4 bytes */
     double p2p_bytes;         /* a TP rank's part of one row of the stream sent between stages */
     double kv_bytes;          /* K and V rows of the local kv heads: the mean of the all-gather's
-                               * (compute dtype) and the reduce-scatter's (float32) */
-    double tp_bw, cp_bw, pp_bw; /* GB/s of the link each group uses */
+                               * (compute dtype) and the reduce-scatter's (parallel.reduce_dtype) */
+    double tp_bw, cp_bw, pp_bw, dp_bw; /* GB/s of the link each group uses (dp: DP x CP) */
+    int overlap;              /* parallel.overlap: the engine overlaps what it can */
+    int dpcp;                 /* ranks over which gradients are reduced (dp x cp) */
+    int zero;                 /* parallel.zero: gradients reduce-scattered, parameters all-gathered */
+    double layer_params;      /* one layer's parameters on a rank (its TP shard, norms whole) */
+    double embed_params, head_params; /* the first stage's embedding and the last's output layer
+                                       * (final norm included) on a rank; 0 where tied on one chunk */
 } CostModel;
 
 /* The built-in profiles: "h100", "h200", "a100", "cpu". */
@@ -128,6 +154,25 @@ double cost_linear_bwd_s(const CostModel *m, int64_t tokens);
  * directions), and the CP all-gather (backward: reduce-scatter) of the K/V rows of the
  * micro-batch's sharded_tokens. */
 double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank);
+/* The same TP exchanges part by part: exposed seconds in each direction, the seconds hidden beside
+ * the backward's products, and the contention they cause (comm_sm_share x hidden).
+ * cost_tp_comm_s = (fwd_exposed + bwd_exposed + contention) / 2. */
+typedef struct CostTpComm {
+    double fwd_exposed, bwd_exposed, hidden, contention;
+} CostTpComm;
+void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c);
+/* The products (GEMMs) and the rest (element-wise work and launch_us) of cost_linear_fwd_s /
+ * cost_linear_bwd_s, which are their sums. */
+void cost_linear_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise);
+/* The same for the first stage's embedding (elementwise: its rows; comm: its TP exchange) and the
+ * last stage's output layer and loss (products: the logits GEMMs; elementwise: the softmax). */
+void cost_embed_split(const CostModel *m, int64_t tokens, int backward, double *elementwise, double *comm);
+void cost_head_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise);
+/* DP x CP: seconds of one bucket's gradient reduction (all-reduce, or ZeRO-1's reduce-scatter) and of
+ * ZeRO-1's parameter all-gather (0 without ZeRO-1), for `params` parameters of a rank; 0 when dp x cp
+ * is 1. */
+double cost_dp_reduce_s(const CostModel *m, double params);
+double cost_dp_gather_s(const CostModel *m, double params);
 double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens);
 /* The same exchange inside a group of `size` CP ranks (an aligned block of the CP group, sharding
  * `groups`): (size - 1) / size of the group's sharded K/V rows, over NVLink when tp * size ranks fit

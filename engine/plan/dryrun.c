@@ -157,6 +157,8 @@ typedef struct RunSummary {
     Dist pp, cp, cpt, speedup, packer_ms, speedup_eq;
     int n_stages;
     double *stage_busy; /* seconds each pipeline stage computes over the run (sched_stage_busy) */
+    SchedBreakdown *breakdown; /* where each stage's time goes, summed over the run (n_stages) */
+    int overlap;               /* parallel.overlap, as priced */
 } RunSummary;
 
 /* The slowest stage's busy time: its share of all the stages' (1 / pp when balanced), and over
@@ -189,6 +191,52 @@ static void json_memory(FILE *f, const DryRunMemoryPlan *mp)
             w->activations / 1e9, w->other / 1e9, mp->worst, mp->budget / 1e9);
 }
 
+/* The breakdown's parts by name, in the order they are printed (sched.h: SchedBreakdown). */
+static const char *const breakdown_names[] = {"products", "attention", "elementwise", "tp_exposed", "tp_hidden",
+                                              "cp_exposed", "cp_hidden", "pp_exposed", "pp_hidden", "dp_exposed",
+                                              "dp_hidden", "contention", "bubble"};
+enum { BREAKDOWN_PARTS = sizeof breakdown_names / sizeof breakdown_names[0] };
+
+static const double *breakdown_parts(const SchedBreakdown *b)
+{
+    _Static_assert(sizeof(SchedBreakdown) == BREAKDOWN_PARTS * sizeof(double), "a name for every part");
+    return &b->products;
+}
+
+/* The stages' mean: an average stage, whose parts also add up to the run's predicted time. */
+static SchedBreakdown breakdown_mean(const RunSummary *s)
+{
+    SchedBreakdown m = {0};
+    double *to = (double *)&m.products;
+    for (int k = 0; k < s->n_stages; k++)
+        for (int i = 0; i < BREAKDOWN_PARTS; i++)
+            to[i] += breakdown_parts(&s->breakdown[k])[i] / s->n_stages;
+    return m;
+}
+
+static void json_breakdown_one(FILE *f, const SchedBreakdown *b)
+{
+    for (int i = 0; i < BREAKDOWN_PARTS; i++)
+        fprintf(f, "%s\"%s\":%.6g", i ? "," : "{", breakdown_names[i], breakdown_parts(b)[i]);
+    fputc('}', f);
+}
+
+/* "time_breakdown": seconds over the run's steps, per pipeline stage and their mean. */
+static void json_breakdown(FILE *f, const RunSummary *s)
+{
+    fprintf(f, ",\"time_breakdown\":{\"overlap\":%s,\"seconds\":%.6g,\"stages\":[", s->overlap ? "true" : "false",
+            s->predicted_s);
+    for (int k = 0; k < s->n_stages; k++) {
+        if (k)
+            fputc(',', f);
+        json_breakdown_one(f, &s->breakdown[k]);
+    }
+    fputs("],\"mean\":", f);
+    SchedBreakdown m = breakdown_mean(s);
+    json_breakdown_one(f, &m);
+    fputc('}', f);
+}
+
 static void json_summary(FILE *f, const RunSummary *s, const Planner *pl, const DryRunMemoryPlan *mp)
 {
     fprintf(f, "{\"summary\":true,\"packer\":\"%s\",\"cp_sharding\":\"%s\",\"steps\":%lld,\"tokens\":%lld,"
@@ -219,6 +267,7 @@ static void json_summary(FILE *f, const RunSummary *s, const Planner *pl, const 
         fprintf(f, "%s%.6g", k ? "," : "", s->stage_busy[k]);
     fprintf(f, "],\"slowest_stage\":%d,\"slowest_stage_share\":%.6g,\"stage_max_over_mean\":%.6g", slowest, share,
             over_mean);
+    json_breakdown(f, s);
     if (mp)
         json_memory(f, mp);
     fprintf(f, ",\"token_delay_steps\":%.6g}\n", s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
@@ -258,7 +307,7 @@ static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
  * *worst_mb the micro-batch with the worst CP imbalance. With run->with_baseline, base gets Plain-4D's
  * plan of the same documents. */
 static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPlan *base, StepPlan *equal,
-                            StepStats *s, int64_t *worst_mb, Error *err)
+                            StepStats *s, int64_t *worst_mb, SchedBreakdown *breakdown, Error *err)
 {
     memset(s, 0, sizeof *s);
     /* The planner's wall time: what a step waits for it, with its threads (balance.plan_threads)
@@ -269,7 +318,7 @@ static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPla
         return -1;
     s->packer_ms = (clock_seconds() - t0) * 1e3;
     double seconds = 0, base_s = 0;
-    if (sched_step_time(plan, run->cost, &seconds, err) != 0)
+    if (sched_step_breakdown(plan, run->cost, &seconds, breakdown, err) != 0)
         return -1;
     if (run->with_baseline &&
         (plan_baseline(pl, plan, base, err) != 0 || sched_step_time(base, run->cost, &base_s, err) != 0 ||
@@ -364,6 +413,8 @@ static void run_summary_free(RunSummary *s)
 {
     free(s->stage_busy);
     s->stage_busy = NULL;
+    free(s->breakdown);
+    s->breakdown = NULL;
 }
 
 /* Plans, predicts and reports run->steps steps; sum gets the run's summary (run_summary_free). */
@@ -387,12 +438,14 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
     if (rc == 0)
         rc = series_alloc(&v, run->steps, err);
     sum->n_stages = (int)cfg->parallel.pp;
-    if (rc == 0 && !(sum->stage_busy = calloc((size_t)sum->n_stages, sizeof *sum->stage_busy)))
+    sum->overlap = run->cost->overlap;
+    if (rc == 0 && (!(sum->stage_busy = calloc((size_t)sum->n_stages, sizeof *sum->stage_busy)) ||
+                    !(sum->breakdown = calloc((size_t)sum->n_stages, sizeof *sum->breakdown))))
         rc = error_runtime(err, "dry run", "out of memory");
     for (int64_t step = 0; step < run->steps && rc == 0; step++) {
         StepStats s;
         int64_t worst_mb = -1;
-        rc = plan_and_predict(run, &pl, &plan, &base, &equal, &s, &worst_mb, err);
+        rc = plan_and_predict(run, &pl, &plan, &base, &equal, &s, &worst_mb, sum->breakdown, err);
         if (rc == 0)
             rc = sched_stage_busy(&plan, run->cost, sum->stage_busy, err);
         if (rc == 0) {
@@ -522,6 +575,29 @@ static void print_summary(const RunSummary *s)
     }
 }
 
+/* Where the time goes: each stage's parts over the run, exposed communication and hidden side by side. */
+static void print_breakdown(const RunSummary *s)
+{
+    printf("time breakdown, s over the run (parallel.overlap: %s; shown parts + bubble = the step time; _hid: "
+           "ran hidden, beside computation or the pipeline's fill):\n", s->overlap ? "true" : "false");
+    printf("%6s %9s %9s %9s %8s %8s %8s %8s %9s %8s %8s %8s %8s %8s\n", "stage", "products", "attention", "elemwise",
+           "tp", "cp", "pp", "dp", "contend", "bubble", "tp_hid", "cp_hid", "pp_hid", "dp_hid");
+    SchedBreakdown m = breakdown_mean(s);
+    for (int k = 0; k <= s->n_stages; k++) {
+        const SchedBreakdown *b = k < s->n_stages ? &s->breakdown[k] : &m;
+        char name[16];
+        snprintf(name, sizeof name, k < s->n_stages ? "%d" : "mean", k);
+        printf("%6s %9.2f %9.2f %9.2f %8.2f %8.2f %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, b->products,
+               b->attention, b->elementwise, b->tp_exposed, b->cp_exposed, b->pp_exposed, b->dp_exposed, b->contention,
+               b->bubble, b->tp_hidden, b->cp_hidden, b->pp_hidden, b->dp_hidden);
+    }
+    double comm = m.tp_exposed + m.cp_exposed + m.pp_exposed + m.dp_exposed;
+    double hid = m.tp_hidden + m.cp_hidden + m.pp_hidden + m.dp_hidden;
+    printf("time breakdown: the mean stage's communication %.1f%% of the step exposed, %.2f s hidden (%.1f%% of all of "
+           "it); bubble %.1f%%\n", s->predicted_s > 0 ? 100 * comm / s->predicted_s : 0, hid,
+           comm + hid > 0 ? 100 * hid / (comm + hid) : 0, s->predicted_s > 0 ? 100 * m.bubble / s->predicted_s : 0);
+}
+
 static int compare_all(const Run *base_run, Error *err)
 {
     static const PackerKind packers[] = {PACKER_FIXED, PACKER_FIXED_GREEDY, PACKER_WLB};
@@ -530,8 +606,9 @@ static int compare_all(const Run *base_run, Error *err)
     int64_t cp = base_run->cfg->parallel.cp;
     int n_modes = cp == 1 ? 1 : (cp & (cp - 1)) == 0 ? 5 : 4;
     double plain_tps = 0;
-    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s %9s %5s %12s %8s\n", "packer", "cp", "pp_imb", "p95", "cp_imb",
-           "tokens/s", "speedup", "plan_ms", "delay", "cp_t_imb", "docs", "pairs/tok", "x_eq");
+    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s %9s %5s %12s %8s %7s %7s\n", "packer", "cp", "pp_imb", "p95",
+           "cp_imb", "tokens/s", "speedup", "plan_ms", "delay", "cp_t_imb", "docs", "pairs/tok", "x_eq", "comm%",
+           "bubble%");
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < n_modes; b++) {
             Run run = *base_run;
@@ -542,21 +619,25 @@ static int compare_all(const Run *base_run, Error *err)
             RunSummary s;
             if (run_steps(&run, &s, err) != 0)
                 return -1;
+            SchedBreakdown mean = breakdown_mean(&s);
             run_summary_free(&s);
+            double shown = mean.tp_exposed + mean.cp_exposed + mean.pp_exposed + mean.dp_exposed;
             double tps = s.predicted_s > 0 ? (double)s.tokens / s.predicted_s : 0;
             if (a == 0 && b == 0)
                 plain_tps = tps;
-            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f %9.3f %5s %12.4g %7.3fx\n",
+            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f %9.3f %5s %12.4g %7.3fx %7.1f %7.1f\n",
                    config_packer_name(run.packer), config_cp_sharding_name(run.sharding), s.pp.mean, s.pp.p95, s.cp.mean,
                    tps, plain_tps > 0 ? tps / plain_tps : 1, s.packer_ms.mean,
                    s.tokens ? s.delay_token_steps / (double)s.tokens : 0, s.cpt.mean, s.cut ? "cut" : "keep",
-                   s.tokens ? s.attn_pairs / (double)s.tokens : 0, s.predicted_s > 0 ? s.equal_s / s.predicted_s : 1);
+                   s.tokens ? s.attn_pairs / (double)s.tokens : 0, s.predicted_s > 0 ? s.equal_s / s.predicted_s : 1,
+                   s.predicted_s > 0 ? 100 * shown / s.predicted_s : 0, s.predicted_s > 0 ? 100 * mean.bubble / s.predicted_s : 0);
             fflush(stdout);
         }
     printf("tokens/s: predicted for the whole cluster; speedup: against fixed + per_seq (Plain-4D) on the same "
            "stream; cp_t_imb: cp_imb with each rank's K/V exchange counted; docs: cut at window ends or kept whole "
            "(balance.long_documents); pairs/tok: attention work (document-causal pairs) per token trained; x_eq: speedup over Plain-4D "
-           "of the run's own pieces (equal work)\n");
+           "of the run's own pieces (equal work); comm%%, bubble%%: the mean stage's exposed communication (TP, CP, PP, DP) and "
+           "pipeline bubble, %% of the step (the dry run's time breakdown)\n");
     return 0;
 }
 
@@ -625,8 +706,10 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
         } else {
             RunSummary s;
             rc = run_steps(&run, &s, err);
-            if (rc == 0)
+            if (rc == 0) {
                 print_summary(&s);
+                print_breakdown(&s);
+            }
             if (rc == 0)
                 run_summary_free(&s);
         }

@@ -35,8 +35,32 @@ int sched_stage_ops(int s, int pp, int v, int n_mb, SchedOp *ops)
 
 int sched_makespan(const SchedReplica *r, double *makespan, Error *err)
 {
+    return sched_simulate(r, makespan, NULL, err);
+}
+
+static void trace_add(double *v, int i, double x)
+{
+    if (v)
+        v[i] += x;
+}
+
+int sched_simulate(const SchedReplica *r, double *makespan, const SchedTrace *trace, Error *err)
+{
     int pp = r->pp, v = r->v, n_mb = r->n_mb, chunks = pp * v, per_stage = 2 * n_mb * v;
     *makespan = 0;
+    if (trace) {
+        double *per_stage_v[] = {trace->stage_end, trace->pp_exposed, trace->pp_hidden, trace->gather_wait,
+                                 trace->gather_beside};
+        for (size_t k = 0; k < sizeof per_stage_v / sizeof per_stage_v[0]; k++)
+            if (per_stage_v[k])
+                memset(per_stage_v[k], 0, (size_t)pp * sizeof(double));
+        for (int g = 0; g < chunks; g++) {
+            if (trace->last_bwd_start)
+                trace->last_bwd_start[g] = 0;
+            if (trace->last_bwd_end)
+                trace->last_bwd_end[g] = 0;
+        }
+    }
     if (n_mb == 0)
         return 0;
     if (v > 1 && n_mb % pp)
@@ -65,26 +89,64 @@ int sched_makespan(const SchedReplica *r, double *makespan, Error *err)
                 SchedOp op = ops[(size_t)s * per_stage + next[s]];
                 int g = op.chunk * pp + s;
                 size_t at = (size_t)op.mb * chunks + g;
+                double sent = -1; /* when the input message left its stage (-1: no message) */
                 double ready = 0;
                 if (!op.backward && g > 0) {
-                    double e = end_f[at - 1];
-                    if (e < 0)
+                    if ((sent = end_f[at - 1]) < 0)
                         break;
-                    ready = e + r->p2p[op.mb];
                 } else if (op.backward && g < chunks - 1) {
-                    double e = end_b[at + 1];
-                    if (e < 0)
+                    if ((sent = end_b[at + 1]) < 0)
                         break;
-                    ready = e + r->p2p[op.mb];
                 } else if (op.backward) {
                     if (end_f[at] < 0)
                         break;
                     ready = end_f[at];
                 }
-                double start = ready > free_at[s] ? ready : free_at[s];
-                double dur = op.backward ? r->bwd[at] : r->fwd[at];
-                free_at[s] = start + dur;
-                (op.backward ? end_b : end_f)[at] = free_at[s];
+                double start;
+                if (sent >= 0 && r->recv_on_demand) {
+                    /* The message moves once the receiver asks for it: all of its time shows. */
+                    start = (sent > free_at[s] ? sent : free_at[s]) + r->p2p[op.mb];
+                    if (trace)
+                        trace_add(trace->pp_exposed, s, r->p2p[op.mb]);
+                } else if (sent >= 0) {
+                    /* Posted ahead: it moves while the stage still computes; only its tail past
+                     * both the sender's end and the stage's shows. */
+                    ready = sent + r->p2p[op.mb];
+                    double waited_from = sent > free_at[s] ? sent : free_at[s];
+                    double shown = ready > waited_from ? ready - waited_from : 0;
+                    shown = shown < r->p2p[op.mb] ? shown : r->p2p[op.mb];
+                    start = ready > free_at[s] ? ready : free_at[s];
+                    if (trace) {
+                        trace_add(trace->pp_exposed, s, shown);
+                        trace_add(trace->pp_hidden, s, r->p2p[op.mb] - shown);
+                    }
+                } else {
+                    start = ready > free_at[s] ? ready : free_at[s];
+                }
+                double dur = op.backward ? r->bwd[at] : r->fwd[at], end = start + dur;
+                if (r->gather && !op.backward && op.mb == 0) {
+                    /* The chunk's first forward: its parameters' first bucket must be there before
+                     * it starts, its last before its last layer runs. */
+                    const SchedGather *gt = &r->gather[g];
+                    double from = start;
+                    start = start > gt->first ? start : gt->first;
+                    end = start + dur;
+                    double last = gt->last + gt->last_share * dur;
+                    end = end > last ? end : last;
+                    if (trace) {
+                        trace_add(trace->gather_wait, s, end - dur - from);
+                        double beside = (gt->last < end ? gt->last : end) - start;
+                        trace_add(trace->gather_beside, s, beside > 0 ? beside : 0);
+                    }
+                }
+                free_at[s] = end;
+                (op.backward ? end_b : end_f)[at] = end;
+                if (trace && op.backward && op.mb == n_mb - 1) { /* the chunk's last backward */
+                    if (trace->last_bwd_start)
+                        trace->last_bwd_start[g] = end - dur;
+                    if (trace->last_bwd_end)
+                        trace->last_bwd_end[g] = end;
+                }
                 next[s]++;
                 done_ops++;
                 progress = 1;
@@ -92,8 +154,11 @@ int sched_makespan(const SchedReplica *r, double *makespan, Error *err)
         }
         WLB_ASSERT(progress); /* a valid 1F1B order always has a pass whose inputs are ready */
     }
-    for (int s = 0; s < pp; s++)
+    for (int s = 0; s < pp; s++) {
         *makespan = free_at[s] > *makespan ? free_at[s] : *makespan;
+        if (trace && trace->stage_end)
+            trace->stage_end[s] = free_at[s];
+    }
 done:
     free(ops);
     free(end_f);
@@ -131,16 +196,68 @@ void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const 
     *p2p = cost_p2p_s(cost, max_tokens);
 }
 
-/* Simulates replica r with its micro-batches in the order given by mb_index (count n). */
+/* Simulates replica r with its micro-batches in the order given by mb_index (count n); gather: ZeRO-1's
+ * all-gather per chunk (NULL: none), trace as sched_simulate's. */
 static int replica_makespan(const StepPlan *p, const CostModel *cost, const int64_t *mb_index, int n, double *fwd,
-                            double *bwd, double *p2p, double *makespan, Error *err)
+                            double *bwd, double *p2p, const SchedGather *gather, const SchedTrace *trace,
+                            double *makespan, Error *err)
 {
     int chunks = cost->pp * cost->v;
     for (int i = 0; i < n; i++)
         sched_micro_batch_times(p, &p->mbs[mb_index[i]], cost, fwd + (size_t)i * chunks, bwd + (size_t)i * chunks,
                                 &p2p[i]);
-    SchedReplica rep = {cost->pp, cost->v, n, fwd, bwd, p2p};
-    return sched_makespan(&rep, makespan, err);
+    SchedReplica rep = {cost->pp, cost->v, n, fwd, bwd, p2p, !cost->overlap, gather};
+    return sched_simulate(&rep, makespan, trace, err);
+}
+
+/* Parameters of model chunk g on a rank, and the buckets (its layers) they are reduced in. */
+static double chunk_params(const CostModel *cost, int g, int *buckets)
+{
+    int chunks = cost->pp * cost->v, layers = cost_chunk_layers(cost, g);
+    *buckets = layers > 0 ? layers : 1;
+    return layers * cost->layer_params + (g == 0 ? cost->embed_params : 0) + (g == chunks - 1 ? cost->head_params : 0);
+}
+
+/* ZeRO-1's all-gather (NULL when there is none): each stage gathers its chunks in the order it first
+ * runs them, bucket by bucket with overlap (a chunk's first forward starts on its first bucket), or
+ * all of them before the step's first pass. *total[s] gets stage s's seconds of it. */
+static SchedGather *gather_plan(const CostModel *cost, double *total)
+{
+    int pp = cost->pp, v = cost->v;
+    memset(total, 0, (size_t)pp * sizeof *total);
+    if (!cost->zero || cost->dpcp <= 1)
+        return NULL;
+    SchedGather *gt = calloc((size_t)pp * v, sizeof *gt);
+    if (!gt)
+        return NULL;
+    for (int s = 0; s < pp; s++) {
+        double t = 0;
+        for (int c = 0; c < v; c++) {
+            int g = c * pp + s, buckets;
+            double params = chunk_params(cost, g, &buckets);
+            if (!cost->overlap) {
+                t += cost_dp_gather_s(cost, params);
+                continue;
+            }
+            double one = cost_dp_gather_s(cost, params / buckets);
+            gt[g] = (SchedGather){t + one, t + buckets * one, 1.0 / buckets};
+            t += buckets * one;
+        }
+        total[s] = t;
+        for (int c = 0; c < v && !cost->overlap; c++)
+            gt[c * pp + s] = (SchedGather){t, t, 0};
+    }
+    return gt;
+}
+
+typedef struct Bucket {
+    double ready, seconds;
+} Bucket;
+
+static int cmp_bucket(const void *a, const void *b)
+{
+    double x = ((const Bucket *)a)->ready, y = ((const Bucket *)b)->ready;
+    return x < y ? -1 : x > y;
 }
 
 /* The micro-batches of each replica in their order: idx[r * m + order]. */
@@ -184,32 +301,180 @@ static void scratch_free(Scratch *s)
     free(s->p2p);
 }
 
-/* Predicted makespan of each replica (replica_s has p->dp entries). */
-static int replica_times(const StepPlan *p, const CostModel *cost, double *replica_s, Error *err)
+/* The step: every replica simulated, then each stage's gradient reduction over DP x CP (its buckets
+ * ready when the last micro-batch's backward of every replica has produced them, with overlap; after
+ * the slowest replica's pipeline, without). stages (NULL: not wanted) gets the slowest replica's
+ * breakdown. */
+static int step_simulate(const StepPlan *p, const CostModel *cost, double *seconds, SchedBreakdown *stages,
+                         Error *err)
 {
-    Scratch s = {0};
-    int rc = scratch_alloc(&s, p, cost, err);
-    if (rc == 0) {
-        replica_lists(p, s.idx, s.count);
-        for (int r = 0; r < p->dp && rc == 0; r++)
-            rc = replica_makespan(p, cost, s.idx + (int64_t)r * p->m, s.count[r], s.fwd, s.bwd, s.p2p,
-                                  &replica_s[r], err);
+    int pp = cost->pp, chunks = pp * cost->v, dp = p->dp;
+    Scratch sc = {0};
+    size_t ns = (size_t)dp * pp, nc = (size_t)dp * chunks;
+    double *mk = calloc((size_t)dp, sizeof *mk), *gather_total = calloc((size_t)pp, sizeof *gather_total);
+    SchedBreakdown *sb = calloc((size_t)pp, sizeof *sb);
+    double *st = calloc(7 * ns + 2 * nc, sizeof *st);
+    Bucket *bk = NULL;
+    int rc = scratch_alloc(&sc, p, cost, err), max_buckets = 0;
+    for (int g = 0; g < chunks; g++) {
+        int b;
+        chunk_params(cost, g, &b);
+        max_buckets += b;
     }
-    scratch_free(&s);
+    if (rc == 0 && (!mk || !gather_total || !st || !sb || !(bk = malloc((size_t)max_buckets * sizeof *bk))))
+        rc = error_runtime(err, "pipeline", "out of memory");
+    SchedGather *gt = rc == 0 ? gather_plan(cost, gather_total) : NULL;
+    if (rc == 0 && cost->zero && cost->dpcp > 1 && !gt)
+        rc = error_runtime(err, "pipeline", "out of memory");
+    /* Per replica: stage_end, pp_exposed, pp_hidden, gather_wait (pp each), last backward (chunks). */
+    double *end = st, *ppx = st + ns, *pph = st + 2 * ns, *gw = st + 3 * ns, *lbs = st + 4 * ns, *lbe = lbs + nc;
+    double *dpx = lbe + nc, *dph = dpx + pp; /* per stage: reduction exposed / hidden (ns >= 2 pp) */
+    double *gb = dph + pp;                    /* per replica: gather_beside */
+    *seconds = 0;
+    int slow = 0;
+    if (rc == 0) {
+        replica_lists(p, sc.idx, sc.count);
+        for (int r = 0; r < dp && rc == 0; r++) {
+            SchedTrace tr = {end + (size_t)r * pp, ppx + (size_t)r * pp, pph + (size_t)r * pp, gw + (size_t)r * pp,
+                             gb + (size_t)r * pp, lbs + (size_t)r * chunks, lbe + (size_t)r * chunks};
+            rc = replica_makespan(p, cost, sc.idx + (int64_t)r * p->m, sc.count[r], sc.fwd, sc.bwd, sc.p2p, gt, &tr,
+                                  &mk[r], err);
+            if (mk[r] > mk[slow])
+                slow = r;
+            *seconds = mk[r] > *seconds ? mk[r] : *seconds;
+        }
+    }
+    for (int s = 0; s < pp && rc == 0; s++) {
+        double stage_end = 0, total = 0, done;
+        for (int r = 0; r < dp; r++)
+            stage_end = end[(size_t)r * pp + s] > stage_end ? end[(size_t)r * pp + s] : stage_end;
+        if (cost->overlap) {
+            /* Bucket j of L of a chunk is ready once the backward of its layers is done in every
+             * replica, its last pass run uniformly over them; the buckets go out one at a time. */
+            int n = 0;
+            for (int c = 0; c < cost->v; c++) {
+                int g = c * pp + s, L;
+                double params = chunk_params(cost, g, &L), one = cost_dp_reduce_s(cost, params / L);
+                for (int j = 0; j < L; j++) {
+                    double ready = 0;
+                    for (int r = 0; r < dp; r++) {
+                        double a = lbs[(size_t)r * chunks + g], b = lbe[(size_t)r * chunks + g];
+                        double t = a + (b - a) * (j + 1) / L;
+                        ready = t > ready ? t : ready;
+                    }
+                    bk[n++] = (Bucket){ready, one};
+                    total += one;
+                }
+            }
+            qsort(bk, (size_t)n, sizeof *bk, cmp_bucket);
+            done = 0;
+            for (int i = 0; i < n; i++)
+                done = (done > bk[i].ready ? done : bk[i].ready) + bk[i].seconds;
+        } else {
+            for (int c = 0; c < cost->v; c++) {
+                int L;
+                total += cost_dp_reduce_s(cost, chunk_params(cost, c * pp + s, &L));
+            }
+            done = stage_end + total;
+        }
+        /* What outlasts the stage's passes shows; the rest ran beside them (none without overlap). */
+        dpx[s] = !cost->overlap ? total : done > stage_end ? done - stage_end : 0;
+        dph[s] = cost->overlap && total > dpx[s] ? total - dpx[s] : 0;
+        /* The hidden reduction (beside the last backward passes) and the part of the all-gather that
+         * ran beside the first forwards slowed those passes. */
+        double gather_hidden = gather_total[s] - gw[(size_t)slow * pp + s];
+        gather_hidden = gather_hidden > 0 ? gather_hidden : 0;
+        double slowed = cost->hw.comm_sm_share * (dph[s] + gb[(size_t)slow * pp + s]);
+        double stage_step = stage_end + dpx[s] + slowed;
+        *seconds = stage_step > *seconds ? stage_step : *seconds;
+        SchedBreakdown *b = &sb[s];
+        b->pp_exposed = ppx[(size_t)slow * pp + s];
+        b->pp_hidden = pph[(size_t)slow * pp + s];
+        b->dp_exposed = dpx[s] + gw[(size_t)slow * pp + s];
+        b->dp_hidden = dph[s] + gather_hidden;
+        b->contention = slowed;
+    }
+    /* What the slowest replica's stages computed; the rest of the step is their bubble. */
+    for (int i = 0; rc == 0 && stages && i < sc.count[slow]; i++) {
+        const PlanMicroBatch *mb = &p->mbs[sc.idx[(int64_t)slow * p->m + i]];
+        for (int g = 0; g < chunks; g++)
+            for (int bw = 0; bw < 2; bw++)
+                sched_pass_parts(p, mb, cost, g, bw, &sb[g % pp]);
+    }
+    for (int s = 0; rc == 0 && stages && s < pp; s++) {
+        SchedBreakdown *b = &sb[s], *out = &stages[s];
+        double shown = b->products + b->attention + b->elementwise + b->tp_exposed + b->cp_exposed + b->pp_exposed +
+                       b->dp_exposed + b->contention;
+        b->bubble = *seconds - shown;
+        /* Every part is a double, one after another (no padding between doubles): added as an array. */
+        _Static_assert(sizeof(SchedBreakdown) == 13 * sizeof(double), "SchedBreakdown: 13 parts");
+        double *from = &b->products, *to = &out->products;
+        for (size_t k = 0; k < sizeof *b / sizeof(double); k++)
+            to[k] += from[k];
+    }
+    free(sb);
+    free(gt);
+    free(bk);
+    free(mk);
+    free(gather_total);
+    free(st);
+    scratch_free(&sc);
     return rc;
 }
 
 int sched_step_time(const StepPlan *p, const CostModel *cost, double *seconds, Error *err)
 {
-    double *rep = malloc((size_t)p->dp * sizeof *rep);
-    if (!rep)
-        return error_runtime(err, "pipeline", "out of memory");
-    int rc = replica_times(p, cost, rep, err);
-    *seconds = 0;
-    for (int r = 0; rc == 0 && r < p->dp; r++)
-        *seconds = rep[r] > *seconds ? rep[r] : *seconds;
-    free(rep);
-    return rc;
+    return step_simulate(p, cost, seconds, NULL, err);
+}
+
+int sched_step_breakdown(const StepPlan *p, const CostModel *cost, double *seconds, SchedBreakdown *stages,
+                         Error *err)
+{
+    return step_simulate(p, cost, seconds, stages, err);
+}
+
+void sched_pass_parts(const StepPlan *p, const PlanMicroBatch *mb, const CostModel *cost, int g, int backward,
+                      SchedBreakdown *b)
+{
+    /* The rank the pass's time is the slowest CP rank's (shard_commit): its parts. */
+    int worst = 0, chunks = cost->pp * cost->v;
+    double most = -1;
+    int64_t max_tokens = 0;
+    for (int r = 0; r < p->cp; r++) {
+        const PlanRank *k = &p->ranks[mb->first_rank + r];
+        double t = backward ? k->attn_bwd_s + k->linear_bwd_s + k->comm_bwd_s : k->attn_fwd_s + k->linear_fwd_s + k->comm_fwd_s;
+        if (t > most) {
+            most = t;
+            worst = r;
+        }
+        max_tokens = k->tokens > max_tokens ? k->tokens : max_tokens;
+    }
+    const PlanRank *k = &p->ranks[mb->first_rank + worst];
+    double layers = cost_chunk_layers(cost, g), prod, elem;
+    CostTpComm tp;
+    cost_linear_split(cost, k->tokens, backward, &prod, &elem);
+    cost_tp_comm_parts(cost, k->tokens, &tp);
+    /* Each direction is charged the mean of the two (cost_tp_comm_s); the rest of the exchange is CP's. */
+    double tp_s = cost_tp_comm_s(cost, k->tokens), comm = backward ? k->comm_bwd_s : k->comm_fwd_s;
+    b->attention += layers * (backward ? k->attn_bwd_s : k->attn_fwd_s);
+    b->products += layers * prod;
+    b->elementwise += layers * elem;
+    b->tp_exposed += layers * (tp.fwd_exposed + tp.bwd_exposed) / 2;
+    b->tp_hidden += layers * tp.hidden / 2;
+    b->contention += layers * tp.contention / 2;
+    b->cp_exposed += layers * (comm - tp_s > 0 ? comm - tp_s : 0);
+    if (g == 0 && max_tokens > 0) {
+        double e, c;
+        cost_embed_split(cost, max_tokens, backward, &e, &c);
+        b->elementwise += e;
+        b->tp_exposed += c;
+    }
+    if (g == chunks - 1 && max_tokens > 0) {
+        double hp, he;
+        cost_head_split(cost, max_tokens, backward, &hp, &he);
+        b->products += hp;
+        b->elementwise += he;
+    }
 }
 
 int sched_stage_busy(const StepPlan *p, const CostModel *cost, double *busy, Error *err)
@@ -273,7 +538,8 @@ int sched_order_replicas(StepPlan *p, const CostModel *cost, Error *err)
         for (int kind = 0; kind < 3 && n > 1; kind++) {
             for (int i = 0; i < n; i++)
                 s.cand[position(kind, i, n)] = list[i];
-            if (replica_makespan(p, cost, s.cand, n, s.fwd, s.bwd, s.p2p, &t, err) != 0) {
+            /* (ZeRO-1's all-gather and the gradients' reduction hardly depend on the order: left out.) */
+            if (replica_makespan(p, cost, s.cand, n, s.fwd, s.bwd, s.p2p, NULL, NULL, &t, err) != 0) {
                 scratch_free(&s);
                 return -1;
             }

@@ -154,7 +154,7 @@ int stages_step_s(const StageCosts *c, const StageLayout *l, const int64_t *chun
                                           (g == chunks - 1 ? c->head_bwd_s : 0);
         }
     }
-    SchedReplica rep = {l->pp, l->v, l->m, fwd, bwd, p2p};
+    SchedReplica rep = {l->pp, l->v, l->m, fwd, bwd, p2p, 0, NULL}; /* splits compared alike: receives posted ahead */
     int rc = sched_makespan(&rep, seconds, err);
     free(fwd);
     free(bwd);

@@ -19,6 +19,7 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     if (model_init(&ch->model, &cfg->model, tr->ops, &par, cfg->train.recompute, err) != 0)
         return -1;
     Model *m = &ch->model;
+    m->sum_dt = cfg->parallel.reduce_dtype == REDUCE_COMPUTE ? DT_ACT : DT_F32;
     if (model_set_slots(m, trainer_slots_in_flight(tr->sched, tr->n_sched, c), err) != 0)
         return -1;
     /* The activations of the largest micro-batch the planner can make, now: a layout that does not

@@ -1,0 +1,200 @@
+/*
+ * test/test_dryrun_overlap.c - the dry run's time breakdown (docs/planner.md, "Where a step's time
+ * goes"): in --stats-out's summary as time_breakdown, every stage's shown parts and its bubble add up
+ * to the predicted time, with parallel.overlap true and false; overlap hides what the cost model says
+ * it hides (TP in the backward, the gradients' reduction and ZeRO-1's all-gather over DP x CP, the
+ * pipeline's messages) and nothing with it off; the text output and --compare show it; the removed
+ * balance.tp_comm_overlap says what replaced it.
+ */
+#include "test/testlib.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RUN(r, ...)                                \
+    do {                                           \
+        const char *args_[] = {__VA_ARGS__, NULL}; \
+        test_run_wlbtrain(r, args_);               \
+    } while (0)
+
+static const char *const parts[] = {"products", "attention", "elementwise", "tp_exposed", "tp_hidden",
+                                    "cp_exposed", "cp_hidden", "pp_exposed", "pp_hidden", "dp_exposed",
+                                    "dp_hidden", "contention", "bubble"};
+enum { N_PARTS = sizeof parts / sizeof parts[0] };
+
+/* An 8B model on tp 4 x cp 2 x pp 2 x dp 2 with ZeRO-1 (64 ranks, so DP x CP crosses nodes), a short
+ * list of lengths written here, 4K windows. */
+static char *write_config(const char *dir)
+{
+    char lengths[8192] = "[";
+    for (int i = 0; i < 400; i++) {
+        char num[16];
+        snprintf(num, sizeof num, "%s%d", i ? "," : "", i % 23 == 0 ? 3000 + i : 100 + (i * 131) % 1500);
+        strcat(lengths, num);
+    }
+    strcat(lengths, "]");
+    char *lpath = test_write_file(dir, "lengths.json", lengths, strlen(lengths));
+    char *yaml = test_format("model: {preset: llama3-8b}\n"
+                             "parallel: {tp: 4, cp: 2, pp: 2, dp: 2, zero: 1}\n"
+                             "data: {lengths_file: %s, context_window: 4096, global_batch_tokens: 65536}\n"
+                             "balance: {packer: wlb, cp_sharding: hybrid, hardware: h100}\n"
+                             "train: {steps: 6}\nlog: {every: 3}\n",
+                             lpath);
+    char *path = test_write_file(dir, "dry.yaml", yaml, strlen(yaml));
+    free(lpath);
+    free(yaml);
+    return path;
+}
+
+/* The summary line's time_breakdown (a new reference: json_decref), and its predicted_s. */
+static json_t *read_breakdown(const char *stats, double *predicted)
+{
+    FILE *f = fopen(stats, "r");
+    assert_non_null(f);
+    char line[1 << 16];
+    json_t *got = NULL;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        assert_non_null(o);
+        if (json_object_get(o, "summary")) {
+            *predicted = json_number_value(json_object_get(o, "predicted_s"));
+            got = json_incref(json_object_get(o, "time_breakdown"));
+        }
+        json_decref(o);
+    }
+    fclose(f);
+    assert_non_null(got);
+    return got;
+}
+
+static double part(json_t *stage, const char *name)
+{
+    json_t *v = json_object_get(stage, name);
+    if (!json_is_number(v)) {
+        print_error("time_breakdown stage lacks %s\n", name);
+        fail();
+    }
+    return json_number_value(v);
+}
+
+/* Every stage's and the mean's shown parts + bubble = the predicted time; every part >= 0. */
+static void check_adds_up(json_t *b, double predicted, int stages)
+{
+    assert_true(fabs(json_number_value(json_object_get(b, "seconds")) - predicted) <= 1e-5 * predicted);
+    json_t *list = json_object_get(b, "stages");
+    assert_int_equal(json_array_size(list), stages);
+    for (int s = 0; s <= stages; s++) {
+        json_t *st = s < stages ? json_array_get(list, s) : json_object_get(b, "mean");
+        double shown = 0;
+        for (int k = 0; k < N_PARTS; k++) {
+            double v = part(st, parts[k]);
+            assert_true(v >= -1e-9 * predicted);
+            if (!strstr(parts[k], "_hidden"))
+                shown += v;
+        }
+        if (fabs(shown - predicted) > 1e-4 * predicted) {
+            print_error("stage %d: parts add up to %.9g s, the step to %.9g s\n", s, shown, predicted);
+            fail();
+        }
+    }
+}
+
+static void test_breakdown(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *cfg = write_config(dir), *stats = test_format("%s/stats.jsonl", dir);
+    json_t *b[2];
+    double predicted[2];
+    for (int on = 0; on < 2; on++) {
+        CmdResult r;
+        RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--stats-out", stats, "--set",
+            on ? "parallel.overlap=true" : "parallel.overlap=false");
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, on ? "time breakdown, s over the run (parallel.overlap: true"
+                                         : "time breakdown, s over the run (parallel.overlap: false"));
+        assert_non_null(strstr(r.out, "  mean "));
+        test_cmd_free(&r);
+        b[on] = read_breakdown(stats, &predicted[on]);
+        assert_true(json_is_true(json_object_get(b[on], "overlap")) == on);
+        check_adds_up(b[on], predicted[on], 2);
+    }
+    json_t *off = json_object_get(b[0], "mean"), *on = json_object_get(b[1], "mean");
+    printf("# predicted %.4f s with overlap, %.4f s without; tp exposed %.4f / %.4f (hidden %.4f), dp exposed "
+           "%.4f / %.4f (hidden %.4f), pp exposed %.4f / %.4f (hidden %.4f), contention %.4f\n", predicted[1],
+           predicted[0], part(on, "tp_exposed"), part(off, "tp_exposed"), part(on, "tp_hidden"), part(on, "dp_exposed"),
+           part(off, "dp_exposed"), part(on, "dp_hidden"), part(on, "pp_exposed"), part(off, "pp_exposed"),
+           part(on, "pp_hidden"), part(on, "contention"));
+    /* Without overlap nothing hides and nothing contends. */
+    for (int k = 0; k < N_PARTS; k++)
+        if (strstr(parts[k], "_hidden") && strcmp(parts[k], "dp_hidden") != 0)
+            assert_true(part(off, parts[k]) == 0);
+    assert_true(part(off, "contention") == 0);
+    /* With it, TP's backward collectives, the gradients' buckets, ZeRO-1's gather and the messages
+     * hide in part, and the step is faster; CP's exchange stays exposed (the engine runs it before
+     * attention) and nothing CP hides. */
+    assert_true(part(on, "tp_hidden") > 0 && part(on, "tp_exposed") < part(off, "tp_exposed"));
+    assert_true(part(on, "dp_hidden") > part(off, "dp_hidden") && part(on, "dp_exposed") < part(off, "dp_exposed"));
+    assert_true(part(on, "pp_hidden") > 0 && part(on, "pp_exposed") < part(off, "pp_exposed"));
+    assert_true(part(on, "contention") > 0 && part(on, "cp_hidden") == 0);
+    assert_true(predicted[1] < predicted[0]);
+    json_decref(b[0]);
+    json_decref(b[1]);
+    /* Without ZeRO-1 the only DP x CP traffic is the gradients' reduction: its buckets hide behind the
+     * last micro-batch's backward with overlap (the last bucket shows), and nothing hides without. */
+    for (int o = 0; o < 2; o++) {
+        CmdResult r;
+        RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--stats-out", stats, "--set", "parallel.zero=0",
+            "--set", o ? "parallel.overlap=true" : "parallel.overlap=false");
+        assert_int_equal(r.status, 0);
+        test_cmd_free(&r);
+        b[o] = read_breakdown(stats, &predicted[o]);
+        check_adds_up(b[o], predicted[o], 2);
+    }
+    off = json_object_get(b[0], "mean");
+    on = json_object_get(b[1], "mean");
+    printf("# without ZeRO-1: dp exposed %.4f / %.4f (hidden %.4f)\n", part(on, "dp_exposed"), part(off, "dp_exposed"),
+           part(on, "dp_hidden"));
+    assert_true(part(off, "dp_hidden") == 0 && part(on, "dp_hidden") > 0 && part(on, "dp_exposed") > 0);
+    assert_true(part(on, "dp_exposed") < part(off, "dp_exposed"));
+    json_decref(b[0]);
+    json_decref(b[1]);
+    /* --compare: the exposed communication and the bubble as a share of the step. */
+    CmdResult r;
+    RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--compare", "--steps", "2");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "comm%"));
+    assert_non_null(strstr(r.out, "bubble%"));
+    test_cmd_free(&r);
+    free(cfg);
+    free(stats);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+/* The knob the cost model had before it priced each collective is refused, saying what replaced it. */
+static void test_removed_knob(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *cfg = write_config(dir);
+    CmdResult r;
+    RUN(&r, "--config", cfg, "--dry-run", "--set", "balance.tp_comm_overlap=1");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "balance.tp_comm_overlap: removed: the cost model prices each collective"));
+    assert_non_null(strstr(r.err, "parallel.overlap"));
+    test_cmd_free(&r);
+    free(cfg);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_breakdown),
+        cmocka_unit_test(test_removed_knob),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
