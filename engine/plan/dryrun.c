@@ -652,7 +652,8 @@ int dryrun_predict(const Config *cfg, const DataSources *data, int64_t steps, in
     RunSummary s;
     if (run_steps(&run, &s, err) != 0)
         return -1;
-    *out = (DryRunFigures){s.steps, s.tokens, s.predicted_s, s.baseline_s, s.pp.mean, s.cp.mean, s.cpt.mean};
+    *out = (DryRunFigures){s.steps, s.tokens, s.predicted_s, s.baseline_s, s.pp.mean, s.cp.mean, s.cpt.mean,
+                           breakdown_mean(&s)};
     run_summary_free(&s);
     return 0;
 }

@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "data/data_sources.h"
+#include "engine/plan/sched.h"
 #include "util/error.h"
 
 /* The device memory of one rank, in bytes, by what holds it (engine/train/train_memory.h computes
@@ -55,6 +56,7 @@ typedef struct DryRunFigures {
     double predicted_s;          /* the steps' predicted time: tokens / predicted_s is the tokens/s */
     double baseline_s;           /* Plain-4D's on the same documents (0 without the baseline) */
     double pp_imbalance, cp_imbalance, cp_time_imbalance; /* means over the steps */
+    SchedBreakdown breakdown;    /* where the mean stage's time goes, seconds over the steps */
 } DryRunFigures;
 /* Plans `steps` steps of cfg (resolved, its split placed) over data exactly as dryrun_run does, with
  * the config's packer and CP mode, printing nothing; with_baseline also Plain-4D of the same

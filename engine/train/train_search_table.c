@@ -1,6 +1,7 @@
 /* engine/train/train_search_table.c - the layout search's table (see train_search_table.h). */
 #include "engine/train/train_search_table.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef void (*CellFn)(char *buf, size_t size, const SearchRow *r, const SearchRow *best);
@@ -118,6 +119,20 @@ static void cell_over_plain(char *b, size_t n, const SearchRow *r, const SearchR
         snprintf(b, n, "-");
 }
 
+/* Where the step goes (the dry run's time breakdown, its mean stage): the exposed communication and
+ * the pipeline bubble, in % of the predicted time. */
+static void cell_breakdown(char *b, size_t n, const SearchRow *r, const SearchRow *best)
+{
+    (void)best;
+    const SchedBreakdown *t = &r->fig.breakdown;
+    double step = r->fig.predicted_s;
+    if (r->fig.steps && step > 0)
+        snprintf(b, n, "%.0f%% / %.0f%%", 100 * (t->tp_exposed + t->cp_exposed + t->pp_exposed + t->dp_exposed) / step,
+                 100 * fmax(t->bubble, 0) / step); /* a rounding's -0 */
+    else
+        snprintf(b, n, "-");
+}
+
 /* The table's columns, in order. A figure of the dry run becomes a column here (a DryRunFigures
  * field read through r->fig). */
 static const Column columns[] = {
@@ -135,6 +150,7 @@ static const Column columns[] = {
     {"cp_imb", 6, 0, cell_cp_imb},
     {"Plain-4D", 10, 0, cell_plain},
     {"wlb/Plain", 9, 0, cell_over_plain},
+    {"comm / bubble", 13, 0, cell_breakdown},
 };
 enum { N_COLUMNS = sizeof columns / sizeof columns[0] };
 
@@ -170,7 +186,8 @@ void trainer_search_table(FILE *f, const SearchSummary *s, const SearchRow *rows
     fprintf(f, "tp x cp x pp x dp: the layout (tp inside a node); v: virtual stages; S_max: "
                "balance.max_tokens_per_micro_batch; mem GB: the worst rank's peak (!: over the budget); tokens/s: "
                "predicted for the cluster; x best: over the first row's; pp_imb, cp_imb: mean over the steps; "
-               "Plain-4D: fixed windows and per_seq at the same layout; wlb/Plain: the config's packer over it\n");
+               "Plain-4D: fixed windows and per_seq at the same layout; wlb/Plain: the config's packer over it; comm / "
+               "bubble: the exposed communication and the pipeline bubble of the mean stage, %% of the step\n");
     if (own && !own->fits)
         fprintf(f, "the config's own layout does not fit its memory budget (a plain dry run refuses it)\n");
     else if (own && best && own->rank != 1)
