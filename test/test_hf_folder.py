@@ -25,10 +25,14 @@ is the loss of the weights it loaded, and its checkpoint holds them unchanged, b
     a bfloat16 folder (torch_dtype bfloat16) exported at step 0 with --dtype auto: BF16, bit for bit
     export -> init_from: the same logged loss bit for bit; wlbtrain eval --init-from gives the same
     validation loss for the one-file, the sharded and the exported folder
-    with torch (WLB_HF_PYTHON; skipped otherwise): AutoModelForCausalLM loads the export without a
-    missing or unexpected key, and its loss on the documents = wlbtrain's within 1e-5; a model that
-    transformers made and saved (LlamaConfig with rope_scaling llama3, shards) loads into wlbtrain with
-    transformers' loss within 1e-5.
+    with torch (WLB_HF_PYTHON; skipped otherwise): AutoModelForCausalLM (dtype float32, and "auto")
+    loads five exports - float32 and bfloat16, tied and untied embeddings, RoPE llama3, linear, yarn
+    (set and default beta/attention factor) and none, one file and 20 KB shards - without a missing,
+    unexpected or mismatched key or any warning, tied as the model, in the export's dtype; its loss
+    on the documents = wlbtrain's logged loss within 1e-5, and (llama3, none) its logits = the float64
+    reference's within 1e-5 of the largest; models that transformers made and saved (float32 llama3
+    in shards, bfloat16 tied yarn) load into wlbtrain with transformers' loss within 1e-5 and export
+    back at step 0 (--dtype auto) to the same tensors bit for bit.
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
 """
@@ -613,37 +617,57 @@ def test_export_init_from(fx):
 
 
 TORCH_LOSS = r"""
-import json, sys, torch
+import json, logging, sys, warnings, torch
+import transformers
 from transformers import AutoModelForCausalLM
-from transformers.utils import logging
-logging.set_verbosity_warning()
-path, docs = sys.argv[1], json.loads(sys.argv[2])
-model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-model.eval()
-total, count = 0.0, 0
-with torch.no_grad():
-    for d in docs:
-        logits = model(torch.tensor([d])).logits[0].double()
-        lse = torch.logsumexp(logits[:-1], dim=-1)
-        total += float((lse - logits[:-1].gather(1, torch.tensor(d[1:])[:, None])[:, 0]).sum())
-        count += len(d) - 1
-print(json.dumps({"loss": total / count, "missing": sorted(info["missing_keys"]),
-                  "unexpected": sorted(info["unexpected_keys"])}))
+records = []
+class Keep(logging.Handler):
+    def emit(self, r):
+        records.append((r.levelname, r.getMessage()))
+transformers.utils.logging.get_logger().addHandler(Keep())
+transformers.utils.logging.set_verbosity_info()
+paths, docs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = []
+for path in paths:
+    del records[:]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        auto = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
+    model.eval()
+    total, count, logits = 0.0, 0, []
+    with torch.no_grad():
+        for d in docs:
+            z = model(torch.tensor([d])).logits[0].double()
+            logits.append(z.tolist())
+            lse = torch.logsumexp(z[:-1], dim=-1)
+            total += float((lse - z[:-1].gather(1, torch.tensor(d[1:])[:, None])[:, 0]).sum())
+            count += len(d) - 1
+    out.append({"loss": total / count, "logits": logits, "missing": sorted(map(str, info["missing_keys"])),
+                "unexpected": sorted(map(str, info["unexpected_keys"])),
+                "mismatched": sorted(map(str, info.get("mismatched_keys", []))),
+                "warnings": [m for l, m in records if l in ("WARNING", "ERROR", "CRITICAL")] +
+                            [str(w.message) for w in caught],
+                "auto_dtype": str(auto.dtype).replace("torch.", ""),
+                "tied": model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(),
+                "rope": model.config.rope_parameters})
+print(json.dumps(out))
 """
 
 SAVE_SCRIPT = r"""
-import sys, torch
+import json, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
-torch.manual_seed(0)
-c = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, bos_token_id=0, eos_token_id=1)
-m = LlamaForCausalLM(c)
-with torch.no_grad():
-    for p in m.parameters():
-        p.normal_(0, 0.2)
-m.save_pretrained(sys.argv[1], max_shard_size="20KB")
+for out, spec in json.loads(sys.argv[1]):
+    torch.manual_seed(0)
+    c = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-5,
+                    tie_word_embeddings=spec["tie"], rope_parameters=dict(spec["rope"], rope_theta=500000.0),
+                    bos_token_id=0, eos_token_id=1)
+    m = LlamaForCausalLM(c)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.2)
+    m.to(getattr(torch, spec["dtype"])).save_pretrained(out, max_shard_size=spec["shard"])
 """
 
 
@@ -654,34 +678,114 @@ def torch_python():
                    % HF_PYTHON)
 
 
-def torch_loss(fx, path):
-    r = run([HF_PYTHON, "-c", TORCH_LOSS, path, json.dumps([d.tolist() for d in fx.docs])], timeout=600)
-    check(r.returncode == 0, "transformers could not run %s: %s" % (path, r.stderr[-3000:]))
+def torch_runs(fx, paths):
+    """transformers on each folder (one process): loss and logits on the documents, loading info, warnings."""
+    r = run([HF_PYTHON, "-c", TORCH_LOSS, json.dumps(paths), json.dumps([d.tolist() for d in fx.docs])], timeout=600)
+    check(r.returncode == 0, "transformers could not run %s: %s" % (paths, r.stderr[-3000:]))
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def check_torch_load(what, got, tie, dtype, rope_type):
+    """AutoModelForCausalLM loaded the folder as it should: no missing, unexpected or mismatched key,
+    no warning at all, the embeddings tied or not, dtype="auto" the folder's dtype, the RoPE type."""
+    for k in ("missing", "unexpected", "mismatched"):
+        check(not got[k], "%s: %s keys %r" % (what, k, got[k]))
+    check(got["warnings"] == [], "%s: transformers warned: %r" % (what, got["warnings"]))
+    check(got["tied"] == tie, "%s: lm_head %s the embeddings" % (what, "shares" if got["tied"] else "does not share"))
+    check(got["auto_dtype"] == dtype, "%s: dtype=\"auto\" loads %s, want %s" % (what, got["auto_dtype"], dtype))
+    check(got["rope"]["rope_type"] == rope_type, "%s: rope_parameters %r" % (what, got["rope"]))
+
+
+def float_weights(path):
+    """The folder's weights as float32 (BF16 bits widened)."""
+    return {n: (a.astype(np.uint32) << 16).view(np.float32) if dt == "BF16" else a
+            for n, (dt, a) in folder_tensors(path).items()}
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+# Exports loaded by transformers: name, the source folder's dtype and tied embeddings, its RoPE (yarn's
+# factor 8 = max_position_embeddings / original, else transformers warns of the mismatch), export flags.
+# The llama3 and none models' logits are also compared with the float64 reference (ref_llama has no
+# linear or yarn; wlbtrain's RoPE tables for those are test_rope_scaling.py's).
+EXPORTS = [("float32, untied, llama3", "F32", False, LLAMA3, ["--dtype", "float32"]),
+           ("bfloat16, tied, linear, in 20 KB shards", "BF16", True, {"rope_type": "linear", "factor": 4.0},
+            ["--max-shard-size", "20KB"]),
+           ("float32, tied, yarn (beta 16/2, attention factor 1.25, no truncation)", "F32", True,
+            {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
+             "beta_slow": 2.0, "attention_factor": 1.25, "truncate": False}, []),
+           ("bfloat16, untied, yarn (transformers' defaults)", "BF16", False,
+            {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64}, []),
+           ("float32, tied, no scaling", "F32", True, {"rope_type": "default"}, [])]
+LOGITS_TOL = 1e-5
+
+
 def test_transformers_loss(fx):
+    """Each export loads into AutoModelForCausalLM without a missing or unexpected key or any warning,
+    and transformers' loss on the documents = wlbtrain's logged loss within 1e-5 (relative)."""
     torch_python()
-    loss, step = fx.train("one", fx.one)
-    out = fx.export(step, "out-torch", "--dtype", "float32")
-    got = torch_loss(fx, out)
-    comment("transformers on the export: loss %.10f, wlbtrain %.10f; missing %r, unexpected %r"
-            % (got["loss"], loss, got["missing"], got["unexpected"]))
-    check(not got["missing"] and not got["unexpected"], "missing or unexpected keys")
-    check(abs(got["loss"] - loss) <= 1e-5 * loss, "transformers' loss %.10f, wlbtrain's %.10f" % (got["loss"], loss))
+    runs = []
+    for i, (what, dtype, tie, rope, flags) in enumerate(EXPORTS):
+        if i == 0:
+            src = fx.one
+        else:
+            src = os.path.join(fx.dir, "torch-src-%d" % i)
+            cfg = R.make_cfg(**dict(MODEL, tie_embeddings=tie))
+            w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(i)).items()}
+            write_folder(src, w, n_shards=2, dtype=dtype, config=hf_config(
+                "t5", rope, tie_word_embeddings=tie, torch_dtype="bfloat16" if dtype == "BF16" else "float32"))
+        loss, step = fx.train("torch-%d" % i, src)
+        runs.append((loss, fx.export(step, "out-torch-%d" % i, *flags)))
+    results = torch_runs(fx, [out for _, out in runs])
+    for (what, dtype, tie, rope, flags), (loss, out), got in zip(EXPORTS, runs, results):
+        check_torch_load(what, got, tie, "bfloat16" if dtype == "BF16" and "--dtype" not in flags else "float32",
+                         rope["rope_type"])
+        diff = abs(got["loss"] - loss)
+        msg = "%s: transformers' loss %.10f, wlbtrain's %.10f (|diff| %.1e)" % (what, got["loss"], loss, diff)
+        if rope["rope_type"] in ("llama3", "default"):
+            cfg = R.make_cfg(**dict(MODEL, tie_embeddings=tie, rope_scaling="none" if rope["rope_type"] == "default"
+                                    else "llama3"))
+            weights, worst = float_weights(out), 0.0
+            for d, z in zip(fx.docs, got["logits"]):
+                n = len(d)
+                ref = R.forward_logits(cfg, weights, d, np.arange(n), np.zeros(n, dtype=np.int64))
+                worst = max(worst, float(np.abs(np.array(z) - ref).max() / np.abs(ref).max()))
+            msg += "; logits: max |diff| / max |reference| %.1e" % worst
+            check(worst <= LOGITS_TOL, "%s: transformers' logits differ from the float64 reference by %.1e"
+                  % (what, worst))
+        comment(msg)
+        check(diff <= 1e-5 * loss, msg)
+
+
+# Models transformers made and saved (with its own config.json: rope_parameters, dtype).
+SAVED = [("float32, untied, llama3, in 20 KB shards",
+          {"rope": LLAMA3, "tie": False, "dtype": "float32", "shard": "20KB"}),
+         ("bfloat16, tied, yarn (attention factor 1.25)",
+          {"rope": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
+                    "beta_slow": 2.0, "attention_factor": 1.25, "truncate": False},
+           "tie": True, "dtype": "bfloat16", "shard": "5GB"})]
 
 
 def test_transformers_saved(fx):
+    """Each loads into wlbtrain with transformers' loss within 1e-5, and wlbtrain's export of it at step 0
+    (--dtype auto) holds the same tensors bit for bit, in the same dtype."""
     torch_python()
-    d = os.path.join(fx.dir, "hf-saved")
-    r = run([HF_PYTHON, "-c", SAVE_SCRIPT, d], timeout=600)
+    dirs = [os.path.join(fx.dir, "hf-saved-%d" % i) for i in range(len(SAVED))]
+    r = run([HF_PYTHON, "-c", SAVE_SCRIPT, json.dumps([[d, spec] for d, (_, spec) in zip(dirs, SAVED)])], timeout=600)
     check(r.returncode == 0, "transformers could not save a model: %s" % r.stderr[-3000:])
-    comment("transformers saved: %s" % ", ".join(sorted(os.listdir(d))))
-    want = torch_loss(fx, d)
-    loss, _ = fx.train("hf-saved", d)
-    comment("a transformers-saved Llama 3.1-style model: wlbtrain's loss %.10f, transformers' %.10f"
-            % (loss, want["loss"]))
-    check(abs(want["loss"] - loss) <= 1e-5 * loss, "wlbtrain's loss %.10f, transformers' %.10f" % (loss, want["loss"]))
+    wants = torch_runs(fx, dirs)
+    for d, (what, spec), want in zip(dirs, SAVED, wants):
+        comment("transformers saved (%s): %s" % (what, ", ".join(sorted(os.listdir(d)))))
+        loss, step = fx.train(os.path.basename(d), d)
+        msg = "%s: wlbtrain's loss %.10f, transformers' %.10f" % (what, loss, want["loss"])
+        comment(msg)
+        check(abs(want["loss"] - loss) <= 1e-5 * loss, msg)
+        source, back = folder_tensors(d), folder_tensors(fx.export(step, os.path.basename(d) + "-out"))
+        check(sorted(back) == sorted(source), "%s: the export holds %r, transformers saved %r"
+              % (what, sorted(back), sorted(source)))
+        for n, (dt, a) in source.items():
+            check(back[n][0] == dt and np.array_equal(back[n][1], a),
+                  "%s: %s is not transformers' %s tensor bit for bit" % (what, n, dt))
 
 
 TESTS = [("a 4-shard folder loads into the one-file folder's parameters, bit for bit, same loss",
@@ -702,8 +806,10 @@ TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 
            test_export_data_tokenizer),
           ("a bfloat16 folder exported at step 0 (--dtype auto): its tensors bit for bit", test_bf16_step0),
           ("export -> init_from: the same loss bit for bit; eval --init-from of folders agrees", test_export_init_from),
-          ("transformers (torch) on the export: wlbtrain's loss", test_transformers_loss),
-          ("a transformers-saved Llama 3.1-style model loads with transformers' loss", test_transformers_saved)]
+          ("transformers (torch) loads 5 exports (fp32/bf16, tied or not, llama3/linear/yarn/none) "
+           "without a warning, wlbtrain's loss", test_transformers_loss),
+          ("transformers-saved models (Llama 3.1-style llama3; bf16 tied yarn) load with transformers' loss, "
+           "export back bit for bit", test_transformers_saved)]
 
 
 if __name__ == "__main__":

@@ -16,10 +16,14 @@ and zeros at each position (so scale cos(angle), scale sin(angle)).
 5   the types differ where they should: llama3 keeps the high frequencies and divides the low ones
     by the factor, linear divides all, yarn's factor is 0.1 ln s + 1 (so a table that ignored the
     scaling would fail 1-4).
+6   with torch (WLB_HF_PYTHON; skipped otherwise): the port = transformers' own functions
+    (ROPE_INIT_FUNCTIONS, LlamaRotaryEmbedding's default) over the same grid, the frequencies within
+    32 ulp (transformers computes them in float32), the attention factor exactly.
 
-Environment: WLB_TEST_BIN_DIR (default build/release/test). Output: TAP.
+Environment: WLB_TEST_BIN_DIR (default build/release/test), WLB_HF_PYTHON. Output: TAP.
 """
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -31,6 +35,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 BIN_DIR = os.environ.get("WLB_TEST_BIN_DIR") or os.path.join(REPO, "build/release/test")
 DUMP = os.path.join(BIN_DIR, "dump_rope")
+HF_PYTHON = os.environ.get("WLB_HF_PYTHON") or sys.executable
 POSITIONS = [0, 1, 2, 3, 7, 100, 1000, 4095, 8191, 8192, 10000, 32767, 65536, 100000, 100063, 131071, 131072]
 
 from taplib import Skip, check, comment, import_numpy, require, run_tests  # noqa: E402
@@ -164,11 +169,64 @@ def test_types_differ(fx):
           "yarn: the highest frequency not kept or the lowest not divided")
 
 
+HF_ROPE = r"""
+import json, sys
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+out = []
+for s in json.loads(sys.argv[1]):
+    rp = {"rope_theta": s["theta"], "rope_type": "default" if s["scaling"] == "none" else s["scaling"]}
+    if s["scaling"] != "none":
+        rp["factor"] = s["factor"]
+    if s["scaling"] == "llama3":
+        rp.update(low_freq_factor=s["low"], high_freq_factor=s["high"], original_max_position_embeddings=s["original"])
+    if s["scaling"] == "yarn":
+        rp.update(original_max_position_embeddings=s["original"], beta_fast=s["beta_fast"], beta_slow=s["beta_slow"],
+                  truncate=s["truncate"])
+        if s["attention"]:
+            rp["attention_factor"] = s["attention"]
+    c = LlamaConfig(hidden_size=4 * s["head_dim"], num_attention_heads=4, head_dim=s["head_dim"],
+                    max_position_embeddings=int(s.get("original", 8192) * s.get("factor", 1)), rope_parameters=rp)
+    if s["scaling"] == "none":
+        inv, att = LlamaRotaryEmbedding.compute_default_rope_parameters(c)
+    else:
+        inv, att = ROPE_INIT_FUNCTIONS[s["scaling"]](c, "cpu")
+    out.append([inv.double().tolist(), float(att)])
+print(json.dumps(out))
+"""
+HF_ULPS = 32
+
+
+def test_port_is_transformers(fx):
+    """With torch (WLB_HF_PYTHON; skipped otherwise): the numpy port above = transformers' own
+    functions over the whole grid: the frequencies within HF_ULPS ulp of float32 (transformers computes
+    them in float32: its ramps and blends round several times), the attention factor exactly."""
+    settings = [s for kind in ("none", "linear", "llama3", "yarn") for s in grid(kind)]
+    r = subprocess.run([HF_PYTHON, "-c", "import torch, transformers"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        raise Skip("torch and transformers are not importable by %s (set WLB_HF_PYTHON to a python that has them)"
+                   % HF_PYTHON)
+    r = subprocess.run([HF_PYTHON, "-c", HF_ROPE, json.dumps(settings)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True)
+    check(r.returncode == 0, "transformers' RoPE functions: %s" % r.stderr[-3000:])
+    worst = {}
+    for s, (inv, att) in zip(settings, json.loads(r.stdout.strip().splitlines()[-1])):
+        want, want_att = hf_inv_freq(s)
+        e = ulps(np.array(inv), want).max()
+        check(e <= HF_ULPS, "%r: transformers' frequencies %.1f ulp from the port's" % (s, e))
+        check(att == want_att, "%r: transformers' attention factor %r, the port's %r" % (s, att, want_att))
+        worst[s["scaling"]] = max(worst.get(s["scaling"], 0.0), e)
+    comment("transformers' own RoPE functions against the port, %d settings: worst %s ulp"
+            % (len(settings), ", ".join("%s %.2f" % kv for kv in worst.items())))
+
+
 TESTS = [("rope_scaling none: frequencies and rotations = transformers' within 1 ulp", test_none),
          ("rope_scaling linear: the same over a grid of factors", test_linear),
          ("rope_scaling llama3: the same over a grid of factors, low/high, original context", test_llama3),
          ("rope_scaling yarn: the same over a grid (factor, original, betas, truncate, attention factor)", test_yarn),
-         ("the scalings change the table as they should (29 kept, 29 divided for Llama 3.1)", test_types_differ)]
+         ("the scalings change the table as they should (29 kept, 29 divided for Llama 3.1)", test_types_differ),
+         ("with torch: the numpy port = transformers' own RoPE functions over the grid", test_port_is_transformers)]
 
 
 if __name__ == "__main__":
