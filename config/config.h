@@ -81,6 +81,7 @@ typedef struct ConfigParallel {
      * (config_chunk_layers). Not a key: derived, freed by config_free. */
     ConfigIntList chunk_layers;
     bool sequence_parallel; /* with tp > 1: the residual stream and the norms on T / tp rows per TP rank */
+    bool overlap;           /* collectives started where their input is ready, waited where needed */
 } ConfigParallel;
 
 typedef struct ConfigData {

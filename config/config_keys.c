@@ -73,6 +73,12 @@ const ConfigKey config_keys[] = {
              "with tp > 1: the residual stream, the norms and what they keep on 1/tp of the tokens per TP "
              "rank, all-gathered before the column-parallel products and reduce-scattered after the "
              "row-parallel ones (Megatron's sequence parallelism); no effect with tp 1"),
+    BOOL_KEY("parallel.overlap", parallel.overlap, "true", NULL,
+             "run collectives beside the compute: each bucket of layers' gradient reduction over DP x CP "
+             "starts as soon as the last micro-batch's backward has produced it, sequence parallelism's "
+             "backward exchanges run beside the products that do not need them, and the pipeline's receives "
+             "are posted ahead; false runs every collective where it is issued, in the order of the "
+             "blocking engine (the same numbers either way; docs/communication-overlap.md)"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},

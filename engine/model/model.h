@@ -193,6 +193,10 @@ typedef struct Model {
     double *h_stats, *h_lse;                  /* host copies, for the TP reductions */
     int32_t *h_targets;
     double comm_s;                            /* seconds spent in collectives, summed */
+    /* Called by model_backward once layer l's backward is done (NULL: nothing): where the trainer
+     * starts the reduction of the layer's gradients on a chunk's last micro-batch. */
+    int (*grads_ready)(void *ctx, struct Model *m, int layer, Error *err);
+    void *grads_ready_ctx;
 } Model;
 
 /* The bytes of a model's activations: what a slot keeps for a micro-batch of T rows (T_mb

@@ -292,9 +292,12 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
         o->copy(m->dh, dh_out, R * D);
         ops_cast(o, m->dh_act, DT_ACT, m->dh, DT_F32, R * D);
     }
-    for (int l = d->layer_end - 1; l >= d->layer_begin; l--)
+    for (int l = d->layer_end - 1; l >= d->layer_begin; l--) {
         if (layer_backward(m, s, l, b, err) != 0)
             return -1;
+        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
+            return -1;
+    }
     if (d->has_embed)
         return model_embed_bwd(m, m->dh, b, err);
     o->copy(s->dx, m->dh, R * D);

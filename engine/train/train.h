@@ -50,6 +50,11 @@ typedef struct TrainChunk {
     CommRequest *send_h;     /* per slot: the send of its output (forward) */
     CommRequest *send_dx;    /* per slot: the send of its input gradient (backward) */
     float *shard_grads;      /* ZeRO-1: this rank's shard of the summed gradients */
+    /* The gradient buckets (train_grads.c): one per layer, then the tensors before the layers and
+     * those after them; each one's reduction over DP x CP, and whether it was started this step. */
+    CommRequest *grad_req;
+    int *bucket_started;
+    int last_backward;       /* the schedule's index of the chunk's last backward pass this step (-1: none) */
 } TrainChunk;
 
 typedef struct TrainStats {
@@ -205,6 +210,9 @@ int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
 int trainer_reduce_grads(Trainer *tr, Error *err);
+/* Model.grads_ready of a chunk's last backward pass (ctx: the Trainer): layer's gradients are final,
+ * its bucket's reduction starts (train_grads.c). */
+int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err);
 void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
 /* Rank r's ZeRO-1 shard of n parameters over a group of size g: [n r / g, n (r + 1) / g). */
 void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end);

@@ -209,7 +209,12 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
         dh_out = tr->recv;
     }
     double t0 = pass_begin(m, i), comm0 = m->comm_s;
-    if (model_backward(m, slot, b, dh_out, err) != 0)
+    /* The chunk's last backward: each layer's gradients are final once it is done. */
+    m->grads_ready = i == ch->last_backward ? trainer_layer_grads_ready : NULL;
+    m->grads_ready_ctx = tr;
+    int rc = model_backward(m, slot, b, dh_out, err);
+    m->grads_ready = NULL;
+    if (rc != 0)
         return -1;
     pass_end(tr, m, i, k, t0, comm0);
     ch->slot_busy[slot] = 0;
@@ -310,6 +315,13 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     }
     memset(tr->mb_compute, 0, (size_t)tr->m * sizeof *tr->mb_compute);
     memset(tr->pass_timed, 0, (size_t)tr->n_sched * sizeof *tr->pass_timed);
+    /* With parallel.overlap, each chunk's last backward pass starts its layers' gradient reductions
+     * (not under the NaN fault, which writes into the gradients after the pipeline). */
+    for (int c = 0; c < tr->v; c++)
+        tr->chunks[c].last_backward = -1;
+    for (int i = 0; tr->cfg->parallel.overlap && !tr->fault_nan && i < tr->n_sched; i++)
+        if (tr->sched[i].backward && !empty_micro_batch(tr, &tr->plan, tr->sched[i].mb))
+            tr->chunks[tr->sched[i].chunk].last_backward = i;
     for (int i = 0; i < tr->n_sched; i++) {
         const SchedOp *op = &tr->sched[i];
         if ((op->backward ? run_backward(tr, i, op->mb, op->chunk, err)
