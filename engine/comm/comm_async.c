@@ -5,7 +5,8 @@
  *
  * Why threads: Open MPI makes no progress on a non-blocking collective outside MPI calls, so an
  * MPI_Iallreduce started before a product would run only when the product is over. A thread blocked
- * in the collective's blocking form makes the progress itself. One thread per group keeps each communicator's collectives in one order on every
+ * polling the collective makes the progress itself (with short sleeps between polls: on an
+ * oversubscribed machine a thread spinning in MPI_Wait takes the cores the products need). One thread per group keeps each communicator's collectives in one order on every
  * rank (the order they were issued), and lets a TP collective run while a DP reduction is still in
  * flight; several threads calling MPI at once needs MPI_THREAD_MULTIPLE. The main thread calls MPI
  * too (messages, host collectives, blocking float collectives): on a group with started collectives
@@ -197,6 +198,7 @@ static void *worker_main(void *arg)
 {
     Worker *w = arg;
     CommAsync *a = w->c->async;
+    comm_mpi_poll_thread();
     pthread_mutex_lock(&a->mu);
     for (;;) {
         while (!w->head && !a->stop)

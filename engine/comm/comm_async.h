@@ -28,6 +28,8 @@ void comm_log_op(const Comm *c, LayoutGroup g, const char *op, int64_t n);
 /* WLB_COMM_LINK: sleeps until t0 + latency + wire_bytes / bandwidth (t0: clock_seconds() when the
  * exchange began). */
 void comm_link_hold(const Comm *c, double t0, double wire_bytes);
+/* From now on this thread finishes MPI's collectives by polling with short sleeps (comm_mpi.c). */
+void comm_mpi_poll_thread(void);
 /* Runs op to the end through c's data path (the blocking forms). */
 int comm_run_op(Comm *c, const CommOp *op, Error *err);
 

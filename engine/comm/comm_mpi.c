@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int mpi_error(int rc, const char *what, Error *err)
 {
@@ -30,6 +31,41 @@ static int mpi_error(int rc, const char *what, Error *err)
     } while (0)
 
 static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
+
+/* The float collectives run as MPI's non-blocking forms, finished here: MPI_Wait on the main
+ * thread; on a communication thread (comm_mpi_poll_thread) MPI_Test between short sleeps, so that a
+ * thread waiting for its peers leaves the cores to the products instead of spinning in MPI_Wait.
+ * Both threads use the same forms, so a collective sums in the same order either way. */
+static _Thread_local int poll_thread;
+
+void comm_mpi_poll_thread(void) { poll_thread = 1; }
+
+static int finish(MPI_Request *r, const char *what, Error *err)
+{
+    if (!poll_thread) {
+        CHECK(MPI_Wait(r, MPI_STATUS_IGNORE), what);
+        return 0;
+    }
+    for (int spins = 0;; spins++) {
+        int done = 0;
+        CHECK(MPI_Test(r, &done, MPI_STATUS_IGNORE), what);
+        if (done)
+            return 0;
+        if (spins >= 16) {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* A non-blocking MPI call that fills request r_, and its finish. */
+#define RUN(call, what)                                                                            \
+    do {                                                                                           \
+        MPI_Request r_;                                                                            \
+        CHECK(call, what);                                                                         \
+        if (finish(&r_, what, err) != 0)                                                           \
+            return -1;                                                                             \
+    } while (0)
 
 static int count_ok(int64_t n, const char *what, Error *err)
 {
@@ -214,7 +250,7 @@ static int allreduce_host(const Comm *c, LayoutGroup g, void *buf, int64_t n, MP
     if (count_ok(n, "allreduce", err) != 0)
         return -1;
     double t0 = clock_seconds();
-    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, type, op, group_comm(c, g)), "MPI_Allreduce");
+    RUN(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type, op, group_comm(c, g), &r_), "MPI_Iallreduce");
     link_ring(c, g, t0, 2.0 * (double)n * (type == MPI_DOUBLE ? sizeof(double) : sizeof(float)));
     return 0;
 }
@@ -299,8 +335,8 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, 
         if (part)
             c->ops->to_host(host + (size_t)mine * e, send ? send : (const char *)recv + (size_t)mine * e, part);
         double t0 = clock_seconds();
-        CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, elem_type(e), host, cnt, dsp, elem_type(e), group_comm(c, g)),
-              "MPI_Allgatherv");
+        RUN(MPI_Iallgatherv(MPI_IN_PLACE, 0, elem_type(e), host, cnt, dsp, elem_type(e), group_comm(c, g), &r_),
+            "MPI_Iallgatherv");
         link_ring(c, g, t0, (double)n * (double)e);
         if (n)
             c->ops->to_device(recv, host, (size_t)n * e);
@@ -308,8 +344,8 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, 
     }
     const void *from = send ? send : MPI_IN_PLACE;
     double t0 = clock_seconds();
-    CHECK(MPI_Allgatherv(from, cnt[c->rank[g]], elem_type(e), recv, cnt, dsp, elem_type(e), group_comm(c, g)),
-          "MPI_Allgatherv");
+    RUN(MPI_Iallgatherv(from, cnt[c->rank[g]], elem_type(e), recv, cnt, dsp, elem_type(e), group_comm(c, g), &r_),
+        "MPI_Iallgatherv");
     link_ring(c, g, t0, (double)total(counts, c->size[g]) * (double)e);
     return 0;
 }
@@ -347,13 +383,13 @@ static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float 
             return -1;
         to_host(c, c->host, send, n);
         double t0 = clock_seconds();
-        CHECK(MPI_Reduce_scatter(c->host, c->host2, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+        RUN(MPI_Ireduce_scatter(c->host, c->host2, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_), "MPI_Ireduce_scatter");
         link_ring(c, g, t0, (double)n * sizeof(float));
         to_device(c, recv, c->host2, mine);
         return 0;
     }
     double t0 = clock_seconds();
-    CHECK(MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+    RUN(MPI_Ireduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_), "MPI_Ireduce_scatter");
     link_ring(c, g, t0, (double)total(counts, c->size[g]) * sizeof(float));
     return 0;
 }
@@ -378,8 +414,8 @@ static int mpi_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, i
         if (part)
             c->ops->to_host(host + part * (size_t)me, send ? send : (const char *)recv + part * (size_t)me, part);
         double t0 = clock_seconds();
-        CHECK(MPI_Allgather(MPI_IN_PLACE, 0, elem_type(e), host, (int)n, elem_type(e), group_comm(c, g)),
-              "MPI_Allgather");
+        RUN(MPI_Iallgather(MPI_IN_PLACE, 0, elem_type(e), host, (int)n, elem_type(e), group_comm(c, g), &r_),
+            "MPI_Iallgather");
         link_ring(c, g, t0, (double)part * c->size[g]);
         if (part)
             c->ops->to_device(recv, host, part * (size_t)c->size[g]);
@@ -387,7 +423,7 @@ static int mpi_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, i
     }
     const void *from = send ? send : MPI_IN_PLACE;
     double t0 = clock_seconds();
-    CHECK(MPI_Allgather(from, (int)n, elem_type(e), recv, (int)n, elem_type(e), group_comm(c, g)), "MPI_Allgather");
+    RUN(MPI_Iallgather(from, (int)n, elem_type(e), recv, (int)n, elem_type(e), group_comm(c, g), &r_), "MPI_Iallgather");
     link_ring(c, g, t0, (double)part * c->size[g]);
     return 0;
 }
@@ -406,15 +442,15 @@ static int mpi_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *
             return -1;
         to_host(c, c->host, send, n * c->size[g]);
         double t0 = clock_seconds();
-        CHECK(MPI_Reduce_scatter_block(c->host, c->host2, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
-              "MPI_Reduce_scatter_block");
+        RUN(MPI_Ireduce_scatter_block(c->host, c->host2, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_),
+            "MPI_Ireduce_scatter_block");
         link_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
         to_device(c, recv, c->host2, n);
         return 0;
     }
     double t0 = clock_seconds();
-    CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
-          "MPI_Reduce_scatter_block");
+    RUN(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_),
+        "MPI_Ireduce_scatter_block");
     link_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
     return 0;
 }
