@@ -22,7 +22,8 @@
  * (a layout that did not would show in the tokens and the loss).
  *
  * parallel.overlap (test_overlap): on 16 ranks (dp, tp, pp, cp 2 each, SP on) with ZeRO-1,
- * interleaving, and each CP mode, the run with overlap on - under WLB_COMM_CHAOS, every started
+ * interleaving, and each CP mode (groups at tp 2 x pp 2 x cp 4), and without SP (full recompute,
+ * tied embeddings), the run with overlap on - under WLB_COMM_CHAOS, every started
  * collective delayed by a random time with NaN in its receive buffer until its wait - gives the same
  * bits as the run with overlap off (losses, gradients of step 1, parameters after step 3, the
  * validation loss); every rank of a group issued the same collectives in the same order
@@ -431,6 +432,9 @@ static void test_overlap(void **state)
     }
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
     ok &= check_overlap(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
+    const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
+                           "model.tie_embeddings=true", NULL};
+    ok &= check_overlap(2, 2, 2, 2, fx.ref_tied, no_sp, "no SP, recompute full, tied");
     assert_true(ok);
 }
 

@@ -38,6 +38,13 @@ int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
  * its padding rows are zeroed and out [R, d] gets the sums over TP of this rank's rows. */
 int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err);
 int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err);
+/* The same exchanges started (comm_istart): their result is there once model_comm_wait(req)
+ * returns; x, part stay untouched and full, out unread until then. */
+int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full, CommRequest *req, Error *err);
+int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, CommRequest *req, Error *err);
+/* Waits for a started exchange of the model (nothing for a request that is not active); the time
+ * goes to m->comm_s. */
+int model_comm_wait(Model *m, CommRequest *req, Error *err);
 
 /* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
  * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V

@@ -18,6 +18,9 @@
  *     dWo += dh^T att;  datt = dh Wo [A];  dq, dk, dv = attention'(datt) (float32, accumulated)
  *     [CP: dK, dV reduce-scattered];  dqkv = unrotate(dq, dk), dv [A];  dWqkv += dqkv^T a
  *     dh += rmsnorm'(allreduce(dqkv Wqkv))                                       (= dx)
+ * The input-gradient product (dgu Wgu, dqkv Wqkv) runs before the weight-gradient product (dWgu,
+ * dWqkv), so that its all-reduce (or reduce-scatter) is started and runs beside the weight-gradient
+ * product (parallel.overlap; the two products are independent: the same numbers in either order).
  * The all-reduces of the input gradients sum each rank's part: every rank's heads and FFN columns
  * read the whole input. train.recompute: what a layer did not keep (model_memory.c) is computed
  * again at the start of its backward, by the same ops, so the gradients are the same bits.
@@ -26,6 +29,10 @@
  * the products read all T rows of a and b, all-gathered (all_rows), and every allreduce above is a
  * reduce-scatter onto the R rows; the backward all-gathers dh before the row-parallel products'
  * backward (dWdown, ds; dWo, datt) and a, b again before dWgu, dWqkv (they are kept on R rows only).
+ * Those two gathers start as soon as the gathered rows' buffer is free (after ds, datt) and run
+ * beside the work up to the weight-gradient product that reads them (swiglu' and dgu Wgu;
+ * attention' and dqkv Wqkv). A collective shows below as a start where its input is ready and a
+ * wait where its result is first read (model_comm_wait).
  */
 #include <math.h>
 #include <string.h>
@@ -75,6 +82,32 @@ static int all_rows(Model *m, const Act *x, int64_t T, const Act **full, Error *
         return 0;
     *full = m->sp_full;
     return model_sp_gather(m, x, DT_ACT, T, m->sp_full, err);
+}
+
+/* all_rows started: *full is there once model_comm_wait(req) returns. */
+static int all_rows_start(Model *m, const Act *x, int64_t T, const Act **full, CommRequest *req, Error *err)
+{
+    *full = x;
+    if (!m->dims.sp)
+        return 0;
+    *full = m->sp_full;
+    return model_sp_gather_start(m, x, DT_ACT, T, m->sp_full, req, err);
+}
+
+/* tp_sum started: *sum is there once model_comm_wait(req) returns (m->tmp untouched until then). */
+static int tp_sum_start(Model *m, int64_t T, float *out, float **sum, CommRequest *req, Error *err)
+{
+    *sum = m->tmp;
+    if (m->dims.tp == 1)
+        return 0;
+    if (!m->dims.sp) {
+        double t0 = clock_seconds();
+        int rc = comm_iallreduce_sum(m->comm, GROUP_TP, m->tmp, T * m->dims.d, req, err);
+        m->comm_s += clock_seconds() - t0;
+        return rc;
+    }
+    *sum = out;
+    return model_sp_scatter_start(m, m->tmp, T, out, req, err);
 }
 
 /* The partial sums of a product's output in m->tmp (T rows) summed over TP, onto the stream's rows:
@@ -168,6 +201,7 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     int64_t Q = qkv_width(d);
     const Act *dout, *in;
     float *sum;
+    CommRequest gather = {0}, reduce = {0};
     if (recompute_layer(m, b, l, x, a, err) != 0)
         return -1;
     /* MLP */
@@ -176,12 +210,14 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WDOWN, l), dout, a->s, T, F, D);
     o->matmul_bwd_dx(mat_f32(ds), dout, model_weight(m, T_WDOWN, l), T, F, D);
+    if (all_rows_start(m, a->b, T, &in, &gather, err) != 0)
+        return -1;
     o->swiglu_bwd(m->dgu, ds, a->gu, T, F);
-    if (all_rows(m, a->b, T, &in, err) != 0)
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
+    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_comm_wait(m, &gather, err) != 0)
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WGATE, l), m->dgu, in, T, D, 2 * F);
-    o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
-    if (tp_sum(m, T, m->sp_part, &sum, err) != 0)
+    if (model_comm_wait(m, &reduce, err) != 0)
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_MLP_NORM, l), sum, a->y, model_param(m, T_MLP_NORM, l),
                    a->rstd2, R, D);
@@ -191,6 +227,8 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WO, l), dout, a->att, T, lq, D);
     o->matmul_bwd_dx(mat_act(m->datt), dout, model_weight(m, T_WO, l), T, lq, D);
+    if (all_rows_start(m, a->a, T, &in, &gather, err) != 0)
+        return -1;
     o->zero(dqkv32, T * Q);
     const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
     if (d->cp > 1) {
@@ -206,11 +244,11 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     }
     o->rope_bwd(m->dqkv, Q, dqkv32, Q, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim,
                 m->inv_freq);
-    if (all_rows(m, a->a, T, &in, err) != 0)
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
+    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_comm_wait(m, &gather, err) != 0)
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WQ, l), m->dqkv, in, T, D, Q);
-    o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
-    if (tp_sum(m, T, m->sp_part, &sum, err) != 0)
+    if (model_comm_wait(m, &reduce, err) != 0)
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_ATTN_NORM, l), sum, x, model_param(m, T_ATTN_NORM, l),
                    a->rstd1, R, D);
