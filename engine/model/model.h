@@ -197,6 +197,12 @@ typedef struct Model {
      * starts the reduction of the layer's gradients on a chunk's last micro-batch. */
     int (*grads_ready)(void *ctx, struct Model *m, int layer, Error *err);
     void *grads_ready_ctx;
+    /* Called by the forward before it reads the weights of layer l (layer_begin .. layer_end - 1),
+     * of the tensors before the layers (-1: embedding) and of those after them (layer_end: final
+     * norm, output projection) (NULL: nothing): where the trainer waits for a bucket of parameters
+     * still being gathered after a ZeRO-1 update. */
+    int (*weights_needed)(void *ctx, struct Model *m, int layer, Error *err);
+    void *weights_needed_ctx;
 } Model;
 
 /* The bytes of a model's activations: what a slot keeps for a micro-batch of T rows (T_mb
@@ -232,6 +238,8 @@ int model_init_weights(Model *m, uint64_t seed, Error *err);
 /* After params changed other than through the optimizer's update (init, load, resume, a gather):
  * writes the compute-dtype copy of the weights (nothing when it is params itself). */
 void model_weights_changed(Model *m);
+/* The same for params [begin, end) only. */
+void model_weights_changed_range(Model *m, int64_t begin, int64_t end);
 const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer);
 /* The Hugging Face name of a tensor (layer: its layer, -1 outside the layers). */
 void model_tensor_name(ModelTensorKind kind, int layer, char *buf, size_t size);

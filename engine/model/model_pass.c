@@ -255,6 +255,12 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     return 0;
 }
 
+/* The weights of layer l (-1: before the layers, layer_end: after them) are about to be read. */
+static int weights_needed(Model *m, int l, Error *err)
+{
+    return m->weights_needed ? m->weights_needed(m->weights_needed_ctx, m, l, err) : 0;
+}
+
 /* The chunk's input (embedding or h_in) into h[0], its layers, and on the last chunk the final
  * norm into slot->hn. */
 static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *h_in, Error *err)
@@ -268,6 +274,8 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
         return -1;
     ModelSlot *s = &m->slots[slot];
     int64_t R = model_rows(d, b->T);
+    if (weights_needed(m, -1, err) != 0)
+        return -1;
     if (d->has_embed) {
         if (model_embed_fwd(m, s->h[0], b, err) != 0)
             return -1;
@@ -276,9 +284,12 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
     }
     for (int l = d->layer_begin; l < d->layer_end; l++) {
         int i = l - d->layer_begin;
-        if (layer_forward(m, b, l, s->h[i], s->h[i + 1], &s->layers[i], err) != 0)
+        if (weights_needed(m, l, err) != 0 ||
+            layer_forward(m, b, l, s->h[i], s->h[i + 1], &s->layers[i], err) != 0)
             return -1;
     }
+    if (weights_needed(m, d->layer_end, err) != 0)
+        return -1;
     if (d->has_head)
         m->ops->rmsnorm_fwd(s->hn, s->rstd_f, s->h[d->layer_end - d->layer_begin], model_param(m, T_FINAL_NORM, -1),
                             R, d->d, d->norm_eps);

@@ -55,6 +55,8 @@ typedef struct TrainChunk {
     CommRequest *grad_req;
     int *bucket_started;
     int last_backward;       /* the schedule's index of the chunk's last backward pass this step (-1: none) */
+    CommRequest *param_req;  /* ZeRO-1: per bucket, the parameters' all-gather after the update */
+    int *param_pending;      /* per bucket: gathered parameters not yet waited for (and cast) */
 } TrainChunk;
 
 typedef struct TrainStats {
@@ -210,6 +212,17 @@ int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
 int trainer_reduce_grads(Trainer *tr, Error *err);
+/* Bucket b of m's parameters (and gradients) as [*lo, *hi): b < layers: layer layer_begin + b's
+ * tensors; layers: the tensors before the first layer (embedding); layers + 1: those after the last
+ * (final norm, output projection). */
+void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi);
+/* ZeRO-1 with parallel.overlap (train_params.c): after chunk k's update, its parameters' all-gather
+ * over DP x CP starts bucket by bucket (in forward order); the next forward waits for each bucket
+ * just before the layer that reads it (Model.weights_needed); trainer_params_ready waits for all
+ * of them (before anything else reads the parameters: the update, a gather, a checkpoint). */
+int trainer_start_param_gather(Trainer *tr, int k, Error *err);
+int trainer_weights_needed(void *ctx, Model *m, int layer, Error *err);
+int trainer_params_ready(Trainer *tr, Error *err);
 /* Model.grads_ready of a chunk's last backward pass (ctx: the Trainer): layer's gradients are final,
  * its bucket's reduction starts (train_grads.c). */
 int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err);

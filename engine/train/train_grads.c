@@ -138,7 +138,7 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
 /* Bucket b of m's gradients as [*lo, *hi): b < layers: layer layer_begin + b's tensors (they follow
  * each other, model.c); layers: the tensors before the first layer; layers + 1: those after the
  * last. */
-static void bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi)
+void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi)
 {
     int layers = m->dims.layer_end - m->dims.layer_begin, first = m->dims.layer_begin;
     int64_t lo_all = m->n_params, hi_all = 0;
@@ -174,7 +174,7 @@ static int start_bucket(Trainer *tr, int k, int b, Error *err)
     TrainChunk *ch = &tr->chunks[k];
     Model *m = &ch->model;
     int64_t lo, hi;
-    bucket_range(m, b, &lo, &hi);
+    trainer_bucket_range(m, b, &lo, &hi);
     ch->bucket_started[b] = 1;
     if (hi <= lo)
         return 0;
@@ -250,6 +250,8 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
     Comm *c = tr->comm;
     int zero = (int)tr->cfg->parallel.zero, counts_here = zero || (tr->lay.dp_rank == 0 && tr->lay.cp_rank == 0);
     double sumsq = 0;
+    if (trainer_params_ready(tr, err) != 0) /* a chunk that ran no forward this step */
+        return -1;
     for (int k = 0; k < tr->v && counts_here; k++) {
         TrainChunk *ch = &tr->chunks[k];
         sumsq += optim_grad_sumsq(&ch->optim, &ch->model, zero ? ch->shard_grads : ch->model.grads);
@@ -273,7 +275,10 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
         TrainChunk *ch = &tr->chunks[k];
         Model *m = &ch->model;
         st->lr = optim_update(&ch->optim, m, zero ? ch->shard_grads : m->grads, st->grad_norm, !zero);
-        if (zero) { /* every rank's updated shard; then the compute copy of the whole */
+        if (zero && tr->cfg->parallel.overlap) { /* bucket by bucket, ahead of the next forward */
+            if (trainer_start_param_gather(tr, k, err) != 0)
+                return -1;
+        } else if (zero) { /* every rank's updated shard; then the compute copy of the whole */
             if (trainer_gather_shards(tr, m, m->params, NULL, err) != 0)
                 return -1;
             model_weights_changed(m);
@@ -335,6 +340,8 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
 
 int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err)
 {
+    if (trainer_params_ready(tr, err) != 0)
+        return -1;
     if (grads && gather_shard_grads(tr, err) != 0)
         return -1;
     const float *arrays[64];

@@ -35,7 +35,12 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     int buckets = m->dims.layer_end - m->dims.layer_begin + 2;
     ch->grad_req = calloc((size_t)buckets, sizeof *ch->grad_req);
     ch->bucket_started = calloc((size_t)buckets, sizeof *ch->bucket_started);
-    if (!ch->slot_of || !ch->slot_busy || !ch->send_h || !ch->send_dx || !ch->grad_req || !ch->bucket_started)
+    ch->param_req = calloc((size_t)buckets, sizeof *ch->param_req);
+    ch->param_pending = calloc((size_t)buckets, sizeof *ch->param_pending);
+    m->weights_needed = trainer_weights_needed;
+    m->weights_needed_ctx = tr;
+    if (!ch->slot_of || !ch->slot_busy || !ch->send_h || !ch->send_dx || !ch->grad_req || !ch->bucket_started ||
+        !ch->param_req || !ch->param_pending)
         return error_runtime(err, "train", "out of memory");
     for (int k = 0; k < tr->m; k++)
         ch->slot_of[k] = -1;
@@ -236,6 +241,8 @@ void trainer_free(Trainer *tr)
         free(ch->send_dx);
         free(ch->grad_req);
         free(ch->bucket_started);
+        free(ch->param_req);
+        free(ch->param_pending);
     }
     for (int k = 0; tr->batches && k < tr->m; k++)
         batch_free(&tr->batches[k]);
