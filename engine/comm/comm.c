@@ -102,6 +102,21 @@ int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, 
 
 void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
 
+int comm_can_post_receives(const Comm *c) { return c->mpi && c->overlap && c->impl->irecv; }
+
+int comm_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err)
+{
+    if (!comm_can_post_receives(c))
+        return error_runtime(err, "comm", "receives cannot be posted ahead on this path");
+    comm_async_drain(c, g);
+    req->collective = 0;
+    req->op = NULL;
+    if (c->impl->irecv(c, g, peer, tag, buf, n, req, err) != 0)
+        return -1;
+    comm_async_count(c, 1);
+    return 0;
+}
+
 static const char *const op_names[] = {"allreduce", "allgatherv", "reduce_scatterv", "allgather", "reduce_scatter"};
 
 int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)

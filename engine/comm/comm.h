@@ -106,7 +106,9 @@ typedef struct CommRequest {
     unsigned char handle[16]; /* the MPI_Request */
     float *staged;            /* the host copy being sent, when staging */
     void *event;              /* the send's completion, with NCCL */
-    double t0, link_bytes;    /* WLB_COMM_LINK: when the send began, its bytes */
+    double t0, link_bytes;    /* WLB_COMM_LINK: when the send (receive) began, its bytes */
+    float *dest;              /* a receive staged through the host: where comm_wait puts it */
+    int64_t n;
 } CommRequest;
 
 /* A data path for the float collectives and messages (see above). Same contracts as the comm_
@@ -130,6 +132,8 @@ struct CommImpl {
     /* Starts op in the background (req->collective set; wait finishes it). NULL: the generic layer
      * runs it (MPI's communication threads, or at once). */
     int (*istart)(Comm *c, const CommOp *op, CommRequest *req, Error *err);
+    /* Posts a receive (comm_irecv); NULL: the path cannot (receives are comm_recv's). */
+    int (*irecv)(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err);
 };
 
 /* MPI's data path (comm_mpi.c), every Comm's until comm_use. */
@@ -191,6 +195,11 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf
                Error *err);
 int comm_wait(const Comm *c, CommRequest *req, Error *err);
 int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err);
+/* A receive posted ahead: the message lands in buf (n floats) by comm_wait(req); buf untouched
+ * until then. Only where comm_can_post_receives (MPI's path, parallel.overlap): a receive that
+ * blocked at its post could wait for a message its own rank has yet to send. */
+int comm_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err);
+int comm_can_post_receives(const Comm *c);
 int comm_barrier(const Comm *c, Error *err);
 
 /* Started collectives (see the top). op's buffers as the blocking form of the same name takes them;

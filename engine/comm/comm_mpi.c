@@ -478,6 +478,7 @@ static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const floa
                              c->tag_limit);
     req->staged = NULL;
     req->event = NULL;
+    req->dest = NULL;
     /* Staged: the host copy lives until comm_wait. */
     if (c->stage) {
         if (!(req->staged = malloc((size_t)(n ? n : 1) * sizeof *req->staged)))
@@ -501,15 +502,47 @@ static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const floa
 
 static int mpi_wait(const Comm *c, CommRequest *req, Error *err)
 {
-    (void)c;
     MPI_Request r;
     memcpy(&r, req->handle, sizeof r);
     req->active = 0;
     int rc = MPI_Wait(&r, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && req->dest) /* a staged receive: to the backend's memory */
+        to_device(c, req->dest, req->staged, req->n);
     free(req->staged);
     req->staged = NULL;
+    req->dest = NULL;
     CHECK(rc, "MPI_Wait");
     comm_link_hold(c, req->t0, req->link_bytes);
+    return 0;
+}
+
+static int mpi_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req,
+                     Error *err)
+{
+    if (count_ok(n, "recv", err) != 0)
+        return -1;
+    req->staged = NULL;
+    req->event = NULL;
+    req->dest = NULL;
+    if (c->stage) { /* into a host buffer of its own, copied out by the wait */
+        if (!(req->staged = malloc((size_t)(n ? n : 1) * sizeof *req->staged)))
+            return error_runtime(err, "comm", "out of memory for a staged receive of %lld floats", (long long)n);
+        req->dest = buf;
+        req->n = n;
+        buf = req->staged;
+    }
+    MPI_Request r;
+    int rc = MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), &r);
+    if (rc != MPI_SUCCESS) {
+        free(req->staged);
+        req->staged = NULL;
+        req->dest = NULL;
+        return mpi_error(rc, "MPI_Irecv", err);
+    }
+    memcpy(req->handle, &r, sizeof r);
+    req->active = 1;
+    req->link_bytes = (double)n * sizeof(float);
+    req->t0 = clock_seconds();
     return 0;
 }
 
@@ -545,4 +578,5 @@ const CommImpl comm_mpi = {
     .isend = mpi_isend,
     .wait = mpi_wait,
     .recv = mpi_recv,
+    .irecv = mpi_irecv,
 };

@@ -120,6 +120,13 @@ typedef struct Trainer {
     int n_sched;
     float *recv;             /* a received activation or gradient (backend memory) */
     int64_t recv_cap;
+    /* parallel.overlap: the receive of the next pass, posted before the current pass runs
+     * (train_pipeline.c), in slot (pass index) % 2 - the current pass's own may still be pending
+     * in the other; its buffer becomes recv when that pass takes it. */
+    float *recv_ahead[2];
+    int64_t recv_ahead_cap[2];
+    CommRequest ahead_req[2];
+    int ahead_pass[2];       /* the schedule's index of the pass each is for (ahead_req active) */
     double *mb_compute;      /* m: this rank's compute seconds per micro-batch (comm excluded) */
     double *all_compute;     /* world x m, gathered */
     int *pass_timed;         /* per pass of sched: marked by the device timer this step */

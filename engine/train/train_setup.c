@@ -257,8 +257,11 @@ void trainer_free(Trainer *tr)
     free(tr->mb_s_measured);
     free(tr->mb_s_predicted);
     free(tr->sched);
-    if (tr->ops)
+    if (tr->ops) {
         tr->ops->free(tr->recv);
+        tr->ops->free(tr->recv_ahead[0]);
+        tr->ops->free(tr->recv_ahead[1]);
+    }
     const Backend *backend = tr->backend;
     trainer_valid_free(tr);
     plan_free(&tr->plan);
