@@ -9,14 +9,14 @@
 #   T_on    the link model, parallel.overlap: true
 # and the exposed fraction (T_on - T_free) / (T_off - T_free): the share of the communication's cost
 # that overlap leaves on the step (0: all hidden, 1: none). Each time is the median of the steps
-# after the first (STEPS of them). Prints the machine and its load: on a shared machine the times
+# after the first of ROUNDS runs (STEPS steps each), the three settings run in turn. Prints the machine and its load: on a shared machine the times
 # move with what else runs.
-# Usage: bash bench/comm_overlap.sh            env: LAYERS (8) STEPS (6) LINK (the WLB_COMM_LINK,
+# Usage: bash bench/comm_overlap.sh            env: LAYERS (8) STEPS (6) ROUNDS (3) LINK (the WLB_COMM_LINK,
 #   default 100,0.04) WLBTRAIN (default ./wlbtrain) DATA (a token prefix; default data/demo/libc_headers,
 #   made by `make demo` when absent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layers=${LAYERS:-8} steps=${STEPS:-6} link=${LINK:-100,0.04}
+layers=${LAYERS:-8} steps=${STEPS:-6} rounds=${ROUNDS:-3} link=${LINK:-100,0.04}
 bin=${WLBTRAIN:-./wlbtrain}
 data=${DATA:-data/demo/libc_headers}
 [ -x "$bin" ] || { echo "comm_overlap: $bin missing: run make first" >&2; exit 2; }
@@ -36,13 +36,14 @@ log: {every: 1}
 EOF
 echo "# communication overlap on the CPU backend: 4 ranks (mpirun --oversubscribe, OMP_NUM_THREADS=1), Llama of" \
      "$layers layers, d_model 128, d_ffn 384, vocabulary 512; 1024 tokens a step (one micro-batch per DP replica) in windows of 256;" \
-     "link model WLB_COMM_LINK=$link (latency us, GB/s); median step of steps 2..$steps"
+     "link model WLB_COMM_LINK=$link (latency us, GB/s); median of steps 2..$steps of $rounds runs each"
 echo "# machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "$(awk '/MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo); load before: $(cut -d' ' -f1-3 /proc/loadavg);" \
      "$(date -u '+%Y-%m-%d %H:%M UTC'); wlbtrain $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-# The median step time (ms) of one run: layout flags, overlap, link ("" = none).
-step_ms() {
-  local flags=$1 overlap=$2 lnk=$3 out=$work/run.log
+# The step times (ms) of one run after its first, appended to file $4: layout flags, overlap, link
+# ("" = none).
+step_times() {
+  local flags=$1 overlap=$2 lnk=$3 into=$4 out=$work/run.log
   # shellcheck disable=SC2086
   if ! WLB_COMM_LINK=$lnk mpirun --bind-to none -np 4 "$bin" --config "$work/bench.yaml" $flags \
        --set parallel.overlap="$overlap" > "$out" 2>&1; then
@@ -50,8 +51,10 @@ step_ms() {
     tail -5 "$out" >&2
     exit 1
   fi
-  grep -o '[0-9.]* ms  (' "$out" | awk 'NR > 1 {print $1}' | sort -n |
-    awk '{v[NR] = $1} END {if (NR == 0) {print "nan"} else if (NR % 2) {print v[(NR + 1) / 2]} else {print (v[NR / 2] + v[NR / 2 + 1]) / 2}}'
+  grep -o '[0-9.]* ms  (' "$out" | awk 'NR > 1 {print $1}' >> "$into"
+}
+median() {
+  sort -n "$1" | awk '{v[NR] = $1} END {if (NR == 0) {print "nan"} else if (NR % 2) {print v[(NR + 1) / 2]} else {print (v[NR / 2] + v[NR / 2 + 1]) / 2}}'
 }
 echo
 echo "| layout | T_free (ms) | T_off (ms) | T_on (ms) | exposed fraction |"
@@ -61,9 +64,15 @@ for layout in "dp 4" "tp 2 x dp 2"; do
     "dp 4") flags="--set parallel.dp=4 --set parallel.tp=1" ;;
     *) flags="--set parallel.dp=2 --set parallel.tp=2" ;;
   esac
-  free=$(step_ms "$flags" false "")
-  off=$(step_ms "$flags" false "$link")
-  on=$(step_ms "$flags" true "$link")
+  : > "$work/free"; : > "$work/off"; : > "$work/on"
+  # The three settings in turn, ROUNDS times: a load that drifts over the minutes of a run weighs on
+  # all three alike.
+  for _ in $(seq "$rounds"); do
+    step_times "$flags" false "" "$work/free"
+    step_times "$flags" false "$link" "$work/off"
+    step_times "$flags" true "$link" "$work/on"
+  done
+  free=$(median "$work/free") off=$(median "$work/off") on=$(median "$work/on")
   frac=$(awk -v f="$free" -v a="$off" -v b="$on" 'BEGIN {if (a - f > 0) printf "%.2f", (b - f) / (a - f); else print "-"}')
   echo "| $layout | $free | $off | $on | $frac |"
 done

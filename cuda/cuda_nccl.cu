@@ -330,4 +330,5 @@ static int nccl_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int6
 extern "C" const CommImpl cuda_nccl_comm = {
     "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_allgather,
     nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv, nccl_istart,
+    nullptr, /* irecv: receives are posted on the stream in order (nccl_recv), never ahead */
 };
