@@ -337,6 +337,8 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
         o->zero(m->dh, R * D);
         o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_FINAL_NORM, -1), s->dhn, s->h[d->layer_end - d->layer_begin],
                        model_param(m, T_FINAL_NORM, -1), s->rstd_f, R, D);
+        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, d->layer_end, err) != 0)
+            return -1;
     } else {
         o->copy(m->dh, dh_out, R * D);
         ops_cast(o, m->dh_act, DT_ACT, m->dh, DT_F32, R * D);

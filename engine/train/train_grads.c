@@ -18,7 +18,9 @@
  * tensors before the layers (the embedding) and those after them (final norm, output projection) -
  * each as soon as its gradients are final: with parallel.overlap a layer's bucket starts when the
  * chunk's last micro-batch's backward has passed the layer (Model.grads_ready), and runs while the
- * backward goes on to the layers below; the others after the pipeline. Without overlap every bucket
+ * backward goes on to the layers below; the last chunk's final norm and output projection once the
+ * backward has passed the final norm (a tied output projection is the embedding's copy, placed
+ * before the layers, model.c); the embedding's after the pipeline (tied embeddings summed first). Without overlap every bucket
  * runs after the pipeline, in the same sizes and order, so both give the same bits. A layer's TP
  * sums (SP norms, kv replicas) run just before its bucket starts.
  * The global norm counts each element of the full model once: a block counts when its tensor is
@@ -201,12 +203,27 @@ static int layer_bucket(Trainer *tr, int k, int l, Error *err)
     return start_bucket(tr, k, l - m->dims.layer_begin, err);
 }
 
+/* The bucket after the layers (final norm, output projection) of chunk k: its SP sums, then its
+ * reduction started. */
+static int tail_bucket(Trainer *tr, int k, Error *err)
+{
+    Model *m = &tr->chunks[k].model;
+    int layers = m->dims.layer_end - m->dims.layer_begin;
+    if (sum_sp_norms(tr, m, -1, err) != 0)
+        return -1;
+    return start_bucket(tr, k, layers + 1, err);
+}
+
 int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err)
 {
     Trainer *tr = ctx;
-    for (int k = 0; k < tr->v; k++)
-        if (&tr->chunks[k].model == m)
+    for (int k = 0; k < tr->v; k++) {
+        if (&tr->chunks[k].model != m)
+            continue;
+        if (layer < m->dims.layer_end)
             return layer_bucket(tr, k, layer, err);
+        return tail_bucket(tr, k, err);
+    }
     return error_runtime(err, "train", "gradients of a model chunk the trainer does not hold");
 }
 
@@ -225,8 +242,8 @@ int trainer_reduce_grads(Trainer *tr, Error *err)
     for (int k = 0; k < tr->v; k++) {
         Model *m = &tr->chunks[k].model;
         int layers = m->dims.layer_end - m->dims.layer_begin;
-        if (sum_sp_norms(tr, m, -1, err) != 0 || start_bucket(tr, k, layers, err) != 0 ||
-            start_bucket(tr, k, layers + 1, err) != 0)
+        if (start_bucket(tr, k, layers, err) != 0 ||
+            (!tr->chunks[k].bucket_started[layers + 1] && tail_bucket(tr, k, err) != 0))
             return -1;
     }
     for (int k = 0; k < tr->v; k++) {
