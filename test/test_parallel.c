@@ -431,10 +431,12 @@ static void test_overlap(void **state)
         free(mode);
     }
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
-    ok &= check_overlap(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
     const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
                            "model.tie_embeddings=true", NULL};
-    ok &= check_overlap(2, 2, 2, 2, fx.ref_tied, no_sp, "no SP, recompute full, tied");
+    if (!SMALL_MATRIX) { /* ASan: the first layout only (a minute there) */
+        ok &= check_overlap(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
+        ok &= check_overlap(2, 2, 2, 2, fx.ref_tied, no_sp, "no SP, recompute full, tied");
+    }
     assert_true(ok);
 }
 
