@@ -152,6 +152,9 @@ typedef struct ModelBatch {
     const int32_t *positions; /* T (backend memory) */
     const AttnSegment *segs;  /* q_row: this rank's rows; kv_row: micro-batch rows (host memory) */
     int64_t n_segs;
+    /* The first n_whole_segs segments are of documents this rank holds whole (they read its own
+     * rows only: no K/V exchange needed); the rest of documents sharded over CP ranks. */
+    int64_t n_whole_segs;
     /* CP (cp > 1): the micro-batch's rows and the K/V exchanges (index arrays in backend memory). */
     int64_t T_mb;             /* rows of the whole micro-batch */
     const int64_t *mb_row;    /* T: micro-batch row of each of this rank's rows */

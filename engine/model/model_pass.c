@@ -73,6 +73,13 @@ static AttnShape attn_shape(const ModelDims *d)
     return (AttnShape){d->local_heads, d->local_kv_heads, d->head_dim, qkv_width(d), kv, q_width(d)};
 }
 
+/* Attention of segs (n of them; none: nothing) from the layer's qkv rows into a->att, a->lse. */
+static void attention(Model *m, LayerActs *a, const Act *k, const Act *v, const AttnSegment *segs, int64_t n)
+{
+    if (n > 0)
+        m->ops->attention_fwd(a->att, a->lse, a->qkv, k, v, segs, n, attn_shape(&m->dims));
+}
+
 /* All T rows of x, the compute-dtype rows of the residual stream's layout (R rows): x itself, or
  * with SP every TP rank's rows all-gathered into m->sp_full. */
 static int all_rows(Model *m, const Act *x, int64_t T, const Act **full, Error *err)
@@ -153,14 +160,20 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
         return -1;
     o->matmul_fwd(mat_act(a->qkv), in, model_weight(m, T_WQ, l), T, D, Q);
     o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq);
-    const Act *k = ops_act(o, a->qkv, q_width(d)), *v = ops_act(o, a->qkv, q_width(d) + kv_width(d));
     if (d->cp > 1) {
-        if (model_cp_gather_kv(m, a, b, err) != 0)
+        /* Documents held whole read this rank's rows only: their attention runs beside the exchange. */
+        CommRequest kv[MODEL_MAX_CP_EXCHANGES] = {{0}};
+        int64_t whole = b->n_whole_segs;
+        if (model_cp_gather_kv_start(m, a, b, kv, err) != 0)
             return -1;
-        k = a->k_mb;
-        v = a->v_mb;
+        attention(m, a, a->k_mb, a->v_mb, b->segs, whole);
+        if (model_cp_gather_kv_finish(m, a, b, kv, err) != 0)
+            return -1;
+        attention(m, a, a->k_mb, a->v_mb, b->segs + whole, b->n_segs - whole);
+    } else {
+        attention(m, a, ops_act(o, a->qkv, q_width(d)), ops_act(o, a->qkv, q_width(d) + kv_width(d)), b->segs,
+                  b->n_segs);
     }
-    o->attention_fwd(a->att, a->lse, a->qkv, k, v, b->segs, b->n_segs, attn_shape(d));
     if (residual_product(m, a->y, x, a->att, model_weight(m, T_WO, l), T, q_width(d), err) != 0)
         return -1;
     o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), R, D, d->norm_eps);
@@ -232,11 +245,20 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     o->zero(dqkv32, T * Q);
     const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
     if (d->cp > 1) {
+        /* The sharded documents first: their dK, dV travel while the whole documents' backward runs. */
+        CommRequest dkv[MODEL_MAX_CP_EXCHANGES] = {{0}};
+        int64_t whole = b->n_whole_segs;
         o->zero(m->dk_mb, b->T_mb * lkv);
         o->zero(m->dv_mb, b->T_mb * lkv);
-        o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb, b->segs,
-                         b->n_segs, attn_shape(d));
-        if (model_cp_scatter_dkv(m, dqkv32, b, err) != 0)
+        if (b->n_segs > whole)
+            o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb,
+                             b->segs + whole, b->n_segs - whole, attn_shape(d));
+        if (model_cp_scatter_dkv_start(m, b, dkv, err) != 0)
+            return -1;
+        if (whole > 0)
+            o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb, b->segs,
+                             whole, attn_shape(d));
+        if (model_cp_scatter_dkv_finish(m, dqkv32, b, dkv, err) != 0)
             return -1;
     } else {
         o->attention_bwd(dqkv32, dqkv32 + lq, dqkv32 + lq + lkv, m->datt, a->att, a->lse, a->qkv, k, v, b->segs,
