@@ -77,7 +77,8 @@ const ConfigKey config_keys[] = {
              "run collectives beside the compute: each bucket of layers' gradient reduction over DP x CP "
              "starts as soon as the last micro-batch's backward has produced it, sequence parallelism's "
              "backward exchanges run beside the products that do not need them, ZeRO-1's parameter all-gather "
-             "runs ahead of the next forward, and the pipeline's receives are posted ahead; false runs every collective where it is issued, in the order of the "
+             "runs ahead of the next forward, the CP K/V exchange runs beside the attention of the documents held whole, "
+             "and the pipeline's receives are posted ahead; false runs every collective where it is issued, in the order of the "
              "blocking engine (the same numbers either way; docs/communication-overlap.md)"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
