@@ -126,23 +126,20 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     req->collective = 0;
     req->op = NULL;
     int v = op->kind == COMM_OP_ALLGATHERV || op->kind == COMM_OP_REDUCE_SCATTERV;
-    if (!c->overlap || !c->mpi || c->size[g] == 1 || (op->kind == COMM_OP_ALLREDUCE_SUM && op->n == 0)) {
-        comm_log_op(c, g, op_names[op->kind], v ? sum_counts(c, g, op->counts) : op->n);
-        comm_async_drain(c, g);
-        return comm_run_op(c, op, err);
-    }
     comm_log_op(c, g, op_names[op->kind], v ? sum_counts(c, g, op->counts) : op->n);
-    if (c->impl->istart) {
+    int background = c->overlap && c->mpi && c->size[g] > 1 && !(op->kind == COMM_OP_ALLREDUCE_SUM && op->n == 0);
+    if (background && c->impl->istart) {
         if (c->impl->istart(c, op, req, err) != 0)
             return -1;
         comm_async_count(c, 1);
         return 0;
     }
-    if (c->impl != &comm_mpi || c->stage || !c->thread_multiple) {
-        comm_async_drain(c, g);
-        return comm_run_op(c, op, err);
-    }
-    return comm_async_start(c, op, req, err);
+    /* MPI's communication threads: host memory only (a staged GPU buffer is copied by the caller's
+     * thread, whose device context it is). */
+    if (background && c->impl == &comm_mpi && !c->stage && c->thread_multiple)
+        return comm_async_start(c, op, req, err);
+    comm_async_drain(c, g); /* at once, after the group's started ones */
+    return comm_run_op(c, op, err);
 }
 
 int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err)
