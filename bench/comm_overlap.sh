@@ -9,14 +9,18 @@
 #   T_on    the link model, parallel.overlap: true
 # and the exposed fraction (T_on - T_free) / (T_off - T_free): the share of the communication's cost
 # that overlap leaves on the step (0: all hidden, 1: none). Each time is the median of the steps
-# after the first of ROUNDS runs (STEPS steps each), the three settings run in turn. Prints the machine and its load: on a shared machine the times
+# after the first of ROUNDS runs (STEPS steps each), the three settings run in turn.
+# The default link makes the DP layout's gradient reduction cost about half of a step's compute,
+# less than the backward it can hide behind (with more communication than backward, no schedule
+# hides more than the backward's worth: slow the link and the exposed fraction rises towards
+# 1 - backward / communication). Prints the machine and its load: on a shared machine the times
 # move with what else runs.
 # Usage: bash bench/comm_overlap.sh            env: LAYERS (8) STEPS (6) ROUNDS (3) LINK (the WLB_COMM_LINK,
-#   default 100,0.04) WLBTRAIN (default ./wlbtrain) DATA (a token prefix; default data/demo/libc_headers,
+#   default 100,0.08) WLBTRAIN (default ./wlbtrain) DATA (a token prefix; default data/demo/libc_headers,
 #   made by `make demo` when absent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layers=${LAYERS:-8} steps=${STEPS:-6} rounds=${ROUNDS:-3} link=${LINK:-100,0.04}
+layers=${LAYERS:-8} steps=${STEPS:-6} rounds=${ROUNDS:-3} link=${LINK:-100,0.08}
 bin=${WLBTRAIN:-./wlbtrain}
 data=${DATA:-data/demo/libc_headers}
 [ -x "$bin" ] || { echo "comm_overlap: $bin missing: run make first" >&2; exit 2; }
