@@ -26,7 +26,8 @@
  * Test and measurement hooks of the MPI path, from the environment (read by comm_start):
  *   WLB_COMM_LINK=LATENCY_US,GBPS  every collective and message takes at least LATENCY_US + its
  *                  bytes on the wire / GBPS (10^9 bytes/s): communication costs time on one machine.
- *   WLB_COMM_CHAOS=MAX_US  every started collective waits a random 0 .. MAX_US before it runs, reads
+ *   WLB_COMM_CHAOS=MAX_US  every collective started in the background (a communication thread's)
+ *                  waits a random 0 .. MAX_US before it runs, reads
  *                  its send buffer only then, and its receive buffer holds NaN (every byte 0xff)
  *                  until its comm_wait returns: a missing wait, or a buffer reused too early, shows
  *                  as a wrong number.
