@@ -89,7 +89,7 @@ typedef struct ConfigParallel {
      * (config_chunk_layers). Not a key: derived, freed by config_free. */
     ConfigIntList chunk_layers;
     bool sequence_parallel; /* with tp > 1: the residual stream and the norms on T / tp rows per TP rank */
-    bool overlap;           /* collectives overlapped with compute; false: every one on the compute path */
+    bool overlap;           /* collectives started where their input is ready, waited where needed */
     ReduceDtype reduce_dtype; /* what the TP and CP partial sums travel and add in */
 } ConfigParallel;
 

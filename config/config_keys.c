@@ -85,12 +85,19 @@ const ConfigKey config_keys[] = {
              "rank, all-gathered before the column-parallel products and reduce-scattered after the "
              "row-parallel ones (Megatron's sequence parallelism); no effect with tp 1"),
     BOOL_KEY("parallel.overlap", parallel.overlap, "true", NULL,
-             "overlap collectives with compute; false runs every collective on the compute path"),
+             "run collectives beside the compute: each bucket of layers' gradient reduction over DP x CP "
+             "starts as soon as the last micro-batch's backward has produced it, sequence parallelism's "
+             "backward exchanges run beside the products that do not need them, ZeRO-1's parameter all-gather "
+             "runs ahead of the next forward, the CP K/V exchange runs beside the attention of the documents held whole, "
+             "and the pipeline's receives are posted ahead; false runs every collective where it is issued, in the order of the "
+             "blocking engine (the same numbers either way; docs/communication-overlap.md); the dry run "
+             "prices each collective exposed or hidden by what it runs beside (docs/planner.md)"),
     ENUM_KEY("parallel.reduce_dtype", parallel.reduce_dtype, "fp32|compute", "fp32", NULL,
              "dtype the TP and CP partial sums (the products' reduce-scatters and all-reduces over TP, the "
              "embedding's and output layer's included, and the dK/dV reduce-scatter) travel and add in: fp32, "
              "or compute = train.precision's (bf16 halves their bytes, as Megatron does; measured in "
-             "docs/validation.md); gradients over DP x CP always reduce in fp32"),
+             "docs/validation.md); gradients over DP x CP always reduce in fp32; bf16 sums run where they are "
+             "issued, beside nothing, even with parallel.overlap"),
 
     {"data.path", KEY_STR_LIST, OFF(data.path), 0, 0, 0, 0, 0, NULL, NULL, "none",
      "Megatron data set prefix (PREFIX.idx + PREFIX.bin), or a list of prefixes to blend"},

@@ -125,20 +125,28 @@ static int check_slot(const CudaNccl *n, int slot, Error *err)
     return 0;
 }
 
-static int nccl_allreduce(Comm *c, LayoutGroup slot, float *buf, int64_t count, Error *err)
+/* Each collective comes in one form that ends with compute_after(n, slot, done): done NULL, the
+ * compute stream waits for it now (the blocking form); else *done gets the event of its end, which
+ * the wait of a started collective makes the compute stream wait for (nccl_istart, nccl_wait). */
+static int allreduce_on(Comm *c, LayoutGroup slot, float *buf, int64_t count, void **done, Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
     NCCL_TRY(ncclAllReduce(buf, buf, (size_t)count, ncclFloat, ncclSum, n->comm[slot], n->stream[slot]),
              "ncclAllReduce");
-    return compute_after(n, slot, NULL, err);
+    return compute_after(n, slot, done, err);
+}
+
+static int nccl_allreduce(Comm *c, LayoutGroup slot, float *buf, int64_t count, Error *err)
+{
+    return allreduce_on(c, slot, buf, count, NULL, err);
 }
 
 /* NCCL has no v-collectives: a broadcast from every rank (gather: bytes, any dtype) or a reduce to
  * every rank (scatter), fused in one group. */
-static int nccl_allgatherv(Comm *c, LayoutGroup slot, const void *send, void *recv, const int64_t *counts, Dt dt,
-                           Error *err)
+static int allgatherv_on(Comm *c, LayoutGroup slot, const void *send, void *recv, const int64_t *counts, Dt dt,
+                         void **done, Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
     int size = c->size[slot], me = c->rank[slot];
@@ -159,11 +167,17 @@ static int nccl_allgatherv(Comm *c, LayoutGroup slot, const void *send, void *re
         at += (size_t)counts[r] * e;
     }
     NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
-    return compute_after(n, slot, NULL, err);
+    return compute_after(n, slot, done, err);
 }
 
-static int nccl_reduce_scatterv(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
-                                Error *err)
+static int nccl_allgatherv(Comm *c, LayoutGroup slot, const void *send, void *recv, const int64_t *counts, Dt dt,
+                           Error *err)
+{
+    return allgatherv_on(c, slot, send, recv, counts, dt, NULL, err);
+}
+
+static int reduce_scatterv_on(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
+                              void **done, Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
     int size = c->size[slot], me = c->rank[slot];
@@ -181,12 +195,19 @@ static int nccl_reduce_scatterv(Comm *c, LayoutGroup slot, const float *send, fl
         at += counts[r];
     }
     NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
-    return compute_after(n, slot, NULL, err);
+    return compute_after(n, slot, done, err);
+}
+
+static int nccl_reduce_scatterv(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
+                                Error *err)
+{
+    return reduce_scatterv_on(c, slot, send, recv, counts, NULL, err);
 }
 
 /* The equal-count collectives: one NCCL call each. The gather copies bytes (a bf16 compute dtype
  * travels as it is); the reduce-scatter sums float32. */
-static int nccl_allgather(Comm *c, LayoutGroup slot, const void *send, void *recv, int64_t count, Dt dt, Error *err)
+static int allgather_on(Comm *c, LayoutGroup slot, const void *send, void *recv, int64_t count, Dt dt, void **done,
+                        Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
     size_t part = (size_t)count * comm_elem_bytes(c, dt);
@@ -194,17 +215,63 @@ static int nccl_allgather(Comm *c, LayoutGroup slot, const void *send, void *rec
         return -1;
     const void *from = send ? send : (const void *)((const char *)recv + part * (size_t)c->rank[slot]);
     NCCL_TRY(ncclAllGather(from, recv, part, ncclUint8, n->comm[slot], n->stream[slot]), "ncclAllGather");
-    return compute_after(n, slot, NULL, err);
+    return compute_after(n, slot, done, err);
 }
 
-static int nccl_reduce_scatter(Comm *c, LayoutGroup slot, const float *send, float *recv, int64_t count, Error *err)
+static int nccl_allgather(Comm *c, LayoutGroup slot, const void *send, void *recv, int64_t count, Dt dt, Error *err)
+{
+    return allgather_on(c, slot, send, recv, count, dt, NULL, err);
+}
+
+static int reduce_scatter_on(Comm *c, LayoutGroup slot, const float *send, float *recv, int64_t count, void **done,
+                             Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
     NCCL_TRY(ncclReduceScatter(send, recv, (size_t)count, ncclFloat, ncclSum, n->comm[slot], n->stream[slot]),
              "ncclReduceScatter");
-    return compute_after(n, slot, NULL, err);
+    return compute_after(n, slot, done, err);
+}
+
+static int nccl_reduce_scatter(Comm *c, LayoutGroup slot, const float *send, float *recv, int64_t count, Error *err)
+{
+    return reduce_scatter_on(c, slot, send, recv, count, NULL, err);
+}
+
+/* A started collective: queued on its group's stream after the compute stream's work so far; its
+ * end's event in req->event, which nccl_wait makes the compute stream wait for (no host sync). The
+ * buffers are the caller's until then, as comm.h says. */
+static int nccl_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
+{
+    LayoutGroup g = op->group;
+    void *done = nullptr;
+    int rc = -1;
+    switch (op->kind) {
+    case COMM_OP_ALLREDUCE_SUM:
+        rc = allreduce_on(c, g, (float *)op->recv, op->n, &done, err);
+        break;
+    case COMM_OP_ALLGATHERV:
+        rc = allgatherv_on(c, g, op->send, op->recv, op->counts, op->dt, &done, err);
+        break;
+    case COMM_OP_REDUCE_SCATTERV:
+        rc = reduce_scatterv_on(c, g, (const float *)op->send, (float *)op->recv, op->counts, &done, err);
+        break;
+    case COMM_OP_ALLGATHER:
+        rc = allgather_on(c, g, op->send, op->recv, op->n, op->dt, &done, err);
+        break;
+    case COMM_OP_REDUCE_SCATTER:
+        rc = reduce_scatter_on(c, g, (const float *)op->send, (float *)op->recv, op->n, &done, err);
+        break;
+    }
+    if (rc != 0)
+        return -1;
+    req->staged = nullptr;
+    req->op = nullptr;
+    req->event = done;
+    req->collective = 1;
+    req->active = 1;
+    return 0;
 }
 
 /* The pipeline direction of a message between group ranks from and to. */
@@ -231,13 +298,20 @@ static int nccl_isend(const Comm *c, LayoutGroup g, int peer, int tag, const flo
     return 0;
 }
 
+/* A send: the host waits for its end (its buffer may be written by the host next). A started
+ * collective: the compute stream waits for its end; the host goes on. */
 static int nccl_wait(const Comm *c, CommRequest *req, Error *err)
 {
     (void)c;
     cudaEvent_t e = (cudaEvent_t)req->event;
+    int collective = req->collective;
     req->event = nullptr;
     req->active = 0;
-    CUDA_TRY(cudaEventSynchronize(e), "cudaEventSynchronize");
+    req->collective = 0;
+    if (collective)
+        CUDA_TRY(cudaStreamWaitEvent(0, e, 0), "cudaStreamWaitEvent");
+    else
+        CUDA_TRY(cudaEventSynchronize(e), "cudaEventSynchronize");
     CUDA_TRY(cudaEventDestroy(e), "cudaEventDestroy");
     return 0;
 }
@@ -292,5 +366,6 @@ static int nccl_sum_bf16(Comm *c, LayoutGroup slot, const void *send, void *recv
 
 extern "C" const CommImpl cuda_nccl_comm = {
     "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_allgather,
-    nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv, nccl_sum_bf16,
+    nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv, nccl_sum_bf16, nccl_istart,
+    nullptr, /* irecv: receives are posted on the stream in order (nccl_recv), never ahead */
 };

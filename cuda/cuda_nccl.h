@@ -9,7 +9,9 @@
  * never holds up a receive in the other direction. Each communicator has its own non-blocking
  * stream; every operation waits (cudaStreamWaitEvent) for the work already queued on the compute
  * stream (the default stream), and the compute stream waits for the operation, so buffers are
- * ordered without host syncs. Buffers are device memory. Errors are Errors (status 1), "nccl: WHAT".
+ * ordered without host syncs. A started collective (comm_istart) is queued the same way, and its
+ * wait makes the compute stream wait for its end: the products queued between the start and the
+ * wait run beside it. Buffers are device memory. Errors are Errors (status 1), "nccl: WHAT".
  * Messages go in the pipeline group only.
  */
 #ifndef WLB_CUDA_CUDA_NCCL_H

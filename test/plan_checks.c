@@ -146,7 +146,9 @@ GroupsSeen check_groups_mb(const StepPlan *p, int64_t i, const CostModel *m, int
         assert_int_equal(pr[r].exchanges, want);
         seen.nested += __builtin_popcount(want) >= 2;
         if (mb->mode == CP_GROUPS) {
-            double got = pr[r].comm_fwd_s - cost_tp_comm_s(m, pr[r].tokens);
+            /* The exchange whole: its exposed part and contention, and what hid beside attention. */
+            double got = pr[r].comm_fwd_s - cost_tp_comm_s(m, pr[r].tokens) +
+                         (1 - m->hw.comm_sm_share) * pr[r].cp_hidden_fwd_s;
             int match = 0;
             for (int c = 0; c < 1 << nb && !match; c++) {
                 double comm = 0;

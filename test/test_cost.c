@@ -144,16 +144,41 @@ static void test_communication(void **state)
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
                    "reduce_dtype: compute}\ntrain: {precision: fp32}\n");
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * (sums * 0.75 / 370e9 + 15e-6) - 2 * rs) < 1e-9);
-    /* Without SP: two all-reduces of float32 partial sums a direction, 2 (n-1)/n of the bytes each,
-     * exposed with overlap or not (the engine overlaps none); every TP rank sends the whole stream. */
+    /* With overlap, sums in bf16 run where they are issued (comm.h): only the gathers hide. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, reduce_dtype: compute}\n"
+                   "train: {precision: bf16}\n");
+    cost_tp_comm_parts(&m, 8192, &c);
+    assert_true(m.sums_bf16 && fabs(c.hidden - (fmin(agb, qkv) + fmin(agb, gu))) < 1e-12);
+    /* Without SP: two all-reduces of float32 partial sums a direction, 2 (n-1)/n of the bytes each;
+     * every TP rank sends the whole stream. The forward's are exposed; with overlap the backward's
+     * run beside the weight-gradient products after them (gate/up, QKV), as the engine runs them. */
+    double ar = sums * 1.5 / 370e9 + 15e-6, arb = ar - 15e-6;
     for (int on = 0; on < 2; on++) {
         char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, "
                               "sequence_parallel: false, overlap: %s}\n", on ? "true" : "false");
         make_model(&m, y);
         free(y);
-        assert_true(fabs(cost_tp_comm_s(&m, 8192) - 2 * (sums * 1.5 / 370e9 + 15e-6)) < 1e-9);
+        double hid = on ? fmin(arb, gu) + fmin(arb, qkv) : 0;
+        cost_tp_comm_parts(&m, 8192, &c);
+        assert_true(fabs(c.fwd_exposed - 2 * ar) < 1e-12 && fabs(c.hidden - hid) < 1e-12);
+        assert_true(fabs(c.bwd_exposed - (2 * ar - hid)) < 1e-12 && fabs(c.contention - 16.0 / 132 * hid) < 1e-12);
+        assert_true(on ? hid > 0 : cost_tp_comm_s(&m, 8192) == 2 * ar);
         assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 45e9 + 15e-6)) < 1e-9);
     }
+    /* The K/V exchange beside the attention of the documents held whole: with overlap its bandwidth
+     * time hides up to that attention, its latencies (one per block) show; without, all of it. */
+    CostCpComm x;
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1}\n");
+    cost_cp_beside(&m, 1e-3, 2, 0.4e-3, &x);
+    assert_true(fabs(x.hidden - 0.4e-3) < 1e-15 && fabs(x.exposed - 0.6e-3) < 1e-15);
+    assert_true(fabs(x.contention - 16.0 / 132 * 0.4e-3) < 1e-15);
+    cost_cp_beside(&m, 1e-3, 2, 1.0, &x);
+    assert_true(fabs(x.hidden - (1e-3 - 30e-6)) < 1e-15 && fabs(x.exposed - 30e-6) < 1e-15);
+    cost_cp_beside(&m, 1e-3, 2, 0, &x);
+    assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1, overlap: false}\n");
+    cost_cp_beside(&m, 1e-3, 2, 1.0, &x);
+    assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
 }
 
 /* The breakdown's parts of the linear work, the embedding and the output layer add up to what the

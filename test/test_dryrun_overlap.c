@@ -2,8 +2,9 @@
  * test/test_dryrun_overlap.c - the dry run's time breakdown (docs/planner.md, "Where a step's time
  * goes"): in --stats-out's summary as time_breakdown, every stage's shown parts and its bubble add up
  * to the predicted time, with parallel.overlap true and false; overlap hides what the cost model says
- * it hides (TP in the backward, the gradients' reduction and ZeRO-1's all-gather over DP x CP, the
- * pipeline's messages) and nothing with it off; the text output and --compare show it; the removed
+ * it hides (TP in the backward, the CP K/V exchange beside the whole documents' attention, the
+ * gradients' reduction and ZeRO-1's all-gather over DP x CP, the pipeline's messages) and nothing
+ * with it off; the text output and --compare show it; the removed
  * balance.tp_comm_overlap says what replaced it.
  */
 #include "test/testlib.h"
@@ -133,13 +134,31 @@ static void test_breakdown(void **state)
             assert_true(part(off, parts[k]) == 0);
     assert_true(part(off, "contention") == 0);
     /* With it, TP's backward collectives, the gradients' buckets, ZeRO-1's gather and the messages
-     * hide in part, and the step is faster; CP's exchange stays exposed (the engine runs it before
-     * attention) and nothing CP hides. */
+     * hide in part, and the step is faster; so does CP's K/V exchange, beside the attention of the
+     * documents held whole (hybrid keeps the short ones whole). */
     assert_true(part(on, "tp_hidden") > 0 && part(on, "tp_exposed") < part(off, "tp_exposed"));
     assert_true(part(on, "dp_hidden") > part(off, "dp_hidden") && part(on, "dp_exposed") < part(off, "dp_exposed"));
     assert_true(part(on, "pp_hidden") > 0 && part(on, "pp_exposed") < part(off, "pp_exposed"));
-    assert_true(part(on, "contention") > 0 && part(on, "cp_hidden") == 0);
+    assert_true(part(on, "contention") > 0);
+    assert_true(part(on, "cp_hidden") > 0);
     assert_true(predicted[1] < predicted[0]);
+    json_decref(b[0]);
+    json_decref(b[1]);
+    /* per_seq shards every document: no attention runs beside the exchange, nothing of it hides. */
+    for (int o = 0; o < 2; o++) {
+        CmdResult r;
+        RUN(&r, "--config", cfg, "--dry-run", "--no-memory-check", "--stats-out", stats, "--set",
+            "balance.cp_sharding=per_seq", "--set", o ? "parallel.overlap=true" : "parallel.overlap=false");
+        assert_int_equal(r.status, 0);
+        test_cmd_free(&r);
+        b[o] = read_breakdown(stats, &predicted[o]);
+        check_adds_up(b[o], predicted[o], 2);
+    }
+    off = json_object_get(b[0], "mean");
+    on = json_object_get(b[1], "mean");
+    printf("# hybrid's K/V exchange hides in part; per_seq: cp exposed %.4f / %.4f (hidden %.4f)\n",
+           part(on, "cp_exposed"), part(off, "cp_exposed"), part(on, "cp_hidden"));
+    assert_true(part(on, "cp_hidden") == 0 && part(on, "cp_exposed") > 0 && part(off, "cp_exposed") > 0);
     json_decref(b[0]);
     json_decref(b[1]);
     /* Without ZeRO-1 the only DP x CP traffic is the gradients' reduction: its buckets hide behind the

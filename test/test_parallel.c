@@ -21,6 +21,14 @@
  * outlier threshold (32) and wlb carries nothing over, so every layout trains the same documents
  * (a layout that did not would show in the tokens and the loss).
  *
+ * parallel.overlap (test_overlap): on 16 ranks (dp, tp, pp, cp 2 each, SP on) with ZeRO-1,
+ * interleaving, and each CP mode (groups at tp 2 x pp 2 x cp 4), and without SP (full recompute,
+ * tied embeddings), the run with overlap on - under WLB_COMM_CHAOS, every started
+ * collective delayed by a random time with NaN in its receive buffer until its wait - gives the same
+ * bits as the run with overlap off (losses, gradients of step 1, parameters after step 3, the
+ * validation loss); every rank of a group issued the same collectives in the same order
+ * (WLB_COMM_LOG); and the engine itself stops a step with a request still outstanding.
+ *
  * Validation: every run ends with an evaluation of two global batches (forward only; with pp > 1
  * through the stages without a backward), of the 30% of the short corpus's documents it holds out
  * (data.valid_fraction), and for the long corpus of a held-out set of its own (data.valid_path, long
@@ -43,6 +51,8 @@
 #include <time.h>
 
 #include "util/safetensors.h"
+
+#include <sys/stat.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 enum { SMALL_MATRIX = 1 };
@@ -260,6 +270,178 @@ static int check_layout(int dp, int tp, int pp, int cp, const char *ref, const c
     return check_layout_env(dp, tp, pp, cp, ref, extra, NULL, what);
 }
 
+/* 1 when the dumps a and b hold the same tensors with the same bytes (NaN included); else 0 with
+ * the first that differs in what. */
+static int same_bits(const char *a, const char *b, char *what, size_t size)
+{
+    StFile x, y;
+    Error err = {0};
+    if (st_open(&x, a, &err) != 0) {
+        snprintf(what, size, "%s", err.msg);
+        return 0;
+    }
+    assert_int_equal(st_open(&y, b, &err), 0);
+    int same = x.n_tensors == y.n_tensors && x.n_tensors > 0;
+    snprintf(what, size, "%d and %d tensors", x.n_tensors, y.n_tensors);
+    for (int i = 0; same && i < y.n_tensors; i++) {
+        const StTensor *r = &y.tensors[i], *t = st_find(&x, r->name);
+        size_t bytes = (size_t)r->numel * (r->dtype == ST_F64 ? 8 : 4);
+        same = t && t->dtype == r->dtype && t->numel == r->numel && !memcmp(t->data, r->data, bytes);
+        if (!same)
+            snprintf(what, size, "%s", r->name);
+    }
+    st_close(&x);
+    st_close(&y);
+    return same;
+}
+
+/* The lines of every rank's log in dir (rank-R.log, R < ranks), grouped by their group ("G-ID"):
+ * for each group, every rank that has lines of it has the same lines in the same order. Returns
+ * the number of groups compared, -1 when two ranks differ (what says where). */
+static int same_order(const char *dir, int ranks, char *what, size_t size)
+{
+    char **text = calloc((size_t)ranks, sizeof *text);
+    assert_non_null(text);
+    for (int r = 0; r < ranks; r++) {
+        char *path = test_format("%s/rank-%d.log", dir, r);
+        size_t len;
+        text[r] = test_read_file(path, &len);
+        free(path);
+    }
+    int groups = 0, ok = 1;
+    /* For each rank's each group key (first rank holding it), compare the key's lines on every rank. */
+    for (int r = 0; r < ranks && ok; r++)
+        for (const char *line = text[r]; *line && ok; line = strchr(line, '\n') + 1) {
+            char key[64];
+            if (sscanf(line, "%63s", key) != 1)
+                break;
+            int first = 1; /* does an earlier rank or line hold the key? then it was compared */
+            for (int q = 0; q < r && first; q++)
+                for (const char *l = text[q]; *l && first; l = strchr(l, '\n') + 1)
+                    first = strncmp(l, key, strlen(key)) || l[strlen(key)] != ' ';
+            for (const char *l = text[r]; l < line && first; l = strchr(l, '\n') + 1)
+                first = strncmp(l, key, strlen(key)) || l[strlen(key)] != ' ';
+            if (!first)
+                continue;
+            groups++;
+            char *mine = NULL;
+            for (int q = 0; q < ranks && ok; q++) {
+                size_t cap = strlen(text[q]) + 1, n = 0;
+                char *seq = malloc(cap);
+                assert_non_null(seq);
+                for (const char *l = text[q]; *l; l = strchr(l, '\n') + 1)
+                    if (!strncmp(l, key, strlen(key)) && l[strlen(key)] == ' ') {
+                        size_t len = (size_t)(strchr(l, '\n') - l) + 1;
+                        memcpy(seq + n, l, len);
+                        n += len;
+                    }
+                seq[n] = 0;
+                if (n && !mine) {
+                    mine = seq;
+                    continue;
+                }
+                if (n && strcmp(seq, mine)) {
+                    snprintf(what, size, "group %s: ranks %d and %d issued different collectives", key, r, q);
+                    ok = 0;
+                }
+                free(seq);
+            }
+            free(mine);
+        }
+    for (int r = 0; r < ranks; r++)
+        free(text[r]);
+    free(text);
+    return ok ? groups : -1;
+}
+
+/* One layout with overlap off, then on under WLB_COMM_CHAOS: the same bits, the off run against
+ * the reference within 1e-5, and the same collectives in the same order on each group's ranks. */
+static int check_overlap(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra, const char *what)
+{
+    char *out[2], *logs[2];
+    const int ranks = dp * tp * pp * cp;
+    char lay[5][40];
+    snprintf(lay[0], 40, "parallel.dp=%d", dp);
+    snprintf(lay[1], 40, "parallel.tp=%d", tp);
+    snprintf(lay[2], 40, "parallel.pp=%d", pp);
+    snprintf(lay[3], 40, "parallel.cp=%d", cp);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int status = 0;
+    for (int on = 0; on < 2; on++) {
+        out[on] = test_format("%s/overlap-%d.safetensors", fx.dir, on);
+        logs[on] = test_format("%s/overlap-log-%d", fx.dir, on);
+    }
+    for (int on = 0; on < 2 && status == 0; on++) {
+        test_rm_rf(logs[on]);
+        assert_int_equal(mkdir(logs[on], 0755), 0);
+        snprintf(lay[4], 40, "parallel.overlap=%s", on ? "true" : "false");
+        const char *sets[16] = {lay[0], lay[1], lay[2], lay[3], lay[4]};
+        int k = 5;
+        for (int i = 0; extra[i]; i++)
+            sets[k++] = extra[i];
+        sets[k] = NULL;
+        setenv("WLB_COMM_LOG", logs[on], 1);
+        if (on)
+            setenv("WLB_COMM_CHAOS", "3000", 1);
+        char *log;
+        status = run_dump_cfg(ranks, config_of(ref), out[on], sets, NULL, &log);
+        unsetenv("WLB_COMM_LOG");
+        unsetenv("WLB_COMM_CHAOS");
+        if (status != 0)
+            printf("# overlap %s: exit status %d\n# log:\n%s\n", on ? "on" : "off", status, log);
+        free(log);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    char name[1100] = "-", diff[1100] = "-", order[256] = "-";
+    double e = status == 0 ? test_compare_tensors(out[0], ref, "", name, sizeof name) : INFINITY;
+    int same = status == 0 && same_bits(out[1], out[0], diff, sizeof diff);
+    int groups[2] = {-1, -1};
+    for (int on = 0; on < 2 && status == 0; on++)
+        groups[on] = same_order(logs[on], ranks, order, sizeof order);
+    int ok = e <= 1e-5 && same && groups[0] > 0 && groups[1] > 0;
+    printf("# (dp %d, tp %d, pp %d, cp %d) %-36s off vs one process %.2e (%s); on (chaos) vs off: %s%s; "
+           "order: %d, %d groups%s%s  %.1fs%s\n", dp, tp, pp, cp, what, e, name, same ? "same bits" : "DIFFER in ",
+           same ? "" : diff, groups[0], groups[1], groups[0] < 0 || groups[1] < 0 ? " - " : "",
+           groups[0] < 0 || groups[1] < 0 ? order : "",
+           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, ok ? "" : "  FAIL");
+    fflush(stdout);
+    for (int on = 0; on < 2; on++) {
+        remove(out[on]);
+        test_rm_rf(logs[on]);
+        free(out[on]);
+        free(logs[on]);
+    }
+    return ok;
+}
+
+static void test_overlap(void **state)
+{
+    (void)state;
+    int ok = 1;
+    const char *zero[] = {"balance.packer=wlb", "parallel.zero=1", "balance.cp_sharding=hybrid", NULL};
+    ok &= check_overlap(2, 2, 2, 2, fx.ref[1], zero, "ZeRO-1, SP, hybrid");
+    const char *inter[] = {"balance.packer=wlb", "parallel.virtual_stages=2", "model.n_layers=6",
+                           "parallel.stage_layers=[2, 1, 1, 2]", "balance.cp_sharding=per_seq", NULL};
+    if (!SMALL_MATRIX)
+        ok &= check_overlap(2, 2, 2, 2, fx.ref6, inter, "interleaved, per_seq");
+    const char *modes_left[] = {"per_doc", "adaptive"};
+    for (int i = 0; i < 2 && !SMALL_MATRIX; i++) {
+        char *mode = test_format("balance.cp_sharding=%s", modes_left[i]);
+        const char *extra[] = {"balance.packer=fixed", mode, NULL};
+        ok &= check_overlap(2, 2, 2, 2, fx.ref[0], extra, modes_left[i]);
+        free(mode);
+    }
+    const char *groups[] = {"balance.cp_sharding=groups", NULL};
+    const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
+                           "model.tie_embeddings=true", NULL};
+    if (!SMALL_MATRIX) { /* ASan: the first layout only (a minute there) */
+        ok &= check_overlap(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
+        ok &= check_overlap(2, 2, 2, 2, fx.ref_tied, no_sp, "no SP, recompute full, tied");
+    }
+    assert_true(ok);
+}
+
 /* A layout under both packers and, with cp > 1, every CP mode. */
 static void check_matrix(int dp, int tp, int pp, int cp)
 {
@@ -441,14 +623,18 @@ static int run_layout_to(int dp, int tp, int pp, int cp, const char *const *extr
  * each addition rounded): near one bf16 process (3e-2 rather than the float32 sums' 1e-2: each
  * rank's partial sums are rounded to 8 bits of mantissa before they are added; the worst is a norm
  * weight's gradient, a sum over every row), and not the bits of the float32 sums (which a
- * reduce_dtype left unused would give); staged through host buffers too. */
+ * reduce_dtype left unused would give); staged through host buffers too. With parallel.overlap the
+ * started TP and CP sums in bf16 complete at their start (comm.h): the same bits as overlap false. */
 static void test_reduce_dtype(void **state)
 {
     (void)state;
     const char *f32[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
     const char *b16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16",
                          "parallel.reduce_dtype=compute", NULL};
+    const char *b16_off[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16",
+                             "parallel.reduce_dtype=compute", "parallel.overlap=false", NULL};
     char *a = test_format("%s/sums-fp32.safetensors", fx.dir), *b = test_format("%s/sums-bf16.safetensors", fx.dir);
+    char *c = test_format("%s/sums-bf16-off.safetensors", fx.dir);
     char name[1100];
     for (int staged = 0; staged < 2; staged++) {
         const char *var = staged ? "WLBTRAIN_COMM_STAGE" : NULL;
@@ -456,17 +642,21 @@ static void test_reduce_dtype(void **state)
             setenv("WLBTRAIN_COMM_STAGE", "1", 1);
         assert_int_equal(run_layout_to(1, 2, 1, 2, f32, var, a), 0);
         assert_int_equal(run_layout_to(1, 2, 1, 2, b16, var, b), 0);
+        assert_int_equal(run_layout_to(1, 2, 1, 2, b16_off, var, c), 0);
         unsetenv("WLBTRAIN_COMM_STAGE");
         double to_ref = test_compare_tensors(b, fx.ref_bf16, "", name, sizeof name);
         double to_f32 = test_compare_tensors(b, a, "", name, sizeof name);
-        printf("# (tp 2, cp 2) bf16 sums%s: worst %.2e against one bf16 process, %.2e against the float32 sums (%s)\n",
-               staged ? ", staged" : "", to_ref, to_f32, name);
-        assert_true(to_ref <= 3e-2 && to_f32 > 0);
+        double to_off = test_compare_tensors(b, c, "", name, sizeof name);
+        printf("# (tp 2, cp 2) bf16 sums%s: worst %.2e against one bf16 process, %.2e against the float32 sums, "
+               "%.2e against parallel.overlap false (%s)\n", staged ? ", staged" : "", to_ref, to_f32, to_off, name);
+        assert_true(to_ref <= 3e-2 && to_f32 > 0 && to_off == 0);
     }
     remove(a);
     remove(b);
+    remove(c);
     free(a);
     free(b);
+    free(c);
 }
 
 /* train.recompute recomputes with the same ops (collectives included under full): the same
@@ -498,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
         cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),      cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_reduce_dtype),
+        cmocka_unit_test(test_overlap),
     };
     const char *filter = getenv("WLB_TEST_FILTER");
     if (filter)

@@ -90,10 +90,13 @@ static void check_memory(const char *metrics, const char *what)
     assert_int_equal(read_metric(metrics, "mem_predicted_gb", predicted, 16), n);
     printf("# %s: %.6f GB allocated at most, %.6f GB predicted (%.2f%%)\n", what, peak[n - 1], predicted[n - 1],
            100 * (peak[n - 1] / predicted[n - 1] - 1));
-    /* Never under (a layout it admits must fit), at most 3% over: what the model bounds from above
-     * (the batch inputs of the largest micro-batch) is small next to what it counts exactly. */
+    /* Never under (a layout it admits must fit), at most 5% over: what the model bounds from above
+     * (the batch inputs of the largest micro-batch; with parallel.overlap the stage's three receive
+     * buffers - its input and the two posted ahead - each sized for the largest message, which they
+     * swap and grow to over a long run, in 4 steps not all of them yet) is small next to what it
+     * counts exactly (these models are tiny: a stage's input is 1-3% of their memory). */
     assert_true(peak[n - 1] > 0 && peak[n - 1] <= predicted[n - 1] * 1.0001 &&
-                peak[n - 1] >= 0.97 * predicted[n - 1]);
+                peak[n - 1] >= 0.95 * predicted[n - 1]);
 }
 
 /* A run of n ranks that must succeed, then check_memory on its metrics. */

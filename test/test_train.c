@@ -269,6 +269,22 @@ static void test_errors(void **state)
     unsetenv("WLBTRAIN_FAULT");
     test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan or savekill)");
     test_cmd_free(&r);
+    /* The communication hooks' variables (engine/comm/comm.h): a malformed one is bad input. */
+    setenv("WLB_COMM_LINK", "50", 1);
+    RUN(&r, "--config", cfg);
+    unsetenv("WLB_COMM_LINK");
+    test_assert_error(&r, "WLB_COMM_LINK: \"50\": expected LATENCY_US,GBPS");
+    test_cmd_free(&r);
+    setenv("WLB_COMM_LINK", "50,0", 1);
+    RUN(&r, "--config", cfg);
+    unsetenv("WLB_COMM_LINK");
+    test_assert_error(&r, "WLB_COMM_LINK: \"50,0\": expected LATENCY_US,GBPS (latency >= 0, bandwidth > 0)");
+    test_cmd_free(&r);
+    setenv("WLB_COMM_CHAOS", "0", 1);
+    RUN(&r, "--config", cfg);
+    unsetenv("WLB_COMM_CHAOS");
+    test_assert_error(&r, "WLB_COMM_CHAOS: \"0\": expected the longest delay in microseconds, 1 .. 10000000");
+    test_cmd_free(&r);
     setenv("WLBTRAIN_FAULT", "error@0:2", 1);
     RUN(&r, "--config", cfg);
     unsetenv("WLBTRAIN_FAULT");

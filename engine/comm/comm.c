@@ -4,6 +4,23 @@
  */
 #include "engine/comm/comm.h"
 
+#include "engine/comm/comm_async.h"
+
+/* A blocking collective on g: logged, after the collectives started on g have run. */
+static void blocking(const Comm *c, LayoutGroup g, const char *op, int64_t n)
+{
+    comm_log_op(c, g, op, n);
+    comm_async_drain(c, g);
+}
+
+static int64_t sum_counts(const Comm *c, LayoutGroup g, const int64_t *counts)
+{
+    int64_t t = 0;
+    for (int i = 0; i < c->size[g]; i++)
+        t += counts[i];
+    return t;
+}
+
 int comm_use(Comm *c, const CommImpl *impl, Error *err)
 {
     if (impl == c->impl)
@@ -20,26 +37,31 @@ int comm_use(Comm *c, const CommImpl *impl, Error *err)
 
 int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
+    blocking(c, g, "allreduce", n);
     return n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err);
 }
 
 int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt, Error *err)
 {
+    blocking(c, g, "allgatherv", sum_counts(c, g, counts));
     return c->impl->allgatherv(c, g, send, recv, counts, dt, err);
 }
 
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
+    blocking(c, g, "reduce_scatterv", sum_counts(c, g, counts));
     return c->impl->reduce_scatterv(c, g, send, recv, counts, err);
 }
 
 int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
 {
+    blocking(c, g, "allgather", n);
     return c->impl->allgather(c, g, send, recv, n, dt, err);
 }
 
 int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
 {
+    blocking(c, g, "reduce_scatter", n);
     return c->impl->reduce_scatter(c, g, send, recv, n, err);
 }
 
@@ -53,17 +75,125 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "send to %d in a world of one", peer);
-    return c->impl->isend(c, g, peer, tag, buf, n, req, err);
+    comm_async_drain(c, g);
+    if (c->impl->isend(c, g, peer, tag, buf, n, req, err) != 0)
+        return -1;
+    comm_async_count(c, 1);
+    return 0;
 }
 
 int comm_wait(const Comm *c, CommRequest *req, Error *err)
 {
-    return req->active ? c->impl->wait(c, req, err) : 0;
+    if (!req->active)
+        return 0;
+    if (req->collective && req->op)
+        return comm_async_wait(c, req, err);
+    comm_async_count(c, -1);
+    return c->impl->wait(c, req, err);
 }
 
 int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
+    comm_async_drain(c, g);
     return c->impl->recv(c, g, peer, tag, buf, n, err);
+}
+
+void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
+
+int comm_can_post_receives(const Comm *c) { return c->mpi && c->overlap && c->impl->irecv; }
+
+int comm_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err)
+{
+    if (!comm_can_post_receives(c))
+        return error_runtime(err, "comm", "receives cannot be posted ahead on this path");
+    comm_async_drain(c, g);
+    req->collective = 0;
+    req->op = NULL;
+    if (c->impl->irecv(c, g, peer, tag, buf, n, req, err) != 0)
+        return -1;
+    comm_async_count(c, 1);
+    return 0;
+}
+
+static const char *const op_names[] = {"allreduce", "allgatherv", "reduce_scatterv", "allgather", "reduce_scatter"};
+
+int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
+{
+    LayoutGroup g = op->group;
+    req->active = 0;
+    req->collective = 0;
+    req->op = NULL;
+    int v = op->kind == COMM_OP_ALLGATHERV || op->kind == COMM_OP_REDUCE_SCATTERV;
+    comm_log_op(c, g, op_names[op->kind], v ? sum_counts(c, g, op->counts) : op->n);
+    int sum = op->kind == COMM_OP_ALLREDUCE_SUM || op->kind == COMM_OP_REDUCE_SCATTERV || op->kind == COMM_OP_REDUCE_SCATTER;
+    int background = c->overlap && c->mpi && c->size[g] > 1 && !(op->kind == COMM_OP_ALLREDUCE_SUM && op->n == 0) &&
+                     !(sum && comm_sums_in_bf16(c, g, op->dt));
+    if (background && c->impl->istart) {
+        if (c->impl->istart(c, op, req, err) != 0)
+            return -1;
+        comm_async_count(c, 1);
+        return 0;
+    }
+    /* MPI's communication threads: host memory only (a staged GPU buffer is copied by the caller's
+     * thread, whose device context it is). */
+    if (background && c->impl == &comm_mpi && !c->stage && c->thread_multiple)
+        return comm_async_start(c, op, req, err);
+    comm_async_drain(c, g); /* at once, after the group's started ones */
+    return comm_run_op(c, op, err);
+}
+
+int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err)
+{
+    CommOp op = {COMM_OP_ALLREDUCE_SUM, g, NULL, buf, n, NULL, DT_F32};
+    return comm_istart(c, &op, req, err);
+}
+
+int comm_ireduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                          CommRequest *req, Error *err)
+{
+    CommOp op = {COMM_OP_REDUCE_SCATTERV, g, send, recv, 0, counts, DT_F32};
+    return comm_istart(c, &op, req, err);
+}
+
+int comm_iallgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt,
+                     CommRequest *req, Error *err)
+{
+    CommOp op = {COMM_OP_ALLGATHERV, g, send, recv, 0, counts, dt};
+    return comm_istart(c, &op, req, err);
+}
+
+int comm_iallgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, CommRequest *req,
+                    Error *err)
+{
+    CommOp op = {COMM_OP_ALLGATHER, g, send, recv, n, NULL, dt};
+    return comm_istart(c, &op, req, err);
+}
+
+int comm_ireduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, CommRequest *req,
+                         Error *err)
+{
+    CommOp op = {COMM_OP_REDUCE_SCATTER, g, send, recv, n, NULL, DT_F32};
+    return comm_istart(c, &op, req, err);
+}
+
+int comm_iallreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, CommRequest *req, Error *err)
+{
+    CommOp op = {COMM_OP_ALLREDUCE_SUM, g, NULL, buf, n, NULL, sum_dt};
+    return comm_istart(c, &op, req, err);
+}
+
+int comm_ireduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Dt sum_dt,
+                             CommRequest *req, Error *err)
+{
+    CommOp op = {COMM_OP_REDUCE_SCATTER, g, send, recv, n, NULL, sum_dt};
+    return comm_istart(c, &op, req, err);
+}
+
+int comm_ireduce_scatterv_sum(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                              Dt sum_dt, CommRequest *req, Error *err)
+{
+    CommOp op = {COMM_OP_REDUCE_SCATTERV, g, send, recv, 0, counts, sum_dt};
+    return comm_istart(c, &op, req, err);
 }

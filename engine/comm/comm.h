@@ -10,6 +10,31 @@
  * registered by backends.c). A job started without a launcher has no MPI at all: every group is
  * this one process, collectives are copies and nothing is sent.
  *
+ * Asynchronous collectives (comm_istart and the comm_i* forms, comm_async.c): a collective starts
+ * and returns a CommRequest; comm_wait(req) returns once its result is in the receive buffer. The
+ * send buffer stays untouched and the receive buffer unread until then. Every rank of a group
+ * starts the group's collectives in the same order (the engine issues them from one thread, in
+ * program order). With c->overlap 0, or where a path has no way to run them in the background, a
+ * start runs the collective to the end before it returns. Under MPI (and host memory) each group
+ * gets a communication thread that runs the group's started collectives in issue order, so they
+ * progress while the caller computes (Open MPI makes no progress outside MPI calls); this needs
+ * MPI_THREAD_MULTIPLE, which comm_start asks for. A blocking collective or message on a group first
+ * lets the group's started collectives finish (one order per communicator). Under NCCL a start
+ * queues the collective on the group's stream after the compute stream's work, and the wait makes
+ * the compute stream wait for it (cuda/cuda_nccl.cu).
+ *
+ * Test and measurement hooks of the MPI path, from the environment (read by comm_start):
+ *   WLB_COMM_LINK=LATENCY_US,GBPS  every collective and message takes at least LATENCY_US + its
+ *                  bytes on the wire / GBPS (10^9 bytes/s): communication costs time on one machine.
+ *   WLB_COMM_CHAOS=MAX_US  every collective started in the background (a communication thread's)
+ *                  waits a random 0 .. MAX_US before it runs, reads
+ *                  its send buffer only then, and its receive buffer holds NaN (every byte 0xff)
+ *                  until its comm_wait returns: a missing wait, or a buffer reused too early, shows
+ *                  as a wrong number.
+ *   WLB_COMM_LOG=DIR  every collective issued is a line of DIR/rank-R.log ("GROUP-ID OP ELEMENTS",
+ *                  ID the group's lowest world rank): the lines of one group must be the same on
+ *                  each of its ranks.
+ *
  * Errors: MPI calls return their errors (MPI_ERRORS_RETURN) and each becomes an Error (status 1).
  * A rank that fails calls comm_abort, which takes the whole job down (MPI_Abort): no rank is left
  * waiting for a dead peer. Counts are elements; a message of more than 2^31 - 1 elements is an
@@ -29,6 +54,7 @@ extern "C" {
 #endif
 
 typedef struct CommImpl CommImpl;
+typedef struct CommAsync CommAsync;
 
 typedef struct Comm {
     Layout layout;
@@ -46,14 +72,46 @@ typedef struct Comm {
     void *impl_state;             /* what that path keeps (NCCL's communicators and streams) */
     void *sum16;                  /* the backend's memory for bfloat16 sums: cap_sum16 to send, as many */
     int64_t cap_sum16;            /* to receive (comm_sum16.c) */
+    int overlap;                  /* started collectives run in the background (parallel.overlap) */
+    int thread_multiple;          /* MPI granted MPI_THREAD_MULTIPLE: communication threads may run */
+    CommAsync *async;             /* the communication threads and what they run (comm_async.c) */
+    int group_id[GROUP_COUNT];    /* a group's lowest world rank (the same on its every rank) */
+    double link_latency_s;        /* WLB_COMM_LINK (0, 0: none) */
+    double link_bytes_per_s;
+    int chaos_us;                 /* WLB_COMM_CHAOS (0: off) */
+    void *log;                    /* WLB_COMM_LOG: this rank's FILE (NULL: none) */
 } Comm;
 
-/* A send in flight (comm_isend), until comm_wait. */
+/* A collective to start (comm_istart). */
+typedef enum CommOpKind {
+    COMM_OP_ALLREDUCE_SUM,  /* recv: n floats summed in place (send unused) */
+    COMM_OP_ALLGATHERV,     /* send (or NULL), recv, counts, dt */
+    COMM_OP_REDUCE_SCATTERV,/* send, recv, counts */
+    COMM_OP_ALLGATHER,      /* send (or NULL), recv, n, dt */
+    COMM_OP_REDUCE_SCATTER  /* send, recv, n */
+} CommOpKind;
+
+typedef struct CommOp {
+    CommOpKind kind;
+    LayoutGroup group;
+    const void *send;
+    void *recv;
+    int64_t n;
+    const int64_t *counts; /* the group's size of them; copied by the start */
+    Dt dt;                 /* the gathers' element; the sums' dtype (DT_F32, or DT_ACT: reduce_dtype compute) */
+} CommOp;
+
+/* A send in flight (comm_isend) or a started collective (comm_istart), until comm_wait. */
 typedef struct CommRequest {
     int active;
+    int collective;           /* a started collective (else a send) */
+    void *op;                 /* the collective as the communication thread runs it (MPI path) */
     unsigned char handle[16]; /* the MPI_Request */
     float *staged;            /* the host copy being sent, when staging */
     void *event;              /* the send's completion, with NCCL */
+    double t0, link_bytes;    /* WLB_COMM_LINK: when the send (receive) began, its bytes */
+    float *dest;              /* a receive staged through the host: where comm_wait puts it */
+    int64_t n;
 } CommRequest;
 
 /* A data path for the float collectives and messages (see above). Same contracts as the comm_
@@ -80,6 +138,11 @@ struct CommImpl {
      * NULL: the path has none. */
     int (*sum_bf16)(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, const int64_t *counts,
                     Error *err);
+    /* Starts op in the background (req->collective set; wait finishes it). NULL: the generic layer
+     * runs it (MPI's communication threads, or at once). */
+    int (*istart)(Comm *c, const CommOp *op, CommRequest *req, Error *err);
+    /* Posts a receive (comm_irecv); NULL: the path cannot (receives are comm_recv's). */
+    int (*irecv)(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err);
 };
 
 /* MPI's data path (comm_mpi.c), every Comm's until comm_use. */
@@ -153,7 +216,43 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf
                Error *err);
 int comm_wait(const Comm *c, CommRequest *req, Error *err);
 int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err);
+/* A receive posted ahead: the message lands in buf (n floats) by comm_wait(req); buf untouched
+ * until then. Only where comm_can_post_receives (MPI's path, parallel.overlap): a receive that
+ * blocked at its post could wait for a message its own rank has yet to send. */
+int comm_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err);
+int comm_can_post_receives(const Comm *c);
 int comm_barrier(const Comm *c, Error *err);
+
+/* Started collectives (see the top). op's buffers as the blocking form of the same name takes them;
+ * req must not be active. With a group of one, no overlap, or a path that cannot run it in the
+ * background, the collective completes before the start returns (req stays inactive). */
+int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err);
+int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err);
+int comm_ireduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                          CommRequest *req, Error *err);
+int comm_iallgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt,
+                     CommRequest *req, Error *err);
+int comm_iallgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, CommRequest *req,
+                    Error *err);
+int comm_ireduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, CommRequest *req,
+                         Error *err);
+/* The partial sums started in a chosen dtype (parallel.reduce_dtype; comm_reduce_scatter_sum and the
+ * functions beside it). Sums that go through bfloat16 (comm_sums_in_bf16) complete at their start,
+ * after the group's started ones: their rounding and widening run on the caller's thread and compute
+ * stream, and the bfloat16 buffers are the Comm's one pair. Float32 sums start as the forms above. */
+int comm_iallreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, CommRequest *req, Error *err);
+int comm_ireduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Dt sum_dt,
+                             CommRequest *req, Error *err);
+int comm_ireduce_scatterv_sum(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
+                              Dt sum_dt, CommRequest *req, Error *err);
+/* 1 when sums over g in sum_dt travel and add in bfloat16 (sum_dt DT_ACT, a bfloat16 compute dtype,
+ * MPI's or NCCL's path, a group of several). */
+int comm_sums_in_bf16(const Comm *c, LayoutGroup g, Dt sum_dt);
+/* parallel.overlap: 1 = started collectives run in the background, 0 = each completes at its start
+ * (the blocking order). */
+void comm_set_overlap(Comm *c, int on);
+/* Requests started (sends and collectives) and not yet waited for: 0 at the end of every step. */
+int64_t comm_outstanding(const Comm *c);
 
 #ifdef __cplusplus
 }

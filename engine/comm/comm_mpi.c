@@ -4,11 +4,15 @@
  */
 #include "engine/comm/comm.h"
 
+#include "engine/comm/comm_async.h"
+#include "util/clock.h"
+
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int mpi_error(int rc, const char *what, Error *err)
 {
@@ -27,6 +31,41 @@ static int mpi_error(int rc, const char *what, Error *err)
     } while (0)
 
 static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
+
+/* The float collectives run as MPI's non-blocking forms, finished here: MPI_Wait on the main
+ * thread; on a communication thread (comm_mpi_poll_thread) MPI_Test between short sleeps, so that a
+ * thread waiting for its peers leaves the cores to the products instead of spinning in MPI_Wait.
+ * Both threads use the same forms, so a collective sums in the same order either way. */
+static _Thread_local int poll_thread;
+
+void comm_mpi_poll_thread(void) { poll_thread = 1; }
+
+static int finish(MPI_Request *r, const char *what, Error *err)
+{
+    if (!poll_thread) {
+        CHECK(MPI_Wait(r, MPI_STATUS_IGNORE), what);
+        return 0;
+    }
+    for (int spins = 0;; spins++) {
+        int done = 0;
+        CHECK(MPI_Test(r, &done, MPI_STATUS_IGNORE), what);
+        if (done)
+            return 0;
+        if (spins >= 16) {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* A non-blocking MPI call that fills request r_, and its finish. */
+#define RUN(call, what)                                                                            \
+    do {                                                                                           \
+        MPI_Request r_;                                                                            \
+        CHECK(call, what);                                                                         \
+        if (finish(&r_, what, err) != 0)                                                           \
+            return -1;                                                                             \
+    } while (0)
 
 static int count_ok(int64_t n, const char *what, Error *err)
 {
@@ -50,12 +89,17 @@ int comm_start(Comm *c, int launched, Error *err)
         c->rank[g] = 0;
     }
     c->node_ranks = 1;
+    if (comm_async_init(c, err) != 0)
+        return -1;
     if (!launched)
         return 0;
     int provided;
-    /* OpenMP threads compute; only the main thread calls MPI. */
-    CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    /* OpenMP threads compute; the main thread and the communication threads (comm_async.c) call
+     * MPI, each on communicators of its own at any one time. Without MPI_THREAD_MULTIPLE started
+     * collectives run at their start. */
+    CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     c->mpi = 1;
+    c->thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->size[GROUP_WORLD]), "MPI_Comm_size");
     CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank[GROUP_WORLD]), "MPI_Comm_rank");
@@ -106,8 +150,9 @@ int comm_split(Comm *c, int tp, int cp, int pp, int dp, int cp_blocks, Error *er
         CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
         CHECK(MPI_Comm_size(*h, &c->size[g]), "MPI_Comm_size");
         CHECK(MPI_Comm_rank(*h, &c->rank[g]), "MPI_Comm_rank");
+        c->group_id[g] = color;
     }
-    return 0;
+    return comm_async_open_log(c, err);
 }
 
 void comm_set_backend(Comm *c, const Ops *ops, int stage)
@@ -151,6 +196,7 @@ static int64_t total(const int64_t *counts, int n)
 
 void comm_finish(Comm *c)
 {
+    comm_async_free(c);
     if (c->impl && c->impl->close)
         c->impl->close(c);
     c->impl = &comm_mpi;
@@ -189,23 +235,17 @@ void comm_abort(const Comm *c, int status)
 int comm_world_size(const Comm *c) { return c->size[GROUP_WORLD]; }
 int comm_world_rank(const Comm *c) { return c->rank[GROUP_WORLD]; }
 
+/* WLB_COMM_LINK for a collective over g that moves `bytes` through a ring: each rank sends
+ * (size - 1) / size of them (an all-reduce counts its bytes twice: reduce-scatter, then all-gather). */
+static void link_ring(const Comm *c, LayoutGroup g, double t0, double bytes)
+{
+    comm_link_hold(c, t0, bytes * (double)(c->size[g] - 1) / (double)c->size[g]);
+}
+
 /* A group of one needs no MPI: its collectives are the identity. */
 static int alone(const Comm *c, LayoutGroup g) { return !c->mpi || c->size[g] == 1; }
 
-static int mpi_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
-{
-    if (alone(c, g) || n == 0 || !c->stage)
-        return comm_allreduce_sum_host(c, g, buf, n, err);
-    if (stage_room(c, n, err) != 0)
-        return -1;
-    to_host(c, c->host, buf, n);
-    if (comm_allreduce_sum_host(c, g, c->host, n, err) != 0)
-        return -1;
-    to_device(c, buf, c->host, n);
-    return 0;
-}
-
-/* An in-place all-reduce of host memory. */
+/* An in-place all-reduce of host memory (the caller drained g where it is not g's thread). */
 static int allreduce_host(const Comm *c, LayoutGroup g, void *buf, int64_t n, MPI_Datatype type, MPI_Op op,
                           Error *err)
 {
@@ -213,22 +253,43 @@ static int allreduce_host(const Comm *c, LayoutGroup g, void *buf, int64_t n, MP
         return 0;
     if (count_ok(n, "allreduce", err) != 0)
         return -1;
-    CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, type, op, group_comm(c, g)), "MPI_Allreduce");
+    double t0 = clock_seconds();
+    RUN(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type, op, group_comm(c, g), &r_), "MPI_Iallreduce");
+    link_ring(c, g, t0, 2.0 * (double)n * (type == MPI_DOUBLE ? sizeof(double) : sizeof(float)));
+    return 0;
+}
+
+static int mpi_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
+{
+    if (alone(c, g) || n == 0 || !c->stage)
+        return allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err);
+    if (stage_room(c, n, err) != 0)
+        return -1;
+    to_host(c, c->host, buf, n);
+    if (allreduce_host(c, g, c->host, n, MPI_FLOAT, MPI_SUM, err) != 0)
+        return -1;
+    to_device(c, buf, c->host, n);
     return 0;
 }
 
 int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
+    comm_log_op(c, g, "allreduce_host", n);
+    comm_async_drain(c, g);
     return allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err);
 }
 
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
+    comm_log_op(c, g, "allreduce_f64", n);
+    comm_async_drain(c, g);
     return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err);
 }
 
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
+    comm_log_op(c, g, "allreduce_max_f64", n);
+    comm_async_drain(c, g);
     return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err);
 }
 
@@ -277,15 +338,19 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, 
         size_t part = (size_t)counts[c->rank[g]] * e;
         if (part)
             c->ops->to_host(host + (size_t)mine * e, send ? send : (const char *)recv + (size_t)mine * e, part);
-        CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, elem_type(e), host, cnt, dsp, elem_type(e), group_comm(c, g)),
-              "MPI_Allgatherv");
+        double t0 = clock_seconds();
+        RUN(MPI_Iallgatherv(MPI_IN_PLACE, 0, elem_type(e), host, cnt, dsp, elem_type(e), group_comm(c, g), &r_),
+            "MPI_Iallgatherv");
+        link_ring(c, g, t0, (double)n * (double)e);
         if (n)
             c->ops->to_device(recv, host, (size_t)n * e);
         return 0;
     }
     const void *from = send ? send : MPI_IN_PLACE;
-    CHECK(MPI_Allgatherv(from, cnt[c->rank[g]], elem_type(e), recv, cnt, dsp, elem_type(e), group_comm(c, g)),
-          "MPI_Allgatherv");
+    double t0 = clock_seconds();
+    RUN(MPI_Iallgatherv(from, cnt[c->rank[g]], elem_type(e), recv, cnt, dsp, elem_type(e), group_comm(c, g), &r_),
+        "MPI_Iallgatherv");
+    link_ring(c, g, t0, (double)total(counts, c->size[g]) * (double)e);
     return 0;
 }
 
@@ -298,7 +363,10 @@ int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double 
     }
     if (count_ok(n, "allgather", err) != 0 || count_ok(n * c->size[g], "allgather", err) != 0)
         return -1;
+    comm_async_drain(c, g);
+    double t0 = clock_seconds();
     CHECK(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, group_comm(c, g)), "MPI_Allgather");
+    link_ring(c, g, t0, (double)n * c->size[g] * sizeof(double));
     return 0;
 }
 
@@ -318,11 +386,15 @@ static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float 
         if (stage_room(c, n, err) != 0)
             return -1;
         to_host(c, c->host, send, n);
-        CHECK(MPI_Reduce_scatter(c->host, c->host2, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+        double t0 = clock_seconds();
+        RUN(MPI_Ireduce_scatter(c->host, c->host2, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_), "MPI_Ireduce_scatter");
+        link_ring(c, g, t0, (double)n * sizeof(float));
         to_device(c, recv, c->host2, mine);
         return 0;
     }
-    CHECK(MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g)), "MPI_Reduce_scatter");
+    double t0 = clock_seconds();
+    RUN(MPI_Ireduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_), "MPI_Ireduce_scatter");
+    link_ring(c, g, t0, (double)total(counts, c->size[g]) * sizeof(float));
     return 0;
 }
 
@@ -345,14 +417,18 @@ static int mpi_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, i
         char *host = (char *)c->host;
         if (part)
             c->ops->to_host(host + part * (size_t)me, send ? send : (const char *)recv + part * (size_t)me, part);
-        CHECK(MPI_Allgather(MPI_IN_PLACE, 0, elem_type(e), host, (int)n, elem_type(e), group_comm(c, g)),
-              "MPI_Allgather");
+        double t0 = clock_seconds();
+        RUN(MPI_Iallgather(MPI_IN_PLACE, 0, elem_type(e), host, (int)n, elem_type(e), group_comm(c, g), &r_),
+            "MPI_Iallgather");
+        link_ring(c, g, t0, (double)part * c->size[g]);
         if (part)
             c->ops->to_device(recv, host, part * (size_t)c->size[g]);
         return 0;
     }
     const void *from = send ? send : MPI_IN_PLACE;
-    CHECK(MPI_Allgather(from, (int)n, elem_type(e), recv, (int)n, elem_type(e), group_comm(c, g)), "MPI_Allgather");
+    double t0 = clock_seconds();
+    RUN(MPI_Iallgather(from, (int)n, elem_type(e), recv, (int)n, elem_type(e), group_comm(c, g), &r_), "MPI_Iallgather");
+    link_ring(c, g, t0, (double)part * c->size[g]);
     return 0;
 }
 
@@ -369,13 +445,17 @@ static int mpi_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *
         if (stage_room(c, n * c->size[g], err) != 0)
             return -1;
         to_host(c, c->host, send, n * c->size[g]);
-        CHECK(MPI_Reduce_scatter_block(c->host, c->host2, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
-              "MPI_Reduce_scatter_block");
+        double t0 = clock_seconds();
+        RUN(MPI_Ireduce_scatter_block(c->host, c->host2, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_),
+            "MPI_Ireduce_scatter_block");
+        link_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
         to_device(c, recv, c->host2, n);
         return 0;
     }
-    CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g)),
-          "MPI_Reduce_scatter_block");
+    double t0 = clock_seconds();
+    RUN(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_),
+        "MPI_Ireduce_scatter_block");
+    link_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
     return 0;
 }
 
@@ -385,6 +465,7 @@ int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t by
         return 0;
     if (count_ok(bytes, "broadcast", err) != 0)
         return -1;
+    comm_async_drain(c, g);
     CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, group_comm(c, g)), "MPI_Bcast");
     return 0;
 }
@@ -401,6 +482,7 @@ static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const floa
                              c->tag_limit);
     req->staged = NULL;
     req->event = NULL;
+    req->dest = NULL;
     /* Staged: the host copy lives until comm_wait. */
     if (c->stage) {
         if (!(req->staged = malloc((size_t)(n ? n : 1) * sizeof *req->staged)))
@@ -417,19 +499,54 @@ static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const floa
     }
     memcpy(req->handle, &r, sizeof r);
     req->active = 1;
+    req->link_bytes = (double)n * sizeof(float);
+    req->t0 = clock_seconds();
     return 0;
 }
 
 static int mpi_wait(const Comm *c, CommRequest *req, Error *err)
 {
-    (void)c;
     MPI_Request r;
     memcpy(&r, req->handle, sizeof r);
     req->active = 0;
     int rc = MPI_Wait(&r, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && req->dest) /* a staged receive: to the backend's memory */
+        to_device(c, req->dest, req->staged, req->n);
     free(req->staged);
     req->staged = NULL;
+    req->dest = NULL;
     CHECK(rc, "MPI_Wait");
+    comm_link_hold(c, req->t0, req->link_bytes);
+    return 0;
+}
+
+static int mpi_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req,
+                     Error *err)
+{
+    if (count_ok(n, "recv", err) != 0)
+        return -1;
+    req->staged = NULL;
+    req->event = NULL;
+    req->dest = NULL;
+    if (c->stage) { /* into a host buffer of its own, copied out by the wait */
+        if (!(req->staged = malloc((size_t)(n ? n : 1) * sizeof *req->staged)))
+            return error_runtime(err, "comm", "out of memory for a staged receive of %lld floats", (long long)n);
+        req->dest = buf;
+        req->n = n;
+        buf = req->staged;
+    }
+    MPI_Request r;
+    int rc = MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), &r);
+    if (rc != MPI_SUCCESS) {
+        free(req->staged);
+        req->staged = NULL;
+        req->dest = NULL;
+        return mpi_error(rc, "MPI_Irecv", err);
+    }
+    memcpy(req->handle, &r, sizeof r);
+    req->active = 1;
+    req->link_bytes = (double)n * sizeof(float);
+    req->t0 = clock_seconds();
     return 0;
 }
 
@@ -437,8 +554,10 @@ static int mpi_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64
 {
     if (count_ok(n, "recv", err) != 0 || (c->stage && stage_room(c, n, err) != 0))
         return -1;
+    double t0 = clock_seconds();
     CHECK(MPI_Recv(c->stage ? c->host : buf, (int)n, MPI_FLOAT, peer, tag, group_comm(c, g), MPI_STATUS_IGNORE),
           "MPI_Recv");
+    comm_link_hold(c, t0, (double)n * sizeof(float));
     if (c->stage)
         to_device(c, buf, c->host, n);
     return 0;
@@ -448,6 +567,7 @@ int comm_barrier(const Comm *c, Error *err)
 {
     if (!c->mpi)
         return 0;
+    comm_async_drain(c, GROUP_WORLD);
     CHECK(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
     return 0;
 }
@@ -463,4 +583,5 @@ const CommImpl comm_mpi = {
     .wait = mpi_wait,
     .recv = mpi_recv,
     .sum_bf16 = comm_mpi_sum_bf16,
+    .irecv = mpi_irecv,
 };

@@ -11,6 +11,7 @@
  * applies it in group-rank order, ((x0 + x1) + x2) + ..: the same bits every run.
  */
 #include "engine/comm/comm.h"
+#include "engine/comm/comm_async.h"
 
 #include <mpi.h>
 #include <stdlib.h>
@@ -79,7 +80,7 @@ int comm_mpi_sum_bf16(Comm *c, LayoutGroup g, const void *send, void *recv, int6
 }
 
 /* 1 when the sums go through bfloat16: asked for, a bfloat16 compute dtype, a group of several. */
-static int in_bf16(const Comm *c, LayoutGroup g, Dt sum_dt)
+int comm_sums_in_bf16(const Comm *c, LayoutGroup g, Dt sum_dt)
 {
     return sum_dt == DT_ACT && c->ops && c->ops->act_bytes == 2 && c->mpi && c->size[g] > 1;
 }
@@ -100,13 +101,16 @@ static int room(Comm *c, int64_t n, uint16_t **send, uint16_t **recv, Error *err
     return 0;
 }
 
-/* The sums through bfloat16: send (n float32) rounded, summed by the path, recv (mine float32) widened. */
+/* The sums through bfloat16: send (n float32) rounded, summed by the path, recv (mine float32) widened.
+ * On the caller's thread, after the group's started collectives (a started one ran its drain at
+ * its start; comm_run_op comes here for it). */
 static int sum_via_bf16(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, const int64_t *counts,
                         Error *err)
 {
     if (!c->impl->sum_bf16)
         return error_runtime(err, "parallel.reduce_dtype", "the %s path has no bfloat16 sums", c->impl->name);
     uint16_t *s = NULL, *r = NULL;
+    comm_async_drain(c, g);
     if (room(c, n, &s, &r, err) != 0)
         return -1;
     int64_t mine = counts ? counts[c->rank[g]] : n;
@@ -117,32 +121,55 @@ static int sum_via_bf16(Comm *c, LayoutGroup g, const float *send, float *recv, 
     return 0;
 }
 
-int comm_reduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Dt sum_dt, Error *err)
+int comm_run_sum_bf16(Comm *c, const CommOp *op, Error *err)
 {
-    if (!in_bf16(c, g, sum_dt))
-        return comm_reduce_scatter(c, g, send, recv, n, err);
-    int64_t counts[4096];
+    LayoutGroup g = op->group;
+    int64_t counts[4096], n = 0;
     if (c->size[g] > 4096)
         return error_runtime(err, "comm", "a group of %d ranks", c->size[g]);
-    for (int r = 0; r < c->size[g]; r++)
-        counts[r] = n;
-    return sum_via_bf16(c, g, send, recv, n * c->size[g], counts, err);
+    switch (op->kind) {
+    case COMM_OP_ALLREDUCE_SUM:
+        return op->n == 0 ? 0 : sum_via_bf16(c, g, op->recv, op->recv, op->n, NULL, err);
+    case COMM_OP_REDUCE_SCATTER:
+        for (int r = 0; r < c->size[g]; r++)
+            counts[r] = op->n;
+        return sum_via_bf16(c, g, op->send, op->recv, op->n * c->size[g], counts, err);
+    case COMM_OP_REDUCE_SCATTERV:
+        for (int r = 0; r < c->size[g]; r++)
+            n += op->counts[r];
+        return sum_via_bf16(c, g, op->send, op->recv, n, op->counts, err);
+    default:
+        return error_runtime(err, "comm", "collective %d is no sum", (int)op->kind);
+    }
+}
+
+int comm_reduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Dt sum_dt, Error *err)
+{
+    if (!comm_sums_in_bf16(c, g, sum_dt))
+        return comm_reduce_scatter(c, g, send, recv, n, err);
+    comm_log_op(c, g, "reduce_scatter", n);
+    CommOp op = {COMM_OP_REDUCE_SCATTER, g, send, recv, n, NULL, sum_dt};
+    return comm_run_sum_bf16(c, &op, err);
 }
 
 int comm_reduce_scatterv_sum(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Dt sum_dt,
                              Error *err)
 {
-    if (!in_bf16(c, g, sum_dt))
+    if (!comm_sums_in_bf16(c, g, sum_dt))
         return comm_reduce_scatterv(c, g, send, recv, counts, err);
     int64_t n = 0;
     for (int r = 0; r < c->size[g]; r++)
         n += counts[r];
-    return sum_via_bf16(c, g, send, recv, n, counts, err);
+    comm_log_op(c, g, "reduce_scatterv", n);
+    CommOp op = {COMM_OP_REDUCE_SCATTERV, g, send, recv, 0, counts, sum_dt};
+    return comm_run_sum_bf16(c, &op, err);
 }
 
 int comm_allreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, Error *err)
 {
-    if (!in_bf16(c, g, sum_dt) || n == 0)
+    if (!comm_sums_in_bf16(c, g, sum_dt) || n == 0)
         return comm_allreduce_sum(c, g, buf, n, err);
-    return sum_via_bf16(c, g, buf, buf, n, NULL, err);
+    comm_log_op(c, g, "allreduce", n);
+    CommOp op = {COMM_OP_ALLREDUCE_SUM, g, NULL, buf, n, NULL, sum_dt};
+    return comm_run_sum_bf16(c, &op, err);
 }

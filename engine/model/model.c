@@ -194,6 +194,12 @@ void model_weights_changed(Model *m)
         ops_cast(m->ops, m->wact, DT_ACT, m->params, DT_F32, m->n_params);
 }
 
+void model_weights_changed_range(Model *m, int64_t begin, int64_t end)
+{
+    if (m->wact != (Act *)m->params && end > begin)
+        ops_cast(m->ops, ops_act(m->ops, m->wact, begin), DT_ACT, m->params + begin, DT_F32, end - begin);
+}
+
 const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer)
 {
     if (kind == T_HEAD && m->dims.tied)

@@ -155,6 +155,9 @@ typedef struct ModelBatch {
     /* Host memory, T: NULL, or the loss of each row with a target, written by the head (rows without
      * one are left as they are): the evaluation's loss by position (engine/train/train_eval.c). */
     double *row_loss;
+    /* The first n_whole_segs segments are of documents this rank holds whole (they read its own
+     * rows only: no K/V exchange needed); the rest of documents sharded over CP ranks. */
+    int64_t n_whole_segs;
     /* CP (cp > 1): the micro-batch's rows and the K/V exchanges (index arrays in backend memory). */
     int64_t T_mb;             /* rows of the whole micro-batch */
     const int64_t *mb_row;    /* T: micro-batch row of each of this rank's rows */
@@ -198,6 +201,18 @@ typedef struct Model {
     double *h_stats, *h_lse;                  /* host copies, for the TP reductions */
     int32_t *h_targets;
     double comm_s;                            /* seconds spent in collectives, summed */
+    /* Called by model_backward once layer l's backward is done, and with l = layer_end once the
+     * tensors after the layers (final norm, output projection) have their gradients (NULL:
+     * nothing): where the trainer starts the reduction of those gradients on a chunk's last
+     * micro-batch. */
+    int (*grads_ready)(void *ctx, struct Model *m, int layer, Error *err);
+    void *grads_ready_ctx;
+    /* Called by the forward before it reads the weights of layer l (layer_begin .. layer_end - 1),
+     * of the tensors before the layers (-1: embedding) and of those after them (layer_end: final
+     * norm, output projection) (NULL: nothing): where the trainer waits for a bucket of parameters
+     * still being gathered after a ZeRO-1 update. */
+    int (*weights_needed)(void *ctx, struct Model *m, int layer, Error *err);
+    void *weights_needed_ctx;
 } Model;
 
 /* The bytes of a model's activations: what a slot keeps for a micro-batch of T rows (T_mb
@@ -233,6 +248,8 @@ int model_init_weights(Model *m, uint64_t seed, Error *err);
 /* After params changed other than through the optimizer's update (init, load, resume, a gather):
  * writes the compute-dtype copy of the weights (nothing when it is params itself). */
 void model_weights_changed(Model *m);
+/* The same for params [begin, end) only. */
+void model_weights_changed_range(Model *m, int64_t begin, int64_t end);
 const ModelTensor *model_tensor(const Model *m, ModelTensorKind kind, int layer);
 /* The Hugging Face name of a tensor (layer: its layer, -1 outside the layers). */
 void model_tensor_name(ModelTensorKind kind, int layer, char *buf, size_t size);

@@ -27,9 +27,17 @@
  * in the same order. Every rank of a block builds the same exchanges from the plan, so a block
  * calls its collectives as one, and since each rank goes from its largest block down, a rank that
  * waits in a block waits only on ranks that have finished every larger block they share: nested
- * blocks cannot deadlock. A row belongs to one exchange, so the rows of one exchange are at most the
- * micro-batch's: m->xfer and m->xfer2 (2 lkv floats per micro-batch row) hold any of them, reused
- * one exchange after the other.
+ * blocks cannot deadlock. A row belongs to one exchange, so the rows of all exchanges together are
+ * at most the micro-batch's: m->xfer and m->xfer2 (2 lkv floats per micro-batch row) hold all of
+ * them at once, exchange e at the offset of the exchanges before it, so that every exchange can be
+ * in flight at the same time (each on its block's communicator).
+ *
+ * Overlap: the exchanges are started (comm_istart) and finished apart. The forward starts them,
+ * runs attention over the segments of documents held whole (ModelBatch.n_whole_segs: they read
+ * this rank's rows only, placed by the local copy), then finishes them and runs the sharded
+ * documents' segments. The backward runs the sharded documents' attention backward first, starts
+ * the reduce-scatters of their dK, dV, runs the whole documents' beside them, then finishes. The
+ * rows of whole and sharded documents are disjoint: the same numbers as one attention call.
  */
 #include "engine/model/model_impl.h"
 #include "util/clock.h"
@@ -55,10 +63,19 @@ static int exchange_group(const Model *m, const CpExchange *x, LayoutGroup *g, E
     return 0;
 }
 
-/* Exchange x's all-gather: this rank's rows of K and V (from the qkv rows k, v of width Q) to every
- * rank of the block, everyone's placed at their micro-batch rows of k_mb, v_mb. */
-static int gather_one(Model *m, LayerActs *a, const CpExchange *x, const Act *k, const Act *v, int64_t Q,
-                      int64_t lkv, Error *err)
+/* Where exchange e's message sits in xfer and xfer2 (elements): after the exchanges before it. */
+static int64_t exchange_offset(const ModelBatch *b, int e, int64_t lkv)
+{
+    int64_t at = 0, counts[1024];
+    for (int i = 0; i < e; i++)
+        at += exchange_counts(&b->cp_ex[i], lkv, counts);
+    return at;
+}
+
+/* Starts exchange x's all-gather: this rank's rows of K and V (from the qkv rows k, v of width Q) to
+ * every rank of the block, into xfer2 at `at`. */
+static int gather_start(Model *m, const CpExchange *x, const Act *k, const Act *v, int64_t Q, int64_t lkv, int64_t at,
+                        CommRequest *req, Error *err)
 {
     const Ops *o = m->ops;
     int64_t counts[1024];
@@ -68,14 +85,26 @@ static int gather_one(Model *m, LayerActs *a, const CpExchange *x, const Act *k,
     if (exchange_group(m, x, &g, err) != 0)
         return -1;
     /* The message travels in the compute dtype (xfer, xfer2 hold it: float32 room is enough). */
-    Act *send = (Act *)m->xfer, *recv = (Act *)m->xfer2;
+    Act *send = ops_act(o, (Act *)m->xfer, at), *recv = ops_act(o, (Act *)m->xfer2, at);
     o->copy_rows(send, DT_ACT, lkv, NULL, k, DT_ACT, Q, x->send_rows, x->n_send, lkv);
     o->copy_rows(ops_act(o, send, x->n_send * lkv), DT_ACT, lkv, NULL, v, DT_ACT, Q, x->send_rows, x->n_send, lkv);
     double t0 = clock_seconds();
-    int rc = comm_allgatherv(m->comm, g, send, recv, counts, DT_ACT, err);
+    int rc = comm_iallgatherv(m->comm, g, send, recv, counts, DT_ACT, req, err);
     m->comm_s += clock_seconds() - t0;
-    if (rc != 0)
+    return rc;
+}
+
+/* Finishes exchange x's all-gather: everyone's rows placed at their micro-batch rows of k_mb, v_mb. */
+static int gather_finish(Model *m, LayerActs *a, const CpExchange *x, int64_t lkv, int64_t base, CommRequest *req,
+                         Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t counts[1024];
+    if (exchange_counts(x, lkv, counts) == 0)
+        return 0;
+    if (model_comm_wait(m, req, err) != 0)
         return -1;
+    Act *recv = ops_act(o, (Act *)m->xfer2, base);
     int64_t at = 0, row = 0;
     for (int r = 0; r < x->size; r++) {
         int64_t n = x->recv_counts[r];
@@ -88,7 +117,7 @@ static int gather_one(Model *m, LayerActs *a, const CpExchange *x, const Act *k,
     return 0;
 }
 
-int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err)
+int model_cp_gather_kv_start(Model *m, LayerActs *a, const ModelBatch *b, CommRequest *reqs, Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
@@ -98,16 +127,24 @@ int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err)
     o->copy_rows(a->k_mb, DT_ACT, lkv, b->mb_row, k, DT_ACT, Q, NULL, b->T, lkv);
     o->copy_rows(a->v_mb, DT_ACT, lkv, b->mb_row, v, DT_ACT, Q, NULL, b->T, lkv);
     for (int e = 0; e < b->n_cp_ex; e++)
-        if (gather_one(m, a, &b->cp_ex[e], k, v, Q, lkv, err) != 0)
+        if (gather_start(m, &b->cp_ex[e], k, v, Q, lkv, exchange_offset(b, e, lkv), &reqs[e], err) != 0)
             return -1;
     return 0;
 }
 
-/* Exchange x's reduce-scatter, the transpose of gather_one: the shares of dK, dV (dk_mb, dv_mb) at
- * the micro-batch rows of the block's exchange, summed over the block, each rank receiving the sums
- * of its own rows (its own share included: they replace what the local copy wrote there) in dqkv's
- * K and V columns (dk, dv; width Q). */
-static int scatter_one(Model *m, const CpExchange *x, float *dk, float *dv, int64_t Q, int64_t lkv, Error *err)
+int model_cp_gather_kv_finish(Model *m, LayerActs *a, const ModelBatch *b, CommRequest *reqs, Error *err)
+{
+    int64_t lkv = (int64_t)m->dims.local_kv_heads * m->dims.head_dim;
+    for (int e = 0; e < b->n_cp_ex; e++)
+        if (gather_finish(m, a, &b->cp_ex[e], lkv, exchange_offset(b, e, lkv), &reqs[e], err) != 0)
+            return -1;
+    return 0;
+}
+
+/* Starts exchange x's reduce-scatter, the transpose of the all-gather: the shares of dK, dV (dk_mb,
+ * dv_mb) at the micro-batch rows of the block's exchange, summed over the block, each rank
+ * receiving the sums of its own rows into xfer2 at `at`. */
+static int scatter_start(Model *m, const CpExchange *x, int64_t lkv, int64_t base, CommRequest *req, Error *err)
 {
     const Ops *o = m->ops;
     int64_t counts[1024];
@@ -116,25 +153,48 @@ static int scatter_one(Model *m, const CpExchange *x, float *dk, float *dv, int6
         return 0;
     if (exchange_group(m, x, &g, err) != 0)
         return -1;
+    float *send = m->xfer + base;
     int64_t at = 0, row = 0;
     for (int r = 0; r < x->size; r++) {
         int64_t n = x->recv_counts[r];
-        o->copy_rows(m->xfer + at, DT_F32, lkv, NULL, m->dk_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
-        o->copy_rows(m->xfer + at + n * lkv, DT_F32, lkv, NULL, m->dv_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
+        o->copy_rows(send + at, DT_F32, lkv, NULL, m->dk_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
+        o->copy_rows(send + at + n * lkv, DT_F32, lkv, NULL, m->dv_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
         at += 2 * n * lkv;
         row += n;
     }
     double t0 = clock_seconds();
-    int rc = comm_reduce_scatterv_sum(m->comm, g, m->xfer, m->xfer2, counts, m->sum_dt, err);
+    int rc = comm_ireduce_scatterv_sum(m->comm, g, send, m->xfer2 + base, counts, m->sum_dt, req, err);
     m->comm_s += clock_seconds() - t0;
-    if (rc != 0)
+    return rc;
+}
+
+/* Finishes it: the sums of this rank's rows (its own share included: they replace what the local
+ * copy wrote there) into dqkv's K and V columns (dk, dv; width Q). */
+static int scatter_finish(Model *m, const CpExchange *x, float *dk, float *dv, int64_t Q, int64_t lkv, int64_t base,
+                          CommRequest *req, Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t counts[1024];
+    if (exchange_counts(x, lkv, counts) == 0)
+        return 0;
+    if (model_comm_wait(m, req, err) != 0)
         return -1;
-    o->copy_rows(dk, DT_F32, Q, x->send_rows, m->xfer2, DT_F32, lkv, NULL, x->n_send, lkv);
-    o->copy_rows(dv, DT_F32, Q, x->send_rows, m->xfer2 + x->n_send * lkv, DT_F32, lkv, NULL, x->n_send, lkv);
+    const float *sums = m->xfer2 + base;
+    o->copy_rows(dk, DT_F32, Q, x->send_rows, sums, DT_F32, lkv, NULL, x->n_send, lkv);
+    o->copy_rows(dv, DT_F32, Q, x->send_rows, sums + x->n_send * lkv, DT_F32, lkv, NULL, x->n_send, lkv);
     return 0;
 }
 
-int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err)
+int model_cp_scatter_dkv_start(Model *m, const ModelBatch *b, CommRequest *reqs, Error *err)
+{
+    int64_t lkv = (int64_t)m->dims.local_kv_heads * m->dims.head_dim;
+    for (int e = 0; e < b->n_cp_ex; e++)
+        if (scatter_start(m, &b->cp_ex[e], lkv, exchange_offset(b, e, lkv), &reqs[e], err) != 0)
+            return -1;
+    return 0;
+}
+
+int model_cp_scatter_dkv_finish(Model *m, float *dqkv, const ModelBatch *b, CommRequest *reqs, Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
@@ -144,7 +204,7 @@ int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err)
     o->copy_rows(dk, DT_F32, Q, NULL, m->dk_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
     o->copy_rows(dv, DT_F32, Q, NULL, m->dv_mb, DT_F32, lkv, b->mb_row, b->T, lkv);
     for (int e = 0; e < b->n_cp_ex; e++)
-        if (scatter_one(m, &b->cp_ex[e], dk, dv, Q, lkv, err) != 0)
+        if (scatter_finish(m, &b->cp_ex[e], dk, dv, Q, lkv, exchange_offset(b, e, lkv), &reqs[e], err) != 0)
             return -1;
     return 0;
 }

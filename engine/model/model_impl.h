@@ -39,13 +39,25 @@ int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
  * its padding rows are zeroed and out [R, d] gets the sums over TP of this rank's rows. */
 int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err);
 int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err);
+/* The same exchanges started (comm_istart): their result is there once model_comm_wait(req)
+ * returns; x, part stay untouched and full, out unread until then. */
+int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full, CommRequest *req, Error *err);
+int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, CommRequest *req, Error *err);
+/* Waits for a started exchange of the model (nothing for a request that is not active); the time
+ * goes to m->comm_s. */
+int model_comm_wait(Model *m, CommRequest *req, Error *err);
 
 /* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
  * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V
  * columns of dqkv (float32, this rank's rows) from m->dk_mb, m->dv_mb, the sharded rows summed over
- * the CP group. */
-int model_cp_gather_kv(Model *m, LayerActs *a, const ModelBatch *b, Error *err);
-int model_cp_scatter_dkv(Model *m, float *dqkv, const ModelBatch *b, Error *err);
+ * the CP group. Each in two halves (reqs: MODEL_MAX_CP_EXCHANGES requests): the start copies this
+ * rank's own rows into k_mb, v_mb (gather) or reads the sharded rows of dk_mb, dv_mb (scatter) and
+ * starts the exchanges; the finish waits for them and places what arrived (the scatter's finish
+ * also copies the own rows of dk_mb, dv_mb, so the whole documents' backward may run in between). */
+int model_cp_gather_kv_start(Model *m, LayerActs *a, const ModelBatch *b, CommRequest *reqs, Error *err);
+int model_cp_gather_kv_finish(Model *m, LayerActs *a, const ModelBatch *b, CommRequest *reqs, Error *err);
+int model_cp_scatter_dkv_start(Model *m, const ModelBatch *b, CommRequest *reqs, Error *err);
+int model_cp_scatter_dkv_finish(Model *m, float *dqkv, const ModelBatch *b, CommRequest *reqs, Error *err);
 
 /* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP; with SP
  * reduce-scattered: h has R rows), and its backward from dh (R rows: all-gathered with SP). */

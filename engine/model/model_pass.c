@@ -18,6 +18,9 @@
  *     dWo += dh^T att;  datt = dh Wo [A];  dq, dk, dv = attention'(datt) (float32, accumulated)
  *     [CP: dK, dV reduce-scattered];  dqkv = unrotate(dq, dk), dv [A];  dWqkv += dqkv^T a
  *     dh += rmsnorm'(allreduce(dqkv Wqkv))                                       (= dx)
+ * The input-gradient product (dgu Wgu, dqkv Wqkv) runs before the weight-gradient product (dWgu,
+ * dWqkv), so that its all-reduce (or reduce-scatter) is started and runs beside the weight-gradient
+ * product (parallel.overlap; the two products are independent: the same numbers in either order).
  * The all-reduces of the input gradients sum each rank's part: every rank's heads and FFN columns
  * read the whole input. train.recompute: what a layer did not keep (model_memory.c) is computed
  * again at the start of its backward, by the same ops, so the gradients are the same bits.
@@ -26,6 +29,10 @@
  * the products read all T rows of a and b, all-gathered (all_rows), and every allreduce above is a
  * reduce-scatter onto the R rows; the backward all-gathers dh before the row-parallel products'
  * backward (dWdown, ds; dWo, datt) and a, b again before dWgu, dWqkv (they are kept on R rows only).
+ * Those two gathers start as soon as the gathered rows' buffer is free (after ds, datt) and run
+ * beside the work up to the weight-gradient product that reads them (swiglu' and dgu Wgu;
+ * attention' and dqkv Wqkv). A collective shows below as a start where its input is ready and a
+ * wait where its result is first read (model_comm_wait).
  */
 #include <math.h>
 #include <string.h>
@@ -66,6 +73,13 @@ static AttnShape attn_shape(const ModelDims *d)
     return (AttnShape){d->local_heads, d->local_kv_heads, d->head_dim, qkv_width(d), kv, q_width(d)};
 }
 
+/* Attention of segs (n of them; none: nothing) from the layer's qkv rows into a->att, a->lse. */
+static void attention(Model *m, LayerActs *a, const Act *k, const Act *v, const AttnSegment *segs, int64_t n)
+{
+    if (n > 0)
+        m->ops->attention_fwd(a->att, a->lse, a->qkv, k, v, segs, n, attn_shape(&m->dims));
+}
+
 /* All T rows of x, the compute-dtype rows of the residual stream's layout (R rows): x itself, or
  * with SP every TP rank's rows all-gathered into m->sp_full. */
 static int all_rows(Model *m, const Act *x, int64_t T, const Act **full, Error *err)
@@ -75,6 +89,32 @@ static int all_rows(Model *m, const Act *x, int64_t T, const Act **full, Error *
         return 0;
     *full = m->sp_full;
     return model_sp_gather(m, x, DT_ACT, T, m->sp_full, err);
+}
+
+/* all_rows started: *full is there once model_comm_wait(req) returns. */
+static int all_rows_start(Model *m, const Act *x, int64_t T, const Act **full, CommRequest *req, Error *err)
+{
+    *full = x;
+    if (!m->dims.sp)
+        return 0;
+    *full = m->sp_full;
+    return model_sp_gather_start(m, x, DT_ACT, T, m->sp_full, req, err);
+}
+
+/* tp_sum started: *sum is there once model_comm_wait(req) returns (m->tmp untouched until then). */
+static int tp_sum_start(Model *m, int64_t T, float *out, float **sum, CommRequest *req, Error *err)
+{
+    *sum = m->tmp;
+    if (m->dims.tp == 1)
+        return 0;
+    if (!m->dims.sp) {
+        double t0 = clock_seconds();
+        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp, T * m->dims.d, m->sum_dt, req, err);
+        m->comm_s += clock_seconds() - t0;
+        return rc;
+    }
+    *sum = out;
+    return model_sp_scatter_start(m, m->tmp, T, out, req, err);
 }
 
 /* The partial sums of a product's output in m->tmp (T rows) summed over TP, onto the stream's rows:
@@ -120,14 +160,20 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
         return -1;
     o->matmul_fwd(mat_act(a->qkv), in, model_weight(m, T_WQ, l), T, D, Q);
     o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq, m->rope_scale);
-    const Act *k = ops_act(o, a->qkv, q_width(d)), *v = ops_act(o, a->qkv, q_width(d) + kv_width(d));
     if (d->cp > 1) {
-        if (model_cp_gather_kv(m, a, b, err) != 0)
+        /* Documents held whole read this rank's rows only: their attention runs beside the exchange. */
+        CommRequest kv[MODEL_MAX_CP_EXCHANGES] = {{0}};
+        int64_t whole = b->n_whole_segs;
+        if (model_cp_gather_kv_start(m, a, b, kv, err) != 0)
             return -1;
-        k = a->k_mb;
-        v = a->v_mb;
+        attention(m, a, a->k_mb, a->v_mb, b->segs, whole);
+        if (model_cp_gather_kv_finish(m, a, b, kv, err) != 0)
+            return -1;
+        attention(m, a, a->k_mb, a->v_mb, b->segs + whole, b->n_segs - whole);
+    } else {
+        attention(m, a, ops_act(o, a->qkv, q_width(d)), ops_act(o, a->qkv, q_width(d) + kv_width(d)), b->segs,
+                  b->n_segs);
     }
-    o->attention_fwd(a->att, a->lse, a->qkv, k, v, b->segs, b->n_segs, attn_shape(d));
     if (residual_product(m, a->y, x, a->att, model_weight(m, T_WO, l), T, q_width(d), err) != 0)
         return -1;
     o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), R, D, d->norm_eps);
@@ -168,6 +214,7 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     int64_t Q = qkv_width(d);
     const Act *dout, *in;
     float *sum;
+    CommRequest gather = {0}, reduce = {0};
     if (recompute_layer(m, b, l, x, a, err) != 0)
         return -1;
     /* MLP */
@@ -176,12 +223,14 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WDOWN, l), dout, a->s, T, F, D);
     o->matmul_bwd_dx(mat_f32(ds), dout, model_weight(m, T_WDOWN, l), T, F, D);
+    if (all_rows_start(m, a->b, T, &in, &gather, err) != 0)
+        return -1;
     o->swiglu_bwd(m->dgu, ds, a->gu, T, F);
-    if (all_rows(m, a->b, T, &in, err) != 0)
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
+    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_comm_wait(m, &gather, err) != 0)
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WGATE, l), m->dgu, in, T, D, 2 * F);
-    o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
-    if (tp_sum(m, T, m->sp_part, &sum, err) != 0)
+    if (model_comm_wait(m, &reduce, err) != 0)
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_MLP_NORM, l), sum, a->y, model_param(m, T_MLP_NORM, l),
                    a->rstd2, R, D);
@@ -191,14 +240,25 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WO, l), dout, a->att, T, lq, D);
     o->matmul_bwd_dx(mat_act(m->datt), dout, model_weight(m, T_WO, l), T, lq, D);
+    if (all_rows_start(m, a->a, T, &in, &gather, err) != 0)
+        return -1;
     o->zero(dqkv32, T * Q);
     const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
     if (d->cp > 1) {
+        /* The sharded documents first: their dK, dV travel while the whole documents' backward runs. */
+        CommRequest dkv[MODEL_MAX_CP_EXCHANGES] = {{0}};
+        int64_t whole = b->n_whole_segs;
         o->zero(m->dk_mb, b->T_mb * lkv);
         o->zero(m->dv_mb, b->T_mb * lkv);
-        o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb, b->segs,
-                         b->n_segs, attn_shape(d));
-        if (model_cp_scatter_dkv(m, dqkv32, b, err) != 0)
+        if (b->n_segs > whole)
+            o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb,
+                             b->segs + whole, b->n_segs - whole, attn_shape(d));
+        if (model_cp_scatter_dkv_start(m, b, dkv, err) != 0)
+            return -1;
+        if (whole > 0)
+            o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb, b->segs,
+                             whole, attn_shape(d));
+        if (model_cp_scatter_dkv_finish(m, dqkv32, b, dkv, err) != 0)
             return -1;
     } else {
         o->attention_bwd(dqkv32, dqkv32 + lq, dqkv32 + lq + lkv, m->datt, a->att, a->lse, a->qkv, k, v, b->segs,
@@ -206,15 +266,21 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     }
     o->rope_bwd(m->dqkv, Q, dqkv32, Q, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim,
                 m->inv_freq, m->rope_scale);
-    if (all_rows(m, a->a, T, &in, err) != 0)
+    o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
+    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_comm_wait(m, &gather, err) != 0)
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WQ, l), m->dqkv, in, T, D, Q);
-    o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
-    if (tp_sum(m, T, m->sp_part, &sum, err) != 0)
+    if (model_comm_wait(m, &reduce, err) != 0)
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_ATTN_NORM, l), sum, x, model_param(m, T_ATTN_NORM, l),
                    a->rstd1, R, D);
     return 0;
+}
+
+/* The weights of layer l (-1: before the layers, layer_end: after them) are about to be read. */
+static int weights_needed(Model *m, int l, Error *err)
+{
+    return m->weights_needed ? m->weights_needed(m->weights_needed_ctx, m, l, err) : 0;
 }
 
 /* The chunk's input (embedding or h_in) into h[0], its layers, and on the last chunk the final
@@ -230,6 +296,8 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
         return -1;
     ModelSlot *s = &m->slots[slot];
     int64_t R = model_rows(d, b->T);
+    if (weights_needed(m, -1, err) != 0)
+        return -1;
     if (d->has_embed) {
         if (model_embed_fwd(m, s->h[0], b, err) != 0)
             return -1;
@@ -238,9 +306,12 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
     }
     for (int l = d->layer_begin; l < d->layer_end; l++) {
         int i = l - d->layer_begin;
-        if (layer_forward(m, b, l, s->h[i], s->h[i + 1], &s->layers[i], err) != 0)
+        if (weights_needed(m, l, err) != 0 ||
+            layer_forward(m, b, l, s->h[i], s->h[i + 1], &s->layers[i], err) != 0)
             return -1;
     }
+    if (weights_needed(m, d->layer_end, err) != 0)
+        return -1;
     if (d->has_head)
         m->ops->rmsnorm_fwd(s->hn, s->rstd_f, s->h[d->layer_end - d->layer_begin], model_param(m, T_FINAL_NORM, -1),
                             R, d->d, d->norm_eps);
@@ -288,13 +359,18 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
         o->zero(m->dh, R * D);
         o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_FINAL_NORM, -1), s->dhn, s->h[d->layer_end - d->layer_begin],
                        model_param(m, T_FINAL_NORM, -1), s->rstd_f, R, D);
+        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, d->layer_end, err) != 0)
+            return -1;
     } else {
         o->copy(m->dh, dh_out, R * D);
         ops_cast(o, m->dh_act, DT_ACT, m->dh, DT_F32, R * D);
     }
-    for (int l = d->layer_end - 1; l >= d->layer_begin; l--)
+    for (int l = d->layer_end - 1; l >= d->layer_begin; l--) {
         if (layer_backward(m, s, l, b, err) != 0)
             return -1;
+        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
+            return -1;
+    }
     if (d->has_embed)
         return model_embed_bwd(m, m->dh, b, err);
     o->copy(s->dx, m->dh, R * D);

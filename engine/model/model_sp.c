@@ -27,6 +27,33 @@ int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error
     return rc;
 }
 
+int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full, CommRequest *req, Error *err)
+{
+    double t0 = clock_seconds();
+    int rc = comm_iallgather(m->comm, GROUP_TP, x, full, model_rows(&m->dims, T) * m->dims.d, dt, req, err);
+    m->comm_s += clock_seconds() - t0;
+    return rc;
+}
+
+int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, CommRequest *req, Error *err)
+{
+    int64_t D = m->dims.d, R = model_rows(&m->dims, T), Tp = R * m->dims.tp;
+    if (Tp > T)
+        m->ops->zero(part + T * D, (Tp - T) * D);
+    double t0 = clock_seconds();
+    int rc = comm_ireduce_scatter_sum(m->comm, GROUP_TP, part, out, R * D, m->sum_dt, req, err);
+    m->comm_s += clock_seconds() - t0;
+    return rc;
+}
+
+int model_comm_wait(Model *m, CommRequest *req, Error *err)
+{
+    double t0 = clock_seconds();
+    int rc = comm_wait(m->comm, req, err);
+    m->comm_s += clock_seconds() - t0;
+    return rc;
+}
+
 int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err)
 {
     int64_t D = m->dims.d, R = model_rows(&m->dims, T), Tp = R * m->dims.tp;

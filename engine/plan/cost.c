@@ -134,6 +134,7 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->dpcp = (int)(dp * cp);
     m->dp_bw = (dp == 1 ? tp * cp : tp * cp * pp * dp) <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->overlap = cfg->parallel.overlap;
+    m->sums_bf16 = sum_elem == 2;
     m->zero = cfg->parallel.zero != 0;
     /* A layer's weights on a rank: its products' TP shard (half their forward FLOPs per token) and
      * its two norms, whole on every rank. The embedding and the output layer: vocab_local rows each
@@ -279,7 +280,7 @@ static double collective_s(const CostModel *m, double bytes, double factor, doub
 static void beside(const CostModel *m, double c, double p, CostTpComm *out)
 {
     double bandwidth = c - m->hw.link_latency_us * 1e-6;
-    double hidden = m->overlap ? (bandwidth < p ? bandwidth : p) : 0;
+    double hidden = m->overlap && p > 0 ? (bandwidth < p ? bandwidth : p) : 0;
     out->bwd_exposed += c - hidden;
     out->hidden += hidden;
     out->contention += m->hw.comm_sm_share * hidden;
@@ -293,12 +294,16 @@ void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
     double rows = (double)tokens_rank, ring = (m->tp - 1.0) / m->tp, full = m->recompute == RECOMPUTE_FULL;
     if (!m->sp) {
         /* Ring all-reduces of the partial sums after the attention output and the MLP down
-         * projection, 2 (n - 1) / n: 2 in the forward, 2 in the backward (the input gradients of the
-         * QKV and gate/up products), 1 more in the backward with full recomputation (the forward
-         * run again stops before the down projection). The engine overlaps none of them. */
+         * projection, 2 (n - 1) / n: 2 in the forward (exposed), 2 in the backward (the input
+         * gradients of the QKV and gate/up products, each beside the weight-gradient product that
+         * follows it), 1 more in the backward with full recomputation (the forward run again stops
+         * before the down projection; exposed). */
         double ar = collective_s(m, m->sum_bytes * rows, 2 * ring, m->tp_bw);
         c->fwd_exposed = 2 * ar;
-        c->bwd_exposed = (2 + full) * ar;
+        c->bwd_exposed = full * ar;
+        double sums_beside = m->sums_bf16 ? 0 : 1; /* bf16 sums run beside nothing */
+        beside(m, ar, sums_beside * gemm_s(m, 4 * m->d_model * m->ffn_local * rows), c);
+        beside(m, ar, sums_beside * gemm_s(m, 2 * m->d_model * m->head_dim * (m->local_heads + 2.0 * m->local_kv_heads) * rows), c);
         return;
     }
     /* Ring all-gathers (compute dtype) and reduce-scatters (partial sums), (n - 1) / n each. The
@@ -315,10 +320,11 @@ void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
     c->bwd_exposed = 2 * ag + full * (2 * ag + rs);
     double qkv = gemm_s(m, 2 * m->d_model * m->head_dim * (m->local_heads + 2.0 * m->local_kv_heads) * rows);
     double gate_up = gemm_s(m, 4 * m->d_model * m->ffn_local * rows);
+    double sums_beside = m->sums_bf16 ? 0 : 1; /* bf16 sums run beside nothing */
     beside(m, ag, gate_up, c);
-    beside(m, rs, gate_up, c);
+    beside(m, rs, sums_beside * gate_up, c);
     beside(m, ag, qkv, c);
-    beside(m, rs, qkv, c);
+    beside(m, rs, sums_beside * qkv, c);
 }
 
 double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
@@ -342,6 +348,16 @@ double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens
     double bw = size >= m->cp ? m->cp_bw
                 : m->tp * size <= m->hw.gpus_per_node ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     return collective_s(m, m->kv_bytes * (double)sharded_tokens, (size - 1.0) / size, bw);
+}
+
+void cost_cp_beside(const CostModel *m, double x, int n_ex, double whole_s, CostCpComm *c)
+{
+    double bandwidth = x - n_ex * m->hw.link_latency_us * 1e-6;
+    double hidden = m->overlap && bandwidth > 0 ? (bandwidth < whole_s ? bandwidth : whole_s) : 0;
+    hidden = hidden > 0 ? hidden : 0;
+    c->exposed = x - hidden;
+    c->hidden = hidden;
+    c->contention = m->hw.comm_sm_share * hidden;
 }
 
 void cost_head_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise)

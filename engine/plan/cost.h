@@ -27,13 +27,17 @@
  *              reduce-scatters of the input gradient. With overlap each all-gather of normed rows runs
  *              beside the input-gradient product of the same layer part (QKV, gate/up) and each
  *              reduce-scatter beside its weight-gradient product: hidden up to the product's time,
- *              the rest exposed. Without SP: 2 all-reduces a direction, exposed. Full recomputation
+ *              the rest exposed. Without SP: 2 all-reduces in the forward, exposed, and 2 in the
+ *              backward, each beside the weight-gradient product after it. Full recomputation
  *              runs the forward's first 2 all-gathers and 1 reduce-scatter (or 1 all-reduce) again in
  *              the backward, exposed. The pipeline is charged the mean of the two directions each way
  *              (cost_tp_comm_s), the breakdown each part (cost_tp_comm_parts).
  *              CP: all-gather of K and V of the sharded tokens (forward, compute dtype) and
  *              reduce-scatter of dK, dV (backward, parallel.reduce_dtype), a direction charged their
- *              mean, exposed (the engine exchanges before attention runs).
+ *              mean. With overlap each runs beside the attention of the documents the rank holds
+ *              whole (forward, backward: their attention needs nothing from the exchange): hidden up
+ *              to that attention's time, the rest and the latencies exposed (cost_cp_beside); the
+ *              attention of a sharded document waits for its whole exchange.
  *              PP: send/receive of the residual stream between stages (float32, a TP rank's rows: 1/tp
  *              of them with SP), timed by the pipeline simulator (sched.h): with overlap the receive is
  *              posted ahead and the message moves while the receiver computes; without, it moves when
@@ -127,6 +131,8 @@ typedef struct CostModel {
                                * (compute dtype) and the reduce-scatter's (parallel.reduce_dtype) */
     double tp_bw, cp_bw, pp_bw, dp_bw; /* GB/s of the link each group uses (dp: DP x CP) */
     int overlap;              /* parallel.overlap: the engine overlaps what it can */
+    int sums_bf16;            /* the partial sums travel in bf16 (parallel.reduce_dtype: compute, bf16): the
+                               * engine runs them where they are issued, beside nothing */
     int dpcp;                 /* ranks over which gradients are reduced (dp x cp) */
     int zero;                 /* parallel.zero: gradients reduce-scattered, parameters all-gathered */
     double layer_params;      /* one layer's parameters on a rank (its TP shard, norms whole) */
@@ -178,6 +184,17 @@ double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens);
  * `groups`): (size - 1) / size of the group's sharded K/V rows, over NVLink when tp * size ranks fit
  * in a node. size 1 exchanges nothing; size cp is cost_cp_comm_s. */
 double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens);
+/* A rank's K/V exchange in one direction, x seconds (the sum of cost_cp_comm_group_s over the n_ex
+ * blocks it exchanges in), as the engine runs it: started after RoPE (forward; the backward: after
+ * the sharded documents' attention backward), beside the attention of the documents the rank holds
+ * whole (whole_s seconds: they read its own rows only), finished before the sharded documents'
+ * attention (the backward: before the K/V columns of the input gradient are read). With overlap the
+ * bandwidth time hides up to whole_s and the n_ex latencies are exposed; without, all of it is.
+ * contention = comm_sm_share x hidden. */
+typedef struct CostCpComm {
+    double exposed, hidden, contention;
+} CostCpComm;
+void cost_cp_beside(const CostModel *m, double x, int n_ex, double whole_s, CostCpComm *c);
 /* Seconds of the output projection + loss (last stage) forward / backward for n tokens on a rank. */
 double cost_head_fwd_s(const CostModel *m, int64_t tokens);
 double cost_head_bwd_s(const CostModel *m, int64_t tokens);

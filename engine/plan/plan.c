@@ -11,6 +11,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "engine/plan/plan_layout.h"
 #include "engine/plan/plan_pack.h"
 #include "engine/plan/plan_shard.h"
 #include "engine/plan/sched.h"
@@ -33,7 +34,12 @@ int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream 
               CpSharding sharding, Error *err)
 {
     memset(pl, 0, sizeof *pl);
-    pl->cost = cost;
+    if (cost) {
+        pl->plan_cost = *cost;
+        pl->plan_cost.overlap = 1;
+        pl->cost = &pl->plan_cost;
+    }
+    pl->priced = cost;
     pl->stream = stream;
     pl->packer = packer;
     pl->sharding = sharding;
@@ -173,6 +179,8 @@ int plan_step(Planner *pl, StepPlan *p, Error *err)
         return -1;
     if (plan_arrange(pl, p, err) != 0)
         return -1;
+    if (!pl->priced->overlap)
+        plan_price(p, pl->priced);
     for (int64_t i = 0; i < p->n_docs; i++) {
         const PlanDoc *d = &p->docs[i];
         if (d->source == PLAN_PAD_SOURCE) {
@@ -199,6 +207,8 @@ static int baseline(const Planner *pl, const StepPlan *src, StepPlan *out, int c
     for (int64_t i = 0; i < (int64_t)out->dp * out->m; i++)
         if (plan_shard(out, i, CP_PER_SEQ, pl->cost, pl->rank_capacity, err) != 0)
             return -1;
+    if (!pl->priced->overlap)
+        plan_price(out, pl->priced);
     return 0;
 }
 

@@ -13,6 +13,8 @@ static void shard_free_ranks(Shard *s)
     free(s->attn);
     free(s->attn_fwd);
     free(s->attn_bwd);
+    free(s->whole_fwd);
+    free(s->whole_bwd);
     free(s->blk_sharded);
     free(s->uneven);
     free(s->own);
@@ -31,12 +33,14 @@ int shard_alloc(Shard *s, int cp)
     s->attn = malloc(n * sizeof *s->attn);
     s->attn_fwd = malloc(n * sizeof *s->attn_fwd);
     s->attn_bwd = malloc(n * sizeof *s->attn_bwd);
+    s->whole_fwd = malloc(n * sizeof *s->whole_fwd);
+    s->whole_bwd = malloc(n * sizeof *s->whole_bwd);
     s->blk_sharded = malloc(2 * n * sizeof *s->blk_sharded);
     s->uneven = malloc(2 * n * sizeof *s->uneven);
     s->own = malloc(n * SHARD_DEPTHS * sizeof *s->own);
     s->counter = malloc(2 * n * sizeof *s->counter);
-    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd && s->blk_sharded && s->uneven &&
-                   s->own && s->counter
+    return s->last_range && s->tokens && s->attn && s->attn_fwd && s->attn_bwd && s->whole_fwd && s->whole_bwd &&
+                   s->blk_sharded && s->uneven && s->own && s->counter
                ? 0
                : -1;
 }
@@ -64,7 +68,7 @@ int shard_reset(Shard *s, int64_t n_docs)
     for (int r = 0; r < s->cp; r++) {
         s->last_range[r] = -1;
         s->tokens[r] = 0;
-        s->attn[r] = s->attn_fwd[r] = s->attn_bwd[r] = 0;
+        s->attn[r] = s->attn_fwd[r] = s->attn_bwd[r] = s->whole_fwd[r] = s->whole_bwd[r] = 0;
     }
     for (int v = 0; v < 2 * s->cp; v++) {
         s->blk_sharded[v] = 0;
@@ -105,7 +109,9 @@ static int add_range(Shard *s, int r, int64_t start, int64_t len)
     return 0;
 }
 
-static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, int64_t q_len, int64_t kv_start)
+/* whole: the segment's document is on rank r alone. */
+static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, int64_t q_len, int64_t kv_start,
+                       int whole)
 {
     if (q_len <= 0)
         return 0;
@@ -120,14 +126,19 @@ static int add_segment(Shard *s, const CostModel *cost, int r, int64_t q_start, 
     s->attn_fwd[r] += f;
     s->attn_bwd[r] += b;
     s->attn[r] += f + b;
+    if (whole) {
+        s->whole_fwd[r] += f;
+        s->whole_bwd[r] += b;
+    }
     return 0;
 }
 
 /* Rows [start, start + len) on rank r, their queries against keys [kv_start, start + len). The
  * caller keeps the document's group (doc_*) and exchange counters. */
-static int shard_piece(Shard *s, const CostModel *cost, int r, int64_t start, int64_t len, int64_t kv_start)
+static int shard_piece(Shard *s, const CostModel *cost, int r, int64_t start, int64_t len, int64_t kv_start,
+                       int whole)
 {
-    return add_range(s, r, start, len) != 0 || add_segment(s, cost, r, start, len, kv_start) != 0 ? -1 : 0;
+    return add_range(s, r, start, len) != 0 || add_segment(s, cost, r, start, len, kv_start, whole) != 0 ? -1 : 0;
 }
 
 /* Document k held whole by rank r: one range, one segment, nothing exchanged. */
@@ -136,7 +147,7 @@ int shard_whole(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k,
     s->doc_rank[k] = r;
     s->doc_first[k] = r;
     s->doc_size[k] = 1;
-    return shard_piece(s, cost, r, docs[k].start, docs[k].len, docs[k].start);
+    return shard_piece(s, cost, r, docs[k].start, docs[k].len, docs[k].start, 1);
 }
 
 /* Chunk sizes of a document of len tokens cut per_doc: len / 2CP each, and the len mod 2CP leftover
@@ -170,7 +181,7 @@ int shard_chunks(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t k
     int v = plan_block_of(s->cp, first, g), h = plan_block_depth(v);
     for (int c = 0; c < 2 * g; c++) {
         int r = first + (c < g ? c : 2 * g - 1 - c);
-        if (shard_piece(s, cost, r, at, size[c], d->start) != 0)
+        if (shard_piece(s, cost, r, at, size[c], d->start, g == 1) != 0)
             return -1;
         s->own[r * SHARD_DEPTHS + h] += size[c];
         at += size[c];
@@ -204,7 +215,7 @@ int shard_per_seq(Shard *s, const CostModel *cost, const PlanDoc *docs, int64_t 
         for (int64_t j = k; j < n_docs && docs[j].start < ce; j++) {
             int64_t qs = docs[j].start > cs ? docs[j].start : cs;
             int64_t qe = docs[j].start + docs[j].len < ce ? docs[j].start + docs[j].len : ce;
-            if (add_segment(s, cost, r, qs, qe - qs, docs[j].start) != 0)
+            if (add_segment(s, cost, r, qs, qe - qs, docs[j].start, 0) != 0)
                 return -1;
         }
     }
@@ -246,6 +257,47 @@ static double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r)
     return t;
 }
 
+/* Rank r's K/V exchange in one direction, all of it (*x seconds, *n blocks). */
+static void shard_rank_cp_exchange(const Shard *s, const CostModel *cost, int r, double *x, int *n)
+{
+    *x = 0;
+    *n = 0;
+    for (int v = (s->cp + r) / 2; v >= 1; v /= 2) {
+        double t = cost_cp_comm_group_s(cost, plan_block_size(s->cp, v), shard_block_exchange_tokens(s, v));
+        *x += t;
+        *n += t > 0;
+    }
+}
+
+void plan_rank_price(PlanRank *pr, const CostModel *cost)
+{
+    double tp = cost_tp_comm_s(cost, pr->tokens);
+    CostCpComm cf, cb;
+    cost_cp_beside(cost, pr->cp_comm_s, pr->n_cp_ex, pr->whole_fwd_s, &cf);
+    /* The backward's dK/dV reduce-scatter in bf16 runs beside nothing (cost.h: sums_bf16). */
+    cost_cp_beside(cost, pr->cp_comm_s, pr->n_cp_ex, cost->sums_bf16 ? 0 : pr->whole_bwd_s, &cb);
+    pr->comm_fwd_s = tp + cf.exposed + cf.contention;
+    pr->comm_bwd_s = tp + cb.exposed + cb.contention;
+    pr->cp_hidden_fwd_s = cf.hidden;
+    pr->cp_hidden_bwd_s = cb.hidden;
+}
+
+void plan_price(StepPlan *p, const CostModel *cost)
+{
+    for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++) {
+        PlanMicroBatch *mb = &p->mbs[i];
+        mb->fwd_s = mb->bwd_s = 0;
+        for (int r = 0; r < p->cp; r++) {
+            PlanRank *pr = &p->ranks[mb->first_rank + r];
+            plan_rank_price(pr, cost);
+            double f = pr->attn_fwd_s + pr->linear_fwd_s + pr->comm_fwd_s;
+            double b = pr->attn_bwd_s + pr->linear_bwd_s + pr->comm_bwd_s;
+            mb->fwd_s = f > mb->fwd_s ? f : mb->fwd_s;
+            mb->bwd_s = b > mb->bwd_s ? b : mb->bwd_s;
+        }
+    }
+}
+
 /* The slowest rank, its group's K/V exchange included: CP ranks meet at every layer. (With one
  * group, the whole CP group, this is the slowest rank's compute plus the group's exchange.) */
 double shard_time(const Shard *s, const CostModel *cost)
@@ -261,9 +313,13 @@ double shard_time(const Shard *s, const CostModel *cost)
 /* Rank r's forward and backward seconds per layer, as the plan records them (commit). */
 static void rank_fwd_bwd(const Shard *s, const CostModel *cost, int r, double *f, double *b)
 {
-    double comm = cost_tp_comm_s(cost, s->tokens[r]) + shard_rank_cp_comm(s, cost, r);
-    *f = s->attn_fwd[r] + cost_linear_fwd_s(cost, s->tokens[r]) + comm;
-    *b = s->attn_bwd[r] + cost_linear_bwd_s(cost, s->tokens[r]) + comm;
+    PlanRank pr = {.tokens = s->tokens[r], .whole_fwd_s = s->whole_fwd[r], .whole_bwd_s = s->whole_bwd[r]};
+    int n;
+    shard_rank_cp_exchange(s, cost, r, &pr.cp_comm_s, &n);
+    pr.n_cp_ex = n;
+    plan_rank_price(&pr, cost);
+    *f = s->attn_fwd[r] + cost_linear_fwd_s(cost, s->tokens[r]) + pr.comm_fwd_s;
+    *b = s->attn_bwd[r] + cost_linear_bwd_s(cost, s->tokens[r]) + pr.comm_bwd_s;
 }
 
 /* The micro-batch's predicted seconds per layer as the plan records them: the slowest forward and
@@ -327,7 +383,12 @@ int shard_commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMode
         pr->attn_bwd_s = s->attn_bwd[r];
         pr->linear_fwd_s = cost_linear_fwd_s(cost, pr->tokens);
         pr->linear_bwd_s = cost_linear_bwd_s(cost, pr->tokens);
-        pr->comm_fwd_s = pr->comm_bwd_s = cost_tp_comm_s(cost, pr->tokens) + shard_rank_cp_comm(s, cost, r);
+        int n;
+        shard_rank_cp_exchange(s, cost, r, &pr->cp_comm_s, &n);
+        pr->n_cp_ex = n;
+        pr->whole_fwd_s = s->whole_fwd[r];
+        pr->whole_bwd_s = s->whole_bwd[r];
+        plan_rank_price(pr, cost);
         double f = pr->attn_fwd_s + pr->linear_fwd_s + pr->comm_fwd_s;
         double b = pr->attn_bwd_s + pr->linear_bwd_s + pr->comm_bwd_s;
         mb->fwd_s = f > mb->fwd_s ? f : mb->fwd_s;

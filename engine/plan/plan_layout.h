@@ -27,6 +27,8 @@ typedef struct Shard {
     int64_t *tokens;       /* per rank */
     double *attn;          /* per rank: attention seconds, forward + backward */
     double *attn_fwd, *attn_bwd;
+    double *whole_fwd, *whole_bwd; /* per rank: the attention of the documents it holds whole (on it
+                            * alone: nothing exchanged), what its K/V exchange runs beside */
     int64_t *blk_sharded;  /* per block (below): the tokens of the documents sharded over it, what its
                             * K/V exchange moves */
     int32_t *uneven;       /* per block: the documents cut unevenly over it (groups' eveners) */
@@ -71,11 +73,21 @@ double shard_rank_time_with(const CostModel *cost, double attn, int64_t tokens);
  * many as make (g - 1) / g of them what its rank holding the fewest receives (an all-gather ends
  * when that rank has every other rank's rows). */
 int64_t shard_block_exchange_tokens(const Shard *s, int v);
-/* The slowest rank's seconds per layer, forward + backward, its exchanges included. */
+/* The slowest rank's seconds per layer, forward + backward, its exchanges included, all of them
+ * exposed: what the sharding modes compare candidates on (their bounds and predictions are built
+ * on it); the plan records what hides beside the whole documents' attention (shard_commit). */
 double shard_time(const Shard *s, const CostModel *cost);
 /* The micro-batch's seconds per layer as the plan records them: the slowest rank's forward and the
- * slowest rank's backward (what the pipeline schedule takes). */
+ * slowest rank's backward (what the pipeline schedule takes), the K/V exchange priced beside the
+ * attention of the documents held whole (cost_cp_beside). */
 void shard_mb_times(const Shard *s, const CostModel *cost, double *fwd, double *bwd);
+/* A rank's comm_fwd_s, comm_bwd_s and cp_hidden_*_s from its tokens and K/V exchange (cp_comm_s,
+ * n_cp_ex, whole_*_s): the TP exchanges (cost_tp_comm_s) and the exchange beside the whole
+ * documents' attention (cost_cp_beside), as cost prices them. */
+void plan_rank_price(PlanRank *pr, const CostModel *cost);
+/* Every micro-batch's ranks priced (plan_rank_price) and its fwd_s, bwd_s again: a plan made with
+ * one cost model (the planner's) priced with another (parallel.overlap as configured). */
+void plan_price(StepPlan *p, const CostModel *cost);
 /* 1 when no rank holds more than capacity tokens. */
 int shard_fits(const Shard *s, int64_t capacity);
 

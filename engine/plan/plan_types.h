@@ -89,6 +89,12 @@ typedef struct PlanRank {
     int64_t first_range, n_ranges;
     int64_t first_segment, n_segments;
     double attn_fwd_s, attn_bwd_s, linear_fwd_s, linear_bwd_s, comm_fwd_s, comm_bwd_s;
+    /* The K/V exchange, per layer and direction: all of it (its blocks' cost_cp_comm_group_s, n_cp_ex
+     * of them), and the attention of the documents the rank holds whole that it runs beside
+     * (cost_cp_beside); of it what hides (comm_*_s has the exposed rest and the contention). */
+    double cp_comm_s, whole_fwd_s, whole_bwd_s;
+    int32_t n_cp_ex;
+    double cp_hidden_fwd_s, cp_hidden_bwd_s;
 } PlanRank;
 
 typedef struct PlanMicroBatch {
@@ -135,7 +141,13 @@ typedef struct PlanQueue {
 enum { PLAN_MAX_QUEUES = 16 };
 
 typedef struct Planner {
+    /* What the planner decides with (packing, sharding, order): the cost model with parallel.overlap
+     * taken as true either way, so that overlap never changes the plan (and with it the order of the
+     * sums: the same numbers with overlap true and false). The plan's times are then priced with
+     * `priced`, the configured model (plan_price). */
     const CostModel *cost;
+    const CostModel *priced;
+    CostModel plan_cost;
     DataStream *stream;
     PackerKind packer;
     CpSharding sharding;

@@ -454,7 +454,7 @@ void sched_pass_parts(const StepPlan *p, const PlanMicroBatch *mb, const CostMod
     CostTpComm tp;
     cost_linear_split(cost, k->tokens, backward, &prod, &elem);
     cost_tp_comm_parts(cost, k->tokens, &tp);
-    /* Each direction is charged the mean of the two (cost_tp_comm_s); the rest of the exchange is CP's. */
+    /* Each direction is charged the mean of the two (cost_tp_comm_s). */
     double tp_s = cost_tp_comm_s(cost, k->tokens), comm = backward ? k->comm_bwd_s : k->comm_fwd_s;
     b->attention += layers * (backward ? k->attn_bwd_s : k->attn_fwd_s);
     b->products += layers * prod;
@@ -462,7 +462,13 @@ void sched_pass_parts(const StepPlan *p, const PlanMicroBatch *mb, const CostMod
     b->tp_exposed += layers * (tp.fwd_exposed + tp.bwd_exposed) / 2;
     b->tp_hidden += layers * tp.hidden / 2;
     b->contention += layers * tp.contention / 2;
-    b->cp_exposed += layers * (comm - tp_s > 0 ? comm - tp_s : 0);
+    /* The rest of the exchange is CP's: exposed, and the contention of what ran beside the whole
+     * documents' attention. */
+    double cp_hidden = backward ? k->cp_hidden_bwd_s : k->cp_hidden_fwd_s;
+    double cp_contention = cost->hw.comm_sm_share * cp_hidden, cp_exposed = comm - tp_s - cp_contention;
+    b->cp_exposed += layers * (cp_exposed > 0 ? cp_exposed : 0);
+    b->cp_hidden += layers * cp_hidden;
+    b->contention += layers * cp_contention;
     if (g == 0 && max_tokens > 0) {
         double e, c;
         cost_embed_split(cost, max_tokens, backward, &e, &c);

@@ -95,6 +95,27 @@ static int read_piece(BatchBuffers *bb, const PlanDoc *d, const DataSources *dat
  * sharded over exactly its block: what every rank of the block sends, in CP rank order and each
  * rank's own row order, the order all of them agree on. A document sharded over a block lies on its
  * ranks only, so each of its rows travels in one exchange. */
+/* The segments of documents held whole (blk 0 at their key rows) first, then those of sharded
+ * documents, each part in the plan's order (ModelBatch.n_whole_segs): the forward runs the first
+ * part beside the K/V exchange. A document's segments stay together and in order, and no row is
+ * read by both parts, so attention computes the same numbers either way. */
+static int whole_first(BatchBuffers *bb, ModelBatch *out, const int64_t *blk, Error *err)
+{
+    int64_t n = out->n_segs, w = 0;
+    AttnSegment *tmp = malloc((size_t)(n ? n : 1) * sizeof *tmp);
+    if (!tmp)
+        return error_runtime(err, "batch", "out of memory");
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t s = 0; s < n; s++)
+            if ((blk[bb->segs[s].kv_row] == 0) == (pass == 0))
+                tmp[w++] = bb->segs[s];
+    for (int64_t s = 0; s < n; s++)
+        out->n_whole_segs -= blk[bb->segs[s].kv_row] != 0;
+    memcpy(bb->segs, tmp, (size_t)n * sizeof *tmp);
+    free(tmp);
+    return 0;
+}
+
 static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch *mb, int rank, ModelBatch *out,
                        Error *err)
 {
@@ -145,6 +166,8 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
                                      "over a block it does not exchange in", rank, (long long)t);
         }
     }
+    if (whole_first(bb, out, blk, err) != 0)
+        return -1;
     /* The exchanges, largest block first; where each one's rows start in send_rows and recv_rows. */
     int64_t n_recv = 0, n_send = 0, n_counts = 0, send_at[MODEL_MAX_CP_EXCHANGES], recv_at[MODEL_MAX_CP_EXCHANGES];
     out->n_cp_ex = 0;
@@ -250,7 +273,7 @@ int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const 
     free(tok);
     free(local);
     *out = (ModelBatch){.T = rows, .tokens = bb->d_tokens, .targets = bb->d_targets, .positions = bb->d_positions,
-                        .segs = bb->segs, .n_segs = pr->n_segments, .T_mb = rows};
+                        .segs = bb->segs, .n_segs = pr->n_segments, .n_whole_segs = pr->n_segments, .T_mb = rows};
     return p->cp > 1 ? cp_exchange(bb, p, mb, rank, out, err) : 0;
 }
 

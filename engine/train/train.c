@@ -423,6 +423,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         if (stop->reason != STOP_NONE)
             stop_report(stop, cfg, step, cfg->checkpoint.dir != NULL);
     }
+    if (rc == 0) /* ZeRO-1: the last update's parameters gathered (parallel.overlap runs it ahead) */
+        rc = trainer_params_ready(tr, err);
     if (metrics && fclose(metrics) != 0 && rc == 0)
         rc = error_errno(err, cfg->log.metrics, "cannot write");
     const TrainValidRecord *r = &tr->valid_record;

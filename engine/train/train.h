@@ -50,6 +50,13 @@ typedef struct TrainChunk {
     CommRequest *send_h;     /* per slot: the send of its output (forward) */
     CommRequest *send_dx;    /* per slot: the send of its input gradient (backward) */
     float *shard_grads;      /* ZeRO-1: this rank's shard of the summed gradients */
+    /* The gradient buckets (train_grads.c): one per layer, then the tensors before the layers and
+     * those after them; each one's reduction over DP x CP, and whether it was started this step. */
+    CommRequest *grad_req;
+    int *bucket_started;
+    int last_backward;       /* the schedule's index of the chunk's last backward pass this step (-1: none) */
+    CommRequest *param_req;  /* ZeRO-1: per bucket, the parameters' all-gather after the update */
+    int *param_pending;      /* per bucket: gathered parameters not yet waited for (and cast) */
 } TrainChunk;
 
 /* The validation loss by token position (the RoPE position: the token's offset in its document),
@@ -139,6 +146,13 @@ typedef struct Trainer {
     int n_sched;
     float *recv;             /* a received activation or gradient (backend memory) */
     int64_t recv_cap;
+    /* parallel.overlap: the receive of the next pass, posted before the current pass runs
+     * (train_pipeline.c), in slot (pass index) % 2 - the current pass's own may still be pending
+     * in the other; its buffer becomes recv when that pass takes it. */
+    float *recv_ahead[2];
+    int64_t recv_ahead_cap[2];
+    CommRequest ahead_req[2];
+    int ahead_pass[2];       /* the schedule's index of the pass each is for (ahead_req active) */
     double *mb_compute;      /* m: this rank's compute seconds per micro-batch (comm excluded) */
     double *all_compute;     /* world x m, gathered */
     int *pass_timed;         /* per pass of sched: marked by the device timer this step */
@@ -257,6 +271,20 @@ int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
 int trainer_reduce_grads(Trainer *tr, Error *err);
+/* Bucket b of m's parameters (and gradients) as [*lo, *hi): b < layers: layer layer_begin + b's
+ * tensors; layers: the tensors before the first layer (embedding); layers + 1: those after the last
+ * (final norm, output projection). */
+void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi);
+/* ZeRO-1 with parallel.overlap (train_params.c): after chunk k's update, its parameters' all-gather
+ * over DP x CP starts bucket by bucket (in forward order); the next forward waits for each bucket
+ * just before the layer that reads it (Model.weights_needed); trainer_params_ready waits for all
+ * of them (before anything else reads the parameters: the update, a gather, a checkpoint). */
+int trainer_start_param_gather(Trainer *tr, int k, Error *err);
+int trainer_weights_needed(void *ctx, Model *m, int layer, Error *err);
+int trainer_params_ready(Trainer *tr, Error *err);
+/* Model.grads_ready of a chunk's last backward pass (ctx: the Trainer): layer's gradients are final,
+ * its bucket's reduction starts (train_grads.c). */
+int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err);
 void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
 /* Rank r's ZeRO-1 shard of n parameters over a group of size g: [n r / g, n (r + 1) / g). */
 void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end);

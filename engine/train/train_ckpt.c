@@ -235,6 +235,8 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
 {
     const char *dir = tr->cfg->checkpoint.dir;
     int lead = tr->lay.rank == 0, rc = 0;
+    if (trainer_params_ready(tr, err) != 0)
+        return -1;
     char tmp[4096], final[4096], name[32], path[4200];
     snprintf(name, sizeof name, "step-%08lld", (long long)step);
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);

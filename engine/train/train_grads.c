@@ -14,6 +14,15 @@
  *   DP x CP      the ranks that differ in dp or cp hold the same block, each with the gradient of
  *                other tokens: all-reduced (or with ZeRO-1 reduce-scattered, each rank getting its
  *                shard of the sum).
+ * Buckets: the DP x CP reduction runs per bucket of a chunk's gradients - one per layer, then the
+ * tensors before the layers (the embedding) and those after them (final norm, output projection) -
+ * each as soon as its gradients are final: with parallel.overlap a layer's bucket starts when the
+ * chunk's last micro-batch's backward has passed the layer (Model.grads_ready), and runs while the
+ * backward goes on to the layers below; the last chunk's final norm and output projection once the
+ * backward has passed the final norm (a tied output projection is the embedding's copy, placed
+ * before the layers, model.c); the embedding's after the pipeline (tied embeddings summed first). Without overlap every bucket
+ * runs after the pipeline, in the same sizes and order, so both give the same bits. A layer's TP
+ * sums (SP norms, kv replicas) run just before its bucket starts.
  * The global norm counts each element of the full model once: a block counts when its tensor is
  * marked counts (one of the TP replicas, the first chunk's copy of tied embeddings), and without
  * ZeRO only on the ranks with dp = cp = 0 (the others hold the same sums); with ZeRO every rank
@@ -25,41 +34,41 @@
 
 #include "engine/train/train.h"
 
-static int sum_kv_replicas(Trainer *tr, Model *m, Error *err)
+/* Layer l's kv replicas summed over TP. */
+static int sum_kv_replicas(Trainer *tr, Model *m, int l, Error *err)
 {
     const ModelDims *d = &m->dims;
     if (d->kv_replicas == 1)
         return 0;
     const Ops *o = m->ops;
     int64_t kvd = (int64_t)d->n_kv_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    int64_t layers = d->layer_end - d->layer_begin, per = 2 * kvd * d->d, n = layers * per;
-    float *buf = o->alloc((size_t)(n ? n : 1) * sizeof *buf); /* zeroed */
+    int64_t n = 2 * kvd * d->d;
+    float *buf = o->alloc((size_t)n * sizeof *buf); /* zeroed */
     if (!buf)
         return error_runtime(err, "train", "out of memory");
-    for (int l = d->layer_begin; l < d->layer_end; l++)
-        for (int j = 0; j < 2; j++) {
-            const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
-            o->copy(buf + (l - d->layer_begin) * per + j * kvd * d->d + t->row0 * d->d, m->grads + t->offset, lkv * d->d);
-        }
+    for (int j = 0; j < 2; j++) {
+        const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
+        o->copy(buf + j * kvd * d->d + t->row0 * d->d, m->grads + t->offset, lkv * d->d);
+    }
     int rc = comm_allreduce_sum(tr->comm, GROUP_TP, buf, n, err);
-    for (int l = d->layer_begin; rc == 0 && l < d->layer_end; l++)
-        for (int j = 0; j < 2; j++) {
-            const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
-            o->copy(m->grads + t->offset, buf + (l - d->layer_begin) * per + j * kvd * d->d + t->row0 * d->d, lkv * d->d);
-        }
+    for (int j = 0; rc == 0 && j < 2; j++) {
+        const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
+        o->copy(m->grads + t->offset, buf + j * kvd * d->d + t->row0 * d->d, lkv * d->d);
+    }
     o->free(buf);
     return rc;
 }
 
-/* Sequence parallelism: the norm weights' gradients (replicated over TP, each rank's from its own
- * rows) summed over TP, in place, one tensor at a time. */
-static int sum_sp_norms(Trainer *tr, Model *m, Error *err)
+/* Sequence parallelism: the norm weights' gradients of layer l (-1: outside the layers; replicated
+ * over TP, each rank's from its own rows) summed over TP, in place, one tensor at a time. */
+static int sum_sp_norms(Trainer *tr, Model *m, int l, Error *err)
 {
     if (!m->dims.sp)
         return 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const ModelTensor *t = &m->tensors[i];
-        if (t->is_vector && comm_allreduce_sum(tr->comm, GROUP_TP, m->grads + t->offset, t->cols, err) != 0)
+        if (t->is_vector && t->layer == l &&
+            comm_allreduce_sum(tr->comm, GROUP_TP, m->grads + t->offset, t->cols, err) != 0)
             return -1;
     }
     return 0;
@@ -128,28 +137,128 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
     return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, DT_F32, err);
 }
 
+/* Bucket b of m's gradients as [*lo, *hi): b < layers: layer layer_begin + b's tensors (they follow
+ * each other, model.c); layers: the tensors before the first layer; layers + 1: those after the
+ * last. */
+void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi)
+{
+    int layers = m->dims.layer_end - m->dims.layer_begin, first = m->dims.layer_begin;
+    int64_t lo_all = m->n_params, hi_all = 0;
+    *lo = m->n_params;
+    *hi = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ModelTensor *t = &m->tensors[i];
+        if (t->layer < 0)
+            continue;
+        int64_t end = t->offset + t->rows * t->cols;
+        lo_all = t->offset < lo_all ? t->offset : lo_all;
+        hi_all = end > hi_all ? end : hi_all;
+        if (t->layer == first + b) {
+            *lo = t->offset < *lo ? t->offset : *lo;
+            *hi = end > *hi ? end : *hi;
+        }
+    }
+    if (layers == 0)
+        lo_all = hi_all = m->n_params;
+    if (b == layers) {
+        *lo = 0;
+        *hi = lo_all;
+    } else if (b == layers + 1) {
+        *lo = hi_all;
+        *hi = m->n_params;
+    }
+}
+
+/* Starts the DP x CP reduction of bucket b of chunk k: all-reduced in place, or with ZeRO-1
+ * reduce-scattered, each rank getting the part of the bucket that falls in its shard. */
+static int start_bucket(Trainer *tr, int k, int b, Error *err)
+{
+    TrainChunk *ch = &tr->chunks[k];
+    Model *m = &ch->model;
+    int64_t lo, hi;
+    trainer_bucket_range(m, b, &lo, &hi);
+    ch->bucket_started[b] = 1;
+    if (hi <= lo)
+        return 0;
+    if (!tr->cfg->parallel.zero)
+        return comm_iallreduce_sum(tr->comm, GROUP_DPCP, m->grads + lo, hi - lo, &ch->grad_req[b], err);
+    int g = tr->comm->size[GROUP_DPCP];
+    int64_t counts[4096], sb, se, mine_b, mine_e;
+    for (int r = 0; r < g; r++) {
+        trainer_shard_range(m->n_params, g, r, &sb, &se);
+        int64_t from = lo > sb ? lo : sb, to = hi < se ? hi : se;
+        counts[r] = to > from ? to - from : 0;
+    }
+    trainer_optim_range(tr, m, &mine_b, &mine_e);
+    float *recv = ch->shard_grads + (lo > mine_b && lo < mine_e ? lo - mine_b : 0);
+    return comm_ireduce_scatterv(tr->comm, GROUP_DPCP, m->grads + lo, recv, counts, &ch->grad_req[b], err);
+}
+
+/* Layer l of chunk k has its final gradients: its TP sums, then its bucket's reduction started. */
+static int layer_bucket(Trainer *tr, int k, int l, Error *err)
+{
+    Model *m = &tr->chunks[k].model;
+    if (sum_sp_norms(tr, m, l, err) != 0 || sum_kv_replicas(tr, m, l, err) != 0)
+        return -1;
+    return start_bucket(tr, k, l - m->dims.layer_begin, err);
+}
+
+/* The bucket after the layers (final norm, output projection) of chunk k: its SP sums, then its
+ * reduction started. */
+static int tail_bucket(Trainer *tr, int k, Error *err)
+{
+    Model *m = &tr->chunks[k].model;
+    int layers = m->dims.layer_end - m->dims.layer_begin;
+    if (sum_sp_norms(tr, m, -1, err) != 0)
+        return -1;
+    return start_bucket(tr, k, layers + 1, err);
+}
+
+int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err)
+{
+    Trainer *tr = ctx;
+    for (int k = 0; k < tr->v; k++) {
+        if (&tr->chunks[k].model != m)
+            continue;
+        if (layer < m->dims.layer_end)
+            return layer_bucket(tr, k, layer, err);
+        return tail_bucket(tr, k, err);
+    }
+    return error_runtime(err, "train", "gradients of a model chunk the trainer does not hold");
+}
+
 int trainer_reduce_grads(Trainer *tr, Error *err)
 {
-    Comm *c = tr->comm;
     tr->grads_gathered = 0;
-    for (int k = 0; k < tr->v; k++)
-        if (sum_sp_norms(tr, &tr->chunks[k].model, err) != 0 || sum_kv_replicas(tr, &tr->chunks[k].model, err) != 0)
-            return -1;
+    /* The layers' buckets not started during the backward, top layer first (the backward's order). */
+    for (int k = 0; k < tr->v; k++) {
+        Model *m = &tr->chunks[k].model;
+        for (int l = m->dims.layer_end - 1; l >= m->dims.layer_begin; l--)
+            if (!tr->chunks[k].bucket_started[l - m->dims.layer_begin] && layer_bucket(tr, k, l, err) != 0)
+                return -1;
+    }
     if (sum_tied_embeddings(tr, err) != 0)
         return -1;
     for (int k = 0; k < tr->v; k++) {
-        TrainChunk *ch = &tr->chunks[k];
-        Model *m = &ch->model;
-        if (!tr->cfg->parallel.zero) {
-            if (comm_allreduce_sum(c, GROUP_DPCP, m->grads, m->n_params, err) != 0)
-                return -1;
-            continue;
-        }
-        int64_t counts[4096];
-        shard_counts(tr, m, counts);
-        if (comm_reduce_scatterv(c, GROUP_DPCP, m->grads, ch->shard_grads, counts, err) != 0)
+        Model *m = &tr->chunks[k].model;
+        int layers = m->dims.layer_end - m->dims.layer_begin;
+        if (start_bucket(tr, k, layers, err) != 0 ||
+            (!tr->chunks[k].bucket_started[layers + 1] && tail_bucket(tr, k, err) != 0))
             return -1;
     }
+    for (int k = 0; k < tr->v; k++) {
+        TrainChunk *ch = &tr->chunks[k];
+        int buckets = ch->model.dims.layer_end - ch->model.dims.layer_begin + 2;
+        for (int b = 0; b < buckets; b++) {
+            ch->bucket_started[b] = 0;
+            if (comm_wait(tr->comm, &ch->grad_req[b], err) != 0)
+                return -1;
+        }
+    }
+    int64_t left = comm_outstanding(tr->comm);
+    if (left != 0)
+        return error_runtime(err, "train", "step %lld: %lld communication requests still outstanding after the "
+                             "gradients' reduction", (long long)tr->plan.step + 1, (long long)left);
     return 0;
 }
 
@@ -158,6 +267,8 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
     Comm *c = tr->comm;
     int zero = (int)tr->cfg->parallel.zero, counts_here = zero || (tr->lay.dp_rank == 0 && tr->lay.cp_rank == 0);
     double sumsq = 0;
+    if (trainer_params_ready(tr, err) != 0) /* a chunk that ran no forward this step */
+        return -1;
     for (int k = 0; k < tr->v && counts_here; k++) {
         TrainChunk *ch = &tr->chunks[k];
         sumsq += optim_grad_sumsq(&ch->optim, &ch->model, zero ? ch->shard_grads : ch->model.grads);
@@ -181,7 +292,10 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
         TrainChunk *ch = &tr->chunks[k];
         Model *m = &ch->model;
         st->lr = optim_update(&ch->optim, m, zero ? ch->shard_grads : m->grads, st->grad_norm, !zero);
-        if (zero) { /* every rank's updated shard; then the compute copy of the whole */
+        if (zero && tr->cfg->parallel.overlap) { /* bucket by bucket, ahead of the next forward */
+            if (trainer_start_param_gather(tr, k, err) != 0)
+                return -1;
+        } else if (zero) { /* every rank's updated shard; then the compute copy of the whole */
             if (trainer_gather_shards(tr, m, m->params, NULL, err) != 0)
                 return -1;
             model_weights_changed(m);
@@ -243,6 +357,8 @@ int trainer_gather_arrays(Trainer *tr, const char *name, const float *const *arr
 
 int trainer_gather(Trainer *tr, const char *name, int grads, float *full, Error *err)
 {
+    if (trainer_params_ready(tr, err) != 0)
+        return -1;
     if (grads && gather_shard_grads(tr, err) != 0)
         return -1;
     const float *arrays[64];

@@ -13,7 +13,7 @@
  *                micro-batch: T rows on this CP rank, T_mb in the micro-batch; slots_g = the most
  *                micro-batches the schedule of stage s has in flight on chunk g)
  *   other        the stage input received (R d floats, when there is more than one chunk; R = T, or
- *                ceil(T / tp) with sequence parallelism), the batch
+ *                ceil(T / tp) with sequence parallelism; 3 R d with the receives posted ahead), the batch
  *                inputs of the replica's M micro-batches (tokens, targets, positions, and with CP
  *                the row indices of the K/V exchange), the largest transient buffer of a step (the
  *                tied embedding's gradient exchange, the kv replicas' gradient sum; a checkpoint
@@ -112,8 +112,11 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
                                             d.d);
     }
     int64_t d_model = cfg->model.d_model;
+    /* With parallel.overlap on MPI's path the next passes' receives are posted ahead into two more
+     * buffers of the same size (train_pipeline.c); NCCL posts none. */
+    int ahead = p->overlap && p->comm != COMM_NCCL ? 2 : 0;
     if (chunks > 1)
-        out->other += 4.0 * (double)rows * (double)d_model;
+        out->other += (1.0 + ahead) * 4.0 * (double)rows * (double)d_model;
     /* Batch inputs: 3 int32 per row, and with CP the int64 row indices (own rows, sent rows,
      * received rows). */
     double per_batch = 12.0 * (double)(T > 0 ? T : 1) + (p->cp > 1 ? 8.0 * (double)(2 * T + T_mb + 1) : 0);

@@ -9,7 +9,11 @@
  * receive matches its own send. Sends do not block: a slot's output stays untouched until its send
  * completed, which is waited for before the slot takes its next micro-batch. A stage receives in
  * the order of its schedule, and the schedule's passes only wait for passes that come earlier in
- * the dependency order (sched.c runs the same order), so no rank waits forever.
+ * the dependency order (sched.c runs the same order), so no rank waits forever. With
+ * parallel.overlap (and a path that can post receives: MPI's) the receive of the next pass is
+ * posted before the current pass runs, so that its message arrives during the current pass instead
+ * of after it (on a rendezvous protocol the sender's message moves only once the receive is
+ * posted); a posted receive never blocks, so the order above still holds.
  *
  * A micro-batch without a token (the wlb packer leaves some empty when a step has fewer documents
  * than micro-batches) is skipped by every rank of its replica: no input, no activation slot, no
@@ -65,19 +69,48 @@ int trainer_check_plan(Trainer *tr, const StepPlan *p, uint32_t perturb, Error *
     return 0;
 }
 
+/* Room for n floats in *buf (capacity *cap). */
+static int reserve(Trainer *tr, float **buf, int64_t *cap_now, int64_t n, Error *err)
+{
+    if (*buf && n <= *cap_now)
+        return 0;
+    int64_t cap = n > 2 * *cap_now ? n : 2 * *cap_now;
+    cap = cap > 0 ? cap : 1;
+    tr->ops->free(*buf);
+    *cap_now = 0;
+    if (!(*buf = tr->ops->alloc((size_t)cap * sizeof **buf)))
+        return error_runtime(err, "train", "out of memory");
+    *cap_now = cap;
+    return 0;
+}
+
 /* Room for n floats to receive into. Also for n = 0 (a CP rank holding no token of a micro-batch
  * still gets an input, of no rows): a stage's input must not be NULL. */
 int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err)
 {
-    if (tr->recv && n <= tr->recv_cap)
+    return reserve(tr, &tr->recv, &tr->recv_cap, n, err);
+}
+
+/* The message of pass i (n floats from group rank peer, tag) into tr->recv: the receive posted
+ * ahead for it, or one now. */
+static int take_message(Trainer *tr, int i, int peer, int tag, int64_t n, const float **out, Error *err)
+{
+    int a = i & 1;
+    if (i >= 0 && tr->ahead_req[a].active && tr->ahead_pass[a] == i) {
+        if (comm_wait(tr->comm, &tr->ahead_req[a], err) != 0)
+            return -1;
+        float *b = tr->recv;
+        int64_t cap = tr->recv_cap;
+        tr->recv = tr->recv_ahead[a];
+        tr->recv_cap = tr->recv_ahead_cap[a];
+        tr->recv_ahead[a] = b;
+        tr->recv_ahead_cap[a] = cap;
+        *out = tr->recv;
         return 0;
-    int64_t cap = n > 2 * tr->recv_cap ? n : 2 * tr->recv_cap;
-    cap = cap > 0 ? cap : 1;
-    tr->ops->free(tr->recv);
-    tr->recv_cap = 0;
-    if (!(tr->recv = tr->ops->alloc((size_t)cap * sizeof *tr->recv)))
-        return error_runtime(err, "train", "out of memory");
-    tr->recv_cap = cap;
+    }
+    if (trainer_reserve_recv(tr, n, err) != 0 || comm_recv(tr->comm, GROUP_PP, peer, tag, tr->recv, n, err) != 0)
+        return -1;
+    *out = tr->recv;
     return 0;
 }
 
@@ -113,7 +146,18 @@ typedef struct PassRun {
     float dloss;
     double *loss_sum;
     PositionSums *pos; /* evaluation: the loss by position too (NULL: not wanted) */
+    unsigned char *built;   /* m: the micro-batch's inputs were built (by its first pass, or ahead) */
 } PassRun;
+
+/* The inputs of micro-batch k of run, built once. */
+static int build_inputs(Trainer *tr, const PassRun *run, int k, Error *err)
+{
+    if (run->built[k])
+        return 0;
+    run->built[k] = 1;
+    return batch_build(&tr->batches[k], run->plan, tr->mb_index[k], tr->lay.cp_rank, run->data,
+                       tr->chunks[0].model.dims.vocab, &tr->inputs[k], err);
+}
 
 /* The compute time of pass i of the schedule (its micro-batch k), communication excluded. A backend
  * with a device timer (CUDA: events) gets marks 2 i and 2 i + 1 around the pass, read once at the
@@ -199,20 +243,15 @@ static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Err
     Model *m = &ch->model;
     int s = tr->lay.pp_rank, g = c * tr->pp + s, prev = (s - 1 + tr->pp) % tr->pp, next = (s + 1) % tr->pp;
     ModelBatch *b = &tr->inputs[k];
-    if (c == 0 && batch_build(&tr->batches[k], run->plan, tr->mb_index[k], tr->lay.cp_rank, run->data,
-                              m->dims.vocab, b, err) != 0)
+    if (build_inputs(tr, run, k, err) != 0)
         return -1;
     int slot = take_slot(tr, ch, k, err);
     if (slot < 0)
         return -1;
     const float *h_in = NULL;
     int64_t n = model_rows(&m->dims, b->T) * m->dims.d; /* with SP this TP rank's rows only */
-    if (g > 0) {
-        if (trainer_reserve_recv(tr, n, err) != 0 ||
-            comm_recv(tr->comm, GROUP_PP, prev, message_tag(tr, k, g, 0), tr->recv, n, err) != 0)
-            return -1;
-        h_in = tr->recv;
-    }
+    if (g > 0 && take_message(tr, i, prev, message_tag(tr, k, g, 0), n, &h_in, err) != 0)
+        return -1;
     double loss = 0, t0 = run->train ? pass_begin(m, i) : 0, comm0 = m->comm_s;
     int by_position = run->pos && m->dims.has_head && tr->lay.tp_rank == 0;
     if (by_position && reserve_row_loss(run->pos, b->T, err) != 0)
@@ -249,14 +288,15 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
     int slot = ch->slot_of[k];
     const float *dh_out = NULL;
     int64_t n = model_rows(&m->dims, b->T) * m->dims.d;
-    if (g < tr->n_chunks - 1) {
-        if (trainer_reserve_recv(tr, n, err) != 0 ||
-            comm_recv(tr->comm, GROUP_PP, next, message_tag(tr, k, g, 1), tr->recv, n, err) != 0)
-            return -1;
-        dh_out = tr->recv;
-    }
+    if (g < tr->n_chunks - 1 && take_message(tr, i, next, message_tag(tr, k, g, 1), n, &dh_out, err) != 0)
+        return -1;
     double t0 = pass_begin(m, i), comm0 = m->comm_s;
-    if (model_backward(m, slot, b, dh_out, err) != 0)
+    /* The chunk's last backward: each layer's gradients are final once it is done. */
+    m->grads_ready = i == ch->last_backward ? trainer_layer_grads_ready : NULL;
+    m->grads_ready_ctx = tr;
+    int rc = model_backward(m, slot, b, dh_out, err);
+    m->grads_ready = NULL;
+    if (rc != 0)
         return -1;
     pass_end(tr, m, i, k, t0, comm0);
     ch->slot_busy[slot] = 0;
@@ -307,6 +347,30 @@ static void measured_imbalance(const Trainer *tr, TrainStats *st)
     st->cp_imbalance_measured = worst_cp;
 }
 
+/* Posts the receive of pass j of the schedule, if it has one (its micro-batch's inputs built ahead
+ * when it is the first to need them: the message's size is its rows). */
+static int post_receive(Trainer *tr, const PassRun *run, int j, Error *err)
+{
+    const SchedOp *op = &tr->sched[j];
+    if (empty_micro_batch(tr, run->plan, op->mb))
+        return 0;
+    int s = tr->lay.pp_rank, g = op->chunk * tr->pp + s;
+    int from = op->backward ? (s + 1) % tr->pp : (s - 1 + tr->pp) % tr->pp;
+    if (op->backward ? g >= tr->n_chunks - 1 : g == 0)
+        return 0;
+    if (build_inputs(tr, run, op->mb, err) != 0)
+        return -1;
+    const ModelDims *d = &tr->chunks[op->chunk].model.dims;
+    int64_t n = model_rows(d, tr->inputs[op->mb].T) * d->d;
+    int a = j & 1;
+    if (reserve(tr, &tr->recv_ahead[a], &tr->recv_ahead_cap[a], n, err) != 0 ||
+        comm_irecv(tr->comm, GROUP_PP, from, message_tag(tr, op->mb, g, op->backward), tr->recv_ahead[a], n,
+                   &tr->ahead_req[a], err) != 0)
+        return -1;
+    tr->ahead_pass[a] = j;
+    return 0;
+}
+
 /* Every send of the pipeline's schedule finished (before the step's figures are read or the next
  * schedule reuses the slots' buffers). */
 static int wait_sends(Trainer *tr, Error *err)
@@ -333,12 +397,16 @@ int trainer_forward_eval(Trainer *tr, const StepPlan *plan, const DataSources *d
 {
     if (replica_order(tr, plan, err) != 0)
         return -1;
-    PassRun run = {plan, data, 0, 0.0f, loss_sum, pos};
-    for (int k = 0; k < tr->m; k++)
-        for (int c = 0; c < tr->v; c++)
-            if (run_forward(tr, &run, -1, k, c, err) != 0)
-                return -1;
-    return wait_sends(tr, err);
+    unsigned char *built = calloc((size_t)tr->m, 1);
+    if (!built)
+        return error_runtime(err, "train", "out of memory");
+    PassRun run = {plan, data, 0, 0.0f, loss_sum, pos, built};
+    int rc = 0;
+    for (int k = 0; k < tr->m && rc == 0; k++)
+        for (int c = 0; c < tr->v && rc == 0; c++)
+            rc = run_forward(tr, &run, -1, k, c, err);
+    free(built);
+    return rc == 0 ? wait_sends(tr, err) : -1;
 }
 
 int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
@@ -356,20 +424,36 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
         return -1;
     tr->n_targets = batch_step_targets(&tr->plan, &tr->data);
     tr->loss_sum = 0;
+    unsigned char *built = calloc((size_t)tr->m, 1);
+    if (!built)
+        return error_runtime(err, "train", "out of memory");
     PassRun run = {&tr->plan, &tr->data, 1, tr->n_targets > 0 ? 1.0f / (float)tr->n_targets : 0.0f, &tr->loss_sum,
-                   NULL};
+                   NULL, built};
     for (int c = 0; c < tr->v; c++) {
         Model *m = &tr->chunks[c].model;
         m->ops->zero(m->grads, m->n_params);
     }
     memset(tr->mb_compute, 0, (size_t)tr->m * sizeof *tr->mb_compute);
     memset(tr->pass_timed, 0, (size_t)tr->n_sched * sizeof *tr->pass_timed);
-    for (int i = 0; i < tr->n_sched; i++) {
+    /* With parallel.overlap, each chunk's last backward pass starts its layers' gradient reductions
+     * (not under the NaN fault, which writes into the gradients after the pipeline). */
+    for (int c = 0; c < tr->v; c++)
+        tr->chunks[c].last_backward = -1;
+    for (int i = 0; tr->cfg->parallel.overlap && !tr->fault_nan && i < tr->n_sched; i++)
+        if (tr->sched[i].backward && !empty_micro_batch(tr, &tr->plan, tr->sched[i].mb))
+            tr->chunks[tr->sched[i].chunk].last_backward = i;
+    int ahead = tr->pp > 1 && comm_can_post_receives(tr->comm), rc = 0;
+    for (int i = 0; i < tr->n_sched && rc == 0; i++) {
         const SchedOp *op = &tr->sched[i];
-        if ((op->backward ? run_backward(tr, i, op->mb, op->chunk, err)
-                          : run_forward(tr, &run, i, op->mb, op->chunk, err)) != 0)
-            return -1;
+        if (ahead && i + 1 < tr->n_sched)
+            rc = post_receive(tr, &run, i + 1, err);
+        if (rc == 0)
+            rc = op->backward ? run_backward(tr, i, op->mb, op->chunk, err)
+                              : run_forward(tr, &run, i, op->mb, op->chunk, err);
     }
+    free(built);
+    if (rc != 0)
+        return -1;
     read_pass_timers(tr);
     if (wait_sends(tr, err) != 0)
         return -1;

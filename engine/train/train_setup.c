@@ -33,7 +33,15 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     ch->slot_busy = calloc((size_t)m->n_slots, sizeof *ch->slot_busy);
     ch->send_h = calloc((size_t)m->n_slots, sizeof *ch->send_h);
     ch->send_dx = calloc((size_t)m->n_slots, sizeof *ch->send_dx);
-    if (!ch->slot_of || !ch->slot_busy || !ch->send_h || !ch->send_dx)
+    int buckets = m->dims.layer_end - m->dims.layer_begin + 2;
+    ch->grad_req = calloc((size_t)buckets, sizeof *ch->grad_req);
+    ch->bucket_started = calloc((size_t)buckets, sizeof *ch->bucket_started);
+    ch->param_req = calloc((size_t)buckets, sizeof *ch->param_req);
+    ch->param_pending = calloc((size_t)buckets, sizeof *ch->param_pending);
+    m->weights_needed = trainer_weights_needed;
+    m->weights_needed_ctx = tr;
+    if (!ch->slot_of || !ch->slot_busy || !ch->send_h || !ch->send_dx || !ch->grad_req || !ch->bucket_started ||
+        !ch->param_req || !ch->param_pending)
         return error_runtime(err, "train", "out of memory");
     for (int k = 0; k < tr->m; k++)
         ch->slot_of[k] = -1;
@@ -166,6 +174,7 @@ static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Erro
         return -1;
     const char *stage = getenv("WLBTRAIN_COMM_STAGE");
     comm_set_backend(comm, tr->ops, stage && !strcmp(stage, "1"));
+    comm_set_overlap(comm, cfg->parallel.overlap);
     if (choose_comm(tr, err) != 0)
         return -1;
     const ConfigData *d = &cfg->data;
@@ -231,6 +240,10 @@ void trainer_free(Trainer *tr)
         free(ch->slot_busy);
         free(ch->send_h);
         free(ch->send_dx);
+        free(ch->grad_req);
+        free(ch->bucket_started);
+        free(ch->param_req);
+        free(ch->param_pending);
     }
     for (int k = 0; tr->batches && k < tr->m; k++)
         batch_free(&tr->batches[k]);
@@ -245,8 +258,11 @@ void trainer_free(Trainer *tr)
     free(tr->mb_s_measured);
     free(tr->mb_s_predicted);
     free(tr->sched);
-    if (tr->ops)
+    if (tr->ops) {
         tr->ops->free(tr->recv);
+        tr->ops->free(tr->recv_ahead[0]);
+        tr->ops->free(tr->recv_ahead[1]);
+    }
     const Backend *backend = tr->backend;
     trainer_valid_free(tr);
     plan_free(&tr->plan);

@@ -1,0 +1,403 @@
+/*
+ * engine/comm/comm_async.c - started collectives on MPI's path: one communication thread per group,
+ * which runs the group's started collectives in the order they were issued (a FIFO, like a CUDA
+ * stream), and the environment's test hooks (comm.h: WLB_COMM_LINK, WLB_COMM_CHAOS, WLB_COMM_LOG).
+ *
+ * Why threads: Open MPI makes no progress on a non-blocking collective outside MPI calls, so an
+ * MPI_Iallreduce started before a product would run only when the product is over. A thread blocked
+ * polling the collective makes the progress itself (with short sleeps between polls: on an
+ * oversubscribed machine a thread spinning in MPI_Wait takes the cores the products need). One thread per group keeps each communicator's collectives in one order on every
+ * rank (the order they were issued), and lets a TP collective run while a DP reduction is still in
+ * flight; several threads calling MPI at once needs MPI_THREAD_MULTIPLE. The main thread calls MPI
+ * too (messages, host collectives, blocking float collectives): on a group with started collectives
+ * it first waits until they have run (comm_async_drain), so a communicator never has two callers.
+ *
+ * Synchronization: one mutex and one condition variable for the whole state. A request's record
+ * (AsyncOp) belongs to the issuing thread until it is queued, to the group's thread while it runs,
+ * and back to the issuer once done is set (under the mutex), until comm_async_wait frees it.
+ *
+ * WLB_COMM_CHAOS: the start copies what the collective reads in place (an in-place all-reduce's
+ * buffer, an all-gather's own part) and fills the whole receive buffer with 0xff bytes (NaN in
+ * float32 and bf16); the thread sleeps a random time, then reads the send buffer (so one written
+ * after the start changes the result) and writes into a buffer of its own, which comm_async_wait
+ * copies into the receive buffer. Host memory only (the path runs threads with host memory only).
+ */
+#include "engine/comm/comm_async.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/clock.h"
+#include "util/parse.h"
+
+typedef struct AsyncOp {
+    CommOp op;
+    int64_t *counts;       /* the copy of op.counts (v forms) */
+    int done, rc;
+    Error err;
+    void *result;          /* chaos: the thread writes here, the wait copies it to op.recv */
+    void *input;           /* chaos: what the collective reads in place, copied at the start */
+    size_t recv_bytes, input_bytes, input_at; /* input goes to recv + input_at for the in-place forms */
+    struct AsyncOp *next;
+} AsyncOp;
+
+typedef struct Worker {
+    pthread_t thread;
+    int running;
+    AsyncOp *head, *tail;  /* queued, not yet running */
+    int64_t issued, finished;
+    unsigned seed;         /* chaos delays */
+    Comm *c;
+    LayoutGroup g;
+} Worker;
+
+struct CommAsync {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    int64_t outstanding;
+    Worker w[GROUP_COUNT];
+};
+
+static int env_error(Error *err, const char *name, const char *value, const char *want)
+{
+    return error_set(err, name, "\"%s\": expected %s", value, want);
+}
+
+int comm_async_init(Comm *c, Error *err)
+{
+    if (!(c->async = calloc(1, sizeof *c->async)))
+        return error_runtime(err, "comm", "out of memory");
+    if (pthread_mutex_init(&c->async->mu, NULL) != 0 || pthread_cond_init(&c->async->cv, NULL) != 0)
+        return error_runtime(err, "comm", "cannot make a mutex");
+    c->overlap = 1;
+    const char *link = getenv("WLB_COMM_LINK");
+    if (link && *link) {
+        const char *comma = strchr(link, ',');
+        char lat[64];
+        double us, gbps;
+        if (!comma || (size_t)(comma - link) >= sizeof lat)
+            return env_error(err, "WLB_COMM_LINK", link, "LATENCY_US,GBPS");
+        memcpy(lat, link, (size_t)(comma - link));
+        lat[comma - link] = 0;
+        if (parse_double(lat, &us) != 0 || parse_double(comma + 1, &gbps) != 0 || !(us >= 0) || !(gbps > 0) ||
+            us > 1e9 || gbps > 1e9)
+            return env_error(err, "WLB_COMM_LINK", link, "LATENCY_US,GBPS (latency >= 0, bandwidth > 0)");
+        c->link_latency_s = us * 1e-6;
+        c->link_bytes_per_s = gbps * 1e9;
+    }
+    const char *chaos = getenv("WLB_COMM_CHAOS");
+    if (chaos && *chaos) {
+        int64_t us;
+        if (parse_int64(chaos, &us) != 0 || us < 1 || us > 10000000)
+            return env_error(err, "WLB_COMM_CHAOS", chaos, "the longest delay in microseconds, 1 .. 10000000");
+        c->chaos_us = (int)us;
+    }
+    return 0;
+}
+
+int comm_async_open_log(Comm *c, Error *err)
+{
+    const char *dir = getenv("WLB_COMM_LOG");
+    if (!dir || !*dir || c->log)
+        return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank-%d.log", dir, c->rank[GROUP_WORLD]);
+    if (!(c->log = fopen(path, "w")))
+        return error_errno(err, path, "cannot write the communication log");
+    return 0;
+}
+
+void comm_log_op(const Comm *c, LayoutGroup g, const char *op, int64_t n)
+{
+    if (c->log && c->size[g] > 1)
+        fprintf((FILE *)c->log, "%d-%d %s %lld\n", (int)g, c->group_id[g], op, (long long)n);
+}
+
+static void sleep_until(double t)
+{
+    double now = clock_seconds();
+    if (t <= now)
+        return;
+    double d = t - now;
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+void comm_link_hold(const Comm *c, double t0, double wire_bytes)
+{
+    if (c->link_bytes_per_s > 0)
+        sleep_until(t0 + c->link_latency_s + wire_bytes / c->link_bytes_per_s);
+}
+
+void comm_async_count(const Comm *c, int delta)
+{
+    CommAsync *a = c->async;
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->outstanding += delta;
+    pthread_mutex_unlock(&a->mu);
+}
+
+int64_t comm_outstanding(const Comm *c)
+{
+    CommAsync *a = c->async;
+    if (!a)
+        return 0;
+    pthread_mutex_lock(&a->mu);
+    int64_t n = a->outstanding;
+    pthread_mutex_unlock(&a->mu);
+    return n;
+}
+
+int comm_run_op(Comm *c, const CommOp *op, Error *err)
+{
+    const CommImpl *i = c->impl;
+    switch (op->kind) {
+    /* The sums: float32 on the path; in bfloat16 (comm_sums_in_bf16) only at a start, never on a thread. */
+    case COMM_OP_ALLREDUCE_SUM:
+        if (comm_sums_in_bf16(c, op->group, op->dt))
+            return comm_run_sum_bf16(c, op, err);
+        return op->n == 0 ? 0 : i->allreduce_sum(c, op->group, (float *)op->recv, op->n, err);
+    case COMM_OP_ALLGATHERV:
+        return i->allgatherv(c, op->group, op->send, op->recv, op->counts, op->dt, err);
+    case COMM_OP_REDUCE_SCATTERV:
+        if (comm_sums_in_bf16(c, op->group, op->dt))
+            return comm_run_sum_bf16(c, op, err);
+        return i->reduce_scatterv(c, op->group, (const float *)op->send, (float *)op->recv, op->counts, err);
+    case COMM_OP_ALLGATHER:
+        return i->allgather(c, op->group, op->send, op->recv, op->n, op->dt, err);
+    case COMM_OP_REDUCE_SCATTER:
+        if (comm_sums_in_bf16(c, op->group, op->dt))
+            return comm_run_sum_bf16(c, op, err);
+        return i->reduce_scatter(c, op->group, (const float *)op->send, (float *)op->recv, op->n, err);
+    }
+    return error_runtime(err, "comm", "unknown collective %d", (int)op->kind);
+}
+
+/* The chaos form of the collective: in-place input from the start's copy, output into x->result. */
+static int run_chaos(Comm *c, AsyncOp *x, Error *err)
+{
+    CommOp op = x->op;
+    switch (op.kind) {
+    case COMM_OP_ALLREDUCE_SUM:
+        memcpy(x->result, x->input, x->recv_bytes);
+        break;
+    case COMM_OP_ALLGATHERV:
+    case COMM_OP_ALLGATHER:
+        if (!op.send)
+            op.send = x->input;
+        break;
+    default:
+        break;
+    }
+    op.recv = x->result;
+    return comm_run_op(c, &op, err);
+}
+
+static void *worker_main(void *arg)
+{
+    Worker *w = arg;
+    CommAsync *a = w->c->async;
+    comm_mpi_poll_thread();
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!w->head && !a->stop)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (!w->head)
+            break;
+        AsyncOp *x = w->head;
+        w->head = x->next;
+        if (!w->head)
+            w->tail = NULL;
+        pthread_mutex_unlock(&a->mu);
+        if (w->c->chaos_us) {
+            double d = (double)(rand_r(&w->seed) % (unsigned)w->c->chaos_us) * 1e-6;
+            sleep_until(clock_seconds() + d);
+        }
+        Error e = {0};
+        int rc = x->result ? run_chaos(w->c, x, &e) : comm_run_op(w->c, &x->op, &e);
+        pthread_mutex_lock(&a->mu);
+        x->rc = rc;
+        x->err = e;
+        x->done = 1;
+        w->finished++;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* Bytes of op's receive buffer, and where the in-place input is (chaos). */
+static void chaos_sizes(const Comm *c, AsyncOp *x)
+{
+    const CommOp *op = &x->op;
+    int size = c->size[op->group], me = c->rank[op->group];
+    size_t e = op->kind == COMM_OP_ALLGATHER || op->kind == COMM_OP_ALLGATHERV ? comm_elem_bytes(c, op->dt)
+                                                                                : sizeof(float);
+    int64_t before = 0, total = 0;
+    for (int r = 0; x->counts && r < size; r++) {
+        before += r < me ? x->counts[r] : 0;
+        total += x->counts[r];
+    }
+    x->input_at = 0;
+    x->input_bytes = 0;
+    switch (op->kind) {
+    case COMM_OP_ALLREDUCE_SUM:
+        x->recv_bytes = x->input_bytes = (size_t)op->n * e;
+        break;
+    case COMM_OP_ALLGATHERV:
+        x->recv_bytes = (size_t)total * e;
+        x->input_at = (size_t)before * e;
+        x->input_bytes = op->send ? 0 : (size_t)x->counts[me] * e;
+        break;
+    case COMM_OP_ALLGATHER:
+        x->recv_bytes = (size_t)op->n * (size_t)size * e;
+        x->input_at = (size_t)op->n * (size_t)me * e;
+        x->input_bytes = op->send ? 0 : (size_t)op->n * e;
+        break;
+    case COMM_OP_REDUCE_SCATTERV:
+        x->recv_bytes = (size_t)x->counts[me] * e;
+        break;
+    case COMM_OP_REDUCE_SCATTER:
+        x->recv_bytes = (size_t)op->n * e;
+        break;
+    }
+}
+
+static void free_op(AsyncOp *x)
+{
+    free(x->counts);
+    free(x->result);
+    free(x->input);
+    free(x);
+}
+
+static int chaos_prepare(const Comm *c, AsyncOp *x, Error *err)
+{
+    chaos_sizes(c, x);
+    if (!(x->result = malloc(x->recv_bytes ? x->recv_bytes : 1)) ||
+        !(x->input = malloc(x->input_bytes ? x->input_bytes : 1)))
+        return error_runtime(err, "comm", "out of memory for a collective of %zu bytes", x->recv_bytes);
+    char *recv = x->op.recv;
+    if (x->input_bytes)
+        memcpy(x->input, recv + x->input_at, x->input_bytes);
+    if (x->recv_bytes)
+        memset(recv, 0xff, x->recv_bytes);
+    if (x->op.kind == COMM_OP_ALLREDUCE_SUM)
+        x->op.send = NULL;
+    return 0;
+}
+
+int comm_async_start(Comm *c, const CommOp *op, CommRequest *req, Error *err)
+{
+    CommAsync *a = c->async;
+    Worker *w = &a->w[op->group];
+    AsyncOp *x = calloc(1, sizeof *x);
+    if (!x)
+        return error_runtime(err, "comm", "out of memory");
+    x->op = *op;
+    int size = c->size[op->group];
+    if (op->counts) {
+        if (!(x->counts = malloc((size_t)size * sizeof *x->counts))) {
+            free(x);
+            return error_runtime(err, "comm", "out of memory");
+        }
+        memcpy(x->counts, op->counts, (size_t)size * sizeof *x->counts);
+        x->op.counts = x->counts;
+    }
+    if (c->chaos_us && chaos_prepare(c, x, err) != 0) {
+        free_op(x);
+        return -1;
+    }
+    pthread_mutex_lock(&a->mu);
+    if (!w->running) {
+        w->c = c;
+        w->g = op->group;
+        w->seed = (unsigned)(c->rank[GROUP_WORLD] * 7919 + (int)op->group * 104729 + 1);
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            pthread_mutex_unlock(&a->mu);
+            free_op(x);
+            return error_runtime(err, "comm", "cannot start a communication thread");
+        }
+        w->running = 1;
+    }
+    if (w->tail)
+        w->tail->next = x;
+    else
+        w->head = x;
+    w->tail = x;
+    w->issued++;
+    a->outstanding++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    req->active = 1;
+    req->collective = 1;
+    req->op = x;
+    return 0;
+}
+
+int comm_async_wait(const Comm *c, CommRequest *req, Error *err)
+{
+    CommAsync *a = c->async;
+    AsyncOp *x = req->op;
+    pthread_mutex_lock(&a->mu);
+    while (!x->done)
+        pthread_cond_wait(&a->cv, &a->mu);
+    a->outstanding--;
+    pthread_mutex_unlock(&a->mu);
+    req->active = 0;
+    req->collective = 0;
+    req->op = NULL;
+    int rc = x->rc;
+    if (rc != 0)
+        *err = x->err;
+    else if (x->result && x->recv_bytes)
+        memcpy(x->op.recv, x->result, x->recv_bytes);
+    free_op(x);
+    return rc;
+}
+
+void comm_async_drain(const Comm *c, LayoutGroup g)
+{
+    CommAsync *a = c->async;
+    if (!a || !a->w[g].running)
+        return;
+    pthread_mutex_lock(&a->mu);
+    while (a->w[g].finished < a->w[g].issued)
+        pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void comm_async_free(Comm *c)
+{
+    CommAsync *a = c->async;
+    if (c->log)
+        fclose((FILE *)c->log);
+    c->log = NULL;
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->stop = 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    for (int g = 0; g < GROUP_COUNT; g++)
+        if (a->w[g].running)
+            pthread_join(a->w[g].thread, NULL);
+    /* Requests never waited for (an error path): their records go with the state. */
+    for (int g = 0; g < GROUP_COUNT; g++)
+        for (AsyncOp *x = a->w[g].head, *next; x; x = next) {
+            next = x->next;
+            free_op(x);
+        }
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+    c->async = NULL;
+}

@@ -1,0 +1,84 @@
+/*
+ * engine/train/train_params.c - ZeRO-1's parameter all-gather ahead of the next forward (see
+ * train.h, trainer_start_param_gather).
+ *
+ * After the update each rank of DP x CP holds its shard of the new parameters, in place in params.
+ * With parallel.overlap the all-gather that puts the whole back together runs per bucket (the
+ * gradient buckets, trainer_bucket_range: the embedding's, then each layer's, then the output
+ * layer's), all started at once and run in that order by the group's communication thread, while
+ * the rank goes on (the step's end, the next plan, the next forward's first layers). The forward
+ * waits for a bucket just before the first layer that reads it (Model.weights_needed), then writes
+ * the bucket's compute-dtype copy. An all-gather only copies: the parameters are the same bits as
+ * the single all-gather without overlap.
+ */
+#include "engine/train/train.h"
+
+/* The bucket of chunk k whose weights layer reads (-1: before the layers, layer_end: after). */
+static int bucket_of(const Model *m, int layer)
+{
+    int layers = m->dims.layer_end - m->dims.layer_begin;
+    if (layer < m->dims.layer_begin)
+        return layers;
+    if (layer >= m->dims.layer_end)
+        return layers + 1;
+    return layer - m->dims.layer_begin;
+}
+
+/* Bucket b of chunk k gathered: its compute-dtype copy written. */
+static int finish_bucket(Trainer *tr, TrainChunk *ch, int b, Error *err)
+{
+    if (!ch->param_pending[b])
+        return 0;
+    ch->param_pending[b] = 0;
+    if (comm_wait(tr->comm, &ch->param_req[b], err) != 0)
+        return -1;
+    int64_t lo, hi;
+    trainer_bucket_range(&ch->model, b, &lo, &hi);
+    model_weights_changed_range(&ch->model, lo, hi);
+    return 0;
+}
+
+int trainer_start_param_gather(Trainer *tr, int k, Error *err)
+{
+    TrainChunk *ch = &tr->chunks[k];
+    Model *m = &ch->model;
+    int layers = m->dims.layer_end - m->dims.layer_begin, g = tr->comm->size[GROUP_DPCP];
+    /* Forward order: the embedding's bucket, the layers', the output layer's. */
+    for (int i = 0; i < layers + 2; i++) {
+        int b = i == 0 ? layers : i <= layers ? i - 1 : layers + 1;
+        int64_t lo, hi, counts[4096];
+        trainer_bucket_range(m, b, &lo, &hi);
+        for (int r = 0; r < g; r++) {
+            int64_t sb, se;
+            trainer_shard_range(m->n_params, g, r, &sb, &se);
+            int64_t from = lo > sb ? lo : sb, to = hi < se ? hi : se;
+            counts[r] = to > from ? to - from : 0;
+        }
+        ch->param_pending[b] = 1;
+        if (hi > lo && comm_iallgatherv(tr->comm, GROUP_DPCP, NULL, m->params + lo, counts, DT_F32,
+                                        &ch->param_req[b], err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int trainer_weights_needed(void *ctx, Model *m, int layer, Error *err)
+{
+    Trainer *tr = ctx;
+    for (int k = 0; k < tr->v; k++)
+        if (&tr->chunks[k].model == m)
+            return finish_bucket(tr, &tr->chunks[k], bucket_of(m, layer), err);
+    return 0; /* a model the trainer does not hold (none: every forward runs a chunk) */
+}
+
+int trainer_params_ready(Trainer *tr, Error *err)
+{
+    for (int k = 0; tr->chunks && k < tr->v; k++) {
+        TrainChunk *ch = &tr->chunks[k];
+        int buckets = ch->model.dims.layer_end - ch->model.dims.layer_begin + 2;
+        for (int b = 0; ch->param_pending && b < buckets; b++)
+            if (finish_bucket(tr, ch, b, err) != 0)
+                return -1;
+    }
+    return 0;
+}
