@@ -406,6 +406,8 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
         double shown = b->products + b->attention + b->elementwise + b->tp_exposed + b->cp_exposed + b->pp_exposed +
                        b->dp_exposed + b->contention;
         b->bubble = *seconds - shown;
+        if (b->bubble < 0 && b->bubble > -1e-9 * *seconds)
+            b->bubble = 0; /* a stage that never waits: the sum's rounding, not a negative bubble */
         /* Every part is a double, one after another (no padding between doubles): added as an array. */
         _Static_assert(sizeof(SchedBreakdown) == 13 * sizeof(double), "SchedBreakdown: 13 parts");
         double *from = &b->products, *to = &out->products;
