@@ -276,6 +276,22 @@ static int threads(void)
 }
 
 /* Resolves and sizes every candidate from `first` on; returns how many fit. */
+/* A planning thread's task ended: the first error is kept (and stops the tasks not yet started),
+ * and the progress line moves on. */
+static void task_done(int rc, const Error *e, int *failed, Error *first_err, Progress *pr)
+{
+#pragma omp critical(search_progress)
+    {
+        if (rc != 0 && !*failed) {
+#pragma omp atomic write
+            *failed = 1;
+            *first_err = *e;
+        }
+        if (pr)
+            progress_step(pr);
+    }
+}
+
 static int admit_all(Search *s, int first, int keep, Progress *pr, Error *err)
 {
     int failed = 0;
@@ -288,16 +304,7 @@ static int admit_all(Search *s, int first, int keep, Progress *pr, Error *err)
         stop = failed;
         if (!stop)
             rc = admit(s, &s->c[i], keep, &e);
-#pragma omp critical(search_progress)
-        {
-            if (rc != 0 && !failed) {
-#pragma omp atomic write
-                failed = 1;
-                first_err = e;
-            }
-            if (pr)
-                progress_step(pr);
-        }
+        task_done(rc, &e, &failed, &first_err, pr);
     }
     if (failed) {
         *err = first_err;
@@ -362,16 +369,7 @@ static int plan_all(Search *s, const int *list, int n, PlanPass pass, Progress *
                 c->row.tps = f.predicted_s > 0 ? (double)f.tokens / f.predicted_s : 0;
             }
         }
-#pragma omp critical(search_progress)
-        {
-            if (rc != 0 && !failed) {
-#pragma omp atomic write
-                failed = 1;
-                first_err = e;
-            }
-            if (pr)
-                progress_step(pr);
-        }
+        task_done(rc, &e, &failed, &first_err, pr);
     }
     if (failed) {
         *err = first_err;
