@@ -159,23 +159,21 @@ int64_t comm_outstanding(const Comm *c)
 int comm_run_op(Comm *c, const CommOp *op, Error *err)
 {
     const CommImpl *i = c->impl;
-    switch (op->kind) {
     /* The sums: float32 on the path; in bfloat16 (comm_sums_in_bf16) only at a start, never on a thread. */
+    int sum = op->kind == COMM_OP_ALLREDUCE_SUM || op->kind == COMM_OP_REDUCE_SCATTERV ||
+              op->kind == COMM_OP_REDUCE_SCATTER;
+    if (sum && comm_sums_in_bf16(c, op->group, op->dt))
+        return comm_run_sum_bf16(c, op, err);
+    switch (op->kind) {
     case COMM_OP_ALLREDUCE_SUM:
-        if (comm_sums_in_bf16(c, op->group, op->dt))
-            return comm_run_sum_bf16(c, op, err);
         return op->n == 0 ? 0 : i->allreduce_sum(c, op->group, (float *)op->recv, op->n, err);
     case COMM_OP_ALLGATHERV:
         return i->allgatherv(c, op->group, op->send, op->recv, op->counts, op->dt, err);
     case COMM_OP_REDUCE_SCATTERV:
-        if (comm_sums_in_bf16(c, op->group, op->dt))
-            return comm_run_sum_bf16(c, op, err);
         return i->reduce_scatterv(c, op->group, (const float *)op->send, (float *)op->recv, op->counts, err);
     case COMM_OP_ALLGATHER:
         return i->allgather(c, op->group, op->send, op->recv, op->n, op->dt, err);
     case COMM_OP_REDUCE_SCATTER:
-        if (comm_sums_in_bf16(c, op->group, op->dt))
-            return comm_run_sum_bf16(c, op, err);
         return i->reduce_scatter(c, op->group, (const float *)op->send, (float *)op->recv, op->n, err);
     }
     return error_runtime(err, "comm", "unknown collective %d", (int)op->kind);

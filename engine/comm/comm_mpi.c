@@ -472,6 +472,16 @@ int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t by
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((CommRequest *)0)->handle), "CommRequest holds an MPI_Request");
 
+/* A send or receive of n floats is under way as r: comm_wait finishes it (and holds it to the link
+ * model's time from now). */
+static void request_started(CommRequest *req, MPI_Request r, int64_t n)
+{
+    memcpy(req->handle, &r, sizeof r);
+    req->active = 1;
+    req->link_bytes = (double)n * sizeof(float);
+    req->t0 = clock_seconds();
+}
+
 static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
                      Error *err)
 {
@@ -497,10 +507,7 @@ static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const floa
         req->staged = NULL;
         return mpi_error(rc, "MPI_Isend", err);
     }
-    memcpy(req->handle, &r, sizeof r);
-    req->active = 1;
-    req->link_bytes = (double)n * sizeof(float);
-    req->t0 = clock_seconds();
+    request_started(req, r, n);
     return 0;
 }
 
@@ -543,10 +550,7 @@ static int mpi_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int6
         req->dest = NULL;
         return mpi_error(rc, "MPI_Irecv", err);
     }
-    memcpy(req->handle, &r, sizeof r);
-    req->active = 1;
-    req->link_bytes = (double)n * sizeof(float);
-    req->t0 = clock_seconds();
+    request_started(req, r, n);
     return 0;
 }
 
