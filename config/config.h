@@ -91,6 +91,7 @@ typedef struct ConfigParallel {
     bool sequence_parallel; /* with tp > 1: the residual stream and the norms on T / tp rows per TP rank */
     bool overlap;           /* collectives started where their input is ready, waited where needed */
     ReduceDtype reduce_dtype; /* what the TP and CP partial sums travel and add in */
+    int64_t tp_chunks;        /* pieces each TP product and its exchange split into */
 } ConfigParallel;
 
 typedef struct ConfigData {

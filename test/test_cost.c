@@ -107,9 +107,9 @@ static void test_communication(void **state)
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
     /* TP with sequence parallelism (the default), every collective on the compute path: a
      * direction's mean of 3 all-gathers of bf16 rows and 2 reduce-scatters of float32 ones, (n-1)/n
-     * of the bytes each. */
-    double act = 8192.0 * 4096 * 2, sums = 8192.0 * 4096 * 4;
-    double ag = act * 0.75 / 370e9 + 15e-6, rs = sums * 0.75 / 370e9 + 15e-6;
+     * of the bytes each, each in parallel.tp_chunks (4) pieces that pay the latency each. */
+    double act = 8192.0 * 4096 * 2, sums = 8192.0 * 4096 * 4, L = 15e-6;
+    double agb = act * 0.75 / 370e9, rsb = sums * 0.75 / 370e9, ag = agb + 4 * L, rs = rsb + 4 * L;
     double sp = 3 * ag + 2 * rs;
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - sp) < 1e-9);
     CostTpComm c;
@@ -119,19 +119,31 @@ static void test_communication(void **state)
     /* Stages: tp * cp * pp = 16 > 8 GPUs per node, so the p2p link is the network; a TP rank sends
      * its quarter of the float32 stream. */
     assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 4 / 45e9 + 15e-6)) < 1e-9);
-    /* Overlapped (parallel.overlap, the default): the backward's all-gathers of the normed rows
-     * beside the input-gradient products and its reduce-scatters beside the weight-gradient
-     * products - QKV (2 d (8 + 2 x 2) 128 FLOPs a row on TP 4) and gate/up (4 d 14336 / 4) - hide
-     * their bandwidth time up to the product's; the latency, the forward's and the gathers of the
-     * stream's gradient show. The hidden seconds cost 16/132 of themselves in slowed products. */
+    /* One piece: one latency each. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, tp_chunks: 1}\n");
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - (3 * (agb + L) + 2 * (rsb + L))) < 1e-9);
+    /* Overlapped (parallel.overlap, the default). The forward's exchanges and the backward's gathers
+     * of the stream's gradient in 4 pieces beside their products' pieces: the first gather's (the
+     * last reduce-scatter's) quarter of the bandwidth time shows, and of each other piece what it
+     * takes longer than a quarter of the product - QKV (2 d (8 + 2 x 2) 128 FLOPs a row on TP 4),
+     * attention output (2 d 8 x 128), gate/up (4 d 14336 / 4), down (2 d 14336 / 4); the backward's
+     * down and output products twice (weight and input gradient). The backward's all-gathers of the
+     * normed rows beside the input-gradient products and its reduce-scatters beside the
+     * weight-gradient products (QKV, gate/up) hide their bandwidth time up to the product's. Every
+     * latency shows. The hidden seconds cost 16/132 of themselves in slowed products. */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n");
     double rate = 989e12 * 0.78, qkv = 2 * 4096.0 * 128 * 12 * 8192 / rate, gu = 4 * 4096.0 * 3584 * 8192 / rate;
-    double agb = ag - 15e-6, rsb = rs - 15e-6;
-    double hidden = fmin(agb, qkv) + fmin(rsb, qkv) + fmin(agb, gu) + fmin(rsb, gu);
-    assert_true(rsb > qkv && agb < gu && rsb < gu); /* one of them shows in part */
+    double out = 2 * 4096.0 * 128 * 8 * 8192 / rate, down = gu / 2;
+#define PIPE(b, p) ((b) - ((b) / 4 + 0.75 * fmax(0, (b) - (p))))
+    double fwd_hidden = PIPE(agb, qkv) + PIPE(rsb, out) + PIPE(agb, gu) + PIPE(rsb, down);
+    double bwd_hidden = PIPE(agb, 2 * down) + PIPE(agb, 2 * out) + fmin(agb, qkv) + fmin(rsb, qkv) + fmin(agb, gu) +
+                        fmin(rsb, gu);
+    double hidden = fwd_hidden + bwd_hidden;
+    assert_true(rsb > out && rsb > qkv && agb < gu && rsb < gu); /* some show in part */
+    assert_true(fabs(PIPE(agb, gu) - 0.75 * agb) < 1e-15);       /* a long product: 3 of 4 pieces hide */
     cost_tp_comm_parts(&m, 8192, &c);
-    assert_true(fabs(c.fwd_exposed - (2 * ag + 2 * rs)) < 1e-12);
-    assert_true(fabs(c.hidden - hidden) < 1e-12 && fabs(c.bwd_exposed - (4 * ag + 2 * rs - hidden)) < 1e-12);
+    assert_true(fabs(c.fwd_exposed - (2 * ag + 2 * rs - fwd_hidden)) < 1e-12);
+    assert_true(fabs(c.hidden - hidden) < 1e-12 && fabs(c.bwd_exposed - (4 * ag + 2 * rs - bwd_hidden)) < 1e-12);
     assert_true(fabs(c.contention - 16.0 / 132 * hidden) < 1e-12);
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - (c.fwd_exposed + c.bwd_exposed + c.contention) / 2) < 1e-15);
     assert_true(cost_tp_comm_s(&m, 8192) < sp);
@@ -139,32 +151,37 @@ static void test_communication(void **state)
      * the dK/dV reduce-scatter's bytes; float32 training keeps float32. */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
                    "reduce_dtype: compute}\ntrain: {precision: bf16}\n");
-    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * ag - 2 * (sums / 2 * 0.75 / 370e9 + 15e-6)) < 1e-9);
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * ag - 2 * (sums / 2 * 0.75 / 370e9 + 4 * L)) < 1e-9);
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - (8192.0 * 2 * 2 * 128 * 2 * 0.5 / 370e9 + 15e-6)) < 1e-9);
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
                    "reduce_dtype: compute}\ntrain: {precision: fp32}\n");
-    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * (sums * 0.75 / 370e9 + 15e-6) - 2 * rs) < 1e-9);
+    assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * (sums * 0.75 / 370e9 + 4 * L) - 2 * rs) < 1e-9);
     /* With overlap, sums in bf16 run where they are issued (comm.h): only the gathers hide. */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, reduce_dtype: compute}\n"
                    "train: {precision: bf16}\n");
     cost_tp_comm_parts(&m, 8192, &c);
-    assert_true(m.sums_bf16 && fabs(c.hidden - (fmin(agb, qkv) + fmin(agb, gu))) < 1e-12);
+    double gathers = PIPE(agb, qkv) + PIPE(agb, gu) + PIPE(agb, 2 * down) + PIPE(agb, 2 * out) + fmin(agb, qkv) +
+                     fmin(agb, gu);
+    assert_true(m.sums_bf16 && fabs(c.hidden - gathers) < 1e-12);
     /* Without SP: two all-reduces of float32 partial sums a direction, 2 (n-1)/n of the bytes each;
-     * every TP rank sends the whole stream. The forward's are exposed; with overlap the backward's
-     * run beside the weight-gradient products after them (gate/up, QKV), as the engine runs them. */
-    double ar = sums * 1.5 / 370e9 + 15e-6, arb = ar - 15e-6;
+     * every TP rank sends the whole stream. The forward's in 4 pieces, each beside the next piece
+     * of its product (attention output, down); with overlap the backward's (one each) run beside
+     * the weight-gradient products after them (gate/up, QKV), as the engine runs them. */
+    double arb = sums * 1.5 / 370e9, ar = arb + L, ar4 = arb + 4 * L;
     for (int on = 0; on < 2; on++) {
         char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, "
                               "sequence_parallel: false, overlap: %s}\n", on ? "true" : "false");
         make_model(&m, y);
         free(y);
-        double hid = on ? fmin(arb, gu) + fmin(arb, qkv) : 0;
+        double fwd = on ? PIPE(arb, out) + PIPE(arb, down) : 0, hid = on ? fmin(arb, gu) + fmin(arb, qkv) : 0;
         cost_tp_comm_parts(&m, 8192, &c);
-        assert_true(fabs(c.fwd_exposed - 2 * ar) < 1e-12 && fabs(c.hidden - hid) < 1e-12);
-        assert_true(fabs(c.bwd_exposed - (2 * ar - hid)) < 1e-12 && fabs(c.contention - 16.0 / 132 * hid) < 1e-12);
-        assert_true(on ? hid > 0 : cost_tp_comm_s(&m, 8192) == 2 * ar);
+        assert_true(fabs(c.fwd_exposed - (2 * ar4 - fwd)) < 1e-12 && fabs(c.hidden - fwd - hid) < 1e-12);
+        assert_true(fabs(c.bwd_exposed - (2 * ar - hid)) < 1e-12);
+        assert_true(fabs(c.contention - 16.0 / 132 * (fwd + hid)) < 1e-12);
+        assert_true(on ? hid > 0 && fwd > 0 : fabs(cost_tp_comm_s(&m, 8192) - (ar4 + ar)) < 1e-15);
         assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 45e9 + 15e-6)) < 1e-9);
     }
+#undef PIPE
     /* The K/V exchange beside the attention of the documents held whole: with overlap its bandwidth
      * time hides up to that attention, its latencies (one per block) show; without, all of it. */
     CostCpComm x;
@@ -250,10 +267,10 @@ static void test_recompute(void **state)
     cost_attn_fb_s(&full, 4000, 6000, &f2, &b2);
     assert_true(f2 == f0 && fabs(b2 - b0 - f0) < 1e-12);
     assert_true(cost_tp_comm_s(&sel, n) == cost_tp_comm_s(&none, n));
-    /* SP on TP 4: 3 all-gathers and 2 reduce-scatters a direction on the mean; full recomputation
-     * runs the forward again up to the down product in the backward: 2 all-gathers and 1
-     * reduce-scatter more. */
-    double ag = 8192.0 * 4096 * 2 * 0.75 / 370e9 + 15e-6, rs = 8192.0 * 4096 * 4 * 0.75 / 370e9 + 15e-6;
+    /* SP on TP 4: 3 all-gathers and 2 reduce-scatters a direction on the mean, each in 4 pieces;
+     * full recomputation runs the forward again up to the down product in the backward: 2
+     * all-gathers and 1 reduce-scatter more. */
+    double ag = 8192.0 * 4096 * 2 * 0.75 / 370e9 + 60e-6, rs = 8192.0 * 4096 * 4 * 0.75 / 370e9 + 60e-6;
     assert_true(fabs(cost_tp_comm_s(&none, n) - (3 * ag + 2 * rs)) < 1e-12);
     assert_true(fabs(cost_tp_comm_s(&full, n) - (4 * ag + 2.5 * rs)) < 1e-12);
     assert_true(cost_cp_comm_s(&full, n) > cost_cp_comm_s(&none, n));
@@ -298,9 +315,10 @@ static void test_embedding(void **state)
     assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 2 * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
     assert_true(fabs(cost_embed_bwd_s(&m, 8192) - 3 * rows / 3350e9) < 1e-12);
     assert_true(cost_embed_fwd_s(&m, 0) == 0 && cost_embed_bwd_s(&m, 0) == 0);
+    /* With SP one collective per piece of the stream's rows (parallel.tp_chunks 4): 4 latencies. */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\n");
-    assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
-    assert_true(fabs(cost_embed_bwd_s(&m, 8192) - (3 * rows / 3350e9 + rows * 7 / 8 / 370e9 + 15e-6)) < 1e-12);
+    assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 7 / 8 / 370e9 + 60e-6)) < 1e-12);
+    assert_true(fabs(cost_embed_bwd_s(&m, 8192) - (3 * rows / 3350e9 + rows * 7 / 8 / 370e9 + 60e-6)) < 1e-12);
 }
 
 static void test_calibration_file(void **state)

@@ -442,6 +442,31 @@ static void test_overlap(void **state)
     assert_true(ok);
 }
 
+/* parallel.tp_chunks: each TP product and its exchange in pieces of rows (engine/model/model_tp.c,
+ * model_sp.c) - one piece, 3 (uneven: the last piece shorter and partly padding), and 16 (more
+ * pieces than a micro-batch has rows per rank: pieces without rows) - against one process, with and
+ * without SP; and 3 with overlap on under WLB_COMM_CHAOS against off (the same bits). */
+static void test_tp_chunks(void **state)
+{
+    (void)state;
+    int ok = 1;
+    const char *counts[] = {"1", "3", "16"};
+    for (int i = 0; i < 3; i++) {
+        char *chunks = test_format("parallel.tp_chunks=%s", counts[i]);
+        char *what = test_format("tp_chunks %s", counts[i]);
+        const char *sp[] = {"balance.packer=wlb", chunks, NULL};
+        ok &= check_layout(1, 4, 1, 2, fx.ref[1], sp, what);
+        const char *no_sp[] = {"balance.packer=wlb", chunks, "parallel.sequence_parallel=false", NULL};
+        if (!SMALL_MATRIX)
+            ok &= check_layout(1, 4, 1, 2, fx.ref[1], no_sp, "no SP");
+        free(chunks);
+        free(what);
+    }
+    const char *three[] = {"balance.packer=wlb", "parallel.tp_chunks=3", "train.recompute=full", NULL};
+    ok &= check_overlap(1, 4, 2, 1, fx.ref[1], three, "tp_chunks 3, recompute full");
+    assert_true(ok);
+}
+
 /* A layout under both packers and, with cp > 1, every CP mode. */
 static void check_matrix(int dp, int tp, int pp, int cp)
 {
@@ -688,7 +713,7 @@ int main(void)
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
         cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),      cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_reduce_dtype),
-        cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_overlap),     cmocka_unit_test(test_tp_chunks),
     };
     const char *filter = getenv("WLB_TEST_FILTER");
     if (filter)

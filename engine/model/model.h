@@ -143,6 +143,8 @@ typedef struct CpExchange {
 
 /* At most one exchange per block size: log2(1024) + 1 sizes for CP up to 1024. */
 enum { MODEL_MAX_CP_EXCHANGES = 11 };
+/* The most pieces a TP product and its exchange split into (parallel.tp_chunks, model_tp.c). */
+enum { MODEL_MAX_TP_CHUNKS = 16 };
 
 /* One micro-batch as this rank computes it. */
 typedef struct ModelBatch {
@@ -176,6 +178,7 @@ typedef struct Model {
     Comm *comm;
     Recompute recompute;
     Dt sum_dt;          /* the TP and CP partial sums' dtype (parallel.reduce_dtype; DT_F32 unless set) */
+    int tp_chunks;      /* pieces of each TP product and its exchange (parallel.tp_chunks; model_tp.c; 0: 1) */
     ModelTensor *tensors;
     int n_tensors;
     int64_t n_params;

@@ -34,18 +34,52 @@ int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err);
 /* The same over f64 host arrays, sum or max. */
 int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
 
-/* SP (model_sp.c). model_sp_gather: full [Tp, d] = the R rows x [R, d] of every TP rank, in TP rank
- * order (dt: their dtype). model_sp_scatter: part [Tp, d] holds partial sums on its first T rows;
- * its padding rows are zeroed and out [R, d] gets the sums over TP of this rank's rows. */
+/* SP (model_sp.c): the stream's rows dealt out to the TP ranks in pieces. Piece j is rows
+ * [first, first + tp rows) of the Tp (model_sp_piece_first, model_sp_piece_rows: rows per rank),
+ * the first real of them below T (model_sp_piece_real); rank r holds its rows first + r rows + i
+ * as its rows j c + i. */
+typedef struct SpPieces {
+    int64_t T, R, c; /* rows, rows per rank, rows per rank of a piece (the last may have fewer) */
+    int n, tp;       /* pieces with rows; TP ranks */
+} SpPieces;
+SpPieces model_sp_pieces(const Model *m, int64_t T);
+int64_t model_sp_piece_rows(const SpPieces *p, int j);
+int64_t model_sp_piece_first(const SpPieces *p, int j);
+int64_t model_sp_piece_real(const SpPieces *p, int j);
+/* An exchange started piece by piece: one request per piece. */
+typedef struct SpExchange {
+    CommRequest req[MODEL_MAX_TP_CHUNKS];
+} SpExchange;
+/* model_sp_gather: full [Tp, d] = the stream's rows x [R, d] of every TP rank, each in its place
+ * (dt: their dtype). model_sp_scatter: part [Tp, d] holds partial sums on its first T rows; its
+ * padding rows are zeroed and out [R, d] gets the sums over TP of this rank's rows. */
 int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err);
 int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err);
-/* The same exchanges started (comm_istart): their result is there once model_comm_wait(req)
- * returns; x, part stay untouched and full, out unread until then. */
-int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full, CommRequest *req, Error *err);
-int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, CommRequest *req, Error *err);
+/* The same exchanges started (comm_istart): their result is there once model_sp_wait(ex) returns;
+ * x, part stay untouched and full, out unread until then. */
+int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full, SpExchange *ex, Error *err);
+int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, SpExchange *ex, Error *err);
+int model_sp_wait(Model *m, SpExchange *ex, Error *err);
+/* One piece of them started: piece j's rows of full, or this rank's rows of piece j in out. */
+int model_sp_gather_piece(Model *m, const void *x, Dt dt, const SpPieces *p, int j, void *full, CommRequest *req,
+                          Error *err);
+int model_sp_scatter_piece(Model *m, float *part, const SpPieces *p, int j, float *out, CommRequest *req, Error *err);
 /* Waits for a started exchange of the model (nothing for a request that is not active); the time
  * goes to m->comm_s. */
 int model_comm_wait(Model *m, CommRequest *req, Error *err);
+
+/* The TP products with their exchanges in pieces (model_tp.c; nothing exchanged with tp = 1 or,
+ * for the gathers, without SP). model_tp_gather_product: out [T, n_out] = (x's rows of every TP
+ * rank, gathered) W^T, x the stream's rows of the product's input (d wide).
+ * model_tp_product_sum: x [T, n_in] W^T summed over TP onto the stream's rows: reduce-scattered
+ * into out (R rows, *sum = out), or without SP all-reduced in m->tmp (T rows, *sum = m->tmp).
+ * model_tp_gather_backward: the gradient dh of a row-parallel product's output (the stream's rows)
+ * gathered into dout, then dw += dout^T x and dx = dout W (x: the product's input, T rows). */
+int model_tp_gather_product(Model *m, MatOut out, const Act *x, const Act *w, int64_t T, int64_t n_out, Error *err);
+int model_tp_product_sum(Model *m, float *out, const Act *x, const Act *w, int64_t T, int64_t n_in, float **sum,
+                         Error *err);
+int model_tp_gather_backward(Model *m, const Act *dh, const Act *x, const Act *w, float *dw, MatOut dx, int64_t T,
+                             int64_t n_in, Error *err);
 
 /* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
  * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V

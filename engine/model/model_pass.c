@@ -26,13 +26,16 @@
  * again at the start of its backward, by the same ops, so the gradients are the same bits.
  *
  * Sequence parallelism (model.h, model_sp.c): x, a, y, b, their rstd and dh have this rank's R rows;
- * the products read all T rows of a and b, all-gathered (all_rows), and every allreduce above is a
+ * the products read all T rows of a and b, all-gathered, and every allreduce above is a
  * reduce-scatter onto the R rows; the backward all-gathers dh before the row-parallel products'
  * backward (dWdown, ds; dWo, datt) and a, b again before dWgu, dWqkv (they are kept on R rows only).
- * Those two gathers start as soon as the gathered rows' buffer is free (after ds, datt) and run
- * beside the work up to the weight-gradient product that reads them (swiglu' and dgu Wgu;
- * attention' and dqkv Wqkv). A collective shows below as a start where its input is ready and a
- * wait where its result is first read (model_comm_wait).
+ * The exchanges next to a product split with it into pieces of rows (parallel.tp_chunks,
+ * model_tp.c: model_tp_gather_product, model_tp_product_sum, model_tp_gather_backward), each
+ * piece's exchange beside another piece's product. The backward's gathers of a and b start as soon
+ * as the gathered rows' buffer is free (after ds, datt) and run beside the work up to the
+ * weight-gradient product that reads them (swiglu' and dgu Wgu; attention' and dqkv Wqkv). A
+ * collective shows below as a start where its input is ready and a wait where its result is first
+ * read (model_sp_wait, model_comm_wait).
  */
 #include <math.h>
 #include <string.h>
@@ -80,56 +83,37 @@ static void attention(Model *m, LayerActs *a, const Act *k, const Act *v, const 
         m->ops->attention_fwd(a->att, a->lse, a->qkv, k, v, segs, n, attn_shape(&m->dims));
 }
 
-/* All T rows of x, the compute-dtype rows of the residual stream's layout (R rows): x itself, or
+/* All T rows of x (the stream's rows, compute dtype) once model_sp_wait(ex) returns: x itself, or
  * with SP every TP rank's rows all-gathered into m->sp_full. */
-static int all_rows(Model *m, const Act *x, int64_t T, const Act **full, Error *err)
+static int all_rows_start(Model *m, const Act *x, int64_t T, const Act **full, SpExchange *ex, Error *err)
 {
     *full = x;
     if (!m->dims.sp)
         return 0;
     *full = m->sp_full;
-    return model_sp_gather(m, x, DT_ACT, T, m->sp_full, err);
+    return model_sp_gather_start(m, x, DT_ACT, T, m->sp_full, ex, err);
 }
 
-/* all_rows started: *full is there once model_comm_wait(req) returns. */
-static int all_rows_start(Model *m, const Act *x, int64_t T, const Act **full, CommRequest *req, Error *err)
-{
-    *full = x;
-    if (!m->dims.sp)
-        return 0;
-    *full = m->sp_full;
-    return model_sp_gather_start(m, x, DT_ACT, T, m->sp_full, req, err);
-}
-
-/* tp_sum started: *sum is there once model_comm_wait(req) returns (m->tmp untouched until then). */
-static int tp_sum_start(Model *m, int64_t T, float *out, float **sum, CommRequest *req, Error *err)
+/* The partial sums of a product's output in m->tmp (T rows) summed over TP onto the stream's rows,
+ * started: all-reduced in place (*sum = m->tmp), or with SP reduce-scattered into out (R rows,
+ * *sum = out); *sum is there once model_sp_wait(ex) returns (m->tmp untouched until then). */
+static int tp_sum_start(Model *m, int64_t T, float *out, float **sum, SpExchange *ex, Error *err)
 {
     *sum = m->tmp;
     if (m->dims.tp == 1)
         return 0;
     if (!m->dims.sp) {
         double t0 = clock_seconds();
-        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp, T * m->dims.d, m->sum_dt, req, err);
+        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp, T * m->dims.d, m->sum_dt, &ex->req[0], err);
         m->comm_s += clock_seconds() - t0;
         return rc;
     }
     *sum = out;
-    return model_sp_scatter_start(m, m->tmp, T, out, req, err);
-}
-
-/* The partial sums of a product's output in m->tmp (T rows) summed over TP, onto the stream's rows:
- * all-reduced in place (*sum = m->tmp), or with SP reduce-scattered into out (R rows, *sum = out). */
-static int tp_sum(Model *m, int64_t T, float *out, float **sum, Error *err)
-{
-    *sum = m->tmp;
-    if (!m->dims.sp)
-        return model_tp_allreduce(m, m->tmp, T * m->dims.d, err);
-    *sum = out;
-    return model_sp_scatter(m, m->tmp, T, out, err);
+    return model_sp_scatter_start(m, m->tmp, T, out, ex, err);
 }
 
 /* out = res + the TP-reduced product x W^T (x: all T rows; out, res: the stream's rows): into out
- * directly with tp = 1, else through m->tmp. */
+ * directly with tp = 1, else summed over TP in pieces (model_tp_product_sum). */
 static int residual_product(Model *m, float *out, const float *res, const Act *x, const Act *w, int64_t T,
                             int64_t n_in, Error *err)
 {
@@ -140,8 +124,7 @@ static int residual_product(Model *m, float *out, const float *res, const Act *x
         return 0;
     }
     float *sum;
-    o->matmul_fwd(mat_f32(m->tmp), x, w, T, n_in, D);
-    if (tp_sum(m, T, out, &sum, err) != 0)
+    if (model_tp_product_sum(m, out, x, w, T, n_in, &sum, err) != 0)
         return -1;
     o->add(out, sum, res, model_rows(&m->dims, T) * D); /* sum may be out */
     return 0;
@@ -154,11 +137,9 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
     int64_t T = b->T, R = model_rows(d, T), D = d->d, F = d->local_ffn, Q = qkv_width(d);
-    const Act *in;
     o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), R, D, d->norm_eps);
-    if (all_rows(m, a->a, T, &in, err) != 0)
+    if (model_tp_gather_product(m, mat_act(a->qkv), a->a, model_weight(m, T_WQ, l), T, Q, err) != 0)
         return -1;
-    o->matmul_fwd(mat_act(a->qkv), in, model_weight(m, T_WQ, l), T, D, Q);
     o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq, m->rope_scale);
     if (d->cp > 1) {
         /* Documents held whole read this rank's rows only: their attention runs beside the exchange. */
@@ -177,9 +158,8 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
     if (residual_product(m, a->y, x, a->att, model_weight(m, T_WO, l), T, q_width(d), err) != 0)
         return -1;
     o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), R, D, d->norm_eps);
-    if (all_rows(m, a->b, T, &in, err) != 0)
+    if (model_tp_gather_product(m, mat_act(a->gu), a->b, model_weight(m, T_WGATE, l), T, 2 * F, err) != 0)
         return -1;
-    o->matmul_fwd(mat_act(a->gu), in, model_weight(m, T_WGATE, l), T, D, 2 * F);
     o->swiglu_fwd(a->s, a->gu, T, F);
     if (!out)
         return 0;
@@ -212,34 +192,32 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     const float *x = s->h[i];
     int64_t T = b->T, R = model_rows(d, T), D = d->d, F = d->local_ffn, lq = q_width(d), lkv = kv_width(d);
     int64_t Q = qkv_width(d);
-    const Act *dout, *in;
+    const Act *in;
     float *sum;
-    CommRequest gather = {0}, reduce = {0};
+    SpExchange gather = {{{0}}}, reduce = {{{0}}};
     if (recompute_layer(m, b, l, x, a, err) != 0)
         return -1;
     /* MLP */
     float *ds = m->g32;
-    if (all_rows(m, m->dh_act, T, &dout, err) != 0)
+    if (model_tp_gather_backward(m, m->dh_act, a->s, model_weight(m, T_WDOWN, l), model_grad(m, T_WDOWN, l),
+                                 mat_f32(ds), T, F, err) != 0)
         return -1;
-    o->matmul_bwd_dw(model_grad(m, T_WDOWN, l), dout, a->s, T, F, D);
-    o->matmul_bwd_dx(mat_f32(ds), dout, model_weight(m, T_WDOWN, l), T, F, D);
     if (all_rows_start(m, a->b, T, &in, &gather, err) != 0)
         return -1;
     o->swiglu_bwd(m->dgu, ds, a->gu, T, F);
     o->matmul_bwd_dx(mat_f32(m->tmp), m->dgu, model_weight(m, T_WGATE, l), T, D, 2 * F);
-    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_comm_wait(m, &gather, err) != 0)
+    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_sp_wait(m, &gather, err) != 0)
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WGATE, l), m->dgu, in, T, D, 2 * F);
-    if (model_comm_wait(m, &reduce, err) != 0)
+    if (model_sp_wait(m, &reduce, err) != 0)
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_MLP_NORM, l), sum, a->y, model_param(m, T_MLP_NORM, l),
                    a->rstd2, R, D);
     /* Attention: dq, dk, dv accumulate in float32 (dqkv32); with CP dk, dv in micro-batch rows. */
     float *dqkv32 = m->g32;
-    if (all_rows(m, m->dh_act, T, &dout, err) != 0)
+    if (model_tp_gather_backward(m, m->dh_act, a->att, model_weight(m, T_WO, l), model_grad(m, T_WO, l),
+                                 mat_act(m->datt), T, lq, err) != 0)
         return -1;
-    o->matmul_bwd_dw(model_grad(m, T_WO, l), dout, a->att, T, lq, D);
-    o->matmul_bwd_dx(mat_act(m->datt), dout, model_weight(m, T_WO, l), T, lq, D);
     if (all_rows_start(m, a->a, T, &in, &gather, err) != 0)
         return -1;
     o->zero(dqkv32, T * Q);
@@ -267,10 +245,10 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     o->rope_bwd(m->dqkv, Q, dqkv32, Q, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim,
                 m->inv_freq, m->rope_scale);
     o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
-    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_comm_wait(m, &gather, err) != 0)
+    if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_sp_wait(m, &gather, err) != 0)
         return -1;
     o->matmul_bwd_dw(model_grad(m, T_WQ, l), m->dqkv, in, T, D, Q);
-    if (model_comm_wait(m, &reduce, err) != 0)
+    if (model_sp_wait(m, &reduce, err) != 0)
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_ATTN_NORM, l), sum, x, model_param(m, T_ATTN_NORM, l),
                    a->rstd1, R, D);

@@ -134,6 +134,7 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->dpcp = (int)(dp * cp);
     m->dp_bw = (dp == 1 ? tp * cp : tp * cp * pp * dp) <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->overlap = cfg->parallel.overlap;
+    m->tp_chunks = cfg->parallel.tp_chunks > 0 ? (int)cfg->parallel.tp_chunks : 1;
     m->sums_bf16 = sum_elem == 2;
     m->zero = cfg->parallel.zero != 0;
     /* A layer's weights on a rank: its products' TP shard (half their forward FLOPs per token) and
@@ -272,16 +273,34 @@ static double collective_s(const CostModel *m, double bytes, double factor, doub
     return bytes * factor / (gbps * 1e9) + m->hw.link_latency_us * 1e-6;
 }
 
-/* A collective of c seconds (its bandwidth time and the link's latency) beside a product of p
- * seconds: the bandwidth time hides up to the product's; the latency is charged exposed. Both times
- * grow in proportion to the rows, so what hides is the same share of them at any count and the
- * price stays affine in the rows, as the groups search's lines take it (plan_groups.h); charging
- * the latency costs at most 4 link latencies a layer against min(c, p). */
-static void beside(const CostModel *m, double c, double p, CostTpComm *out)
+/* An exchange of c seconds (its bandwidth time b and one link latency) started in `pieces`
+ * collectives at once, beside a product of p seconds that does not need it: each piece pays the
+ * link's latency, charged exposed; the bandwidth time hides up to the product's. Both times grow in
+ * proportion to the rows, so what hides is the same share of them at any count and the price stays
+ * affine in the rows, as the groups search's lines take it (plan_groups.h). */
+static void beside(const CostModel *m, double c, double p, int pieces, CostTpComm *out)
 {
-    double bandwidth = c - m->hw.link_latency_us * 1e-6;
+    double lat = m->hw.link_latency_us * 1e-6, bandwidth = c - lat;
     double hidden = m->overlap && p > 0 ? (bandwidth < p ? bandwidth : p) : 0;
-    out->bwd_exposed += c - hidden;
+    out->bwd_exposed += pieces * lat + bandwidth - hidden;
+    out->hidden += hidden;
+    out->contention += m->hw.comm_sm_share * hidden;
+}
+
+/* An exchange of c seconds split with the product of p seconds next to it into k pieces
+ * (parallel.tp_chunks, engine/model/model_tp.c): the gather before a product (piece j multiplied
+ * once its gather is in) or the reduce-scatter after it (piece j's sums sent while piece j + 1 is
+ * multiplied). The pieces' exchanges run one after another; of the bandwidth time b the first
+ * gather's (the last reduce-scatter's) b / k has no product beside it, and each other piece shows
+ * what it takes longer than a piece of the product: exposed b / k + (k - 1) / k max(0, b - p), plus
+ * k link latencies. Affine in the rows, like beside(). Without overlap, or with no product (p 0:
+ * bf16 sums run where they are issued), all of it is exposed. */
+static void pipelined(const CostModel *m, double c, double p, double *exposed, CostTpComm *out)
+{
+    double lat = m->hw.link_latency_us * 1e-6, b = c - lat, k = m->tp_chunks, hidden = 0;
+    if (m->overlap && p > 0 && k > 1)
+        hidden = b - (b / k + (k - 1) / k * (b > p ? b - p : 0));
+    *exposed += k * lat + b - hidden;
     out->hidden += hidden;
     out->contention += m->hw.comm_sm_share * hidden;
 }
@@ -292,39 +311,54 @@ void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
     if (m->tp <= 1 || tokens_rank <= 0)
         return;
     double rows = (double)tokens_rank, ring = (m->tp - 1.0) / m->tp, full = m->recompute == RECOMPUTE_FULL;
+    double sums_beside = m->sums_bf16 ? 0 : 1; /* bf16 sums run beside nothing */
+    /* The products' seconds: QKV, attention output, gate/up, down (forward; each backward product,
+     * input or weight gradient, the same). */
+    double heads = m->d_model * m->head_dim;
+    double qkv = gemm_s(m, 2 * heads * (m->local_heads + 2.0 * m->local_kv_heads) * rows);
+    double out = gemm_s(m, 2 * heads * m->local_heads * rows);
+    double gate_up = gemm_s(m, 4 * m->d_model * m->ffn_local * rows);
+    double down = gemm_s(m, 2 * m->d_model * m->ffn_local * rows);
     if (!m->sp) {
         /* Ring all-reduces of the partial sums after the attention output and the MLP down
-         * projection, 2 (n - 1) / n: 2 in the forward (exposed), 2 in the backward (the input
-         * gradients of the QKV and gate/up products, each beside the weight-gradient product that
-         * follows it), 1 more in the backward with full recomputation (the forward run again stops
-         * before the down projection; exposed). */
+         * projection, 2 (n - 1) / n, each in pieces beside the pieces of its product: 2 in the
+         * forward, 1 more in the backward with full recomputation (the forward run again stops
+         * before the down projection); 2 in the backward (the input gradients of the QKV and
+         * gate/up products, each whole, beside the weight-gradient product that follows it). */
         double ar = collective_s(m, m->sum_bytes * rows, 2 * ring, m->tp_bw);
-        c->fwd_exposed = 2 * ar;
-        c->bwd_exposed = full * ar;
-        double sums_beside = m->sums_bf16 ? 0 : 1; /* bf16 sums run beside nothing */
-        beside(m, ar, sums_beside * gemm_s(m, 4 * m->d_model * m->ffn_local * rows), c);
-        beside(m, ar, sums_beside * gemm_s(m, 2 * m->d_model * m->head_dim * (m->local_heads + 2.0 * m->local_kv_heads) * rows), c);
+        pipelined(m, ar, sums_beside * out, &c->fwd_exposed, c);
+        pipelined(m, ar, sums_beside * down, &c->fwd_exposed, c);
+        if (full)
+            pipelined(m, ar, sums_beside * out, &c->bwd_exposed, c);
+        beside(m, ar, sums_beside * gate_up, 1, c);
+        beside(m, ar, sums_beside * qkv, 1, c);
         return;
     }
-    /* Ring all-gathers (compute dtype) and reduce-scatters (partial sums), (n - 1) / n each. The
-     * forward: the normed rows gathered before the QKV and gate/up products, the partial sums of the
-     * output and down products reduce-scattered, all on the compute path. */
+    /* Ring all-gathers (compute dtype) and reduce-scatters (partial sums), (n - 1) / n each, in
+     * pieces. The forward: the normed rows gathered before the QKV and gate/up products, the partial
+     * sums of the output and down products reduce-scattered after them. */
     double ag = collective_s(m, m->act_bytes * rows, ring, m->tp_bw);
     double rs = collective_s(m, m->sum_bytes * rows, ring, m->tp_bw);
-    c->fwd_exposed = 2 * ag + 2 * rs;
-    /* The backward: the stream's gradient gathered before the down and output products (they need
-     * it: exposed), and full recomputation's forward again (2 all-gathers, 1 reduce-scatter). Then
-     * per part (QKV, gate/up): the normed rows gathered again beside the input-gradient product,
-     * and the input gradient's partial sums reduce-scattered beside the weight-gradient product,
-     * both the same FLOPs: 2 d (q + 2 kv heads) dh, and 2 d 2 f per row. */
-    c->bwd_exposed = 2 * ag + full * (2 * ag + rs);
-    double qkv = gemm_s(m, 2 * m->d_model * m->head_dim * (m->local_heads + 2.0 * m->local_kv_heads) * rows);
-    double gate_up = gemm_s(m, 4 * m->d_model * m->ffn_local * rows);
-    double sums_beside = m->sums_bf16 ? 0 : 1; /* bf16 sums run beside nothing */
-    beside(m, ag, gate_up, c);
-    beside(m, rs, sums_beside * gate_up, c);
-    beside(m, ag, qkv, c);
-    beside(m, rs, sums_beside * qkv, c);
+    pipelined(m, ag, qkv, &c->fwd_exposed, c);
+    pipelined(m, rs, sums_beside * out, &c->fwd_exposed, c);
+    pipelined(m, ag, gate_up, &c->fwd_exposed, c);
+    pipelined(m, rs, sums_beside * down, &c->fwd_exposed, c);
+    /* The backward: the stream's gradient gathered before the down and output products' backward
+     * (weight and input gradient, piece by piece), and full recomputation's forward again (2
+     * all-gathers, 1 reduce-scatter). Then per part (QKV, gate/up): the normed rows gathered again
+     * beside the input-gradient product, and the input gradient's partial sums reduce-scattered
+     * beside the weight-gradient product, both the same FLOPs. */
+    pipelined(m, ag, 2 * down, &c->bwd_exposed, c);
+    pipelined(m, ag, 2 * out, &c->bwd_exposed, c);
+    if (full) {
+        pipelined(m, ag, qkv, &c->bwd_exposed, c);
+        pipelined(m, rs, sums_beside * out, &c->bwd_exposed, c);
+        pipelined(m, ag, gate_up, &c->bwd_exposed, c);
+    }
+    beside(m, ag, gate_up, m->tp_chunks, c);
+    beside(m, rs, sums_beside * gate_up, m->tp_chunks, c);
+    beside(m, ag, qkv, m->tp_chunks, c);
+    beside(m, rs, sums_beside * qkv, m->tp_chunks, c);
 }
 
 double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
@@ -393,12 +427,14 @@ void cost_embed_split(const CostModel *m, int64_t tokens, int backward, double *
      * rank's rows: with no product to run under, all of it shows. Backward: the scatter-add of the
      * rows' gradients into the embedding's (read them, read and write the gradient rows); with SP
      * the rows' gradients are all-gathered (float32) first. */
-    double bytes = m->grad_row_bytes * (double)tokens;
+    double bytes = m->grad_row_bytes * (double)tokens, pieces = m->sp ? m->tp_chunks - 1 : 0;
     *elementwise = (backward ? 3 : 1) * bytes / (m->hw.hbm_gbps * 1e9);
+    /* (With SP the exchange is one collective per piece of the stream's rows, model_sp.c.) */
     if (!backward && m->tp > 1)
-        *comm = collective_s(m, bytes, (m->sp ? 1.0 : 2.0) * (m->tp - 1) / m->tp, m->tp_bw);
+        *comm = collective_s(m, bytes, (m->sp ? 1.0 : 2.0) * (m->tp - 1) / m->tp, m->tp_bw) +
+                pieces * m->hw.link_latency_us * 1e-6;
     if (backward && m->sp)
-        *comm = collective_s(m, bytes, (m->tp - 1.0) / m->tp, m->tp_bw);
+        *comm = collective_s(m, bytes, (m->tp - 1.0) / m->tp, m->tp_bw) + pieces * m->hw.link_latency_us * 1e-6;
 }
 
 double cost_embed_fwd_s(const CostModel *m, int64_t tokens)

@@ -131,6 +131,7 @@ typedef struct CostModel {
                                * (compute dtype) and the reduce-scatter's (parallel.reduce_dtype) */
     double tp_bw, cp_bw, pp_bw, dp_bw; /* GB/s of the link each group uses (dp: DP x CP) */
     int overlap;              /* parallel.overlap: the engine overlaps what it can */
+    int tp_chunks;            /* parallel.tp_chunks: pieces each TP product and its exchange split into */
     int sums_bf16;            /* the partial sums travel in bf16 (parallel.reduce_dtype: compute, bf16): the
                                * engine runs them where they are issued, beside nothing */
     int dpcp;                 /* ranks over which gradients are reduced (dp x cp) */

@@ -1,0 +1,134 @@
+/*
+ * engine/model/model_tp.c - the TP products with their exchanges in pieces (parallel.tp_chunks).
+ *
+ * With sequence parallelism (model_sp.c) each product next to the residual stream has an exchange
+ * on its critical path: the all-gather of its input before a column-parallel product (QKV,
+ * gate/up), the reduce-scatter of its partial sums after a row-parallel one (attention output,
+ * down), the all-gather of the stream's gradient before the row-parallel products' backward. Every
+ * row of a product's output reads its own row of the input only, and SP deals the stream's rows out
+ * in k = parallel.tp_chunks pieces, each a block of consecutive rows of the T (model_sp.c), so
+ * the product splits along the same pieces, one call per piece:
+ *
+ *   gather_product    out = gather(x) W^T. The k gathers start at once (the group runs them one
+ *                     after another); piece j is multiplied once its gather is in, beside the
+ *                     gathers of the pieces after it: only the first piece's gather has nothing
+ *                     beside it.
+ *   product_sum       part = x W^T summed over TP onto the stream's rows. Piece j's partial sums
+ *                     are computed, their reduce-scatter starts, and the next piece's product runs
+ *                     beside it: only the last piece's has nothing beside it.
+ *   gather_backward   dout = gather(dh); dW += dout^T x and dx = dout W piece by piece, each beside
+ *                     the gathers of the pieces after it (dW's terms added in row order, as one
+ *                     call would).
+ *
+ * Without SP (tp > 1, sequence_parallel false) only the partial sums are exchanged: piece j is
+ * rows [j c, j c + c_j) of the T rows (c = ceil(T / k)), all-reduced in place.
+ *
+ * The pieces do not depend on parallel.overlap, which only decides whether a started exchange runs
+ * in the background: the products, the sums and their order are the same either way (the same
+ * bits). With k = 1 each exchange is one collective and each product one call.
+ */
+#include "engine/model/model_impl.h"
+#include "util/clock.h"
+
+/* out advanced by i elements (its c too). */
+static MatOut mat_at(const Ops *o, MatOut out, int64_t i)
+{
+    MatOut r = out;
+    r.p = out.kind == MAT_ACT ? (void *)ops_act(o, out.p, i) : (void *)((float *)out.p + i);
+    if (out.c)
+        r.c = out.c + i;
+    return r;
+}
+
+int model_tp_gather_product(Model *m, MatOut out, const Act *x, const Act *w, int64_t T, int64_t n_out, Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t D = m->dims.d;
+    if (!m->dims.sp) {
+        o->matmul_fwd(out, x, w, T, D, n_out);
+        return 0;
+    }
+    SpPieces p = model_sp_pieces(m, T);
+    SpExchange gather = {{{0}}};
+    if (model_sp_gather_start(m, x, DT_ACT, T, m->sp_full, &gather, err) != 0)
+        return -1;
+    for (int j = 0; j < p.n; j++) {
+        int64_t row = model_sp_piece_first(&p, j), n = model_sp_piece_real(&p, j);
+        if (model_comm_wait(m, &gather.req[j], err) != 0)
+            return -1;
+        if (n > 0)
+            o->matmul_fwd(mat_at(o, out, row * n_out), ops_act(o, m->sp_full, row * D), w, n, D, n_out);
+    }
+    return 0;
+}
+
+/* Without SP: the partial sums of T rows in m->tmp, all-reduced piece by piece in place. */
+static int product_allreduce(Model *m, const Act *x, const Act *w, int64_t T, int64_t n_in, Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t D = m->dims.d;
+    int k = m->tp_chunks < 1 ? 1 : m->tp_chunks > MODEL_MAX_TP_CHUNKS ? MODEL_MAX_TP_CHUNKS : m->tp_chunks;
+    int64_t c = (T + k - 1) / k;
+    CommRequest reqs[MODEL_MAX_TP_CHUNKS] = {{0}};
+    for (int j = 0; j * c < T; j++) {
+        int64_t row = j * c, n = T - row < c ? T - row : c;
+        o->matmul_fwd(mat_f32(m->tmp + row * D), ops_act(o, x, row * n_in), w, n, n_in, D);
+        double t0 = clock_seconds();
+        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp + row * D, n * D, m->sum_dt, &reqs[j], err);
+        m->comm_s += clock_seconds() - t0;
+        if (rc != 0)
+            return -1;
+    }
+    for (int j = 0; j < k; j++)
+        if (model_comm_wait(m, &reqs[j], err) != 0)
+            return -1;
+    return 0;
+}
+
+int model_tp_product_sum(Model *m, float *out, const Act *x, const Act *w, int64_t T, int64_t n_in, float **sum,
+                         Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t D = m->dims.d;
+    *sum = m->tmp;
+    if (!m->dims.sp)
+        return product_allreduce(m, x, w, T, n_in, err);
+    *sum = out;
+    SpPieces p = model_sp_pieces(m, T);
+    SpExchange scatter = {{{0}}};
+    for (int j = 0; j < p.n; j++) {
+        int64_t row = model_sp_piece_first(&p, j), n = model_sp_piece_real(&p, j);
+        if (n > 0)
+            o->matmul_fwd(mat_f32(m->tmp + row * D), ops_act(o, x, row * n_in), w, n, n_in, D);
+        if (model_sp_scatter_piece(m, m->tmp, &p, j, out, &scatter.req[j], err) != 0)
+            return -1;
+    }
+    return model_sp_wait(m, &scatter, err);
+}
+
+int model_tp_gather_backward(Model *m, const Act *dh, const Act *x, const Act *w, float *dw, MatOut dx, int64_t T,
+                             int64_t n_in, Error *err)
+{
+    const Ops *o = m->ops;
+    int64_t D = m->dims.d;
+    if (!m->dims.sp) {
+        o->matmul_bwd_dw(dw, dh, x, T, n_in, D);
+        o->matmul_bwd_dx(dx, dh, w, T, n_in, D);
+        return 0;
+    }
+    SpPieces p = model_sp_pieces(m, T);
+    SpExchange gather = {{{0}}};
+    if (model_sp_gather_start(m, dh, DT_ACT, T, m->sp_full, &gather, err) != 0)
+        return -1;
+    for (int j = 0; j < p.n; j++) {
+        int64_t row = model_sp_piece_first(&p, j), n = model_sp_piece_real(&p, j);
+        if (model_comm_wait(m, &gather.req[j], err) != 0)
+            return -1;
+        if (n <= 0)
+            continue;
+        const Act *dout = ops_act(o, m->sp_full, row * D);
+        o->matmul_bwd_dw(dw, dout, ops_act(o, x, row * n_in), n, n_in, D);
+        o->matmul_bwd_dx(mat_at(o, dx, row * n_in), dout, w, n, n_in, D);
+    }
+    return 0;
+}
