@@ -7,8 +7,10 @@
 #   T_free  no link model (MPI over shared memory: nearly free), the faster of overlap off and on (on
 #           an oversubscribed machine even shared memory costs the waits for a peer to be scheduled,
 #           which overlap hides too)
-#   T_off   the link model, parallel.overlap: false (every collective where it is issued)
-#   T_on    the link model, parallel.overlap: true
+#   T_off   the link model, parallel.overlap: false and parallel.tp_chunks: 1 (every collective where
+#           it is issued, one exchange per TP product: the engine that overlaps nothing)
+#   T_on    the link model, parallel.overlap: true (and the default tp_chunks: TP's products and
+#           their exchanges in pieces)
 # and the exposed fraction (T_on - T_free) / (T_off - T_free): the share of the communication's cost
 # that overlap leaves on the step (0: all hidden, 1: none). Each time is the median of the steps
 # after the first of ROUNDS runs (STEPS steps each), the three settings run in turn.
@@ -50,8 +52,10 @@ echo "# machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f
 # ("" = none).
 step_times() {
   local flags=$1 overlap=$2 lnk=$3 into=$4 out=$work/run.log
+  local chunks=""
+  [ "$overlap" = true ] || chunks="--set parallel.tp_chunks=1"
   # shellcheck disable=SC2086
-  if ! WLB_COMM_LINK=$lnk mpirun --bind-to none -np 4 "$bin" --config "$work/bench.yaml" $flags \
+  if ! WLB_COMM_LINK=$lnk mpirun --bind-to none -np 4 "$bin" --config "$work/bench.yaml" $flags $chunks \
        --set parallel.overlap="$overlap" > "$out" 2>&1; then
     echo "comm_overlap: run failed ($flags, overlap $overlap, link '$lnk'):" >&2
     tail -5 "$out" >&2

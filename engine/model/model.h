@@ -17,14 +17,17 @@
  *       gradients of the layer inputs are all-reduced over TP.
  *   SP  sequence parallelism (parallel.sequence_parallel, with tp > 1): the residual stream, both
  *       RMSNorms and what they keep live on 1/tp of the rows. The chunk's T rows (the CP rank's) are
- *       padded to Tp = tp ceil(T / tp); TP rank r holds rows [r Tp / tp, (r + 1) Tp / tp). The
+ *       padded to Tp = tp ceil(T / tp), dealt out in parallel.tp_chunks pieces of consecutive rows,
+ *       an equal share of each piece to each TP rank (model_sp.c; one piece: TP rank r holds rows
+ *       [r Tp / tp, (r + 1) Tp / tp)); the products split with their exchanges along the pieces
+ *       (model_tp.c). The
  *       normed rows are all-gathered over TP before the column-parallel products, whose outputs
  *       (heads, FFN columns) cover all T rows as without SP; the row-parallel products' partial sums
  *       are reduce-scattered instead of all-reduced; the backward mirrors both (the gradient of the
  *       residual all-gathered before the row-parallel products' backward, the input gradients
  *       reduce-scattered, the kept normed rows all-gathered again for the weight gradients). The
  *       embedding reduce-scatters, the head all-gathers the normed rows. Padding rows (at most
- *       tp - 1, on the last TP ranks) are zero throughout: no product, attention or loss reads
+ *       tp - 1, in the last piece) are zero throughout: no product, attention or loss reads
  *       them. The norms' weight gradients are then partial sums over each rank's rows: the trainer
  *       sums them over TP.
  *   CP  a rank computes its own rows of the micro-batch; before attention the K and V rows of the
