@@ -9,8 +9,8 @@
 #           which overlap hides too)
 #   T_off   the link model, parallel.overlap: false and parallel.tp_chunks: 1 (every collective where
 #           it is issued, one exchange per TP product: the engine that overlaps nothing)
-#   T_on    the link model, parallel.overlap: true (and the default tp_chunks: TP's products and
-#           their exchanges in pieces)
+#   T_on    the link model, parallel.overlap: true and parallel.tp_chunks: TP_CHUNKS (default auto, the
+#           config's default: TP's products and their exchanges in pieces)
 # and the exposed fraction (T_on - T_free) / (T_off - T_free): the share of the communication's cost
 # that overlap leaves on the step (0: all hidden, 1: none). Each time is the median of the steps
 # after the first of ROUNDS runs (STEPS steps each), the three settings run in turn.
@@ -19,7 +19,7 @@
 # hides more than the backward's worth: slow the link and the exposed fraction rises towards
 # 1 - backward / communication). Prints the machine and its load: on a shared machine the times
 # move with what else runs.
-# Usage: bash bench/comm_overlap.sh            env: LAYERS (8) STEPS (6) ROUNDS (3) LINK (the WLB_COMM_LINK,
+# Usage: bash bench/comm_overlap.sh            env: LAYERS (8) STEPS (6) ROUNDS (3) TP_CHUNKS (auto) LINK (the WLB_COMM_LINK,
 #   default 100,0.08) WLBTRAIN (default ./wlbtrain) DATA (a token prefix; default data/demo/libc_headers,
 #   made by `make demo` when absent)
 set -euo pipefail
@@ -52,7 +52,7 @@ echo "# machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f
 # ("" = none).
 step_times() {
   local flags=$1 overlap=$2 lnk=$3 into=$4 out=$work/run.log
-  local chunks=""
+  local chunks="--set parallel.tp_chunks=${TP_CHUNKS:-auto}"
   [ "$overlap" = true ] || chunks="--set parallel.tp_chunks=1"
   # shellcheck disable=SC2086
   if ! WLB_COMM_LINK=$lnk mpirun --bind-to none -np 4 "$bin" --config "$work/bench.yaml" $flags $chunks \

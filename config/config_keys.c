@@ -92,12 +92,14 @@ const ConfigKey config_keys[] = {
              "and the pipeline's receives are posted ahead; false runs every collective where it is issued, in the order of the "
              "blocking engine (the same numbers either way; docs/communication-overlap.md); the dry run "
              "prices each collective exposed or hidden by what it runs beside (docs/planner.md)"),
-    INT_KEY("parallel.tp_chunks", parallel.tp_chunks, 1, 16, "4", NULL,
-            "with tp > 1: pieces of rows each TP product and its exchange split into, each piece's "
-            "exchange beside another piece's product (the all-gather before the QKV and gate/up products, "
-            "the reduce-scatter after the attention output and down products, the gather of the stream's "
-            "gradient in the backward; docs/communication-overlap.md); 1 = one exchange per product; "
-            "the same numbers with parallel.overlap true or false"),
+    AUTO_KEY("parallel.tp_chunks", parallel.tp_chunks, 1, 16, "auto", NULL,
+             "with tp > 1: pieces of rows each TP product and its exchange split into, each piece's "
+             "exchange beside another piece's product (the all-gather before the QKV and gate/up products, "
+             "the reduce-scatter after the attention output and down products, the gather of the stream's "
+             "gradient in the backward; docs/communication-overlap.md); 1 = one exchange per product; auto = "
+             "of 1, 2, 4, 8, 16 the fewest the cost model prices fastest at the largest micro-batch (each "
+             "piece pays a link latency: pieces pay for large products only); the same numbers with "
+             "parallel.overlap true or false"),
     ENUM_KEY("parallel.reduce_dtype", parallel.reduce_dtype, "fp32|compute", "fp32", NULL,
              "dtype the TP and CP partial sums (the products' reduce-scatters and all-reduces over TP, the "
              "embedding's and output layer's included, and the dK/dV reduce-scatter) travel and add in: fp32, "

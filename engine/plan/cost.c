@@ -134,7 +134,7 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->dpcp = (int)(dp * cp);
     m->dp_bw = (dp == 1 ? tp * cp : tp * cp * pp * dp) <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
     m->overlap = cfg->parallel.overlap;
-    m->tp_chunks = cfg->parallel.tp_chunks > 0 ? (int)cfg->parallel.tp_chunks : 1;
+    m->tp_chunks = (int)cfg->parallel.tp_chunks;
     m->sums_bf16 = sum_elem == 2;
     m->zero = cfg->parallel.zero != 0;
     /* A layer's weights on a rank: its products' TP shard (half their forward FLOPs per token) and
@@ -143,7 +143,31 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->layer_params = m->gemm_flops_fwd / 2 + 2 * d;
     m->embed_params = m->vocab_local * d;
     m->head_params = (md->tie_embeddings && pp * m->v == 1 ? 0 : m->vocab_local * d) + d;
+    if (m->tp_chunks <= 0) {
+        int64_t tokens = cfg->balance.max_tokens_per_micro_batch > 0 ? cfg->balance.max_tokens_per_micro_batch
+                                                                      : cfg->data.context_window;
+        m->tp_chunks = cost_auto_tp_chunks(m, tokens / cp);
+    }
     return 0;
+}
+
+int cost_auto_tp_chunks(const CostModel *m, int64_t rows)
+{
+    /* Priced with overlap on whatever parallel.overlap says (as the planner decides): the pieces
+     * then do not depend on it, and neither do the engine's numbers. */
+    CostModel t = *m;
+    t.overlap = 1;
+    int best = 1;
+    double best_s = 0;
+    for (int k = 1; k <= 16 && m->tp > 1; k *= 2) {
+        t.tp_chunks = k;
+        double s = cost_tp_comm_s(&t, rows > 0 ? rows : 1);
+        if (k == 1 || s < best_s * (1 - 1e-9)) {
+            best = k;
+            best_s = s;
+        }
+    }
+    return best;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

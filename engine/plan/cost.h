@@ -131,7 +131,8 @@ typedef struct CostModel {
                                * (compute dtype) and the reduce-scatter's (parallel.reduce_dtype) */
     double tp_bw, cp_bw, pp_bw, dp_bw; /* GB/s of the link each group uses (dp: DP x CP) */
     int overlap;              /* parallel.overlap: the engine overlaps what it can */
-    int tp_chunks;            /* parallel.tp_chunks: pieces each TP product and its exchange split into */
+    int tp_chunks;            /* parallel.tp_chunks: pieces each TP product and its exchange split into
+                               * (auto resolved by cost_auto_tp_chunks) */
     int sums_bf16;            /* the partial sums travel in bf16 (parallel.reduce_dtype: compute, bf16): the
                                * engine runs them where they are issued, beside nothing */
     int dpcp;                 /* ranks over which gradients are reduced (dp x cp) */
@@ -168,6 +169,11 @@ typedef struct CostTpComm {
     double fwd_exposed, bwd_exposed, hidden, contention;
 } CostTpComm;
 void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c);
+/* parallel.tp_chunks: auto - of 1, 2, 4, 8, 16 pieces the fewest that price the TP exchanges of a
+ * micro-batch of `rows` rows on a rank lowest, overlap on (cost_model_init: the largest
+ * micro-batch's, S_max / cp). Each piece pays a link latency and hides bandwidth time beside a
+ * piece of its product: pieces pay for long products, not for small ones. 1 with tp 1. */
+int cost_auto_tp_chunks(const CostModel *m, int64_t rows);
 /* The products (GEMMs) and the rest (element-wise work and launch_us) of cost_linear_fwd_s /
  * cost_linear_bwd_s, which are their sums. */
 void cost_linear_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise);

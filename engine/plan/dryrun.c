@@ -159,6 +159,7 @@ typedef struct RunSummary {
     double *stage_busy; /* seconds each pipeline stage computes over the run (sched_stage_busy) */
     SchedBreakdown *breakdown; /* where each stage's time goes, summed over the run (n_stages) */
     int overlap;               /* parallel.overlap, as priced */
+    int tp_chunks;             /* parallel.tp_chunks, as priced (auto resolved) */
 } RunSummary;
 
 /* The slowest stage's busy time: its share of all the stages' (1 / pp when balanced), and over
@@ -224,7 +225,8 @@ static void json_breakdown_one(FILE *f, const SchedBreakdown *b)
 /* "time_breakdown": seconds over the run's steps, per pipeline stage and their mean. */
 static void json_breakdown(FILE *f, const RunSummary *s)
 {
-    fprintf(f, ",\"time_breakdown\":{\"overlap\":%s,\"seconds\":%.6g,\"stages\":[", s->overlap ? "true" : "false",
+    fprintf(f, ",\"time_breakdown\":{\"overlap\":%s,\"tp_chunks\":%d,\"seconds\":%.6g,\"stages\":[",
+            s->overlap ? "true" : "false", s->tp_chunks,
             s->predicted_s);
     for (int k = 0; k < s->n_stages; k++) {
         if (k)
@@ -439,6 +441,7 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
         rc = series_alloc(&v, run->steps, err);
     sum->n_stages = (int)cfg->parallel.pp;
     sum->overlap = run->cost->overlap;
+    sum->tp_chunks = run->cost->tp_chunks;
     if (rc == 0 && (!(sum->stage_busy = calloc((size_t)sum->n_stages, sizeof *sum->stage_busy)) ||
                     !(sum->breakdown = calloc((size_t)sum->n_stages, sizeof *sum->breakdown))))
         rc = error_runtime(err, "dry run", "out of memory");
@@ -578,8 +581,9 @@ static void print_summary(const RunSummary *s)
 /* Where the time goes: each stage's parts over the run, exposed communication and hidden side by side. */
 static void print_breakdown(const RunSummary *s)
 {
-    printf("time breakdown, s over the run (parallel.overlap: %s; shown parts + bubble = the step time; _hid: "
-           "ran hidden, beside computation or the pipeline's fill):\n", s->overlap ? "true" : "false");
+    printf("time breakdown, s over the run (parallel.overlap: %s, tp_chunks: %d; shown parts + bubble = the step "
+           "time; _hid: ran hidden, beside computation or the pipeline's fill):\n", s->overlap ? "true" : "false",
+           s->tp_chunks);
     printf("%6s %9s %9s %9s %8s %8s %8s %8s %9s %8s %8s %8s %8s %8s\n", "stage", "products", "attention", "elemwise",
            "tp", "cp", "pp", "dp", "contend", "bubble", "tp_hid", "cp_hid", "pp_hid", "dp_hid");
     SchedBreakdown m = breakdown_mean(s);
