@@ -60,7 +60,8 @@ int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err);
 int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full, SpExchange *ex, Error *err);
 int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, SpExchange *ex, Error *err);
 int model_sp_wait(Model *m, SpExchange *ex, Error *err);
-/* One piece of them started: piece j's rows of full, or this rank's rows of piece j in out. */
+/* One piece of them: piece j's rows of full, or this rank's rows of piece j in out; started (req), or
+ * with req NULL run to the end by the blocking collective on this thread. */
 int model_sp_gather_piece(Model *m, const void *x, Dt dt, const SpPieces *p, int j, void *full, CommRequest *req,
                           Error *err);
 int model_sp_scatter_piece(Model *m, float *part, const SpPieces *p, int j, float *out, CommRequest *req, Error *err);

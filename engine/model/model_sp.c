@@ -60,10 +60,12 @@ static void *at(const Model *m, const void *p, Dt dt, int64_t i)
 int model_sp_gather_piece(Model *m, const void *x, Dt dt, const SpPieces *p, int j, void *full, CommRequest *req,
                           Error *err)
 {
-    int64_t D = m->dims.d;
+    int64_t D = m->dims.d, n = model_sp_piece_rows(p, j) * D;
+    const void *send = at(m, x, dt, j * p->c * D);
+    void *recv = at(m, full, dt, model_sp_piece_first(p, j) * D);
     double t0 = clock_seconds();
-    int rc = comm_iallgather(m->comm, GROUP_TP, at(m, x, dt, j * p->c * D), at(m, full, dt, model_sp_piece_first(p, j) * D),
-                             model_sp_piece_rows(p, j) * D, dt, req, err);
+    int rc = req ? comm_iallgather(m->comm, GROUP_TP, send, recv, n, dt, req, err)
+                 : comm_allgather(m->comm, GROUP_TP, send, recv, n, dt, err);
     m->comm_s += clock_seconds() - t0;
     return rc;
 }
@@ -71,12 +73,12 @@ int model_sp_gather_piece(Model *m, const void *x, Dt dt, const SpPieces *p, int
 int model_sp_scatter_piece(Model *m, float *part, const SpPieces *p, int j, float *out, CommRequest *req, Error *err)
 {
     int64_t D = m->dims.d, first = model_sp_piece_first(p, j), real = model_sp_piece_real(p, j);
-    int64_t rows = p->tp * model_sp_piece_rows(p, j);
+    int64_t rows = p->tp * model_sp_piece_rows(p, j), n = model_sp_piece_rows(p, j) * D;
     if (real < rows)
         m->ops->zero(part + (first + real) * D, (rows - real) * D);
     double t0 = clock_seconds();
-    int rc = comm_ireduce_scatter_sum(m->comm, GROUP_TP, part + first * D, out + j * p->c * D,
-                                      model_sp_piece_rows(p, j) * D, m->sum_dt, req, err);
+    int rc = req ? comm_ireduce_scatter_sum(m->comm, GROUP_TP, part + first * D, out + j * p->c * D, n, m->sum_dt, req, err)
+                 : comm_reduce_scatter_sum(m->comm, GROUP_TP, part + first * D, out + j * p->c * D, n, m->sum_dt, err);
     m->comm_s += clock_seconds() - t0;
     return rc;
 }
@@ -117,12 +119,18 @@ int model_sp_wait(Model *m, SpExchange *ex, Error *err)
 
 int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err)
 {
-    SpExchange ex = {{{0}}};
-    return model_sp_gather_start(m, x, dt, T, full, &ex, err) != 0 ? -1 : model_sp_wait(m, &ex, err);
+    SpPieces p = model_sp_pieces(m, T);
+    for (int j = 0; j < p.n; j++)
+        if (model_sp_gather_piece(m, x, dt, &p, j, full, NULL, err) != 0)
+            return -1;
+    return 0;
 }
 
 int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err)
 {
-    SpExchange ex = {{{0}}};
-    return model_sp_scatter_start(m, part, T, out, &ex, err) != 0 ? -1 : model_sp_wait(m, &ex, err);
+    SpPieces p = model_sp_pieces(m, T);
+    for (int j = 0; j < p.n; j++)
+        if (model_sp_scatter_piece(m, part, &p, j, out, NULL, err) != 0)
+            return -1;
+    return 0;
 }
