@@ -101,7 +101,7 @@ static void test_communication(void **state)
     assert_true(cost_cp_comm_s(&m, 8192) == 0);
     assert_true(cost_p2p_s(&m, 8192) == 0);
     /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, overlap: false}\n");
     double kv = 8192.0 * 2 * 2 * 128 * 3; /* tokens x (K, V) x 2 local kv heads x head_dim x (bf16 + fp32) / 2 */
     double expect = kv * 0.5 / (370e9) + 15e-6;
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
@@ -131,7 +131,7 @@ static void test_communication(void **state)
      * normed rows beside the input-gradient products and its reduce-scatters beside the
      * weight-gradient products (QKV, gate/up) hide their bandwidth time up to the product's. Every
      * latency shows. The hidden seconds cost 16/132 of themselves in slowed products. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1}\n");
     double rate = 989e12 * 0.78, qkv = 2 * 4096.0 * 128 * 12 * 8192 / rate, gu = 4 * 4096.0 * 3584 * 8192 / rate;
     double out = 2 * 4096.0 * 128 * 8 * 8192 / rate, down = gu / 2;
 #define PIPE(b, p) ((b) - ((b) / 4 + 0.75 * fmax(0, (b) - (p))))
@@ -149,15 +149,15 @@ static void test_communication(void **state)
     assert_true(cost_tp_comm_s(&m, 8192) < sp);
     /* parallel.reduce_dtype: compute sends bf16 partial sums in bf16: half the reduce-scatters' and
      * the dK/dV reduce-scatter's bytes; float32 training keeps float32. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
                    "reduce_dtype: compute}\ntrain: {precision: bf16}\n");
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * ag - 2 * (sums / 2 * 0.75 / 370e9 + 4 * L)) < 1e-9);
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - (8192.0 * 2 * 2 * 128 * 2 * 0.5 / 370e9 + 15e-6)) < 1e-9);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
                    "reduce_dtype: compute}\ntrain: {precision: fp32}\n");
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * (sums * 0.75 / 370e9 + 4 * L) - 2 * rs) < 1e-9);
     /* With overlap, sums in bf16 run where they are issued (comm.h): only the gathers hide. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, reduce_dtype: compute}\n"
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, reduce_dtype: compute}\n"
                    "train: {precision: bf16}\n");
     cost_tp_comm_parts(&m, 8192, &c);
     double gathers = PIPE(agb, qkv) + PIPE(agb, gu) + PIPE(agb, 2 * down) + PIPE(agb, 2 * out) + fmin(agb, qkv) +
@@ -169,7 +169,7 @@ static void test_communication(void **state)
      * the weight-gradient products after them (gate/up, QKV), as the engine runs them. */
     double arb = sums * 1.5 / 370e9, ar = arb + L, ar4 = arb + 4 * L;
     for (int on = 0; on < 2; on++) {
-        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, "
+        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, "
                               "sequence_parallel: false, overlap: %s}\n", on ? "true" : "false");
         make_model(&m, y);
         free(y);
@@ -185,7 +185,7 @@ static void test_communication(void **state)
     /* The K/V exchange beside the attention of the documents held whole: with overlap its bandwidth
      * time hides up to that attention, its latencies (one per block) show; without, all of it. */
     CostCpComm x;
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 4, dp: 1}\n");
     cost_cp_beside(&m, 1e-3, 2, 0.4e-3, &x);
     assert_true(fabs(x.hidden - 0.4e-3) < 1e-15 && fabs(x.exposed - 0.6e-3) < 1e-15);
     assert_true(fabs(x.contention - 16.0 / 132 * 0.4e-3) < 1e-15);
@@ -193,7 +193,7 @@ static void test_communication(void **state)
     assert_true(fabs(x.hidden - (1e-3 - 30e-6)) < 1e-15 && fabs(x.exposed - 30e-6) < 1e-15);
     cost_cp_beside(&m, 1e-3, 2, 0, &x);
     assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1, overlap: false}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 4, dp: 1, overlap: false}\n");
     cost_cp_beside(&m, 1e-3, 2, 1.0, &x);
     assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
 }
@@ -206,7 +206,7 @@ static void test_parts_add_up(void **state)
     const char *modes[] = {"none", "selective", "full"};
     for (int k = 0; k < 3; k++) {
         CostModel m;
-        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\ntrain: {recompute: %s}\n",
+        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, dp: 1}\ntrain: {recompute: %s}\n",
                               modes[k]);
         make_model(&m, y);
         free(y);
@@ -228,19 +228,19 @@ static void test_dp_reduction(void **state)
 {
     (void)state;
     CostModel m;
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, dp: 1}\n");
     /* A layer on TP 4: its products' quarter and both norms whole. */
     double d = 4096, layer = d * 128 * (2 * 8 + 2 * 2) + 3 * d * 3584 + 2 * d;
     assert_true(fabs(m.layer_params - layer) < 1e-6);
     assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 2 * 0.5 / 370e9 + 15e-6)) < 1e-12);
     assert_true(cost_dp_gather_s(&m, 1e8) == 0);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1, zero: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, dp: 1, zero: 1}\n");
     assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 0.5 / 370e9 + 15e-6)) < 1e-12);
     assert_true(fabs(cost_dp_gather_s(&m, 1e8) - (4e8 * 0.5 / 370e9 + 15e-6)) < 1e-12);
     /* 4 replicas of tp 4 x cp 2 x pp 2: 64 ranks, over the network; one rank alone reduces nothing. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 4}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 4}\n");
     assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 2 * 7 / 8 / 45e9 + 15e-6)) < 1e-12);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 1, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 1, dp: 1}\n");
     assert_true(cost_dp_reduce_s(&m, 1e8) == 0);
 }
 
@@ -250,7 +250,7 @@ static void test_recompute(void **state)
 {
     (void)state;
     CostModel none, sel, full;
-    const char *base = "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1, overlap: false}\n";
+    const char *base = "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, dp: 1, overlap: false}\n";
     char *y = test_format("%strain: {recompute: selective}\n", base), *z = test_format("%strain: {recompute: full}\n", base);
     make_model(&none, base);
     make_model(&sel, y);
@@ -274,6 +274,30 @@ static void test_recompute(void **state)
     assert_true(fabs(cost_tp_comm_s(&none, n) - (3 * ag + 2 * rs)) < 1e-12);
     assert_true(fabs(cost_tp_comm_s(&full, n) - (4 * ag + 2.5 * rs)) < 1e-12);
     assert_true(cost_cp_comm_s(&full, n) > cost_cp_comm_s(&none, n));
+}
+
+/* parallel.tp_chunks: auto - pieces where the products are long enough to hide their exchanges,
+ * one piece where they are not, whatever parallel.overlap says; a number is taken as it is. */
+static void test_auto_tp_chunks(void **state)
+{
+    (void)state;
+    CostModel m;
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, cp: 2, dp: 1}\n");
+    int k = m.tp_chunks;
+    assert_true(k > 1);
+    CostModel t = m;
+    t.tp_chunks = 1;
+    assert_true(cost_tp_comm_s(&m, 65536) < cost_tp_comm_s(&t, 65536));
+    make_model(&t, "model: {preset: llama3-8b}\nparallel: {tp: 8, cp: 2, dp: 1, overlap: false}\n");
+    assert_int_equal(t.tp_chunks, k);
+    make_model(&m, "model: {n_layers: 2, d_model: 128, n_heads: 4, n_kv_heads: 4, d_ffn: 384, vocab_size: 512, rope_theta: 10000, norm_eps: 1.0e-5,\n"
+                   "tie_embeddings: false, max_seq_len: 256}\n"
+                   "parallel: {tp: 2, dp: 1}\ndata: {context_window: 256}\nbalance: {hardware: cpu}\n");
+    assert_int_equal(m.tp_chunks, 1);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 1, dp: 1}\n");
+    assert_int_equal(m.tp_chunks, 1);
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1, tp_chunks: 3}\n");
+    assert_int_equal(m.tp_chunks, 3);
 }
 
 /* The even split: n / chunks each, the remainder to the first chunks; the cost model reads the
@@ -316,7 +340,7 @@ static void test_embedding(void **state)
     assert_true(fabs(cost_embed_bwd_s(&m, 8192) - 3 * rows / 3350e9) < 1e-12);
     assert_true(cost_embed_fwd_s(&m, 0) == 0 && cost_embed_bwd_s(&m, 0) == 0);
     /* With SP one collective per piece of the stream's rows (parallel.tp_chunks 4): 4 latencies. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1, tp_chunks: 4}\n");
     assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 7 / 8 / 370e9 + 60e-6)) < 1e-12);
     assert_true(fabs(cost_embed_bwd_s(&m, 8192) - (3 * rows / 3350e9 + rows * 7 / 8 / 370e9 + 60e-6)) < 1e-12);
 }
@@ -449,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_attention_quadratic_rest_linear),
         cmocka_unit_test(test_communication),
         cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_auto_tp_chunks),
         cmocka_unit_test(test_dp_reduction),
         cmocka_unit_test(test_parts_add_up),
         cmocka_unit_test(test_stage_layers),
