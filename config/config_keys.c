@@ -97,7 +97,7 @@ const ConfigKey config_keys[] = {
              "exchange beside another piece's product (the all-gather before the QKV and gate/up products, "
              "the reduce-scatter after the attention output and down products, the gather of the stream's "
              "gradient in the backward; docs/communication-overlap.md); 1 = one exchange per product; auto = "
-             "of 1, 2, 4, 8, 16 the fewest the cost model prices fastest at the largest micro-batch (each "
+             "of 1, 2, 4 the fewest the cost model prices fastest (by 1%) at the largest micro-batch (each "
              "piece pays a link latency: pieces pay for large products only); the same numbers with "
              "parallel.overlap true or false"),
     ENUM_KEY("parallel.reduce_dtype", parallel.reduce_dtype, "fp32|compute", "fp32", NULL,
