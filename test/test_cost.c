@@ -287,6 +287,7 @@ static void test_auto_tp_chunks(void **state)
     assert_true(k > 1);
     CostModel t = m;
     t.tp_chunks = 1;
+    cost_set_overlap(&t, t.overlap);
     assert_true(cost_tp_comm_s(&m, 65536) < cost_tp_comm_s(&t, 65536));
     make_model(&t, "model: {preset: llama3-8b}\nparallel: {tp: 8, cp: 2, dp: 1, overlap: false}\n");
     assert_int_equal(t.tp_chunks, k);

@@ -42,6 +42,8 @@ typedef struct SpPieces {
     int64_t T, R, c; /* rows, rows per rank, rows per rank of a piece (the last may have fewer) */
     int n, tp;       /* pieces with rows; TP ranks */
 } SpPieces;
+/* The pieces of every TP exchange: m->tp_chunks within 1 .. MODEL_MAX_TP_CHUNKS. */
+int model_tp_chunks(const Model *m);
 SpPieces model_sp_pieces(const Model *m, int64_t T);
 int64_t model_sp_piece_rows(const SpPieces *p, int j);
 int64_t model_sp_piece_first(const SpPieces *p, int j);

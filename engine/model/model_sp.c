@@ -24,9 +24,14 @@
 #include "engine/model/model_impl.h"
 #include "util/clock.h"
 
+int model_tp_chunks(const Model *m)
+{
+    return m->tp_chunks < 1 ? 1 : m->tp_chunks > MODEL_MAX_TP_CHUNKS ? MODEL_MAX_TP_CHUNKS : m->tp_chunks;
+}
+
 SpPieces model_sp_pieces(const Model *m, int64_t T)
 {
-    int k = m->tp_chunks < 1 ? 1 : m->tp_chunks > MODEL_MAX_TP_CHUNKS ? MODEL_MAX_TP_CHUNKS : m->tp_chunks;
+    int k = model_tp_chunks(m);
     SpPieces p = {T, model_rows(&m->dims, T), 0, 0, m->dims.tp};
     p.c = (p.R + k - 1) / k;
     p.n = p.c > 0 ? (int)((p.R + p.c - 1) / p.c) : 0;

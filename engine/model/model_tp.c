@@ -67,22 +67,18 @@ static int product_allreduce(Model *m, const Act *x, const Act *w, int64_t T, in
 {
     const Ops *o = m->ops;
     int64_t D = m->dims.d;
-    int k = m->tp_chunks < 1 ? 1 : m->tp_chunks > MODEL_MAX_TP_CHUNKS ? MODEL_MAX_TP_CHUNKS : m->tp_chunks;
-    int64_t c = (T + k - 1) / k;
-    CommRequest reqs[MODEL_MAX_TP_CHUNKS] = {{0}};
+    int64_t k = model_tp_chunks(m), c = (T + k - 1) / k;
+    SpExchange sums = {{{0}}};
     for (int j = 0; j * c < T; j++) {
         int64_t row = j * c, n = T - row < c ? T - row : c;
         o->matmul_fwd(mat_f32(m->tmp + row * D), ops_act(o, x, row * n_in), w, n, n_in, D);
         double t0 = clock_seconds();
-        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp + row * D, n * D, m->sum_dt, &reqs[j], err);
+        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp + row * D, n * D, m->sum_dt, &sums.req[j], err);
         m->comm_s += clock_seconds() - t0;
         if (rc != 0)
             return -1;
     }
-    for (int j = 0; j < k; j++)
-        if (model_comm_wait(m, &reqs[j], err) != 0)
-            return -1;
-    return 0;
+    return model_sp_wait(m, &sums, err);
 }
 
 int model_tp_product_sum(Model *m, float *out, const Act *x, const Act *w, int64_t T, int64_t n_in, float **sum,

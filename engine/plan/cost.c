@@ -133,7 +133,6 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     int64_t dp = cfg->parallel.dp > 0 ? cfg->parallel.dp : 1;
     m->dpcp = (int)(dp * cp);
     m->dp_bw = (dp == 1 ? tp * cp : tp * cp * pp * dp) <= g ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
-    m->overlap = cfg->parallel.overlap;
     m->tp_chunks = (int)cfg->parallel.tp_chunks;
     m->sums_bf16 = sum_elem == 2;
     m->zero = cfg->parallel.zero != 0;
@@ -148,8 +147,11 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
                                                                       : cfg->data.context_window;
         m->tp_chunks = cost_auto_tp_chunks(m, tokens / cp);
     }
+    cost_set_overlap(m, cfg->parallel.overlap);
     return 0;
 }
+
+static double tp_comm_mean(const CostModel *m, int64_t rows);
 
 int cost_auto_tp_chunks(const CostModel *m, int64_t rows)
 {
@@ -161,7 +163,7 @@ int cost_auto_tp_chunks(const CostModel *m, int64_t rows)
     double best_s = 0;
     for (int k = 1; k <= 4 && m->tp > 1; k *= 2) {
         t.tp_chunks = k;
-        double s = cost_tp_comm_s(&t, rows > 0 ? rows : 1);
+        double s = tp_comm_mean(&t, rows > 0 ? rows : 1);
         /* More pieces only when they price 1% faster: each is a smaller product, whose lower
          * efficiency the model does not price. */
         if (k == 1 || s < best_s * 0.99) {
@@ -387,11 +389,29 @@ void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
     beside(m, rs, sums_beside * qkv, m->tp_chunks, c);
 }
 
-double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
+/* What a direction is charged for the TP exchanges of `rows` rows, from the parts (the mean of the
+ * two directions). */
+static double tp_comm_mean(const CostModel *m, int64_t rows)
 {
     CostTpComm c;
-    cost_tp_comm_parts(m, tokens_rank, &c);
+    cost_tp_comm_parts(m, rows, &c);
     return (c.fwd_exposed + c.bwd_exposed + c.contention) / 2;
+}
+
+void cost_set_overlap(CostModel *m, int overlap)
+{
+    m->overlap = overlap;
+    /* Every part is affine in the rows (beside, pipelined): the line through 1 and 2^20 rows, once,
+     * so that the planner's many calls cost a multiply-add. */
+    enum { X = 1 << 20 };
+    double t1 = tp_comm_mean(m, 1), tx = tp_comm_mean(m, X);
+    m->tp_row_s = (tx - t1) / (X - 1);
+    m->tp_fixed_s = t1 - m->tp_row_s;
+}
+
+double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank)
+{
+    return m->tp <= 1 || tokens_rank <= 0 ? 0 : m->tp_fixed_s + m->tp_row_s * (double)tokens_rank;
 }
 
 double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens)

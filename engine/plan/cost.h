@@ -133,6 +133,7 @@ typedef struct CostModel {
     int overlap;              /* parallel.overlap: the engine overlaps what it can */
     int tp_chunks;            /* parallel.tp_chunks: pieces each TP product and its exchange split into
                                * (auto resolved by cost_auto_tp_chunks) */
+    double tp_fixed_s, tp_row_s; /* cost_tp_comm_s = tp_fixed_s + tp_row_s rows (cost_set_overlap) */
     int sums_bf16;            /* the partial sums travel in bf16 (parallel.reduce_dtype: compute, bf16): the
                                * engine runs them where they are issued, beside nothing */
     int dpcp;                 /* ranks over which gradients are reduced (dp x cp) */
@@ -162,6 +163,9 @@ double cost_linear_bwd_s(const CostModel *m, int64_t tokens);
  * directions), and the CP all-gather (backward: reduce-scatter) of the K/V rows of the
  * micro-batch's sharded_tokens. */
 double cost_tp_comm_s(const CostModel *m, int64_t tokens_rank);
+/* Sets m->overlap and derives again what depends on it and on the other fields (the line of
+ * cost_tp_comm_s): call after changing a field of an initialised model. */
+void cost_set_overlap(CostModel *m, int overlap);
 /* The same TP exchanges part by part: exposed seconds in each direction, the seconds hidden beside
  * the backward's products, and the contention they cause (comm_sm_share x hidden).
  * cost_tp_comm_s = (fwd_exposed + bwd_exposed + contention) / 2. */

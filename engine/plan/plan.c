@@ -36,7 +36,7 @@ int plan_init(Planner *pl, const Config *cfg, const CostModel *cost, DataStream 
     memset(pl, 0, sizeof *pl);
     if (cost) {
         pl->plan_cost = *cost;
-        pl->plan_cost.overlap = 1;
+        cost_set_overlap(&pl->plan_cost, 1);
         pl->cost = &pl->plan_cost;
     }
     pl->priced = cost;
