@@ -185,7 +185,7 @@ static void test_communication(void **state)
     /* The K/V exchange beside the attention of the documents held whole: with overlap its bandwidth
      * time hides up to that attention, its latencies (one per block) show; without, all of it. */
     CostCpComm x;
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 4, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1}\n");
     cost_cp_beside(&m, 1e-3, 2, 0.4e-3, &x);
     assert_true(fabs(x.hidden - 0.4e-3) < 1e-15 && fabs(x.exposed - 0.6e-3) < 1e-15);
     assert_true(fabs(x.contention - 16.0 / 132 * 0.4e-3) < 1e-15);
@@ -193,20 +193,24 @@ static void test_communication(void **state)
     assert_true(fabs(x.hidden - (1e-3 - 30e-6)) < 1e-15 && fabs(x.exposed - 30e-6) < 1e-15);
     cost_cp_beside(&m, 1e-3, 2, 0, &x);
     assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 4, dp: 1, overlap: false}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1, overlap: false}\n");
     cost_cp_beside(&m, 1e-3, 2, 1.0, &x);
     assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
 }
 
 /* The breakdown's parts of the linear work, the embedding and the output layer add up to what the
- * pipeline is charged, under each recomputation. */
+ * pipeline is charged, under each recomputation; and the parts keep the relations between the
+ * directions and the recomputation modes (the backward's products twice the forward's, full
+ * recomputation adds the forward's products and element-wise work, selective only element-wise
+ * work, the output layer's backward has no element-wise part). */
 static void test_parts_add_up(void **state)
 {
     (void)state;
     const char *modes[] = {"none", "selective", "full"};
+    double lp[3][2], le[3][2];
     for (int k = 0; k < 3; k++) {
         CostModel m;
-        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, dp: 1}\ntrain: {recompute: %s}\n",
+        char *y = test_format("model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\ntrain: {recompute: %s}\n",
                               modes[k]);
         make_model(&m, y);
         free(y);
@@ -214,12 +218,22 @@ static void test_parts_add_up(void **state)
             double p, e, c;
             cost_linear_split(&m, 5000, bw, &p, &e);
             assert_true(p > 0 && e > 0 && p + e == (bw ? cost_linear_bwd_s(&m, 5000) : cost_linear_fwd_s(&m, 5000)));
+            lp[k][bw] = p;
+            le[k][bw] = e;
             cost_head_split(&m, 5000, bw, &p, &e);
             assert_true(p > 0 && p + e == (bw ? cost_head_bwd_s(&m, 5000) : cost_head_fwd_s(&m, 5000)));
+            double hp, he;
+            cost_head_split(&m, 5000, 0, &hp, &he);
+            assert_true(bw ? e == 0 && fabs(p - 2 * hp) < 1e-15 : e > 0);
             cost_embed_split(&m, 5000, bw, &e, &c);
             assert_true(e > 0 && c > 0 && e + c == (bw ? cost_embed_bwd_s(&m, 5000) : cost_embed_fwd_s(&m, 5000)));
         }
     }
+    for (int k = 0; k < 3; k++)
+        assert_true(lp[k][0] == lp[0][0] && le[k][0] == le[0][0]); /* the forward is the same in every mode */
+    assert_true(fabs(lp[0][1] - 2 * lp[0][0]) < 1e-15 && lp[1][1] == lp[0][1]);
+    assert_true(le[1][1] > le[0][1]);
+    assert_true(fabs(lp[2][1] - 3 * lp[0][0]) < 1e-15 && fabs(le[2][1] - le[0][1] - le[0][0]) < 1e-15);
 }
 
 /* DP x CP: the float32 gradients of a rank's parameters all-reduced (ZeRO-1: reduce-scattered, and
@@ -228,19 +242,19 @@ static void test_dp_reduction(void **state)
 {
     (void)state;
     CostModel m;
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1}\n");
     /* A layer on TP 4: its products' quarter and both norms whole. */
     double d = 4096, layer = d * 128 * (2 * 8 + 2 * 2) + 3 * d * 3584 + 2 * d;
     assert_true(fabs(m.layer_params - layer) < 1e-6);
     assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 2 * 0.5 / 370e9 + 15e-6)) < 1e-12);
     assert_true(cost_dp_gather_s(&m, 1e8) == 0);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, dp: 1, zero: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, dp: 1, zero: 1}\n");
     assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 0.5 / 370e9 + 15e-6)) < 1e-12);
     assert_true(fabs(cost_dp_gather_s(&m, 1e8) - (4e8 * 0.5 / 370e9 + 15e-6)) < 1e-12);
     /* 4 replicas of tp 4 x cp 2 x pp 2: 64 ranks, over the network; one rank alone reduces nothing. */
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 4}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 4}\n");
     assert_true(fabs(cost_dp_reduce_s(&m, 1e8) - (4e8 * 2 * 7 / 8 / 45e9 + 15e-6)) < 1e-12);
-    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 1, dp: 1}\n");
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 1, dp: 1}\n");
     assert_true(cost_dp_reduce_s(&m, 1e8) == 0);
 }
 

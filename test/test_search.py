@@ -64,11 +64,12 @@ def test_pruned_equals_exhaustive(fx):
     for gpus in ("8", "16"):
         r1, pruned = search(fx, "--gpus", gpus)
         r2, every = search(fx, "--gpus", gpus, "--search-all")
-        n_pruned = sum("tokens_per_s" in r and r["planned_with"] == i for i, r in enumerate(pruned))
+        n_pruned = sum("tokens_per_s" in r for r in pruned)
         n_every = sum("tokens_per_s" in r for r in every)
         comment("%s GPUs: %d layouts planned pruned, %d exhaustive" % (gpus, n_pruned, n_every))
         check(n_pruned < n_every, "the pruning planned as many layouts as the exhaustive search")
         a, b = ranked(pruned), ranked(every)
+        check(a, "no layout fits %s GPUs" % gpus)
         check([tuple(x[k] for k in LAYOUT) for x in a] == [tuple(x[k] for k in LAYOUT) for x in b],
               "the ranking differs: best %s pruned, %s exhaustive" % (a[0], b[0]))
         check([x["tokens_per_s"] for x in a] == [x["tokens_per_s"] for x in b], "the figures differ")
@@ -114,7 +115,6 @@ def test_search_out_round_trips(fx):
           "the written config predicts %s tokens/s, the search %s" %
           (summary["tokens"] / summary["predicted_s"], best["tokens_per_s"]))
     # and it is the best layout: searching from it finds itself first, marked as the config's own
-    r2, rows2 = search(fx, "--gpus", "16", stats=os.path.join(fx["tmp"], "again.jsonl"))
     r3 = run("--config", out, "--dry-run", "--search", "--steps", STEPS)
     check(r3.returncode == 0, r3.stderr)
     first = table_rows(r3.stdout)[0]

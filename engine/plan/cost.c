@@ -434,7 +434,6 @@ void cost_cp_beside(const CostModel *m, double x, int n_ex, double whole_s, Cost
 {
     double bandwidth = x - n_ex * m->hw.link_latency_us * 1e-6;
     double hidden = m->overlap && bandwidth > 0 ? (bandwidth < whole_s ? bandwidth : whole_s) : 0;
-    hidden = hidden > 0 ? hidden : 0;
     c->exposed = x - hidden;
     c->hidden = hidden;
     c->contention = m->hw.comm_sm_share * hidden;

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "data/data_sources.h"
 #include "engine/plan/cost.h"
@@ -26,9 +25,7 @@ typedef struct Candidate {
     int fits;          /* the worst rank within the budget */
     double peak;       /* the worst rank's bytes */
     Config cfg;        /* resolved, split placed; kept while the candidate is to be planned */
-    uint32_t key;      /* CRC of what planning reads (search_key) */
-    CostModel *cost;   /* the same, kept to compare candidates whose keys are equal */
-    int same_as;       /* -1, or the candidate whose figures are this one's (planned once) */
+    int held;          /* cfg is held: the candidate is to be planned */
     double check_tps;  /* tokens/s over twice the steps (the ten best only) */
     SearchRow row;
 } Candidate;
@@ -60,7 +57,6 @@ static int add(Search *s, const SearchLayout *l, Error *err)
     Candidate *c = &s->c[s->n++];
     memset(c, 0, sizeof *c);
     c->l = *l;
-    c->same_as = -1;
     return 0;
 }
 
@@ -167,21 +163,6 @@ static int build(const Search *s, const SearchLayout *l, Config *cfg, Error *err
     return rc;
 }
 
-/* What planning reads of a candidate besides the data and the keys every candidate shares: its cost
- * model (tp, cp, pp, v, the split, the recompute mode, the links) and the planner's layout (dp, cp,
- * pp, S_max, CP mode; the micro-batches follow from dp). parallel.zero is in neither today: the cost
- * model does not price it, so candidates that differ only there are planned once. A cost model that
- * prices it holds it in CostModel, and they are then planned apart with no change here. If the dry
- * run's figures ever read a key outside CostModel, add it to this key (test_search.py's exhaustive
- * comparison fails until then). */
-static uint32_t search_key(const Candidate *c)
-{
-    int64_t planner[5] = {c->l.dp, c->l.cp, c->l.pp, c->l.s_max, c->l.sharding};
-    uLong crc = crc32(0L, Z_NULL, 0);
-    crc = crc32(crc, (const Bytef *)c->cost, (uInt)sizeof *c->cost);
-    return (uint32_t)crc32(crc, (const Bytef *)planner, (uInt)sizeof planner);
-}
-
 /* Resolves candidate c, places its layers and predicts its memory. An input error (the layout breaks
  * a rule of the config) leaves it invalid; any other is returned. keep: hold its config for planning
  * even when it does not fit (--search-all). */
@@ -210,26 +191,14 @@ static int admit(const Search *s, Candidate *c, int keep, Error *err)
         config_free(&c->cfg);
         return 0;
     }
-    c->cost = malloc(sizeof *c->cost);
-    if (!c->cost) {
-        config_free(&c->cfg);
-        return error_runtime(err, "--search", "out of memory");
-    }
-    if (cost_model_init(c->cost, &c->cfg, err) != 0) {
-        free(c->cost);
-        c->cost = NULL;
-        config_free(&c->cfg);
-        return -1;
-    }
-    c->key = search_key(c);
+    c->held = 1;
     return 0;
 }
 
 static void release(Candidate *c)
 {
-    if (c->cost) {
-        free(c->cost);
-        c->cost = NULL;
+    if (c->held) {
+        c->held = 0;
         config_free(&c->cfg);
     }
 }
@@ -314,25 +283,6 @@ static int admit_all(Search *s, int first, int keep, Progress *pr, Error *err)
     for (int i = first; i < s->n; i++)
         fits += s->c[i].valid && s->c[i].fits;
     return fits;
-}
-
-/* Marks the candidates whose planning inputs equal an earlier one's (search_key). */
-static void share_plans(Search *s)
-{
-    for (int i = 0; i < s->n; i++) {
-        Candidate *c = &s->c[i];
-        if (!c->cost || s->opt->all)
-            continue;
-        for (int j = 0; j < i; j++) {
-            const Candidate *d = &s->c[j];
-            if (d->cost && d->same_as < 0 && d->key == c->key && d->l.dp == c->l.dp && d->l.cp == c->l.cp &&
-                d->l.pp == c->l.pp && d->l.s_max == c->l.s_max && d->l.sharding == c->l.sharding &&
-                !memcmp(d->cost, c->cost, sizeof *c->cost)) {
-                c->same_as = j;
-                break;
-            }
-        }
-    }
 }
 
 /* What a planning pass records: the ranking's figures, Plain-4D's beside them, or the tokens/s over
@@ -456,9 +406,9 @@ static int write_stats(const Search *s, Error *err)
                 c->peak / 1e9);
         if (c->row.fig.steps)
             fprintf(f.f, ",\"rank\":%d,\"steps\":%lld,\"tokens\":%lld,\"predicted_s\":%.9g,\"tokens_per_s\":%.9g,"
-                         "\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"planned_with\":%d",
+                         "\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g",
                     c->row.rank, (long long)c->row.fig.steps, (long long)c->row.fig.tokens, c->row.fig.predicted_s,
-                    c->row.tps, c->row.fig.pp_imbalance, c->row.fig.cp_imbalance, c->same_as >= 0 ? c->same_as : i);
+                    c->row.tps, c->row.fig.pp_imbalance, c->row.fig.cp_imbalance);
         if (c->row.has_plain)
             fprintf(f.f, ",\"plain_tokens_per_s\":%.9g", c->row.plain_tps);
         fputs("}\n", f.f);
@@ -492,7 +442,7 @@ static int by_speed(const void *a, const void *b)
     const Candidate *x = *(const Candidate *const *)a, *y = *(const Candidate *const *)b;
     if (x->row.tps != y->row.tps)
         return x->row.tps > y->row.tps ? -1 : 1;
-    /* Ties (ZeRO-1 or not, planned once): the less memory first. */
+    /* Ties: the less memory first. */
     return x->peak < y->peak ? -1 : x->peak > y->peak;
 }
 
@@ -577,16 +527,15 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
         valid += s.c[i].valid;
     if (rc == 0 && fits == 0)
         rc = no_fit(&s, gpus, err);
-    /* Plan every survivor not sharing another's plan. */
+    /* Plan every survivor. */
     int *list = rc == 0 ? malloc((size_t)s.n * sizeof *list) : NULL;
     Candidate **order = rc == 0 ? malloc((size_t)s.n * sizeof *order) : NULL;
     if (rc == 0 && (!list || !order))
         rc = error_runtime(err, "--search", "out of memory");
     int n_plan = 0, n_ranked = 0, n_check = 0;
     if (rc == 0) {
-        share_plans(&s);
         for (int i = 0; i < s.n; i++)
-            if (s.c[i].cost && s.c[i].same_as < 0)
+            if (s.c[i].held)
                 list[n_plan++] = i;
         progress_start(&pr, "planning", n_plan);
         rc = plan_all(&s, list, n_plan, PASS_RANK, &pr, err);
@@ -594,13 +543,7 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
     if (rc == 0) {
         for (int i = 0; i < s.n; i++) {
             Candidate *c = &s.c[i];
-            if (!c->cost)
-                continue;
-            if (c->same_as >= 0) {
-                c->row.fig = s.c[c->same_as].row.fig;
-                c->row.tps = s.c[c->same_as].row.tps;
-            }
-            if (c->fits)
+            if (c->held && c->fits)
                 order[n_ranked++] = c;
         }
         qsort(order, (size_t)n_ranked, sizeof *order, by_speed);
@@ -610,7 +553,7 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
         int n_base = 0;
         for (int k = 0; k < n_ranked && k < SEARCH_TABLE_ROWS; k++)
             list[n_base++] = (int)(order[k] - s.c);
-        if (own_i >= 0 && s.c[own_i].cost) {
+        if (own_i >= 0 && s.c[own_i].held) {
             int listed = 0;
             for (int k = 0; k < n_base; k++)
                 listed |= list[k] == own_i;

@@ -13,8 +13,7 @@
  *    batch stays the config's.
  * 2. Prune before planning: each candidate is resolved as a config, its layers placed
  *    (parallel.stage_layers) and its memory predicted (train_memory.h); those over the budget are
- *    dropped. Candidates whose cost model and planner inputs are equal byte for byte (today: ZeRO-1
- *    or not, which the cost model does not price) are planned once: the figures cannot differ.
+ *    dropped.
  * 3. Plan the survivors on the config's data for `steps` steps (dryrun_predict, as a dry run plans
  *    them), several layouts at once on the machine's cores with one planning thread each, and
  *    rank them by predicted tokens/s. The ten best and the config's own get Plain-4D at the same
