@@ -103,6 +103,9 @@ one_run() { # VARIANT SEED: the run, then its final weights under one packing fo
 }
 
 variants=${VARIANTS:-plain4d wlb wlb-nodelay wlb-cp2}
+# Every name checked before anything runs (variant_sets runs in a command substitution below, where
+# its exit would not stop the script).
+for v in $variants; do variant_sets "$v" >/dev/null; done
 if [ "$jobs" -gt 1 ]; then threads=1; fi
 t0=$(date +%s)
 cpu0=$(awk '{print $14 + $15 + $16 + $17}' /proc/$$/stat)
