@@ -208,10 +208,8 @@ static const double *breakdown_parts(const SchedBreakdown *b)
 static SchedBreakdown breakdown_mean(const RunSummary *s)
 {
     SchedBreakdown m = {0};
-    double *to = (double *)&m.products;
     for (int k = 0; k < s->n_stages; k++)
-        for (int i = 0; i < BREAKDOWN_PARTS; i++)
-            to[i] += breakdown_parts(&s->breakdown[k])[i] / s->n_stages;
+        sched_breakdown_add(&m, &s->breakdown[k], 1.0 / s->n_stages);
     return m;
 }
 

@@ -301,6 +301,15 @@ static void scratch_free(Scratch *s)
     free(s->p2p);
 }
 
+void sched_breakdown_add(SchedBreakdown *to, const SchedBreakdown *from, double scale)
+{
+    /* Every part is a double, one after another (no padding between doubles): added as an array. */
+    double *t = &to->products;
+    const double *f = &from->products;
+    for (size_t k = 0; k < sizeof *to / sizeof(double); k++)
+        t[k] += scale * f[k];
+}
+
 /* The step: every replica simulated, then each stage's gradient reduction over DP x CP (its buckets
  * ready when the last micro-batch's backward of every replica has produced them, with overlap; after
  * the slowest replica's pipeline, without). stages (NULL: not wanted) gets the slowest replica's
@@ -408,11 +417,7 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
         b->bubble = *seconds - shown;
         if (b->bubble < 0 && b->bubble > -1e-9 * *seconds)
             b->bubble = 0; /* a stage that never waits: the sum's rounding, not a negative bubble */
-        /* Every part is a double, one after another (no padding between doubles): added as an array. */
-        _Static_assert(sizeof(SchedBreakdown) == 13 * sizeof(double), "SchedBreakdown: 13 parts");
-        double *from = &b->products, *to = &out->products;
-        for (size_t k = 0; k < sizeof *b / sizeof(double); k++)
-            to[k] += from[k];
+        sched_breakdown_add(out, b, 1);
     }
     free(sb);
     free(gt);

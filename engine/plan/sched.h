@@ -91,6 +91,8 @@ void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const 
 /* Predicted step time, in seconds: the slowest replica's makespan, ZeRO-1's all-gather and the
  * gradients' reduction over DP x CP included. */
 int sched_step_time(const StepPlan *p, const CostModel *cost, double *seconds, Error *err);
+/* to += scale x from, part by part. */
+void sched_breakdown_add(SchedBreakdown *to, const SchedBreakdown *from, double scale);
 /* The same, and where each stage's time goes in the slowest replica (stages: pp entries, added to). */
 int sched_step_breakdown(const StepPlan *p, const CostModel *cost, double *seconds, SchedBreakdown *stages,
                          Error *err);
