@@ -248,16 +248,7 @@ int64_t shard_block_exchange_tokens(const Shard *s, int v)
 }
 
 /* Rank r's K/V exchange in one direction: the all-gathers of the blocks above it that hold sharded
- * documents, one after another. */
-static double shard_rank_cp_comm(const Shard *s, const CostModel *cost, int r)
-{
-    double t = 0;
-    for (int v = (s->cp + r) / 2; v >= 1; v /= 2)
-        t += cost_cp_comm_group_s(cost, plan_block_size(s->cp, v), shard_block_exchange_tokens(s, v));
-    return t;
-}
-
-/* Rank r's K/V exchange in one direction, all of it (*x seconds, *n blocks). */
+ * documents, one after another (*x seconds, *n blocks). */
 static void shard_rank_cp_exchange(const Shard *s, const CostModel *cost, int r, double *x, int *n)
 {
     *x = 0;
@@ -304,7 +295,10 @@ double shard_time(const Shard *s, const CostModel *cost)
 {
     double worst = 0;
     for (int r = 0; r < s->cp; r++) {
-        double t = rank_time(s, cost, r) + 2 * shard_rank_cp_comm(s, cost, r);
+        double x;
+        int n;
+        shard_rank_cp_exchange(s, cost, r, &x, &n);
+        double t = rank_time(s, cost, r) + 2 * x;
         worst = t > worst ? t : worst;
     }
     return worst;
