@@ -21,8 +21,8 @@
  * correction goes on: with warm moments a restarted count would divide m by 1 - beta1 = 0.1 at the
  * first update, a tenfold step), and the skipped steps with continue. The data stream's position and
  * the planner's outlier queues belong to the stream that saved them: they are restored only when no
- * data.* and no balance.* key changed, else both start afresh (the stream from its start with
- * data.seed, the queues empty). The validation record is not carried: the earlier stage measured
+ * data.* (data.tokenizer aside: it only names what export copies) and no balance.* key changed,
+ * else both start afresh (the stream from its start with data.seed, the queues empty). The validation record is not carried: the earlier stage measured
  * another window, often another set.
  *
  * checkpoint.continue_schedule: restart - this run's steps count from 1 to train.steps and the LR
@@ -51,9 +51,12 @@ static int changeable(const char *key)
     return !strncmp(key, "model.rope_", 11) || !strcmp(key, "model.max_seq_len") || !strcmp(key, "model.preset");
 }
 
-/* 1 when the change touches what the data stream and the planner's queues depend on. */
+/* 1 when the change touches what the data stream and the planner's queues depend on (not
+ * data.tokenizer: it only tells export which tokenizer files to copy). */
 static int moves_the_stream(const char *key)
 {
+    if (!strcmp(key, "data.tokenizer"))
+        return 0;
     return !strncmp(key, "data.", 5) || !strncmp(key, "balance.", 8);
 }
 
@@ -73,6 +76,21 @@ static int check_own_dir(const Config *cfg, const char *step_dir, Error *err)
                          "give this stage a checkpoint folder of its own (its steps would replace the earlier "
                          "stage's)", cfg->checkpoint.dir);
     return 0;
+}
+
+int trainer_continue_check_dir(const Config *cfg, Error *err)
+{
+    if (!cfg->checkpoint.continue_from || !cfg->checkpoint.dir)
+        return 0;
+    /* A checkpoint that cannot be found is trainer_continue's error, when it is reached: a stage that
+     * resumes from its own folder needs the earlier stage's no more. */
+    Error lookup = {0};
+    char *path = NULL;
+    if (ckpt_step_folder(cfg->checkpoint.continue_from, &path, &lookup) != 0)
+        return 0;
+    int rc = check_own_dir(cfg, path, err);
+    free(path);
+    return rc;
 }
 
 int trainer_continue(Trainer *tr, int64_t *done, Error *err)
@@ -107,7 +125,7 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err)
             stream_kept = 0;
     }
     if (rc == 0)
-        rc = check_own_dir(cfg, path, err);
+        rc = check_own_dir(cfg, path, err); /* run before any resume too (trainer_continue_check_dir) */
     int64_t step = 0;
     double t0 = clock_seconds();
     if (rc == 0)
