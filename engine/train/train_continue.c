@@ -40,8 +40,6 @@
 #include "util/ckpt_index.h"
 #include "util/clock.h"
 
-enum { MAX_CHANGES = 128 };
-
 /* 1 when a continued run may change this key: any key but model.*'s, and of those model.preset,
  * model.max_seq_len and every model.rope_* key. */
 static int changeable(const char *key)
@@ -108,15 +106,15 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err)
     snprintf(file, sizeof file, "%s/config.yaml", path);
     Config old;
     config_init(&old);
-    ConfigChange *ch = malloc(MAX_CHANGES * sizeof *ch);
+    ConfigChange *ch = malloc(CONFIG_MAX_KEYS * sizeof *ch); /* room for every key: none cut */
     int rc = ch ? config_load_file(&old, file, err) : error_runtime(err, "checkpoint.continue_from", "out of memory");
     /* Resolved as export resolves it: a key that wlbtrain derives and the saved file predates gets
      * the value the earlier run had, not a default that would show as a change. */
     if (rc == 0)
         rc = config_resolve(&old, 0, err);
-    int n = rc == 0 ? config_changes(&old, cfg, ch, MAX_CHANGES) : 0, shown = n < MAX_CHANGES ? n : MAX_CHANGES;
+    int n = rc == 0 ? config_changes(&old, cfg, ch, CONFIG_MAX_KEYS) : 0;
     int stream_kept = 1;
-    for (int i = 0; rc == 0 && i < shown; i++) {
+    for (int i = 0; rc == 0 && i < n; i++) {
         if (!changeable(ch[i].key))
             rc = error_set(err, "checkpoint.continue_from", "%.300s: %s %.100s -> %.100s: a continued run keeps the "
                            "model (of the model keys only model.rope_*, model.max_seq_len and model.preset may "
@@ -159,7 +157,7 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err)
                    ? "go on where they were (no data.* or balance.* key changed)"
                    : "start afresh (a data.* or balance.* key changed)");
             printf("continue: %d key%s changed%s\n", n, n == 1 ? "" : "s", n ? ":" : "");
-            for (int i = 0; i < shown; i++)
+            for (int i = 0; i < n; i++)
                 printf("continue:   %s %s -> %s\n", ch[i].key, ch[i].before, ch[i].after);
             fflush(stdout);
         }
