@@ -641,6 +641,29 @@ def test_export_llama3_tokenizer(fx):
     check_data_tokenizer_export(fx, "data-tok-1", llama3, big, 128000, 128001)
 
 
+def test_export_later_stage(fx):
+    """A stage continued from a run that started from a folder (its own train.init_from none): the
+    export follows checkpoint.continue_from to that folder - its tokenizer.json, bos/eos ids and
+    dtype - and, from a folder with none, to the first stage's data.tokenizer."""
+    if fx.tokenizer_missing:
+        raise fx.tokenizer_missing
+    for first, sets in (("one", ()), ("data-tok-0", ("data.tokenizer=" + fx.tokenizer,))):
+        init = fx.one if first == "one" else no_ids_folder(fx)
+        _, step1 = fx.train(first, init, *sets)
+        model = ["model.%s=%s" % (k, str(v).lower() if isinstance(v, bool) else v) for k, v in MODEL.items()]
+        _, step2 = fx.train("stage2-" + first, "none", "checkpoint.continue_from=" + step1,
+                            "model.max_seq_len=%d" % MAX_POS, *model)
+        out = fx.export(step2, "out-stage2-" + first)
+        with open(os.path.join(out, "config.json")) as f:
+            c = json.load(f)
+        check((c["bos_token_id"], c["eos_token_id"]) == (BOS, EOS), "%s: bos/eos %r %r"
+              % (first, c["bos_token_id"], c["eos_token_id"]))
+        check(c["torch_dtype"] == "float32", "%s: torch_dtype %r" % (first, c["torch_dtype"]))
+        with open(fx.tokenizer, "rb") as f, open(os.path.join(out, "tokenizer.json"), "rb") as g:
+            check(f.read() == g.read(), "%s: tokenizer.json is not the first stage's" % first)
+    comment("a later stage's export: the first stage's folder's tokenizer and ids, and its data.tokenizer")
+
+
 def test_bf16_step0(fx):
     d = os.path.join(fx.dir, "bf16")
     write_folder(d, fx.weights, n_shards=3, dtype="BF16", config=hf_config(torch_dtype="bfloat16"))
@@ -864,6 +887,8 @@ TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 
            test_data_tokenizer_wins),
           ("export with Llama 3's real tokenizer.json as data.tokenizer: 128000/128001; refused for 320 ids",
            test_export_llama3_tokenizer),
+          ("a later stage (continue_from) exports the first stage's folder's tokenizer and ids, or its data.tokenizer",
+           test_export_later_stage),
           ("a bfloat16 folder exported at step 0 (--dtype auto): its tensors bit for bit", test_bf16_step0),
           ("export -> init_from: the same loss bit for bit; eval --init-from of folders agrees", test_export_init_from),
           ("transformers (torch) loads 5 exports (fp32/bf16, tied or not, llama3/linear/yarn/none) "
