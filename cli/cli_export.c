@@ -260,6 +260,42 @@ static int remove_stale(const char *out, const ShardPlan *p, Error *err)
     return rc;
 }
 
+/* A later stage (train.init_from none, checkpoint.continue_from set): the model folder and
+ * data.tokenizer of the stage that started from one, followed back through the continue_from chain
+ * by each checkpoint's config.yaml. An earlier checkpoint that is gone ends the search (the export
+ * then knows no folder, as before); data.tokenizer is taken only when cfg has none. */
+static int earlier_source(Config *cfg, char **init_from, Error *err)
+{
+    char *from = cfg->checkpoint.continue_from ? strdup(cfg->checkpoint.continue_from) : NULL;
+    if (cfg->checkpoint.continue_from && !from)
+        return error_runtime(err, "export", "out of memory");
+    int rc = 0;
+    for (int hop = 0; rc == 0 && from && !*init_from && hop < 64; hop++) {
+        Error lookup = {0};
+        char *step = NULL, path[4400];
+        Config old;
+        config_init(&old);
+        int found = ckpt_step_folder(from, &step, &lookup) == 0;
+        free(from);
+        from = NULL;
+        if (found)
+            snprintf(path, sizeof path, "%s/config.yaml", step);
+        if (found && config_load_file(&old, path, &lookup) == 0) {
+            if (old.train.init_from && !(*init_from = strdup(old.train.init_from)))
+                rc = error_runtime(err, "export", "out of memory");
+            if (rc == 0 && !cfg->data.tokenizer && old.data.tokenizer &&
+                !(cfg->data.tokenizer = strdup(old.data.tokenizer)))
+                rc = error_runtime(err, "export", "out of memory");
+            if (rc == 0 && old.checkpoint.continue_from && !(from = strdup(old.checkpoint.continue_from)))
+                rc = error_runtime(err, "export", "out of memory");
+        }
+        config_free(&old);
+        free(step);
+    }
+    free(from);
+    return rc;
+}
+
 int cli_export(const CliExport *x, Error *err)
 {
     char *dir;
@@ -275,6 +311,8 @@ int cli_export(const CliExport *x, Error *err)
      * later stage may have changed the RoPE keys). */
     if (rc == 0 && cfg.train.init_from && !(init_from = strdup(cfg.train.init_from)))
         rc = error_runtime(err, "export", "out of memory");
+    if (rc == 0 && !init_from)
+        rc = earlier_source(&cfg, &init_from, err);
     if (rc == 0)
         rc = config_apply_set(&cfg, "train.init_from=none", err);
     if (rc == 0)

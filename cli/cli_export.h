@@ -1,7 +1,7 @@
 /*
  * cli/cli_export.h - what `wlbtrain export` knows of the model a run started from (cli_export_source.c):
- * the model folder of train.init_from when it is still there, the tokenizer (that folder's, or
- * data.tokenizer), the bos and eos ids, the dtype the weights came in; and the files it writes from
+ * the model folder of train.init_from when it is still there, the tokenizer (data.tokenizer when
+ * set, else that folder's), the bos and eos ids, the dtype the weights came in; and the files it writes from
  * them besides config.json and the weights: generation_config.json and the tokenizer files.
  */
 #ifndef WLB_CLI_CLI_EXPORT_H

@@ -115,13 +115,14 @@ int export_source_open(ExportSource *s, const Config *cfg, const char *init_from
         if (rc == 0 && is_file(path) && !(conf = load_json(path, err)))
             rc = -1;
         free(path);
-        char *tj = rc == 0 ? join(init_from, "tokenizer.json") : NULL;
+        /* data.tokenizer, when set, names the tokenizer the data was made with: it wins. */
+        char *tj = rc == 0 && !cfg->data.tokenizer ? join(init_from, "tokenizer.json") : NULL;
         if (tj && is_file(tj))
             s->tokenizer = tj;
         else
             free(tj);
     }
-    if (rc == 0 && !s->tokenizer && cfg->data.tokenizer) {
+    if (rc == 0 && cfg->data.tokenizer) {
         if (!is_file(cfg->data.tokenizer))
             rc = error_set(err, cfg->data.tokenizer, "data.tokenizer: no such file (the tokenizer.json to export)");
         else if (!(s->tokenizer = strdup(cfg->data.tokenizer)))

@@ -64,16 +64,6 @@ static void add(FolderKeys *f, const char *key, const char *json_name, int check
     va_end(ap);
 }
 
-/* A double as the shortest text that reads back as it (1e-05, not 1.0000000000000001e-05). */
-static void format_double(char *buf, size_t size, double v)
-{
-    for (int digits = 6; digits <= 17; digits++) {
-        snprintf(buf, size, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v)
-            return;
-    }
-}
-
 /* The number at name in obj: 1 found (in *v), 0 absent or null, -1 not a number (err set). */
 static int get_number(const FolderKeys *f, json_t *obj, const char *name, double *v, Error *err)
 {
@@ -120,7 +110,7 @@ static int float_key(FolderKeys *f, json_t *obj, const char *name, const char *k
     if (rc == 0 && required)
         return error_set(err, f->path, "no %s (a Llama config.json has it)", name);
     char text[40];
-    format_double(text, sizeof text, v);
+    config_format_double(v, text, sizeof text);
     add(f, key, name, 1, "%s", text);
     return 0;
 }
@@ -189,7 +179,7 @@ static int read_rope(FolderKeys *f, json_t *root, long long max_pos, Error *err)
             return error_set(err, f->path, "%s.partial_rotary_factor %g: wlbtrain rotates whole heads", form, partial);
     }
     char text[40];
-    format_double(text, sizeof text, theta);
+    config_format_double(theta, text, sizeof text);
     add(f, "model.rope_theta", "rope_theta", 1, "%s", text);
     if (!strcmp(type, "default") || !strcmp(type, "none")) {
         add(f, "model.rope_scaling", "rope_type", 1, "none");
@@ -235,7 +225,7 @@ static int read_rope(FolderKeys *f, json_t *root, long long max_pos, Error *err)
         {"model.rope_yarn_beta_slow", "beta_slow", beta_slow},
         {"model.rope_attention_factor", "attention_factor", attention}};
     for (int i = 0; i < 4; i++) {
-        format_double(text, sizeof text, floats[i].v);
+        config_format_double(floats[i].v, text, sizeof text);
         add(f, floats[i].key, floats[i].name, 1, "%s", text);
     }
     add(f, "model.rope_yarn_truncate", "truncate", 1, "%s", truncate ? "true" : "false");

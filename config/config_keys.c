@@ -542,9 +542,7 @@ int config_key_assign(Config *cfg, int k, const ConfigValue *v, const char *wher
 /* ---------------------------------------------------------------------------------------------- */
 /* Formatting, comparing, freeing                                                                  */
 
-/* Shortest text that reads back to exactly x: whole numbers below 1e15 as integers (10000, not
- * 1e+04), others in the shortest %g form. */
-static void format_double(double x, char *buf, size_t size)
+void config_format_double(double x, char *buf, size_t size)
 {
     if (x == floor(x) && fabs(x) < 1e15) {
         snprintf(buf, size, "%.0f", x);
@@ -603,7 +601,7 @@ void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, 
         return;
     }
     case KEY_FLOAT:
-        format_double(*CONFIG_FIELD(cfg, k, double), buf, size);
+        config_format_double(*CONFIG_FIELD(cfg, k, double), buf, size);
         return;
     case KEY_BOOL:
         snprintf(buf, size, "%s", *CONFIG_FIELD(cfg, k, bool) ? "true" : "false");
@@ -621,7 +619,7 @@ void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, 
         snprintf(buf, size, "%lld", (long long)CONFIG_FIELD(cfg, k, ConfigIntList)->v[i]);
         return;
     case KEY_FLOAT_LIST:
-        format_double(CONFIG_FIELD(cfg, k, ConfigFloatList)->v[i], buf, size);
+        config_format_double(CONFIG_FIELD(cfg, k, ConfigFloatList)->v[i], buf, size);
         return;
     case KEY_CHOICE_OR_LIST: {
         const ConfigChoiceOrList *c = CONFIG_FIELD(cfg, k, ConfigChoiceOrList);

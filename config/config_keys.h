@@ -68,6 +68,9 @@ int config_key_assign(Config *cfg, int k, const ConfigValue *v, const char *wher
 /* Formats the scalar (or element i of a list) of key k as YAML text. quote is set when the text
  * must be quoted to read back as the same value. */
 void config_key_format(const Config *cfg, int k, int i, char *buf, size_t size, int *quote);
+/* Shortest text that reads back to exactly x: whole numbers below 1e15 as integers (10000, not
+ * 1e+04), others in the shortest %g form (1e-05, not 1.0000000000000001e-05). */
+void config_format_double(double x, char *buf, size_t size);
 /* Number of elements of a list key (or 1 for scalars, 0 for a NULL string). */
 int config_key_count(const Config *cfg, int k);
 /* 1 when key k's value is written as a YAML list. */

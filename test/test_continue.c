@@ -12,7 +12,8 @@
  * uninterrupted stage-1 run; restart counts from step 1 with the warmup again, and a restarted stage
  * stopped and resumed goes on on its own schedule bit for bit. When no data.* or
  * balance.* key changed the stream and the queues go on: continued with nothing else changed, the
- * run is the uninterrupted one bit for bit; with a new RoPE base it reads the same tokens. A stage
+ * run is the uninterrupted one bit for bit (also with data.tokenizer set: it names only what export
+ * copies); with a new RoPE base it reads the same tokens. A stage
  * on two TP ranks reads the one-process checkpoint resharded. A changed shape key
  * or model.norm_eps is one error line, and so is checkpoint.dir naming the earlier stage's folder; a
  * changed model.rope_* key is accepted and printed (the rule is the prefix).
@@ -144,6 +145,7 @@ static void test_recipe_stages(void **state)
     metric("w64", 6, "loss", last1, sizeof last1);
     stage(&r, 128, "w128", "w64", six);
     assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "continue:"));
     printf("%s", strstr(r.out, "continue:"));
     assert_non_null(strstr(r.out, "continue:   data.context_window 64 -> 128\n"));
     assert_non_null(strstr(r.out, "continue:   model.rope_theta 10000 -> 40000\n"));
@@ -310,6 +312,19 @@ static void test_same_data_goes_on(void **state)
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "continue: data stream and planner queues go on where they were"));
     test_cmd_free(&r);
+    /* data.tokenizer only names what export copies: the stream still goes on. */
+    const char *tok[] = {"train.steps=7", "checkpoint.continue_schedule=continue", "data.tokenizer=tok/tokenizer.json",
+                         NULL};
+    stage(&r, 64, "w64-tok", "w64", tok);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "continue:   data.tokenizer none -> tok/tokenizer.json\n"));
+    assert_non_null(strstr(r.out, "continue: data stream and planner queues go on where they were"));
+    test_cmd_free(&r);
+    char t[40], w[40];
+    metric("w64-tok", 7, "loss", t, sizeof t);
+    metric("w64-whole", 7, "loss", w, sizeof w);
+    assert_true(t[0] != '\0');
+    assert_string_equal(t, w);
     const char *theta[] = {"train.steps=10", "checkpoint.continue_schedule=continue", "model.rope_theta=20000", NULL};
     stage(&r, 64, "w64-theta", "w64", theta);
     assert_int_equal(r.status, 0);
@@ -325,7 +340,7 @@ static void test_same_data_goes_on(void **state)
             metric("w64-theta", s, keys[i], c, sizeof c);
             if (i == 0)
                 printf("# step %d: loss %s continued, %s uninterrupted, %s with rope_theta 20000\n", s, a, b, c);
-            assert_true(a[0] != '\0');
+            assert_true(a[0] != '\0' && c[0] != '\0');
             assert_string_equal(a, b);
             if (i == 0 || i == 1)
                 assert_string_not_equal(c, b);
@@ -351,6 +366,7 @@ static void test_stage_on_two_ranks(void **state)
     metric("w128-tp2", 1, "loss", a, sizeof a);
     metric("w128", 1, "loss", b, sizeof b); /* the same stage in one process (test_recipe_stages) */
     printf("# stage 2's first loss: %s on tp 2, %s in one process\n", a, b);
+    assert_true(a[0] != '\0' && b[0] != '\0');
     assert_true(fabs(atof(a) - atof(b)) <= 1e-6 * atof(b));
 }
 
@@ -370,6 +386,13 @@ static void test_refusals(void **state)
     stage(&r, 128, "w64", "w64", NULL);
     test_assert_error(&r, "checkpoint.dir: ");
     assert_non_null(strstr(r.err, "holds the checkpoint that checkpoint.continue_from names"));
+    test_cmd_free(&r);
+    /* With resume auto too: refused before the earlier stage's latest would be resumed as this run. */
+    const char *own[] = {"checkpoint.resume=auto", NULL};
+    stage(&r, 128, "w64", "w64", own);
+    test_assert_error(&r, "checkpoint.dir: ");
+    assert_non_null(strstr(r.err, "holds the checkpoint that checkpoint.continue_from names"));
+    assert_null(strstr(r.out, "resume: "));
     test_cmd_free(&r);
     /* A RoPE key other than the base: accepted and printed, whatever its name (the model.rope_ prefix). */
     const char *scaled[] = {"model.rope_scaling=llama3", "model.rope_scaling_factor=4",

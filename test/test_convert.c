@@ -283,6 +283,13 @@ static void test_eod_and_dtype(void **state)
     free(in), free(out), free(dir);
 }
 
+/* The path of a file of the real data into buf ("" when absent: test_real_data's buffer is reused). */
+static void real_copy(char *buf, size_t size, const char *rel)
+{
+    const char *p = test_real_data(rel);
+    snprintf(buf, size, "%s", p ? p : "");
+}
+
 /* Real rank files: ids equal the library's encode (itself checked against tiktoken in
  * test_tokenizer.c / .py), Llama 3's with its BOS first and GPT-2's without, the same as the
  * tokenizer.json files give (checked against the tokenizers library in test_tokenizer_json.py),
@@ -290,12 +297,13 @@ static void test_eod_and_dtype(void **state)
 static void test_real_tokenizers(void **state)
 {
     (void)state;
-    const char *l3p = test_real_data("tokenizers/llama3_tokenizer.model");
-    char *l3 = l3p ? strdup(l3p) : NULL;
-    const char *g2p = test_real_data("tokenizers/gpt2_r50k_base.tiktoken");
-    char *g2 = g2p ? strdup(g2p) : NULL;
-    if (!l3 || !g2) {
-        free(l3), free(g2);
+    /* Every lookup before anything is allocated (a skip, or a fail under CI, leaves by longjmp). */
+    char l3[4096], g2[4096], l3json[4096], g2json[4096];
+    real_copy(l3, sizeof l3, "tokenizers/llama3_tokenizer.model");
+    real_copy(g2, sizeof g2, "tokenizers/gpt2_r50k_base.tiktoken");
+    real_copy(l3json, sizeof l3json, "tokenizers/llama3_tokenizer.json");
+    real_copy(g2json, sizeof g2json, "tokenizers/gpt2_tokenizer.json");
+    if (!*l3 || !*g2) {
         skip();
         return;
     }
@@ -303,11 +311,7 @@ static void test_real_tokenizers(void **state)
     const char text[] = "Hello, world! They'll've 12345 na\xc3\xafve \xe6\x9d\xb1\xe4\xba\xac \xf0\x9f\x98\x80\r\n";
     char *in = test_write_file(dir, "in.txt", text, strlen(text));
     char *out = test_format("%s/r", dir);
-    const char *l3j = test_real_data("tokenizers/llama3_tokenizer.json");
-    char *l3json = l3j ? strdup(l3j) : NULL;
-    const char *g2j = test_real_data("tokenizers/gpt2_tokenizer.json");
-    char *g2json = g2j ? strdup(g2j) : NULL;
-    const char *paths[] = {l3, g2, l3json, g2json};
+    const char *paths[] = {l3, g2, *l3json ? l3json : NULL, *g2json ? g2json : NULL};
     const int want_dtype[] = {DATA_DTYPE_INT32, DATA_DTYPE_UINT16, DATA_DTYPE_INT32, DATA_DTYPE_UINT16};
     for (int k = 0; k < 4; k++) {
         if (!paths[k])
@@ -366,7 +370,7 @@ static void test_real_tokenizers(void **state)
     assert_doc(&d, 0, contr, 6);
     data_idx_close(&d);
     test_rm_rf(dir);
-    free(in), free(out), free(small), free(c), free(l3), free(g2), free(l3json), free(g2json), free(dir);
+    free(in), free(out), free(small), free(c), free(dir);
 }
 
 /* Runs convert with args (after "convert --quiet --out DIR/fail") and expects one error line

@@ -8,7 +8,8 @@ form, rope_theta + rope_scaling, or transformers 5's rope_parameters) and model.
 model.safetensors.index.json and 4 shards. A run "at step 0" is one step at lr 1e-30: the loss it logs
 is the loss of the weights it loaded, and its checkpoint holds them unchanged, bit for bit.
 1   the sharded folder loads into exactly the parameters of the one-file folder (both checkpoints
-    exported and compared with the source tensors, bit for bit) and logs the same loss, bit for bit
+    exported and compared with the source tensors, bit for bit) and logs the same loss, bit for bit;
+    a folder with both model.safetensors and an index (of other weights) loads the single file
 2   that loss, on six documents in one window, = the float64 numpy reference (ref_llama) within 1e-6
 3   config.json in transformers 4's and 5's forms (llama3, linear, yarn; the 5 form's theta inside
     rope_parameters) fill the same model keys; max_seq_len comes from max_position_embeddings
@@ -21,7 +22,8 @@ is the loss of the weights it loaded, and its checkpoint holds them unchanged, b
     total_size); config.json keeps rope_scaling and the folder's bos/eos ids; generation_config.json's
     eos_token_id is the model's; tokenizer.json copied and a tokenizer_config.json made; transformers'
     AutoConfig, AutoTokenizer and GenerationConfig load it without a warning, the tokenizer's ids =
-    the tokenizers library's
+    the tokenizers library's; data.tokenizer's tokenizer.json (and the files beside it) exported, also
+    over the folder's own; Llama 3's real tokenizer.json (skipped without ../shared/real-data)
     a bfloat16 folder (torch_dtype bfloat16) exported at step 0 with --dtype auto: BF16, bit for bit
     export -> init_from: the same logged loss bit for bit; wlbtrain eval --init-from gives the same
     validation loss for the one-file, the sharded and the exported folder
@@ -51,7 +53,7 @@ WLBTRAIN = os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain")
 HF_PYTHON = os.environ.get("WLB_HF_PYTHON") or sys.executable
 LOSS_TOL = 1e-6
 
-from taplib import Skip, check, comment, import_module, import_numpy, require, run_tests  # noqa: E402
+from taplib import Skip, check, comment, import_module, import_numpy, need_file, require, run_tests  # noqa: E402
 
 np = import_numpy()
 if not isinstance(np, Exception):
@@ -273,6 +275,21 @@ def test_sharded_equals_one_file(fx):
             check(got[n][0] == "F32" and np.array_equal(got[n][1].view(np.uint32), w.view(np.uint32)),
                   "%s: %s is not the source tensor bit for bit" % (name, n))
     comment("one file and 4 shards: the same %d tensors bit for bit, logged loss %.10f both" % (len(got), loss1))
+
+
+def test_single_file_first(fx):
+    """A folder holding model.safetensors and an index with shards (of other weights): the single
+    file is read, as transformers takes it first."""
+    d = os.path.join(fx.dir, "both")
+    write_folder(d, {k: v * 2 for k, v in fx.weights.items()}, n_shards=2)
+    save_st(os.path.join(d, "model.safetensors"), fx.weights)
+    loss1, _ = fx.train("one", fx.one)
+    loss, step = fx.train("both", d)
+    check(loss == loss1, "logged loss %r from the folder with both, %r from model.safetensors" % (loss, loss1))
+    got = folder_tensors(fx.export(step, "out-both", "--dtype", "float32"))
+    for n, w in fx.weights.items():
+        check(np.array_equal(got[n][1].view(np.uint32), w.view(np.uint32)), "%s: not model.safetensors' tensor" % n)
+    comment("model.safetensors beside an index: the single file's weights, loss %.10f" % loss)
 
 
 def test_loss_reference(fx):
@@ -538,53 +555,113 @@ def test_export_folder(fx):
 REAL = os.environ.get("WLB_REAL_DATA") or os.path.join(REPO, "..", "shared", "real-data")
 
 
+def no_ids_folder(fx):
+    """The model's folder with no bos/eos in config.json and no tokenizer (3 shards)."""
+    d = os.path.join(fx.dir, "no-ids")
+    if not os.path.exists(d):
+        c = hf_config()
+        del c["bos_token_id"], c["eos_token_id"]
+        write_folder(d, fx.weights, n_shards=3, config=c)
+    return d
+
+
+def check_data_tokenizer_export(fx, name, tok, init, bos, eos):
+    """A run from init with data.tokenizer=tok exported: tok copied byte for byte, the ids bos and eos,
+    and transformers loads the folder without a warning."""
+    _, step = fx.train(name, init, "data.tokenizer=" + tok)
+    out = fx.export(step, "out-" + name)
+    with open(os.path.join(out, "config.json")) as f:
+        c = json.load(f)
+    check((c["bos_token_id"], c["eos_token_id"]) == (bos, eos), "%s: bos/eos %r %r, want %d %d"
+          % (tok, c["bos_token_id"], c["eos_token_id"], bos, eos))
+    with open(tok, "rb") as f, open(os.path.join(out, "tokenizer.json"), "rb") as g:
+        check(f.read() == g.read(), "tokenizer.json is not data.tokenizer's, byte for byte")
+    tf = import_module("transformers")
+    if isinstance(tf, Exception):
+        raise tf
+    r = hf_probe(LOAD_SCRIPT, out, tok)
+    check(r.returncode == 0, "transformers could not load the folder: %s" % r.stderr[-3000:])
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    check(got["warnings"] == [], "transformers warned: %r" % got["warnings"])
+    check((got["tok_bos"], got["tok_eos"], got["gen_eos"]) == (bos, eos, eos),
+          "tokenizer bos/eos %r %r, generation_config eos %r" % (got["tok_bos"], got["tok_eos"], got["gen_eos"]))
+    check(got["ids"] == got["want"], "AutoTokenizer's ids differ from the tokenizers library's")
+    comment("data.tokenizer %s: bos %d, eos %d; AutoTokenizer (%s) loads the export"
+            % (os.path.basename(tok), bos, eos, got["tok_class"]))
+
+
 def test_export_data_tokenizer(fx):
     """No bos/eos in config.json, no tokenizer in the folder: data.tokenizer's tokenizer.json is
-    copied and the ids come from its added tokens - the test tokenizer's, and Llama 3's real one
-    (../shared/real-data, when there: <|begin_of_text|> 128000, <|end_of_text|> 128001) for a model of
-    Llama 3's vocabulary, refused for the 320-token model (ids outside its vocabulary)."""
+    copied and the ids come from its added tokens."""
     if fx.tokenizer_missing:
         raise fx.tokenizer_missing
-    d = os.path.join(fx.dir, "no-ids")
-    c = hf_config()
-    del c["bos_token_id"], c["eos_token_id"]
-    write_folder(d, fx.weights, n_shards=3, config=c)
-    cases = [(fx.tokenizer, d, BOS, EOS)]
+    check_data_tokenizer_export(fx, "data-tok-0", fx.tokenizer, no_ids_folder(fx), BOS, EOS)
+
+
+def test_data_tokenizer_wins(fx):
+    """A folder with a tokenizer.json of its own and data.tokenizer set: data.tokenizer's is exported
+    (the one the data was made with), with the tokenizer_config.json beside it, not the folder's."""
+    if fx.tokenizer_missing:
+        raise fx.tokenizer_missing
+    other = os.path.join(fx.dir, "other-tok")
+    os.makedirs(other, exist_ok=True)
+    with open(fx.tokenizer) as f:
+        t = json.load(f)
+    tok = os.path.join(other, "tokenizer.json")
+    with open(tok, "w") as f:
+        json.dump(t, f, indent=1)  # the same tokenizer, other bytes than the folder's copy
+    with open(os.path.join(other, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
+                   "eos_token": "<|end_of_text|>", "model_max_length": 4242}, f)
+    with open(fx.tokenizer, "rb") as f, open(tok, "rb") as g:
+        check(f.read() != g.read(), "the two tokenizer.json files are the same bytes")
+    check_data_tokenizer_export(fx, "data-tok-wins", tok, fx.one, BOS, EOS)
+    with open(os.path.join(fx.dir, "out-data-tok-wins", "tokenizer_config.json")) as f:
+        check(json.load(f).get("model_max_length") == 4242, "tokenizer_config.json is not data.tokenizer's neighbour")
+
+
+def test_export_llama3_tokenizer(fx):
+    """Llama 3's real tokenizer.json as data.tokenizer (../shared/real-data): for a model of Llama 3's
+    vocabulary <|begin_of_text|> 128000 and <|end_of_text|> 128001 from its added tokens; refused for
+    the 320-token model (ids outside its vocabulary)."""
     llama3 = os.path.join(REAL, "tokenizers", "llama3_tokenizer.json")
-    if os.path.exists(llama3):
-        big = os.path.join(fx.dir, "vocab-128256")
-        cfg = R.make_cfg(**dict(MODEL, vocab_size=128256))
-        w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(5)).items()}
-        write_folder(big, w, config=dict(c, vocab_size=128256))
-        cases.append((llama3, big, 128000, 128001))
-        _, step = fx.train("llama3-tok-small", d, "data.tokenizer=" + llama3)
-        r = run([WLBTRAIN, "export", "--checkpoint", step, "--out", os.path.join(fx.dir, "out-refused")])
-        comment(one_error(r, "llama3_tokenizer.json", "the bos token id 128000 (from the tokenizer) is outside the "
-                          "model's vocabulary of 320"))
-        check(not os.path.exists(os.path.join(fx.dir, "out-refused")), "the refused export wrote its folder")
-    else:
-        comment("no %s: the test tokenizer only" % llama3)
-    for i, (tok, init, bos, eos) in enumerate(cases):
-        _, step = fx.train("data-tok-%d" % i, init, "data.tokenizer=" + tok)
-        out = fx.export(step, "out-data-tok-%d" % i)
+    need_file(llama3)
+    d = no_ids_folder(fx)
+    big = os.path.join(fx.dir, "vocab-128256")
+    cfg = R.make_cfg(**dict(MODEL, vocab_size=128256))
+    w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(5)).items()}
+    c = hf_config(vocab_size=128256)
+    del c["bos_token_id"], c["eos_token_id"]
+    write_folder(big, w, config=c)
+    _, step = fx.train("llama3-tok-small", d, "data.tokenizer=" + llama3)
+    r = run([WLBTRAIN, "export", "--checkpoint", step, "--out", os.path.join(fx.dir, "out-refused")])
+    comment(one_error(r, "llama3_tokenizer.json", "the bos token id 128000 (from the tokenizer) is outside the "
+                      "model's vocabulary of 320"))
+    check(not os.path.exists(os.path.join(fx.dir, "out-refused")), "the refused export wrote its folder")
+    check_data_tokenizer_export(fx, "data-tok-1", llama3, big, 128000, 128001)
+
+
+def test_export_later_stage(fx):
+    """A stage continued from a run that started from a folder (its own train.init_from none): the
+    export follows checkpoint.continue_from to that folder - its tokenizer.json, bos/eos ids and
+    dtype - and, from a folder with none, to the first stage's data.tokenizer."""
+    if fx.tokenizer_missing:
+        raise fx.tokenizer_missing
+    for first, sets in (("one", ()), ("data-tok-0", ("data.tokenizer=" + fx.tokenizer,))):
+        init = fx.one if first == "one" else no_ids_folder(fx)
+        _, step1 = fx.train(first, init, *sets)
+        model = ["model.%s=%s" % (k, str(v).lower() if isinstance(v, bool) else v) for k, v in MODEL.items()]
+        _, step2 = fx.train("stage2-" + first, "none", "checkpoint.continue_from=" + step1,
+                            "model.max_seq_len=%d" % MAX_POS, *model)
+        out = fx.export(step2, "out-stage2-" + first)
         with open(os.path.join(out, "config.json")) as f:
             c = json.load(f)
-        check((c["bos_token_id"], c["eos_token_id"]) == (bos, eos), "%s: bos/eos %r %r, want %d %d"
-              % (tok, c["bos_token_id"], c["eos_token_id"], bos, eos))
-        with open(tok, "rb") as f, open(os.path.join(out, "tokenizer.json"), "rb") as g:
-            check(f.read() == g.read(), "tokenizer.json is not data.tokenizer's, byte for byte")
-        tf = import_module("transformers")
-        if isinstance(tf, Exception):
-            raise tf
-        r = hf_probe(LOAD_SCRIPT, out, tok)
-        check(r.returncode == 0, "transformers could not load the folder: %s" % r.stderr[-3000:])
-        got = json.loads(r.stdout.strip().splitlines()[-1])
-        check(got["warnings"] == [], "transformers warned: %r" % got["warnings"])
-        check((got["tok_bos"], got["tok_eos"], got["gen_eos"]) == (bos, eos, eos),
-              "tokenizer bos/eos %r %r, generation_config eos %r" % (got["tok_bos"], got["tok_eos"], got["gen_eos"]))
-        check(got["ids"] == got["want"], "AutoTokenizer's ids differ from the tokenizers library's")
-        comment("data.tokenizer %s: bos %d, eos %d from its added tokens; AutoTokenizer (%s) loads the export"
-                % (os.path.basename(tok), bos, eos, got["tok_class"]))
+        check((c["bos_token_id"], c["eos_token_id"]) == (BOS, EOS), "%s: bos/eos %r %r"
+              % (first, c["bos_token_id"], c["eos_token_id"]))
+        check(c["torch_dtype"] == "float32", "%s: torch_dtype %r" % (first, c["torch_dtype"]))
+        with open(fx.tokenizer, "rb") as f, open(os.path.join(out, "tokenizer.json"), "rb") as g:
+            check(f.read() == g.read(), "%s: tokenizer.json is not the first stage's" % first)
+    comment("a later stage's export: the first stage's folder's tokenizer and ids, and its data.tokenizer")
 
 
 def test_bf16_step0(fx):
@@ -790,6 +867,8 @@ def test_transformers_saved(fx):
 
 TESTS = [("a 4-shard folder loads into the one-file folder's parameters, bit for bit, same loss",
           test_sharded_equals_one_file),
+         ("model.safetensors beside an index and shards: the single file is read, as transformers",
+          test_single_file_first),
          ("the loss of a folder's model on 6 documents = the float64 reference", test_loss_reference),
          ("config.json in transformers 4's and 5's forms: the same model keys (llama3, linear, yarn, none)",
           test_config_forms)]
@@ -804,6 +883,12 @@ TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 
            test_export_folder),
           ("export with data.tokenizer and no ids in config.json: the tokenizer's bos/eos, AutoTokenizer loads it",
            test_export_data_tokenizer),
+          ("data.tokenizer set and the folder's own tokenizer.json: data.tokenizer's is exported",
+           test_data_tokenizer_wins),
+          ("export with Llama 3's real tokenizer.json as data.tokenizer: 128000/128001; refused for 320 ids",
+           test_export_llama3_tokenizer),
+          ("a later stage (continue_from) exports the first stage's folder's tokenizer and ids, or its data.tokenizer",
+           test_export_later_stage),
           ("a bfloat16 folder exported at step 0 (--dtype auto): its tensors bit for bit", test_bf16_step0),
           ("export -> init_from: the same loss bit for bit; eval --init-from of folders agrees", test_export_init_from),
           ("transformers (torch) loads 5 exports (fp32/bf16, tied or not, llama3/linear/yarn/none) "

@@ -2,7 +2,8 @@
  * engine/model/model_folder.c - the weights of a Hugging Face model folder (train.init_from naming a
  * directory; its config.json was read into the config by config/config_folder.c).
  *
- * The folder holds model.safetensors, or model.safetensors.index.json - {"metadata": {...},
+ * The folder holds model.safetensors (taken first, as transformers does, when both are there), or
+ * model.safetensors.index.json - {"metadata": {...},
  * "weight_map": {tensor name: shard file name}} - and the shards it names (the Hub's layout:
  * model-00001-of-00004.safetensors, ...). Before a weight is read, the index and the shards' headers
  * must agree: every shard the index names is there, every tensor the model needs is in the index,
@@ -150,11 +151,11 @@ int model_load_folder(Model *m, const char *dir, Error *err)
     char index[4200], single[4200];
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
     snprintf(single, sizeof single, "%s/model.safetensors", dir);
-    if (!exists(index)) {
-        if (!exists(single))
-            return error_set(err, dir, "a model folder without model.safetensors or model.safetensors.index.json");
+    /* model.safetensors first, as transformers takes it (an index beside it is not read). */
+    if (exists(single))
         return model_load(m, single, err);
-    }
+    if (!exists(index))
+        return error_set(err, dir, "a model folder without model.safetensors or model.safetensors.index.json");
     json_error_t je;
     json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
     if (!root)

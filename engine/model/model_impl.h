@@ -126,8 +126,8 @@ float *model_full_buffer(const Model *m);
  * into full as float32, the rank's block copied into host (the layout of params). */
 int model_load_tensor(const Model *m, const ModelTensor *t, const StTensor *s, const char *path, float *full,
                       float *host, Error *err);
-/* A Hugging Face model folder (model_folder.c): model.safetensors, or model.safetensors.index.json
- * and the shards it names. */
+/* A Hugging Face model folder (model_folder.c): model.safetensors (first, as transformers), else
+ * model.safetensors.index.json and the shards it names. */
 int model_load_folder(Model *m, const char *dir, Error *err);
 
 #endif

@@ -73,7 +73,7 @@ int model_put_block(const Model *m, const char *name, const float *full, float *
 }
 
 /* Room for the largest full tensor. */
-static float *full_buffer(const Model *m)
+float *model_full_buffer(const Model *m)
 {
     int64_t most = 1;
     for (int i = 0; i < model_full_tensor_count(&m->dims); i++) {
@@ -101,14 +101,12 @@ int model_load_tensor(const Model *m, const ModelTensor *t, const StTensor *s, c
     return 0;
 }
 
-float *model_full_buffer(const Model *m) { return full_buffer(m); }
-
 static int load_safetensors(Model *m, const char *path, Error *err)
 {
     StFile f;
     if (st_open(&f, path, err) != 0)
         return -1;
-    float *host = malloc((size_t)m->n_params * sizeof *host), *full = full_buffer(m);
+    float *host = malloc((size_t)m->n_params * sizeof *host), *full = model_full_buffer(m);
     int rc = host && full ? 0 : error_runtime(err, path, "out of memory");
     for (int i = 0; rc == 0 && i < m->n_tensors; i++) {
         const ModelTensor *t = &m->tensors[i];
@@ -171,7 +169,7 @@ static int load_llama2c(Model *m, const char *path, const MappedFile *map, const
                          shared ? "" : "not ", d->tied ? "true" : "false");
     int64_t L = d->n_layers, dm = d->d, F = d->d_ffn, hd = (int64_t)d->n_heads * d->head_dim, vocab = h->vocab;
     int64_t kvd = (int64_t)d->n_kv_heads * d->head_dim, seq = h->seq_len, half = d->head_dim / 2;
-    float *host = malloc((size_t)m->n_params * sizeof *host), *full = full_buffer(m);
+    float *host = malloc((size_t)m->n_params * sizeof *host), *full = model_full_buffer(m);
     float *tmp = malloc((size_t)d->head_dim * dm * sizeof *tmp);
     if (!host || !full || !tmp) {
         free(host);

@@ -442,7 +442,8 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
 {
     *done = 0;
     char *path = NULL;
-    if (trainer_checkpoint_path(cfg, &path, err) != 0)
+    /* checkpoint.dir the earlier stage's folder: refused before resume auto would find its latest. */
+    if (trainer_continue_check_dir(cfg, err) != 0 || trainer_checkpoint_path(cfg, &path, err) != 0)
         return -1;
     int lead = tr->lay.rank == 0, rc = 0;
     if (!path) {

@@ -21,8 +21,8 @@
  * correction goes on: with warm moments a restarted count would divide m by 1 - beta1 = 0.1 at the
  * first update, a tenfold step), and the skipped steps with continue. The data stream's position and
  * the planner's outlier queues belong to the stream that saved them: they are restored only when no
- * data.* and no balance.* key changed, else both start afresh (the stream from its start with
- * data.seed, the queues empty). The validation record is not carried: the earlier stage measured
+ * data.* (data.tokenizer aside: it only names what export copies) and no balance.* key changed,
+ * else both start afresh (the stream from its start with data.seed, the queues empty). The validation record is not carried: the earlier stage measured
  * another window, often another set.
  *
  * checkpoint.continue_schedule: restart - this run's steps count from 1 to train.steps and the LR
@@ -40,8 +40,6 @@
 #include "util/ckpt_index.h"
 #include "util/clock.h"
 
-enum { MAX_CHANGES = 128 };
-
 /* 1 when a continued run may change this key: any key but model.*'s, and of those model.preset,
  * model.max_seq_len and every model.rope_* key. */
 static int changeable(const char *key)
@@ -51,9 +49,12 @@ static int changeable(const char *key)
     return !strncmp(key, "model.rope_", 11) || !strcmp(key, "model.max_seq_len") || !strcmp(key, "model.preset");
 }
 
-/* 1 when the change touches what the data stream and the planner's queues depend on. */
+/* 1 when the change touches what the data stream and the planner's queues depend on (not
+ * data.tokenizer: it only tells export which tokenizer files to copy). */
 static int moves_the_stream(const char *key)
 {
+    if (!strcmp(key, "data.tokenizer"))
+        return 0;
     return !strncmp(key, "data.", 5) || !strncmp(key, "balance.", 8);
 }
 
@@ -75,6 +76,21 @@ static int check_own_dir(const Config *cfg, const char *step_dir, Error *err)
     return 0;
 }
 
+int trainer_continue_check_dir(const Config *cfg, Error *err)
+{
+    if (!cfg->checkpoint.continue_from || !cfg->checkpoint.dir)
+        return 0;
+    /* A checkpoint that cannot be found is trainer_continue's error, when it is reached: a stage that
+     * resumes from its own folder needs the earlier stage's no more. */
+    Error lookup = {0};
+    char *path = NULL;
+    if (ckpt_step_folder(cfg->checkpoint.continue_from, &path, &lookup) != 0)
+        return 0;
+    int rc = check_own_dir(cfg, path, err);
+    free(path);
+    return rc;
+}
+
 int trainer_continue(Trainer *tr, int64_t *done, Error *err)
 {
     const Config *cfg = tr->cfg;
@@ -90,15 +106,15 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err)
     snprintf(file, sizeof file, "%s/config.yaml", path);
     Config old;
     config_init(&old);
-    ConfigChange *ch = malloc(MAX_CHANGES * sizeof *ch);
+    ConfigChange *ch = malloc(CONFIG_MAX_KEYS * sizeof *ch); /* room for every key: none cut */
     int rc = ch ? config_load_file(&old, file, err) : error_runtime(err, "checkpoint.continue_from", "out of memory");
     /* Resolved as export resolves it: a key that wlbtrain derives and the saved file predates gets
      * the value the earlier run had, not a default that would show as a change. */
     if (rc == 0)
         rc = config_resolve(&old, 0, err);
-    int n = rc == 0 ? config_changes(&old, cfg, ch, MAX_CHANGES) : 0, shown = n < MAX_CHANGES ? n : MAX_CHANGES;
+    int n = rc == 0 ? config_changes(&old, cfg, ch, CONFIG_MAX_KEYS) : 0;
     int stream_kept = 1;
-    for (int i = 0; rc == 0 && i < shown; i++) {
+    for (int i = 0; rc == 0 && i < n; i++) {
         if (!changeable(ch[i].key))
             rc = error_set(err, "checkpoint.continue_from", "%.300s: %s %.100s -> %.100s: a continued run keeps the "
                            "model (of the model keys only model.rope_*, model.max_seq_len and model.preset may "
@@ -107,7 +123,7 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err)
             stream_kept = 0;
     }
     if (rc == 0)
-        rc = check_own_dir(cfg, path, err);
+        rc = check_own_dir(cfg, path, err); /* run before any resume too (trainer_continue_check_dir) */
     int64_t step = 0;
     double t0 = clock_seconds();
     if (rc == 0)
@@ -141,7 +157,7 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err)
                    ? "go on where they were (no data.* or balance.* key changed)"
                    : "start afresh (a data.* or balance.* key changed)");
             printf("continue: %d key%s changed%s\n", n, n == 1 ? "" : "s", n ? ":" : "");
-            for (int i = 0; i < shown; i++)
+            for (int i = 0; i < n; i++)
                 printf("continue:   %s %s -> %s\n", ch[i].key, ch[i].before, ch[i].after);
             fflush(stdout);
         }
