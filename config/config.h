@@ -239,6 +239,7 @@ int config_stop_after(const char *s, int64_t *steps, double *seconds);
 const char *config_packer_name(PackerKind k);
 const char *config_cp_sharding_name(CpSharding k);
 const char *config_hardware_name(HardwareKind k);
+const char *config_recompute_name(Recompute k);
 const char *config_stage_layers_name(StageLayers k); /* "even", "auto", "a list" */
 
 #endif

@@ -795,6 +795,12 @@ const char *config_cp_sharding_name(CpSharding k)
     return names[k];
 }
 
+const char *config_recompute_name(Recompute k)
+{
+    static const char *const names[] = {"none", "selective", "full"};
+    return names[k];
+}
+
 const char *config_hardware_name(HardwareKind k)
 {
     static const char *const names[] = {"h100", "h200", "a100", "cpu"};

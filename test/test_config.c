@@ -235,6 +235,15 @@ static void test_set_overrides(void **state)
     assert_null(cfg.train.init_from);
     assert_int_equal(cfg.balance.outlier_thresholds.n, 0);
     config_free(&cfg);
+    /* The names of train.recompute's values are the key's choices, in enum order. */
+    for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++) {
+        char set[64];
+        snprintf(set, sizeof set, "train.recompute=%s", config_recompute_name((Recompute)r));
+        const char *one[] = {set, NULL};
+        assert_int_equal(load(&cfg, tiny, one, 0, &err), 0);
+        assert_int_equal(cfg.train.recompute, r);
+        config_free(&cfg);
+    }
     const char *bad[] = {"parallel.tp=x", NULL};
     expect_error(tiny, bad, 0, "--set parallel.tp=x: parallel.tp: expected an integer, got 'x'");
     const char *cross[] = {"model.preset=llama3-8b", "parallel.tp=12", NULL};

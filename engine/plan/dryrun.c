@@ -521,9 +521,8 @@ static int print_stages(const Config *cfg, const CostModel *cost, const DataSour
 /* Every pipeline stage's rank: its memory by part, and the worst against the budget. */
 static void print_memory(const Config *cfg, const DryRunMemoryPlan *mp)
 {
-    static const char *const modes[] = {"none", "selective", "full"};
     printf("memory per rank, GB (train.recompute: %s%s; largest micro-batch %lld tokens, %lld rows on a CP rank):\n",
-           modes[cfg->train.recompute], cfg->parallel.zero ? ", ZeRO-1" : "", (long long)mp->mb_tokens,
+           config_recompute_name(cfg->train.recompute), cfg->parallel.zero ? ", ZeRO-1" : "", (long long)mp->mb_tokens,
            (long long)mp->rank_rows);
     printf("%6s %7s %9s %9s %9s %10s %12s %9s %9s %9s\n", "stage", "layers", "weights", "bf16", "grads", "optimizer",
            "activations", "in_flight", "other", "peak");

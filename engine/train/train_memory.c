@@ -235,11 +235,10 @@ int trainer_memory_check(const Config *cfg, const DryRunMemoryPlan *mp, Error *e
     if (budget <= 0 || w->peak <= budget)
         return 0;
     char fits[768] = "", change[96];
-    static const char *const modes[] = {"none", "selective", "full"};
     for (int r = cfg->train.recompute + 1; r <= RECOMPUTE_FULL; r++) {
         Config alt = *cfg;
         alt.train.recompute = (Recompute)r;
-        snprintf(change, sizeof change, "train.recompute: %s", modes[r]);
+        snprintf(change, sizeof change, "train.recompute: %s", config_recompute_name(r));
         suggest(fits, sizeof fits, &alt, budget, change);
     }
     if (!cfg->parallel.sequence_parallel && cfg->parallel.tp > 1) {

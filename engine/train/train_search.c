@@ -134,7 +134,6 @@ static int apply(Config *cfg, Error *err, const char *fmt, ...)
 /* cfg: the config file and --set, then the layout's keys, resolved for a dry run, its layers placed. */
 static int build(const Search *s, const SearchLayout *l, Config *cfg, Error *err)
 {
-    static const char *const modes[] = {"none", "selective", "full"};
     const Config *b = s->base;
     config_init(cfg);
     int rc = config_load_string(cfg, s->yaml, s->opt->config_path, err);
@@ -144,7 +143,7 @@ static int build(const Search *s, const SearchLayout *l, Config *cfg, Error *err
         rc = apply(cfg, err, "parallel.tp=%d", l->tp) || apply(cfg, err, "parallel.cp=%d", l->cp) ||
              apply(cfg, err, "parallel.pp=%d", l->pp) || apply(cfg, err, "parallel.dp=%d", l->dp) ||
              apply(cfg, err, "parallel.virtual_stages=%d", l->v) || apply(cfg, err, "parallel.zero=%d", l->zero) ||
-             apply(cfg, err, "train.recompute=%s", modes[l->recompute]) ||
+             apply(cfg, err, "train.recompute=%s", config_recompute_name(l->recompute)) ||
              apply(cfg, err, "balance.max_tokens_per_micro_batch=%lld", (long long)l->s_max) ||
              apply(cfg, err, "balance.cp_sharding=%s", config_cp_sharding_name(l->sharding)) ||
              /* the config's batch, not one derived from the layout */
@@ -343,9 +342,8 @@ static int least_memory(const Search *s, int first)
 
 static void layout_text(const SearchLayout *l, char *buf, size_t size)
 {
-    static const char *const modes[] = {"none", "selective", "full"};
     snprintf(buf, size, "tp %d, cp %d, pp %d, dp %d%s, train.recompute: %s%s", l->tp, l->cp, l->pp, l->dp,
-             l->v > 1 ? ", virtual_stages > 1" : "", modes[l->recompute], l->zero ? ", parallel.zero: 1" : "");
+             l->v > 1 ? ", virtual_stages > 1" : "", config_recompute_name(l->recompute), l->zero ? ", parallel.zero: 1" : "");
 }
 
 /* The Error when no layout of `gpus` fits: the least a rank needs, and the fewest GPUs (doubling, up
@@ -390,7 +388,6 @@ static int no_fit(Search *s, int64_t gpus, Error *err)
 /* --stats-out: one JSON object per candidate that resolved, in the order enumerated. */
 static int write_stats(const Search *s, Error *err)
 {
-    static const char *const modes[] = {"none", "selective", "full"};
     AtomicFile f = {0};
     if (atomic_open(&f, s->opt->stats_out, err) != 0)
         return -1;
@@ -401,7 +398,7 @@ static int write_stats(const Search *s, Error *err)
             continue;
         fprintf(f.f, "{\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"virtual_stages\":%d,\"recompute\":\"%s\",\"zero\":%d,"
                      "\"max_tokens_per_micro_batch\":%lld,\"cp_sharding\":\"%s\",\"own\":%s,\"fits\":%s,\"peak_gb\":%.4g",
-                l->tp, l->cp, l->pp, l->dp, l->v, modes[l->recompute], l->zero, (long long)l->s_max,
+                l->tp, l->cp, l->pp, l->dp, l->v, config_recompute_name(l->recompute), l->zero, (long long)l->s_max,
                 config_cp_sharding_name(l->sharding), l->own ? "true" : "false", c->fits ? "true" : "false",
                 c->peak / 1e9);
         if (c->row.fig.steps)

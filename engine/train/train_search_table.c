@@ -37,9 +37,8 @@ static void cell_v(char *b, size_t n, const SearchRow *r, const SearchRow *best)
 
 static void cell_recompute(char *b, size_t n, const SearchRow *r, const SearchRow *best)
 {
-    static const char *const modes[] = {"none", "selective", "full"};
     (void)best;
-    snprintf(b, n, "%s", modes[r->layout.recompute]);
+    snprintf(b, n, "%s", config_recompute_name(r->layout.recompute));
 }
 
 static void cell_zero(char *b, size_t n, const SearchRow *r, const SearchRow *best)
