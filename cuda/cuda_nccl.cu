@@ -308,11 +308,13 @@ static int nccl_wait(const Comm *c, CommRequest *req, Error *err)
     req->event = nullptr;
     req->active = 0;
     req->collective = 0;
-    if (collective)
-        CUDA_TRY(cudaStreamWaitEvent(0, e, 0), "cudaStreamWaitEvent");
-    else
-        CUDA_TRY(cudaEventSynchronize(e), "cudaEventSynchronize");
-    CUDA_TRY(cudaEventDestroy(e), "cudaEventDestroy");
+    /* The event is destroyed whether the wait worked or not. */
+    cudaError_t w = collective ? cudaStreamWaitEvent(0, e, 0) : cudaEventSynchronize(e);
+    cudaError_t d = cudaEventDestroy(e);
+    if (w != cudaSuccess)
+        return cuda_error(w, collective ? "cudaStreamWaitEvent" : "cudaEventSynchronize", err);
+    if (d != cudaSuccess)
+        return cuda_error(d, "cudaEventDestroy", err);
     return 0;
 }
 

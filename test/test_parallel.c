@@ -28,6 +28,8 @@
  * bits as the run with overlap off (losses, gradients of step 1, parameters after step 3, the
  * validation loss); every rank of a group issued the same collectives in the same order
  * (WLB_COMM_LOG); and the engine itself stops a step with a request still outstanding.
+ * test_fault_order: WLBTRAIN_FAULT=nan on one rank under overlap changes no collective (every group's
+ * log in one order, the step skipped).
  *
  * Validation: every run ends with an evaluation of two global batches (forward only; with pp > 1
  * through the stages without a backward), of the 30% of the short corpus's documents it holds out
@@ -295,45 +297,63 @@ static int same_bits(const char *a, const char *b, char *what, size_t size)
     return same;
 }
 
+/* The line after l (a last line without a newline: its end). */
+static const char *next_line(const char *l)
+{
+    const char *nl = strchr(l, '\n');
+    return nl ? nl + 1 : l + strlen(l);
+}
+
+/* Does line l start with key and a space? */
+static int has_key(const char *l, const char *key) { return !strncmp(l, key, strlen(key)) && l[strlen(key)] == ' '; }
+
 /* The lines of every rank's log in dir (rank-R.log, R < ranks), grouped by their group ("G-ID"):
  * for each group, every rank that has lines of it has the same lines in the same order. Returns
- * the number of groups compared, -1 when two ranks differ (what says where). */
+ * the number of groups compared, -1 when two ranks differ or a rank's log is missing (what says
+ * where). */
 static int same_order(const char *dir, int ranks, char *what, size_t size)
 {
     char **text = calloc((size_t)ranks, sizeof *text);
     assert_non_null(text);
+    int ok = 1;
     for (int r = 0; r < ranks; r++) {
         char *path = test_format("%s/rank-%d.log", dir, r);
         size_t len;
         text[r] = test_read_file(path, &len);
+        if (!text[r] && ok) {
+            snprintf(what, size, "no log of rank %d", r);
+            ok = 0;
+        }
         free(path);
     }
-    int groups = 0, ok = 1;
+    int groups = 0;
     /* For each rank's each group key (first rank holding it), compare the key's lines on every rank. */
     for (int r = 0; r < ranks && ok; r++)
-        for (const char *line = text[r]; *line && ok; line = strchr(line, '\n') + 1) {
+        for (const char *line = text[r]; *line && ok; line = next_line(line)) {
             char key[64];
             if (sscanf(line, "%63s", key) != 1)
                 break;
             int first = 1; /* does an earlier rank or line hold the key? then it was compared */
             for (int q = 0; q < r && first; q++)
-                for (const char *l = text[q]; *l && first; l = strchr(l, '\n') + 1)
-                    first = strncmp(l, key, strlen(key)) || l[strlen(key)] != ' ';
-            for (const char *l = text[r]; l < line && first; l = strchr(l, '\n') + 1)
-                first = strncmp(l, key, strlen(key)) || l[strlen(key)] != ' ';
+                for (const char *l = text[q]; *l && first; l = next_line(l))
+                    first = !has_key(l, key);
+            for (const char *l = text[r]; l < line && first; l = next_line(l))
+                first = !has_key(l, key);
             if (!first)
                 continue;
             groups++;
             char *mine = NULL;
             for (int q = 0; q < ranks && ok; q++) {
-                size_t cap = strlen(text[q]) + 1, n = 0;
+                size_t cap = strlen(text[q]) + 2, n = 0;
                 char *seq = malloc(cap);
                 assert_non_null(seq);
-                for (const char *l = text[q]; *l; l = strchr(l, '\n') + 1)
-                    if (!strncmp(l, key, strlen(key)) && l[strlen(key)] == ' ') {
-                        size_t len = (size_t)(strchr(l, '\n') - l) + 1;
+                for (const char *l = text[q]; *l; l = next_line(l))
+                    if (has_key(l, key)) {
+                        size_t len = (size_t)(next_line(l) - l);
                         memcpy(seq + n, l, len);
                         n += len;
+                        if (seq[n - 1] != '\n')
+                            seq[n++] = '\n';
                     }
                 seq[n] = 0;
                 if (n && !mine) {
@@ -440,6 +460,47 @@ static void test_overlap(void **state)
         ok &= check_overlap(2, 2, 2, 2, fx.ref_tied, no_sp, "no SP, recompute full, tied");
     }
     assert_true(ok);
+}
+
+/* WLBTRAIN_FAULT=nan on one rank with parallel.overlap (wlbtrain, dp 2 x tp 2, SP, ZeRO-1): that
+ * rank's schedule is its peers' - its gradient buckets start during the backward too - so every
+ * group's ranks issue the same collectives in the same order (WLB_COMM_LOG), and the step is
+ * skipped (train.nonfinite: skip) on every rank. */
+static void test_fault_order(void **state)
+{
+    (void)state;
+    char *logs = test_format("%s/fault-log", fx.dir), *ck = test_format("checkpoint.dir=%s/fault-ck", fx.dir);
+    test_rm_rf(logs);
+    assert_int_equal(mkdir(logs, 0755), 0);
+    const char *bin = getenv("WLBTRAIN"), *argv[64];
+    int k = 0;
+    char np[16];
+    setenv("WLBTRAIN_FAULT", "nan@1:2", 1);
+    setenv("WLB_COMM_LOG", logs, 1);
+    test_launch_argv(argv, &k, 300, 4, "WLBTRAIN_FAULT", np);
+    const char *args[] = {bin ? bin : "./wlbtrain", "--config", fx.config, "--set", ck, "--set", "parallel.dp=2",
+                          "--set", "parallel.tp=2", "--set", "parallel.overlap=true", "--set", "parallel.zero=1",
+                          "--set", "balance.packer=wlb", "--set", "train.nonfinite=skip", NULL};
+    for (int i = 0; args[i]; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    CmdResult r;
+    test_run(&r, argv);
+    unsetenv("WLBTRAIN_FAULT");
+    unsetenv("WLB_COMM_LOG");
+    if (r.status != 0)
+        printf("# exit status %d\n# out:\n%s\n# err:\n%s\n", r.status, r.out, r.err);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "not finite, update skipped (1 so far)"));
+    test_cmd_free(&r);
+    char order[256] = "-";
+    int groups = same_order(logs, 4, order, sizeof order);
+    printf("# nan on rank 1, overlap: %d groups in the same order%s%s\n", groups, groups < 0 ? " - " : "",
+           groups < 0 ? order : "");
+    assert_true(groups > 0);
+    test_rm_rf(logs);
+    free(logs);
+    free(ck);
 }
 
 /* parallel.tp_chunks: each TP product and its exchange in pieces of rows (engine/model/model_tp.c,
@@ -713,7 +774,7 @@ int main(void)
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
         cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),      cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_reduce_dtype),
-        cmocka_unit_test(test_overlap),     cmocka_unit_test(test_tp_chunks),
+        cmocka_unit_test(test_overlap),     cmocka_unit_test(test_tp_chunks),   cmocka_unit_test(test_fault_order),
     };
     const char *filter = getenv("WLB_TEST_FILTER");
     if (filter)

@@ -122,7 +122,8 @@ static const char *const op_names[] = {"allreduce", "allgatherv", "reduce_scatte
 int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
 {
     LayoutGroup g = op->group;
-    req->active = 0;
+    if (req->active)
+        return error_runtime(err, "comm", "a collective started on a request still active (not waited for)");
     req->collective = 0;
     req->op = NULL;
     int v = op->kind == COMM_OP_ALLGATHERV || op->kind == COMM_OP_REDUCE_SCATTERV;
@@ -168,13 +169,6 @@ int comm_iallgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_
                     Error *err)
 {
     CommOp op = {COMM_OP_ALLGATHER, g, send, recv, n, NULL, dt};
-    return comm_istart(c, &op, req, err);
-}
-
-int comm_ireduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, CommRequest *req,
-                         Error *err)
-{
-    CommOp op = {COMM_OP_REDUCE_SCATTER, g, send, recv, n, NULL, DT_F32};
     return comm_istart(c, &op, req, err);
 }
 

@@ -195,13 +195,11 @@ int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv,
 int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
 int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err);
 /* The partial sums in a chosen dtype (parallel.reduce_dtype): as comm_reduce_scatter,
- * comm_reduce_scatterv and comm_allreduce_sum, float32 on both sides, but with sum_dt DT_ACT and a
+ * and comm_allreduce_sum, float32 on both sides, but with sum_dt DT_ACT and a
  * bfloat16 compute dtype they travel and add in bfloat16 (comm_sum16.c: each rank's values rounded,
  * each addition rounded, the result widened), half the bytes; DT_F32, a float32 backend or a group
  * of one: the float32 call. */
 int comm_reduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Dt sum_dt, Error *err);
-int comm_reduce_scatterv_sum(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Dt sum_dt,
-                             Error *err);
 int comm_allreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, Error *err);
 /* Bytes of one element of dt on c's backend (4 for DT_F32; the compute dtype's for DT_ACT, 4 with
  * host memory). */
@@ -224,7 +222,7 @@ int comm_can_post_receives(const Comm *c);
 int comm_barrier(const Comm *c, Error *err);
 
 /* Started collectives (see the top). op's buffers as the blocking form of the same name takes them;
- * req must not be active. With a group of one, no overlap, or a path that cannot run it in the
+ * req must not be active (an active one is an error: wait for it first). With a group of one, no overlap, or a path that cannot run it in the
  * background, the collective completes before the start returns (req stays inactive). */
 int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err);
 int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err);
@@ -234,8 +232,6 @@ int comm_iallgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const
                      CommRequest *req, Error *err);
 int comm_iallgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, CommRequest *req,
                     Error *err);
-int comm_ireduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, CommRequest *req,
-                         Error *err);
 /* The partial sums started in a chosen dtype (parallel.reduce_dtype; comm_reduce_scatter_sum and the
  * functions beside it). Sums that go through bfloat16 (comm_sums_in_bf16) complete at their start,
  * after the group's started ones: their rounding and widening run on the caller's thread and compute

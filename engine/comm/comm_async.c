@@ -52,7 +52,6 @@ typedef struct Worker {
     int64_t issued, finished;
     unsigned seed;         /* chaos delays */
     Comm *c;
-    LayoutGroup g;
 } Worker;
 
 struct CommAsync {
@@ -70,10 +69,20 @@ static int env_error(Error *err, const char *name, const char *value, const char
 
 int comm_async_init(Comm *c, Error *err)
 {
-    if (!(c->async = calloc(1, sizeof *c->async)))
+    CommAsync *a = calloc(1, sizeof *a);
+    if (!a)
         return error_runtime(err, "comm", "out of memory");
-    if (pthread_mutex_init(&c->async->mu, NULL) != 0 || pthread_cond_init(&c->async->cv, NULL) != 0)
+    /* c->async only once whole: comm_async_free destroys its mutex and condition variable. */
+    if (pthread_mutex_init(&a->mu, NULL) != 0) {
+        free(a);
         return error_runtime(err, "comm", "cannot make a mutex");
+    }
+    if (pthread_cond_init(&a->cv, NULL) != 0) {
+        pthread_mutex_destroy(&a->mu);
+        free(a);
+        return error_runtime(err, "comm", "cannot make a condition variable");
+    }
+    c->async = a;
     c->overlap = 1;
     const char *link = getenv("WLB_COMM_LINK");
     if (link && *link) {
@@ -288,8 +297,6 @@ static int chaos_prepare(const Comm *c, AsyncOp *x, Error *err)
         memcpy(x->input, recv + x->input_at, x->input_bytes);
     if (x->recv_bytes)
         memset(recv, 0xff, x->recv_bytes);
-    if (x->op.kind == COMM_OP_ALLREDUCE_SUM)
-        x->op.send = NULL;
     return 0;
 }
 
@@ -317,7 +324,6 @@ int comm_async_start(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     pthread_mutex_lock(&a->mu);
     if (!w->running) {
         w->c = c;
-        w->g = op->group;
         w->seed = (unsigned)(c->rank[GROUP_WORLD] * 7919 + (int)op->group * 104729 + 1);
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             pthread_mutex_unlock(&a->mu);
@@ -388,12 +394,8 @@ void comm_async_free(Comm *c)
     for (int g = 0; g < GROUP_COUNT; g++)
         if (a->w[g].running)
             pthread_join(a->w[g].thread, NULL);
-    /* Requests never waited for (an error path): their records go with the state. */
-    for (int g = 0; g < GROUP_COUNT; g++)
-        for (AsyncOp *x = a->w[g].head, *next; x; x = next) {
-            next = x->next;
-            free_op(x);
-        }
+    /* A thread leaves only with its queue empty (worker_main), so every record has run; one never
+     * waited for (an error path) belongs to its request (comm_async_wait frees it), not to this state. */
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
     free(a);

@@ -152,19 +152,6 @@ int comm_reduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *re
     return comm_run_sum_bf16(c, &op, err);
 }
 
-int comm_reduce_scatterv_sum(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Dt sum_dt,
-                             Error *err)
-{
-    if (!comm_sums_in_bf16(c, g, sum_dt))
-        return comm_reduce_scatterv(c, g, send, recv, counts, err);
-    int64_t n = 0;
-    for (int r = 0; r < c->size[g]; r++)
-        n += counts[r];
-    comm_log_op(c, g, "reduce_scatterv", n);
-    CommOp op = {COMM_OP_REDUCE_SCATTERV, g, send, recv, 0, counts, sum_dt};
-    return comm_run_sum_bf16(c, &op, err);
-}
-
 int comm_allreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, Error *err)
 {
     if (!comm_sums_in_bf16(c, g, sum_dt) || n == 0)

@@ -57,6 +57,7 @@ typedef struct TrainChunk {
     int last_backward;       /* the schedule's index of the chunk's last backward pass this step (-1: none) */
     CommRequest *param_req;  /* ZeRO-1: per bucket, the parameters' all-gather after the update */
     int *param_pending;      /* per bucket: gathered parameters not yet waited for (and cast) */
+    float *kv_scratch;       /* tp > n_kv_heads: the kv replicas' sum over TP (train_grads.c), else NULL */
 } TrainChunk;
 
 /* The validation loss by token position (the RoPE position: the token's offset in its document),
@@ -293,6 +294,8 @@ int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err);
 void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
 /* Rank r's ZeRO-1 shard of n parameters over a group of size g: [n r / g, n (r + 1) / g). */
 void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end);
+/* counts[r]: how much of [lo, hi) of m's parameters falls in rank r's shard over DP x CP. */
+void trainer_shard_counts(const Trainer *tr, const Model *m, int64_t lo, int64_t hi, int64_t *counts);
 /* ZeRO-1: full gets every rank's shard of an array laid out like m's parameters, all-gathered over
  * DP x CP; this rank's shard is copied into place first (shard NULL: it is there already). */
 int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err);

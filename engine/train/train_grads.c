@@ -20,9 +20,11 @@
  * chunk's last micro-batch's backward has passed the layer (Model.grads_ready), and runs while the
  * backward goes on to the layers below; the last chunk's final norm and output projection once the
  * backward has passed the final norm (a tied output projection is the embedding's copy, placed
- * before the layers, model.c); the embedding's after the pipeline (tied embeddings summed first). Without overlap every bucket
- * runs after the pipeline, in the same sizes and order, so both give the same bits. A layer's TP
- * sums (SP norms, kv replicas) run just before its bucket starts.
+ * before the layers, model.c); the embedding's after the pipeline (tied embeddings summed first). Without overlap (or
+ * on a rank whose replica ran no backward on the chunk) every bucket runs after the pipeline, in
+ * the same sizes and order - the chunks from last to first, each its tail then its layers top
+ * first, then the embeddings' - so both give the same bits and pair with the peers' collectives. A
+ * layer's TP sums (SP norms, kv replicas) run just before its bucket starts.
  * The global norm counts each element of the full model once: a block counts when its tensor is
  * marked counts (one of the TP replicas, the first chunk's copy of tied embeddings), and without
  * ZeRO only on the ranks with dp = cp = 0 (the others hold the same sums); with ZeRO every rank
@@ -34,18 +36,21 @@
 
 #include "engine/train/train.h"
 
-/* Layer l's kv replicas summed over TP. */
-static int sum_kv_replicas(Trainer *tr, Model *m, int l, Error *err)
+/* Layer l's kv replicas of chunk k summed over TP, through the chunk's scratch buffer (kv_scratch,
+ * allocated once at setup: no allocation on the backward's path). */
+static int sum_kv_replicas(Trainer *tr, int k, int l, Error *err)
 {
+    Model *m = &tr->chunks[k].model;
     const ModelDims *d = &m->dims;
     if (d->kv_replicas == 1)
         return 0;
     const Ops *o = m->ops;
     int64_t kvd = (int64_t)d->n_kv_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
     int64_t n = 2 * kvd * d->d;
-    float *buf = o->alloc((size_t)n * sizeof *buf); /* zeroed */
+    float *buf = tr->chunks[k].kv_scratch;
     if (!buf)
-        return error_runtime(err, "train", "out of memory");
+        return error_runtime(err, "train", "no scratch buffer for the kv replicas' sum");
+    o->zero(buf, n);
     for (int j = 0; j < 2; j++) {
         const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
         o->copy(buf + j * kvd * d->d + t->row0 * d->d, m->grads + t->offset, lkv * d->d);
@@ -55,7 +60,6 @@ static int sum_kv_replicas(Trainer *tr, Model *m, int l, Error *err)
         const ModelTensor *t = model_tensor(m, j ? T_WV : T_WK, l);
         o->copy(m->grads + t->offset, buf + j * kvd * d->d + t->row0 * d->d, lkv * d->d);
     }
-    o->free(buf);
     return rc;
 }
 
@@ -116,21 +120,23 @@ void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end)
     *end = n * (r + 1) / g;
 }
 
-/* The shards' sizes over DP x CP (at most 4096 ranks: trainer_init checks). */
-static void shard_counts(const Trainer *tr, const Model *m, int64_t *counts)
+/* The part of [lo, hi) of m's parameters in each rank's shard over DP x CP (at most 4096 ranks:
+ * trainer_init checks); [0, n_params): the shards' sizes. */
+void trainer_shard_counts(const Trainer *tr, const Model *m, int64_t lo, int64_t hi, int64_t *counts)
 {
     int g = tr->comm->size[GROUP_DPCP];
     for (int r = 0; r < g; r++) {
         int64_t b, e;
         trainer_shard_range(m->n_params, g, r, &b, &e);
-        counts[r] = e - b;
+        int64_t from = lo > b ? lo : b, to = hi < e ? hi : e;
+        counts[r] = to > from ? to - from : 0;
     }
 }
 
 int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float *shard, Error *err)
 {
     int64_t counts[4096], b, e;
-    shard_counts(tr, m, counts);
+    trainer_shard_counts(tr, m, 0, m->n_params, counts);
     trainer_optim_range(tr, m, &b, &e);
     if (shard && shard != full + b)
         m->ops->copy(full + b, shard, e - b);
@@ -182,13 +188,8 @@ static int start_bucket(Trainer *tr, int k, int b, Error *err)
         return 0;
     if (!tr->cfg->parallel.zero)
         return comm_iallreduce_sum(tr->comm, GROUP_DPCP, m->grads + lo, hi - lo, &ch->grad_req[b], err);
-    int g = tr->comm->size[GROUP_DPCP];
-    int64_t counts[4096], sb, se, mine_b, mine_e;
-    for (int r = 0; r < g; r++) {
-        trainer_shard_range(m->n_params, g, r, &sb, &se);
-        int64_t from = lo > sb ? lo : sb, to = hi < se ? hi : se;
-        counts[r] = to > from ? to - from : 0;
-    }
+    int64_t counts[4096], mine_b, mine_e;
+    trainer_shard_counts(tr, m, lo, hi, counts);
     trainer_optim_range(tr, m, &mine_b, &mine_e);
     float *recv = ch->shard_grads + (lo > mine_b && lo < mine_e ? lo - mine_b : 0);
     return comm_ireduce_scatterv(tr->comm, GROUP_DPCP, m->grads + lo, recv, counts, &ch->grad_req[b], err);
@@ -198,7 +199,7 @@ static int start_bucket(Trainer *tr, int k, int b, Error *err)
 static int layer_bucket(Trainer *tr, int k, int l, Error *err)
 {
     Model *m = &tr->chunks[k].model;
-    if (sum_sp_norms(tr, m, l, err) != 0 || sum_kv_replicas(tr, m, l, err) != 0)
+    if (sum_sp_norms(tr, m, l, err) != 0 || sum_kv_replicas(tr, k, l, err) != 0)
         return -1;
     return start_bucket(tr, k, l - m->dims.layer_begin, err);
 }
@@ -230,9 +231,15 @@ int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err)
 int trainer_reduce_grads(Trainer *tr, Error *err)
 {
     tr->grads_gathered = 0;
-    /* The layers' buckets not started during the backward, top layer first (the backward's order). */
-    for (int k = 0; k < tr->v; k++) {
+    /* The buckets not started during the backward, in the backward's order (a rank whose replica
+     * ran no backward pass on a chunk issues the same collectives in the same order as its peers
+     * that did): the chunks' last backward passes run from the last chunk to the first (sched.c),
+     * each the final norm and output projection (the head's chunk), then the layers top first. */
+    for (int k = tr->v - 1; k >= 0; k--) {
         Model *m = &tr->chunks[k].model;
+        int layers = m->dims.layer_end - m->dims.layer_begin;
+        if (!tr->chunks[k].bucket_started[layers + 1] && tail_bucket(tr, k, err) != 0)
+            return -1;
         for (int l = m->dims.layer_end - 1; l >= m->dims.layer_begin; l--)
             if (!tr->chunks[k].bucket_started[l - m->dims.layer_begin] && layer_bucket(tr, k, l, err) != 0)
                 return -1;
@@ -242,8 +249,7 @@ int trainer_reduce_grads(Trainer *tr, Error *err)
     for (int k = 0; k < tr->v; k++) {
         Model *m = &tr->chunks[k].model;
         int layers = m->dims.layer_end - m->dims.layer_begin;
-        if (start_bucket(tr, k, layers, err) != 0 ||
-            (!tr->chunks[k].bucket_started[layers + 1] && tail_bucket(tr, k, err) != 0))
+        if (start_bucket(tr, k, layers, err) != 0)
             return -1;
     }
     for (int k = 0; k < tr->v; k++) {
@@ -255,6 +261,10 @@ int trainer_reduce_grads(Trainer *tr, Error *err)
                 return -1;
         }
     }
+    /* ZeRO-1 with overlap: the parameters' all-gathers of a chunk that ran no forward this step
+     * (the forward waits for the others) - before the count, and before the update reads them. */
+    if (trainer_params_ready(tr, err) != 0)
+        return -1;
     int64_t left = comm_outstanding(tr->comm);
     if (left != 0)
         return error_runtime(err, "train", "step %lld: %lld communication requests still outstanding after the "
@@ -267,8 +277,6 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
     Comm *c = tr->comm;
     int zero = (int)tr->cfg->parallel.zero, counts_here = zero || (tr->lay.dp_rank == 0 && tr->lay.cp_rank == 0);
     double sumsq = 0;
-    if (trainer_params_ready(tr, err) != 0) /* a chunk that ran no forward this step */
-        return -1;
     for (int k = 0; k < tr->v && counts_here; k++) {
         TrainChunk *ch = &tr->chunks[k];
         sumsq += optim_grad_sumsq(&ch->optim, &ch->model, zero ? ch->shard_grads : ch->model.grads);

@@ -42,18 +42,13 @@ int trainer_start_param_gather(Trainer *tr, int k, Error *err)
 {
     TrainChunk *ch = &tr->chunks[k];
     Model *m = &ch->model;
-    int layers = m->dims.layer_end - m->dims.layer_begin, g = tr->comm->size[GROUP_DPCP];
+    int layers = m->dims.layer_end - m->dims.layer_begin;
     /* Forward order: the embedding's bucket, the layers', the output layer's. */
     for (int i = 0; i < layers + 2; i++) {
         int b = i == 0 ? layers : i <= layers ? i - 1 : layers + 1;
         int64_t lo, hi, counts[4096];
         trainer_bucket_range(m, b, &lo, &hi);
-        for (int r = 0; r < g; r++) {
-            int64_t sb, se;
-            trainer_shard_range(m->n_params, g, r, &sb, &se);
-            int64_t from = lo > sb ? lo : sb, to = hi < se ? hi : se;
-            counts[r] = to > from ? to - from : 0;
-        }
+        trainer_shard_counts(tr, m, lo, hi, counts);
         ch->param_pending[b] = 1;
         if (hi > lo && comm_iallgatherv(tr->comm, GROUP_DPCP, NULL, m->params + lo, counts, DT_F32,
                                         &ch->param_req[b], err) != 0)

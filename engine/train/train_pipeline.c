@@ -433,13 +433,19 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
         Model *m = &tr->chunks[c].model;
         m->ops->zero(m->grads, m->n_params);
     }
+    /* The NaN fault: a NaN in the first gradient of chunk 0 before the pipeline (the backward only
+     * adds to it), so that this rank runs the same passes and collectives as the others. */
+    if (tr->fault_nan) {
+        float nan = NAN;
+        Model *m = &tr->chunks[0].model;
+        m->ops->to_device(m->grads, &nan, sizeof nan);
+    }
     memset(tr->mb_compute, 0, (size_t)tr->m * sizeof *tr->mb_compute);
     memset(tr->pass_timed, 0, (size_t)tr->n_sched * sizeof *tr->pass_timed);
-    /* With parallel.overlap, each chunk's last backward pass starts its layers' gradient reductions
-     * (not under the NaN fault, which writes into the gradients after the pipeline). */
+    /* With parallel.overlap, each chunk's last backward pass starts its layers' gradient reductions. */
     for (int c = 0; c < tr->v; c++)
         tr->chunks[c].last_backward = -1;
-    for (int i = 0; tr->cfg->parallel.overlap && !tr->fault_nan && i < tr->n_sched; i++)
+    for (int i = 0; tr->cfg->parallel.overlap && i < tr->n_sched; i++)
         if (tr->sched[i].backward && !empty_micro_batch(tr, &tr->plan, tr->sched[i].mb))
             tr->chunks[tr->sched[i].chunk].last_backward = i;
     int ahead = tr->pp > 1 && comm_can_post_receives(tr->comm), rc = 0;
@@ -474,10 +480,5 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     st->token_delay_steps = tr->plan.tokens > 0 ? tr->plan.delay_token_steps / (double)tr->plan.tokens : 0;
     st->delayed_tokens = tr->plan.delayed_tokens;
     st->attn_pairs = (int64_t)plan_attn_pairs(&tr->plan); /* exact: far below 2^53 a step */
-    if (tr->fault_nan) {
-        float nan = NAN;
-        Model *m = &tr->chunks[0].model;
-        m->ops->to_device(m->grads, &nan, sizeof nan);
-    }
     return trainer_reduce_grads(tr, err);
 }

@@ -58,6 +58,10 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     trainer_optim_range(tr, m, &begin, &end);
     if (cfg->parallel.zero && !(ch->shard_grads = m->ops->alloc((size_t)(end - begin + 1) * sizeof(float))))
         return error_runtime(err, "train", "out of memory");
+    const ModelDims *d = &m->dims;
+    if (d->kv_replicas > 1 &&
+        !(ch->kv_scratch = m->ops->alloc((size_t)(2 * (int64_t)d->n_kv_heads * d->head_dim * d->d) * sizeof(float))))
+        return error_runtime(err, "train", "out of memory");
     return optim_init(&ch->optim, &cfg->train, m, begin, end, err);
 }
 
@@ -234,8 +238,10 @@ void trainer_free(Trainer *tr)
     for (int c = 0; tr->chunks && c < tr->v; c++) {
         TrainChunk *ch = &tr->chunks[c];
         optim_free(&ch->optim, &ch->model);
-        if (ch->model.ops)
+        if (ch->model.ops) {
             ch->model.ops->free(ch->shard_grads);
+            ch->model.ops->free(ch->kv_scratch);
+        }
         model_free(&ch->model);
         free(ch->slot_of);
         free(ch->slot_busy);
