@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "util/bf16.h"
+#include "util/clock.h"
 
 /* a[i] = bf16(b[i] + a[i]): MPI's (invec, inoutvec) order. */
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
@@ -70,8 +71,12 @@ int comm_mpi_sum_bf16(Comm *c, LayoutGroup g, const void *send, void *recv, int6
         d = hr;
     }
     MPI_Comm comm = *(MPI_Comm *)c->groups[g];
+    double t0 = clock_seconds();
     rc = counts ? MPI_Reduce_scatter(s, d, cnt, MPI_UINT16_T, op, comm)
                 : MPI_Allreduce(s, d, (int)n, MPI_UINT16_T, op, comm);
+    /* WLB_COMM_LINK: a ring's bytes, twice for an all-reduce, as the float32 sums are held. */
+    if (rc == MPI_SUCCESS)
+        comm_link_hold(c, t0, (counts ? 1.0 : 2.0) * (double)n * sizeof(uint16_t) * (size - 1) / size);
     if (rc == MPI_SUCCESS && c->stage && mine)
         c->ops->to_device(recv, hr, (size_t)mine * sizeof *hr);
     free(hs);
