@@ -14,17 +14,20 @@
 # and the exposed fraction (T_on - T_free) / (T_off - T_free): the share of the communication's cost
 # that overlap leaves on the step (0: all hidden, 1: none). Each time is the median of the steps
 # after the first of ROUNDS runs (STEPS steps each), the three settings run in turn.
-# The default link makes the DP layout's gradient reduction cost about half of a step's compute,
-# less than the backward it can hide behind (with more communication than backward, no schedule
-# hides more than the backward's worth: slow the link and the exposed fraction rises towards
-# 1 - backward / communication). Prints the machine and its load: on a shared machine the times
-# move with what else runs.
-# Usage: bash bench/comm_overlap.sh            env: LAYERS (8) STEPS (6) ROUNDS (3) TP_CHUNKS (auto) LINK (the WLB_COMM_LINK,
-#   default 100,0.08) WLBTRAIN (default ./wlbtrain) DATA (a token prefix; default data/demo/libc_headers,
+# The link is set from this machine's speed: its bandwidth makes the DP layout's gradient all-reduce
+# (every parameter in float32, over a ring of 4) take SHARE (default 0.5) of the DP layout's T_free,
+# less than the backward it can hide behind (about two thirds of a step). A fixed link would not
+# measure the same thing on a faster or slower machine: with more communication than backward, no
+# schedule hides more than the backward's worth, and the exposed fraction rises towards
+# 1 - backward / communication whatever the engine does. LINK=LATENCY_US,GBPS fixes it instead.
+# Prints the machine and its load: on a shared machine the times move with what else runs.
+# Usage: bash bench/comm_overlap.sh            env: LAYERS (8) STEPS (6) ROUNDS (5) TP_CHUNKS (auto) SHARE (0.5)
+#   LATENCY_US (100) LINK (the WLB_COMM_LINK; default: LATENCY_US and the bandwidth set from SHARE) WLBTRAIN (default ./wlbtrain) DATA (a token prefix; default data/demo/libc_headers,
 #   made by `make demo` when absent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layers=${LAYERS:-8} steps=${STEPS:-6} rounds=${ROUNDS:-3} link=${LINK:-100,0.08}
+layers=${LAYERS:-8} steps=${STEPS:-6} rounds=${ROUNDS:-5} share=${SHARE:-0.5} latency=${LATENCY_US:-100}
+cores=$(nproc)
 bin=${WLBTRAIN:-./wlbtrain}
 data=${DATA:-data/demo/libc_headers}
 [ -x "$bin" ] || { echo "comm_overlap: $bin missing: run make first" >&2; exit 2; }
@@ -42,12 +45,6 @@ balance: {hardware: cpu, packer: fixed}
 train: {device: cpu, steps: $steps, lr: 0.001, warmup_steps: 1}
 log: {every: 1}
 EOF
-echo "# communication overlap on the CPU backend: 4 ranks (mpirun --oversubscribe, OMP_NUM_THREADS=1), Llama of" \
-     "$layers layers, d_model 128, d_ffn 384, vocabulary 512; 1024 tokens a step (one micro-batch per DP replica) in windows of 256;" \
-     "link model WLB_COMM_LINK=$link (latency us, GB/s); median of steps 2..$steps of $rounds runs each"
-echo "# machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
-     "$(awk '/MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo); load before: $(cut -d' ' -f1-3 /proc/loadavg);" \
-     "$(date -u '+%Y-%m-%d %H:%M UTC'); wlbtrain $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 # The step times (ms) of one run after its first, appended to file $4: layout flags, overlap, link
 # ("" = none).
 step_times() {
@@ -66,6 +63,26 @@ step_times() {
 median() {
   sort -n "$1" | awk '{v[NR] = $1} END {if (NR == 0) {print "nan"} else if (NR % 2) {print v[(NR + 1) / 2]} else {print (v[NR / 2] + v[NR / 2 + 1]) / 2}}'
 }
+# The link: LINK, or LATENCY_US and the bandwidth at which the DP layout's all-reduce of its P
+# float32 gradients (2 (n - 1) / n of their bytes on each rank's wire, n = 4) takes SHARE of its
+# T_free, measured here (one run, overlap off).
+if [ -n "${LINK:-}" ]; then
+  link=$LINK how="as given"
+else
+  : > "$work/cal"
+  step_times "--set parallel.dp=4 --set parallel.tp=1" false "" "$work/cal"
+  link=$(awk -v ms="$(median "$work/cal")" -v share="$share" -v lat="$latency" -v l="$layers" 'BEGIN {
+    d = 128; f = 384; v = 512
+    p = l * (4 * d * d + 3 * d * f + 2 * d) + 2 * v * d + d
+    printf "%s,%.4f", lat, 2 * 3 / 4 * 4 * p / (share * ms / 1e3) / 1e9 }')
+  how="the bandwidth at which the DP all-reduce takes $share of the DP layout's T_free, $(median "$work/cal") ms"
+fi
+echo "# communication overlap on the CPU backend: 4 ranks (mpirun --oversubscribe, OMP_NUM_THREADS=1), Llama of" \
+     "$layers layers, d_model 128, d_ffn 384, vocabulary 512; 1024 tokens a step (one micro-batch per DP replica) in windows of 256;" \
+     "link model WLB_COMM_LINK=$link (latency us, GB/s; $how); median of steps 2..$steps of $rounds runs each"
+echo "# machine: $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $cores cores," \
+     "$(awk '/MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo); load before: $(cut -d' ' -f1-3 /proc/loadavg);" \
+     "$(date -u '+%Y-%m-%d %H:%M UTC'); wlbtrain $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
 echo "| layout | T_free (ms): off, on | T_off (ms) | T_on (ms) | exposed fraction |"
 echo "|---|---|---|---|---|"

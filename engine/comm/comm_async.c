@@ -12,9 +12,12 @@
  * too (messages, host collectives, blocking float collectives): on a group with started collectives
  * it first waits until they have run (comm_async_drain), so a communicator never has two callers.
  *
- * Synchronization: one mutex and one condition variable for the whole state. A request's record
- * (AsyncOp) belongs to the issuing thread until it is queued, to the group's thread while it runs,
- * and back to the issuer once done is set (under the mutex), until comm_async_wait frees it.
+ * Synchronization: one mutex for the whole state; a condition variable per thread (work queued) and
+ * one for records done. A request's record (AsyncOp) belongs to the issuing thread until it is
+ * queued, to whoever runs it while it runs, and back to the issuer once done is set (under the
+ * mutex), until comm_async_wait frees it. A group's records run one at a time in issue order: on
+ * its thread, or on the waiting caller when the record waited for is next and the thread idle (a
+ * wait that would only hand it over and sleep runs it instead).
  *
  * WLB_COMM_CHAOS: the start copies what the collective reads in place (an in-place all-reduce's
  * buffer, an all-gather's own part) and fills the whole receive buffer with 0xff bytes (NaN in
@@ -49,6 +52,8 @@ typedef struct Worker {
     pthread_t thread;
     int running;
     AsyncOp *head, *tail;  /* queued, not yet running */
+    int busy;              /* the thread is running one (taken off the queue) */
+    pthread_cond_t work;   /* signalled when one is queued, or at the stop */
     int64_t issued, finished;
     unsigned seed;         /* chaos delays */
     Comm *c;
@@ -56,7 +61,7 @@ typedef struct Worker {
 
 struct CommAsync {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;     /* a record is done */
     int stop;
     int64_t outstanding;
     Worker w[GROUP_COUNT];
@@ -208,6 +213,41 @@ static int run_chaos(Comm *c, AsyncOp *x, Error *err)
     return comm_run_op(c, &op, err);
 }
 
+/* Runs record x of worker w (its thread, or a caller that took it off the queue: comm_async_wait),
+ * without the mutex; w->busy is set, so nothing else on w's group runs meanwhile. */
+static int run_record(Worker *w, AsyncOp *x, Error *err)
+{
+    if (w->c->chaos_us) {
+        double d = (double)(rand_r(&w->seed) % (unsigned)w->c->chaos_us) * 1e-6;
+        sleep_until(clock_seconds() + d);
+    }
+    return x->result ? run_chaos(w->c, x, err) : comm_run_op(w->c, &x->op, err);
+}
+
+/* The head of w's queue, taken to run (under the mutex). */
+static AsyncOp *take_head(Worker *w)
+{
+    AsyncOp *x = w->head;
+    w->head = x->next;
+    if (!w->head)
+        w->tail = NULL;
+    w->busy = 1;
+    return x;
+}
+
+/* x has run with rc (under the mutex): its waiter, the group's drains and its thread may go on. */
+static void record_done(CommAsync *a, Worker *w, AsyncOp *x, int rc, const Error *e)
+{
+    x->rc = rc;
+    x->err = *e;
+    x->done = 1;
+    w->busy = 0;
+    w->finished++;
+    pthread_cond_broadcast(&a->cv);
+    if (w->head)
+        pthread_cond_signal(&w->work);
+}
+
 static void *worker_main(void *arg)
 {
     Worker *w = arg;
@@ -215,27 +255,16 @@ static void *worker_main(void *arg)
     comm_mpi_poll_thread();
     pthread_mutex_lock(&a->mu);
     for (;;) {
-        while (!w->head && !a->stop)
-            pthread_cond_wait(&a->cv, &a->mu);
+        while ((!w->head || w->busy) && !a->stop)
+            pthread_cond_wait(&w->work, &a->mu);
         if (!w->head)
             break;
-        AsyncOp *x = w->head;
-        w->head = x->next;
-        if (!w->head)
-            w->tail = NULL;
+        AsyncOp *x = take_head(w);
         pthread_mutex_unlock(&a->mu);
-        if (w->c->chaos_us) {
-            double d = (double)(rand_r(&w->seed) % (unsigned)w->c->chaos_us) * 1e-6;
-            sleep_until(clock_seconds() + d);
-        }
         Error e = {0};
-        int rc = x->result ? run_chaos(w->c, x, &e) : comm_run_op(w->c, &x->op, &e);
+        int rc = run_record(w, x, &e);
         pthread_mutex_lock(&a->mu);
-        x->rc = rc;
-        x->err = e;
-        x->done = 1;
-        w->finished++;
-        pthread_cond_broadcast(&a->cv);
+        record_done(a, w, x, rc, &e);
     }
     pthread_mutex_unlock(&a->mu);
     return NULL;
@@ -325,7 +354,13 @@ int comm_async_start(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     if (!w->running) {
         w->c = c;
         w->seed = (unsigned)(c->rank[GROUP_WORLD] * 7919 + (int)op->group * 104729 + 1);
+        if (pthread_cond_init(&w->work, NULL) != 0) {
+            pthread_mutex_unlock(&a->mu);
+            free_op(x);
+            return error_runtime(err, "comm", "cannot make a condition variable");
+        }
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            pthread_cond_destroy(&w->work);
             pthread_mutex_unlock(&a->mu);
             free_op(x);
             return error_runtime(err, "comm", "cannot start a communication thread");
@@ -339,7 +374,7 @@ int comm_async_start(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     w->tail = x;
     w->issued++;
     a->outstanding++;
-    pthread_cond_broadcast(&a->cv);
+    pthread_cond_signal(&w->work);
     pthread_mutex_unlock(&a->mu);
     req->active = 1;
     req->collective = 1;
@@ -351,7 +386,19 @@ int comm_async_wait(const Comm *c, CommRequest *req, Error *err)
 {
     CommAsync *a = c->async;
     AsyncOp *x = req->op;
+    Worker *w = &a->w[x->op.group];
     pthread_mutex_lock(&a->mu);
+    /* Not begun and next in its group's order: the caller runs it itself rather than wake the
+     * thread and sleep until it is done (two hand-overs that cost more than a small collective on a
+     * machine whose cores the products fill). */
+    if (!x->done && w->head == x && !w->busy) {
+        take_head(w);
+        pthread_mutex_unlock(&a->mu);
+        Error e = {0};
+        int rc = run_record(w, x, &e);
+        pthread_mutex_lock(&a->mu);
+        record_done(a, w, x, rc, &e);
+    }
     while (!x->done)
         pthread_cond_wait(&a->cv, &a->mu);
     a->outstanding--;
@@ -389,11 +436,15 @@ void comm_async_free(Comm *c)
         return;
     pthread_mutex_lock(&a->mu);
     a->stop = 1;
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
     for (int g = 0; g < GROUP_COUNT; g++)
         if (a->w[g].running)
+            pthread_cond_signal(&a->w[g].work);
+    pthread_mutex_unlock(&a->mu);
+    for (int g = 0; g < GROUP_COUNT; g++)
+        if (a->w[g].running) {
             pthread_join(a->w[g].thread, NULL);
+            pthread_cond_destroy(&a->w[g].work);
+        }
     /* A thread leaves only with its queue empty (worker_main), so every record has run; one never
      * waited for (an error path) belongs to its request (comm_async_wait frees it), not to this state. */
     pthread_cond_destroy(&a->cv);

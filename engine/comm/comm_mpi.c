@@ -33,8 +33,11 @@ static int mpi_error(int rc, const char *what, Error *err)
 static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
 
 /* The float collectives run as MPI's non-blocking forms, finished here: MPI_Wait on the main
- * thread; on a communication thread (comm_mpi_poll_thread) MPI_Test between short sleeps, so that a
+ * thread; on a communication thread (comm_mpi_poll_thread) MPI_Test between sleeps, so that a
  * thread waiting for its peers leaves the cores to the products instead of spinning in MPI_Wait.
+ * The sleeps grow from 20 us to at most 200 us while the wait lasts: a collective whose peers are
+ * still computing costs a few wake-ups a millisecond, and one that is moving is polled often enough
+ * that its steps (each needs a call to progress) follow each other closely.
  * Both threads use the same forms, so a collective sums in the same order either way. */
 static _Thread_local int poll_thread;
 
@@ -46,14 +49,17 @@ static int finish(MPI_Request *r, const char *what, Error *err)
         CHECK(MPI_Wait(r, MPI_STATUS_IGNORE), what);
         return 0;
     }
+    long nap_ns = 20000;
     for (int spins = 0;; spins++) {
         int done = 0;
         CHECK(MPI_Test(r, &done, MPI_STATUS_IGNORE), what);
         if (done)
             return 0;
         if (spins >= 16) {
-            struct timespec ts = {0, 50000};
+            struct timespec ts = {0, nap_ns};
             nanosleep(&ts, NULL);
+            if (nap_ns < 200000)
+                nap_ns *= 2;
         }
     }
 }

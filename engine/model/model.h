@@ -207,10 +207,10 @@ typedef struct Model {
     double *h_stats, *h_lse;                  /* host copies, for the TP reductions */
     int32_t *h_targets;
     double comm_s;                            /* seconds spent in collectives, summed */
-    /* Called by model_backward once layer l's backward is done, and with l = layer_end once the
-     * tensors after the layers (final norm, output projection) have their gradients (NULL:
-     * nothing): where the trainer starts the reduction of those gradients on a chunk's last
-     * micro-batch. */
+    /* Called by model_backward once layer l's backward is done, with l = layer_end once the
+     * tensors after the layers (final norm, output projection) have their gradients, and with
+     * l = -1 once the embedding has its (the chunk's last act) (NULL: nothing): where the trainer
+     * starts the reduction of those gradients on a chunk's last micro-batch. */
     int (*grads_ready)(void *ctx, struct Model *m, int layer, Error *err);
     void *grads_ready_ctx;
     /* Called by the forward before it reads the weights of layer l (layer_begin .. layer_end - 1),

@@ -349,8 +349,11 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
         if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
             return -1;
     }
-    if (d->has_embed)
-        return model_embed_bwd(m, m->dh, b, err);
+    if (d->has_embed) {
+        if (model_embed_bwd(m, m->dh, b, err) != 0)
+            return -1;
+        return m->grads_ready ? m->grads_ready(m->grads_ready_ctx, m, -1, err) : 0;
+    }
     o->copy(s->dx, m->dh, R * D);
     return 0;
 }

@@ -20,7 +20,8 @@
  * chunk's last micro-batch's backward has passed the layer (Model.grads_ready), and runs while the
  * backward goes on to the layers below; the last chunk's final norm and output projection once the
  * backward has passed the final norm (a tied output projection is the embedding's copy, placed
- * before the layers, model.c); the embedding's after the pipeline (tied embeddings summed first). Without overlap (or
+ * before the layers, model.c); the embedding's once the first chunk's backward is done, or after
+ * the pipeline when tied embeddings span two chunks (summed first). Without overlap (or
  * on a rank whose replica ran no backward on the chunk) every bucket runs after the pipeline, in
  * the same sizes and order - the chunks from last to first, each its tail then its layers top
  * first, then the embeddings' - so both give the same bits and pair with the peers' collectives. A
@@ -215,12 +216,21 @@ static int tail_bucket(Trainer *tr, int k, Error *err)
     return start_bucket(tr, k, layers + 1, err);
 }
 
+/* The embedding's bucket of chunk k can start when its backward is done: unless tied embeddings
+ * span two chunks, whose gradients are summed (sum_tied_embeddings) after the pipeline first. */
+static int embed_bucket_early(const Trainer *tr)
+{
+    return !tr->cfg->model.tie_embeddings || tr->n_chunks == 1;
+}
+
 int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err)
 {
     Trainer *tr = ctx;
     for (int k = 0; k < tr->v; k++) {
         if (&tr->chunks[k].model != m)
             continue;
+        if (layer < 0)
+            return embed_bucket_early(tr) ? start_bucket(tr, k, m->dims.layer_end - m->dims.layer_begin, err) : 0;
         if (layer < m->dims.layer_end)
             return layer_bucket(tr, k, layer, err);
         return tail_bucket(tr, k, err);
@@ -249,7 +259,7 @@ int trainer_reduce_grads(Trainer *tr, Error *err)
     for (int k = 0; k < tr->v; k++) {
         Model *m = &tr->chunks[k].model;
         int layers = m->dims.layer_end - m->dims.layer_begin;
-        if (start_bucket(tr, k, layers, err) != 0)
+        if (!tr->chunks[k].bucket_started[layers] && start_bucket(tr, k, layers, err) != 0)
             return -1;
     }
     for (int k = 0; k < tr->v; k++) {
