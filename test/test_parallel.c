@@ -515,13 +515,15 @@ static void test_tp_chunks(void **state)
     for (int i = 0; i < 3; i++) {
         char *chunks = test_format("parallel.tp_chunks=%s", counts[i]);
         char *what = test_format("tp_chunks %s", counts[i]);
+        char *what_no_sp = test_format("tp_chunks %s, no SP", counts[i]);
         const char *sp[] = {"balance.packer=wlb", chunks, NULL};
         ok &= check_layout(1, 4, 1, 2, fx.ref[1], sp, what);
         const char *no_sp[] = {"balance.packer=wlb", chunks, "parallel.sequence_parallel=false", NULL};
         if (!SMALL_MATRIX)
-            ok &= check_layout(1, 4, 1, 2, fx.ref[1], no_sp, "no SP");
+            ok &= check_layout(1, 4, 1, 2, fx.ref[1], no_sp, what_no_sp);
         free(chunks);
         free(what);
+        free(what_no_sp);
     }
     const char *three[] = {"balance.packer=wlb", "parallel.tp_chunks=3", "train.recompute=full", NULL};
     ok &= check_overlap(1, 4, 2, 1, fx.ref[1], three, "tp_chunks 3, recompute full");

@@ -222,8 +222,9 @@ int comm_can_post_receives(const Comm *c);
 int comm_barrier(const Comm *c, Error *err);
 
 /* Started collectives (see the top). op's buffers as the blocking form of the same name takes them;
- * req must not be active (an active one is an error: wait for it first). With a group of one, no overlap, or a path that cannot run it in the
- * background, the collective completes before the start returns (req stays inactive). */
+ * req must not be active (an active one is an error: wait for it first). With a group of one, no
+ * overlap, or a path that cannot run it in the background, the collective completes before the
+ * start returns (req stays inactive). */
 int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err);
 int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err);
 int comm_ireduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,

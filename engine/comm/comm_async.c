@@ -149,6 +149,11 @@ void comm_link_hold(const Comm *c, double t0, double wire_bytes)
         sleep_until(t0 + c->link_latency_s + wire_bytes / c->link_bytes_per_s);
 }
 
+void comm_link_hold_ring(const Comm *c, LayoutGroup g, double t0, double bytes)
+{
+    comm_link_hold(c, t0, bytes * (double)(c->size[g] - 1) / (double)c->size[g]);
+}
+
 void comm_async_count(const Comm *c, int delta)
 {
     CommAsync *a = c->async;

@@ -28,6 +28,9 @@ void comm_log_op(const Comm *c, LayoutGroup g, const char *op, int64_t n);
 /* WLB_COMM_LINK: sleeps until t0 + latency + wire_bytes / bandwidth (t0: clock_seconds() when the
  * exchange began). */
 void comm_link_hold(const Comm *c, double t0, double wire_bytes);
+/* The same for a collective over g that moves `bytes` through a ring: each rank sends (size - 1) /
+ * size of them (an all-reduce counts its bytes twice: reduce-scatter, then all-gather). */
+void comm_link_hold_ring(const Comm *c, LayoutGroup g, double t0, double bytes);
 /* From now on this thread finishes MPI's collectives by polling with short sleeps (comm_mpi.c). */
 void comm_mpi_poll_thread(void);
 /* A sum through bfloat16 (comm_sums_in_bf16) run to the end on the caller's thread (comm_sum16.c). */

@@ -241,13 +241,6 @@ void comm_abort(const Comm *c, int status)
 int comm_world_size(const Comm *c) { return c->size[GROUP_WORLD]; }
 int comm_world_rank(const Comm *c) { return c->rank[GROUP_WORLD]; }
 
-/* WLB_COMM_LINK for a collective over g that moves `bytes` through a ring: each rank sends
- * (size - 1) / size of them (an all-reduce counts its bytes twice: reduce-scatter, then all-gather). */
-static void link_ring(const Comm *c, LayoutGroup g, double t0, double bytes)
-{
-    comm_link_hold(c, t0, bytes * (double)(c->size[g] - 1) / (double)c->size[g]);
-}
-
 /* A group of one needs no MPI: its collectives are the identity. */
 static int alone(const Comm *c, LayoutGroup g) { return !c->mpi || c->size[g] == 1; }
 
@@ -261,7 +254,7 @@ static int allreduce_host(const Comm *c, LayoutGroup g, void *buf, int64_t n, MP
         return -1;
     double t0 = clock_seconds();
     RUN(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type, op, group_comm(c, g), &r_), "MPI_Iallreduce");
-    link_ring(c, g, t0, 2.0 * (double)n * (type == MPI_DOUBLE ? sizeof(double) : sizeof(float)));
+    comm_link_hold_ring(c, g, t0, 2.0 * (double)n * (type == MPI_DOUBLE ? sizeof(double) : sizeof(float)));
     return 0;
 }
 
@@ -347,7 +340,7 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, 
         double t0 = clock_seconds();
         RUN(MPI_Iallgatherv(MPI_IN_PLACE, 0, elem_type(e), host, cnt, dsp, elem_type(e), group_comm(c, g), &r_),
             "MPI_Iallgatherv");
-        link_ring(c, g, t0, (double)n * (double)e);
+        comm_link_hold_ring(c, g, t0, (double)n * (double)e);
         if (n)
             c->ops->to_device(recv, host, (size_t)n * e);
         return 0;
@@ -356,7 +349,7 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, 
     double t0 = clock_seconds();
     RUN(MPI_Iallgatherv(from, cnt[c->rank[g]], elem_type(e), recv, cnt, dsp, elem_type(e), group_comm(c, g), &r_),
         "MPI_Iallgatherv");
-    link_ring(c, g, t0, (double)total(counts, c->size[g]) * (double)e);
+    comm_link_hold_ring(c, g, t0, (double)total(counts, c->size[g]) * (double)e);
     return 0;
 }
 
@@ -372,7 +365,7 @@ int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double 
     comm_async_drain(c, g);
     double t0 = clock_seconds();
     CHECK(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, group_comm(c, g)), "MPI_Allgather");
-    link_ring(c, g, t0, (double)n * c->size[g] * sizeof(double));
+    comm_link_hold_ring(c, g, t0, (double)n * c->size[g] * sizeof(double));
     return 0;
 }
 
@@ -394,13 +387,13 @@ static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float 
         to_host(c, c->host, send, n);
         double t0 = clock_seconds();
         RUN(MPI_Ireduce_scatter(c->host, c->host2, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_), "MPI_Ireduce_scatter");
-        link_ring(c, g, t0, (double)n * sizeof(float));
+        comm_link_hold_ring(c, g, t0, (double)n * sizeof(float));
         to_device(c, recv, c->host2, mine);
         return 0;
     }
     double t0 = clock_seconds();
     RUN(MPI_Ireduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_), "MPI_Ireduce_scatter");
-    link_ring(c, g, t0, (double)total(counts, c->size[g]) * sizeof(float));
+    comm_link_hold_ring(c, g, t0, (double)total(counts, c->size[g]) * sizeof(float));
     return 0;
 }
 
@@ -426,7 +419,7 @@ static int mpi_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, i
         double t0 = clock_seconds();
         RUN(MPI_Iallgather(MPI_IN_PLACE, 0, elem_type(e), host, (int)n, elem_type(e), group_comm(c, g), &r_),
             "MPI_Iallgather");
-        link_ring(c, g, t0, (double)part * c->size[g]);
+        comm_link_hold_ring(c, g, t0, (double)part * c->size[g]);
         if (part)
             c->ops->to_device(recv, host, part * (size_t)c->size[g]);
         return 0;
@@ -434,7 +427,7 @@ static int mpi_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, i
     const void *from = send ? send : MPI_IN_PLACE;
     double t0 = clock_seconds();
     RUN(MPI_Iallgather(from, (int)n, elem_type(e), recv, (int)n, elem_type(e), group_comm(c, g), &r_), "MPI_Iallgather");
-    link_ring(c, g, t0, (double)part * c->size[g]);
+    comm_link_hold_ring(c, g, t0, (double)part * c->size[g]);
     return 0;
 }
 
@@ -454,14 +447,14 @@ static int mpi_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *
         double t0 = clock_seconds();
         RUN(MPI_Ireduce_scatter_block(c->host, c->host2, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_),
             "MPI_Ireduce_scatter_block");
-        link_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
+        comm_link_hold_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
         to_device(c, recv, c->host2, n);
         return 0;
     }
     double t0 = clock_seconds();
     RUN(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, group_comm(c, g), &r_),
         "MPI_Ireduce_scatter_block");
-    link_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
+    comm_link_hold_ring(c, g, t0, (double)n * c->size[g] * sizeof(float));
     return 0;
 }
 

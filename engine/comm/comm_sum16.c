@@ -76,7 +76,7 @@ int comm_mpi_sum_bf16(Comm *c, LayoutGroup g, const void *send, void *recv, int6
                 : MPI_Allreduce(s, d, (int)n, MPI_UINT16_T, op, comm);
     /* WLB_COMM_LINK: a ring's bytes, twice for an all-reduce, as the float32 sums are held. */
     if (rc == MPI_SUCCESS)
-        comm_link_hold(c, t0, (counts ? 1.0 : 2.0) * (double)n * sizeof(uint16_t) * (size - 1) / size);
+        comm_link_hold_ring(c, g, t0, (counts ? 1.0 : 2.0) * (double)n * sizeof(uint16_t));
     if (rc == MPI_SUCCESS && c->stage && mine)
         c->ops->to_device(recv, hr, (size_t)mine * sizeof *hr);
     free(hs);

@@ -33,7 +33,7 @@ int model_embed_fwd(Model *m, float *h, const ModelBatch *b, Error *err)
     m->ops->embedding_fwd(rows, b->tokens, b->T, model_param(m, T_EMBED, -1), d->vocab0, d->local_vocab, d->d);
     if (d->sp)
         return model_sp_scatter(m, m->tmp, b->T, h, err);
-    return model_tp_allreduce(m, h, b->T * d->d, err);
+    return model_tp_allreduce(m, h, b->T * d->d, NULL, err);
 }
 
 int model_embed_bwd(Model *m, const float *dh, const ModelBatch *b, Error *err)
@@ -116,7 +116,7 @@ int model_head_fwd(Model *m, ModelSlot *s, const ModelBatch *b, int train, float
         float *dhn = dhn_all + r * d->d;
         o->matmul_bwd_dw(dw_out, m->dlogits, ops_act(o, hn, r * d->d), n, d->d, V);
         o->matmul_bwd_dx(mat_f32(dhn), m->dlogits, w_out, n, d->d, V);
-        if (!d->sp && model_tp_allreduce(m, dhn, n * d->d, err) != 0)
+        if (!d->sp && model_tp_allreduce(m, dhn, n * d->d, NULL, err) != 0)
             return -1;
     }
     if (train && d->sp)

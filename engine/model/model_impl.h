@@ -29,8 +29,10 @@ static inline Act *model_weight(const Model *m, ModelTensorKind kind, int layer)
 /* Frees every slot's activations and the scratch (model_memory.c). */
 void model_free_activations(Model *m);
 
-/* Sums x over the TP group in place (nothing with tp = 1); the time goes to m->comm_s. */
-int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err);
+/* Sums x over the TP group in place (nothing with tp = 1), in parallel.reduce_dtype; the time goes
+ * to m->comm_s. Started (req: the sum is there once model_comm_wait(req) returns), or with req NULL
+ * run to the end. */
+int model_tp_allreduce(Model *m, float *x, int64_t n, CommRequest *req, Error *err);
 /* The same over f64 host arrays, sum or max. */
 int model_tp_allreduce_f64(Model *m, double *x, int64_t n, int max, Error *err);
 
@@ -58,7 +60,7 @@ typedef struct SpExchange {
 int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err);
 int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err);
 /* The same exchanges started (comm_istart): their result is there once model_sp_wait(ex) returns;
- * x, part stay untouched and full, out unread until then. */
+ * x, part stay untouched and full, out unread until then (ex NULL: run to the end, as above). */
 int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full, SpExchange *ex, Error *err);
 int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, SpExchange *ex, Error *err);
 int model_sp_wait(Model *m, SpExchange *ex, Error *err);

@@ -350,7 +350,8 @@ static int memory_error(Model *m, int64_t T, int64_t mb, Error *err)
     for (int r = m->recompute + 1; r <= RECOMPUTE_FULL; r++) {
         ModelMemory x = model_memory(&m->dims, T, mb, (Recompute)r, o->act_bytes, o->logits_floats);
         size_t len = strlen(other);
-        snprintf(other + len, sizeof other - len, "%strain.recompute: %s would need %s", len ? ", " : "", config_recompute_name(r),
+        snprintf(other + len, sizeof other - len, "%strain.recompute: %s would need %s", len ? ", " : "",
+                 config_recompute_name(r),
                  human((double)x.slot_bytes * m->n_slots + (double)x.scratch_bytes, b[5], sizeof b[5]));
     }
     return error_runtime(err, "model", "out of memory for the activations of %lld tokens: they need %s (%s kept per "
@@ -359,7 +360,8 @@ static int memory_error(Model *m, int64_t T, int64_t mb, Error *err)
                          "(balance.max_tokens_per_micro_batch, data.context_window, more parallel.cp, parallel.tp or "
                          "parallel.pp)",
                          (long long)T, human(all, b[0], sizeof b[0]), human((double)need.slot_bytes, b[1], sizeof b[1]),
-                         m->n_slots, human((double)need.scratch_bytes, b[2], sizeof b[2]), config_recompute_name(m->recompute),
+                         m->n_slots, human((double)need.scratch_bytes, b[2], sizeof b[2]),
+                         config_recompute_name(m->recompute),
                          human((double)free_b, b[3], sizeof b[3]), human((double)total_b, b[4], sizeof b[4]), other,
                          other[0] ? "; " : "");
 }

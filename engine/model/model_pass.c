@@ -43,12 +43,13 @@
 #include "engine/model/model_impl.h"
 #include "util/clock.h"
 
-int model_tp_allreduce(Model *m, float *x, int64_t n, Error *err)
+int model_tp_allreduce(Model *m, float *x, int64_t n, CommRequest *req, Error *err)
 {
     if (m->dims.tp == 1)
         return 0;
     double t0 = clock_seconds();
-    int rc = comm_allreduce_sum_dt(m->comm, GROUP_TP, x, n, m->sum_dt, err);
+    int rc = req ? comm_iallreduce_sum_dt(m->comm, GROUP_TP, x, n, m->sum_dt, req, err)
+                 : comm_allreduce_sum_dt(m->comm, GROUP_TP, x, n, m->sum_dt, err);
     m->comm_s += clock_seconds() - t0;
     return rc;
 }
@@ -102,12 +103,8 @@ static int tp_sum_start(Model *m, int64_t T, float *out, float **sum, SpExchange
     *sum = m->tmp;
     if (m->dims.tp == 1)
         return 0;
-    if (!m->dims.sp) {
-        double t0 = clock_seconds();
-        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp, T * m->dims.d, m->sum_dt, &ex->req[0], err);
-        m->comm_s += clock_seconds() - t0;
-        return rc;
-    }
+    if (!m->dims.sp)
+        return model_tp_allreduce(m, m->tmp, T * m->dims.d, &ex->req[0], err);
     *sum = out;
     return model_sp_scatter_start(m, m->tmp, T, out, ex, err);
 }

@@ -82,8 +82,9 @@ int model_sp_scatter_piece(Model *m, float *part, const SpPieces *p, int j, floa
     if (real < rows)
         m->ops->zero(part + (first + real) * D, (rows - real) * D);
     double t0 = clock_seconds();
-    int rc = req ? comm_ireduce_scatter_sum(m->comm, GROUP_TP, part + first * D, out + j * p->c * D, n, m->sum_dt, req, err)
-                 : comm_reduce_scatter_sum(m->comm, GROUP_TP, part + first * D, out + j * p->c * D, n, m->sum_dt, err);
+    float *send = part + first * D, *recv = out + j * p->c * D;
+    int rc = req ? comm_ireduce_scatter_sum(m->comm, GROUP_TP, send, recv, n, m->sum_dt, req, err)
+                 : comm_reduce_scatter_sum(m->comm, GROUP_TP, send, recv, n, m->sum_dt, err);
     m->comm_s += clock_seconds() - t0;
     return rc;
 }
@@ -92,7 +93,7 @@ int model_sp_gather_start(Model *m, const void *x, Dt dt, int64_t T, void *full,
 {
     SpPieces p = model_sp_pieces(m, T);
     for (int j = 0; j < p.n; j++)
-        if (model_sp_gather_piece(m, x, dt, &p, j, full, &ex->req[j], err) != 0)
+        if (model_sp_gather_piece(m, x, dt, &p, j, full, ex ? &ex->req[j] : NULL, err) != 0)
             return -1;
     return 0;
 }
@@ -101,7 +102,7 @@ int model_sp_scatter_start(Model *m, float *part, int64_t T, float *out, SpExcha
 {
     SpPieces p = model_sp_pieces(m, T);
     for (int j = 0; j < p.n; j++)
-        if (model_sp_scatter_piece(m, part, &p, j, out, &ex->req[j], err) != 0)
+        if (model_sp_scatter_piece(m, part, &p, j, out, ex ? &ex->req[j] : NULL, err) != 0)
             return -1;
     return 0;
 }
@@ -124,18 +125,10 @@ int model_sp_wait(Model *m, SpExchange *ex, Error *err)
 
 int model_sp_gather(Model *m, const void *x, Dt dt, int64_t T, void *full, Error *err)
 {
-    SpPieces p = model_sp_pieces(m, T);
-    for (int j = 0; j < p.n; j++)
-        if (model_sp_gather_piece(m, x, dt, &p, j, full, NULL, err) != 0)
-            return -1;
-    return 0;
+    return model_sp_gather_start(m, x, dt, T, full, NULL, err);
 }
 
 int model_sp_scatter(Model *m, float *part, int64_t T, float *out, Error *err)
 {
-    SpPieces p = model_sp_pieces(m, T);
-    for (int j = 0; j < p.n; j++)
-        if (model_sp_scatter_piece(m, part, &p, j, out, NULL, err) != 0)
-            return -1;
-    return 0;
+    return model_sp_scatter_start(m, part, T, out, NULL, err);
 }

@@ -28,7 +28,6 @@
  * bits). With k = 1 each exchange is one collective and each product one call.
  */
 #include "engine/model/model_impl.h"
-#include "util/clock.h"
 
 /* out advanced by i elements (its c too). */
 static MatOut mat_at(const Ops *o, MatOut out, int64_t i)
@@ -72,10 +71,7 @@ static int product_allreduce(Model *m, const Act *x, const Act *w, int64_t T, in
     for (int j = 0; j * c < T; j++) {
         int64_t row = j * c, n = T - row < c ? T - row : c;
         o->matmul_fwd(mat_f32(m->tmp + row * D), ops_act(o, x, row * n_in), w, n, n_in, D);
-        double t0 = clock_seconds();
-        int rc = comm_iallreduce_sum_dt(m->comm, GROUP_TP, m->tmp + row * D, n * D, m->sum_dt, &sums.req[j], err);
-        m->comm_s += clock_seconds() - t0;
-        if (rc != 0)
+        if (model_tp_allreduce(m, m->tmp + row * D, n * D, &sums.req[j], err) != 0)
             return -1;
     }
     return model_sp_wait(m, &sums, err);

@@ -174,9 +174,10 @@ typedef struct CostTpComm {
 } CostTpComm;
 void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c);
 /* parallel.tp_chunks: auto - of 1, 2, 4 pieces the one that prices the TP exchanges of a
- * micro-batch of `rows` rows on a rank lowest, a count doubled only for 1% less, overlap on (cost_model_init: the largest
- * micro-batch's, S_max / cp). Each piece pays a link latency and hides bandwidth time beside a
- * piece of its product: pieces pay for long products, not for small ones. 1 with tp 1. */
+ * micro-batch of `rows` rows on a rank lowest, a count doubled only for 1% less, overlap on
+ * (cost_model_init: the largest micro-batch's, S_max / cp). Each piece pays a link latency and
+ * hides bandwidth time beside a piece of its product: pieces pay for long products, not for small
+ * ones. 1 with tp 1. */
 int cost_auto_tp_chunks(const CostModel *m, int64_t rows);
 /* The products (GEMMs) and the rest (element-wise work and launch_us) of cost_linear_fwd_s /
  * cost_linear_bwd_s, which are their sums. */

@@ -262,8 +262,8 @@ int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_
  * model key other than model.preset, model.max_seq_len and model.rope_* is an Error; rank 0 prints
  * every changed key, old -> new), the weights and AdamW's state loaded, the data stream and the
  * planner's queues restored only when no data.* (data.tokenizer aside) or balance.* key changed, and
- * the step count and LR schedule restarted or continued (checkpoint.continue_schedule). *done: the step training goes on
- * after (0 with restart). Nothing to do (*done 0) without continue_from. */
+ * the step count and LR schedule restarted or continued (checkpoint.continue_schedule). *done: the
+ * step training goes on after (0 with restart). Nothing to do (*done 0) without continue_from. */
 int trainer_continue(Trainer *tr, int64_t *done, Error *err);
 /* An Error when checkpoint.continue_from is set and checkpoint.dir is the folder that holds the
  * checkpoint it names (this run's steps would replace the earlier stage's). Checked before

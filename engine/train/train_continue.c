@@ -22,8 +22,8 @@
  * first update, a tenfold step), and the skipped steps with continue. The data stream's position and
  * the planner's outlier queues belong to the stream that saved them: they are restored only when no
  * data.* (data.tokenizer aside: it only names what export copies) and no balance.* key changed,
- * else both start afresh (the stream from its start with data.seed, the queues empty). The validation record is not carried: the earlier stage measured
- * another window, often another set.
+ * else both start afresh (the stream from its start with data.seed, the queues empty). The
+ * validation record is not carried: the earlier stage measured another window, often another set.
  *
  * checkpoint.continue_schedule: restart - this run's steps count from 1 to train.steps and the LR
  * schedule (warmup, decay) runs over them from its start (Optim.lr_step0 = the updates done before);

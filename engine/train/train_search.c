@@ -343,7 +343,8 @@ static int least_memory(const Search *s, int first)
 static void layout_text(const SearchLayout *l, char *buf, size_t size)
 {
     snprintf(buf, size, "tp %d, cp %d, pp %d, dp %d%s, train.recompute: %s%s", l->tp, l->cp, l->pp, l->dp,
-             l->v > 1 ? ", virtual_stages > 1" : "", config_recompute_name(l->recompute), l->zero ? ", parallel.zero: 1" : "");
+             l->v > 1 ? ", virtual_stages > 1" : "", config_recompute_name(l->recompute),
+             l->zero ? ", parallel.zero: 1" : "");
 }
 
 /* The Error when no layout of `gpus` fits: the least a rank needs, and the fewest GPUs (doubling, up
