@@ -86,6 +86,22 @@ int model_tp_product_sum(Model *m, float *out, const Act *x, const Act *w, int64
 int model_tp_gather_backward(Model *m, const Act *dh, const Act *x, const Act *w, float *dw, MatOut dx, int64_t T,
                              int64_t n_in, Error *err);
 
+/* With SP, layer l's forward from its attention output to its output, and on to the next layer's
+ * QKV product (before RoPE), in pieces of rows (model_chain.c). */
+typedef struct ModelChainLayer {
+    LayerActs *a;             /* the layer's: att read; y, rstd2, b, gu, s written */
+    const float *x;           /* its input, the stream's rows */
+    float *out;               /* its output, the stream's rows; NULL: stop at s (a recomputation) */
+    const Act *wo, *wgu, *wdown;
+    const float *mlp_norm;
+    int64_t q_width;          /* columns of att: the rank's query heads' */
+    LayerActs *next;          /* the next layer of the chunk (a, rstd1, qkv written); NULL: none */
+    const float *next_norm;
+    const Act *next_wqkv;
+    int64_t next_qkv_width;
+} ModelChainLayer;
+int model_chain_forward(Model *m, const ModelChainLayer *in, int64_t T, Error *err);
+
 /* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
  * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V
  * columns of dqkv (float32, this rank's rows) from m->dk_mb, m->dv_mb, the sharded rows summed over

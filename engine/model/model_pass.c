@@ -31,9 +31,12 @@
  * backward (dWdown, ds; dWo, datt) and a, b again before dWgu, dWqkv (they are kept on R rows only).
  * The exchanges next to a product split with it into pieces of rows (parallel.tp_chunks,
  * model_tp.c: model_tp_gather_product, model_tp_product_sum, model_tp_gather_backward), each
- * piece's exchange beside another piece's product. The backward's gathers of a and b start as soon
- * as the gathered rows' buffer is free (after ds, datt) and run beside the work up to the
- * weight-gradient product that reads them (swiglu' and dgu Wgu; attention' and dqkv Wqkv). A
+ * piece's exchange beside another piece's product. In the forward everything from the attention
+ * output product to the next layer's QKV product reads a row at a time, so with SP that span runs
+ * as one pipeline of pieces (model_chain.c): y, b, the MLP, out, and the next layer's a and qkv,
+ * piece by piece, each exchange beside other pieces' products. The backward's gathers of a and b
+ * start as soon as the gathered rows' buffer is free (after ds, datt) and run beside the work up to
+ * the weight-gradient product that reads them (swiglu' and dgu Wgu; attention' and dqkv Wqkv). A
  * collective shows below as a start where its input is ready and a wait where its result is first
  * read (model_sp_wait, model_comm_wait).
  */
@@ -128,16 +131,22 @@ static int residual_product(Model *m, float *out, const float *res, const Act *x
 }
 
 /* Layer l from its input x into a; out = its output (NULL: stop before the down product, which
- * only a recomputation does). */
-static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, float *out, LayerActs *a, Error *err)
+ * only a recomputation does). have_qkv: a->a, a->rstd1 and a->qkv (before RoPE) are there already,
+ * from the layer before. With SP the rows after attention run in pieces (model_chain.c), on into
+ * the next layer's QKV product when next (its activations) is given. */
+static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, float *out, LayerActs *a, int have_qkv,
+                         LayerActs *next, Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
     int64_t T = b->T, R = model_rows(d, T), D = d->d, F = d->local_ffn, Q = qkv_width(d);
-    o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), R, D, d->norm_eps);
-    if (model_tp_gather_product(m, mat_act(a->qkv), a->a, model_weight(m, T_WQ, l), T, Q, err) != 0)
-        return -1;
-    o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq, m->rope_scale);
+    if (!have_qkv) {
+        o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), R, D, d->norm_eps);
+        if (model_tp_gather_product(m, mat_act(a->qkv), a->a, model_weight(m, T_WQ, l), T, Q, err) != 0)
+            return -1;
+    }
+    o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq,
+                m->rope_scale);
     if (d->cp > 1) {
         /* Documents held whole read this rank's rows only: their attention runs beside the exchange. */
         CommRequest kv[MODEL_MAX_CP_EXCHANGES] = {{0}};
@@ -152,11 +161,17 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
         attention(m, a, ops_act(o, a->qkv, q_width(d)), ops_act(o, a->qkv, q_width(d) + kv_width(d)), b->segs,
                   b->n_segs);
     }
+    if (d->sp) {
+        ModelChainLayer c = {a, x, out, model_weight(m, T_WO, l), model_weight(m, T_WGATE, l),
+                             model_weight(m, T_WDOWN, l), model_param(m, T_MLP_NORM, l), q_width(d), next,
+                             next ? model_param(m, T_ATTN_NORM, l + 1) : NULL,
+                             next ? model_weight(m, T_WQ, l + 1) : NULL, Q};
+        return model_chain_forward(m, &c, T, err);
+    }
     if (residual_product(m, a->y, x, a->att, model_weight(m, T_WO, l), T, q_width(d), err) != 0)
         return -1;
     o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), R, D, d->norm_eps);
-    if (model_tp_gather_product(m, mat_act(a->gu), a->b, model_weight(m, T_WGATE, l), T, 2 * F, err) != 0)
-        return -1;
+    o->matmul_fwd(mat_act(a->gu), a->b, model_weight(m, T_WGATE, l), T, D, 2 * F);
     o->swiglu_fwd(a->s, a->gu, T, F);
     if (!out)
         return 0;
@@ -169,7 +184,7 @@ static int recompute_layer(Model *m, const ModelBatch *b, int l, const float *x,
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
     if (m->recompute == RECOMPUTE_FULL)
-        return layer_forward(m, b, l, x, NULL, a, err);
+        return layer_forward(m, b, l, x, NULL, a, 0, NULL, err);
     if (m->recompute == RECOMPUTE_SELECTIVE) {
         int64_t R = model_rows(d, b->T);
         o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), R, d->d, d->norm_eps);
@@ -280,9 +295,11 @@ static int forward_hidden(Model *m, int slot, const ModelBatch *b, const float *
         m->ops->copy(s->h[0], h_in, R * d->d);
     }
     for (int l = d->layer_begin; l < d->layer_end; l++) {
-        int i = l - d->layer_begin;
-        if (weights_needed(m, l, err) != 0 ||
-            layer_forward(m, b, l, s->h[i], s->h[i + 1], &s->layers[i], err) != 0)
+        /* With SP layer l's pieces run on into layer l + 1's QKV product (model_chain.c). */
+        int i = l - d->layer_begin, chained = d->sp && l + 1 < d->layer_end;
+        if (weights_needed(m, l, err) != 0 || (chained && weights_needed(m, l + 1, err) != 0) ||
+            layer_forward(m, b, l, s->h[i], s->h[i + 1], &s->layers[i], d->sp && l > d->layer_begin,
+                          chained ? &s->layers[i + 1] : NULL, err) != 0)
             return -1;
     }
     if (weights_needed(m, d->layer_end, err) != 0)
