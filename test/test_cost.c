@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "engine/plan/cost.h"
+#include "util/wavefront.h"
 
 /* A resolved config from YAML; the layers split evenly unless the YAML says otherwise (auto is the
  * engine's to place, trainer_stage_layers). */
@@ -122,31 +123,40 @@ static void test_communication(void **state)
     /* One piece: one latency each. */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, tp_chunks: 1}\n");
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - (3 * (agb + L) + 2 * (rsb + L))) < 1e-9);
-    /* Overlapped (parallel.overlap, the default). The forward's exchanges and the backward's gathers
-     * of the stream's gradient in 4 pieces beside their products' pieces: the first gather's (the
-     * last reduce-scatter's) quarter of the bandwidth time shows, and of each other piece what it
-     * takes longer than a quarter of the product - QKV (2 d (8 + 2 x 2) 128 FLOPs a row on TP 4),
-     * attention output (2 d 8 x 128), gate/up (4 d 14336 / 4), down (2 d 14336 / 4); the backward's
-     * down and output products twice (weight and input gradient). The backward's all-gathers of the
-     * normed rows beside the input-gradient products and its reduce-scatters beside the
-     * weight-gradient products (QKV, gate/up) hide their bandwidth time up to the product's. Every
-     * latency shows. The hidden seconds cost 16/132 of themselves in slowed products. */
+    /* Overlapped (parallel.overlap, the default). The backward's gathers of the stream's gradient in
+     * 4 pieces beside their products' pieces: the first gather's quarter of the bandwidth time
+     * shows, and of each other piece what it takes longer than a quarter of the product - the down
+     * (2 d 14336 / 4 FLOPs a row on TP 4) and attention output (2 d 8 x 128) products, twice (weight
+     * and input gradient). The all-gathers of the normed rows beside the input-gradient products
+     * and the reduce-scatters beside the weight-gradient products (QKV: 2 d (8 + 2 x 2) 128, gate/up:
+     * 4 d 14336 / 4) hide their bandwidth time up to the product's. Every latency shows. */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1}\n");
     double rate = 989e12 * 0.78, qkv = 2 * 4096.0 * 128 * 12 * 8192 / rate, gu = 4 * 4096.0 * 3584 * 8192 / rate;
     double out = 2 * 4096.0 * 128 * 8 * 8192 / rate, down = gu / 2;
 #define PIPE(b, p) ((b) - ((b) / 4 + 0.75 * fmax(0, (b) - (p))))
-    double fwd_hidden = PIPE(agb, qkv) + PIPE(rsb, out) + PIPE(agb, gu) + PIPE(rsb, down);
     double bwd_hidden = PIPE(agb, 2 * down) + PIPE(agb, 2 * out) + fmin(agb, qkv) + fmin(rsb, qkv) + fmin(agb, gu) +
                         fmin(rsb, gu);
-    double hidden = fwd_hidden + bwd_hidden;
     assert_true(rsb > out && rsb > qkv && agb < gu && rsb < gu); /* some show in part */
     assert_true(fabs(PIPE(agb, gu) - 0.75 * agb) < 1e-15);       /* a long product: 3 of 4 pieces hide */
     cost_tp_comm_parts(&m, 8192, &c);
+    assert_true(fabs(c.bwd_exposed - (4 * ag + 2 * rs - bwd_hidden)) < 1e-12);
+    /* The forward runs in pieces from the attention output product to the next layer's QKV product
+     * (cost.c's chain, engine/model/model_chain.c): what it hides is the rest of its exchanges'
+     * time, every latency still shows, and it hides more than each exchange beside the pieces of
+     * its own product would (PIPE), since the long MLP products cover the attention block's
+     * reduce-scatter too. It cannot hide more than the products' time. */
+    double fwd_hidden = c.hidden - bwd_hidden, one_by_one = PIPE(agb, qkv) + PIPE(rsb, out) + PIPE(agb, gu) +
+                                                              PIPE(rsb, down);
     assert_true(fabs(c.fwd_exposed - (2 * ag + 2 * rs - fwd_hidden)) < 1e-12);
-    assert_true(fabs(c.hidden - hidden) < 1e-12 && fabs(c.bwd_exposed - (4 * ag + 2 * rs - bwd_hidden)) < 1e-12);
-    assert_true(fabs(c.contention - 16.0 / 132 * hidden) < 1e-12);
+    assert_true(fwd_hidden > one_by_one && fwd_hidden <= qkv + out + gu + down);
+    assert_true(c.fwd_exposed >= 4 * 4 * L);
+    assert_true(fabs(c.contention - 16.0 / 132 * c.hidden) < 1e-12);
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - (c.fwd_exposed + c.bwd_exposed + c.contention) / 2) < 1e-15);
     assert_true(cost_tp_comm_s(&m, 8192) < sp);
+    /* One piece: each stage waits for the exchange before it, so nothing of the forward hides. */
+    make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 1, tp: 4, cp: 2, pp: 2, dp: 1}\n");
+    cost_tp_comm_parts(&m, 8192, &c);
+    assert_true(fabs(c.fwd_exposed - (2 * (agb + L) + 2 * (rsb + L))) < 1e-12);
     /* parallel.reduce_dtype: compute sends bf16 partial sums in bf16: half the reduce-scatters' and
      * the dK/dV reduce-scatter's bytes; float32 training keeps float32. */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
@@ -160,9 +170,10 @@ static void test_communication(void **state)
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, reduce_dtype: compute}\n"
                    "train: {precision: bf16}\n");
     cost_tp_comm_parts(&m, 8192, &c);
-    double gathers = PIPE(agb, qkv) + PIPE(agb, gu) + PIPE(agb, 2 * down) + PIPE(agb, 2 * out) + fmin(agb, qkv) +
-                     fmin(agb, gu);
-    assert_true(m.sums_bf16 && fabs(c.hidden - gathers) < 1e-12);
+    double gathers = PIPE(agb, 2 * down) + PIPE(agb, 2 * out) + fmin(agb, qkv) + fmin(agb, gu);
+    double rs16 = sums / 2 * 0.75 / 370e9 + 4 * L, fwd_gathers = c.hidden - gathers;
+    assert_true(m.sums_bf16 && fabs(c.bwd_exposed - (4 * ag + 2 * rs16 - gathers)) < 1e-12);
+    assert_true(fwd_gathers > 0 && fwd_gathers <= 2 * agb + 1e-15);
     /* Without SP: two all-reduces of float32 partial sums a direction, 2 (n-1)/n of the bytes each;
      * every TP rank sends the whole stream. The forward's in 4 pieces, each beside the next piece
      * of its product (attention output, down); with overlap the backward's (one each) run beside
@@ -481,12 +492,40 @@ static void test_calibration_file(void **state)
     free(dir);
 }
 
+/* The wavefront order that the TP forward's pieces run in (util/wavefront.h) and cost.c prices:
+ * stage s of piece j at step j + 2 s, the later stage first within a step; every stage of every
+ * piece once, each piece's stages in turn and each stage's pieces in turn. */
+static void test_wavefront_order(void **state)
+{
+    (void)state;
+    int stage[64], piece[64];
+    const int want[][2] = {{0, 0}, {0, 1}, {1, 0}, {0, 2}, {1, 1}, {0, 3}, {2, 0}, {1, 2},
+                           {2, 1}, {1, 3}, {2, 2}, {2, 3}};
+    assert_int_equal(wavefront_order(3, 4, stage, piece), 12);
+    for (int i = 0; i < 12; i++)
+        assert_true(stage[i] == want[i][0] && piece[i] == want[i][1]);
+    for (int n = 1; n <= 5; n++)
+        for (int k = 1; k <= 12; k++) {
+            int seen[5][12] = {{0}}, count = wavefront_order(n, k, stage, piece);
+            assert_int_equal(count, n * k);
+            for (int i = 0; i < count; i++) {
+                int s = stage[i], j = piece[i];
+                assert_true(s >= 0 && s < n && j >= 0 && j < k && !seen[s][j]);
+                assert_true((s == 0 || seen[s - 1][j]) && (j == 0 || seen[s][j - 1]));
+                seen[s][j] = 1;
+            }
+        }
+    assert_int_equal(wavefront_order(0, 4, stage, piece), 0);
+    assert_int_equal(wavefront_order(3, 0, stage, piece), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flop_closed_forms),
         cmocka_unit_test(test_attention_quadratic_rest_linear),
         cmocka_unit_test(test_communication),
+        cmocka_unit_test(test_wavefront_order),
         cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_auto_tp_chunks),
         cmocka_unit_test(test_dp_reduction),

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "util/wavefront.h"
 
 /*
  * Profiles. Sources: ../shared/reference/performance.md.
@@ -333,6 +334,62 @@ static void pipelined(const CostModel *m, double c, double p, double *exposed, C
     out->contention += m->hw.comm_sm_share * hidden;
 }
 
+/* One stage of the forward's pieces (engine/model/model_chain.c): its products' seconds, and the
+ * exchange it starts at its end (seconds of the whole exchange, 0: none); sync: the exchange runs
+ * where it is started (bf16 sums), the compute waiting for it. */
+typedef struct ChainStage {
+    double product, exchange;
+    int sync;
+} ChainStage;
+
+enum { CHAIN_MAX_STAGES = 5, CHAIN_MAX_PIECES = 16 };
+
+/* The forward's pieces as model_chain.c runs them: n stages over k = tp_chunks pieces, in the
+ * wavefront order of util/wavefront.h, simulated on two resources - the compute, running the
+ * stages in that order and waiting for a piece's exchange before the piece's next stage, and the
+ * TP group, running the exchanges one after another in start order (their bandwidth time, b / k a
+ * piece). What the compute waits is exposed; each piece also pays the link's latency, charged
+ * exposed, as beside() and pipelined() do. Without overlap every exchange is waited for where it
+ * starts. The simulation is of the engine's order, not a bound: the same schedule the engine runs. */
+static void chain(const CostModel *m, const ChainStage *st, int n, double *exposed, CostTpComm *out)
+{
+    double lat = m->hw.link_latency_us * 1e-6, busy = 0, link = 0, products = 0, comm = 0;
+    double done[CHAIN_MAX_STAGES][CHAIN_MAX_PIECES] = {{0}};
+    int k = m->tp_chunks < CHAIN_MAX_PIECES ? m->tp_chunks : CHAIN_MAX_PIECES;
+    int stage[CHAIN_MAX_STAGES * CHAIN_MAX_PIECES], piece[CHAIN_MAX_STAGES * CHAIN_MAX_PIECES];
+    int steps = wavefront_order(n, k, stage, piece);
+    for (int i = 0; i < steps; i++) {
+        int s = stage[i], j = piece[i];
+        if (s > 0 && st[s - 1].exchange > 0 && done[s - 1][j] > busy)
+            busy = done[s - 1][j];
+        busy += st[s].product / k;
+        if (st[s].exchange <= 0)
+            continue;
+        double b = (st[s].exchange - lat) / k;
+        if (!m->overlap || st[s].sync) {
+            busy += b;
+            done[s][j] = busy;
+        } else {
+            link = (link > busy ? link : busy) + b;
+            done[s][j] = link;
+        }
+    }
+    for (int s = 0; s < n; s++) {
+        products += st[s].product;
+        comm += st[s].exchange > 0 ? st[s].exchange - lat : 0;
+    }
+    if (st[n - 1].exchange > 0 && link > busy)
+        busy = link; /* the last stage's exchanges are waited for at the end */
+    double waited = busy - products > 0 ? busy - products : 0, hidden = comm - waited > 0 ? comm - waited : 0;
+    if (!m->overlap)
+        hidden = 0; /* all of it waited for (busy - products is comm, up to rounding) */
+    for (int s = 0; s < n; s++)
+        *exposed += st[s].exchange > 0 ? k * lat : 0;
+    *exposed += comm - hidden;
+    out->hidden += hidden;
+    out->contention += m->hw.comm_sm_share * hidden;
+}
+
 void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
 {
     memset(c, 0, sizeof *c);
@@ -363,14 +420,27 @@ void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
         return;
     }
     /* Ring all-gathers (compute dtype) and reduce-scatters (partial sums), (n - 1) / n each, in
-     * pieces. The forward: the normed rows gathered before the QKV and gate/up products, the partial
-     * sums of the output and down products reduce-scattered after them. */
+     * pieces: the normed rows gathered before the QKV and gate/up products, the partial sums of the
+     * output and down products reduce-scattered after them. */
     double ag = collective_s(m, m->act_bytes * rows, ring, m->tp_bw);
     double rs = collective_s(m, m->sum_bytes * rows, ring, m->tp_bw);
-    pipelined(m, ag, qkv, &c->fwd_exposed, c);
-    pipelined(m, rs, sums_beside * out, &c->fwd_exposed, c);
-    pipelined(m, ag, gate_up, &c->fwd_exposed, c);
-    pipelined(m, rs, sums_beside * down, &c->fwd_exposed, c);
+    /* The forward: from the attention output product on, the rows run in pieces through the layer
+     * and into the next layer's QKV product (model_chain.c): out | RS, norm | AG, gate/up + down |
+     * RS, norm | AG, QKV. A chunk's first layer gathers its normed rows for the QKV product on its
+     * own (pipelined), and its last stops after the down product's sum: of L layers a chunk, L - 1
+     * run the whole chain. With full recomputation the backward runs the forward again up to
+     * silu(g) u: the QKV product on its own, then the chain's first three stages. */
+    int sync = m->sums_bf16;
+    ChainStage mid[] = {{out, rs, sync}, {0, ag, 0}, {gate_up + down, rs, sync}, {0, ag, 0}, {qkv, 0, 0}};
+    ChainStage last[] = {{out, rs, sync}, {0, ag, 0}, {gate_up + down, rs, sync}, {0, 0, 0}};
+    double L = (double)m->n_layers / (m->pp * m->v), mid_exposed = 0, edge_exposed = 0;
+    CostTpComm in_mid = {0}, at_edge = {0};
+    chain(m, mid, 5, &mid_exposed, &in_mid);
+    pipelined(m, ag, qkv, &edge_exposed, &at_edge);
+    chain(m, last, 4, &edge_exposed, &at_edge);
+    c->fwd_exposed += ((L - 1) * mid_exposed + edge_exposed) / L;
+    c->hidden += ((L - 1) * in_mid.hidden + at_edge.hidden) / L;
+    c->contention += ((L - 1) * in_mid.contention + at_edge.contention) / L;
     /* The backward: the stream's gradient gathered before the down and output products' backward
      * (weight and input gradient, piece by piece), and full recomputation's forward again (2
      * all-gathers, 1 reduce-scatter). Then per part (QKV, gate/up): the normed rows gathered again
@@ -379,9 +449,9 @@ void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
     pipelined(m, ag, 2 * down, &c->bwd_exposed, c);
     pipelined(m, ag, 2 * out, &c->bwd_exposed, c);
     if (full) {
+        ChainStage again[] = {{out, rs, sync}, {0, ag, 0}, {gate_up, 0, 0}};
         pipelined(m, ag, qkv, &c->bwd_exposed, c);
-        pipelined(m, rs, sums_beside * out, &c->bwd_exposed, c);
-        pipelined(m, ag, gate_up, &c->bwd_exposed, c);
+        chain(m, again, 3, &c->bwd_exposed, c);
     }
     beside(m, ag, gate_up, m->tp_chunks, c);
     beside(m, rs, sums_beside * gate_up, m->tp_chunks, c);
