@@ -45,6 +45,8 @@ static int stage_run(Chain *c, int s, int j, Error *err)
     Model *m = c->m;
     const Ops *o = m->ops;
     const ModelChainLayer *in = c->in;
+    /* The piece's rows of the products (row, n of them: T's rows, padding left out) and of this
+     * rank's stream (own, own_rows of them). */
     int64_t D = m->dims.d, F = m->dims.local_ffn, own_rows = model_sp_piece_rows(&c->p, j);
     int64_t row = model_sp_piece_first(&c->p, j), n = model_sp_piece_real(&c->p, j), own = j * c->p.c;
     float eps = m->dims.norm_eps;
