@@ -76,13 +76,11 @@ int model_comm_wait(Model *m, CommRequest *req, Error *err);
 /* The TP products with their exchanges in pieces (model_tp.c; nothing exchanged with tp = 1 or,
  * for the gathers, without SP). model_tp_gather_product: out [T, n_out] = (x's rows of every TP
  * rank, gathered) W^T, x the stream's rows of the product's input (d wide).
- * model_tp_product_sum: x [T, n_in] W^T summed over TP onto the stream's rows: reduce-scattered
- * into out (R rows, *sum = out), or without SP all-reduced in m->tmp (T rows, *sum = m->tmp).
+ * model_tp_product_allreduce: without SP, m->tmp [T, d] = x [T, n_in] W^T summed over TP.
  * model_tp_gather_backward: the gradient dh of a row-parallel product's output (the stream's rows)
  * gathered into dout, then dw += dout^T x and dx = dout W (x: the product's input, T rows). */
 int model_tp_gather_product(Model *m, MatOut out, const Act *x, const Act *w, int64_t T, int64_t n_out, Error *err);
-int model_tp_product_sum(Model *m, float *out, const Act *x, const Act *w, int64_t T, int64_t n_in, float **sum,
-                         Error *err);
+int model_tp_product_allreduce(Model *m, const Act *x, const Act *w, int64_t T, int64_t n_in, Error *err);
 int model_tp_gather_backward(Model *m, const Act *dh, const Act *x, const Act *w, float *dw, MatOut dx, int64_t T,
                              int64_t n_in, Error *err);
 

@@ -30,7 +30,7 @@
  * reduce-scatter onto the R rows; the backward all-gathers dh before the row-parallel products'
  * backward (dWdown, ds; dWo, datt) and a, b again before dWgu, dWqkv (they are kept on R rows only).
  * The exchanges next to a product split with it into pieces of rows (parallel.tp_chunks,
- * model_tp.c: model_tp_gather_product, model_tp_product_sum, model_tp_gather_backward), each
+ * model_tp.c: model_tp_gather_product, model_tp_product_allreduce, model_tp_gather_backward), each
  * piece's exchange beside another piece's product. In the forward everything from the attention
  * output product to the next layer's QKV product reads a row at a time, so with SP that span runs
  * as one pipeline of pieces (model_chain.c): y, b, the MLP, out, and the next layer's a and qkv,
@@ -112,8 +112,8 @@ static int tp_sum_start(Model *m, int64_t T, float *out, float **sum, SpExchange
     return model_sp_scatter_start(m, m->tmp, T, out, ex, err);
 }
 
-/* out = res + the TP-reduced product x W^T (x: all T rows; out, res: the stream's rows): into out
- * directly with tp = 1, else summed over TP in pieces (model_tp_product_sum). */
+/* Without SP: out = res + the TP-reduced product x W^T (T rows each): into out directly with tp = 1,
+ * else all-reduced over TP in pieces (model_tp_product_allreduce). */
 static int residual_product(Model *m, float *out, const float *res, const Act *x, const Act *w, int64_t T,
                             int64_t n_in, Error *err)
 {
@@ -123,10 +123,9 @@ static int residual_product(Model *m, float *out, const float *res, const Act *x
         o->matmul_fwd(mat_f32_plus(out, res), x, w, T, n_in, D);
         return 0;
     }
-    float *sum;
-    if (model_tp_product_sum(m, out, x, w, T, n_in, &sum, err) != 0)
+    if (model_tp_product_allreduce(m, x, w, T, n_in, err) != 0)
         return -1;
-    o->add(out, sum, res, model_rows(&m->dims, T) * D); /* sum may be out */
+    o->add(out, m->tmp, res, T * D);
     return 0;
 }
 

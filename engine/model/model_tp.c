@@ -7,21 +7,22 @@
  * down), the all-gather of the stream's gradient before the row-parallel products' backward. Every
  * row of a product's output reads its own row of the input only, and SP deals the stream's rows out
  * in k = parallel.tp_chunks pieces, each a block of consecutive rows of the T (model_sp.c), so
- * the product splits along the same pieces, one call per piece:
+ * the product splits along the same pieces, one call per piece. The forward from the attention
+ * output product to the next layer's QKV product runs its pieces in one pipeline (model_chain.c);
+ * what stands alone is here:
  *
- *   gather_product    out = gather(x) W^T. The k gathers start at once (the group runs them one
- *                     after another); piece j is multiplied once its gather is in, beside the
- *                     gathers of the pieces after it: only the first piece's gather has nothing
- *                     beside it.
- *   product_sum       part = x W^T summed over TP onto the stream's rows. Piece j's partial sums
- *                     are computed, their reduce-scatter starts, and the next piece's product runs
- *                     beside it: only the last piece's has nothing beside it.
+ *   gather_product    out = gather(x) W^T (a chunk's first QKV product, a recomputation's). The
+ *                     k gathers start at once (the group runs them one after another); piece j is
+ *                     multiplied once its gather is in, beside the gathers of the pieces after
+ *                     it: only the first piece's gather has nothing beside it.
+ *   product_allreduce without SP: part = x W^T all-reduced over TP in place, piece j of the T
+ *                     rows while piece j + 1 is multiplied.
  *   gather_backward   dout = gather(dh); dW += dout^T x and dx = dout W piece by piece, each beside
  *                     the gathers of the pieces after it (dW's terms added in row order, as one
  *                     call would).
  *
  * Without SP (tp > 1, sequence_parallel false) only the partial sums are exchanged: piece j is
- * rows [j c, j c + c_j) of the T rows (c = ceil(T / k)), all-reduced in place.
+ * rows [j c, j c + c_j) of the T rows (c = ceil(T / k)).
  *
  * The pieces do not depend on parallel.overlap, which only decides whether a started exchange runs
  * in the background: the products, the sums and their order are the same either way (the same
@@ -61,8 +62,7 @@ int model_tp_gather_product(Model *m, MatOut out, const Act *x, const Act *w, in
     return 0;
 }
 
-/* Without SP: the partial sums of T rows in m->tmp, all-reduced piece by piece in place. */
-static int product_allreduce(Model *m, const Act *x, const Act *w, int64_t T, int64_t n_in, Error *err)
+int model_tp_product_allreduce(Model *m, const Act *x, const Act *w, int64_t T, int64_t n_in, Error *err)
 {
     const Ops *o = m->ops;
     int64_t D = m->dims.d;
@@ -75,27 +75,6 @@ static int product_allreduce(Model *m, const Act *x, const Act *w, int64_t T, in
             return -1;
     }
     return model_sp_wait(m, &sums, err);
-}
-
-int model_tp_product_sum(Model *m, float *out, const Act *x, const Act *w, int64_t T, int64_t n_in, float **sum,
-                         Error *err)
-{
-    const Ops *o = m->ops;
-    int64_t D = m->dims.d;
-    *sum = m->tmp;
-    if (!m->dims.sp)
-        return product_allreduce(m, x, w, T, n_in, err);
-    *sum = out;
-    SpPieces p = model_sp_pieces(m, T);
-    SpExchange scatter = {{{0}}};
-    for (int j = 0; j < p.n; j++) {
-        int64_t row = model_sp_piece_first(&p, j), n = model_sp_piece_real(&p, j);
-        if (n > 0)
-            o->matmul_fwd(mat_f32(m->tmp + row * D), ops_act(o, x, row * n_in), w, n, n_in, D);
-        if (model_sp_scatter_piece(m, m->tmp, &p, j, out, &scatter.req[j], err) != 0)
-            return -1;
-    }
-    return model_sp_wait(m, &scatter, err);
 }
 
 int model_tp_gather_backward(Model *m, const Act *dh, const Act *x, const Act *w, float *dw, MatOut dx, int64_t T,

@@ -350,7 +350,8 @@ enum { CHAIN_MAX_STAGES = 5, CHAIN_MAX_PIECES = 16 };
  * TP group, running the exchanges one after another in start order (their bandwidth time, b / k a
  * piece). What the compute waits is exposed; each piece also pays the link's latency, charged
  * exposed, as beside() and pipelined() do. Without overlap every exchange is waited for where it
- * starts. The simulation is of the engine's order, not a bound: the same schedule the engine runs. */
+ * starts. The last stage starts no exchange (the chain ends in a product or a sum), so the
+ * compute's end is the chain's. The simulation is of the engine's order, not a bound. */
 static void chain(const CostModel *m, const ChainStage *st, int n, double *exposed, CostTpComm *out)
 {
     double lat = m->hw.link_latency_us * 1e-6, busy = 0, link = 0, products = 0, comm = 0;
@@ -376,15 +377,14 @@ static void chain(const CostModel *m, const ChainStage *st, int n, double *expos
     }
     for (int s = 0; s < n; s++) {
         products += st[s].product;
-        comm += st[s].exchange > 0 ? st[s].exchange - lat : 0;
+        if (st[s].exchange > 0) {
+            comm += st[s].exchange - lat;
+            *exposed += k * lat;
+        }
     }
-    if (st[n - 1].exchange > 0 && link > busy)
-        busy = link; /* the last stage's exchanges are waited for at the end */
     double waited = busy - products > 0 ? busy - products : 0, hidden = comm - waited > 0 ? comm - waited : 0;
     if (!m->overlap)
         hidden = 0; /* all of it waited for (busy - products is comm, up to rounding) */
-    for (int s = 0; s < n; s++)
-        *exposed += st[s].exchange > 0 ? k * lat : 0;
     *exposed += comm - hidden;
     out->hidden += hidden;
     out->contention += m->hw.comm_sm_share * hidden;
