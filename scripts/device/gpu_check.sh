@@ -130,7 +130,7 @@ for part in "${parts[@]}"; do
     ;;
   attention) step attention bash bench/attention_kernels.sh; grep -E '^(##|\||$)' "$logs/attention.log" ;;
   bench) step bench bash bench/gpu_throughput.sh; grep -E '^\|' "$logs/bench.log" ;;
-  profile) OUT=$logs step profile bash scripts/device/profile.sh 8192 2; cat "$logs/profile.log" ;;
+  profile) OUT=$logs step profile bash scripts/device/profile.sh 8192 2; cat "$logs/profile.log" 2>/dev/null ;;
   calibration)
     # The H100 profile to keep in the repository (config/profiles/), then the bench.
     python3 bench/make_corpus.py --out /tmp/cal_docs --docs 2000 --vocab 128256 >/dev/null 2>&1

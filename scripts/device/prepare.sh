@@ -20,6 +20,7 @@ cd "$(dirname "$0")/../.."
 shared=${WLB_SHARED:-../shared}
 [ -x "$shared/device/openmpi-bundle.sh" ] || { echo "prepare: no $shared/device/openmpi-bundle.sh: set WLB_SHARED" >&2; exit 1; }
 make >/dev/null
+make test-deps >/dev/null  # cmocka: the test programs below link it
 make VARIANT=release variant-tests >/dev/null
 [ -n "$(ls build/release/obj/cuda/*.o 2>/dev/null)" ] || { echo "prepare: no CUDA objects: nvcc missing?" >&2; exit 1; }
 
