@@ -506,7 +506,8 @@ static void test_fault_order(void **state)
 /* parallel.tp_chunks: each TP product and its exchange in pieces of rows (engine/model/model_tp.c,
  * model_sp.c) - one piece, 3 (uneven: the last piece shorter and partly padding), and 16 (more
  * pieces than a micro-batch has rows per rank: pieces without rows) - against one process, with and
- * without SP; and 3 with overlap on under WLB_COMM_CHAOS against off (the same bits). */
+ * without SP; and 3 with overlap on under WLB_COMM_CHAOS against off (the same bits), with full
+ * recomputation (the backward a layer at a time) and selective (the chained backward). */
 static void test_tp_chunks(void **state)
 {
     (void)state;
@@ -527,6 +528,10 @@ static void test_tp_chunks(void **state)
     }
     const char *three[] = {"balance.packer=wlb", "parallel.tp_chunks=3", "train.recompute=full", NULL};
     ok &= check_overlap(1, 4, 2, 1, fx.ref[1], three, "tp_chunks 3, recompute full");
+    /* The chained backward (model_chain_bwd.c) with its pieces interleaved, and selective's halves
+     * recomputed around each chain. */
+    const char *chained[] = {"balance.packer=wlb", "parallel.tp_chunks=3", "train.recompute=selective", NULL};
+    ok &= check_overlap(1, 4, 2, 1, fx.ref[1], chained, "tp_chunks 3, recompute selective");
     assert_true(ok);
 }
 

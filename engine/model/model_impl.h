@@ -100,6 +100,18 @@ typedef struct ModelChainLayer {
 } ModelChainLayer;
 int model_chain_forward(Model *m, const ModelChainLayer *in, int64_t T, Error *err);
 
+/* With SP, the backward from layer `upper`'s QKV product (its input gradient and dWqkv, then its
+ * first norm's backward into m->dh, m->dh_act) through layer upper - 1's MLP and attention output
+ * product (into m->datt), in pieces of rows (model_chain_bwd.c). upper = layer_end: the chunk's top
+ * layer's MLP and output product from the dh there; upper = layer_begin: its QKV product alone. */
+typedef struct ModelChainBack {
+    const ModelSlot *slot; /* the micro-batch's activations */
+    int upper;
+    const Act *a_full;     /* upper's a, all T rows, gathered by a_gather (piece by piece) */
+    SpExchange *a_gather;
+} ModelChainBack;
+int model_chain_backward(Model *m, const ModelChainBack *in, int64_t T, Error *err);
+
 /* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
  * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V
  * columns of dqkv (float32, this rank's rows) from m->dk_mb, m->dv_mb, the sharded rows summed over

@@ -34,11 +34,15 @@
  * piece's exchange beside another piece's product. In the forward everything from the attention
  * output product to the next layer's QKV product reads a row at a time, so with SP that span runs
  * as one pipeline of pieces (model_chain.c): y, b, the MLP, out, and the next layer's a and qkv,
- * piece by piece, each exchange beside other pieces' products. The backward's gathers of a and b
- * start as soon as the gathered rows' buffer is free (after ds, datt) and run beside the work up to
- * the weight-gradient product that reads them (swiglu' and dgu Wgu; attention' and dqkv Wqkv). A
- * collective shows below as a start where its input is ready and a wait where its result is first
- * read (model_sp_wait, model_comm_wait).
+ * piece by piece, each exchange beside other pieces' products. The backward likewise from a layer's
+ * QKV input gradient through the layer below's MLP to its datt (model_chain_bwd.c; not with full
+ * recomputation, whose forward again would overwrite the scratch the chain reads): between two
+ * attention backwards, everything reads a row at a time. The gather of a starts before attention'
+ * and runs beside it. A layer at a time (without SP, or with full recomputation) the gathers of a
+ * and b start as soon as the gathered rows' buffer is free (after ds, datt) and run beside the work
+ * up to the weight-gradient product that reads them (swiglu' and dgu Wgu; attention' and dqkv
+ * Wqkv). A collective shows below as a start where its input is ready and a wait where its result
+ * is first read (model_sp_wait, model_comm_wait).
  */
 #include <math.h>
 #include <string.h>
@@ -177,39 +181,38 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
     return residual_product(m, out, a->y, a->s, model_weight(m, T_WDOWN, l), T, F, err);
 }
 
-/* What train.recompute left out of a, computed again from the layer's input x. */
-static int recompute_layer(Model *m, const ModelBatch *b, int l, const float *x, LayerActs *a, Error *err)
+/* What train.recompute left out of a, computed again from the layer's input x: with selective, the
+ * attention half (a, rstd1) and the MLP half (b, rstd2, s) as `halves` says (the chained backward
+ * recomputes them at different times); with full, the whole layer. */
+enum { HALF_ATTN = 1, HALF_MLP = 2, HALF_BOTH = 3 };
+static int recompute_layer(Model *m, const ModelBatch *b, int l, const float *x, LayerActs *a, int halves,
+                           Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
+    int64_t R = model_rows(d, b->T);
     if (m->recompute == RECOMPUTE_FULL)
         return layer_forward(m, b, l, x, NULL, a, 0, NULL, err);
-    if (m->recompute == RECOMPUTE_SELECTIVE) {
-        int64_t R = model_rows(d, b->T);
+    if (m->recompute != RECOMPUTE_SELECTIVE)
+        return 0;
+    if (halves & HALF_ATTN)
         o->rmsnorm_fwd(a->a, a->rstd1, x, model_param(m, T_ATTN_NORM, l), R, d->d, d->norm_eps);
+    if (halves & HALF_MLP) {
         o->rmsnorm_fwd(a->b, a->rstd2, a->y, model_param(m, T_MLP_NORM, l), R, d->d, d->norm_eps);
         o->swiglu_fwd(a->s, a->gu, b->T, d->local_ffn);
     }
     return 0;
 }
 
-/* The layer's backward: m->dh (and m->dh_act) hold d(out) and get d(x). */
-static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Error *err)
+/* The MLP's backward: m->dh (and m->dh_act) hold d(out) and get d(y). */
+static int mlp_backward(Model *m, LayerActs *a, int l, const ModelBatch *b, Error *err)
 {
     const Ops *o = m->ops;
     const ModelDims *d = &m->dims;
-    int i = l - d->layer_begin;
-    LayerActs *a = &s->layers[i];
-    const float *x = s->h[i];
-    int64_t T = b->T, R = model_rows(d, T), D = d->d, F = d->local_ffn, lq = q_width(d), lkv = kv_width(d);
-    int64_t Q = qkv_width(d);
+    int64_t T = b->T, R = model_rows(d, T), D = d->d, F = d->local_ffn;
     const Act *in;
-    float *sum;
+    float *sum, *ds = m->g32;
     SpExchange gather = {{{0}}}, reduce = {{{0}}};
-    if (recompute_layer(m, b, l, x, a, err) != 0)
-        return -1;
-    /* MLP */
-    float *ds = m->g32;
     if (model_tp_gather_backward(m, m->dh_act, a->s, model_weight(m, T_WDOWN, l), model_grad(m, T_WDOWN, l),
                                  mat_f32(ds), T, F, err) != 0)
         return -1;
@@ -224,12 +227,20 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_MLP_NORM, l), sum, a->y, model_param(m, T_MLP_NORM, l),
                    a->rstd2, R, D);
-    /* Attention: dq, dk, dv accumulate in float32 (dqkv32); with CP dk, dv in micro-batch rows. */
+    return 0;
+}
+
+/* Attention's backward from datt (m->datt) to m->dqkv (after RoPE's backward); a's rows, all T of
+ * them, in *in once model_sp_wait(gather) returns (with SP gathered beside attention'). dq, dk, dv
+ * accumulate in float32 (dqkv32); with CP dk, dv in micro-batch rows. */
+static int attention_backward(Model *m, LayerActs *a, const ModelBatch *b, const Act **in, SpExchange *gather,
+                              Error *err)
+{
+    const Ops *o = m->ops;
+    const ModelDims *d = &m->dims;
+    int64_t T = b->T, lq = q_width(d), lkv = kv_width(d), Q = qkv_width(d);
     float *dqkv32 = m->g32;
-    if (model_tp_gather_backward(m, m->dh_act, a->att, model_weight(m, T_WO, l), model_grad(m, T_WO, l),
-                                 mat_act(m->datt), T, lq, err) != 0)
-        return -1;
-    if (all_rows_start(m, a->a, T, &in, &gather, err) != 0)
+    if (all_rows_start(m, a->a, T, in, gather, err) != 0)
         return -1;
     o->zero(dqkv32, T * Q);
     const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
@@ -255,6 +266,26 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     }
     o->rope_bwd(m->dqkv, Q, dqkv32, Q, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim,
                 m->inv_freq, m->rope_scale);
+    return 0;
+}
+
+/* The layer's backward, one part at a time: m->dh (and m->dh_act) hold d(out) and get d(x). */
+static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Error *err)
+{
+    const Ops *o = m->ops;
+    const ModelDims *d = &m->dims;
+    int i = l - d->layer_begin;
+    LayerActs *a = &s->layers[i];
+    const float *x = s->h[i];
+    int64_t T = b->T, R = model_rows(d, T), D = d->d, Q = qkv_width(d);
+    const Act *in;
+    float *sum;
+    SpExchange gather = {{{0}}}, reduce = {{{0}}};
+    if (recompute_layer(m, b, l, x, a, HALF_BOTH, err) != 0 || mlp_backward(m, a, l, b, err) != 0 ||
+        model_tp_gather_backward(m, m->dh_act, a->att, model_weight(m, T_WO, l), model_grad(m, T_WO, l),
+                                 mat_act(m->datt), T, q_width(d), err) != 0 ||
+        attention_backward(m, a, b, &in, &gather, err) != 0)
+        return -1;
     o->matmul_bwd_dx(mat_f32(m->tmp), m->dqkv, model_weight(m, T_WQ, l), T, D, Q);
     if (tp_sum_start(m, T, m->sp_part, &sum, &reduce, err) != 0 || model_sp_wait(m, &gather, err) != 0)
         return -1;
@@ -263,6 +294,36 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
         return -1;
     o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_ATTN_NORM, l), sum, x, model_param(m, T_ATTN_NORM, l),
                    a->rstd1, R, D);
+    return 0;
+}
+
+/* The backward's layers with SP, chained (model_chain_bwd.c): the top layer's MLP and output
+ * product from d(out); then per layer, top down, attention' and the chain from its QKV product into
+ * the layer below's output product (or, for the first layer, to d(x)). With selective recomputation
+ * the layer below's MLP half is recomputed before the chain and its attention half after (the
+ * chain still reads this layer's rstd1 from the scratch they share). Layer l's gradients are final
+ * once its chain is done. */
+static int layers_backward_chained(Model *m, ModelSlot *s, const ModelBatch *b, Error *err)
+{
+    const ModelDims *d = &m->dims;
+    int top = d->layer_end - 1, n = top - d->layer_begin;
+    ModelChainBack c = {s, d->layer_end, NULL, NULL};
+    if (recompute_layer(m, b, top, s->h[n], &s->layers[n], HALF_BOTH, err) != 0 ||
+        model_chain_backward(m, &c, b->T, err) != 0)
+        return -1;
+    for (int l = top; l >= d->layer_begin; l--) {
+        int i = l - d->layer_begin;
+        SpExchange gather = {{{0}}};
+        c = (ModelChainBack){s, l, NULL, &gather};
+        if (attention_backward(m, &s->layers[i], b, &c.a_full, &gather, err) != 0 ||
+            (i > 0 && recompute_layer(m, b, l - 1, s->h[i - 1], &s->layers[i - 1], HALF_MLP, err) != 0) ||
+            model_chain_backward(m, &c, b->T, err) != 0)
+            return -1;
+        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
+            return -1;
+        if (i > 0 && recompute_layer(m, b, l - 1, s->h[i - 1], &s->layers[i - 1], HALF_ATTN, err) != 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -356,11 +417,18 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
         o->copy(m->dh, dh_out, R * D);
         ops_cast(o, m->dh_act, DT_ACT, m->dh, DT_F32, R * D);
     }
-    for (int l = d->layer_end - 1; l >= d->layer_begin; l--) {
-        if (layer_backward(m, s, l, b, err) != 0)
+    /* With SP the layers' backward runs chained, but a full recomputation's forward again would
+     * overwrite the scratch a chain still reads: then, and without SP, a layer at a time. */
+    if (d->sp && m->recompute != RECOMPUTE_FULL) {
+        if (layers_backward_chained(m, s, b, err) != 0)
             return -1;
-        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
-            return -1;
+    } else {
+        for (int l = d->layer_end - 1; l >= d->layer_begin; l--) {
+            if (layer_backward(m, s, l, b, err) != 0)
+                return -1;
+            if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
+                return -1;
+        }
     }
     if (d->has_embed) {
         if (model_embed_bwd(m, m->dh, b, err) != 0)

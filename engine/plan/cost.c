@@ -334,54 +334,64 @@ static void pipelined(const CostModel *m, double c, double p, double *exposed, C
     out->contention += m->hw.comm_sm_share * hidden;
 }
 
-/* One stage of the forward's pieces (engine/model/model_chain.c): its products' seconds, and the
- * exchange it starts at its end (seconds of the whole exchange, 0: none); sync: the exchange runs
- * where it is started (bf16 sums), the compute waiting for it. */
-typedef struct ChainStage {
+/* One step of a stage of the pieces' pipelines (engine/model/model_chain.c, model_chain_bwd.c): its
+ * products' seconds, then the exchange it starts (seconds of the whole exchange, 0: none); sync: the
+ * exchange runs where it is started (bf16 sums), the compute waiting for it. A stage is one or two
+ * steps, and step t of a piece's stage first waits for the exchange that step t of the piece's
+ * stage before started: the backward's QKV stage starts its sums and then runs dWqkv beside them;
+ * its MLP stage starts the gather of b and then the reduce-scatter of the gate/up input gradient,
+ * and the stage after it runs dWgu once b is in, before it waits for the sums. */
+typedef struct ChainStep {
     double product, exchange;
     int sync;
+} ChainStep;
+enum { CHAIN_MAX_STEPS = 2, CHAIN_MAX_STAGES = 5, CHAIN_MAX_PIECES = 16 };
+typedef struct ChainStage {
+    ChainStep step[CHAIN_MAX_STEPS];
 } ChainStage;
 
-enum { CHAIN_MAX_STAGES = 5, CHAIN_MAX_PIECES = 16 };
-
-/* The forward's pieces as model_chain.c runs them: n stages over k = tp_chunks pieces, in the
- * wavefront order of util/wavefront.h, simulated on two resources - the compute, running the
- * stages in that order and waiting for a piece's exchange before the piece's next stage, and the
- * TP group, running the exchanges one after another in start order (their bandwidth time, b / k a
- * piece). What the compute waits is exposed; each piece also pays the link's latency, charged
- * exposed, as beside() and pipelined() do. Without overlap every exchange is waited for where it
- * starts. The last stage starts no exchange (the chain ends in a product or a sum), so the
- * compute's end is the chain's. The simulation is of the engine's order, not a bound. */
+/* A pipeline of pieces as the engine runs it: n stages over k = tp_chunks pieces, in the wavefront
+ * order of util/wavefront.h, simulated on two resources - the compute, running the stages' steps in
+ * that order and waiting for an exchange where the piece's step needs it, and the TP group,
+ * running the exchanges one after another in start order (their bandwidth time, b / k a piece).
+ * What the compute waits is exposed; each piece also pays the link's latency, charged exposed, as
+ * beside() and pipelined() do. Without overlap every exchange is waited for where it starts. The
+ * last stage starts no exchange (the chain ends in a product or a sum), so the compute's end is the
+ * chain's. The simulation is of the engine's order, not a bound. */
 static void chain(const CostModel *m, const ChainStage *st, int n, double *exposed, CostTpComm *out)
 {
     double lat = m->hw.link_latency_us * 1e-6, busy = 0, link = 0, products = 0, comm = 0;
-    double done[CHAIN_MAX_STAGES][CHAIN_MAX_PIECES] = {{0}};
+    double ready[CHAIN_MAX_STAGES][CHAIN_MAX_PIECES][CHAIN_MAX_STEPS] = {{{0}}};
     int k = m->tp_chunks < CHAIN_MAX_PIECES ? m->tp_chunks : CHAIN_MAX_PIECES;
     int stage[CHAIN_MAX_STAGES * CHAIN_MAX_PIECES], piece[CHAIN_MAX_STAGES * CHAIN_MAX_PIECES];
     int steps = wavefront_order(n, k, stage, piece);
     for (int i = 0; i < steps; i++) {
         int s = stage[i], j = piece[i];
-        if (s > 0 && st[s - 1].exchange > 0 && done[s - 1][j] > busy)
-            busy = done[s - 1][j];
-        busy += st[s].product / k;
-        if (st[s].exchange <= 0)
-            continue;
-        double b = (st[s].exchange - lat) / k;
-        if (!m->overlap || st[s].sync) {
-            busy += b;
-            done[s][j] = busy;
-        } else {
-            link = (link > busy ? link : busy) + b;
-            done[s][j] = link;
+        for (int t = 0; t < CHAIN_MAX_STEPS; t++) {
+            const ChainStep *x = &st[s].step[t];
+            if (s > 0 && ready[s - 1][j][t] > busy)
+                busy = ready[s - 1][j][t];
+            busy += x->product / k;
+            if (x->exchange <= 0)
+                continue;
+            double b = (x->exchange - lat) / k;
+            if (!m->overlap || x->sync) {
+                busy += b;
+                ready[s][j][t] = busy;
+            } else {
+                link = (link > busy ? link : busy) + b;
+                ready[s][j][t] = link;
+            }
         }
     }
-    for (int s = 0; s < n; s++) {
-        products += st[s].product;
-        if (st[s].exchange > 0) {
-            comm += st[s].exchange - lat;
-            *exposed += k * lat;
+    for (int s = 0; s < n; s++)
+        for (int t = 0; t < CHAIN_MAX_STEPS; t++) {
+            products += st[s].step[t].product;
+            if (st[s].step[t].exchange > 0) {
+                comm += st[s].step[t].exchange - lat;
+                *exposed += k * lat;
+            }
         }
-    }
     double waited = busy - products > 0 ? busy - products : 0, hidden = comm - waited > 0 ? comm - waited : 0;
     if (!m->overlap)
         hidden = 0; /* all of it waited for (busy - products is comm, up to rounding) */
@@ -431,31 +441,53 @@ void cost_tp_comm_parts(const CostModel *m, int64_t tokens_rank, CostTpComm *c)
      * run the whole chain. With full recomputation the backward runs the forward again up to
      * silu(g) u: the QKV product on its own, then the chain's first three stages. */
     int sync = m->sums_bf16;
-    ChainStage mid[] = {{out, rs, sync}, {0, ag, 0}, {gate_up + down, rs, sync}, {0, ag, 0}, {qkv, 0, 0}};
-    ChainStage last[] = {{out, rs, sync}, {0, ag, 0}, {gate_up + down, rs, sync}, {0, 0, 0}};
-    double L = (double)m->n_layers / (m->pp * m->v), mid_exposed = 0, edge_exposed = 0;
-    CostTpComm in_mid = {0}, at_edge = {0};
-    chain(m, mid, 5, &mid_exposed, &in_mid);
-    pipelined(m, ag, qkv, &edge_exposed, &at_edge);
-    chain(m, last, 4, &edge_exposed, &at_edge);
-    c->fwd_exposed += ((L - 1) * mid_exposed + edge_exposed) / L;
-    c->hidden += ((L - 1) * in_mid.hidden + at_edge.hidden) / L;
-    c->contention += ((L - 1) * in_mid.contention + at_edge.contention) / L;
-    /* The backward: the stream's gradient gathered before the down and output products' backward
-     * (weight and input gradient, piece by piece), and full recomputation's forward again (2
-     * all-gathers, 1 reduce-scatter). Then per part (QKV, gate/up): the normed rows gathered again
-     * beside the input-gradient product, and the input gradient's partial sums reduce-scattered
-     * beside the weight-gradient product, both the same FLOPs. */
+    double L = (double)m->n_layers / (m->pp * m->v);
+    ChainStage mid[] = {{{{out, rs, sync}}}, {{{0, ag, 0}}}, {{{gate_up + down, rs, sync}}}, {{{0, ag, 0}}},
+                        {{{qkv, 0, 0}}}};
+    ChainStage last[] = {{{{out, rs, sync}}}, {{{0, ag, 0}}}, {{{gate_up + down, rs, sync}}}, {{{0, 0, 0}}}};
+    CostTpComm fwd_mid = {0}, fwd_edge = {0};
+    double fwd_mid_exposed = 0, fwd_edge_exposed = 0;
+    chain(m, mid, 5, &fwd_mid_exposed, &fwd_mid);
+    pipelined(m, ag, qkv, &fwd_edge_exposed, &fwd_edge);
+    chain(m, last, 4, &fwd_edge_exposed, &fwd_edge);
+    c->fwd_exposed += ((L - 1) * fwd_mid_exposed + fwd_edge_exposed) / L;
+    c->hidden += ((L - 1) * fwd_mid.hidden + fwd_edge.hidden) / L;
+    c->contention += ((L - 1) * fwd_mid.contention + fwd_edge.contention) / L;
+    /* The backward. Each layer's normed rows a are gathered again beside attention' (priced beside
+     * the QKV input gradient's product alone: attention's time is not the rows'). Then, without
+     * full recomputation, the pieces run chained (model_chain_bwd.c) from a layer's QKV product to
+     * the output product of the layer below: dqkv Wqkv | RS, dWqkv; norm' | AG dh; dWdown, ds | AG
+     * b, swiglu', dgu Wgu | RS; dWgu (once b is in), norm' (once the sums are) | AG dh; dWo, datt.
+     * A chunk's top layer runs the chain from the gather of dh (its last four stages), its first
+     * layer the first two: of L layers a chunk, L - 1 chains are whole. */
+    beside(m, ag, qkv, m->tp_chunks, c);
+    if (!full) {
+        ChainStage qkv_part = {{{qkv, rs, sync}, {qkv, 0, 0}}};
+        ChainStage bwd_mid[] = {qkv_part, {{{0, ag, 0}}}, {{{2 * down, ag, 0}, {gate_up, rs, sync}}},
+                                {{{gate_up, 0, 0}, {0, ag, 0}}}, {{{0, 0, 0}, {2 * out, 0, 0}}}};
+        ChainStage bwd_bottom[] = {qkv_part, {{{0, 0, 0}}}};
+        CostTpComm bwd_mid_parts = {0}, bwd_edge = {0};
+        double bwd_mid_exposed = 0, bwd_edge_exposed = 0;
+        chain(m, bwd_mid, 5, &bwd_mid_exposed, &bwd_mid_parts);
+        chain(m, bwd_mid + 1, 4, &bwd_edge_exposed, &bwd_edge);
+        chain(m, bwd_bottom, 2, &bwd_edge_exposed, &bwd_edge);
+        c->bwd_exposed += ((L - 1) * bwd_mid_exposed + bwd_edge_exposed) / L;
+        c->hidden += ((L - 1) * bwd_mid_parts.hidden + bwd_edge.hidden) / L;
+        c->contention += ((L - 1) * bwd_mid_parts.contention + bwd_edge.contention) / L;
+        return;
+    }
+    /* With full recomputation a layer at a time: the stream's gradient gathered before the down and
+     * output products' backward (weight and input gradient, piece by piece), the forward again (2
+     * all-gathers, 1 reduce-scatter); then per part (QKV, gate/up) the input gradient's partial sums
+     * reduce-scattered beside the weight-gradient product, and for gate/up b gathered again beside
+     * its input-gradient product. */
+    ChainStage again[] = {{{{out, rs, sync}}}, {{{0, ag, 0}}}, {{{gate_up, 0, 0}}}};
     pipelined(m, ag, 2 * down, &c->bwd_exposed, c);
     pipelined(m, ag, 2 * out, &c->bwd_exposed, c);
-    if (full) {
-        ChainStage again[] = {{out, rs, sync}, {0, ag, 0}, {gate_up, 0, 0}};
-        pipelined(m, ag, qkv, &c->bwd_exposed, c);
-        chain(m, again, 3, &c->bwd_exposed, c);
-    }
+    pipelined(m, ag, qkv, &c->bwd_exposed, c);
+    chain(m, again, 3, &c->bwd_exposed, c);
     beside(m, ag, gate_up, m->tp_chunks, c);
     beside(m, rs, sums_beside * gate_up, m->tp_chunks, c);
-    beside(m, ag, qkv, m->tp_chunks, c);
     beside(m, rs, sums_beside * qkv, m->tp_chunks, c);
 }
 
