@@ -19,7 +19,8 @@
 # bf16 of an H100 SXM, also the H200's). Peak memory: wlbtrain's most device memory in use at any
 # allocation (metrics mem_peak_gb: the CUDA context and the libraries' buffers included) beside what
 # its memory model predicted before the run (mem_predicted_gb, the dry run's figure; the issue's
-# target: within 10%), and PyTorch's torch.cuda.max_memory_allocated.
+# target: within 10%), and PyTorch's the same way (the device's memory in use before the model, plus
+# torch.cuda.max_memory_reserved: bench/torch_llama.py's peak_mem_gb). GB of 10^9 bytes on both.
 # Usage (on the GPU machine, see scripts/device/gpu_check.sh): bash bench/gpu_throughput.sh [STEPS]
 #   WINDOWS="8192 32768" to choose the windows; SKIP_8B=1 to leave out the 8B layer rows; SHORT=1
 #   for the rows the targets need, in a device lease: fixed, wlb and flex at 8K and 32K, wlb alone at

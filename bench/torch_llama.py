@@ -17,7 +17,9 @@ in bf16. The loss is computed in chunks of rows under activation checkpointing s
 Batches: the documents of a Megatron data set (bench/make_corpus.py) in file order, cut into
 windows of --ctx tokens (documents split at window ends, positions restarting in each piece); a
 step is --micro windows. Prints one JSON line: tokens/s (median over the timed steps), step ms,
-and the FLOPs per step counted as in bench/gpu_throughput.sh (6 N per token for the weights,
+peak memory in GB of 10^9 bytes (the device's memory in use at the peak, as wlbtrain counts its own:
+the CUDA context and torch.cuda.max_memory_reserved; the tensors' alone beside it), and the FLOPs
+per step counted as in bench/gpu_throughput.sh (6 N per token for the weights,
 attention 12 L H D per pair of tokens of one document that attend, causal pairs only).
 """
 import argparse
@@ -189,6 +191,12 @@ def main():
     c = PRESETS[a.model]
     dev = torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    # What the device holds before the model: the CUDA context (and anything else on the GPU), which
+    # wlbtrain's peak (the device's total - free) counts too.
+    base = 0
+    if dev.type == "cuda":
+        free, total = torch.cuda.mem_get_info(dev)
+        base = total - free
     torch.manual_seed(0)
     model = Llama(c).to(dev)
     flex = a.attention == "flex"
@@ -231,7 +239,11 @@ def main():
     print(json.dumps({"impl": impl, "model": a.model, "ctx": a.ctx, "params": n_params,
                       "tokens_per_step": tokens, "step_ms": med * 1e3, "tokens_per_s": tokens / med,
                       "flops_per_step": float(np.median(flops)),
-                      "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0}))
+                      # GB of 10^9 bytes, wlbtrain's unit. peak_mem_gb: the device's memory in use at the
+                      # peak, as wlbtrain's mem_peak_gb counts it (the context before the model, plus the
+                      # caching allocator's most reserved); peak_allocated_gb: the tensors' alone.
+                      "peak_mem_gb": (base + torch.cuda.max_memory_reserved()) / 1e9 if dev.type == "cuda" else 0,
+                      "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9 if dev.type == "cuda" else 0}))
     return 0
 
 

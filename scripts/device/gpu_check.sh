@@ -13,6 +13,8 @@
 #   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh     (about 3 minutes)
 #   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
 #   bash scripts/device/gpu_check.sh profile    scripts/device/profile.sh 8192 2
+#   bash scripts/device/gpu_check.sh profile_attention  scripts/device/profile_attention.sh 32768:
+#                                               the attention kernels' counters beside FA2's
 #   bash scripts/device/gpu_check.sh calibration  bench/planner_calibration.sh on cuda, and the
 #                                               calibrated profile kept in $OUT (about 8 minutes)
 # A lease is 15 minutes of device time, the machine's start (a minute or more) included, and one
@@ -131,6 +133,9 @@ for part in "${parts[@]}"; do
   attention) step attention bash bench/attention_kernels.sh; grep -E '^(##|\||$)' "$logs/attention.log" ;;
   bench) step bench bash bench/gpu_throughput.sh; grep -E '^\|' "$logs/bench.log" ;;
   profile) OUT=$logs step profile bash scripts/device/profile.sh 8192 2; cat "$logs/profile.log" 2>/dev/null ;;
+  profile_attention)
+    OUT=$logs step profile_attention bash scripts/device/profile_attention.sh 32768
+    cat "$logs/profile_attention.log" 2>/dev/null ;;
   calibration)
     # The H100 profile to keep in the repository (config/profiles/), then the bench.
     python3 bench/make_corpus.py --out /tmp/cal_docs --docs 2000 --vocab 128256 >/dev/null 2>&1
@@ -138,7 +143,7 @@ for part in "${parts[@]}"; do
     step calibrate "$WLBTRAIN" calibrate --config /tmp/cal.yaml --out "$out/h100-llama3.2-1b.json"
     DEVICE=cuda WLBTRAIN=$WLBTRAIN step calibration bash bench/planner_calibration.sh
     grep -E '^(#|\||device)' "$logs/calibration.log" ;;
-  *) echo "gpu_check: unknown part '$part' (lease, tests, sanitize, attention, bench, profile, calibration)" >&2; exit 2 ;;
+  *) echo "gpu_check: unknown part '$part' (lease, tests, sanitize, attention, bench, profile, profile_attention, calibration)" >&2; exit 2 ;;
   esac
 done
 report
