@@ -55,7 +55,7 @@ static AttnSegment *read_segments(const char *path, int64_t *n_out, int64_t *row
                 die("out of memory");
             s = g;
         }
-        s[n++] = (AttnSegment){a, b, c, d};
+        s[n++] = (AttnSegment){a, b, c, d, 0};
         rows = a + b > rows ? a + b : rows;
         rows = c + d > rows ? c + d : rows;
     }

@@ -81,7 +81,7 @@ static void make_batch(Batch *bt, int64_t T, uint64_t seed)
         }
         for (int64_t j = 0; j < len; j++)
             bt->targets[at + j] = j + 1 < len ? bt->tokens[at + j + 1] : -1;
-        bt->segs[n++] = (AttnSegment){at, len, at, len};
+        bt->segs[n++] = (AttnSegment){at, len, at, len, 0};
         at += len;
     }
     bt->b = (ModelBatch){.T = T, .tokens = bt->tokens, .targets = bt->targets, .positions = bt->positions,

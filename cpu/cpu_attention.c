@@ -1,8 +1,11 @@
 /*
  * cpu/cpu_attention.c - document-causal attention over segments (see engine/ops.h), fp32.
  *
- * Forward, per segment, query row i and head h: s_t = q_i . k_t / sqrt(D) for the n keys it sees,
- * p = softmax(s), out_i = sum_t p_t v_t; lse_i = max + log(sum exp(s - max)).
+ * Forward, per segment, query row i and head h: s_t = q_i . k_t / sqrt(D) for the n keys it sees
+ * (kv_len - q_len + i + 1 of them, or with `full` all kv_len), p = softmax(s), out_i = sum_t p_t v_t;
+ * lse_i = max + log(sum exp(s - max)). Merge (cpu_attention_merge): two attentions of one query over
+ * disjoint key blocks combine by their lse - the softmax over the union weighs each block's output
+ * by its share of the denominator, e^(lse_block - lse_union).
  * Backward (P recomputed from lse): dP_t = dout_i . v_t, D_i = dout_i . out_i,
  * dS_t = P_t (dP_t - D_i); dq_i = sum_t dS_t k_t / sqrt(D); dk_t += dS_t q_i / sqrt(D);
  * dv_t += P_t dout_i.
@@ -74,6 +77,12 @@ CPU_HOT static void row_bwd(float *restrict dqi, float *restrict dk, float *rest
     }
 }
 
+/* The keys query i of segment g sees. */
+static inline int64_t keys_seen(const AttnSegment *g, int64_t i)
+{
+    return g->full ? g->kv_len : g->kv_len - g->q_len + i + 1;
+}
+
 static int64_t longest_kv(const AttnSegment *segs, int64_t n)
 {
     int64_t m = 1;
@@ -103,7 +112,7 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
             for (int64_t i = 0; i < g->q_len; i++) {
                 int64_t row = g->q_row + i;
                 lse[row * H + h] = row_fwd(out + row * a.o_stride + h * D, q + row * a.q_stride + h * D, kb, vb,
-                                           a.kv_stride, g->kv_len - g->q_len + i + 1, D, scale, s);
+                                           a.kv_stride, keys_seen(g, i), D, scale, s);
             }
         }
         free(s);
@@ -127,7 +136,31 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                 for (int64_t i = 0; i < g->q_len; i++) {
                     int64_t row = g->q_row + i, at = row * a.q_stride + h * D, ot = row * a.o_stride + h * D;
                     row_bwd(dq + at, dk + kv, dv + kv, q + at, dout + ot, out + ot, k + kv, v + kv, a.kv_stride,
-                            g->kv_len - g->q_len + i + 1, D, scale, lse[row * H + h]);
+                            keys_seen(g, i), D, scale, lse[row * H + h]);
                 }
         }
+}
+
+void cpu_attention_merge(float *acc, float *acc_lse, const float *part, const float *part_lse,
+                         const AttnSegment *segs, int64_t n_segs, AttnShape a, int first)
+{
+    const int H = a.n_heads, D = a.head_dim;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t si = 0; si < n_segs; si++)
+        for (int64_t row = segs[si].q_row; row < segs[si].q_row + segs[si].q_len; row++)
+            for (int h = 0; h < H; h++) {
+                float *o = acc + row * a.o_stride + h * D, *l = acc_lse + row * H + h;
+                const float *po = part + row * a.o_stride + h * D, pl = part_lse[row * H + h];
+                if (first || *l == -INFINITY) {
+                    memcpy(o, po, (size_t)D * sizeof *o);
+                    *l = pl;
+                    continue;
+                }
+                if (pl == -INFINITY)
+                    continue;
+                float m = *l > pl ? *l : pl, wa = expf(*l - m), wb = expf(pl - m), inv = 1.0f / (wa + wb);
+                for (int d = 0; d < D; d++)
+                    o[d] = (o[d] * wa + po[d] * wb) * inv;
+                *l = m + logf(wa + wb);
+            }
 }

@@ -26,6 +26,10 @@ void cpu_bf16_attention_fwd(Act *out, float *lse, const Act *q, const Act *k, co
 void cpu_bf16_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
                             const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs,
                             AttnShape shape);
+void cpu_bf16_attention_merge(float *acc, float *acc_lse, const Act *part, const float *part_lse,
+                              const AttnSegment *segs, int64_t n_segs, AttnShape shape, int first);
+void cpu_bf16_attention_merge_store(Act *out, float *lse, const float *acc, const float *acc_lse,
+                                    const AttnSegment *segs, int64_t n_segs, AttnShape shape);
 void cpu_bf16_swiglu_fwd(Act *out, const Act *gu, int64_t T, int64_t F);
 void cpu_bf16_swiglu_bwd(Act *dgu, const float *dout, const Act *gu, int64_t T, int64_t F);
 void cpu_bf16_ce_grad(Act *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,

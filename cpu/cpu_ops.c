@@ -406,6 +406,24 @@ static void f32_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, 
                       (const float *)v, segs, n_segs, shape);
 }
 
+static void f32_attention_merge(float *acc, float *acc_lse, const Act *part, const float *part_lse,
+                                const AttnSegment *segs, int64_t n_segs, AttnShape shape, int first)
+{
+    cpu_attention_merge(acc, acc_lse, (const float *)part, part_lse, segs, n_segs, shape, first);
+}
+
+/* out, lse = acc, acc_lse on the segments' query rows. */
+static void f32_attention_merge_store(Act *out, float *lse, const float *acc, const float *acc_lse,
+                                      const AttnSegment *segs, int64_t n_segs, AttnShape a)
+{
+    int64_t HD = (int64_t)a.n_heads * a.head_dim;
+    for (int64_t si = 0; si < n_segs; si++)
+        for (int64_t row = segs[si].q_row; row < segs[si].q_row + segs[si].q_len; row++) {
+            memcpy((float *)out + row * a.o_stride, acc + row * a.o_stride, (size_t)HD * sizeof *acc);
+            memcpy(lse + row * a.n_heads, acc_lse + row * a.n_heads, (size_t)a.n_heads * sizeof *lse);
+        }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* The tables                                                                                      */
 
@@ -432,6 +450,8 @@ static const Ops ops_f32 = {
     .rope_bwd = f32_rope_bwd,
     .attention_fwd = f32_attention_fwd,
     .attention_bwd = f32_attention_bwd,
+    .attention_merge = f32_attention_merge,
+    .attention_merge_store = f32_attention_merge_store,
     .swiglu_fwd = f32_swiglu_fwd,
     .swiglu_bwd = f32_swiglu_bwd,
     .ce_grad = f32_ce_grad,
@@ -453,6 +473,8 @@ static const Ops ops_bf16 = {
     .rope_bwd = cpu_bf16_rope_bwd,
     .attention_fwd = cpu_bf16_attention_fwd,
     .attention_bwd = cpu_bf16_attention_bwd,
+    .attention_merge = cpu_bf16_attention_merge,
+    .attention_merge_store = cpu_bf16_attention_merge_store,
     .swiglu_fwd = cpu_bf16_swiglu_fwd,
     .swiglu_bwd = cpu_bf16_swiglu_bwd,
     .ce_grad = cpu_bf16_ce_grad,

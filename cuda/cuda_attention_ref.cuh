@@ -10,7 +10,7 @@
  * dK/dV items in waves of segments that share no key row.
  *
  * Forward (ref_fwd_cta): a block per (query tile of BM rows, query head). For each tile of BN keys,
- * in order, S = q k / sqrt(D) (masked: query i of the segment sees keys up to kv_len - q_len + i),
+ * in order, S = q k / sqrt(D) (masked: query i of the segment sees keys up to off + i, flash_seg_off),
  * the new row maxima m', alpha = exp(m - m'), P = exp(S - m'), l = alpha l + sum P,
  * O = alpha O + P V; at the end out = O / l and lse = m + log l.
  * Backward (FlashAttention-2's, in float32): Delta_i = dout_i . out_i (ref_delta_cta) first; then
@@ -110,7 +110,7 @@ template <class C> FLASH_DEV void ref_fwd_cta(const RefAttnArgs &a, float *sm, i
     const int2 item = flash_ld_global(a.items + block / a.n_heads);
     const int h = (int)(block % a.n_heads), kh = h / a.group;
     const int4 g = flash_ld_global(a.segs + item.x); /* q_row, q_len, kv_row, kv_len */
-    const int i0 = item.y, rows = flash_imin(BM, g.y - i0), offset = g.w - g.y;
+    const int i0 = item.y, rows = flash_imin(BM, g.y - i0), offset = flash_seg_off(g), kv = flash_seg_keys(g);
     const int64_t row0 = (int64_t)g.x + i0;
     const float *kg = a.k + (int64_t)g.z * a.kv_stride + (int64_t)kh * D;
     const float *vg = a.v + (int64_t)g.z * a.kv_stride + (int64_t)kh * D;
@@ -121,10 +121,10 @@ template <class C> FLASH_DEV void ref_fwd_cta(const RefAttnArgs &a, float *sm, i
         m_s[i] = -INFINITY;
         l_s[i] = 0.0f;
     }
-    const int last = offset + i0 + rows - 1; /* the last key any row of the tile sees */
+    const int last = flash_imin(offset + i0 + rows, kv) - 1; /* the last key any row of the tile sees */
     for (int j0 = 0; j0 <= last; j0 += BN) {
         flash_sync_cta();
-        const int keys = g.w - j0;
+        const int keys = kv - j0;
         ref_load_rows<BN, D, THREADS>(Ks, kg + (int64_t)j0 * a.kv_stride, a.kv_stride, keys, tid);
         ref_load_rows<BN, D, THREADS>(Vs, vg + (int64_t)j0 * a.kv_stride, a.kv_stride, keys, tid);
         flash_sync_cta();
@@ -248,7 +248,7 @@ FLASH_DEV void ref_dkdv_cta(const RefAttnArgs &a, float *sm, int64_t block, int 
     const int2 item = flash_ld_global(a.items + block / n_kv);
     const int kh = (int)(block % n_kv);
     const int4 g = flash_ld_global(a.segs + item.x);
-    const int j0 = item.y, keys = flash_imin(BN, g.w - j0), offset = g.w - g.y;
+    const int j0 = item.y, keys = flash_imin(BN, flash_seg_keys(g) - j0), offset = flash_seg_off(g);
     const int64_t kv0 = (int64_t)g.z + j0;
     ref_load_rows<BN, D, THREADS>(Ks, a.k + kv0 * a.kv_stride + (int64_t)kh * D, a.kv_stride, keys, tid);
     ref_load_rows<BN, D, THREADS>(Vs, a.v + kv0 * a.kv_stride + (int64_t)kh * D, a.kv_stride, keys, tid);
@@ -311,7 +311,7 @@ template <class C> FLASH_DEV void ref_dq_cta(const RefAttnArgs &a, float *sm, in
     const int2 item = flash_ld_global(a.items + block / a.n_heads);
     const int h = (int)(block % a.n_heads), kh = h / a.group;
     const int4 g = flash_ld_global(a.segs + item.x);
-    const int i0 = item.y, rows = flash_imin(BM, g.y - i0), offset = g.w - g.y;
+    const int i0 = item.y, rows = flash_imin(BM, g.y - i0), offset = flash_seg_off(g), kv = flash_seg_keys(g);
     const int64_t row0 = (int64_t)g.x + i0;
     const float *kg = a.k + (int64_t)g.z * a.kv_stride + (int64_t)kh * D;
     const float *vg = a.v + (int64_t)g.z * a.kv_stride + (int64_t)kh * D;
@@ -320,10 +320,10 @@ template <class C> FLASH_DEV void ref_dq_cta(const RefAttnArgs &a, float *sm, in
     ref_load_lse_delta<BM, THREADS>(lse_s, delta_s, a, row0, h, rows, tid);
     for (int e = tid; e < BM * D; e += THREADS)
         dQs[e] = 0.0f;
-    const int last = offset + i0 + rows - 1; /* the last key any row of the tile sees */
+    const int last = flash_imin(offset + i0 + rows, kv) - 1; /* the last key any row of the tile sees */
     for (int j0 = 0; j0 <= last; j0 += BN) {
         flash_sync_cta();
-        const int keys = flash_imin(BN, g.w - j0);
+        const int keys = flash_imin(BN, kv - j0);
         ref_load_rows<BN, D, THREADS>(Ks, kg + (int64_t)j0 * a.kv_stride, a.kv_stride, keys, tid);
         ref_load_rows<BN, D, THREADS>(Vs, vg + (int64_t)j0 * a.kv_stride, a.kv_stride, keys, tid);
         flash_sync_cta();

@@ -159,6 +159,11 @@ template <class T> void cuda_attention_fwd(Act *out, float *lse, const Act *q, c
 template <class T> void cuda_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out,
                                            const float *lse, const Act *q, const Act *k, const Act *v,
                                            const AttnSegment *segs, int64_t n_segs, AttnShape shape);
+/* cuda_attention_merge.cu */
+template <class T> void cuda_attention_merge(float *acc, float *acc_lse, const Act *part, const float *part_lse,
+                                             const AttnSegment *segs, int64_t n_segs, AttnShape shape, int first);
+template <class T> void cuda_attention_merge_store(Act *out, float *lse, const float *acc, const float *acc_lse,
+                                                   const AttnSegment *segs, int64_t n_segs, AttnShape shape);
 
 /* Scratch of the element-wise and loss kernels, and the embedding's sort, released at close. */
 void cuda_kernels_close(void);

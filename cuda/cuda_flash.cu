@@ -6,8 +6,9 @@
  * Plans. The model calls attention with the same segments in every layer, forward and backward, so
  * the lists of a segment list are built and uploaded once and kept: the last FLASH_PLANS distinct
  * lists, found again by comparing the segments themselves (a memcmp) and the tiles they were cut by
- * (cuda_flash_plan: the float32 reference kernels of cuda_attention.cu use the cache with their own
- * tiles). The upload is a
+ * (cuda_flash_plan: the float32 reference kernels of cuda_attention.cu and the merges of
+ * cuda_attention_merge.cu use the cache with their own tiles; context parallelism's blocks make a
+ * few lists per rank of a micro-batch, hence the room). The upload is a
  * cudaMemcpyAsync from the plan's host copy, which stays alive and unchanged while the plan is
  * kept; it is ordered before the kernels that read it and after those that read the buffer before.
  * A new plan costs linear host work in segments and tiles (a 128K window of thousands of documents:
@@ -27,7 +28,7 @@
 #include "cuda/cuda_flash.h"
 #include "cuda/cuda_flash_launch.cuh"
 
-enum { FLASH_PLANS = 16 };
+enum { FLASH_PLANS = 256 };
 
 struct FlashPlanEntry {
     std::vector<AttnSegment> key; /* the segments the plan was built from */
@@ -121,10 +122,16 @@ FlashDevPlan cuda_flash_plan(const char *where, const AttnSegment *segs, int64_t
     return FlashDevPlan{&e->plan, dsegs, (const int2 *)(dsegs + e->plan.segs.size())};
 }
 
-static FlashDevPlan flash_plan_get(const char *where, const AttnSegment *segs, int64_t n, AttnShape shape)
+/* The plan of a call; *full: its segments are all full (the kernels take one kind a launch: a list
+ * that mixes them stops with a message). */
+static FlashDevPlan flash_plan_get(const char *where, const AttnSegment *segs, int64_t n, AttnShape shape, bool *full)
 {
     FlashPlanShape tiles = shape.head_dim == 64 ? flash_plan_shape<FlashTiles<64>>() : flash_plan_shape<FlashTiles<128>>();
-    return cuda_flash_plan(where, segs, n, tiles, shape.n_heads);
+    FlashDevPlan e = cuda_flash_plan(where, segs, n, tiles, shape.n_heads);
+    *full = e.plan->n_full > 0;
+    if (*full && e.plan->n_full != (int64_t)e.plan->segs.size())
+        cuda_fatal(where, "the segments of one call are all causal or all full (every query sees every key)");
+    return e;
 }
 
 void cuda_flash_fwd(void *out, float *lse, const void *q, const void *k, const void *v, const AttnSegment *segs,
@@ -137,7 +144,8 @@ void cuda_flash_fwd(void *out, float *lse, const void *q, const void *k, const v
     flash_check_align(where, "v", v, 16);
     flash_check_align(where, "out", out, 16);
     flash_check_align(where, "lse", lse, 4);
-    const FlashDevPlan e = flash_plan_get(where, segs, n_segs, shape);
+    bool full;
+    const FlashDevPlan e = flash_plan_get(where, segs, n_segs, shape, &full);
     if (e.plan->fwd_count == 0)
         return;
     const float scale = 1.0f / sqrtf((float)shape.head_dim);
@@ -155,12 +163,12 @@ void cuda_flash_fwd(void *out, float *lse, const void *q, const void *k, const v
                       shape.o_stride,
                       scale * 1.4426950408889634f};
     if (shape.head_dim == 64)
-        flash_launch_fwd<64>(a, e.plan->fwd_count);
+        flash_launch_fwd<64>(a, e.plan->fwd_count, full);
     else
-        flash_launch_fwd<128>(a, e.plan->fwd_count);
+        flash_launch_fwd<128>(a, e.plan->fwd_count, full);
 }
 
-template <int D> static void flash_bwd_run(FlashBwdArgs a, const FlashDevPlan &e, int deterministic)
+template <int D> static void flash_bwd_run(FlashBwdArgs a, const FlashDevPlan &e, int deterministic, bool full)
 {
     const FlashPlan &p = *e.plan;
     a.items = e.items + p.dq_begin;
@@ -171,15 +179,15 @@ template <int D> static void flash_bwd_run(FlashBwdArgs a, const FlashDevPlan &e
         a.kv_atomic = 0;
         for (int64_t w = 0; w < waves; w++) {
             a.items = e.items + p.wave_begin[(size_t)w];
-            flash_launch_dkdv<D>(a, p.wave_begin[(size_t)w + 1] - p.wave_begin[(size_t)w], false);
+            flash_launch_dkdv<D>(a, p.wave_begin[(size_t)w + 1] - p.wave_begin[(size_t)w], false, full);
         }
         a.items = e.items + p.dq_begin;
-        flash_launch_dq<D>(a, p.dq_count);
+        flash_launch_dq<D>(a, p.dq_count, full);
     } else {
         /* one launch for every wave, dQ by atomics; dk, dv by atomics when segments share keys */
         a.kv_atomic = waves > 1;
         a.items = e.items + p.wave_begin[0];
-        flash_launch_dkdv<D>(a, p.wave_begin[(size_t)waves] - p.wave_begin[0], true);
+        flash_launch_dkdv<D>(a, p.wave_begin[(size_t)waves] - p.wave_begin[0], true, full);
     }
 }
 
@@ -197,7 +205,8 @@ void cuda_flash_bwd(float *dq, float *dk, float *dv, const void *dout, const voi
     flash_check_align(where, "dk", dk, 8);
     flash_check_align(where, "dv", dv, 8);
     flash_check_align(where, "lse", lse, 4);
-    const FlashDevPlan e = flash_plan_get(where, segs, n_segs, shape);
+    bool full;
+    const FlashDevPlan e = flash_plan_get(where, segs, n_segs, shape, &full);
     if (e.plan->dq_count == 0)
         return;
     const size_t delta_bytes = (size_t)e.plan->rows * (size_t)shape.n_heads * sizeof(float);
@@ -231,9 +240,9 @@ void cuda_flash_bwd(float *dq, float *dk, float *dv, const void *dout, const voi
                       scale * 1.4426950408889634f,
                       0};
     if (shape.head_dim == 64)
-        flash_bwd_run<64>(a, e, deterministic);
+        flash_bwd_run<64>(a, e, deterministic, full);
     else
-        flash_bwd_run<128>(a, e, deterministic);
+        flash_bwd_run<128>(a, e, deterministic, full);
 }
 
 void cuda_flash_release(void)

@@ -20,7 +20,8 @@
  * run. The price is S and dP computed twice: 7 products of the forward's size instead of 5.
  *
  * Masking (segment-relative rows): query i sees key j when i < q_len, j < kv_len and
- * j <= kv_len - q_len + i. Rows past the ends are zero in shared memory and masked out of P.
+ * j <= kv_len - q_len + i (FULL: a list of full segments, kv_len stored negated, every query sees
+ * every key). Rows past the ends are zero in shared memory and masked out of P.
  */
 #ifndef WLB_CUDA_CUDA_FLASH_BWD_CUH
 #define WLB_CUDA_CUDA_FLASH_BWD_CUH
@@ -70,7 +71,7 @@ FLASH_DEV void flash_delta_cta(const FlashBwdArgs &p, int64_t block, int tid)
 /* ---------------------------------------------------------------------------------------------- */
 /* dK, dV (and dQ with atomics)                                                                    */
 
-template <class C, bool ATOMIC_DQ>
+template <class C, bool ATOMIC_DQ, bool FULL = false>
 FLASH_DEV void flash_dkdv_cta(const FlashBwdArgs &p, unsigned char *smem, int64_t block, int tid)
 {
     constexpr int D = C::D, BM = C::BM, BN = C::BN, THREADS = C::THREADS;
@@ -78,7 +79,7 @@ FLASH_DEV void flash_dkdv_cta(const FlashBwdArgs &p, unsigned char *smem, int64_
     const int2 item = flash_ld_global(p.items + block / n_kv);
     const int kh = (int)(block % n_kv);
     const int4 seg = flash_ld_global(p.segs + item.x); /* q_row, q_len, kv_row, kv_len */
-    const int q_len = seg.y, kv_len = seg.w, off = kv_len - q_len, j0 = item.y;
+    const int q_len = seg.y, kv_len = FULL ? -seg.w : seg.w, off = FULL ? kv_len - 1 : kv_len - q_len, j0 = item.y;
     const int first = flash_imax(0, j0 - off); /* the first query that sees key j0 */
     const int n_qt = (q_len - first + BM - 1) / BM, n_steps = p.group * n_qt;
     const int lane = tid & 31, warp = tid >> 5;
@@ -212,7 +213,8 @@ FLASH_DEV void flash_dkdv_cta(const FlashBwdArgs &p, unsigned char *smem, int64_
 /* ---------------------------------------------------------------------------------------------- */
 /* dQ (deterministic mode)                                                                         */
 
-template <class C> FLASH_DEV void flash_dq_cta(const FlashBwdArgs &p, unsigned char *smem, int64_t block, int tid)
+template <class C, bool FULL = false>
+FLASH_DEV void flash_dq_cta(const FlashBwdArgs &p, unsigned char *smem, int64_t block, int tid)
 {
     constexpr int D = C::D, BM = C::BM, BN = C::BN, MT = C::MT, THREADS = C::THREADS;
     constexpr int NS = BN / 8, NO = D / 8, KD = D / 16, KN = BN / 16;
@@ -220,7 +222,7 @@ template <class C> FLASH_DEV void flash_dq_cta(const FlashBwdArgs &p, unsigned c
     const int h = (int)(block % p.n_heads), kh = h / p.group;
     const int4 seg = flash_ld_global(p.segs + item.x);
     const int i0 = item.y, rows = flash_imin(BM, seg.y - i0), u0 = seg.w - seg.y + i0;
-    const int n_keys = u0 + rows, n_tiles = (n_keys + BN - 1) / BN;
+    const int n_keys = FULL ? -seg.w : u0 + rows, n_tiles = (n_keys + BN - 1) / BN;
     const int lane = tid & 31, wr = (tid >> 5) * (BM / C::WARPS);
     uint16_t *sQ = reinterpret_cast<uint16_t *>(smem), *sdO = sQ + BM * D, *sK = sdO + BM * D, *sV = sK + 2 * BN * D;
     const int64_t row0 = (int64_t)seg.x + i0;
@@ -270,7 +272,7 @@ template <class C> FLASH_DEV void flash_dq_cta(const FlashBwdArgs &p, unsigned c
         flash_warp_gemm<MT, NS, KD, false, D, false, D>(s, sQ, wr, kt, 0, 0, lane);
         flash_warp_gemm<MT, NS, KD, false, D, false, D>(dp, sdO, wr, vt, 0, 0, lane);
         const int j0 = t * BN;
-        const bool masked = j0 + BN - 1 > u0 + wr || wr + 16 * MT > rows;
+        const bool masked = (FULL ? j0 + BN > n_keys : j0 + BN - 1 > u0 + wr) || wr + 16 * MT > rows;
         /* dS = P (dP - Delta), into s */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -280,7 +282,7 @@ template <class C> FLASH_DEV void flash_dq_cta(const FlashBwdArgs &p, unsigned c
                 for (int i = 0; i < 4; i++) {
                     const int r = wr + 16 * mt + flash_c_row(lane, i), j = j0 + 8 * nt + flash_c_col(lane, i);
                     float pe = flash_exp2(s[mt][nt][i] * p.scale_log2 - lse2[mt][i >> 1]);
-                    if (masked && !(r < rows && j <= u0 + r))
+                    if (masked && !(r < rows && (FULL ? j < n_keys : j <= u0 + r)))
                         pe = 0.0f;
                     s[mt][nt][i] = pe * (dp[mt][nt][i] - delta[mt][i >> 1]);
                 }

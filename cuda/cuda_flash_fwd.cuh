@@ -15,7 +15,9 @@
  *
  * Masking: query row r of the tile (segment row i0 + r) sees keys j <= u0 + r with
  * u0 = kv_len - q_len + i0. Key tiles wholly above the last row's limit are never visited; a warp
- * masks only the tiles that cross its first row's limit (at most BM / BN + 1 of them).
+ * masks only the tiles that cross its first row's limit (at most BM / BN + 1 of them). FULL (a list
+ * of full segments, engine/ops.h: every query sees every key; the plan stores kv_len negated): every
+ * row sees the kv_len keys, and only a last tile that runs past them is masked, by column.
  *
  * Layout: warp w owns rows [w BM / WARPS, (w + 1) BM / WARPS), MT tiles of 16 rows. Its S block
  * (MT x BN / 8 accumulator tiles) stays in registers and becomes the A operand of P V directly
@@ -31,7 +33,8 @@
 #define FLASH_LOG2E 1.4426950408889634f
 #define FLASH_LN2 0.6931471805599453f
 
-template <class C> FLASH_DEV void flash_fwd_cta(const FlashFwdArgs &p, unsigned char *smem, int64_t block, int tid)
+template <class C, bool FULL = false>
+FLASH_DEV void flash_fwd_cta(const FlashFwdArgs &p, unsigned char *smem, int64_t block, int tid)
 {
     constexpr int D = C::D, BM = C::BM, BN = C::BN, MT = C::MT, THREADS = C::THREADS;
     constexpr int NS = BN / 8, NO = D / 8, KD = D / 16, KN = BN / 16;
@@ -39,7 +42,7 @@ template <class C> FLASH_DEV void flash_fwd_cta(const FlashFwdArgs &p, unsigned 
     const int h = (int)(block % p.n_heads), kh = h / p.group;
     const int4 seg = flash_ld_global(p.segs + item.x); /* q_row, q_len, kv_row, kv_len */
     const int i0 = item.y, rows = flash_imin(BM, seg.y - i0), u0 = seg.w - seg.y + i0;
-    const int n_keys = u0 + rows, n_tiles = (n_keys + BN - 1) / BN;
+    const int n_keys = FULL ? -seg.w : u0 + rows, n_tiles = (n_keys + BN - 1) / BN;
     const int lane = tid & 31, wr = (tid >> 5) * (BM / C::WARPS); /* the warp's first row */
     uint16_t *sQ = reinterpret_cast<uint16_t *>(smem), *sK = sQ + BM * D, *sV = sK + 2 * BN * D;
     const uint16_t *kg = p.k + (int64_t)seg.z * p.kv_stride + kh * D;
@@ -96,7 +99,7 @@ template <class C> FLASH_DEV void flash_fwd_cta(const FlashFwdArgs &p, unsigned 
 
         /* scale to base 2; mask keys past each row's limit on the tiles that cross it */
         const int j0 = t * BN;
-        const bool masked = j0 + BN - 1 > u0 + wr;
+        const bool masked = FULL ? j0 + BN > n_keys : j0 + BN - 1 > u0 + wr;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -104,7 +107,8 @@ template <class C> FLASH_DEV void flash_fwd_cta(const FlashFwdArgs &p, unsigned 
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     float x = s[mt][nt][i] * p.scale_log2;
-                    if (masked && j0 + 8 * nt + flash_c_col(lane, i) > u0 + wr + 16 * mt + flash_c_row(lane, i))
+                    const int j = j0 + 8 * nt + flash_c_col(lane, i);
+                    if (masked && (FULL ? j >= n_keys : j > u0 + wr + 16 * mt + flash_c_row(lane, i)))
                         x = -INFINITY;
                     s[mt][nt][i] = x;
                 }

@@ -39,13 +39,14 @@ struct FlashDevPlan {
 };
 FlashDevPlan cuda_flash_plan(const char *where, const AttnSegment *segs, int64_t n, FlashPlanShape tiles, int n_heads);
 
-/* Forward: n_items query tiles x n_heads blocks. */
-template <int D> void flash_launch_fwd(const FlashFwdArgs &a, int64_t n_items);
+/* Forward: n_items query tiles x n_heads blocks. full: the list's segments are all full (every
+ * query sees every key), else all causal (the kernels are built for one kind a launch). */
+template <int D> void flash_launch_fwd(const FlashFwdArgs &a, int64_t n_items, bool full);
 /* Delta over the dQ list's query tiles (n_items blocks). */
 template <int D> void flash_launch_delta(const FlashBwdArgs &a, int64_t n_items);
 /* dK, dV over key tiles (n_items x n_kv_heads blocks); atomic_dq: dQ too, with atomics. */
-template <int D> void flash_launch_dkdv(const FlashBwdArgs &a, int64_t n_items, bool atomic_dq);
+template <int D> void flash_launch_dkdv(const FlashBwdArgs &a, int64_t n_items, bool atomic_dq, bool full);
 /* dQ over the dQ list (n_items x n_heads blocks). */
-template <int D> void flash_launch_dq(const FlashBwdArgs &a, int64_t n_items);
+template <int D> void flash_launch_dq(const FlashBwdArgs &a, int64_t n_items, bool full);
 
 #endif

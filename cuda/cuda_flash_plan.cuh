@@ -30,9 +30,18 @@
 #include <vector_types.h> /* int2, int4 (the emulator defines its own) */
 #endif
 
-/* A segment as the kernels read it: int4 {q_row, q_len, kv_row, kv_len}; an item: int2 {segment
- * index, first row of the tile (a query row for the forward and dQ lists, a key row for dK/dV),
- * relative to the segment}. */
+/* A segment as the kernels read it: int4 {q_row, q_len, kv_row, kv_len}, a `full` segment's (every
+ * query sees every key) with kv_len negated; an item: int2 {segment index, first row of the tile (a
+ * query row for the forward and dQ lists, a key row for dK/dV), relative to the segment}. */
+#ifdef FLASH_EMULATE
+#define FLASH_SEG_FN inline
+#else
+#define FLASH_SEG_FN __host__ __device__ __forceinline__
+#endif
+/* Its keys, and the offset of its causal limit: query i sees key j when j < keys and j <= off + i
+ * (off = kv_len - q_len; a full segment's kv_len - 1, which no key passes). */
+FLASH_SEG_FN int flash_seg_keys(int4 g) { return g.w < 0 ? -g.w : g.w; }
+FLASH_SEG_FN int flash_seg_off(int4 g) { return g.w < 0 ? -g.w - 1 : g.w - g.y; }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tile shapes                                                                                     */
@@ -138,6 +147,7 @@ struct FlashPlan {
     std::vector<int64_t> wave_begin; /* dK/dV items of wave w: [wave_begin[w], wave_begin[w + 1]) */
     int64_t rows = 0;                /* 1 + the last query row: rows of lse and Delta */
     int64_t max_items = 0;           /* the longest list */
+    int64_t n_full = 0;              /* how many of segs are full (every query sees every key) */
 };
 
 /* Appends the items of one list sorted by cost, longest first (stable: equal costs keep their
@@ -161,8 +171,9 @@ inline void flash_sort_items(std::vector<int2> &out, const std::vector<int2> &it
 static inline int64_t flash_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Builds the lists. Returns 0, or -1 with a message in err for segments the kernels cannot run:
- * a negative row or length, kv_len < q_len, rows past 2^31, or two segments with a query row in
- * common (each query row has one segment: its output and dQ have one writer). */
+ * a negative row or length, kv_len < q_len (a causal one), no key (a full one), rows past 2^31, or
+ * two segments with a query row in common (each query row has one segment: its output and dQ have
+ * one writer). */
 inline int flash_plan_build(FlashPlan *p, const AttnSegment *segs, int64_t n_segs, FlashPlanShape s, char *err,
                             size_t err_size)
 {
@@ -171,16 +182,18 @@ inline int flash_plan_build(FlashPlan *p, const AttnSegment *segs, int64_t n_seg
     std::vector<int64_t> order;            /* the segments with queries */
     for (int64_t i = 0; i < n_segs; i++) {
         const AttnSegment &g = segs[i];
-        if (g.q_row < 0 || g.q_len < 0 || g.kv_row < 0 || g.kv_len < g.q_len || g.q_row + g.q_len > LIMIT ||
-            g.kv_row + g.kv_len > LIMIT) {
-            snprintf(err, err_size, "segment %lld (q_row %lld, q_len %lld, kv_row %lld, kv_len %lld) out of range",
-                     (long long)i, (long long)g.q_row, (long long)g.q_len, (long long)g.kv_row, (long long)g.kv_len);
+        if (g.q_row < 0 || g.q_len < 0 || g.kv_row < 0 || g.kv_len < (g.full ? 1 : g.q_len) ||
+            g.q_row + g.q_len > LIMIT || g.kv_row + g.kv_len > LIMIT || (g.full != 0 && g.full != 1)) {
+            snprintf(err, err_size, "segment %lld (q_row %lld, q_len %lld, kv_row %lld, kv_len %lld, full %lld) out of range",
+                     (long long)i, (long long)g.q_row, (long long)g.q_len, (long long)g.kv_row, (long long)g.kv_len,
+                     (long long)g.full);
             return -1;
         }
         if (g.q_len == 0)
             continue;
         order.push_back(i);
-        p->segs.push_back(int4{(int)g.q_row, (int)g.q_len, (int)g.kv_row, (int)g.kv_len});
+        p->n_full += g.full != 0;
+        p->segs.push_back(int4{(int)g.q_row, (int)g.q_len, (int)g.kv_row, g.full ? -(int)g.kv_len : (int)g.kv_len});
         p->rows = std::max(p->rows, g.q_row + g.q_len);
     }
     const int64_t n = (int64_t)p->segs.size();
@@ -212,7 +225,7 @@ inline int flash_plan_build(FlashPlan *p, const AttnSegment *segs, int64_t n_seg
             for (int start = 0; start < g.y; start += bm) {
                 int64_t rows = std::min<int64_t>(bm, g.y - start);
                 list.push_back(int2{(int)i, start});
-                cost.push_back((int32_t)flash_cdiv((int64_t)g.w - g.y + start + rows, bn));
+                cost.push_back((int32_t)flash_cdiv(std::min<int64_t>(flash_seg_keys(g), (int64_t)flash_seg_off(g) + start + rows), bn));
             }
         }
     };
@@ -241,7 +254,7 @@ inline int flash_plan_build(FlashPlan *p, const AttnSegment *segs, int64_t n_seg
             w++;
         if (w == wave_end.size())
             wave_end.push_back(0);
-        wave_end[w] = (int64_t)g.z + g.w;
+        wave_end[w] = (int64_t)g.z + flash_seg_keys(g);
         wave_of[(size_t)i] = (int32_t)w;
     }
     for (size_t w = 0; w < wave_end.size(); w++) {
@@ -252,8 +265,8 @@ inline int flash_plan_build(FlashPlan *p, const AttnSegment *segs, int64_t n_seg
             if (wave_of[(size_t)i] != (int32_t)w)
                 continue;
             const int4 &g = p->segs[(size_t)i];
-            int off = g.w - g.y;
-            for (int j0 = 0; j0 < g.w; j0 += s.kv_bn) {
+            int off = flash_seg_off(g);
+            for (int j0 = 0; j0 < flash_seg_keys(g); j0 += s.kv_bn) {
                 int first = std::max(0, j0 - off); /* the first query that sees key j0 */
                 list.push_back(int2{(int)i, j0});
                 cost.push_back((int32_t)flash_cdiv(g.y - first, s.kv_bm));

@@ -164,6 +164,8 @@ template <class T> static Ops table(const char *name)
     o.rope_bwd = cuda_rope_bwd<T>;
     o.attention_fwd = cuda_attention_fwd<T>;
     o.attention_bwd = cuda_attention_bwd<T>;
+    o.attention_merge = cuda_attention_merge<T>;
+    o.attention_merge_store = cuda_attention_merge_store<T>;
     o.swiglu_fwd = cuda_swiglu_fwd<T>;
     o.swiglu_bwd = cuda_swiglu_bwd<T>;
     o.ce_stats = cuda_ce_stats;

@@ -20,9 +20,11 @@
  *
  * Attention runs over segments (AttnSegment): the query rows [q_row, q_row + q_len) against the
  * key/value rows [kv_row, kv_row + kv_len), aligned at the end (document-causal): query i sees keys
- * kv_row .. kv_row + kv_len - q_len + i. Query head h uses key/value head h / (n_heads / n_kv_heads).
- * The scale is 1 / sqrt(head_dim). lse keeps, per query row and head, the log of the softmax
- * denominator (with the max folded in) for the backward.
+ * kv_row .. kv_row + kv_len - q_len + i; or, with `full`, every query sees all kv_len keys (a block
+ * of keys that lies wholly before the queries in their document: context parallelism computes a
+ * sharded document's attention block by block, attention_merge). Query head h uses key/value head
+ * h / (n_heads / n_kv_heads). The scale is 1 / sqrt(head_dim). lse keeps, per query row and head,
+ * the log of the softmax denominator (with the max folded in) for the backward.
  */
 #ifndef WLB_ENGINE_OPS_H
 #define WLB_ENGINE_OPS_H
@@ -43,6 +45,7 @@ typedef enum Dt { DT_F32, DT_ACT } Dt;
 
 typedef struct AttnSegment {
     int64_t q_row, q_len, kv_row, kv_len;
+    int64_t full; /* 0: causal, aligned at the end (kv_len >= q_len); 1: every query sees every key */
 } AttnSegment;
 
 typedef struct AttnShape {
@@ -151,10 +154,23 @@ typedef struct Ops {
     void (*attention_fwd)(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
                           int64_t n_segs, AttnShape shape);
     /* Accumulates into dq, dk, dv (float32; the caller zeroes them first) on the rows the segments
-     * touch; segments that share keys add their parts. */
+     * touch; segments that share keys add their parts. out and lse are the attention's over all
+     * the keys its rows see: a block of them (the segments of one call of a blockwise forward)
+     * gives that block's share of every gradient. */
     void (*attention_bwd)(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
                           const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs,
                           AttnShape shape);
+    /* Attention over the union of key blocks, one attention_fwd call per block, by log-sum-exp: on
+     * the query rows of segs, per head, (acc, acc_lse) [float32, rows o_stride apart] takes in the
+     * block's (part, part_lse) - with first, acc = part; else, with m = max(acc_lse, part_lse),
+     * acc = (acc e^(acc_lse - m) + part e^(part_lse - m)) / (e^(acc_lse - m) + e^(part_lse - m)),
+     * acc_lse = m + log of that denominator. attention_merge_store then writes out = acc (compute
+     * dtype) and lse = acc_lse on those rows: what one call over all the keys computes, up to
+     * rounding (each block's part is rounded to the compute dtype once). */
+    void (*attention_merge)(float *acc, float *acc_lse, const Act *part, const float *part_lse,
+                            const AttnSegment *segs, int64_t n_segs, AttnShape shape, int first);
+    void (*attention_merge_store)(Act *out, float *lse, const float *acc, const float *acc_lse,
+                                  const AttnSegment *segs, int64_t n_segs, AttnShape shape);
     /* out[t] = silu(g[t]) * u[t], where row t of gu holds g (columns 0 .. F-1) then u (F .. 2F-1). */
     void (*swiglu_fwd)(Act *out, const Act *gu, int64_t T, int64_t F);
     /* dgu[t] = (dout silu'(g) u, dout silu(g)) in gu's layout. */

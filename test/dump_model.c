@@ -232,7 +232,7 @@ static void run_stories(const char *path, const char *out)
     for (int n = 1; n <= N; n++) {
         for (int i = 0; i < n; i++)
             positions[i] = i;
-        AttnSegment seg = {0, n, 0, n};
+        AttnSegment seg = {0, n, 0, n, 0};
         ModelBatch b = {.T = n, .tokens = tokens, .targets = tokens, .positions = positions, .segs = &seg, .n_segs = 1};
         if (model_predict(&m, &b, n - 1, logits, &err) != 0)
             die(&err);
@@ -246,7 +246,7 @@ static void run_stories(const char *path, const char *out)
         targets[i] = tokens[i + 1];
         doc[i] = 0;
     }
-    AttnSegment seg = {0, N, 0, N};
+    AttnSegment seg = {0, N, 0, N, 0};
     ModelBatch b = {.T = N, .tokens = tokens, .targets = targets, .positions = positions, .segs = &seg, .n_segs = 1};
     double sum;
     if (model_forward(&m, 0, &b, NULL, 1, 1.0f / N, &sum, &err) || model_backward(&m, 0, &b, NULL, &err))

@@ -206,7 +206,7 @@ static void run_attention(const Ops *o, const char *c, int64_t Tq, int64_t Tkv, 
     AttnSegment *segs = take((size_t)n_segs * sizeof *segs);
     int64_t *seg_copy = take((size_t)(4 * n_segs) * sizeof *seg_copy);
     for (int i = 0; i < n_segs; i++) {
-        segs[i] = (AttnSegment){seg[4 * i], seg[4 * i + 1], seg[4 * i + 2], seg[4 * i + 3]};
+        segs[i] = (AttnSegment){seg[4 * i], seg[4 * i + 1], seg[4 * i + 2], seg[4 * i + 3], 0};
         memcpy(seg_copy + 4 * i, seg + 4 * i, 4 * sizeof *seg);
     }
     AttnShape shape = {H, Hkv, hd, qs, kvs, wq};

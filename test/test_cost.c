@@ -101,10 +101,11 @@ static void test_communication(void **state)
     assert_true(cost_tp_comm_s(&m, 8192) == 0);
     assert_true(cost_cp_comm_s(&m, 8192) == 0);
     assert_true(cost_p2p_s(&m, 8192) == 0);
-    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink. */
+    /* CP 2 with TP 4 stays in a node: the all-gather moves half the K/V over NVLink, in a piece per
+     * CP rank (a latency each). */
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, overlap: false}\n");
     double kv = 8192.0 * 2 * 2 * 128 * 3; /* tokens x (K, V) x 2 local kv heads x head_dim x (bf16 + fp32) / 2 */
-    double expect = kv * 0.5 / (370e9) + 15e-6;
+    double expect = kv * 0.5 / (370e9) + 2 * 15e-6;
     assert_true(fabs(cost_cp_comm_s(&m, 8192) - expect) < 1e-9);
     /* TP with sequence parallelism (the default), every collective on the compute path: a
      * direction's mean of 3 all-gathers of bf16 rows and 2 reduce-scatters of float32 ones, (n-1)/n
@@ -174,7 +175,7 @@ static void test_communication(void **state)
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
                    "reduce_dtype: compute}\ntrain: {precision: bf16}\n");
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * ag - 2 * (sums / 2 * 0.75 / 370e9 + 4 * L)) < 1e-9);
-    assert_true(fabs(cost_cp_comm_s(&m, 8192) - (8192.0 * 2 * 2 * 128 * 2 * 0.5 / 370e9 + 15e-6)) < 1e-9);
+    assert_true(fabs(cost_cp_comm_s(&m, 8192) - (8192.0 * 2 * 2 * 128 * 2 * 0.5 / 370e9 + 2 * 15e-6)) < 1e-9);
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp_chunks: 4, tp: 4, cp: 2, pp: 2, dp: 1, overlap: false, "
                    "reduce_dtype: compute}\ntrain: {precision: fp32}\n");
     assert_true(fabs(cost_tp_comm_s(&m, 8192) - 3 * (sums * 0.75 / 370e9 + 4 * L) - 2 * rs) < 1e-9);
@@ -205,19 +206,33 @@ static void test_communication(void **state)
         assert_true(fabs(cost_p2p_s(&m, 8192) - (sums / 45e9 + 15e-6)) < 1e-9);
     }
 #undef PIPE
-    /* The K/V exchange beside the attention of the documents held whole: with overlap its bandwidth
-     * time hides up to that attention, its latencies (one per block) show; without, all of it. */
+    /* The K/V exchange in pieces (engine/model/model_cp.c), a latency each, always exposed. Beside
+     * the whole documents' attention alone (no sharded one) its bandwidth time hides up to that
+     * attention's; without overlap nothing hides. */
     CostCpComm x;
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1}\n");
-    cost_cp_beside(&m, 1e-3, 2, 0.4e-3, &x);
+    cost_cp_beside(&m, 1e-3, 2, 0.4e-3, 0, 0, &x);
     assert_true(fabs(x.hidden - 0.4e-3) < 1e-15 && fabs(x.exposed - 0.6e-3) < 1e-15);
     assert_true(fabs(x.contention - 16.0 / 132 * 0.4e-3) < 1e-15);
-    cost_cp_beside(&m, 1e-3, 2, 1.0, &x);
+    cost_cp_beside(&m, 1e-3, 2, 1.0, 0, 0, &x);
     assert_true(fabs(x.hidden - (1e-3 - 30e-6)) < 1e-15 && fabs(x.exposed - 30e-6) < 1e-15);
-    cost_cp_beside(&m, 1e-3, 2, 0, &x);
+    cost_cp_beside(&m, 1e-3, 2, 0, 0, 0, &x);
     assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
+    /* The sharded documents' attention block by block: 4 pieces of 0.25 ms (1 ms of bandwidth, 60 us
+     * of latencies). Forward: the own block first, then each other rank's block as its piece
+     * arrives (at 0.5, 0.75 and 1 ms: the own piece first on the link); 4 blocks of 0.5 ms hide all
+     * of it, of 0.1 ms the compute waits until 1 ms for the last piece, then runs its block: 0.7 ms
+     * of the bandwidth shows. Backward: each rank's blocks, then its reduction beside the next
+     * blocks; whole documents last: with blocks of 0.1 ms and 0.2 ms of whole documents the last
+     * reduction ends at 1.1 ms, 0.5 ms after the compute. */
+    cost_cp_beside(&m, 1.06e-3, 4, 0, 2e-3, 0, &x);
+    assert_true(fabs(x.exposed - 60e-6) < 1e-15 && fabs(x.hidden - 1e-3) < 1e-15);
+    cost_cp_beside(&m, 1.06e-3, 4, 0, 0.4e-3, 0, &x);
+    assert_true(fabs(x.exposed - 0.76e-3) < 1e-15 && fabs(x.hidden - 0.3e-3) < 1e-15);
+    cost_cp_beside(&m, 1.06e-3, 4, 0.2e-3, 0.4e-3, 1, &x);
+    assert_true(fabs(x.exposed - 0.56e-3) < 1e-15 && fabs(x.hidden - 0.5e-3) < 1e-15);
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 4, cp: 4, dp: 1, overlap: false}\n");
-    cost_cp_beside(&m, 1e-3, 2, 1.0, &x);
+    cost_cp_beside(&m, 1e-3, 2, 1.0, 1.0, 0, &x);
     assert_true(x.hidden == 0 && x.exposed == 1e-3 && x.contention == 0);
 }
 

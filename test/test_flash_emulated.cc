@@ -309,9 +309,9 @@ static void test_plans(void **state)
     (void)state;
     FlashPlanShape s = flash_plan_shape<FlashTiles<64>>(), s2 = flash_plan_shape<FlashTiles<128>>();
     /* documents, CP chunks sharing keys (3 chunks of one document: 3 waves), an empty segment */
-    std::vector<AttnSegment> segs = {{0, 1, 0, 1},       {1, 63, 1, 63},     {64, 64, 64, 64},   {128, 65, 128, 65},
-                                     {193, 0, 193, 0},   {193, 40, 193, 60}, {233, 50, 193, 200}, {283, 30, 193, 130},
-                                     {313, 700, 400, 700}};
+    std::vector<AttnSegment> segs = {{0, 1, 0, 1, 0},       {1, 63, 1, 63, 0},     {64, 64, 64, 64, 0},   {128, 65, 128, 65, 0},
+                                     {193, 0, 193, 0, 0},   {193, 40, 193, 60, 0}, {233, 50, 193, 200, 0}, {283, 30, 193, 130, 0},
+                                     {313, 700, 400, 700, 0}};
     check_plan(segs, s);
     check_plan(segs, s2);
     /* out of order, many small documents and one long one */
@@ -319,10 +319,10 @@ static void test_plans(void **state)
     int64_t row = 0;
     for (int i = 0; i < 300; i++) {
         int64_t len = 1 + (int64_t)(rng() % 40);
-        many.push_back({row, len, row, len});
+        many.push_back({row, len, row, len, 0});
         row += len;
     }
-    many.push_back({row, 5000, row, 5000});
+    many.push_back({row, 5000, row, 5000, 0});
     std::shuffle(many.begin(), many.end(), rng);
     check_plan(many, s);
     FlashPlan p;
@@ -332,13 +332,13 @@ static void test_plans(void **state)
     assert_int_equal(flash_plan_build(&p, segs.data(), (int64_t)segs.size(), s, err, sizeof err), 0);
     assert_int_equal((int)p.wave_begin.size(), 4); /* three waves */
     /* refused: shared query rows, kv_len < q_len, negative rows */
-    std::vector<AttnSegment> bad1 = {{0, 10, 0, 10}, {5, 10, 20, 10}};
+    std::vector<AttnSegment> bad1 = {{0, 10, 0, 10, 0}, {5, 10, 20, 10, 0}};
     assert_int_equal(flash_plan_build(&p, bad1.data(), 2, s, err, sizeof err), -1);
     printf("# refused: %s\n", err);
-    std::vector<AttnSegment> bad2 = {{0, 10, 0, 5}};
+    std::vector<AttnSegment> bad2 = {{0, 10, 0, 5, 0}};
     assert_int_equal(flash_plan_build(&p, bad2.data(), 1, s, err, sizeof err), -1);
     printf("# refused: %s\n", err);
-    std::vector<AttnSegment> bad3 = {{-1, 10, 0, 10}};
+    std::vector<AttnSegment> bad3 = {{-1, 10, 0, 10, 0}};
     assert_int_equal(flash_plan_build(&p, bad3.data(), 1, s, err, sizeof err), -1);
 }
 
@@ -443,8 +443,12 @@ template <int D> static void emulate(const Problem &pr, bool deterministic, Resu
                        res->lse.data(), pr.H, pr.H / pr.Hkv, pr.qkv_stride, pr.qkv_stride, pr.o_stride,
                        scale * 1.4426950408889634f};
     using F = typename Tiles::Fwd;
+    const bool full = plan.n_full > 0; /* a list of full segments: the kernels' FULL instances */
     expect_clean(flash_emu_launch("fwd", plan.fwd_count * pr.H, F::THREADS, F::SMEM,
-                                  [&](unsigned char *smem, int64_t b, int tid) { flash_fwd_cta<F>(fa, smem, b, tid); }),
+                                  [&](unsigned char *smem, int64_t b, int tid) {
+                                      full ? flash_fwd_cta<F, true>(fa, smem, b, tid)
+                                           : flash_fwd_cta<F, false>(fa, smem, b, tid);
+                                  }),
                  "forward");
     if (!backward)
         return;
@@ -467,13 +471,17 @@ template <int D> static void emulate(const Problem &pr, bool deterministic, Resu
             const int64_t n = plan.wave_begin[(size_t)w + 1] - plan.wave_begin[(size_t)w];
             expect_clean(flash_emu_launch("dkdv", n * pr.Hkv, K::THREADS, K::SMEM,
                                           [&](unsigned char *smem, int64_t b, int tid) {
-                                              flash_dkdv_cta<K, false>(ba, smem, b, tid);
+                                              full ? flash_dkdv_cta<K, false, true>(ba, smem, b, tid)
+                                                   : flash_dkdv_cta<K, false, false>(ba, smem, b, tid);
                                           }),
                          "dk, dv (deterministic)");
         }
         ba.items = plan.items.data() + plan.dq_begin;
         expect_clean(flash_emu_launch("dq", plan.dq_count * pr.H, Q::THREADS, Q::SMEM,
-                                      [&](unsigned char *smem, int64_t b, int tid) { flash_dq_cta<Q>(ba, smem, b, tid); }),
+                                      [&](unsigned char *smem, int64_t b, int tid) {
+                                          full ? flash_dq_cta<Q, true>(ba, smem, b, tid)
+                                               : flash_dq_cta<Q, false>(ba, smem, b, tid);
+                                      }),
                      "dq (deterministic)");
     } else {
         ba.items = plan.items.data() + plan.wave_begin[0];
@@ -481,7 +489,8 @@ template <int D> static void emulate(const Problem &pr, bool deterministic, Resu
         const int64_t n = plan.wave_begin[(size_t)waves] - plan.wave_begin[0];
         expect_clean(flash_emu_launch("dkdv+dq", n * pr.Hkv, K::THREADS, K::SMEM,
                                       [&](unsigned char *smem, int64_t b, int tid) {
-                                          flash_dkdv_cta<K, true>(ba, smem, b, tid);
+                                          full ? flash_dkdv_cta<K, true, true>(ba, smem, b, tid)
+                                               : flash_dkdv_cta<K, true, false>(ba, smem, b, tid);
                                       }),
                      "dk, dv, dq (atomic)");
     }
@@ -579,13 +588,13 @@ static std::vector<AttnSegment> mixed_segments()
     std::vector<AttnSegment> s;
     int64_t row = 0;
     for (int len : {1, 63, 64, 65, 130}) {
-        s.push_back({row, len, row, len});
+        s.push_back({row, len, row, len, 0});
         row += len;
     }
-    s.push_back({row + 20, 40, row, 60});
-    s.push_back({row + 150, 50, row, 200});
+    s.push_back({row + 20, 40, row, 60, 0});
+    s.push_back({row + 150, 50, row, 200, 0});
     row += 200;
-    s.push_back({row + 35, 35, row, 70});
+    s.push_back({row + 35, 35, row, 70, 0});
     return s;
 }
 
@@ -631,7 +640,25 @@ static void test_attention_d128(void **state)
     (void)state;
     if (FLASH_EMU_ALL_CASES)
         check_case<128>("D 128, H 8, Hkv 1 (GQA 8)", 8, 1, mixed_segments());
-    check_case<128>("D 128, H 4, Hkv 2 (GQA 2)", 4, 2, {{0, 150, 0, 150}, {150, 1, 150, 1}, {151, 64, 151, 64}});
+    check_case<128>("D 128, H 4, Hkv 2 (GQA 2)", 4, 2, {{0, 150, 0, 150, 0}, {150, 1, 150, 1, 0}, {151, 64, 151, 64, 0}});
+}
+
+/* Full segments (every query sees every key: context parallelism's key blocks before the queries),
+ * as one list: whole key tiles, a last tile cut short (67 and 130 keys), one key, one query, fewer
+ * keys than queries, and two segments that share their keys (two query chunks of one document
+ * against one rank's block). */
+static std::vector<AttnSegment> full_segments()
+{
+    return {{300, 60, 0, 130, 1}, {360, 30, 130, 67, 1}, {390, 1, 0, 1, 1}, {391, 100, 200, 10, 1},
+            {491, 64, 0, 64, 1},  {555, 40, 0, 64, 1}};
+}
+
+static void test_attention_full(void **state)
+{
+    (void)state;
+    check_case<64>("D 64, H 4, Hkv 2, full blocks", 4, 2, full_segments());
+    if (FLASH_EMU_ALL_CASES)
+        check_case<128>("D 128, H 4, Hkv 1, full blocks", 4, 1, full_segments());
 }
 
 /* The same launches under every schedule and cp.async timing: the same bits. */
@@ -639,7 +666,7 @@ static void test_schedules(void **state)
 {
     (void)state;
     flash_emu_reset();
-    Problem pr = make_problem(4, 2, 64, {{0, 70, 0, 70}, {70, 30, 70, 100}, {100, 40, 70, 70}});
+    Problem pr = make_problem(4, 2, 64, {{0, 70, 0, 70, 0}, {70, 30, 70, 100, 0}, {100, 40, 70, 70, 0}});
     Results first;
     bool have = false;
     for (int sched = 0; sched < 3; sched++)
@@ -758,11 +785,12 @@ static void test_reference_kernels(void **state)
 {
     (void)state;
     check_reference_case<16>("D 16, H 4, Hkv 2", 4, 2, mixed_segments()); /* test/test_cuda_model.c's model */
+    check_reference_case<16>("D 16, H 4, Hkv 2, full blocks", 4, 2, full_segments());
     if (!FLASH_EMU_ALL_CASES)
         return;
     check_reference_case<64>("D 64, H 4, Hkv 1", 4, 1, mixed_segments());
     check_reference_case<8>("D 8, H 2, Hkv 2", 2, 2, mixed_segments());
-    check_reference_case<256>("D 256, H 2, Hkv 1", 2, 1, {{0, 40, 0, 40}, {40, 17, 40, 50}, {57, 20, 40, 70}});
+    check_reference_case<256>("D 256, H 2, Hkv 1", 2, 1, {{0, 40, 0, 40, 0}, {40, 17, 40, 50, 0}, {57, 20, 40, 70, 0}});
 }
 
 /* The deterministic reference under every schedule: the same bits. */
@@ -770,7 +798,7 @@ static void test_reference_schedules(void **state)
 {
     (void)state;
     flash_emu_reset();
-    Problem pr = make_problem(4, 2, 16, {{0, 70, 0, 70}, {70, 30, 70, 100}, {100, 40, 70, 70}});
+    Problem pr = make_problem(4, 2, 16, {{0, 70, 0, 70, 0}, {70, 30, 70, 100, 0}, {100, 40, 70, 70, 0}});
     Reference first;
     for (int sched = 0; sched < 3; sched++) {
         FlashEmuConfig c;
@@ -796,7 +824,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fragments),     cmocka_unit_test(test_mma),
         cmocka_unit_test(test_plans),         cmocka_unit_test(test_attention_d64),
-        cmocka_unit_test(test_attention_d128), cmocka_unit_test(test_schedules),
+        cmocka_unit_test(test_attention_d128), cmocka_unit_test(test_attention_full),
+        cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_reference_kernels), cmocka_unit_test(test_reference_schedules),
     };
     return cmocka_run_group_tests_name("flash_emulated", tests, NULL, NULL);

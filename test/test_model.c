@@ -67,7 +67,7 @@ static void make_batch(TestBatch *tb, const int *lens, int n, uint64_t seed)
         }
         for (int j = 0; j < lens[i]; j++)
             tb->targets[at + j] = j + 1 < lens[i] ? tb->tokens[at + j + 1] : -1;
-        tb->segs[i] = (AttnSegment){at, lens[i], at, lens[i]};
+        tb->segs[i] = (AttnSegment){at, lens[i], at, lens[i], 0};
         at += lens[i];
     }
     tb->b = (ModelBatch){.T = at, .tokens = tb->tokens, .targets = tb->targets, .positions = tb->positions, .segs = tb->segs, .n_segs = n};
@@ -164,7 +164,7 @@ static double run_packing(Model *m, const int *lens, const int *const *mbs, int 
             memcpy(tb.tokens + at, one.tokens, (size_t)lens[*d] * 4);
             memcpy(tb.targets + at, one.targets, (size_t)lens[*d] * 4);
             memcpy(tb.positions + at, one.positions, (size_t)lens[*d] * 4);
-            tb.segs[n] = (AttnSegment){at, lens[*d], at, lens[*d]};
+            tb.segs[n] = (AttnSegment){at, lens[*d], at, lens[*d], 0};
             at += lens[*d];
         }
         tb.b = (ModelBatch){.T = at, .tokens = tb.tokens, .targets = tb.targets, .positions = tb.positions, .segs = tb.segs, .n_segs = n};

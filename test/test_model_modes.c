@@ -58,7 +58,7 @@ static void make_batch(TestBatch *tb, const int *lens, int n, uint64_t seed)
         }
         for (int j = 0; j < lens[i]; j++)
             tb->targets[at + j] = j + 1 < lens[i] ? tb->tokens[at + j + 1] : -1;
-        tb->segs[i] = (AttnSegment){at, lens[i], at, lens[i]};
+        tb->segs[i] = (AttnSegment){at, lens[i], at, lens[i], 0};
         at += lens[i];
     }
     tb->b = (ModelBatch){.T = at, .tokens = tb->tokens, .targets = tb->targets, .positions = tb->positions,

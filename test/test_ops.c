@@ -382,12 +382,75 @@ static void check_attention(const Pair *p, int n_heads, int n_kv, int D)
     int64_t rows = 0, n = 0;
     int lens[4] = {1, 37, 300, 64};
     for (int i = 0; i < 4; i++, n++) {
-        segs[n] = (AttnSegment){rows, lens[i], rows, lens[i]};
+        segs[n] = (AttnSegment){rows, lens[i], rows, lens[i], 0};
         rows += lens[i];
     }
-    segs[n++] = (AttnSegment){rows + 20, 40, rows, 60};
-    segs[n++] = (AttnSegment){rows + 150, 50, rows, 200};
+    segs[n++] = (AttnSegment){rows + 20, 40, rows, 60, 0};
+    segs[n++] = (AttnSegment){rows + 150, 50, rows, 200, 0};
     check_attention_on(p, "cp layout", segs, n, rows + 200, n_heads, n_kv, D);
+}
+
+/* Context parallelism's attention key block by key block (engine/model/model_cp.c): two query
+ * chunks of a 260-key document - [150, 200), which sees keys [0, 150) before it and its own diagonal,
+ * and [230, 260) - plus a whole document, computed as a diagonal call (first), then a call per
+ * block of keys before the queries (full segments), merged by log-sum-exp and stored; and its
+ * backward, a call per block, from the merged out and lse. On each side against that side's one
+ * call over all the keys (the blocks sum to it), and the two sides against each other. */
+static void check_attention_blocks(const Pair *p, int n_heads, int n_kv, int D)
+{
+    enum { T = 300 };
+    int64_t H = (int64_t)n_heads * D, Hkv = (int64_t)n_kv * D, Q = H + 2 * Hkv;
+    AttnShape a = {n_heads, n_kv, D, Q, Q, H};
+    AttnSegment whole[3] = {{150, 50, 0, 200, 0}, {230, 30, 0, 260, 0}, {260, 40, 260, 40, 0}};
+    AttnSegment diag[3] = {{150, 50, 150, 50, 0}, {230, 30, 200, 60, 0}, {260, 40, 260, 40, 0}};
+    AttnSegment before1[2] = {{150, 50, 0, 90, 1}, {230, 30, 0, 90, 1}};
+    AttnSegment before2[2] = {{150, 50, 90, 60, 1}, {230, 30, 90, 110, 1}};
+    const AttnSegment *calls[3] = {diag, before1, before2};
+    int64_t n_calls[3] = {3, 2, 2};
+    float *qkv = randn(T * Q, 1), *dout = randn(T * H, 1), *zero = calloc((size_t)(T * Q), sizeof *zero);
+    Both in = both(p, qkv, T * Q, 1), dO = both(p, dout, T * H, 1);
+    const Ops *side[2] = {p->ref, p->test};
+    void *ins[2] = {in.r, in.t}, *dos[2] = {dO.r, dO.t};
+    Act *out[2];
+    float *lse[2], *g[2];
+    for (int i = 0; i < 2; i++) {
+        const Ops *o = side[i];
+        const Act *q = ins[i], *k = ops_act(o, ins[i], H), *v = ops_act(o, ins[i], H + Hkv);
+        /* one call over all the keys */
+        Act *out1 = up_act(o, zero, T * H);
+        float *lse1 = up_f32(o, zero, T * n_heads), *g1 = up_f32(o, zero, T * Q);
+        o->attention_fwd(out1, lse1, q, k, v, whole, 3, a);
+        o->attention_bwd(g1, g1 + H, g1 + H + Hkv, dos[i], out1, lse1, q, k, v, whole, 3, a);
+        /* block by block */
+        Act *part = up_act(o, NULL, T * H);
+        float *part_lse = up_f32(o, NULL, T * n_heads), *acc = up_f32(o, NULL, T * H);
+        float *acc_lse = up_f32(o, NULL, T * n_heads);
+        out[i] = up_act(o, zero, T * H);
+        lse[i] = up_f32(o, zero, T * n_heads);
+        g[i] = up_f32(o, zero, T * Q);
+        for (int c = 0; c < 3; c++) {
+            o->attention_fwd(part, part_lse, q, k, v, calls[c], n_calls[c], a);
+            o->attention_merge(acc, acc_lse, part, part_lse, calls[c], n_calls[c], a, c == 0);
+        }
+        o->attention_merge_store(out[i], lse[i], acc, acc_lse, whole, 3, a);
+        for (int c = 0; c < 3; c++)
+            o->attention_bwd(g[i], g[i] + H, g[i] + H + Hkv, dos[i], out[i], lse[i], q, k, v, calls[c], n_calls[c], a);
+        Pair self = {i ? "test: blocks / one call" : "ref: blocks / one call", o, o, p->tol};
+        cmp_act(&self, "attention by blocks, merged", out1, out[i], T * H, p->tol.attn_fwd);
+        cmp_f32(&self, "attention by blocks, merged lse", lse1, lse[i], T * n_heads, 1e-5);
+        cmp_f32(&self, "attention_bwd by blocks", g1, g[i], T * Q, p->tol.attn_bwd);
+        o->free(out1), o->free(lse1), o->free(g1), o->free(part), o->free(part_lse), o->free(acc), o->free(acc_lse);
+    }
+    char what[120];
+    snprintf(what, sizeof what, "attention by blocks H %d Hkv %d D %d", n_heads, n_kv, D);
+    cmp_act(p, what, out[0], out[1], T * H, p->tol.attn_fwd);
+    cmp_f32(p, "attention by blocks lse", lse[0], lse[1], T * n_heads, p->tol.attn_fwd);
+    cmp_f32(p, "attention_bwd by blocks", g[0], g[1], T * Q, p->tol.attn_bwd);
+    for (int i = 0; i < 2; i++)
+        side[i]->free(out[i]), side[i]->free(lse[i]), side[i]->free(g[i]);
+    free(qkv), free(dout), free(zero);
+    both_free(p, &in);
+    both_free(p, &dO);
 }
 
 static void check_all(const Pair *p)
@@ -399,6 +462,8 @@ static void check_all(const Pair *p)
     check_attention(p, 4, 2, 16);
     check_attention(p, 8, 8, 64);
     check_attention(p, 4, 1, 128);
+    check_attention_blocks(p, 4, 2, 16);
+    check_attention_blocks(p, 8, 2, 64);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -496,8 +561,8 @@ static void attention_twice(const Ops *o, const char *name, int D)
     int64_t T = 4096;
     int n_heads = 8, n_kv = 2;
     int64_t H = (int64_t)n_heads * D, Hkv = (int64_t)n_kv * D, Q = H + 2 * Hkv;
-    AttnSegment segs[6] = {{0, 1000, 0, 1000}, {1000, 700, 1000, 700}, {1700, 300, 1700, 600}, {2000, 300, 1700, 900},
-                           {2300, 1000, 2300, 1000}, {3300, 796, 3300, 796}};
+    AttnSegment segs[6] = {{0, 1000, 0, 1000, 0}, {1000, 700, 1000, 700, 0}, {1700, 300, 1700, 600, 0}, {2000, 300, 1700, 900, 0},
+                           {2300, 1000, 2300, 1000, 0}, {3300, 796, 3300, 796, 0}};
     AttnShape a = {n_heads, n_kv, D, Q, Q, H};
     float *qkv = randn(T * Q, 1), *dout = randn(T * H, 1), *zq = calloc((size_t)(T * Q), sizeof *zq);
     Both in = both(&p, qkv, T * Q, 1), out = both(&p, NULL, T * H, 1), lse = both(&p, NULL, T * n_heads, 0);
@@ -558,13 +623,13 @@ static void check_flash_edges(const Pair *p)
     int64_t rows = 0, n = 0;
     int lens[7] = {1, 63, 64, 65, 127, 128, 129};
     for (int i = 0; i < 7; i++, n++) {
-        segs[n] = (AttnSegment){rows, lens[i], rows, lens[i]};
+        segs[n] = (AttnSegment){rows, lens[i], rows, lens[i], 0};
         rows += lens[i];
     }
     /* one document of 700 keys in three CP chunks: the middle and the last share its first keys */
-    segs[n++] = (AttnSegment){rows, 130, rows, 130};
-    segs[n++] = (AttnSegment){rows + 300, 65, rows, 365};
-    segs[n++] = (AttnSegment){rows + 637, 63, rows, 700};
+    segs[n++] = (AttnSegment){rows, 130, rows, 130, 0};
+    segs[n++] = (AttnSegment){rows + 300, 65, rows, 365, 0};
+    segs[n++] = (AttnSegment){rows + 637, 63, rows, 700, 0};
     rows += 700;
     int ratio[3][2] = {{4, 4}, {8, 2}, {8, 1}}; /* GQA 1, 4, 8 */
     for (int r = 0; r < 3; r++) {
@@ -573,7 +638,7 @@ static void check_flash_edges(const Pair *p)
     }
     if (getenv("WLB_TEST_SMALL")) /* under compute-sanitizer (scripts/device/gpu_check.sh sanitize) */
         return;
-    AttnSegment window = {0, 2048, 0, 2048};
+    AttnSegment window = {0, 2048, 0, 2048, 0};
     check_attention_on(p, "window", &window, 1, 2048, 8, 2, 128);
     check_attention_on(p, "window", &window, 1, 2048, 8, 1, 64);
 }

@@ -142,15 +142,21 @@ static int group_setup(void **state)
     free(prefix);
     prefix = test_write_docs(fx.dir, "long", 2, 300, 4, 256);
     char *valid = test_write_docs(fx.dir, "long-valid", 8, 100, 4, 256);
+    /* A link latency of 1 us (the cpu profile's is 20): with a piece per CP rank of a block, blocks
+     * then pay for this corpus's documents the way they pay for long ones on GPUs, so that groups
+     * lays out blocks of 2 at tp 2 x cp 4 x pp 2 too (test_groups). */
+    const char cal[] = "{\"format\": \"wlbtrain-calibration\", \"version\": 1, \"link_latency_us\": 1}\n";
+    char *cal_path = test_write_file(fx.dir, "link.json", cal, strlen(cal));
     yaml = test_format(
         "model: {n_layers: 4, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ffn: 128, vocab_size: 256,"
         " rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}\n"
         "parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
         "data: {path: %s, context_window: 128, global_batch_tokens: 512, seed: 3, valid_path: %s}\n"
-        "balance: {hardware: cpu, packer: fixed}\n"
+        "balance: {hardware: cpu, packer: fixed, calibration: %s}\n"
         "train: {device: %s, steps: 3, lr: 0.003, warmup_steps: 1, weight_decay: 0.1, eps: 1.0e-3, seed: 9,"
         " eval_tokens: 1024, eval_position_buckets: [8, 32, 100]}\n",
-        prefix, valid, device);
+        prefix, valid, cal_path, device);
+    free(cal_path);
     fx.config_long = test_write_file(fx.dir, "long.yaml", yaml, strlen(yaml));
     free(yaml);
     free(prefix);

@@ -415,9 +415,10 @@ static void test_hybrid_under_tight_capacity(void **state)
     }
     printf("# capacity 1.01x an even share: hybrid beats per_seq and per_doc by 1%% or more on %d of %d mixes\n",
            hybrid_better, trials);
-    /* 74 of these 100 seeded mixes; 63 when a document that overfills its rank drops the whole
-     * candidate (scripts/mutations.txt: "hybrid ignores a CP rank's capacity"). */
-    assert_true(hybrid_better >= 70);
+    /* 68 of these 100 seeded mixes (74 before the K/V exchange went block by block: the pure layouts
+     * hide more of it now); fewer when a document that overfills its rank drops the whole candidate
+     * (scripts/mutations.txt: "hybrid ignores a CP rank's capacity"). */
+    assert_true(hybrid_better >= 66);
     plan_free(&p);
 }
 
@@ -467,8 +468,8 @@ static void test_groups_random_mixes(void **state)
     }
     printf("# groups beats hybrid by 1%% or more on %d of %d mixes; of its layouts %d use two block sizes or more, %d "
            "nest blocks, %d cut documents unevenly\n", better, trials, mixed, nested, cut);
-    /* 76, 76, 11 and 44 of these seeded mixes. */
-    assert_true(better >= 60);
+    /* 59, 78, 8 and 37 of these seeded mixes (better: 76 before the block-by-block K/V exchange). */
+    assert_true(better >= 55);
     assert_true(mixed >= 25);
     assert_true(nested >= 5);
     assert_true(cut >= 20);

@@ -163,8 +163,11 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
     m->grads = ops->alloc((size_t)m->n_params * sizeof(float));
     m->wact = ops->act_is_f32 ? (Act *)m->params : ops->alloc((size_t)m->n_params * ops->act_bytes);
     m->inv_freq = ops->alloc((size_t)(d->head_dim / 2) * sizeof(float));
+    /* The CP exchange's pieces: one per rank of each block this rank exchanges in (nested blocks:
+     * cp + cp / 2 + ... < 2 cp). */
+    m->cp_req = d->cp > 1 ? calloc((size_t)(2 * d->cp), sizeof *m->cp_req) : NULL;
     float freq[4096];
-    if (!m->params || !m->grads || !m->wact || !m->inv_freq || d->head_dim / 2 > 4096) {
+    if (!m->params || !m->grads || !m->wact || !m->inv_freq || d->head_dim / 2 > 4096 || (d->cp > 1 && !m->cp_req)) {
         model_free(m);
         return error_runtime(err, "model", "out of memory for %lld parameters", (long long)m->n_params);
     }
@@ -185,6 +188,7 @@ void model_free(Model *m)
     }
     free(m->slots);
     free(m->tensors);
+    free(m->cp_req);
     memset(m, 0, sizeof *m);
 }
 

@@ -146,6 +146,18 @@ typedef struct CpExchange {
 
 /* At most one exchange per block size: log2(1024) + 1 sizes for CP up to 1024. */
 enum { MODEL_MAX_CP_EXCHANGES = 11 };
+
+/* With CP, the attention of the sharded documents runs key block by key block (model_cp.c): call c
+ * reads the keys of the block's rank `src` (of exchange `ex`) that its segments' queries see, in
+ * micro-batch rows (host memory; each query segment at most once a call). The calls run in this
+ * order: exchange after exchange; in each, this rank's own keys first - its first call holds every
+ * query segment's diagonal block (`first`: attention_merge starts there) -, then the other ranks'
+ * in block order, each once its rows have arrived. */
+typedef struct CpCall {
+    int ex, src, first;
+    const AttnSegment *segs;
+    int64_t n_segs;
+} CpCall;
 /* The most pieces a TP product and its exchange split into (parallel.tp_chunks, model_tp.c). */
 enum { MODEL_MAX_TP_CHUNKS = 16 };
 
@@ -173,6 +185,8 @@ typedef struct ModelBatch {
      * disjoint. n_cp_ex 0: nothing to exchange. */
     CpExchange cp_ex[MODEL_MAX_CP_EXCHANGES];
     int n_cp_ex;
+    const CpCall *cp_calls;   /* the sharded documents' attention, block by block (host memory) */
+    int64_t n_cp_calls;
 } ModelBatch;
 
 typedef struct Model {
@@ -201,6 +215,10 @@ typedef struct Model {
     Act *sp_full;          /* SP: rows all-gathered over TP (normed rows, dh_act, hn)  [Tp, d] */
     float *sp_part;        /* SP: this rank's rows of an input gradient, reduce-scattered [R, d] */
     float *dk_mb, *dv_mb, *xfer, *xfer2;      /* CP: dK, dV in micro-batch rows; the exchange */
+    float *att_acc, *att_acc_lse;             /* CP: the sharded rows' attention merged so far [T, q], [T, heads] */
+    Act *att_part;                            /* CP: one key block's attention [T, q] */
+    float *att_part_lse;                      /*     and its log-sum-exp [T, heads] */
+    CommRequest *cp_req;                      /* CP: a request per piece of the exchanges (2 cp) */
     float *logits;                            /* a block of rows of logits */
     Act *dlogits;                             /* their gradient */
     double *stats, *lse;                      /* backend, per row of a logits block: 3, 1 */

@@ -112,17 +112,15 @@ typedef struct ModelChainBack {
 } ModelChainBack;
 int model_chain_backward(Model *m, const ModelChainBack *in, int64_t T, Error *err);
 
-/* CP: K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb in micro-batch rows,
- * with the rows of the sharded documents from every CP rank; and back in the backward: the K and V
- * columns of dqkv (float32, this rank's rows) from m->dk_mb, m->dv_mb, the sharded rows summed over
- * the CP group. Each in two halves (reqs: MODEL_MAX_CP_EXCHANGES requests): the start copies this
- * rank's own rows into k_mb, v_mb (gather) or reads the sharded rows of dk_mb, dv_mb (scatter) and
- * starts the exchanges; the finish waits for them and places what arrived (the scatter's finish
- * also copies the own rows of dk_mb, dv_mb, so the whole documents' backward may run in between). */
-int model_cp_gather_kv_start(Model *m, LayerActs *a, const ModelBatch *b, CommRequest *reqs, Error *err);
-int model_cp_gather_kv_finish(Model *m, LayerActs *a, const ModelBatch *b, CommRequest *reqs, Error *err);
-int model_cp_scatter_dkv_start(Model *m, const ModelBatch *b, CommRequest *reqs, Error *err);
-int model_cp_scatter_dkv_finish(Model *m, float *dqkv, const ModelBatch *b, CommRequest *reqs, Error *err);
+/* CP (model_cp.c): layer a's attention forward over the micro-batch's segments, into a->att, a->lse:
+ * K and V of this rank's rows (columns of a->qkv) into a->k_mb, a->v_mb at their micro-batch rows,
+ * the rows of the sharded documents exchanged with the CP ranks of their blocks piece by piece,
+ * the documents held whole computed beside the pieces and the sharded ones block by block as the
+ * pieces arrive (b->cp_calls). And its backward from m->datt: dq into dqkv's query columns, dK and dV
+ * of this rank's rows into its K and V columns (float32, width of the fused q | k | v row), the
+ * sharded rows' shares summed over their block's ranks, piece by piece as the blocks are done. */
+int model_cp_attention_fwd(Model *m, LayerActs *a, const ModelBatch *b, AttnShape shape, Error *err);
+int model_cp_attention_bwd(Model *m, LayerActs *a, const ModelBatch *b, float *dqkv, AttnShape shape, Error *err);
 
 /* The vocabulary-parallel embedding of the first chunk, into h (all-reduced over TP; with SP
  * reduce-scattered: h has R rows), and its backward from dh (R rows: all-gathered with SP). */

@@ -102,7 +102,7 @@ static void slot_arrays(const ModelDims *d, ArraySpec *a)
     memcpy(a, t, sizeof t);
 }
 
-enum { N_SCRATCH_ARRAYS = 17 };
+enum { N_SCRATCH_ARRAYS = 21 };
 
 /* The scratch the slots share; rows of a logits block count as "rows" of width vocab (chunk rows,
  * set by the caller through `head_rows`). */
@@ -110,6 +110,7 @@ static void scratch_arrays(const ModelDims *d, int64_t head_rows, ArraySpec *a)
 {
     int64_t D = d->d, lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
     int64_t F = d->local_ffn, Q = qkv_width(d), cp = d->cp > 1, V = d->has_head ? d->local_vocab : 0, sp = d->sp;
+    int64_t H = d->local_heads;
     ArraySpec t[N_SCRATCH_ARRAYS] = {
         {offsetof(Model, dh), EL_F32, D, ROWS_R, 0},
         {offsetof(Model, dh_act), EL_ACT, D, ROWS_R, 0},
@@ -124,6 +125,11 @@ static void scratch_arrays(const ModelDims *d, int64_t head_rows, ArraySpec *a)
         {offsetof(Model, dv_mb), EL_F32, cp ? lkv : 0, ROWS_MB, 0},
         {offsetof(Model, xfer), EL_F32, cp ? 2 * lkv : 0, ROWS_MB, 0},
         {offsetof(Model, xfer2), EL_F32, cp ? 2 * lkv : 0, ROWS_MB, 0},
+        /* the sharded documents' attention block by block (model_cp.c) */
+        {offsetof(Model, att_acc), EL_F32, cp ? lhd : 0, ROWS_T, 0},
+        {offsetof(Model, att_acc_lse), EL_F32, cp ? H : 0, ROWS_T, 0},
+        {offsetof(Model, att_part), EL_ACT, cp ? lhd : 0, ROWS_T, 0},
+        {offsetof(Model, att_part_lse), EL_F32, cp ? H : 0, ROWS_T, 0},
         /* logits blocks: head_rows rows (stored as "width" so that T does not scale them) */
         {offsetof(Model, logits), EL_F32, V * head_rows, ROWS_FIXED, 0},
         {offsetof(Model, dlogits), EL_ACT, V * head_rows, ROWS_FIXED, 0},

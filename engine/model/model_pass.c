@@ -151,15 +151,8 @@ static int layer_forward(Model *m, const ModelBatch *b, int l, const float *x, f
     o->rope_fwd(a->qkv, Q, b->positions, T, d->local_heads + d->local_kv_heads, d->head_dim, m->inv_freq,
                 m->rope_scale);
     if (d->cp > 1) {
-        /* Documents held whole read this rank's rows only: their attention runs beside the exchange. */
-        CommRequest kv[MODEL_MAX_CP_EXCHANGES] = {{0}};
-        int64_t whole = b->n_whole_segs;
-        if (model_cp_gather_kv_start(m, a, b, kv, err) != 0)
+        if (model_cp_attention_fwd(m, a, b, attn_shape(d), err) != 0)
             return -1;
-        attention(m, a, a->k_mb, a->v_mb, b->segs, whole);
-        if (model_cp_gather_kv_finish(m, a, b, kv, err) != 0)
-            return -1;
-        attention(m, a, a->k_mb, a->v_mb, b->segs + whole, b->n_segs - whole);
     } else {
         attention(m, a, ops_act(o, a->qkv, q_width(d)), ops_act(o, a->qkv, q_width(d) + kv_width(d)), b->segs,
                   b->n_segs);
@@ -245,20 +238,7 @@ static int attention_backward(Model *m, LayerActs *a, const ModelBatch *b, const
     o->zero(dqkv32, T * Q);
     const Act *k = ops_act(o, a->qkv, lq), *v = ops_act(o, a->qkv, lq + lkv);
     if (d->cp > 1) {
-        /* The sharded documents first: their dK, dV travel while the whole documents' backward runs. */
-        CommRequest dkv[MODEL_MAX_CP_EXCHANGES] = {{0}};
-        int64_t whole = b->n_whole_segs;
-        o->zero(m->dk_mb, b->T_mb * lkv);
-        o->zero(m->dv_mb, b->T_mb * lkv);
-        if (b->n_segs > whole)
-            o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb,
-                             b->segs + whole, b->n_segs - whole, attn_shape(d));
-        if (model_cp_scatter_dkv_start(m, b, dkv, err) != 0)
-            return -1;
-        if (whole > 0)
-            o->attention_bwd(dqkv32, m->dk_mb, m->dv_mb, m->datt, a->att, a->lse, a->qkv, a->k_mb, a->v_mb, b->segs,
-                             whole, attn_shape(d));
-        if (model_cp_scatter_dkv_finish(m, dqkv32, b, dkv, err) != 0)
+        if (model_cp_attention_bwd(m, a, b, dqkv32, attn_shape(d), err) != 0)
             return -1;
     } else {
         o->attention_bwd(dqkv32, dqkv32 + lq, dqkv32 + lq + lkv, m->datt, a->att, a->lse, a->qkv, k, v, b->segs,

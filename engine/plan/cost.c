@@ -525,20 +525,38 @@ double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens
 {
     if (size <= 1 || sharded_tokens <= 0)
         return 0;
-    /* One all-gather of K and V (backward: one reduce-scatter of dK, dV): (n - 1) / n. A block of the
-     * CP group is tp * size consecutive world ranks: inside a node when they fit. */
+    /* The all-gather of K and V (backward: the reduce-scatter of dK, dV): (n - 1) / n, in one piece
+     * per rank of the block (engine/model/model_cp.c), each paying the link's latency. A block of
+     * the CP group is tp * size consecutive world ranks: inside a node when they fit. */
     double bw = size >= m->cp ? m->cp_bw
                 : m->tp * size <= m->hw.gpus_per_node ? m->hw.intra_node_gbps : m->hw.inter_node_gbps;
-    return collective_s(m, m->kv_bytes * (double)sharded_tokens, (size - 1.0) / size, bw);
+    return collective_s(m, m->kv_bytes * (double)sharded_tokens, (size - 1.0) / size, bw) +
+           (size - 1) * m->hw.link_latency_us * 1e-6;
 }
 
-void cost_cp_beside(const CostModel *m, double x, int n_ex, double whole_s, CostCpComm *c)
+void cost_cp_beside(const CostModel *m, double x, int pieces, double whole_s, double sharded_s, int backward,
+                    CostCpComm *c)
 {
-    double bandwidth = x - n_ex * m->hw.link_latency_us * 1e-6;
-    double hidden = m->overlap && bandwidth > 0 ? (bandwidth < whole_s ? bandwidth : whole_s) : 0;
-    c->exposed = x - hidden;
-    c->hidden = hidden;
-    c->contention = m->hw.comm_sm_share * hidden;
+    double lat = pieces * m->hw.link_latency_us * 1e-6, bandwidth = x - lat, exposed = bandwidth;
+    if (m->overlap && bandwidth > 0 && pieces > 0) {
+        /* Equal pieces, and the sharded documents' attention in as many equal blocks, one a piece;
+         * the rank's own piece first on the link (the latest any rank's pieces arrive). */
+        double piece = bandwidth / pieces, block = sharded_s / pieces, t, link = 0;
+        if (!backward) { /* whole documents and the own block first, then each piece's block as it arrives */
+            t = whole_s + block;
+            for (int j = 1; j < pieces; j++)
+                t = (t > (j + 1) * piece ? t : (j + 1) * piece) + block;
+            exposed = t - whole_s - sharded_s;
+        } else { /* each piece's blocks, then its reduction beside the next blocks; then the whole documents */
+            for (int j = 0; j < pieces; j++)
+                link = (link > (j + 1) * block ? link : (j + 1) * block) + piece;
+            exposed = link - whole_s - sharded_s;
+        }
+        exposed = exposed > 0 ? exposed : 0;
+    }
+    c->exposed = exposed + lat;
+    c->hidden = x - c->exposed;
+    c->contention = m->hw.comm_sm_share * c->hidden;
 }
 
 void cost_head_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise)

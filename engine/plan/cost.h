@@ -194,19 +194,24 @@ double cost_dp_gather_s(const CostModel *m, double params);
 double cost_cp_comm_s(const CostModel *m, int64_t sharded_tokens);
 /* The same exchange inside a group of `size` CP ranks (an aligned block of the CP group, sharding
  * `groups`): (size - 1) / size of the group's sharded K/V rows, over NVLink when tp * size ranks fit
- * in a node. size 1 exchanges nothing; size cp is cost_cp_comm_s. */
+ * in a node, in one piece per rank of the group, each paying the link's latency. size 1 exchanges
+ * nothing; size cp is cost_cp_comm_s. */
 double cost_cp_comm_group_s(const CostModel *m, int size, int64_t sharded_tokens);
-/* A rank's K/V exchange in one direction, x seconds (the sum of cost_cp_comm_group_s over the n_ex
- * blocks it exchanges in), as the engine runs it: started after RoPE (forward; the backward: after
- * the sharded documents' attention backward), beside the attention of the documents the rank holds
- * whole (whole_s seconds: they read its own rows only), finished before the sharded documents'
- * attention (the backward: before the K/V columns of the input gradient are read). With overlap the
- * bandwidth time hides up to whole_s and the n_ex latencies are exposed; without, all of it is.
- * contention = comm_sm_share x hidden. */
+/* A rank's K/V exchange in one direction, x seconds (the sum of cost_cp_comm_group_s over the blocks
+ * it exchanges in: `pieces` pieces in all), as the engine runs it (engine/model/model_cp.c). Forward:
+ * the pieces start after RoPE; the attention of the documents the rank holds whole (whole_s: they
+ * read its own rows only) and of its sharded documents' queries over its own keys runs first, then
+ * over each other rank's keys as that rank's piece arrives. Backward: the sharded documents'
+ * attention backward rank by rank of the keys, each rank's dK, dV reduced as soon as its blocks are
+ * done, beside the next; then the whole documents'. Priced with equal pieces and the sharded
+ * attention (sharded_s) in as many equal blocks, the rank's own piece first on the link: what the
+ * compute waits for is exposed, as are the pieces' latencies; without overlap (and bf16 sums in the
+ * backward: sharded_s and whole_s 0) all of it. contention = comm_sm_share x hidden. */
 typedef struct CostCpComm {
     double exposed, hidden, contention;
 } CostCpComm;
-void cost_cp_beside(const CostModel *m, double x, int n_ex, double whole_s, CostCpComm *c);
+void cost_cp_beside(const CostModel *m, double x, int pieces, double whole_s, double sharded_s, int backward,
+                    CostCpComm *c);
 /* Seconds of the output projection + loss (last stage) forward / backward for n tokens on a rank. */
 double cost_head_fwd_s(const CostModel *m, int64_t tokens);
 double cost_head_bwd_s(const CostModel *m, int64_t tokens);

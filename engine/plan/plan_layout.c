@@ -254,9 +254,10 @@ static void shard_rank_cp_exchange(const Shard *s, const CostModel *cost, int r,
     *x = 0;
     *n = 0;
     for (int v = (s->cp + r) / 2; v >= 1; v /= 2) {
-        double t = cost_cp_comm_group_s(cost, plan_block_size(s->cp, v), shard_block_exchange_tokens(s, v));
+        int size = plan_block_size(s->cp, v);
+        double t = cost_cp_comm_group_s(cost, size, shard_block_exchange_tokens(s, v));
         *x += t;
-        *n += t > 0;
+        *n += t > 0 ? size : 0;
     }
 }
 
@@ -264,9 +265,13 @@ void plan_rank_price(PlanRank *pr, const CostModel *cost)
 {
     double tp = cost_tp_comm_s(cost, pr->tokens);
     CostCpComm cf, cb;
-    cost_cp_beside(cost, pr->cp_comm_s, pr->n_cp_ex, pr->whole_fwd_s, &cf);
-    /* The backward's dK/dV reduce-scatter in bf16 runs beside nothing (cost.h: sums_bf16). */
-    cost_cp_beside(cost, pr->cp_comm_s, pr->n_cp_ex, cost->sums_bf16 ? 0 : pr->whole_bwd_s, &cb);
+    double sharded_fwd = pr->attn_fwd_s - pr->whole_fwd_s, sharded_bwd = pr->attn_bwd_s - pr->whole_bwd_s;
+    cost_cp_beside(cost, pr->cp_comm_s, pr->n_cp_pieces, pr->whole_fwd_s, sharded_fwd > 0 ? sharded_fwd : 0, 0,
+                   &cf);
+    /* The backward's dK/dV reductions in bf16 run beside nothing (cost.h: sums_bf16). */
+    int bf16 = cost->sums_bf16;
+    cost_cp_beside(cost, pr->cp_comm_s, pr->n_cp_pieces, bf16 ? 0 : pr->whole_bwd_s,
+                   bf16 || sharded_bwd < 0 ? 0 : sharded_bwd, 1, &cb);
     pr->comm_fwd_s = tp + cf.exposed + cf.contention;
     pr->comm_bwd_s = tp + cb.exposed + cb.contention;
     pr->cp_hidden_fwd_s = cf.hidden;
@@ -307,10 +312,11 @@ double shard_time(const Shard *s, const CostModel *cost)
 /* Rank r's forward and backward seconds per layer, as the plan records them (commit). */
 static void rank_fwd_bwd(const Shard *s, const CostModel *cost, int r, double *f, double *b)
 {
-    PlanRank pr = {.tokens = s->tokens[r], .whole_fwd_s = s->whole_fwd[r], .whole_bwd_s = s->whole_bwd[r]};
+    PlanRank pr = {.tokens = s->tokens[r], .attn_fwd_s = s->attn_fwd[r], .attn_bwd_s = s->attn_bwd[r],
+                   .whole_fwd_s = s->whole_fwd[r], .whole_bwd_s = s->whole_bwd[r]};
     int n;
     shard_rank_cp_exchange(s, cost, r, &pr.cp_comm_s, &n);
-    pr.n_cp_ex = n;
+    pr.n_cp_pieces = n;
     plan_rank_price(&pr, cost);
     *f = s->attn_fwd[r] + cost_linear_fwd_s(cost, s->tokens[r]) + pr.comm_fwd_s;
     *b = s->attn_bwd[r] + cost_linear_bwd_s(cost, s->tokens[r]) + pr.comm_bwd_s;
@@ -379,7 +385,7 @@ int shard_commit(StepPlan *p, PlanMicroBatch *mb, const Shard *s, const CostMode
         pr->linear_bwd_s = cost_linear_bwd_s(cost, pr->tokens);
         int n;
         shard_rank_cp_exchange(s, cost, r, &pr->cp_comm_s, &n);
-        pr->n_cp_ex = n;
+        pr->n_cp_pieces = n;
         pr->whole_fwd_s = s->whole_fwd[r];
         pr->whole_bwd_s = s->whole_bwd[r];
         plan_rank_price(pr, cost);

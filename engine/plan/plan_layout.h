@@ -79,11 +79,12 @@ int64_t shard_block_exchange_tokens(const Shard *s, int v);
 double shard_time(const Shard *s, const CostModel *cost);
 /* The micro-batch's seconds per layer as the plan records them: the slowest rank's forward and the
  * slowest rank's backward (what the pipeline schedule takes), the K/V exchange priced beside the
- * attention of the documents held whole (cost_cp_beside). */
+ * attention it runs beside (cost_cp_beside). */
 void shard_mb_times(const Shard *s, const CostModel *cost, double *fwd, double *bwd);
-/* A rank's comm_fwd_s, comm_bwd_s and cp_hidden_*_s from its tokens and K/V exchange (cp_comm_s,
- * n_cp_ex, whole_*_s): the TP exchanges (cost_tp_comm_s) and the exchange beside the whole
- * documents' attention (cost_cp_beside), as cost prices them. */
+/* A rank's comm_fwd_s, comm_bwd_s and cp_hidden_*_s from its tokens, attention and K/V exchange
+ * (cp_comm_s, n_cp_pieces, attn_*_s, whole_*_s): the TP exchanges (cost_tp_comm_s) and the exchange
+ * beside the whole documents' attention and, piece by piece, the sharded ones' (cost_cp_beside), as
+ * cost prices them. */
 void plan_rank_price(PlanRank *pr, const CostModel *cost);
 /* Every micro-batch's ranks priced (plan_rank_price) and its fwd_s, bwd_s again: a plan made with
  * one cost model (the planner's) priced with another (parallel.overlap as configured). */

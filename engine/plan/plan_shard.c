@@ -133,32 +133,44 @@ static int shard_choose(ShardScratch *sc, const PlanDoc *docs, PlanMicroBatch *m
          * per_seq is dropped early. groups needs hybrid's own best (its bound and threshold). */
         if (rc == 0 && with_hybrid)
             rc = hybrid_best(&sc->hybrid, cost, docs, n, rank_capacity, mode == CP_HYBRID ? t_seq : 0, &t_hyb);
-        /* per_doc then matters only if it can be chosen below: strictly faster than per_seq and at
-         * most hybrid's time. Predicted only when its lower bound allows that, and dropped as soon as
-         * it cannot (t_doc -1): per_seq or hybrid is then chosen exactly as with its figure. */
-        if (rc == 0 && with_hybrid) {
-            double lim = t_seq;
-            if (t_hyb >= 0 && nextafter(t_hyb, INFINITY) < lim)
-                lim = nextafter(t_hyb, INFINITY);
-            if (hybrid_lower_bound(cost, docs, n, cp, sc->hybrid.whole, sc->hybrid.shard_lb, 0) < lim)
-                t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, lim, NULL);
-        }
         /* groups: aligned blocks need cp a power of two (the config insists); otherwise hybrid. */
         if (rc == 0 && mode == CP_GROUPS && (cp & (cp - 1)) == 0)
             rc = plan_groups_best(&sc->groups, cost, docs, n, &sc->hybrid, rank_capacity, t_hyb, &t_grp);
-        /* The fastest of the computed candidates; ties go to the simpler layout. */
+        /* The fastest of the candidates as the plan records them, the K/V exchange priced with what
+         * hides of it (the searches above take it whole, shard_time; the block-by-block exchange
+         * hides much of it behind the sharded documents' own attention, which favours sharding);
+         * ties go to the one tried first: per_seq, hybrid, per_doc. per_doc is a candidate beside
+         * hybrid too, laid out only when even with all of its exchange hidden it could be the
+         * fastest. */
+        const Shard *cands[3] = {t_seq >= 0 ? seq : NULL, t_hyb >= 0 ? hyb : NULL, NULL};
+        const CpSharding modes[3] = {CP_PER_SEQ, CP_HYBRID, CP_PER_DOC};
+        double best = INFINITY;
         chosen = t_seq >= 0 ? seq : doc;
         mb->mode = t_seq >= 0 ? CP_PER_SEQ : CP_PER_DOC;
-        if (t_doc >= 0 && t_seq >= 0 && t_doc < t_seq) {
-            chosen = doc;
-            mb->mode = CP_PER_DOC;
-        }
-        double t_chosen = chosen == seq ? t_seq : t_doc;
-        for (int64_t k = 0; k < n && rc == 0 && chosen == doc && !doc_laid; k++)
-            rc = shard_per_doc(doc, cost, docs, k);
-        if (t_hyb >= 0 && t_hyb < t_chosen) {
-            chosen = hyb;
-            mb->mode = CP_HYBRID;
+        for (int c = 0; c < 3 && rc == 0; c++) {
+            if (c == 2 && t_doc < 0 && with_hybrid) { /* per_doc's bound without its exchange */
+                int64_t all = 0;
+                for (int64_t k = 0; k < n; k++)
+                    all += docs[k].len;
+                double ex = 2 * cost_cp_comm_group_s(cost, cp, all);
+                if (hybrid_lower_bound(cost, docs, n, cp, sc->hybrid.whole, sc->hybrid.shard_lb, 0) - ex < best)
+                    t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL);
+            }
+            if (c == 2 && t_doc >= 0) {
+                for (int64_t k = 0; k < n && rc == 0 && !doc_laid; k++)
+                    rc = shard_per_doc(doc, cost, docs, k);
+                doc_laid = 1;
+                cands[2] = doc;
+            }
+            double f, b;
+            if (!cands[c] || rc != 0)
+                continue;
+            shard_mb_times(cands[c], cost, &f, &b);
+            if (f + b < best || (c == 2 && cands[0] == NULL && cands[1] == NULL)) {
+                best = f + b;
+                chosen = cands[c];
+                mb->mode = modes[c];
+            }
         }
         /* groups against the rest on the figures the plan records, forward and backward, so that it
          * is never predicted worse than hybrid there either, nor in the pipeline. */

@@ -89,11 +89,12 @@ typedef struct PlanRank {
     int64_t first_range, n_ranges;
     int64_t first_segment, n_segments;
     double attn_fwd_s, attn_bwd_s, linear_fwd_s, linear_bwd_s, comm_fwd_s, comm_bwd_s;
-    /* The K/V exchange, per layer and direction: all of it (its blocks' cost_cp_comm_group_s, n_cp_ex
-     * of them), and the attention of the documents the rank holds whole that it runs beside
-     * (cost_cp_beside); of it what hides (comm_*_s has the exposed rest and the contention). */
+    /* The K/V exchange, per layer and direction: all of it (its blocks' cost_cp_comm_group_s, in
+     * n_cp_pieces pieces: a piece per rank of each block), and the attention of the documents the
+     * rank holds whole that it runs beside (cost_cp_beside, with the rest of attn_*_s: the sharded
+     * documents', block by block); of it what hides (comm_*_s has the exposed rest and the contention). */
     double cp_comm_s, whole_fwd_s, whole_bwd_s;
-    int32_t n_cp_ex;
+    int32_t n_cp_pieces;
     double cp_hidden_fwd_s, cp_hidden_bwd_s;
 } PlanRank;
 

@@ -224,7 +224,7 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
     }
     out->T_mb = T_mb;
     out->mb_row = d;
-    return 0;
+    return batch_cp_blocks(bb, p, mb, rank, blk, out, err);
 }
 
 int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const DataSources *data, int64_t vocab,
@@ -268,7 +268,7 @@ int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const 
     bb->segs = segs;
     for (int64_t s = 0; s < pr->n_segments; s++) {
         const PlanSegment *g = &p->segments[pr->first_segment + s];
-        segs[s] = (AttnSegment){local[g->q_start], g->q_len, g->kv_start, g->q_start + g->q_len - g->kv_start};
+        segs[s] = (AttnSegment){local[g->q_start], g->q_len, g->kv_start, g->q_start + g->q_len - g->kv_start, 0};
     }
     free(tok);
     free(local);
@@ -283,6 +283,8 @@ void batch_free(BatchBuffers *bb)
     free(bb->segs);
     free(bb->index);
     free(bb->recv_counts);
+    free(bb->cp_calls);
+    free(bb->block_segs);
     if (bb->ops) {
         bb->ops->free(bb->d_tokens);
         bb->ops->free(bb->d_targets);

@@ -27,6 +27,10 @@ typedef struct BatchBuffers {
      * micro-batch row) and their backend copies; recv_counts per CP rank of each exchange's block. */
     int64_t *index, *d_index, *recv_counts;
     int64_t cap_index, d_cap_index, cap_counts;
+    /* CP: the sharded documents' attention calls over key blocks and their segments (host). */
+    CpCall *cp_calls;
+    AttnSegment *block_segs;
+    int64_t cap_calls, cap_block_segs;
 } BatchBuffers;
 
 /* Labeled tokens (tokens with a target) of a step: the loss is their mean. */
@@ -38,5 +42,11 @@ int64_t batch_step_targets(const StepPlan *p, const DataSources *data);
 int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const DataSources *data, int64_t vocab,
                 ModelBatch *out, Error *err);
 void batch_free(BatchBuffers *bb);
+
+/* The sharded documents' attention of the micro-batch mb in out (its segments and exchanges made)
+ * as calls over key blocks, out->cp_calls (batch_blocks.c, for batch_build); blk: the block of CP
+ * ranks each micro-batch row's document is sharded over (plan.h's tree; 0: none). */
+int batch_cp_blocks(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch *mb, int rank, const int64_t *blk,
+                    ModelBatch *out, Error *err);
 
 #endif

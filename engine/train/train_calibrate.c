@@ -239,7 +239,7 @@ static int64_t cal_segments(Cal *c, const int64_t *lens, int n)
 {
     int64_t row = 0;
     for (int i = 0; i < n; i++) {
-        c->segs[i] = (AttnSegment){row, lens[i], row, lens[i]};
+        c->segs[i] = (AttnSegment){row, lens[i], row, lens[i], 0};
         row += lens[i];
     }
     c->n_segs = n;
