@@ -27,15 +27,7 @@ echo "# attention kernels on ${gpu:-unknown GPU}, PyTorch ${torchv:-absent}; hea
 echo "# documents from the WLB-LLM length list (seed $seed), median of $iters (PyTorch) / mean of $iters (wlbtrain)"
 for w in "${windows[@]}"; do
   # one window of documents drawn from the list, the last one cut at the window's end
-  python3 - "$lengths" "$w" "$seed" > "$work/segs.$w" <<'PY'
-import json, random, sys
-lens = [x for x in json.load(open(sys.argv[1])) if x > 0]
-w, rng, row = int(sys.argv[2]), random.Random(int(sys.argv[3])), 0
-while row < w:
-    n = min(rng.choice(lens), w - row)
-    print(row, n, row, n)
-    row += n
-PY
+  python3 bench/attn_mix.py "$lengths" "$w" "$seed" > "$work/segs.$w"
   {
     "$bin/attn_kernels" "$work/segs.$w" --device "$dev" --heads "$H" --kv-heads "$HKV" --dim "$D" --iters "$iters" --deterministic 1
     "$bin/attn_kernels" "$work/segs.$w" --device "$dev" --heads "$H" --kv-heads "$HKV" --dim "$D" --iters "$iters" --deterministic 0

@@ -81,22 +81,30 @@ static int64_t exchange_offset(const ModelBatch *b, int e, int64_t lkv)
 /* This rank's place in exchange x's block. */
 static int block_rank(const Model *m, const CpExchange *x) { return m->comm->layout.cp_rank - x->first; }
 
-/* Where rank s's piece starts in exchange x's message (elements): after the pieces before it. */
-static int64_t piece_at(const CpExchange *x, int s, int64_t lkv)
+/* Where rank s's rows start in exchange x's recv_rows: after the rows of the ranks before it. Its
+ * piece of the message starts 2 lkv times that far in (K rows, then V rows, rank after rank). */
+static int64_t piece_row(const CpExchange *x, int s)
 {
-    int64_t at = 0;
+    int64_t row = 0;
     for (int r = 0; r < s; r++)
-        at += 2 * x->recv_counts[r] * lkv;
-    return at;
+        row += x->recv_counts[r];
+    return row;
 }
 
-/* The request of piece s of exchange e: after the pieces of the exchanges before it. */
-static CommRequest *piece_req(Model *m, const ModelBatch *b, int e, int s)
+static int64_t piece_at(const CpExchange *x, int s, int64_t lkv) { return 2 * lkv * piece_row(x, s); }
+
+/* Piece s of exchange e, numbered after the pieces of the exchanges before it (m->cp_req's index). */
+static int piece_index(const ModelBatch *b, int e, int s)
 {
     int at = 0;
     for (int i = 0; i < e; i++)
         at += b->cp_ex[i].size;
-    return &m->cp_req[at + s];
+    return at + s;
+}
+
+static CommRequest *piece_req(Model *m, const ModelBatch *b, int e, int s)
+{
+    return &m->cp_req[piece_index(b, e, s)];
 }
 
 /* The element counts of a piece of exchange x: rank s's 2 n_s lkv, no other rank's. */
@@ -139,9 +147,7 @@ static int piece_gather_finish(Model *m, LayerActs *a, const ModelBatch *b, int 
         return -1;
     if (s == block_rank(m, x))
         return 0;
-    int64_t n = x->recv_counts[s], row = 0;
-    for (int r = 0; r < s; r++)
-        row += x->recv_counts[r];
+    int64_t n = x->recv_counts[s], row = piece_row(x, s);
     const Act *recv = ops_act(o, (Act *)m->xfer2, base + piece_at(x, s, lkv));
     o->copy_rows(a->k_mb, DT_ACT, lkv, x->recv_rows + row, recv, DT_ACT, lkv, NULL, n, lkv);
     o->copy_rows(a->v_mb, DT_ACT, lkv, x->recv_rows + row, ops_act(o, recv, n * lkv), DT_ACT, lkv, NULL, n, lkv);
@@ -155,14 +161,12 @@ static int piece_scatter_start(Model *m, const ModelBatch *b, int e, int s, int6
 {
     const Ops *o = m->ops;
     const CpExchange *x = &b->cp_ex[e];
-    int64_t counts[1024], at = base + piece_at(x, s, lkv), n = x->recv_counts[s], row = 0;
+    int64_t counts[1024], at = base + piece_at(x, s, lkv), n = x->recv_counts[s], row = piece_row(x, s);
     LayoutGroup g;
     if (n == 0)
         return 0;
     if (exchange_group(m, x, &g, err) != 0)
         return -1;
-    for (int r = 0; r < s; r++)
-        row += x->recv_counts[r];
     o->copy_rows(m->xfer + at, DT_F32, lkv, NULL, m->dk_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
     o->copy_rows(m->xfer + at + n * lkv, DT_F32, lkv, NULL, m->dv_mb, DT_F32, lkv, x->recv_rows + row, n, lkv);
     piece_counts(x, s, lkv, counts);
@@ -208,8 +212,8 @@ int model_cp_attention_fwd(Model *m, LayerActs *a, const ModelBatch *b, AttnShap
         o->attention_fwd(a->att, a->lse, a->qkv, a->k_mb, a->v_mb, b->segs, whole, shape);
     for (int64_t i = 0; i < b->n_cp_calls; i++) {
         const CpCall *c = &b->cp_calls[i];
-        int at = (int)(piece_req(m, b, c->ex, c->src) - m->cp_req);
-        if (piece_gather_finish(m, a, b, c->ex, c->src, lkv, exchange_offset(b, c->ex, lkv), &placed[at], err) != 0)
+        if (piece_gather_finish(m, a, b, c->ex, c->src, lkv, exchange_offset(b, c->ex, lkv),
+                                &placed[piece_index(b, c->ex, c->src)], err) != 0)
             return -1;
         block_fwd(m, a, c, shape);
     }
@@ -218,11 +222,10 @@ int model_cp_attention_fwd(Model *m, LayerActs *a, const ModelBatch *b, AttnShap
                                  shape);
     /* Every piece is waited for and placed (the backward reads k_mb, v_mb). */
     for (int e = 0; e < b->n_cp_ex; e++)
-        for (int s = 0; s < b->cp_ex[e].size; s++) {
-            int at = (int)(piece_req(m, b, e, s) - m->cp_req);
-            if (piece_gather_finish(m, a, b, e, s, lkv, exchange_offset(b, e, lkv), &placed[at], err) != 0)
+        for (int s = 0; s < b->cp_ex[e].size; s++)
+            if (piece_gather_finish(m, a, b, e, s, lkv, exchange_offset(b, e, lkv), &placed[piece_index(b, e, s)],
+                                    err) != 0)
                 return -1;
-        }
     return 0;
 }
 

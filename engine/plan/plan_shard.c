@@ -98,6 +98,20 @@ static int shard_faster(const Shard *a, const Shard *b, const CostModel *cost)
     return af + ab < bf + bb && ta < tb;
 }
 
+/* Candidate s (mode m) chosen when it is the first or its forward + backward per layer, as the plan
+ * records them, is less than *best. */
+static void pick(const Shard *s, CpSharding m, const CostModel *cost, double *best, const Shard **chosen,
+                 PlanMicroBatch *mb)
+{
+    double f, b;
+    shard_mb_times(s, cost, &f, &b);
+    if (!*chosen || f + b < *best) {
+        *best = f + b;
+        *chosen = s;
+        mb->mode = m;
+    }
+}
+
 /* Micro-batch mb's layout, chosen in sc (*chosen, one of sc's candidates; mb->mode set). Reads only
  * mb's documents and writes only mb->mode and sc: threads run it on different micro-batches at once.
  * Returns -1 out of memory. */
@@ -117,18 +131,10 @@ static int shard_choose(ShardScratch *sc, const PlanDoc *docs, PlanMicroBatch *m
         chosen = seq;
         mb->mode = CP_PER_SEQ;
     } else {
-        double t_seq = -1, t_doc = -1, t_hyb = -1, t_grp = -1;
+        double t_seq = -1, t_hyb = -1, t_grp = -1;
         if (mode != CP_PER_DOC && (rc = shard_per_seq(seq, cost, docs, n, mb->tokens)) == 0)
             t_seq = shard_time(seq, cost);
-        /* per_doc is laid out only when it is the mode or is chosen; else predicted (hybrid_predict
-         * with every document sharded is per_doc's layout, predicted without it). */
-        int doc_laid = mode == CP_PER_DOC, with_hybrid = mode == CP_HYBRID || mode == CP_GROUPS;
-        for (int64_t k = 0; k < n && rc == 0 && doc_laid; k++)
-            rc = shard_per_doc(doc, cost, docs, k);
-        if (rc == 0 && doc_laid)
-            t_doc = shard_time(doc, cost);
-        else if (rc == 0 && mode == CP_ADAPTIVE)
-            t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL);
+        int with_hybrid = mode == CP_HYBRID || mode == CP_GROUPS;
         /* hybrid is kept only when faster than per_seq (and per_doc): a candidate that cannot beat
          * per_seq is dropped early. groups needs hybrid's own best (its bound and threshold). */
         if (rc == 0 && with_hybrid)
@@ -139,39 +145,24 @@ static int shard_choose(ShardScratch *sc, const PlanDoc *docs, PlanMicroBatch *m
         /* The fastest of the candidates as the plan records them, the K/V exchange priced with what
          * hides of it (the searches above take it whole, shard_time; the block-by-block exchange
          * hides much of it behind the sharded documents' own attention, which favours sharding);
-         * ties go to the one tried first: per_seq, hybrid, per_doc. per_doc is a candidate beside
-         * hybrid too, laid out only when even with all of its exchange hidden it could be the
-         * fastest. */
-        const Shard *cands[3] = {t_seq >= 0 ? seq : NULL, t_hyb >= 0 ? hyb : NULL, NULL};
-        const CpSharding modes[3] = {CP_PER_SEQ, CP_HYBRID, CP_PER_DOC};
+         * ties go to the one tried first: per_seq, hybrid, per_doc. per_doc is laid out when it is
+         * the mode or adaptive's other candidate, and beside hybrid only when even with all of its
+         * exchange hidden it could be the fastest. */
         double best = INFINITY;
-        chosen = t_seq >= 0 ? seq : doc;
-        mb->mode = t_seq >= 0 ? CP_PER_SEQ : CP_PER_DOC;
-        for (int c = 0; c < 3 && rc == 0; c++) {
-            if (c == 2 && t_doc < 0 && with_hybrid) { /* per_doc's bound without its exchange */
-                int64_t all = 0;
-                for (int64_t k = 0; k < n; k++)
-                    all += docs[k].len;
-                double ex = 2 * cost_cp_comm_group_s(cost, cp, all);
-                if (hybrid_lower_bound(cost, docs, n, cp, sc->hybrid.whole, sc->hybrid.shard_lb, 0) - ex < best)
-                    t_doc = hybrid_predict(cost, docs, n, NULL, cp, 0, INT64_MAX, 0, NULL);
-            }
-            if (c == 2 && t_doc >= 0) {
-                for (int64_t k = 0; k < n && rc == 0 && !doc_laid; k++)
-                    rc = shard_per_doc(doc, cost, docs, k);
-                doc_laid = 1;
-                cands[2] = doc;
-            }
-            double f, b;
-            if (!cands[c] || rc != 0)
-                continue;
-            shard_mb_times(cands[c], cost, &f, &b);
-            if (f + b < best || (c == 2 && cands[0] == NULL && cands[1] == NULL)) {
-                best = f + b;
-                chosen = cands[c];
-                mb->mode = modes[c];
-            }
+        chosen = NULL;
+        if (rc == 0 && t_seq >= 0)
+            pick(seq, CP_PER_SEQ, cost, &best, &chosen, mb);
+        if (rc == 0 && t_hyb >= 0)
+            pick(hyb, CP_HYBRID, cost, &best, &chosen, mb);
+        int doc_wanted = mode == CP_PER_DOC || mode == CP_ADAPTIVE;
+        if (rc == 0 && with_hybrid) {
+            double ex = 2 * cost_cp_comm_group_s(cost, cp, mb->tokens);
+            doc_wanted = hybrid_lower_bound(cost, docs, n, cp, sc->hybrid.whole, sc->hybrid.shard_lb, 0) - ex < best;
         }
+        for (int64_t k = 0; k < n && rc == 0 && doc_wanted; k++)
+            rc = shard_per_doc(doc, cost, docs, k);
+        if (rc == 0 && doc_wanted)
+            pick(doc, CP_PER_DOC, cost, &best, &chosen, mb);
         /* groups against the rest on the figures the plan records, forward and backward, so that it
          * is never predicted worse than hybrid there either, nor in the pipeline. */
         if (t_grp >= 0 && shard_faster(grp, chosen, cost)) {

@@ -22,15 +22,7 @@ lengths=.devdata/distca_wlbllm_lengths.json
 command -v ncu >/dev/null || { echo "profile_attention: no ncu on this machine" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 - "$lengths" "$w" 1 > "$work/segs" <<'PY'
-import json, random, sys
-lens = [x for x in json.load(open(sys.argv[1])) if x > 0]
-w, rng, row = int(sys.argv[2]), random.Random(int(sys.argv[3])), 0
-while row < w:
-    n = min(rng.choice(lens), w - row)
-    print(row, n, row, n)
-    row += n
-PY
+python3 bench/attn_mix.py "$lengths" "$w" 1 > "$work/segs"
 wanted=(gpu__time_duration.sum launch__registers_per_thread launch__shared_mem_per_block_dynamic
   launch__shared_mem_per_block_static launch__grid_size launch__block_size
   sm__warps_active.avg.pct_of_peak_sustained_active
