@@ -63,6 +63,8 @@ typedef enum ModelTensorKind {
 } ModelTensorKind;
 
 enum { MODEL_LAYER_TENSORS = 9 }; /* T_ATTN_NORM .. T_WDOWN */
+/* What of a layer's gradients Model.grads_ready says is final. */
+typedef enum ModelGradsPart { MODEL_GRADS_ALL, MODEL_GRADS_MLP } ModelGradsPart;
 
 typedef struct ModelTensor {
     char name[96];         /* Hugging Face name */
@@ -225,11 +227,13 @@ typedef struct Model {
     double *h_stats, *h_lse;                  /* host copies, for the TP reductions */
     int32_t *h_targets;
     double comm_s;                            /* seconds spent in collectives, summed */
-    /* Called by model_backward once layer l's backward is done, with l = layer_end once the
-     * tensors after the layers (final norm, output projection) have their gradients, and with
-     * l = -1 once the embedding has its (the chunk's last act) (NULL: nothing): where the trainer
-     * starts the reduction of those gradients on a chunk's last micro-batch. */
-    int (*grads_ready)(void *ctx, struct Model *m, int layer, Error *err);
+    /* Called by model_backward as gradients become final (NULL: nothing): with part
+     * MODEL_GRADS_MLP once layer l's MLP half (its MLP norm and the three MLP products, whose
+     * backward runs before the attention half's) has its gradients, with MODEL_GRADS_ALL once the
+     * whole layer l has; with l = layer_end once the tensors after the layers (final norm, output
+     * projection) have theirs, and with l = -1 once the embedding has its (the chunk's last act):
+     * where the trainer starts the reduction of those gradients on a chunk's last micro-batch. */
+    int (*grads_ready)(void *ctx, struct Model *m, int layer, ModelGradsPart part, Error *err);
     void *grads_ready_ctx;
     /* Called by the forward before it reads the weights of layer l (layer_begin .. layer_end - 1),
      * of the tensors before the layers (-1: embedding) and of those after them (layer_end: final

@@ -197,6 +197,13 @@ static int recompute_layer(Model *m, const ModelBatch *b, int l, const float *x,
     return 0;
 }
 
+/* Part of layer l's gradients is final (Model.grads_ready; l = layer_end: the tensors after the
+ * layers, -1: the embedding). */
+static int grads_ready(Model *m, int l, ModelGradsPart part, Error *err)
+{
+    return m->grads_ready ? m->grads_ready(m->grads_ready_ctx, m, l, part, err) : 0;
+}
+
 /* The MLP's backward: m->dh (and m->dh_act) hold d(out) and get d(y). */
 static int mlp_backward(Model *m, LayerActs *a, int l, const ModelBatch *b, Error *err)
 {
@@ -262,6 +269,7 @@ static int layer_backward(Model *m, ModelSlot *s, int l, const ModelBatch *b, Er
     float *sum;
     SpExchange gather = {{{0}}}, reduce = {{{0}}};
     if (recompute_layer(m, b, l, x, a, HALF_BOTH, err) != 0 || mlp_backward(m, a, l, b, err) != 0 ||
+        grads_ready(m, l, MODEL_GRADS_MLP, err) != 0 ||
         model_tp_gather_backward(m, m->dh_act, a->att, model_weight(m, T_WO, l), model_grad(m, T_WO, l),
                                  mat_act(m->datt), T, q_width(d), err) != 0 ||
         attention_backward(m, a, b, &in, &gather, err) != 0)
@@ -289,7 +297,7 @@ static int layers_backward_chained(Model *m, ModelSlot *s, const ModelBatch *b, 
     int top = d->layer_end - 1, n = top - d->layer_begin;
     ModelChainBack c = {s, d->layer_end, NULL, NULL};
     if (recompute_layer(m, b, top, s->h[n], &s->layers[n], HALF_BOTH, err) != 0 ||
-        model_chain_backward(m, &c, b->T, err) != 0)
+        model_chain_backward(m, &c, b->T, err) != 0 || grads_ready(m, top, MODEL_GRADS_MLP, err) != 0)
         return -1;
     for (int l = top; l >= d->layer_begin; l--) {
         int i = l - d->layer_begin;
@@ -299,7 +307,7 @@ static int layers_backward_chained(Model *m, ModelSlot *s, const ModelBatch *b, 
             (i > 0 && recompute_layer(m, b, l - 1, s->h[i - 1], &s->layers[i - 1], HALF_MLP, err) != 0) ||
             model_chain_backward(m, &c, b->T, err) != 0)
             return -1;
-        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
+        if (grads_ready(m, l, MODEL_GRADS_ALL, err) != 0 || (i > 0 && grads_ready(m, l - 1, MODEL_GRADS_MLP, err) != 0))
             return -1;
         if (i > 0 && recompute_layer(m, b, l - 1, s->h[i - 1], &s->layers[i - 1], HALF_ATTN, err) != 0)
             return -1;
@@ -391,7 +399,7 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
         o->zero(m->dh, R * D);
         o->rmsnorm_bwd(m->dh, m->dh_act, model_grad(m, T_FINAL_NORM, -1), s->dhn, s->h[d->layer_end - d->layer_begin],
                        model_param(m, T_FINAL_NORM, -1), s->rstd_f, R, D);
-        if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, d->layer_end, err) != 0)
+        if (grads_ready(m, d->layer_end, MODEL_GRADS_ALL, err) != 0)
             return -1;
     } else {
         o->copy(m->dh, dh_out, R * D);
@@ -406,14 +414,14 @@ int model_backward(Model *m, int slot, const ModelBatch *b, const float *dh_out,
         for (int l = d->layer_end - 1; l >= d->layer_begin; l--) {
             if (layer_backward(m, s, l, b, err) != 0)
                 return -1;
-            if (m->grads_ready && m->grads_ready(m->grads_ready_ctx, m, l, err) != 0)
+            if (grads_ready(m, l, MODEL_GRADS_ALL, err) != 0)
                 return -1;
         }
     }
     if (d->has_embed) {
         if (model_embed_bwd(m, m->dh, b, err) != 0)
             return -1;
-        return m->grads_ready ? m->grads_ready(m->grads_ready_ctx, m, -1, err) : 0;
+        return grads_ready(m, -1, MODEL_GRADS_ALL, err);
     }
     o->copy(s->dx, m->dh, R * D);
     return 0;

@@ -43,10 +43,12 @@
  *              posted ahead and the message moves while the receiver computes; without, it moves when
  *              the receiver asks for it.
  *              DP: the float32 gradients all-reduced over DP x CP (ZeRO-1: reduce-scattered, and the
- *              parameters all-gathered before the next forward), a layer a bucket; priced by the
- *              simulator: with overlap each bucket starts as soon as the last micro-batch's backward has
- *              produced it (exposed: what outlasts the backward, at least the last bucket), and ZeRO-1's
- *              all-gather runs a bucket ahead of the first forward; without, all of it between steps.
+ *              parameters all-gathered before the next forward) in the engine's buckets (a layer each,
+ *              the first layer's MLP half apart, its attention half with the embedding, the output
+ *              layer's; sched.c chunk_buckets); priced by the simulator: with overlap each bucket
+ *              starts as soon as the last micro-batch's backward has produced it (exposed: what
+ *              outlasts the backward, at least the last bucket), and ZeRO-1's all-gather runs a
+ *              bucket ahead of the first forward; without, all of it between steps.
  *              SM contention: a collective that runs beside a computation takes comm_sm_share of the
  *              device's SMs (cores), so the computation is slowed by that share of the overlapped time:
  *              charged as `contention`, comm_sm_share x the hidden seconds.

@@ -210,17 +210,40 @@ static int replica_makespan(const StepPlan *p, const CostModel *cost, const int6
     return sched_simulate(&rep, makespan, trace, err);
 }
 
-/* Parameters of model chunk g on a rank, and the buckets (its layers) they are reduced in. */
-static double chunk_params(const CostModel *cost, int g, int *buckets)
+/* The gradient buckets of model chunk g on a rank as the engine makes them (train.h,
+ * trainer_bucket_range), in the order its backward produces them: the tensors after the layers (the
+ * last chunk's final norm and output projection), the layers top first but the first, the first
+ * layer's MLP half, and last the bottom bucket - the first layer's attention half with the tensors
+ * before the layers (the first chunk's embedding). params[i]: each one's parameters; at[i]: the
+ * share of the chunk's backward pass done when it is final, by the products' FLOPs (the attention's
+ * own work and the embedding's left out: the MLP half reads as final later than it is, never
+ * earlier). Returns how many (at most layers + 2); tied embeddings over chunks are priced as untied. */
+static int chunk_buckets(const CostModel *cost, int g, double *params, double *at)
 {
-    int chunks = cost->pp * cost->v, layers = cost_chunk_layers(cost, g);
-    *buckets = layers > 0 ? layers : 1;
-    return layers * cost->layer_params + (g == 0 ? cost->embed_params : 0) + (g == chunks - 1 ? cost->head_params : 0);
+    int chunks = cost->pp * cost->v, layers = cost_chunk_layers(cost, g), n = 0;
+    double d = cost->d_model, f = cost->ffn_local, head = g == chunks - 1 ? cost->head_params : 0;
+    double w_head = head > 0 ? cost->head_flops_fwd : 0, w_layer = cost->gemm_flops_fwd, w_mlp = 6 * d * f;
+    double w_all = w_head + layers * w_layer, mlp = 3 * d * f + d;
+    layers = layers > 0 ? layers : 1;
+    if (head > 0) {
+        params[n] = head;
+        at[n++] = w_head / w_all;
+    }
+    for (int j = 1; j < layers; j++) {
+        params[n] = cost->layer_params;
+        at[n++] = (w_head + j * w_layer) / w_all;
+    }
+    params[n] = mlp;
+    at[n++] = (w_head + (layers - 1) * w_layer + w_mlp) / w_all;
+    params[n] = cost->layer_params - mlp + (g == 0 ? cost->embed_params : 0);
+    at[n++] = 1;
+    return n;
 }
 
 /* ZeRO-1's all-gather (NULL when there is none): each stage gathers its chunks in the order it first
- * runs them, bucket by bucket with overlap (a chunk's first forward starts on its first bucket), or
- * all of them before the step's first pass. *total[s] gets stage s's seconds of it. */
+ * runs them, bucket by bucket in forward order with overlap (a chunk's first forward starts once
+ * its first layer's two buckets are in), or all of them before the step's first pass. *total[s]
+ * gets stage s's seconds of it. */
 static SchedGather *gather_plan(const CostModel *cost, double *total)
 {
     int pp = cost->pp, v = cost->v;
@@ -228,25 +251,33 @@ static SchedGather *gather_plan(const CostModel *cost, double *total)
     if (!cost->zero || cost->dpcp <= 1)
         return NULL;
     SchedGather *gt = calloc((size_t)pp * v, sizeof *gt);
-    if (!gt)
+    double *params = malloc((size_t)(cost->n_layers + 2) * sizeof *params);
+    double *at = malloc((size_t)(cost->n_layers + 2) * sizeof *at);
+    if (!gt || !params || !at) {
+        free(gt);
+        free(params);
+        free(at);
         return NULL;
+    }
     for (int s = 0; s < pp; s++) {
         double t = 0;
         for (int c = 0; c < v; c++) {
-            int g = c * pp + s, buckets;
-            double params = chunk_params(cost, g, &buckets);
-            if (!cost->overlap) {
-                t += cost_dp_gather_s(cost, params);
-                continue;
+            int g = c * pp + s, n = chunk_buckets(cost, g, params, at);
+            double chunk = 0;
+            for (int i = 0; i < n; i++)
+                chunk += cost_dp_gather_s(cost, params[i]);
+            if (cost->overlap) { /* forward order: the bottom bucket, the MLP half, ... */
+                double first = cost_dp_gather_s(cost, params[n - 1]) + cost_dp_gather_s(cost, params[n - 2]);
+                gt[g] = (SchedGather){t + first, t + chunk, 1.0 / cost_chunk_layers(cost, g)};
             }
-            double one = cost_dp_gather_s(cost, params / buckets);
-            gt[g] = (SchedGather){t + one, t + buckets * one, 1.0 / buckets};
-            t += buckets * one;
+            t += chunk;
         }
         total[s] = t;
         for (int c = 0; c < v && !cost->overlap; c++)
             gt[c * pp + s] = (SchedGather){t, t, 0};
     }
+    free(params);
+    free(at);
     return gt;
 }
 
@@ -324,13 +355,9 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
     SchedBreakdown *sb = calloc((size_t)pp, sizeof *sb);
     double *st = calloc(7 * ns + 2 * nc, sizeof *st);
     Bucket *bk = NULL;
-    int rc = scratch_alloc(&sc, p, cost, err), max_buckets = 0;
-    for (int g = 0; g < chunks; g++) {
-        int b;
-        chunk_params(cost, g, &b);
-        max_buckets += b;
-    }
-    if (rc == 0 && (!mk || !gather_total || !st || !sb || !(bk = malloc((size_t)max_buckets * sizeof *bk))))
+    int rc = scratch_alloc(&sc, p, cost, err), max_buckets = chunks * 2 + cost->n_layers;
+    double *bp = malloc((size_t)(cost->n_layers + 2) * 2 * sizeof *bp), *bat = bp ? bp + cost->n_layers + 2 : NULL;
+    if (rc == 0 && (!mk || !gather_total || !st || !sb || !bp || !(bk = malloc((size_t)max_buckets * sizeof *bk))))
         rc = error_runtime(err, "pipeline", "out of memory");
     SchedGather *gt = rc == 0 ? gather_plan(cost, gather_total) : NULL;
     if (rc == 0 && cost->zero && cost->dpcp > 1 && !gt)
@@ -358,17 +385,17 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
         for (int r = 0; r < dp; r++)
             stage_end = end[(size_t)r * pp + s] > stage_end ? end[(size_t)r * pp + s] : stage_end;
         if (cost->overlap) {
-            /* Bucket j of L of a chunk is ready once the backward of its layers is done in every
-             * replica, its last pass run uniformly over them; the buckets go out one at a time. */
+            /* A bucket is final once the share of its chunk's last backward pass that produces it
+             * (chunk_buckets) is done in every replica, that pass run uniformly over its work; the
+             * buckets go out one at a time. */
             int n = 0;
             for (int c = 0; c < cost->v; c++) {
-                int g = c * pp + s, L;
-                double params = chunk_params(cost, g, &L), one = cost_dp_reduce_s(cost, params / L);
-                for (int j = 0; j < L; j++) {
-                    double ready = 0;
+                int g = c * pp + s, nb = chunk_buckets(cost, g, bp, bat);
+                for (int j = 0; j < nb; j++) {
+                    double ready = 0, one = cost_dp_reduce_s(cost, bp[j]);
                     for (int r = 0; r < dp; r++) {
                         double a = lbs[(size_t)r * chunks + g], b = lbe[(size_t)r * chunks + g];
-                        double t = a + (b - a) * (j + 1) / L;
+                        double t = a + (b - a) * bat[j];
                         ready = t > ready ? t : ready;
                     }
                     bk[n++] = (Bucket){ready, one};
@@ -380,10 +407,9 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
             for (int i = 0; i < n; i++)
                 done = (done > bk[i].ready ? done : bk[i].ready) + bk[i].seconds;
         } else {
-            for (int c = 0; c < cost->v; c++) {
-                int L;
-                total += cost_dp_reduce_s(cost, chunk_params(cost, c * pp + s, &L));
-            }
+            for (int c = 0; c < cost->v; c++) /* bucket by bucket, as with overlap */
+                for (int j = 0, nb = chunk_buckets(cost, c * pp + s, bp, bat); j < nb; j++)
+                    total += cost_dp_reduce_s(cost, bp[j]);
             done = stage_end + total;
         }
         /* What outlasts the stage's passes shows; the rest ran beside them (none without overlap). */
@@ -422,6 +448,7 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
     free(sb);
     free(gt);
     free(bk);
+    free(bp);
     free(mk);
     free(gather_total);
     free(st);

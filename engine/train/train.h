@@ -50,8 +50,8 @@ typedef struct TrainChunk {
     CommRequest *send_h;     /* per slot: the send of its output (forward) */
     CommRequest *send_dx;    /* per slot: the send of its input gradient (backward) */
     float *shard_grads;      /* ZeRO-1: this rank's shard of the summed gradients */
-    /* The gradient buckets (train_grads.c): one per layer, then the tensors before the layers and
-     * those after them; each one's reduction over DP x CP, and whether it was started this step. */
+    /* The gradient buckets (trainer_bucket_count of them, trainer_bucket_range): each one's
+     * reduction over DP x CP, and whether it was started this step. */
     CommRequest *grad_req;
     int *bucket_started;
     int last_backward;       /* the schedule's index of the chunk's last backward pass this step (-1: none) */
@@ -277,9 +277,19 @@ int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
 int trainer_reduce_grads(Trainer *tr, Error *err);
-/* Bucket b of m's parameters (and gradients) as [*lo, *hi): b < layers: layer layer_begin + b's
- * tensors; layers: the tensors before the first layer (embedding); layers + 1: those after the last
- * (final norm, output projection). */
+/* The buckets of a chunk of `layers` layers (train_grads.c), in the order the parameters lie
+ * (model.c): bucket 0 is the tensors before the first layer (the embedding, or a tied output
+ * projection's copy) with the first layer's attention half (its norm, Q, K, V, O);
+ * TRAINER_BUCKET_FIRST_MLP the first layer's MLP half (its norm, gate, up, down); 1 .. layers - 1
+ * layer layer_begin + b's tensors; TRAINER_BUCKET_TAIL those after the last layer (final norm,
+ * output projection). Every chunk has a layer (config_resolve). */
+#define TRAINER_BUCKET_TAIL(layers) (layers)
+#define TRAINER_BUCKET_FIRST_MLP(layers) ((layers) + 1)
+static inline int trainer_bucket_count(const Model *m)
+{
+    return m->dims.layer_end - m->dims.layer_begin + 2;
+}
+/* Bucket b of m's parameters (and gradients) as [*lo, *hi). */
 void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi);
 /* ZeRO-1 with parallel.overlap (train_params.c): after chunk k's update, its parameters' all-gather
  * over DP x CP starts bucket by bucket (in forward order); the next forward waits for each bucket
@@ -288,9 +298,9 @@ void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi);
 int trainer_start_param_gather(Trainer *tr, int k, Error *err);
 int trainer_weights_needed(void *ctx, Model *m, int layer, Error *err);
 int trainer_params_ready(Trainer *tr, Error *err);
-/* Model.grads_ready of a chunk's last backward pass (ctx: the Trainer): layer's gradients are final,
- * its bucket's reduction starts (train_grads.c). */
-int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err);
+/* Model.grads_ready of a chunk's last backward pass (ctx: the Trainer): part of layer's gradients
+ * is final, the reduction of the bucket it completes starts (train_grads.c). */
+int trainer_layer_grads_ready(void *ctx, Model *m, int layer, ModelGradsPart part, Error *err);
 void trainer_optim_range(const Trainer *tr, const Model *m, int64_t *begin, int64_t *end);
 /* Rank r's ZeRO-1 shard of n parameters over a group of size g: [n r / g, n (r + 1) / g). */
 void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end);

@@ -14,18 +14,24 @@
  *   DP x CP      the ranks that differ in dp or cp hold the same block, each with the gradient of
  *                other tokens: all-reduced (or with ZeRO-1 reduce-scattered, each rank getting its
  *                shard of the sum).
- * Buckets: the DP x CP reduction runs per bucket of a chunk's gradients - one per layer, then the
- * tensors before the layers (the embedding) and those after them (final norm, output projection) -
- * each as soon as its gradients are final: with parallel.overlap a layer's bucket starts when the
- * chunk's last micro-batch's backward has passed the layer (Model.grads_ready), and runs while the
- * backward goes on to the layers below; the last chunk's final norm and output projection once the
- * backward has passed the final norm (a tied output projection is the embedding's copy, placed
- * before the layers, model.c); the embedding's once the first chunk's backward is done, or after
- * the pipeline when tied embeddings span two chunks (summed first). Without overlap (or
- * on a rank whose replica ran no backward on the chunk) every bucket runs after the pipeline, in
- * the same sizes and order - the chunks from last to first, each its tail then its layers top
- * first, then the embeddings' - so both give the same bits and pair with the peers' collectives. A
- * layer's TP sums (SP norms, kv replicas) run just before its bucket starts.
+ * Buckets (train.h): the DP x CP reduction runs per bucket of a chunk's gradients - the tensors
+ * after the layers (final norm, output projection), each layer's, and at the bottom the tensors
+ * before the layers (the embedding) - each as soon as its gradients are final: with
+ * parallel.overlap a layer's bucket starts when the chunk's last micro-batch's backward has passed
+ * the layer (Model.grads_ready) and runs while the backward goes on to the layers below. Below the
+ * chunk's first layer nothing is left to run beside but the embedding's backward, so that layer is
+ * split: its MLP half (norm and three products, two thirds of a Llama layer's weights) is a bucket
+ * that starts as soon as the MLP's backward is done and runs beside the attention half's; the
+ * attention half goes last, in one bucket with the embedding that lies next to it (one collective
+ * less at the end, where each one's cost shows). The last chunk's final norm and output projection
+ * start once the backward has passed the final norm (a tied output projection is the embedding's
+ * copy, placed before the layers, model.c); the bottom bucket once the first chunk's backward is
+ * done, or after the pipeline when tied embeddings span two chunks (summed first). Without overlap
+ * (or on a rank whose replica ran no backward on the chunk) every bucket runs after the pipeline,
+ * in the same sizes and order - the chunks from last to first, each its tail, its layers top first,
+ * the first layer's MLP half, then the bottom buckets (the embeddings' after their sum) - so both
+ * give the same bits and pair with the peers' collectives. A bucket's TP sums (SP norms, kv
+ * replicas) run just before it starts.
  * The global norm counts each element of the full model once: a block counts when its tensor is
  * marked counts (one of the TP replicas, the first chunk's copy of tied embeddings), and without
  * ZeRO only on the ranks with dp = cp = 0 (the others hold the same sums); with ZeRO every rank
@@ -64,15 +70,15 @@ static int sum_kv_replicas(Trainer *tr, int k, int l, Error *err)
     return rc;
 }
 
-/* Sequence parallelism: the norm weights' gradients of layer l (-1: outside the layers; replicated
- * over TP, each rank's from its own rows) summed over TP, in place, one tensor at a time. */
-static int sum_sp_norms(Trainer *tr, Model *m, int l, Error *err)
+/* Sequence parallelism: the norm weights' gradients in [lo, hi) of m's (replicated over TP, each
+ * rank's from its own rows) summed over TP, in place, one tensor at a time. */
+static int sum_sp_norms(Trainer *tr, Model *m, int64_t lo, int64_t hi, Error *err)
 {
     if (!m->dims.sp)
         return 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const ModelTensor *t = &m->tensors[i];
-        if (t->is_vector && t->layer == l &&
+        if (t->is_vector && t->offset >= lo && t->offset < hi &&
             comm_allreduce_sum(tr->comm, GROUP_TP, m->grads + t->offset, t->cols, err) != 0)
             return -1;
     }
@@ -144,47 +150,70 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
     return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, DT_F32, err);
 }
 
-/* Bucket b of m's gradients as [*lo, *hi): b < layers: layer layer_begin + b's tensors (they follow
- * each other, model.c); layers: the tensors before the first layer; layers + 1: those after the
- * last. */
-void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi)
+/* Where the first layer's MLP half begins in m's parameters, and whether tensors lie before the
+ * first layer (the embedding, or the tied output projection's copy). */
+static int64_t first_mlp(const Model *m, int *before)
 {
-    int layers = m->dims.layer_end - m->dims.layer_begin, first = m->dims.layer_begin;
-    int64_t lo_all = m->n_params, hi_all = 0;
-    *lo = m->n_params;
-    *hi = 0;
+    *before = 0;
+    int64_t at = m->n_params;
     for (int i = 0; i < m->n_tensors; i++) {
         const ModelTensor *t = &m->tensors[i];
-        if (t->layer < 0)
-            continue;
+        *before |= t->kind == T_EMBED;
+        if (t->layer == m->dims.layer_begin && t->kind == T_MLP_NORM)
+            at = t->offset;
+    }
+    return at;
+}
+
+/* Bucket b of m's gradients (train.h): a layer's tensors follow each other, its attention half's
+ * first, after the tensors before the layers and before those after them (model.c). */
+void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi)
+{
+    int layers = m->dims.layer_end - m->dims.layer_begin, before;
+    int64_t mlp = first_mlp(m, &before), layer_lo = m->n_params, layer_hi = 0, tail = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ModelTensor *t = &m->tensors[i];
         int64_t end = t->offset + t->rows * t->cols;
-        lo_all = t->offset < lo_all ? t->offset : lo_all;
-        hi_all = end > hi_all ? end : hi_all;
-        if (t->layer == first + b) {
-            *lo = t->offset < *lo ? t->offset : *lo;
-            *hi = end > *hi ? end : *hi;
+        if (t->layer >= 0)
+            tail = end > tail ? end : tail;
+        if (t->layer == m->dims.layer_begin + b) {
+            layer_lo = t->offset < layer_lo ? t->offset : layer_lo;
+            layer_hi = end > layer_hi ? end : layer_hi;
         }
     }
-    if (layers == 0)
-        lo_all = hi_all = m->n_params;
-    if (b == layers) {
+    if (b == 0) {
         *lo = 0;
-        *hi = lo_all;
-    } else if (b == layers + 1) {
-        *lo = hi_all;
+        *hi = mlp;
+    } else if (b == TRAINER_BUCKET_FIRST_MLP(layers)) {
+        *lo = mlp;
+        /* the first layer's end: where layer begin + 1 starts, or the tail */
+        int64_t next = tail;
+        for (int i = 0; i < m->n_tensors; i++)
+            if (m->tensors[i].layer == m->dims.layer_begin + 1 && m->tensors[i].offset < next)
+                next = m->tensors[i].offset;
+        *hi = next;
+    } else if (b == TRAINER_BUCKET_TAIL(layers)) {
+        *lo = tail;
         *hi = m->n_params;
+    } else {
+        *lo = layer_lo;
+        *hi = layer_hi;
     }
 }
 
-/* Starts the DP x CP reduction of bucket b of chunk k: all-reduced in place, or with ZeRO-1
- * reduce-scattered, each rank getting the part of the bucket that falls in its shard. */
+/* Bucket b of chunk k has its final gradients: its TP sums (the SP norms in it, the kv replicas of
+ * its layer's attention), then its reduction over DP x CP started: all-reduced in place, or with
+ * ZeRO-1 reduce-scattered, each rank getting the part of the bucket that falls in its shard. */
 static int start_bucket(Trainer *tr, int k, int b, Error *err)
 {
     TrainChunk *ch = &tr->chunks[k];
     Model *m = &ch->model;
+    int layers = m->dims.layer_end - m->dims.layer_begin;
     int64_t lo, hi;
     trainer_bucket_range(m, b, &lo, &hi);
     ch->bucket_started[b] = 1;
+    if (sum_sp_norms(tr, m, lo, hi, err) != 0 || (b < layers && sum_kv_replicas(tr, k, m->dims.layer_begin + b, err) != 0))
+        return -1;
     if (hi <= lo)
         return 0;
     if (!tr->cfg->parallel.zero)
@@ -196,26 +225,6 @@ static int start_bucket(Trainer *tr, int k, int b, Error *err)
     return comm_ireduce_scatterv(tr->comm, GROUP_DPCP, m->grads + lo, recv, counts, &ch->grad_req[b], err);
 }
 
-/* Layer l of chunk k has its final gradients: its TP sums, then its bucket's reduction started. */
-static int layer_bucket(Trainer *tr, int k, int l, Error *err)
-{
-    Model *m = &tr->chunks[k].model;
-    if (sum_sp_norms(tr, m, l, err) != 0 || sum_kv_replicas(tr, k, l, err) != 0)
-        return -1;
-    return start_bucket(tr, k, l - m->dims.layer_begin, err);
-}
-
-/* The bucket after the layers (final norm, output projection) of chunk k: its SP sums, then its
- * reduction started. */
-static int tail_bucket(Trainer *tr, int k, Error *err)
-{
-    Model *m = &tr->chunks[k].model;
-    int layers = m->dims.layer_end - m->dims.layer_begin;
-    if (sum_sp_norms(tr, m, -1, err) != 0)
-        return -1;
-    return start_bucket(tr, k, layers + 1, err);
-}
-
 /* The embedding's bucket of chunk k can start when its backward is done: unless tied embeddings
  * span two chunks, whose gradients are summed (sum_tied_embeddings) after the pipeline first. */
 static int embed_bucket_early(const Trainer *tr)
@@ -223,17 +232,29 @@ static int embed_bucket_early(const Trainer *tr)
     return !tr->cfg->model.tie_embeddings || tr->n_chunks == 1;
 }
 
-int trainer_layer_grads_ready(void *ctx, Model *m, int layer, Error *err)
+/* Bucket 0 of m holds tensors before the first layer: it starts once they are final (the
+ * embedding's backward, or the tied copies' sum), not with the first layer's attention half. */
+static int bottom_waits(const Model *m)
+{
+    int before;
+    first_mlp(m, &before);
+    return before;
+}
+
+int trainer_layer_grads_ready(void *ctx, Model *m, int layer, ModelGradsPart part, Error *err)
 {
     Trainer *tr = ctx;
+    int layers = m->dims.layer_end - m->dims.layer_begin, b = layer - m->dims.layer_begin;
     for (int k = 0; k < tr->v; k++) {
         if (&tr->chunks[k].model != m)
             continue;
-        if (layer < 0)
-            return embed_bucket_early(tr) ? start_bucket(tr, k, m->dims.layer_end - m->dims.layer_begin, err) : 0;
-        if (layer < m->dims.layer_end)
-            return layer_bucket(tr, k, layer, err);
-        return tail_bucket(tr, k, err);
+        if (part == MODEL_GRADS_MLP) /* only the first layer's halves are buckets of their own */
+            return b == 0 ? start_bucket(tr, k, TRAINER_BUCKET_FIRST_MLP(layers), err) : 0;
+        if (layer < 0) /* the embedding's backward is done */
+            return embed_bucket_early(tr) ? start_bucket(tr, k, 0, err) : 0;
+        if (b == 0 && bottom_waits(m))
+            return 0;
+        return start_bucket(tr, k, b < layers ? b : TRAINER_BUCKET_TAIL(layers), err);
     }
     return error_runtime(err, "train", "gradients of a model chunk the trainer does not hold");
 }
@@ -246,25 +267,25 @@ int trainer_reduce_grads(Trainer *tr, Error *err)
      * that did): the chunks' last backward passes run from the last chunk to the first (sched.c),
      * each the final norm and output projection (the head's chunk), then the layers top first. */
     for (int k = tr->v - 1; k >= 0; k--) {
-        Model *m = &tr->chunks[k].model;
-        int layers = m->dims.layer_end - m->dims.layer_begin;
-        if (!tr->chunks[k].bucket_started[layers + 1] && tail_bucket(tr, k, err) != 0)
+        TrainChunk *ch = &tr->chunks[k];
+        int layers = ch->model.dims.layer_end - ch->model.dims.layer_begin, mlp = TRAINER_BUCKET_FIRST_MLP(layers);
+        if (!ch->bucket_started[TRAINER_BUCKET_TAIL(layers)] && start_bucket(tr, k, TRAINER_BUCKET_TAIL(layers), err) != 0)
             return -1;
-        for (int l = m->dims.layer_end - 1; l >= m->dims.layer_begin; l--)
-            if (!tr->chunks[k].bucket_started[l - m->dims.layer_begin] && layer_bucket(tr, k, l, err) != 0)
+        for (int b = layers - 1; b >= 1; b--)
+            if (!ch->bucket_started[b] && start_bucket(tr, k, b, err) != 0)
                 return -1;
+        if ((!ch->bucket_started[mlp] && start_bucket(tr, k, mlp, err) != 0) ||
+            (!bottom_waits(&ch->model) && !ch->bucket_started[0] && start_bucket(tr, k, 0, err) != 0))
+            return -1;
     }
     if (sum_tied_embeddings(tr, err) != 0)
         return -1;
-    for (int k = 0; k < tr->v; k++) {
-        Model *m = &tr->chunks[k].model;
-        int layers = m->dims.layer_end - m->dims.layer_begin;
-        if (!tr->chunks[k].bucket_started[layers] && start_bucket(tr, k, layers, err) != 0)
+    for (int k = 0; k < tr->v; k++) /* the buckets with the embeddings */
+        if (!tr->chunks[k].bucket_started[0] && start_bucket(tr, k, 0, err) != 0)
             return -1;
-    }
     for (int k = 0; k < tr->v; k++) {
         TrainChunk *ch = &tr->chunks[k];
-        int buckets = ch->model.dims.layer_end - ch->model.dims.layer_begin + 2;
+        int buckets = trainer_bucket_count(&ch->model);
         for (int b = 0; b < buckets; b++) {
             ch->bucket_started[b] = 0;
             if (comm_wait(tr->comm, &ch->grad_req[b], err) != 0)

@@ -34,7 +34,7 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     ch->slot_busy = calloc((size_t)m->n_slots, sizeof *ch->slot_busy);
     ch->send_h = calloc((size_t)m->n_slots, sizeof *ch->send_h);
     ch->send_dx = calloc((size_t)m->n_slots, sizeof *ch->send_dx);
-    int buckets = m->dims.layer_end - m->dims.layer_begin + 2;
+    int buckets = trainer_bucket_count(m);
     ch->grad_req = calloc((size_t)buckets, sizeof *ch->grad_req);
     ch->bucket_started = calloc((size_t)buckets, sizeof *ch->bucket_started);
     ch->param_req = calloc((size_t)buckets, sizeof *ch->param_req);
