@@ -28,9 +28,9 @@ static const char *const parts[] = {"products", "attention", "elementwise", "tp_
                                     "dp_hidden", "contention", "bubble"};
 enum { N_PARTS = sizeof parts / sizeof parts[0] };
 
-/* An 8B model on tp 4 x cp 2 x pp 2 x dp 2 with ZeRO-1 (64 ranks, so DP x CP crosses nodes), a short
- * list of lengths written here, 4K windows. */
-static char *write_config(const char *dir)
+/* A short list of document lengths written into dir (its path: free it): mostly 100-1600 tokens,
+ * every 23rd about 3000. */
+static char *write_lengths(const char *dir)
 {
     char lengths[8192] = "[";
     for (int i = 0; i < 400; i++) {
@@ -39,7 +39,14 @@ static char *write_config(const char *dir)
         strcat(lengths, num);
     }
     strcat(lengths, "]");
-    char *lpath = test_write_file(dir, "lengths.json", lengths, strlen(lengths));
+    return test_write_file(dir, "lengths.json", lengths, strlen(lengths));
+}
+
+/* An 8B model on tp 4 x cp 2 x pp 2 x dp 2 with ZeRO-1 (64 ranks, so DP x CP crosses nodes), the
+ * lengths of write_lengths, 4K windows. */
+static char *write_config(const char *dir)
+{
+    char *lpath = write_lengths(dir);
     char *yaml = test_format("model: {preset: llama3-8b}\n"
                              "parallel: {tp: 4, cp: 2, pp: 2, dp: 2, zero: 1}\n"
                              "data: {lengths_file: %s, context_window: 4096, global_batch_tokens: 65536}\n"
@@ -200,20 +207,13 @@ static void test_breakdown(void **state)
 }
 
 /* The gradients' buckets priced as the engine makes them (train.h): with overlap and a reduction
- * much faster than the backward (8K tokens a replica), what shows of DP is the last bucket alone - the first layer's
- * attention half with the embedding (its MLP half ran beside the attention half's backward) -
- * each step: steps x its all-reduce, to the rounding of the summary's figures. */
+ * much faster than the backward (8K tokens a replica), what shows of DP is the last bucket alone -
+ * the first layer's attention half with the embedding (its MLP half ran beside the attention
+ * half's backward) - each step: steps x its all-reduce, to the rounding of the summary's figures. */
 static void test_dp_last_bucket(void **state)
 {
     (void)state;
-    char *dir = test_tmpdir(), lengths[8192] = "[";
-    for (int i = 0; i < 400; i++) {
-        char num[16];
-        snprintf(num, sizeof num, "%s%d", i ? "," : "", i % 23 == 0 ? 3000 + i : 100 + (i * 131) % 1500);
-        strcat(lengths, num);
-    }
-    strcat(lengths, "]");
-    char *lpath = test_write_file(dir, "lengths.json", lengths, strlen(lengths));
+    char *dir = test_tmpdir(), *lpath = write_lengths(dir);
     char *yaml = test_format("model: {preset: llama3-8b}\n"
                              "parallel: {tp: 4, cp: 1, pp: 1, dp: 2, zero: 0}\n"
                              "data: {lengths_file: %s, context_window: 8192, global_batch_tokens: 16384}\n"

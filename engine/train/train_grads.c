@@ -150,54 +150,35 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
     return comm_allgatherv(tr->comm, GROUP_DPCP, NULL, full, counts, DT_F32, err);
 }
 
-/* Where the first layer's MLP half begins in m's parameters, and whether tensors lie before the
- * first layer (the embedding, or the tied output projection's copy). */
-static int64_t first_mlp(const Model *m, int *before)
+/* Where layer l's tensors begin in m's parameters; for l = layer_end, where the tensors after the
+ * layers do. A layer's tensors follow each other from its attention norm to its down projection,
+ * the layers one after another, the tensors after them last (model.c). */
+static int64_t layer_start(const Model *m, int l)
 {
-    *before = 0;
-    int64_t at = m->n_params;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ModelTensor *t = &m->tensors[i];
-        *before |= t->kind == T_EMBED;
-        if (t->layer == m->dims.layer_begin && t->kind == T_MLP_NORM)
-            at = t->offset;
-    }
-    return at;
+    if (l < m->dims.layer_end)
+        return model_tensor(m, T_ATTN_NORM, l)->offset;
+    const ModelTensor *t = model_tensor(m, T_WDOWN, l - 1);
+    return t->offset + t->rows * t->cols;
 }
 
-/* Bucket b of m's gradients (train.h): a layer's tensors follow each other, its attention half's
- * first, after the tensors before the layers and before those after them (model.c). */
+/* Bucket b of m's gradients (train.h). The tensors before the layers (from 0) and the first layer's
+ * attention half end where its MLP norm begins. */
 void trainer_bucket_range(const Model *m, int b, int64_t *lo, int64_t *hi)
 {
-    int layers = m->dims.layer_end - m->dims.layer_begin, before;
-    int64_t mlp = first_mlp(m, &before), layer_lo = m->n_params, layer_hi = 0, tail = 0;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ModelTensor *t = &m->tensors[i];
-        int64_t end = t->offset + t->rows * t->cols;
-        if (t->layer >= 0)
-            tail = end > tail ? end : tail;
-        if (t->layer == m->dims.layer_begin + b) {
-            layer_lo = t->offset < layer_lo ? t->offset : layer_lo;
-            layer_hi = end > layer_hi ? end : layer_hi;
-        }
-    }
+    int first = m->dims.layer_begin, layers = m->dims.layer_end - first;
+    int64_t mlp = model_tensor(m, T_MLP_NORM, first)->offset;
     if (b == 0) {
         *lo = 0;
         *hi = mlp;
     } else if (b == TRAINER_BUCKET_FIRST_MLP(layers)) {
         *lo = mlp;
-        /* the first layer's end: where layer begin + 1 starts, or the tail */
-        int64_t next = tail;
-        for (int i = 0; i < m->n_tensors; i++)
-            if (m->tensors[i].layer == m->dims.layer_begin + 1 && m->tensors[i].offset < next)
-                next = m->tensors[i].offset;
-        *hi = next;
+        *hi = layer_start(m, first + 1);
     } else if (b == TRAINER_BUCKET_TAIL(layers)) {
-        *lo = tail;
+        *lo = layer_start(m, m->dims.layer_end);
         *hi = m->n_params;
     } else {
-        *lo = layer_lo;
-        *hi = layer_hi;
+        *lo = layer_start(m, first + b);
+        *hi = layer_start(m, first + b + 1);
     }
 }
 
@@ -232,13 +213,12 @@ static int embed_bucket_early(const Trainer *tr)
     return !tr->cfg->model.tie_embeddings || tr->n_chunks == 1;
 }
 
-/* Bucket 0 of m holds tensors before the first layer: it starts once they are final (the
- * embedding's backward, or the tied copies' sum), not with the first layer's attention half. */
+/* Bucket 0 of m holds tensors before the first layer (the embedding, or a tied output projection's
+ * copy): it starts once they are final (the embedding's backward, or the tied copies' sum), not with
+ * the first layer's attention half. */
 static int bottom_waits(const Model *m)
 {
-    int before;
-    first_mlp(m, &before);
-    return before;
+    return model_tensor(m, T_EMBED, -1) != NULL;
 }
 
 int trainer_layer_grads_ready(void *ctx, Model *m, int layer, ModelGradsPart part, Error *err)
