@@ -33,9 +33,6 @@ static void narrow(Act *a, const float *f, int64_t n)
         b[i] = bf16_from_float(f[i]);
 }
 
-/* Element i of a bfloat16 array. */
-static Act *ops_act_bf16(Act *a, int64_t i) { return (Act *)((uint16_t *)a + i); }
-
 /* The elements a strided array of `rows` rows of `width` spans. */
 static int64_t extent(int64_t rows, int64_t stride, int64_t width)
 {
@@ -191,12 +188,7 @@ void cpu_bf16_attention_merge(float *acc, float *acc_lse, const Act *part, const
 void cpu_bf16_attention_merge_store(Act *out, float *lse, const float *acc, const float *acc_lse,
                                     const AttnSegment *segs, int64_t n_segs, AttnShape a)
 {
-    int64_t HD = (int64_t)a.n_heads * a.head_dim;
-    for (int64_t si = 0; si < n_segs; si++)
-        for (int64_t row = segs[si].q_row; row < segs[si].q_row + segs[si].q_len; row++) {
-            narrow(ops_act_bf16(out, row * a.o_stride), acc + row * a.o_stride, HD);
-            memcpy(lse + row * a.n_heads, acc_lse + row * a.n_heads, (size_t)a.n_heads * sizeof *lse);
-        }
+    cpu_attention_merge_store(1, out, lse, acc, acc_lse, segs, n_segs, a);
 }
 
 void cpu_bf16_swiglu_fwd(Act *out, const Act *gu, int64_t T, int64_t F)

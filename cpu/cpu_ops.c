@@ -412,16 +412,22 @@ static void f32_attention_merge(float *acc, float *acc_lse, const Act *part, con
     cpu_attention_merge(acc, acc_lse, (const float *)part, part_lse, segs, n_segs, shape, first);
 }
 
-/* out, lse = acc, acc_lse on the segments' query rows. */
+void cpu_attention_merge_store(int act_bf16, Act *out, float *lse, const float *acc, const float *acc_lse,
+                               const AttnSegment *segs, int64_t n_segs, AttnShape a)
+{
+    size_t elem = act_bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int64_t si = 0; si < n_segs; si++) {
+        const AttnSegment *g = &segs[si];
+        cpu_copy_rows(act_bf16, (char *)out + (size_t)(g->q_row * a.o_stride) * elem, DT_ACT, a.o_stride, NULL,
+                      acc + g->q_row * a.o_stride, DT_F32, a.o_stride, NULL, g->q_len, (int64_t)a.n_heads * a.head_dim);
+        memcpy(lse + g->q_row * a.n_heads, acc_lse + g->q_row * a.n_heads, (size_t)(g->q_len * a.n_heads) * sizeof *lse);
+    }
+}
+
 static void f32_attention_merge_store(Act *out, float *lse, const float *acc, const float *acc_lse,
                                       const AttnSegment *segs, int64_t n_segs, AttnShape a)
 {
-    int64_t HD = (int64_t)a.n_heads * a.head_dim;
-    for (int64_t si = 0; si < n_segs; si++)
-        for (int64_t row = segs[si].q_row; row < segs[si].q_row + segs[si].q_len; row++) {
-            memcpy((float *)out + row * a.o_stride, acc + row * a.o_stride, (size_t)HD * sizeof *acc);
-            memcpy(lse + row * a.n_heads, acc_lse + row * a.n_heads, (size_t)a.n_heads * sizeof *lse);
-        }
+    cpu_attention_merge_store(0, out, lse, acc, acc_lse, segs, n_segs, a);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

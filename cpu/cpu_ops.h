@@ -41,6 +41,10 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
  * attention_merge); all float32, out's layout. */
 void cpu_attention_merge(float *acc, float *acc_lse, const float *part, const float *part_lse,
                          const AttnSegment *segs, int64_t n_segs, AttnShape a, int first);
+/* out, lse = acc, acc_lse on the segments' query rows (engine/ops.h: attention_merge_store); out in
+ * the compute dtype, bfloat16 with act_bf16. */
+void cpu_attention_merge_store(int act_bf16, Act *out, float *lse, const float *acc, const float *acc_lse,
+                               const AttnSegment *segs, int64_t n_segs, AttnShape a);
 void cpu_k_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps);
 void cpu_k_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                        int64_t T, int64_t d);
