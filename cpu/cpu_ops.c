@@ -496,8 +496,8 @@ static const Ops *cpu_open(const BackendOpen *opt, Error *err)
     return opt->bf16 ? &ops_bf16 : &ops_f32;
 }
 
-static int cpu_device_count(void) { return 0; }
+static int64_t cpu_device_id(void) { return -1; }
 
 static void cpu_share_node(int ranks_here) { cpu_share_cores(ranks_here); }
 
-const Backend cpu_backend = {"cpu", cpu_describe, cpu_open, cpu_device_count, cpu_share_node, NULL};
+const Backend cpu_backend = {"cpu", cpu_describe, cpu_open, cpu_device_id, cpu_share_node, NULL};

@@ -3,11 +3,17 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* One communicator per group (slot = the LayoutGroup), and the pipeline group's two directions. */
-enum { SLOT_PP_UP = GROUP_COUNT, SLOT_PP_DOWN = GROUP_COUNT + 1, CUDA_NCCL_SLOTS = GROUP_COUNT + 2 };
+/* One communicator per group (slot = the LayoutGroup), and the pipeline group's lane slots
+ * (comm_lane_slot: a lane's messages by the colour of their sender). */
+enum { SLOT_LANE = GROUP_COUNT, CUDA_NCCL_SLOTS = GROUP_COUNT + COMM_LANE_SLOTS };
+
+/* At most this many CTAs (thread blocks, each on one SM) per NCCL kernel: the SMs a collective takes
+ * from the products beside it. The cost model prices the same share (cost.c, comm_sm_share). */
+enum { NCCL_MAX_CTAS = 16 };
 
 struct CudaNccl {
     ncclComm_t world;
@@ -56,10 +62,40 @@ static void nccl_close(Comm *c)
     free(n);
 }
 
+/* What every communicator is made with: blocking calls, and at most NCCL_MAX_CTAS blocks a kernel. */
+static ncclConfig_t comm_config(void)
+{
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 1;
+    cfg.maxCTAs = NCCL_MAX_CTAS;
+    return cfg;
+}
+
+/* The communicator of a slot, and its stream at the device's highest priority: a collective's kernel
+ * is scheduled ahead of the products queued beside it, so it starts when its data is ready. */
 static int split(CudaNccl *n, int slot, int color, int key, Error *err)
 {
-    NCCL_TRY(ncclCommSplit(n->world, color, key, &n->comm[slot], NULL), "ncclCommSplit");
-    CUDA_TRY(cudaStreamCreateWithFlags(&n->stream[slot], cudaStreamNonBlocking), "cudaStreamCreate");
+    ncclConfig_t cfg = comm_config();
+    int least = 0, greatest = 0;
+    NCCL_TRY(ncclCommSplit(n->world, color, key, &n->comm[slot], &cfg), "ncclCommSplit");
+    CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    CUDA_TRY(cudaStreamCreateWithPriority(&n->stream[slot], cudaStreamNonBlocking, greatest), "cudaStreamCreate");
+    return 0;
+}
+
+/* Tests only (Comm.shared_gpu_test, parallel.comm's test mode): NCCL refuses two ranks on one GPU of
+ * one host, judged by a host hash that NCCL_HOSTID replaces. A host id per rank, and the socket
+ * transport on the loopback with peer-to-peer and shared memory off, make the ranks of one GPU talk
+ * through NCCL's network path. Set here, for this process only, before NCCL reads them. */
+static int shared_gpu_test_env(const Comm *c, Error *err)
+{
+    char host[64];
+    snprintf(host, sizeof host, "wlbtrain-test-rank-%d", c->rank[GROUP_WORLD]);
+    const char *vars[][2] = {{"NCCL_HOSTID", host},      {"NCCL_NET", "Socket"},     {"NCCL_SOCKET_IFNAME", "lo"},
+                             {"NCCL_P2P_DISABLE", "1"},  {"NCCL_SHM_DISABLE", "1"},  {"NCCL_IB_DISABLE", "1"}};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (setenv(vars[i][0], vars[i][1], 1) != 0)
+            return error_runtime(err, "nccl", "setenv %s failed", vars[i][0]);
     return 0;
 }
 
@@ -70,19 +106,26 @@ static int nccl_open(Comm *c, Error *err)
     if (!n)
         return error_runtime(err, "nccl", "out of memory");
     c->impl_state = n;
+    if (c->shared_gpu_test && shared_gpu_test_env(c, err) != 0)
+        return -1;
     ncclUniqueId id;
     if (c->rank[GROUP_WORLD] == 0)
         NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if (comm_broadcast(c, GROUP_WORLD, 0, &id, (int64_t)sizeof id, err) != 0)
         return -1;
-    NCCL_TRY(ncclCommInitRank(&n->world, c->size[GROUP_WORLD], id, c->rank[GROUP_WORLD]), "ncclCommInitRank");
+    ncclConfig_t cfg = comm_config();
+    NCCL_TRY(ncclCommInitRankConfig(&n->world, c->size[GROUP_WORLD], id, c->rank[GROUP_WORLD], &cfg),
+             "ncclCommInitRankConfig");
     if (c->size[GROUP_WORLD] > 4096)
         return error_runtime(err, "nccl", "at most 4096 ranks");
-    int members[4096];
+    int members[4096], pp = c->size[GROUP_PP];
     for (int slot = 0; slot < CUDA_NCCL_SLOTS; slot++) {
         LayoutGroup g = slot < GROUP_COUNT ? (LayoutGroup)slot : GROUP_PP;
         if (!comm_group_made(c, g))
             continue; /* CP blocks only for sharding groups, once per block size, as MPI's */
+        int color_of_lane = (slot - SLOT_LANE) % COMM_LANE_COLORS;
+        if (slot >= SLOT_LANE && (pp == 1 || color_of_lane >= (pp % 2 ? 3 : 2)))
+            continue; /* the lanes' colours a ring of pp stages uses (the same on every rank) */
         int size = layout_group(&c->layout, g, members), color = members[0];
         for (int i = 1; i < size; i++)
             color = members[i] < color ? members[i] : color;
@@ -274,59 +317,133 @@ static int nccl_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     return 0;
 }
 
-/* The pipeline direction of a message between group ranks from and to. */
-static int p2p_slot(LayoutGroup g, int from, int to, Error *err)
+/* The slot of a message on lane sent by PP rank sender. */
+static int lane_slot(const Comm *c, LayoutGroup g, CommLane lane, int sender, Error *err)
 {
     if (g != GROUP_PP)
         return error_runtime(err, "nccl", "messages are for the pipeline group only");
-    return to > from ? SLOT_PP_UP : SLOT_PP_DOWN;
+    return SLOT_LANE + comm_lane_slot(lane, sender, c->size[GROUP_PP]);
 }
 
-static int nccl_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t count,
-                      CommRequest *req, Error *err)
+/* A send, or a receive posted ahead: queued on its lane slot's stream after the compute stream's
+ * work so far; its end's event in req, which comm_wait makes the compute stream wait for. Only the
+ * compute stream writes a message's buffers (the activations and gradients of the passes), so the
+ * host never waits for a message. */
+static int p2p_start(const Comm *c, int slot, int send, int peer, float *buf, int64_t count, CommRequest *req,
+                     Error *err)
 {
-    (void)tag; /* a direction's messages arrive in the order they were sent */
     CudaNccl *n = (CudaNccl *)c->impl_state;
-    int slot = p2p_slot(g, c->rank[g], peer, err);
-    if (slot < 0 || check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+    if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
         return -1;
-    NCCL_TRY(ncclSend(buf, (size_t)count, ncclFloat, peer, n->comm[slot], n->stream[slot]), "ncclSend");
+    if (send)
+        NCCL_TRY(ncclSend(buf, (size_t)count, ncclFloat, peer, n->comm[slot], n->stream[slot]), "ncclSend");
+    else
+        NCCL_TRY(ncclRecv(buf, (size_t)count, ncclFloat, peer, n->comm[slot], n->stream[slot]), "ncclRecv");
     req->staged = nullptr;
+    req->op = nullptr;
     if (compute_after(n, slot, &req->event, err) != 0)
         return -1;
+    req->collective = 1;
     req->active = 1;
     return 0;
 }
 
-/* A send: the host waits for its end (its buffer may be written by the host next). A started
- * collective: the compute stream waits for its end; the host goes on. */
+static int nccl_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t count,
+                      CommRequest *req, Error *err)
+{
+    (void)tag; /* a lane slot's messages arrive in the order they were sent */
+    int slot = lane_slot(c, g, lane, c->rank[g], err);
+    return slot < 0 ? -1 : p2p_start(c, slot, 1, peer, (float *)buf, count, req, err);
+}
+
+static int nccl_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t count,
+                      CommRequest *req, Error *err)
+{
+    (void)tag;
+    int slot = lane_slot(c, g, lane, peer, err);
+    return slot < 0 ? -1 : p2p_start(c, slot, 0, peer, buf, count, req, err);
+}
+
+/* The compute stream waits for the request's end; the host goes on. */
 static int nccl_wait(const Comm *c, CommRequest *req, Error *err)
 {
     (void)c;
     cudaEvent_t e = (cudaEvent_t)req->event;
-    int collective = req->collective;
     req->event = nullptr;
     req->active = 0;
     req->collective = 0;
     /* The event is destroyed whether the wait worked or not. */
-    cudaError_t w = collective ? cudaStreamWaitEvent(0, e, 0) : cudaEventSynchronize(e);
+    cudaError_t w = cudaStreamWaitEvent(0, e, 0);
     cudaError_t d = cudaEventDestroy(e);
     if (w != cudaSuccess)
-        return cuda_error(w, collective ? "cudaStreamWaitEvent" : "cudaEventSynchronize", err);
+        return cuda_error(w, "cudaStreamWaitEvent", err);
     if (d != cudaSuccess)
         return cuda_error(d, "cudaEventDestroy", err);
     return 0;
 }
 
-static int nccl_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t count, Error *err)
+static int nccl_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t count, Error *err)
 {
-    (void)tag;
-    CudaNccl *n = (CudaNccl *)c->impl_state;
-    int slot = p2p_slot(g, peer, c->rank[g], err);
-    if (slot < 0 || check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
+    CommRequest req = {};
+    if (nccl_irecv(c, g, peer, lane, tag, buf, count, &req, err) != 0)
         return -1;
-    NCCL_TRY(ncclRecv(buf, (size_t)count, ncclFloat, peer, n->comm[slot], n->stream[slot]), "ncclRecv");
-    return compute_after(n, slot, NULL, err);
+    return nccl_wait(c, &req, err);
+}
+
+/* A send to peer and a receive from it in one group on g's communicator: NCCL runs them together. */
+static int nccl_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *recv, int64_t count, Error *err)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    if (check_slot(n, g, err) != 0 || after_compute(n, g, err) != 0)
+        return -1;
+    NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSend(send, (size_t)count, ncclFloat, peer, n->comm[g], n->stream[g]);
+    if (r == ncclSuccess)
+        r = ncclRecv(recv, (size_t)count, ncclFloat, peer, n->comm[g], n->stream[g]);
+    ncclResult_t end = ncclGroupEnd();
+    if (r != ncclSuccess)
+        return nccl_error(r, "ncclSend/ncclRecv", err);
+    if (end != ncclSuccess)
+        return nccl_error(end, "ncclGroupEnd", err);
+    return compute_after(n, g, NULL, err);
+}
+
+/* One float to and from each lane peer, all in one group: NCCL connects every pair of the group
+ * together, so no first message of the pipeline waits inside its call for a peer still elsewhere. */
+static int nccl_connect(Comm *c, const int *to, const int *from, Error *err)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    float *dummy = nullptr;
+    int me = c->rank[GROUP_PP], pp = c->size[GROUP_PP];
+    CUDA_TRY(cudaMalloc(&dummy, 2 * COMM_LANES * sizeof *dummy), "cudaMalloc");
+    CUDA_TRY(cudaMemset(dummy, 0, 2 * COMM_LANES * sizeof *dummy), "cudaMemset");
+    int rc = 0;
+    ncclResult_t r = ncclGroupStart();
+    for (int l = 0; r == ncclSuccess && l < COMM_LANES; l++) {
+        if (to[l] >= 0) {
+            int slot = SLOT_LANE + comm_lane_slot((CommLane)l, me, pp);
+            r = check_slot(n, slot, err) != 0 ? ncclInvalidUsage
+                                               : ncclSend(dummy + 2 * l, 1, ncclFloat, to[l], n->comm[slot], n->stream[slot]);
+        }
+        if (r == ncclSuccess && from[l] >= 0) {
+            int slot = SLOT_LANE + comm_lane_slot((CommLane)l, from[l], pp);
+            r = check_slot(n, slot, err) != 0 ? ncclInvalidUsage
+                                               : ncclRecv(dummy + 2 * l + 1, 1, ncclFloat, from[l], n->comm[slot],
+                                                          n->stream[slot]);
+        }
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (r != ncclSuccess)
+        rc = nccl_error(r, "connecting the pipeline's lanes", err);
+    else if (end != ncclSuccess)
+        rc = nccl_error(end, "ncclGroupEnd", err);
+    for (int slot = SLOT_LANE; rc == 0 && slot < CUDA_NCCL_SLOTS; slot++)
+        if (n->stream[slot] && cudaStreamSynchronize(n->stream[slot]) != cudaSuccess)
+            rc = error_runtime(err, "nccl", "cudaStreamSynchronize failed after connecting the lanes");
+    cudaError_t f = cudaFree(dummy);
+    if (rc == 0 && f != cudaSuccess)
+        return cuda_error(f, "cudaFree", err);
+    return rc;
 }
 
 /* parallel.reduce_dtype: compute - the partial sums in bfloat16 (ncclBfloat16: each step's sum
@@ -367,7 +484,7 @@ static int nccl_sum_bf16(Comm *c, LayoutGroup slot, const void *send, void *recv
 }
 
 extern "C" const CommImpl cuda_nccl_comm = {
-    "nccl", nccl_open, nccl_close, nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_allgather,
-    nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv, nccl_sum_bf16, nccl_istart,
-    nullptr, /* irecv: receives are posted on the stream in order (nccl_recv), never ahead */
+    "nccl",         nccl_open,     nccl_close,   nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv,
+    nccl_allgather, nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv,  nccl_exchange,
+    nccl_connect,   nccl_sum_bf16, nccl_istart,  nccl_irecv,
 };

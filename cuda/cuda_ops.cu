@@ -124,14 +124,17 @@ static double sum_squares(const float *x, int64_t n)
 /* ---------------------------------------------------------------------------------------------- */
 /* The tables                                                                                      */
 
-int cuda_device_count(void)
+/* The PCI place of the GPU this process opened (Backend.device_id), -1 when the runtime cannot say. */
+static int64_t cuda_device_id(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    int dev = 0, domain = 0, bus = 0, device = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&domain, cudaDevAttrPciDomainId, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus, cudaDevAttrPciBusId, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&device, cudaDevAttrPciDeviceId, dev) != cudaSuccess) {
         cudaGetLastError();
-        return 0;
+        return -1;
     }
-    return n;
+    return (int64_t)domain << 16 | (int64_t)bus << 8 | (int64_t)device;
 }
 
 template <class T> static Ops table(const char *name)
@@ -228,5 +231,5 @@ static const Ops *cuda_backend_open(const BackendOpen *opt, Error *err)
     return cuda_ops_open(opt->local_rank, opt->bf16, opt->deterministic, err);
 }
 
-extern "C" const Backend cuda_backend = {"cuda", cuda_backend_describe, cuda_backend_open, cuda_device_count, nullptr,
+extern "C" const Backend cuda_backend = {"cuda", cuda_backend_describe, cuda_backend_open, cuda_device_id, nullptr,
                                          cuda_ops_close};

@@ -34,8 +34,6 @@ extern const Backend cuda_backend;
  * cuda_ops_close frees the backend's own scratch (the arrays the ops allocated are the caller's). */
 const Ops *cuda_ops_open(int local_rank, int bf16, int deterministic, Error *err);
 void cuda_ops_close(void);
-/* GPUs visible to this process (0 without a driver). */
-int cuda_device_count(void);
 /* The ops' timer (engine/ops.h, cuda_timer.cu): CUDA events on the default stream, created as
  * marks are first used; cuda_timer_release destroys them. */
 void cuda_timer_mark(int i);

@@ -11,6 +11,7 @@
 #define WLB_ENGINE_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/comm/comm.h"
 #include "engine/ops.h"
@@ -34,8 +35,10 @@ typedef struct Backend {
     /* The ops of this process's device; NULL and an Error (train.device, status 2) when there is none
      * (no GPU visible, or a build without this backend). */
     const Ops *(*open)(const BackendOpen *opt, Error *err);
-    /* Devices visible to this process (0 for the CPU, which shares cores instead). */
-    int (*device_count)(void);
+    /* The device this process opened, as an id that two processes of one machine share exactly when
+     * they share the device (a GPU's PCI domain, bus and device: domain << 16 | bus << 8 | device);
+     * -1 for none (the CPU, which shares cores instead). */
+    int64_t (*device_id)(void);
     /* The job has ranks_here ranks on this machine (the CPU divides its cores among them); may be NULL. */
     void (*share_node)(int ranks_here);
     /* Frees what the backend holds for itself (scratch, handles) once nothing runs on it; may be NULL. */

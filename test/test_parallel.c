@@ -71,6 +71,7 @@ typedef struct Fixture {
     char *ref_long;    /* its reference: packer fixed */
     char *ref_long_wlb; /* and with packer wlb */
     char *ref6;        /* wlb, model.n_layers: 6 (room for an uneven interleaved split) */
+    char *ref_tied8, *ref_tied16; /* wlb, tied embeddings, 8 and 16 layers (pp 4 x 2 and 4 virtual stages) */
 } Fixture;
 
 static Fixture fx;
@@ -121,6 +122,10 @@ static int group_setup(void **state)
 {
     (void)state;
     setenv("OMP_NUM_THREADS", "1", 1);
+    /* Every run's pipeline messages as NCCL's (comm.h, WLB_COMM_STRICT): matched per lane and peer in
+     * order, rendezvous, connected at first use; a message that waits 120 s for its peer fails the
+     * run with its lane and tag instead of hanging it. */
+    setenv("WLB_COMM_STRICT", "120", 1);
     fx.dir = test_tmpdir();
     char *prefix = test_write_docs(fx.dir, "docs", 7, 300, 0, 256);
     /* WLB_TEST_DEVICE=cuda: the same suite on the GPU (scripts/device/), every rank of every layout
@@ -193,6 +198,17 @@ static int group_setup(void **state)
         return -1;
     }
     free(log6);
+    fx.ref_tied8 = test_format("%s/ref-tied8.safetensors", fx.dir);
+    fx.ref_tied16 = test_format("%s/ref-tied16.safetensors", fx.dir);
+    const char *tied8[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=8", NULL};
+    const char *tied16[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=16", NULL};
+    char *log_deep;
+    if (run_dump(0, fx.ref_tied8, tied8, &log_deep) != 0 || (free(log_deep), 0) ||
+        run_dump(0, fx.ref_tied16, tied16, &log_deep) != 0) {
+        fprintf(stderr, "reference run failed:\n%s\n", log_deep);
+        return -1;
+    }
+    free(log_deep);
     fx.ref_tied = test_format("%s/ref-tied.safetensors", fx.dir);
     fx.ref_bf16 = test_format("%s/ref-bf16.safetensors", fx.dir);
     const char *sets[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
@@ -224,6 +240,8 @@ static int group_teardown(void **state)
     free(fx.ref_long);
     free(fx.ref_long_wlb);
     free(fx.ref6);
+    free(fx.ref_tied8);
+    free(fx.ref_tied16);
     return 0;
 }
 
@@ -595,6 +613,28 @@ static void test_extras(void **state)
     assert_true(ok);
 }
 
+/* Pipelines of 3 and 4 stages with tied embeddings (the first and last stage sum the embedding's
+ * gradient: a pair the pipeline itself never connects), interleaved over 4 stages with 2 and 4
+ * virtual stages (the last stage's messages to the first; 2 virtual stages with ZeRO-1 over DP x CP),
+ * all under WLB_COMM_STRICT (group_setup): NCCL's matching, rendezvous and connection at first use.
+ * An odd pp colours the lanes' ring with 3 colours (comm_lane_slot), an even one with 2. */
+static void test_deep_pipelines(void **state)
+{
+    (void)state;
+    int ok = 1;
+    const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
+    ok &= check_layout(1, 1, 3, 1, fx.ref_tied, tied, "tied embeddings over 3 stages");
+    ok &= check_layout(1, 1, 4, 1, fx.ref_tied, tied, "tied embeddings over 4 stages");
+    const char *v2[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=8",
+                        "parallel.virtual_stages=2", "parallel.zero=1", NULL};
+    ok &= check_layout(2, 1, 4, 1, fx.ref_tied8, v2, "tied, interleaved v 2, ZeRO-1");
+    const char *v4[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=16",
+                        "parallel.virtual_stages=4", NULL};
+    if (!SMALL_MATRIX)
+        ok &= check_layout(1, 1, 4, 1, fx.ref_tied16, v4, "tied, interleaved v 4");
+    assert_true(ok);
+}
+
 /* parallel.stage_layers: the pipeline's layers split unevenly - [1, 3] at pp 2, and interleaved
  * [2, 1, 1, 2] over pp 2 x 2 virtual stages of a 6-layer model, both on 16 ranks (dp, tp, pp, cp 2
  * each) - and placed by auto (on one stage of 3 layers and one of 1, with the embedding tied), give
@@ -786,7 +826,7 @@ int main(void)
         cmocka_unit_test(test_cp2),         cmocka_unit_test(test_cp4),         cmocka_unit_test(test_dp2_tp2_pp2),
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
         cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),      cmocka_unit_test(test_stage_layers),
-        cmocka_unit_test(test_reduce_dtype),
+        cmocka_unit_test(test_reduce_dtype),  cmocka_unit_test(test_deep_pipelines),
         cmocka_unit_test(test_overlap),     cmocka_unit_test(test_tp_chunks),   cmocka_unit_test(test_fault_order),
     };
     const char *filter = getenv("WLB_TEST_FILTER");

@@ -70,13 +70,52 @@ size_t comm_elem_bytes(const Comm *c, Dt dt)
     return dt == DT_ACT && c->ops ? c->ops->act_bytes : sizeof(float);
 }
 
-int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
-               Error *err)
+/* A ring of pp stages coloured so that neighbours differ: 0, 1, 0, 1, ..., and with an odd pp the
+ * last stage (a neighbour of stage 0 as of stage pp - 2) colour 2. */
+int comm_lane_slot(CommLane lane, int sender, int pp)
+{
+    int color = pp % 2 && sender == pp - 1 && pp > 1 ? 2 : sender % 2;
+    return (int)lane * COMM_LANE_COLORS + color;
+}
+
+void comm_lane_peers(const Comm *c, CommLane lane, int wrap, int *to, int *from)
+{
+    int pp = c->size[GROUP_PP], s = c->rank[GROUP_PP];
+    int next = s + 1 < pp ? s + 1 : wrap ? 0 : -1, prev = s > 0 ? s - 1 : wrap ? pp - 1 : -1;
+    if (pp == 1)
+        next = prev = -1;
+    *to = lane == COMM_LANE_ACT ? next : prev;
+    *from = lane == COMM_LANE_ACT ? prev : next;
+}
+
+int comm_connect_pipeline(Comm *c, int wrap, Error *err)
+{
+    if (!c->mpi || c->size[GROUP_PP] == 1)
+        return 0;
+    int to[COMM_LANES], from[COMM_LANES];
+    for (int l = 0; l < COMM_LANES; l++) {
+        comm_lane_peers(c, (CommLane)l, wrap, &to[l], &from[l]);
+        comm_strict_connected(c, (CommLane)l, to[l], from[l]);
+    }
+    comm_async_drain(c, GROUP_PP);
+    return c->impl->connect ? c->impl->connect(c, to, from, err) : 0;
+}
+
+int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *recv, int64_t n, Error *err)
+{
+    if (!c->mpi)
+        return error_runtime(err, "comm", "exchange with %d in a world of one", peer);
+    blocking(c, g, "exchange", n);
+    return n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err);
+}
+
+int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
+               CommRequest *req, Error *err)
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "send to %d in a world of one", peer);
     comm_async_drain(c, g);
-    if (c->impl->isend(c, g, peer, tag, buf, n, req, err) != 0)
+    if (c->impl->isend(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
     comm_async_count(c, 1);
     return 0;
@@ -92,26 +131,27 @@ int comm_wait(const Comm *c, CommRequest *req, Error *err)
     return c->impl->wait(c, req, err);
 }
 
-int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
+int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err)
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
     comm_async_drain(c, g);
-    return c->impl->recv(c, g, peer, tag, buf, n, err);
+    return c->impl->recv(c, g, peer, lane, tag, buf, n, err);
 }
 
 void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
 
 int comm_can_post_receives(const Comm *c) { return c->mpi && c->overlap && c->impl->irecv; }
 
-int comm_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err)
+int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, CommRequest *req,
+               Error *err)
 {
     if (!comm_can_post_receives(c))
         return error_runtime(err, "comm", "receives cannot be posted ahead on this path");
     comm_async_drain(c, g);
     req->collective = 0;
     req->op = NULL;
-    if (c->impl->irecv(c, g, peer, tag, buf, n, req, err) != 0)
+    if (c->impl->irecv(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
     comm_async_count(c, 1);
     return 0;

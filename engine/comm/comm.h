@@ -34,6 +34,14 @@
  *   WLB_COMM_LOG=DIR  every collective issued is a line of DIR/rank-R.log ("GROUP-ID OP ELEMENTS",
  *                  ID the group's lowest world rank): the lines of one group must be the same on
  *                  each of its ranks.
+ *   WLB_COMM_STRICT=SECONDS  the pipeline's messages behave as NCCL's do (comm_strict.c): matched
+ *                  per lane slot and peer in issue order, tags ignored (each message carries its
+ *                  tag, checked at the receive: a message out of order is an error); a send
+ *                  completes only once its receive is posted (rendezvous); and the first message of
+ *                  a pair that comm_connect_pipeline did not connect waits, at its start, for the
+ *                  peer to post the matching receive, as NCCL's connection at first use does. A
+ *                  message that waits SECONDS for its peer is reported as a deadlock (an Error
+ *                  naming the lane, the peer and the tag) instead of hanging.
  *
  * Errors: MPI calls return their errors (MPI_ERRORS_RETURN) and each becomes an Error (status 1).
  * A rank that fails calls comm_abort, which takes the whole job down (MPI_Abort): no rank is left
@@ -80,7 +88,27 @@ typedef struct Comm {
     double link_bytes_per_s;
     int chaos_us;                 /* WLB_COMM_CHAOS (0: off) */
     void *log;                    /* WLB_COMM_LOG: this rank's FILE (NULL: none) */
+    double strict_s;              /* WLB_COMM_STRICT's seconds (0: off) */
+    unsigned char *connected;     /* strict: [slot * size[GROUP_PP] + peer] a lane's pair is connected */
+    int shared_gpu_test;          /* NCCL between ranks that share a GPU, over sockets (tests only) */
 } Comm;
+
+/* The pipeline's messages go in two lanes: activations (a stage to the next; with interleaving the
+ * last stage's to the first) and gradients (the other way). NCCL matches messages per communicator
+ * and peer in issue order, without tags, and runs each communicator's operations one after another on
+ * its stream; so every lane has a communicator per colour of the sending stage (comm_lane_slot: the
+ * stages of the ring coloured so that neighbours differ, 2 colours for an even pp, 3 for an odd one).
+ * A rank then sends in one slot of a lane and receives in another, each a queue of messages to or
+ * from one peer, in the order both ends issue them: sched_stage_ops gives every stage the same order
+ * of micro-batches and chunks, so the sender's order of a lane is the receiver's (test_sched checks
+ * it). */
+typedef enum CommLane { COMM_LANE_ACT, COMM_LANE_GRAD, COMM_LANES } CommLane;
+enum { COMM_LANE_COLORS = 3, COMM_LANE_SLOTS = COMM_LANES * COMM_LANE_COLORS };
+/* The slot (0 .. COMM_LANE_SLOTS - 1) of the messages on `lane` sent by PP rank `sender` of pp. */
+int comm_lane_slot(CommLane lane, int sender, int pp);
+/* The PP rank this one sends to (*to) and receives from (*from) on lane, -1 for none; wrap: the
+ * pipeline's ends exchange too (interleaved stages). */
+void comm_lane_peers(const Comm *c, CommLane lane, int wrap, int *to, int *from);
 
 /* A collective to start (comm_istart). */
 typedef enum CommOpKind {
@@ -112,6 +140,7 @@ typedef struct CommRequest {
     double t0, link_bytes;    /* WLB_COMM_LINK: when the send (receive) began, its bytes */
     float *dest;              /* a receive staged through the host: where comm_wait puts it */
     int64_t n;
+    int tag, peer, lane;      /* strict: what the receive expects */
 } CommRequest;
 
 /* A data path for the float collectives and messages (see above). Same contracts as the comm_
@@ -128,10 +157,15 @@ struct CommImpl {
                            Error *err);
     int (*allgather)(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err);
     int (*reduce_scatter)(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err);
-    int (*isend)(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
-                 Error *err);
+    int (*isend)(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
+                 CommRequest *req, Error *err);
     int (*wait)(const Comm *c, CommRequest *req, Error *err);
-    int (*recv)(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err);
+    int (*recv)(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err);
+    /* Sends n floats to group rank peer and receives n from it as one operation (comm_exchange). */
+    int (*exchange)(Comm *c, LayoutGroup g, int peer, const float *send, float *recv, int64_t n, Error *err);
+    /* Connects the pipeline's lanes now (comm_connect_pipeline): to[lane], from[lane] as
+     * comm_lane_peers gives them. NULL: nothing to connect. */
+    int (*connect)(Comm *c, const int *to, const int *from, Error *err);
     /* Sums of n bfloat16 values of the backend's memory over the group, each addition rounded to
      * bfloat16 (comm_reduce_scatter_sum below): counts NULL, all-reduced into recv (which may be
      * send); else reduce-scattered, counts[i] of them for group rank i, this rank's into recv.
@@ -142,7 +176,8 @@ struct CommImpl {
      * runs it (MPI's communication threads, or at once). */
     int (*istart)(Comm *c, const CommOp *op, CommRequest *req, Error *err);
     /* Posts a receive (comm_irecv); NULL: the path cannot (receives are comm_recv's). */
-    int (*irecv)(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err);
+    int (*irecv)(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, CommRequest *req,
+                 Error *err);
 };
 
 /* MPI's data path (comm_mpi.c), every Comm's until comm_use. */
@@ -207,18 +242,32 @@ size_t comm_elem_bytes(const Comm *c, Dt dt);
 /* recv = n doubles from every group rank, in group-rank order. */
 int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err);
 int comm_broadcast(const Comm *c, LayoutGroup g, int root, void *buf, int64_t bytes, Error *err);
-/* Point to point within a group (peer = group rank), matched by tag (0 .. tag_limit). comm_isend
- * starts a send and returns; buf must stay untouched until comm_wait(req), which does nothing for a
- * request that is not active. comm_recv blocks until the message is there. */
-int comm_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
-               Error *err);
+/* The pipeline's messages, between PP ranks (peer = PP group rank) on a lane (see CommLane). MPI
+ * matches them by tag (0 .. tag_limit); NCCL by lane slot and peer in issue order, so both ends must
+ * issue a lane's messages in the same order (the tag is then only checked, under WLB_COMM_STRICT).
+ * comm_isend starts a send and returns; buf must stay untouched until comm_wait(req), which does
+ * nothing for a request that is not active. comm_recv returns once the message is there (on NCCL's
+ * path: once the compute stream waits for it). */
+int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
+               CommRequest *req, Error *err);
 int comm_wait(const Comm *c, CommRequest *req, Error *err);
-int comm_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err);
+int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err);
 /* A receive posted ahead: the message lands in buf (n floats) by comm_wait(req); buf untouched
- * until then. Only where comm_can_post_receives (MPI's path, parallel.overlap): a receive that
- * blocked at its post could wait for a message its own rank has yet to send. */
-int comm_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req, Error *err);
+ * until then. Only where comm_can_post_receives (parallel.overlap, a path that can: MPI's, NCCL's
+ * once the lanes are connected). */
+int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, CommRequest *req,
+               Error *err);
 int comm_can_post_receives(const Comm *c);
+/* Sends n floats to group rank peer and receives n from it into recv (not send), as one operation:
+ * the peer calls it with this rank as its peer. No order between the send and the receive, so the
+ * pair cannot wait on each other (NCCL: one group of a send and a receive on the group's
+ * communicator; MPI: MPI_Sendrecv). */
+int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *recv, int64_t n, Error *err);
+/* Connects the pipeline's lanes between neighbouring stages (and the ends, with wrap): collective
+ * over the PP group, once, before the first message. NCCL connects a pair at its first message,
+ * inside the sender's call, which then waits for the peer to post its receive; connected up front
+ * no message ever waits there. */
+int comm_connect_pipeline(Comm *c, int wrap, Error *err);
 int comm_barrier(const Comm *c, Error *err);
 
 /* Started collectives (see the top). op's buffers as the blocking form of the same name takes them;

@@ -116,6 +116,13 @@ int comm_async_init(Comm *c, Error *err)
             return env_error(err, "WLB_COMM_CHAOS", chaos, "the longest delay in microseconds, 1 .. 10000000");
         c->chaos_us = (int)us;
     }
+    const char *strict = getenv("WLB_COMM_STRICT");
+    if (strict && *strict) {
+        int64_t sec;
+        if (parse_int64(strict, &sec) != 0 || sec < 1 || sec > 86400)
+            return env_error(err, "WLB_COMM_STRICT", strict, "the seconds a message may wait for its peer, 1 .. 86400");
+        c->strict_s = (double)sec;
+    }
     return 0;
 }
 

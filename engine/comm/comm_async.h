@@ -35,6 +35,17 @@ void comm_link_hold_ring(const Comm *c, LayoutGroup g, double t0, double bytes);
 void comm_mpi_poll_thread(void);
 /* A sum through bfloat16 (comm_sums_in_bf16) run to the end on the caller's thread (comm_sum16.c). */
 int comm_run_sum_bf16(Comm *c, const CommOp *op, Error *err);
+/* WLB_COMM_STRICT (comm_strict.c): the pipeline's messages as NCCL's. The lane's pairs to and from
+ * this rank are connected (comm_connect_pipeline; -1: none). */
+void comm_strict_connected(Comm *c, CommLane lane, int to, int from);
+int comm_strict_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
+                      CommRequest *req, Error *err);
+int comm_strict_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err);
+int comm_strict_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n,
+                      CommRequest *req, Error *err);
+int comm_strict_wait(const Comm *c, CommRequest *req, Error *err);
+/* The MPI_Comm of group g (comm_mpi.c), for comm_strict.c. */
+void *comm_mpi_handle(const Comm *c, LayoutGroup g);
 /* Runs op to the end through c's data path (the blocking forms). */
 int comm_run_op(Comm *c, const CommOp *op, Error *err);
 

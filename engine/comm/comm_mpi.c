@@ -32,6 +32,8 @@ static int mpi_error(int rc, const char *what, Error *err)
 
 static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
 
+void *comm_mpi_handle(const Comm *c, LayoutGroup g) { return c->groups[g]; }
+
 /* The float collectives run as MPI's non-blocking forms, finished here: MPI_Wait on the main
  * thread; on a communication thread (comm_mpi_poll_thread) MPI_Test between sleeps, so that a
  * thread waiting for its peers leaves the cores to the products instead of spinning in MPI_Wait.
@@ -211,6 +213,8 @@ void comm_finish(Comm *c)
     free(c->host2);
     c->host = c->host2 = NULL;
     c->cap_host = 0;
+    free(c->connected);
+    c->connected = NULL;
     if (c->sum16 && c->ops)
         c->ops->free(c->sum16);
     c->sum16 = NULL;
@@ -481,9 +485,12 @@ static void request_started(CommRequest *req, MPI_Request r, int64_t n)
     req->t0 = clock_seconds();
 }
 
-static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const float *buf, int64_t n, CommRequest *req,
-                     Error *err)
+static int mpi_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
+                     CommRequest *req, Error *err)
 {
+    if (c->strict_s)
+        return comm_strict_isend(c, g, peer, lane, tag, buf, n, req, err);
+    (void)lane; /* MPI matches by tag */
     if (count_ok(n, "send", err) != 0)
         return -1;
     if (tag < 0 || tag > c->tag_limit)
@@ -512,6 +519,8 @@ static int mpi_isend(const Comm *c, LayoutGroup g, int peer, int tag, const floa
 
 static int mpi_wait(const Comm *c, CommRequest *req, Error *err)
 {
+    if (c->strict_s)
+        return comm_strict_wait(c, req, err);
     MPI_Request r;
     memcpy(&r, req->handle, sizeof r);
     req->active = 0;
@@ -526,9 +535,12 @@ static int mpi_wait(const Comm *c, CommRequest *req, Error *err)
     return 0;
 }
 
-static int mpi_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, CommRequest *req,
-                     Error *err)
+static int mpi_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n,
+                     CommRequest *req, Error *err)
 {
+    if (c->strict_s)
+        return comm_strict_irecv(c, g, peer, lane, tag, buf, n, req, err);
+    (void)lane;
     if (count_ok(n, "recv", err) != 0)
         return -1;
     req->staged = NULL;
@@ -553,8 +565,11 @@ static int mpi_irecv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int6
     return 0;
 }
 
-static int mpi_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64_t n, Error *err)
+static int mpi_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err)
 {
+    if (c->strict_s)
+        return comm_strict_recv(c, g, peer, lane, tag, buf, n, err);
+    (void)lane;
     if (count_ok(n, "recv", err) != 0 || (c->stage && stage_room(c, n, err) != 0))
         return -1;
     double t0 = clock_seconds();
@@ -563,6 +578,24 @@ static int mpi_recv(Comm *c, LayoutGroup g, int peer, int tag, float *buf, int64
     comm_link_hold(c, t0, (double)n * sizeof(float));
     if (c->stage)
         to_device(c, buf, c->host, n);
+    return 0;
+}
+
+/* MPI_Sendrecv: the send and the receive progress together, whichever side comes first. Tag 0: the
+ * callers exchange outside the pipeline's schedule, with no pipeline message in flight. */
+static int mpi_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *recv, int64_t n, Error *err)
+{
+    if (count_ok(n, "exchange", err) != 0 || (c->stage && stage_room(c, n, err) != 0))
+        return -1;
+    if (c->stage)
+        to_host(c, c->host, send, n);
+    double t0 = clock_seconds();
+    CHECK(MPI_Sendrecv(c->stage ? c->host : send, (int)n, MPI_FLOAT, peer, 0, c->stage ? c->host2 : recv, (int)n,
+                       MPI_FLOAT, peer, 0, group_comm(c, g), MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+    comm_link_hold(c, t0, (double)n * sizeof(float));
+    if (c->stage)
+        to_device(c, recv, c->host2, n);
     return 0;
 }
 
@@ -585,6 +618,7 @@ const CommImpl comm_mpi = {
     .isend = mpi_isend,
     .wait = mpi_wait,
     .recv = mpi_recv,
+    .exchange = mpi_exchange,
     .sum_bf16 = comm_mpi_sum_bf16,
     .irecv = mpi_irecv,
 };

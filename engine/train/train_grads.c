@@ -110,9 +110,9 @@ static int sum_tied_embeddings(Trainer *tr, Error *err)
         return error_runtime(err, "train", "out of memory");
     CommRequest req = {0};
     int peer = first ? tr->pp - 1 : 0;
-    int rc = comm_isend(tr->comm, GROUP_PP, peer, 0, mine, n, &req, err);
+    int rc = comm_isend(tr->comm, GROUP_PP, peer, COMM_LANE_GRAD, 0, mine, n, &req, err);
     if (rc == 0)
-        rc = comm_recv(tr->comm, GROUP_PP, peer, 0, other, n, err);
+        rc = comm_recv(tr->comm, GROUP_PP, peer, COMM_LANE_GRAD, 0, other, n, err);
     if (comm_wait(tr->comm, &req, rc == 0 ? err : &(Error){0}) != 0)
         rc = -1;
     if (rc == 0)

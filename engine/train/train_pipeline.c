@@ -93,7 +93,8 @@ int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err)
 
 /* The message of pass i (n floats from group rank peer, tag) into tr->recv: the receive posted
  * ahead for it, or one now. */
-static int take_message(Trainer *tr, int i, int peer, int tag, int64_t n, const float **out, Error *err)
+static int take_message(Trainer *tr, int i, int peer, CommLane lane, int tag, int64_t n, const float **out,
+                        Error *err)
 {
     int a = i & 1;
     if (i >= 0 && tr->ahead_req[a].active && tr->ahead_pass[a] == i) {
@@ -108,7 +109,7 @@ static int take_message(Trainer *tr, int i, int peer, int tag, int64_t n, const 
         *out = tr->recv;
         return 0;
     }
-    if (trainer_reserve_recv(tr, n, err) != 0 || comm_recv(tr->comm, GROUP_PP, peer, tag, tr->recv, n, err) != 0)
+    if (trainer_reserve_recv(tr, n, err) != 0 || comm_recv(tr->comm, GROUP_PP, peer, lane, tag, tr->recv, n, err) != 0)
         return -1;
     *out = tr->recv;
     return 0;
@@ -250,7 +251,7 @@ static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Err
         return -1;
     const float *h_in = NULL;
     int64_t n = model_rows(&m->dims, b->T) * m->dims.d; /* with SP this TP rank's rows only */
-    if (g > 0 && take_message(tr, i, prev, message_tag(tr, k, g, 0), n, &h_in, err) != 0)
+    if (g > 0 && take_message(tr, i, prev, COMM_LANE_ACT, message_tag(tr, k, g, 0), n, &h_in, err) != 0)
         return -1;
     double loss = 0, t0 = run->train ? pass_begin(m, i) : 0, comm0 = m->comm_s;
     int by_position = run->pos && m->dims.has_head && tr->lay.tp_rank == 0;
@@ -272,8 +273,8 @@ static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Err
     if (m->dims.has_head && tr->lay.tp_rank == 0)
         *run->loss_sum += loss;
     if (g < tr->n_chunks - 1)
-        return comm_isend(tr->comm, GROUP_PP, next, message_tag(tr, k, g + 1, 0), model_output(m, slot), n,
-                          &ch->send_h[slot], err);
+        return comm_isend(tr->comm, GROUP_PP, next, COMM_LANE_ACT, message_tag(tr, k, g + 1, 0), model_output(m, slot),
+                          n, &ch->send_h[slot], err);
     return 0;
 }
 
@@ -288,7 +289,8 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
     int slot = ch->slot_of[k];
     const float *dh_out = NULL;
     int64_t n = model_rows(&m->dims, b->T) * m->dims.d;
-    if (g < tr->n_chunks - 1 && take_message(tr, i, next, message_tag(tr, k, g, 1), n, &dh_out, err) != 0)
+    if (g < tr->n_chunks - 1 &&
+        take_message(tr, i, next, COMM_LANE_GRAD, message_tag(tr, k, g, 1), n, &dh_out, err) != 0)
         return -1;
     double t0 = pass_begin(m, i), comm0 = m->comm_s;
     /* The chunk's last backward: each layer's gradients are final once it is done. */
@@ -302,8 +304,8 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
     ch->slot_busy[slot] = 0;
     ch->slot_of[k] = -1;
     if (g > 0)
-        return comm_isend(tr->comm, GROUP_PP, prev, message_tag(tr, k, g - 1, 1), model_input_grad(m, slot), n,
-                          &ch->send_dx[slot], err);
+        return comm_isend(tr->comm, GROUP_PP, prev, COMM_LANE_GRAD, message_tag(tr, k, g - 1, 1),
+                          model_input_grad(m, slot), n, &ch->send_dx[slot], err);
     return 0;
 }
 
@@ -364,8 +366,8 @@ static int post_receive(Trainer *tr, const PassRun *run, int j, Error *err)
     int64_t n = model_rows(d, tr->inputs[op->mb].T) * d->d;
     int a = j & 1;
     if (reserve(tr, &tr->recv_ahead[a], &tr->recv_ahead_cap[a], n, err) != 0 ||
-        comm_irecv(tr->comm, GROUP_PP, from, message_tag(tr, op->mb, g, op->backward), tr->recv_ahead[a], n,
-                   &tr->ahead_req[a], err) != 0)
+        comm_irecv(tr->comm, GROUP_PP, from, op->backward ? COMM_LANE_GRAD : COMM_LANE_ACT,
+                   message_tag(tr, op->mb, g, op->backward), tr->recv_ahead[a], n, &tr->ahead_req[a], err) != 0)
         return -1;
     tr->ahead_pass[a] = j;
     return 0;
@@ -448,7 +450,11 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     for (int i = 0; tr->cfg->parallel.overlap && i < tr->n_sched; i++)
         if (tr->sched[i].backward && !empty_micro_batch(tr, &tr->plan, tr->sched[i].mb))
             tr->chunks[tr->sched[i].chunk].last_backward = i;
+    /* Receives posted one pass ahead, the first pass's before the loop: a lane's receives are then
+     * issued in the order of the passes, the order the peer sends in (NCCL matches by order). */
     int ahead = tr->pp > 1 && comm_can_post_receives(tr->comm), rc = 0;
+    if (ahead && tr->n_sched > 0)
+        rc = post_receive(tr, &run, 0, err);
     for (int i = 0; i < tr->n_sched && rc == 0; i++) {
         const SchedOp *op = &tr->sched[i];
         if (ahead && i + 1 < tr->n_sched)

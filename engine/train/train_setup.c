@@ -2,8 +2,11 @@
  * engine/train/train_setup.c - a rank's trainer: data, planner, its model chunks, optimizer, and the
  * buffers of its pipeline schedule (see train.h).
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend.h"
 #include "engine/comm/runtime.h"
@@ -93,8 +96,42 @@ static int open_backend(Trainer *tr, Error *err)
     return 0;
 }
 
-/* parallel.comm: mpi (host-staged on a GPU), or nccl; auto is nccl when every rank of this machine
- * has a GPU of its own (NCCL cannot put two ranks of one communicator on one GPU). */
+/* The first two ranks of the job that share a device on one machine (*a < *b), or *a = -1: each
+ * rank's machine (a hash of its host name) and device (Backend.device_id), gathered over the world,
+ * so that every rank decides the same from the same list. */
+static int shared_device(Trainer *tr, int *a, int *b, int64_t *device, Error *err)
+{
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0)
+        return error_runtime(err, "parallel.comm", "gethostname: %s", strerror(errno));
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, cut to 52 bits: exact in a double */
+    for (const char *p = host; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    int n = tr->comm->size[GROUP_WORLD];
+    double mine[2] = {(double)(h & ((1ull << 52) - 1)), (double)tr->backend->device_id()};
+    double *all = malloc((size_t)n * sizeof mine);
+    if (!all)
+        return error_runtime(err, "train", "out of memory");
+    int rc = comm_allgather_f64(tr->comm, GROUP_WORLD, mine, all, 2, err);
+    *a = *b = -1;
+    for (int i = 0; rc == 0 && i < n && *a < 0; i++)
+        for (int j = i + 1; j < n && *a < 0; j++)
+            if (all[2 * i] == all[2 * j] && all[2 * i + 1] >= 0 && all[2 * i + 1] == all[2 * j + 1]) {
+                *a = i;
+                *b = j;
+                *device = (int64_t)all[2 * i + 1];
+            }
+    free(all);
+    return rc;
+}
+
+/* parallel.comm: mpi (host-staged on a GPU), or nccl; auto is nccl unless two ranks of the job share
+ * a GPU (NCCL cannot put two ranks of one communicator on one GPU). The GPUs are compared by their
+ * PCI place, as NCCL's own check does: with one GPU visible per rank (srun --gpus-per-task=1, or
+ * CUDA_VISIBLE_DEVICES per rank) every rank sees device 0, yet each has a GPU of its own. Every rank
+ * takes the same decision (shared_device's list is the world's), so no two machines issue different
+ * collectives. WLB_TEST_NCCL_SHARED_GPU=1 (tests only) takes NCCL between ranks of one GPU anyway,
+ * over sockets on the loopback (cuda_nccl.cu); a real job never gets there by itself. */
 static int choose_comm(Trainer *tr, Error *err)
 {
     const ConfigParallel *p = &tr->cfg->parallel;
@@ -104,18 +141,29 @@ static int choose_comm(Trainer *tr, Error *err)
     if (!nccl)
         return p->comm == COMM_AUTO ? 0 : error_set(err, "parallel.comm", "nccl needs the CUDA backend, which this "
                                                      "wlbtrain was built without");
-    int gpus = tr->backend->device_count(), ranks = tr->comm->node_ranks;
-    if (p->comm == COMM_AUTO && ranks > gpus)
+    int a, b;
+    int64_t dev = 0;
+    if (shared_device(tr, &a, &b, &dev, err) != 0)
+        return -1;
+    const char *test = getenv("WLB_TEST_NCCL_SHARED_GPU");
+    int test_mode = test && !strcmp(test, "1");
+    char where[64];
+    snprintf(where, sizeof where, "%04llx:%02llx:%02llx.0", (unsigned long long)(dev >> 16),
+             (unsigned long long)(dev >> 8 & 0xff), (unsigned long long)(dev & 0xff));
+    if (a >= 0 && !test_mode) {
+        if (p->comm == COMM_NCCL)
+            return error_set(err, "parallel.comm", "nccl needs a GPU per rank, but ranks %d and %d share the GPU at "
+                             "PCI %s of one machine; launch one rank per GPU, or set parallel.comm: mpi", a, b, where);
+        if (tr->comm->rank[GROUP_WORLD] == 0)
+            fprintf(stderr, "wlbtrain: warning: parallel.comm: auto chose mpi, because ranks %d and %d share the GPU at "
+                    "PCI %s of one machine: every collective and message goes through host memory (slow); launch one "
+                    "rank per GPU for NCCL\n", a, b, where);
         return 0;
-    if (ranks > gpus)
-        return error_set(err, "parallel.comm", "nccl cannot put two ranks on one GPU (%d ranks on this machine, %d "
-                         "GPU(s)); use parallel.comm: mpi", ranks, gpus);
-    if (p->virtual_stages > 1) {
-        if (p->comm == COMM_AUTO)
-            return 0;
-        return error_set(err, "parallel.comm", "nccl carries the pipeline's messages in order, which interleaved "
-                         "stages do not keep; use parallel.comm: mpi with parallel.virtual_stages > 1");
     }
+    if (a >= 0 && tr->comm->rank[GROUP_WORLD] == 0)
+        fprintf(stderr, "wlbtrain: note: WLB_TEST_NCCL_SHARED_GPU=1: NCCL between ranks that share a GPU, over "
+                "sockets on the loopback (a test mode, never for a real job)\n");
+    tr->comm->shared_gpu_test = a >= 0;
     return comm_use(tr->comm, nccl, err);
 }
 
@@ -180,7 +228,8 @@ static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Erro
     const char *stage = getenv("WLBTRAIN_COMM_STAGE");
     comm_set_backend(comm, tr->ops, stage && !strcmp(stage, "1"));
     comm_set_overlap(comm, cfg->parallel.overlap);
-    if (choose_comm(tr, err) != 0)
+    /* The pipeline's lanes connected before any message: with interleaving its ends talk too. */
+    if (choose_comm(tr, err) != 0 || comm_connect_pipeline(comm, tr->v > 1, err) != 0)
         return -1;
     const ConfigData *d = &cfg->data;
     if (cost_model_init(&tr->cost, cfg, err) != 0 ||
