@@ -72,6 +72,7 @@ typedef struct Fixture {
     char *ref_long_wlb; /* and with packer wlb */
     char *ref6;        /* wlb, model.n_layers: 6 (room for an uneven interleaved split) */
     char *ref_tied8, *ref_tied16; /* wlb, tied embeddings, 8 and 16 layers (pp 4 x 2 and 4 virtual stages) */
+    char *ref_tied6;   /* wlb, tied, 6 layers, 3 windows a step (pp 3 x 2 virtual stages) */
 } Fixture;
 
 static Fixture fx;
@@ -202,13 +203,20 @@ static int group_setup(void **state)
     fx.ref_tied16 = test_format("%s/ref-tied16.safetensors", fx.dir);
     const char *tied8[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=8", NULL};
     const char *tied16[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=16", NULL};
-    char *log_deep;
-    if (run_dump(0, fx.ref_tied8, tied8, &log_deep) != 0 || (free(log_deep), 0) ||
-        run_dump(0, fx.ref_tied16, tied16, &log_deep) != 0) {
-        fprintf(stderr, "reference run failed:\n%s\n", log_deep);
-        return -1;
+    fx.ref_tied6 = test_format("%s/ref-tied6.safetensors", fx.dir);
+    const char *tied6[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=6",
+                           "data.global_batch_tokens=384", NULL};
+    const char *const *deep_sets[] = {tied8, tied16, tied6};
+    const char *deep_refs[] = {fx.ref_tied8, fx.ref_tied16, fx.ref_tied6};
+    for (int i = 0; i < 3; i++) {
+        char *log_deep;
+        int st = run_dump(0, deep_refs[i], deep_sets[i], &log_deep);
+        if (st != 0)
+            fprintf(stderr, "reference run failed:\n%s\n", log_deep);
+        free(log_deep);
+        if (st != 0)
+            return -1;
     }
-    free(log_deep);
     fx.ref_tied = test_format("%s/ref-tied.safetensors", fx.dir);
     fx.ref_bf16 = test_format("%s/ref-bf16.safetensors", fx.dir);
     const char *sets[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
@@ -242,6 +250,7 @@ static int group_teardown(void **state)
     free(fx.ref6);
     free(fx.ref_tied8);
     free(fx.ref_tied16);
+    free(fx.ref_tied6);
     return 0;
 }
 
@@ -614,8 +623,9 @@ static void test_extras(void **state)
 }
 
 /* Pipelines of 3 and 4 stages with tied embeddings (the first and last stage sum the embedding's
- * gradient: a pair the pipeline itself never connects), interleaved over 4 stages with 2 and 4
- * virtual stages (the last stage's messages to the first; 2 virtual stages with ZeRO-1 over DP x CP),
+ * gradient: a pair the pipeline itself never connects), interleaved over 3 stages with 2 virtual
+ * stages (the lanes' ring of 3 colours) and over 4 stages with 2 and 4
+ * virtual stages (the last stage's messages to the first; 2 virtual stages at cp 2 with ZeRO-1 over DP x CP),
  * all under WLB_COMM_STRICT (group_setup): NCCL's matching, rendezvous and connection at first use.
  * An odd pp colours the lanes' ring with 3 colours (comm_lane_slot), an even one with 2. */
 static void test_deep_pipelines(void **state)
@@ -624,10 +634,13 @@ static void test_deep_pipelines(void **state)
     int ok = 1;
     const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 1, 3, 1, fx.ref_tied, tied, "tied embeddings over 3 stages");
+    const char *odd[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=6",
+                         "data.global_batch_tokens=384", "parallel.virtual_stages=2", NULL};
+    ok &= check_layout(1, 1, 3, 1, fx.ref_tied6, odd, "tied, interleaved v 2 over 3 stages");
     ok &= check_layout(1, 1, 4, 1, fx.ref_tied, tied, "tied embeddings over 4 stages");
     const char *v2[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=8",
                         "parallel.virtual_stages=2", "parallel.zero=1", NULL};
-    ok &= check_layout(2, 1, 4, 1, fx.ref_tied8, v2, "tied, interleaved v 2, ZeRO-1");
+    ok &= check_layout(1, 1, 4, 2, fx.ref_tied8, v2, "tied, interleaved v 2, cp 2, ZeRO-1");
     const char *v4[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=16",
                         "parallel.virtual_stages=4", NULL};
     if (!SMALL_MATRIX)

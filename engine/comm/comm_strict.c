@@ -11,6 +11,9 @@
  *     a length mismatch).
  *   - Rendezvous. An NCCL send completes only once its peer has received it. Sends here are
  *     synchronous-mode (MPI_Issend): their wait returns only once the receive has matched.
+ *   - One stream per communicator. A rank's operations on one communicator run one after another, so
+ *     a receive queued behind a send that waits for that receive's sender would wait forever: no rank
+ *     may both send and receive in one lane slot (one_way).
  *   - Connection at first use. NCCL connects a pair of ranks inside the first send (or receive)
  *     between them, and that call waits until the peer has posted its side. Here the first send of a
  *     pair that comm_connect_pipeline did not connect waits, at its start, for the receive to match;
@@ -36,16 +39,33 @@ static const char *const lane_names[COMM_LANES] = {"activations", "gradients"};
 
 static MPI_Comm pp_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)comm_mpi_handle(c, g); }
 
+/* c->connected: a byte per (lane slot, peer), 1 once the pair is connected; after them a byte per
+ * slot with how this rank used it (1: sent, 2: received). */
 static unsigned char *pair(const Comm *c, int slot, int peer)
 {
     return c->connected ? &c->connected[(size_t)slot * (size_t)c->size[GROUP_PP] + (size_t)peer] : NULL;
+}
+
+/* NCCL runs a communicator's operations one after another on its stream: a rank that both sent and
+ * received in one lane slot could hold a receive behind a send that waits for it. The lanes' colours
+ * (comm_lane_slot) keep every slot one-way on a rank; this checks it. */
+static int one_way(const Comm *c, int slot, int role, CommLane lane, Error *err)
+{
+    if (!c->connected)
+        return 0;
+    unsigned char *r = &c->connected[(size_t)COMM_LANE_SLOTS * (size_t)c->size[GROUP_PP] + (size_t)slot];
+    *r |= (unsigned char)role;
+    if (*r == 3)
+        return error_runtime(err, "comm", "WLB_COMM_STRICT: PP rank %d both sends and receives in slot %d of the %s "
+                             "lane: NCCL would queue them on one stream", c->rank[GROUP_PP], slot, lane_names[lane]);
+    return 0;
 }
 
 void comm_strict_connected(Comm *c, CommLane lane, int to, int from)
 {
     if (!c->strict_s || !c->mpi)
         return;
-    if (!c->connected && !(c->connected = calloc((size_t)COMM_LANE_SLOTS * (size_t)c->size[GROUP_PP], 1)))
+    if (!c->connected && !(c->connected = calloc((size_t)COMM_LANE_SLOTS * ((size_t)c->size[GROUP_PP] + 1), 1)))
         return; /* out of memory: every pair then counts as unconnected, the stricter reading */
     int pp = c->size[GROUP_PP], me = c->rank[GROUP_PP];
     if (to >= 0)
@@ -117,6 +137,8 @@ int comm_strict_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int
     if (check_args(c, g, n, err) != 0)
         return -1;
     int slot = comm_lane_slot(lane, c->rank[GROUP_PP], c->size[GROUP_PP]);
+    if (one_way(c, slot, 1, lane, err) != 0)
+        return -1;
     float *h = pack(c, buf, n, tag);
     if (!h)
         return error_runtime(err, "comm", "out of memory for a message of %lld floats", (long long)n);
@@ -182,6 +204,8 @@ int comm_strict_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, f
     if (check_args(c, g, n, err) != 0)
         return -1;
     int slot = comm_lane_slot(lane, peer, c->size[GROUP_PP]);
+    if (one_way(c, slot, 2, lane, err) != 0)
+        return -1;
     float *h = malloc((size_t)(n + 1) * sizeof *h);
     if (!h)
         return error_runtime(err, "comm", "out of memory for a message of %lld floats", (long long)n);
@@ -214,6 +238,8 @@ int comm_strict_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, 
     if (check_args(c, g, n, err) != 0)
         return -1;
     int slot = comm_lane_slot(lane, peer, c->size[GROUP_PP]);
+    if (one_way(c, slot, 2, lane, err) != 0)
+        return -1;
     unsigned char *p = pair(c, slot, peer);
     if (!p || !*p) { /* NCCL connects here: the post waits for the peer's send */
         double deadline = clock_seconds() + c->strict_s;

@@ -58,6 +58,8 @@ typedef struct TrainChunk {
     CommRequest *param_req;  /* ZeRO-1: per bucket, the parameters' all-gather after the update */
     int *param_pending;      /* per bucket: gathered parameters not yet waited for (and cast) */
     float *kv_scratch;       /* tp > n_kv_heads: the kv replicas' sum over TP (train_grads.c), else NULL */
+    float *tied_scratch;     /* tied embeddings over stages: the other copy's gradient, on the chunk that
+                              * holds one copy (train_grads.c), else NULL */
 } TrainChunk;
 
 /* The validation loss by token position (the RoPE position: the token's offset in its document),

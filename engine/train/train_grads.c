@@ -85,7 +85,9 @@ static int sum_sp_norms(Trainer *tr, Model *m, int64_t lo, int64_t hi, Error *er
     return 0;
 }
 
-/* The first chunk (stage 0) and the last (stage pp - 1) swap their embedding gradients and add. */
+/* The first chunk (stage 0) and the last (stage pp - 1) swap their embedding gradients and add:
+ * one exchange (comm_exchange: the send and the receive as one operation, so the two stages cannot
+ * wait for each other), into the chunk's scratch allocated at setup. */
 static int sum_tied_embeddings(Trainer *tr, Error *err)
 {
     if (!tr->cfg->model.tie_embeddings || tr->n_chunks == 1)
@@ -93,32 +95,24 @@ static int sum_tied_embeddings(Trainer *tr, Error *err)
     int first = tr->lay.pp_rank == 0, last = tr->lay.pp_rank == tr->pp - 1;
     if (!first && !last)
         return 0;
-    Model *a = &tr->chunks[0].model, *z = &tr->chunks[tr->v - 1].model;
-    const Ops *o = a->ops;
-    float *ga = first ? a->grads + model_tensor(a, T_EMBED, -1)->offset : NULL;
-    float *gz = last ? z->grads + model_tensor(z, T_EMBED, -1)->offset : NULL;
-    const ModelTensor *t = model_tensor(first ? a : z, T_EMBED, -1);
+    TrainChunk *a = &tr->chunks[0], *z = &tr->chunks[tr->v - 1];
+    const Ops *o = a->model.ops;
+    const ModelTensor *t = model_tensor(first ? &a->model : &z->model, T_EMBED, -1);
     int64_t n = t->rows * t->cols;
+    float *ga = first ? a->model.grads + t->offset : NULL;
+    float *gz = last ? z->model.grads + model_tensor(&z->model, T_EMBED, -1)->offset : NULL;
     if (first && last) { /* pp = 1: both chunks are here */
         o->add(ga, ga, gz, n);
         o->copy(gz, ga, n);
         return 0;
     }
     /* mine + other on one side, other + mine on the other: the same bits. */
-    float *mine = first ? ga : gz, *other = o->alloc((size_t)n * sizeof *other);
-    if (!other)
-        return error_runtime(err, "train", "out of memory");
-    CommRequest req = {0};
-    int peer = first ? tr->pp - 1 : 0;
-    int rc = comm_isend(tr->comm, GROUP_PP, peer, COMM_LANE_GRAD, 0, mine, n, &req, err);
-    if (rc == 0)
-        rc = comm_recv(tr->comm, GROUP_PP, peer, COMM_LANE_GRAD, 0, other, n, err);
-    if (comm_wait(tr->comm, &req, rc == 0 ? err : &(Error){0}) != 0)
-        rc = -1;
-    if (rc == 0)
-        o->add(mine, mine, other, n);
-    o->free(other);
-    return rc;
+    TrainChunk *ch = first ? a : z;
+    float *mine = first ? ga : gz;
+    if (comm_exchange(tr->comm, GROUP_PP, first ? tr->pp - 1 : 0, mine, ch->tied_scratch, n, err) != 0)
+        return -1;
+    o->add(mine, mine, ch->tied_scratch, n);
+    return 0;
 }
 
 void trainer_shard_range(int64_t n, int g, int r, int64_t *begin, int64_t *end)

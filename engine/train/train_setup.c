@@ -65,6 +65,13 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     if (d->kv_replicas > 1 &&
         !(ch->kv_scratch = m->ops->alloc((size_t)(2 * (int64_t)d->n_kv_heads * d->head_dim * d->d) * sizeof(float))))
         return error_runtime(err, "train", "out of memory");
+    /* Tied embeddings on two stages: room for the other stage's copy of the gradient. */
+    int holds_copy = (c == 0 && tr->lay.pp_rank == 0) || (c == tr->v - 1 && tr->lay.pp_rank == tr->pp - 1);
+    if (cfg->model.tie_embeddings && tr->n_chunks > 1 && holds_copy) {
+        const ModelTensor *t = model_tensor(m, T_EMBED, -1);
+        if (!(ch->tied_scratch = m->ops->alloc((size_t)(t->rows * t->cols) * sizeof(float))))
+            return error_runtime(err, "train", "out of memory");
+    }
     return optim_init(&ch->optim, &cfg->train, m, begin, end, err);
 }
 
@@ -290,6 +297,7 @@ void trainer_free(Trainer *tr)
         if (ch->model.ops) {
             ch->model.ops->free(ch->shard_grads);
             ch->model.ops->free(ch->kv_scratch);
+            ch->model.ops->free(ch->tied_scratch);
         }
         model_free(&ch->model);
         free(ch->slot_of);
