@@ -88,6 +88,16 @@ static int eval_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
 }
 
 /* *exit_status: 0, or the trainer's TRAIN_EXIT_PREEMPTED (a run stopped by a signal). */
+
+/* The cost model prices NCCL's links: on GPUs parallel.comm: mpi stages every collective and message
+ * through host memory, which no prediction of the dry run or the search sees. */
+static void warn_host_staged(const Config *cfg)
+{
+    if (cfg->train.device == DEVICE_CUDA && cfg->parallel.comm == COMM_MPI)
+        fprintf(stderr, "wlbtrain: warning: parallel.comm: mpi on GPUs stages every collective and message through "
+                "host memory; the dry run prices NCCL's links, so such a run is slower than predicted "
+                "(parallel.comm: auto takes NCCL when each rank has a GPU of its own)\n");
+}
 static int run(const CliOptions *opt, int *exit_status, Error *err)
 {
     RuntimeLaunch launch = runtime_launch_from_env();
@@ -108,6 +118,7 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
         SearchOptions so = {opt->config_path, opt->sets, opt->n_sets, opt->gpus,
                             opt->steps ? opt->steps : SEARCH_DEFAULT_STEPS, opt->search_out, opt->stats_out,
                             opt->search_all};
+        warn_host_staged(&cfg);
         rc = cfg.parallel.dp > 0 || opt->gpus ? trainer_search_run(&cfg, &so, err)
                                  : error_set(err, "parallel.dp", "the search needs the config's layout as numbers (dp: "
                                              "set parallel.dp, or give --gpus N)");
@@ -121,6 +132,8 @@ static int run(const CliOptions *opt, int *exit_status, Error *err)
         if (rc == 0 && memory.stages && !opt->no_memory_check)
             rc = trainer_memory_check(&cfg, &memory, err);
         DryRunOptions dr = {cfg.train.steps, opt->stats_out, opt->compare, memory.stages ? &memory : NULL};
+        if (rc == 0)
+            warn_host_staged(&cfg);
         if (rc == 0)
             rc = dryrun_run(&cfg, &dr, err);
         trainer_memory_free(&memory);

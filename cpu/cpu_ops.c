@@ -22,8 +22,13 @@
 enum { CPU_ALLOC_HEADER = 16 };
 static size_t cpu_held, cpu_peak;
 
+static int64_t cpu_alloc_count;
+
+static int64_t cpu_alloc_calls(void) { return cpu_alloc_count; }
+
 static void *cpu_alloc(size_t bytes)
 {
+    cpu_alloc_count++;
     char *p = calloc(bytes + CPU_ALLOC_HEADER, 1);
     if (!p)
         return NULL;
@@ -37,6 +42,7 @@ static void cpu_free(void *p)
 {
     if (!p)
         return;
+    cpu_alloc_count++;
     char *base = (char *)p - CPU_ALLOC_HEADER;
     size_t bytes;
     memcpy(&bytes, base, sizeof bytes);
@@ -437,7 +443,7 @@ static void f32_attention_merge_store(Act *out, float *lse, const float *acc, co
 #define CPU_COMMON_OPS                                                                             \
     .host_memory = 1, .logits_floats = OPS_LOGITS_FLOATS_CPU, .alloc = cpu_alloc, .free = cpu_free, \
     .to_device = cpu_memcpy, .to_host = cpu_memcpy, .memory = cpu_memory, .peak_bytes = cpu_peak_bytes,     \
-    .sync = cpu_sync,                                                                              \
+    .alloc_calls = cpu_alloc_calls, .sync = cpu_sync,                                              \
     .embedding_fwd = embedding_fwd, .embedding_bwd = embedding_bwd, .ce_stats = ce_stats, .add = add, \
     .copy = copy, .zero = zero, .sum_squares = sum_squares
 

@@ -94,25 +94,43 @@ static __device__ __forceinline__ float block_max(float v)
 }
 
 
-/* A device buffer that grows on demand (contents not kept); release() at close. */
+/* The backend's own buffers come from the device's memory pool in the compute stream's order
+ * (cudaMallocAsync, cudaFreeAsync on the default stream): unlike cudaMalloc and cudaFree they wait
+ * for nothing - not the device, not the communication streams - so a buffer that grows in the middle
+ * of a step stalls no collective. A buffer freed this way is reused only by work queued after the free
+ * on the compute stream, where every kernel that reads these buffers runs. cuda_ops_open keeps the
+ * pool's memory once taken (its release threshold), so growing costs no trip to the driver twice. */
+static inline void *cuda_stream_alloc(size_t bytes)
+{
+    void *p = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, 0));
+    return p;
+}
+
+static inline void cuda_stream_free(void *p)
+{
+    if (p)
+        CUDA_CHECK(cudaFreeAsync(p, 0));
+}
+
+/* A device buffer that grows on demand (contents not kept), from the stream-ordered pool; release()
+ * at close. */
 struct CudaScratch {
     void *p = nullptr;
     size_t bytes = 0;
     void *get(size_t want)
     {
         if (want > bytes) {
-            if (p)
-                CUDA_CHECK(cudaFree(p));
+            cuda_stream_free(p);
             size_t n = want > 2 * bytes ? want : 2 * bytes;
-            CUDA_CHECK(cudaMalloc(&p, n));
+            p = cuda_stream_alloc(n);
             bytes = n;
         }
         return p;
     }
     void release()
     {
-        if (p)
-            CUDA_CHECK(cudaFree(p));
+        cuda_stream_free(p);
         p = nullptr;
         bytes = 0;
     }

@@ -100,11 +100,8 @@ FlashDevPlan cuda_flash_plan(const char *where, const AttnSegment *segs, int64_t
         const size_t seg_bytes = e->plan.segs.size() * sizeof(int4), bytes = seg_bytes + e->plan.items.size() * sizeof(int2);
         if (bytes > e->dev_bytes) {
             const size_t want = bytes > 2 * e->dev_bytes ? bytes : 2 * e->dev_bytes;
-            if (e->dev)
-                CUDA_CHECK(cudaFree(e->dev)); /* waits for the kernels that read it */
-            e->dev = nullptr;
-            e->dev_bytes = 0;
-            CUDA_CHECK(cudaMalloc(&e->dev, want));
+            cuda_stream_free(e->dev); /* reused only after the kernels queued before, which read it */
+            e->dev = cuda_stream_alloc(want);
             e->dev_bytes = want;
         }
         if (bytes) {
@@ -211,11 +208,8 @@ void cuda_flash_bwd(float *dq, float *dk, float *dv, const void *dout, const voi
         return;
     const size_t delta_bytes = (size_t)e.plan->rows * (size_t)shape.n_heads * sizeof(float);
     if (delta_bytes > flash_delta_bytes) {
-        if (flash_delta)
-            CUDA_CHECK(cudaFree(flash_delta));
-        flash_delta = nullptr;
-        flash_delta_bytes = 0;
-        CUDA_CHECK(cudaMalloc(&flash_delta, delta_bytes));
+        cuda_stream_free(flash_delta);
+        flash_delta = (float *)cuda_stream_alloc(delta_bytes);
         flash_delta_bytes = delta_bytes;
     }
     const float scale = 1.0f / sqrtf((float)shape.head_dim);
@@ -248,12 +242,10 @@ void cuda_flash_bwd(float *dq, float *dk, float *dv, const void *dout, const voi
 void cuda_flash_release(void)
 {
     for (FlashPlanEntry &e : flash_plans) {
-        if (e.dev)
-            CUDA_CHECK(cudaFree(e.dev));
+        cuda_stream_free(e.dev);
         e = FlashPlanEntry();
     }
-    if (flash_delta)
-        CUDA_CHECK(cudaFree(flash_delta));
+    cuda_stream_free(flash_delta);
     flash_delta = nullptr;
     flash_delta_bytes = 0;
 }

@@ -29,8 +29,14 @@ static size_t cuda_peak_bytes(void)
     return device_peak;
 }
 
+/* cudaMalloc and cudaFree calls so far (Ops.alloc_calls): each waits for the whole device. */
+static int64_t cuda_alloc_count;
+
+static int64_t cuda_alloc_calls(void) { return cuda_alloc_count; }
+
 static void *cuda_alloc(size_t bytes)
 {
+    cuda_alloc_count++;
     void *p = nullptr;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError(); /* clear it: out of memory is the caller's to report */
@@ -43,8 +49,10 @@ static void *cuda_alloc(size_t bytes)
 
 static void cuda_free(void *p)
 {
-    if (p)
-        CUDA_CHECK(cudaFree(p));
+    if (!p)
+        return;
+    cuda_alloc_count++;
+    CUDA_CHECK(cudaFree(p));
 }
 
 /* cudaMemcpyDefault: host or device on either side (unified addressing). */
@@ -152,6 +160,7 @@ template <class T> static Ops table(const char *name)
     o.to_host = cuda_copy_bytes;
     o.memory = cuda_memory;
     o.peak_bytes = cuda_peak_bytes;
+    o.alloc_calls = cuda_alloc_calls;
     o.sync = cuda_sync;
     o.timer_mark = cuda_timer_mark;
     o.timer_seconds = cuda_timer_seconds;
@@ -195,6 +204,11 @@ const Ops *cuda_ops_open(int local_rank, int use_bf16, int deterministic, Error 
     }
     if (!opened) {
         CUDA_CHECK(cudaSetDevice(local_rank % n));
+        /* The stream-ordered pool of the backend's own buffers (cuda_stream_alloc) keeps what it took. */
+        cudaMemPool_t pool;
+        uint64_t keep = UINT64_MAX;
+        CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, local_rank % n));
+        CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
         ops_f32 = table<float>("cuda (fp32)");
         ops_bf16 = table<bf16>("cuda (bf16)");
         opened = 1;

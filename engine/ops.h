@@ -106,6 +106,10 @@ typedef struct Ops {
      * at once through alloc; on a GPU the most the device had in use (total - free, the CUDA
      * runtime's own memory included) at any alloc and at this call. */
     size_t (*peak_bytes)(void);
+    /* The allocations and frees of device memory made so far (alloc, free and the backend's own): a
+     * training step allocates nothing once the first is over (on a GPU cudaMalloc and cudaFree wait
+     * for the whole device, communication included); the tests read it. */
+    int64_t (*alloc_calls)(void);
     /* Waits until every op issued so far has finished (a no-op where ops are synchronous). */
     void (*sync)(void);
     /* Device-side timing, for a backend whose ops run asynchronously (NULL on the CPU, where the

@@ -203,8 +203,10 @@ int main(int argc, char **argv)
     int64_t steps = layout ? 1 : cfg.train.steps;
     double *loss = calloc((size_t)steps, sizeof *loss), *tokens = calloc((size_t)steps, sizeof *tokens);
     StWriter w = {0};
+    int64_t allocs_after_first = 0;
     for (int64_t s = 0; s < steps; s++) {
         TrainStats st;
+        int64_t allocs0 = tr.ops->alloc_calls();
         if (layout && (make_plan(&tr, first, size, n_docs, &err) != 0 || trainer_run_plan(&tr, &st, &err) != 0))
             die(&comm, &err);
         if (!layout && trainer_forward_backward(&tr, &st, &err) != 0)
@@ -215,6 +217,17 @@ int main(int argc, char **argv)
             die(&comm, &err);
         loss[s] = st.loss;
         tokens[s] = (double)st.tokens;
+        if (s > 0)
+            allocs_after_first += tr.ops->alloc_calls() - allocs0;
+    }
+    /* No step after the first allocates the backend's memory (train_setup.c, reserve_step_buffers). */
+    double worst_allocs = (double)allocs_after_first;
+    if (comm_allreduce_max_f64(&comm, GROUP_WORLD, &worst_allocs, 1, &err) != 0)
+        die(&comm, &err);
+    if (worst_allocs > 0) {
+        error_runtime(&err, "train", "steps after the first allocated or freed the backend's memory %.0f times on a "
+                      "rank (Ops.alloc_calls): a step must allocate nothing once the first is over", worst_allocs);
+        die(&comm, &err);
     }
     if (!layout)
         add_tensors(&tr, &w, "param", 0);

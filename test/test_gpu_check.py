@@ -29,7 +29,8 @@ FAKES = {
     "build/device/wlbtrain": 'if [ "${1:-}" = --version ]; then echo "wlbtrain fake"; fi\n',
     "build/device/test/test_ops": 'printf "1..2\\nok 1 - products\\nok 2 - attention\\n"\n',
     "build/device/test/test_cuda_model": 'printf "1..1\\nnot ok 1 - bf16 loss\\n# loss differs\\n"; exit 1\n',
-    "build/device/test/test_parallel": "sleep 60\n",
+    "build/device/test/test_parallel": ('if [ "${WLB_TEST_NCCL_SHARED_GPU:-}" = 1 ]; then '
+                                        'printf "1..1\\nok 1 - %s\\n" "$WLB_TEST_FILTER"; exit 0; fi\nsleep 60\n'),
     "bench/attention_kernels.sh": 'echo "# attention kernels on fake"; echo "| kernel | 1 |"\n',
     "bench/gpu_throughput.sh": 'echo "| implementation |"; echo "| wlbtrain, 8192 | 1 |"; sleep 60\n',
     "bench/make_corpus.py": "",
@@ -79,6 +80,8 @@ def test_summary(fx):
     taplib.check("exit   0" in s.get("ops", "") and "2 ok, 0 not ok" in s["ops"], "ops: %s" % s.get("ops"))
     taplib.check("exit   1" in s.get("cuda_model", "") and "0 ok, 1 not ok" in s["cuda_model"],
                  "cuda_model: %s" % s.get("cuda_model"))
+    for name in ("nccl_2_ranks", "nccl_pipelines", "nccl_overlap"):  # first in the lease, each its step
+        taplib.check("exit   0" in s.get(name, "") and "1 ok, 0 not ok" in s[name], "%s: %s" % (name, s.get(name)))
     for name in ("nccl_one_rank", "export", "attention"):
         taplib.check("exit   0" in s.get(name, ""), "%s: %s" % (name, s.get(name)))
     taplib.check("timed out" in s.get("bench", ""), "bench outlived the deadline: %s" % s.get("bench"))

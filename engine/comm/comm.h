@@ -236,6 +236,9 @@ int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, 
  * of one: the float32 call. */
 int comm_reduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Dt sum_dt, Error *err);
 int comm_allreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, Error *err);
+/* Room in the backend's memory for bfloat16 sums of up to n elements, taken now (at setup: a sum in a
+ * step then allocates nothing). */
+int comm_reserve_sum16(Comm *c, int64_t n, Error *err);
 /* Bytes of one element of dt on c's backend (4 for DT_F32; the compute dtype's for DT_ACT, 4 with
  * host memory). */
 size_t comm_elem_bytes(const Comm *c, Dt dt);

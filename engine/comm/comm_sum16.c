@@ -106,6 +106,12 @@ static int room(Comm *c, int64_t n, uint16_t **send, uint16_t **recv, Error *err
     return 0;
 }
 
+int comm_reserve_sum16(Comm *c, int64_t n, Error *err)
+{
+    uint16_t *s, *r;
+    return c->ops && n > 0 ? room(c, n, &s, &r, err) : 0;
+}
+
 /* The sums through bfloat16: send (n float32) rounded, summed by the path, recv (mine float32) widened.
  * On the caller's thread, after the group's started collectives (a started one ran its drain at
  * its start; comm_run_op comes here for it). */

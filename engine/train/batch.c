@@ -52,6 +52,29 @@ static int reserve(BatchBuffers *bb, int64_t T, int64_t rows, Error *err)
     return 0;
 }
 
+/* Room for n entries of the backend's index array. */
+static int reserve_index(BatchBuffers *bb, int64_t n, Error *err)
+{
+    if (n <= bb->d_cap_index)
+        return 0;
+    bb->ops->free(bb->d_index);
+    if (!(bb->d_index = bb->ops->alloc((size_t)n * sizeof *bb->d_index))) {
+        bb->d_cap_index = 0;
+        return error_runtime(err, "batch", "out of memory");
+    }
+    bb->d_cap_index = n;
+    return 0;
+}
+
+/* A CP rank sends at most its own rows and receives at most the micro-batch's: the index array of
+ * batch_cp_blocks is at most 2 rank_rows + mb_tokens + 1. */
+int batch_reserve(BatchBuffers *bb, int64_t mb_tokens, int64_t rank_rows, int cp, Error *err)
+{
+    if (reserve(bb, mb_tokens, rank_rows, err) != 0)
+        return -1;
+    return cp > 1 ? reserve_index(bb, 2 * rank_rows + mb_tokens + 1, err) : 0;
+}
+
 /* Tokens, targets and positions of one piece at micro-batch row d->start. */
 static int read_piece(BatchBuffers *bb, const PlanDoc *d, const DataSources *data, int64_t vocab, Error *err)
 {
@@ -206,14 +229,8 @@ static int cp_exchange(BatchBuffers *bb, const StepPlan *p, const PlanMicroBatch
     }
     /* Backend copy: mb_row, send_rows, recv_rows side by side. */
     int64_t n = 2 * own->tokens + n_recv + 1;
-    if (n > bb->d_cap_index) {
-        bb->ops->free(bb->d_index);
-        if (!(bb->d_index = bb->ops->alloc((size_t)n * sizeof *bb->d_index))) {
-            bb->d_cap_index = 0;
-            return error_runtime(err, "batch", "out of memory");
-        }
-        bb->d_cap_index = n;
-    }
+    if (reserve_index(bb, n, err) != 0)
+        return -1;
     int64_t *d = bb->d_index;
     bb->ops->to_device(d, mb_row, (size_t)own->tokens * sizeof *d);
     bb->ops->to_device(d + own->tokens, send_rows, (size_t)n_send * sizeof *d);

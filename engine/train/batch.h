@@ -41,6 +41,9 @@ int64_t batch_step_targets(const StepPlan *p, const DataSources *data);
  * ids is an Error naming it). */
 int batch_build(BatchBuffers *bb, const StepPlan *p, int64_t i, int rank, const DataSources *data, int64_t vocab,
                 ModelBatch *out, Error *err);
+/* The backend's room for any micro-batch of at most mb_tokens tokens, rank_rows of them on this CP
+ * rank (plan_largest), taken now: batch_build then allocates no device memory in a step. */
+int batch_reserve(BatchBuffers *bb, int64_t mb_tokens, int64_t rank_rows, int cp, Error *err);
 void batch_free(BatchBuffers *bb);
 
 /* The sharded documents' attention of the micro-batch mb in out (its segments and exchanges made)

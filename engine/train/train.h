@@ -314,6 +314,8 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
 /* Room for n floats in the buffer a stage receives its input (or its output's gradient) into
  * (train_pipeline.c): reserved at set-up for the largest micro-batch, so that it never grows. */
 int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err);
+/* Room for n floats in the buffer of receives posted ahead number a (0 or 1). */
+int trainer_reserve_ahead(Trainer *tr, int a, int64_t n, Error *err);
 
 /* Micro-batch balance of the step just run (train_balance.c), from tr->all_compute and the plan:
  * fills st's mb_* fields. trainer_write_mb_metrics appends them to a metrics line: ,"mb_imbalance":

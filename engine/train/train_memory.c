@@ -63,6 +63,33 @@ static void largest_micro_batch(const Config *cfg, int64_t *mb_tokens, int64_t *
     plan_destroy(&pl);
 }
 
+/* NCCL's buffers on one rank (parallel.comm: nccl, or auto on GPUs), from NCCL's default sizes and the
+ * communicators' config (cuda_nccl.cu): a connection's receive side holds a buffer per protocol -
+ * Simple NCCL_BUFFSIZE 4 MiB, LL128 4.7 MiB (120 elements x 640 threads x 8 steps x 8 bytes), LL
+ * 0.5 MiB (8 lines x 512 threads x 8 steps x 16 bytes) - and a collective runs on at most maxCTAs = 16
+ * channels, each with a ring connection (and a tree one for an all-reduce). Counted for the groups
+ * whose collectives go through NCCL when they have several ranks: TP (its sums and gathers), CP and
+ * the CP blocks of balance.cp_sharding: groups (the K/V exchange), DP x CP (the gradients: an
+ * all-reduce, rings and trees; with ZeRO-1 reduces and broadcasts, rings). The pipeline's lanes and the
+ * tied embeddings' exchange are messages: 2 channels of a 4 MiB Simple buffer per peer (NCCL's
+ * NCCL_NCHANNELS_PER_NET_PEER). NCCL takes a buffer at the first operation that needs it, in the
+ * middle of a step: counted up front, as an upper bound. */
+static double nccl_buffer_bytes(const Config *cfg)
+{
+    const ConfigParallel *p = &cfg->parallel;
+    const double mib = 1024.0 * 1024.0, ring = 16 * (4.0 + 4.6875 + 0.5) * mib;
+    double bytes = (p->tp > 1 ? ring : 0) + (p->cp > 1 ? ring : 0);
+    if (p->dp * p->cp > 1)
+        bytes += p->zero ? ring : 2 * ring;
+    if (cfg->balance.cp_sharding == CP_GROUPS)
+        for (int64_t b = 2; b < p->cp; b *= 2)
+            bytes += ring;
+    /* Message peers: the next and previous stage on each lane (the ends too when interleaved), and
+     * the tied embeddings' pair. */
+    int peers = p->pp > 1 ? 2 + (cfg->model.tie_embeddings ? 1 : 0) : 0;
+    return bytes + peers * 2 * 4.0 * mib;
+}
+
 static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, const SchedOp *sched, int n_sched,
                         int64_t T, int64_t T_mb, DryRunMemory *out, Error *err)
 {
@@ -103,18 +130,19 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
         out->activations += (double)slots * (double)mm.slot_bytes + (double)mm.scratch_bytes;
         out->slots += slots;
         out->other += 4.0 * (d.head_dim / 2); /* RoPE frequencies */
-        /* Transient buffers, the largest of which is added once. */
+        /* The tied embeddings' exchange buffer (train_setup.c), on the chunks that hold a copy. */
         int64_t embed = (int64_t)d.local_vocab * d.d;
         if (d.tied && chunks > 1 && (d.has_embed || d.has_head))
-            transient = fmax(transient, 4.0 * (double)embed);
+            out->other += 4.0 * (double)embed;
+        /* Transient buffers, the largest of which is added once. */
         if (d.kv_replicas > 1)
             transient = fmax(transient, 4.0 * (double)(d.layer_end - d.layer_begin) * 2 * d.n_kv_heads * d.head_dim *
                                             d.d);
     }
     int64_t d_model = cfg->model.d_model;
-    /* With parallel.overlap on MPI's path the next passes' receives are posted ahead into two more
-     * buffers of the same size (train_pipeline.c); NCCL posts none. */
-    int ahead = p->overlap && p->comm != COMM_NCCL ? 2 : 0;
+    /* With parallel.overlap the next passes' receives are posted ahead into two more buffers of the
+     * same size (train_pipeline.c), on either path. */
+    int ahead = p->overlap ? 2 : 0;
     if (chunks > 1)
         out->other += (1.0 + ahead) * 4.0 * (double)rows * (double)d_model;
     /* Batch inputs: 3 int32 per row, and with CP the int64 row indices (own rows, sent rows,
@@ -122,7 +150,7 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
     double per_batch = 12.0 * (double)(T > 0 ? T : 1) + (p->cp > 1 ? 8.0 * (double)(2 * T + T_mb + 1) : 0);
     out->other += (double)m * per_batch + transient;
     if (gpu)
-        out->other += TRAINER_GPU_RUNTIME_BYTES;
+        out->other += TRAINER_GPU_RUNTIME_BYTES + (p->comm != COMM_MPI ? nccl_buffer_bytes(cfg) : 0);
     out->peak = out->weights + out->weights_act + out->grads + out->optimizer + out->activations + out->other;
     return 0;
 }

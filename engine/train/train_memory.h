@@ -19,9 +19,10 @@
 #include "engine/plan/sched.h"
 #include "util/error.h"
 
-/* The CUDA context, cuBLASLt's handles and workspace, NCCL's buffers and the attention kernels'
- * work lists: an allowance per GPU rank, not a measured figure (bench/gpu_throughput.sh puts the
- * prediction beside the device's measured peak on a GPU). */
+/* The CUDA context, cuBLASLt's handles and workspace and the attention kernels' work lists: an
+ * allowance per GPU rank, not a measured figure (bench/gpu_throughput.sh puts the prediction beside
+ * the device's measured peak on a GPU). NCCL's buffers are counted beside it, per communicator
+ * (train_memory.c, nccl_buffer_bytes). */
 #define TRAINER_GPU_RUNTIME_BYTES 1.0e9
 
 /* Every pipeline stage's rank of cfg (resolved; dp a number). train.device decides the compute

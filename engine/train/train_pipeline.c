@@ -91,6 +91,11 @@ int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err)
     return reserve(tr, &tr->recv, &tr->recv_cap, n, err);
 }
 
+int trainer_reserve_ahead(Trainer *tr, int a, int64_t n, Error *err)
+{
+    return reserve(tr, &tr->recv_ahead[a], &tr->recv_ahead_cap[a], n, err);
+}
+
 /* The message of pass i (n floats from group rank peer, tag) into tr->recv: the receive posted
  * ahead for it, or one now. */
 static int take_message(Trainer *tr, int i, int peer, CommLane lane, int tag, int64_t n, const float **out,
@@ -365,7 +370,7 @@ static int post_receive(Trainer *tr, const PassRun *run, int j, Error *err)
     const ModelDims *d = &tr->chunks[op->chunk].model.dims;
     int64_t n = model_rows(d, tr->inputs[op->mb].T) * d->d;
     int a = j & 1;
-    if (reserve(tr, &tr->recv_ahead[a], &tr->recv_ahead_cap[a], n, err) != 0 ||
+    if (trainer_reserve_ahead(tr, a, n, err) != 0 ||
         comm_irecv(tr->comm, GROUP_PP, from, op->backward ? COMM_LANE_GRAD : COMM_LANE_ACT,
                    message_tag(tr, op->mb, g, op->backward), tr->recv_ahead[a], n, &tr->ahead_req[a], err) != 0)
         return -1;

@@ -219,6 +219,32 @@ static int check_split(const Trainer *tr, Error *err)
     return 0;
 }
 
+/* Everything a step could grow into, taken now for the largest micro-batch the planner can make
+ * (plan_largest): each micro-batch's inputs, the receives posted ahead, the bfloat16 sums' buffers. On
+ * a GPU cudaMalloc and cudaFree wait for the whole device, communication streams included: no step
+ * after the first allocates (test_parallel checks Ops.alloc_calls through dump_train). rows: a
+ * stage's message rows on this TP rank. */
+static int reserve_step_buffers(Trainer *tr, int64_t mb_tokens, int64_t rank_rows, int64_t rows, Error *err)
+{
+    const Config *cfg = tr->cfg;
+    for (int k = 0; k < tr->m; k++)
+        if (batch_reserve(&tr->batches[k], mb_tokens, rank_rows, (int)cfg->parallel.cp, err) != 0)
+            return -1;
+    if (tr->n_chunks > 1 && comm_can_post_receives(tr->comm))
+        for (int a = 0; a < 2; a++)
+            if (trainer_reserve_ahead(tr, a, rows * cfg->model.d_model, err) != 0)
+                return -1;
+    if (cfg->parallel.reduce_dtype != REDUCE_COMPUTE)
+        return 0;
+    /* The largest sum in bfloat16: a TP sum of the stage's rows (with SP the rows of every TP rank), or
+     * the K/V gradients of a micro-batch's rows over CP (model_cp.c's exchange buffer). */
+    const ModelDims *d = &tr->chunks[0].model.dims;
+    int64_t tp_rows = d->sp ? rows * d->tp : rows;
+    int64_t tp_sum = d->tp > 1 ? tp_rows * d->d : 0;
+    int64_t cp_sum = d->cp > 1 ? 2 * (int64_t)d->local_kv_heads * d->head_dim * mb_tokens : 0;
+    return comm_reserve_sum16(tr->comm, tp_sum > cp_sum ? tp_sum : cp_sum, err);
+}
+
 static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Error *err)
 {
     memset(tr, 0, sizeof *tr);
@@ -276,7 +302,7 @@ static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Erro
     int64_t rows = model_rows(&tr->chunks[0].model.dims, rank_rows);
     if (tr->n_chunks > 1 && trainer_reserve_recv(tr, rows * cfg->model.d_model, err) != 0)
         return -1;
-    return 0;
+    return reserve_step_buffers(tr, mb_tokens, rank_rows, rows, err);
 }
 
 int trainer_init(Trainer *tr, const Config *cfg, Comm *comm, Error *err)

@@ -3,10 +3,17 @@
 # .devdata carried (scripts/device/prepare.sh makes them; build/device holds wlbtrain, the test
 # programs below with the dump_train they drive, and bench/attn_kernels). Parts, named on the
 # command line (default: lease), run in the order given:
-#   bash scripts/device/gpu_check.sh lease      what one device lease holds, most telling first: the
+#   bash scripts/device/gpu_check.sh lease      what one device lease holds, most telling first: NCCL
+#                                               between ranks on the GPU (nccl's first three steps), the
 #                                               tests but test_parallel, attention at 8K and 32K,
 #                                               the bench's short table, then test_parallel;
 #                                               then scripts/device/targets.py's table
+#   bash scripts/device/gpu_check.sh nccl       NCCL between ranks that share the one GPU (the test
+#                                               mode WLB_TEST_NCCL_SHARED_GPU=1: a host id per rank,
+#                                               sockets on the loopback): test_parallel's 2-rank
+#                                               layouts, then pp 3-4 with tied embeddings and
+#                                               interleaving, overlap on and off the same bits, the
+#                                               fault order, then the rest of the suite (16 ranks last)
 #   bash scripts/device/gpu_check.sh tests      1-5 below  (about 4 minutes with one model in
 #                                               test_cuda_model; not yet timed with two)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
@@ -95,12 +102,28 @@ YAML
   mpirun -np 1 "$WLBTRAIN" --config /tmp/nccl.yaml
 }
 export -f nccl_one_rank  # step runs it under timeout(1), in a child bash
+# test_parallel over NCCL, the ranks of every layout on the one GPU (WLB_TEST_NCCL_SHARED_GPU=1; the
+# suite's config leaves parallel.comm at auto). A step per filter: the 2-rank layouts first.
+nccl_parallel() { # step name, test filter
+  WLB_TEST_DEVICE=cuda WLB_TEST_NCCL_SHARED_GPU=1 WLB_TEST_FILTER=$2 step "$1" "$bin/test/test_parallel"
+}
+nccl_part() {
+  nccl_parallel nccl_2_ranks 'test_??2'
+  nccl_parallel nccl_pipelines test_deep_pipelines
+  nccl_parallel nccl_overlap test_overlap
+  nccl_parallel nccl_fault_order test_fault_order
+  nccl_parallel nccl_rest '*'
+}
 export CMOCKA_MESSAGE_OUTPUT=TAP
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(lease)
 for part in "${parts[@]}"; do
   case $part in
+  nccl) nccl_part ;;
   lease)
+    nccl_parallel nccl_2_ranks 'test_??2'
+    nccl_parallel nccl_pipelines test_deep_pipelines
+    nccl_parallel nccl_overlap test_overlap
     step ops "$bin/test/test_ops"
     step cuda_model "$bin/test/test_cuda_model"
     step nccl_one_rank bash -c nccl_one_rank
@@ -143,7 +166,7 @@ for part in "${parts[@]}"; do
     step calibrate "$WLBTRAIN" calibrate --config /tmp/cal.yaml --out "$out/h100-llama3.2-1b.json"
     DEVICE=cuda WLBTRAIN=$WLBTRAIN step calibration bash bench/planner_calibration.sh
     grep -E '^(#|\||device)' "$logs/calibration.log" ;;
-  *) echo "gpu_check: unknown part '$part' (lease, tests, sanitize, attention, bench, profile, profile_attention, calibration)" >&2; exit 2 ;;
+  *) echo "gpu_check: unknown part '$part' (nccl, lease, tests, sanitize, attention, bench, profile, profile_attention, calibration)" >&2; exit 2 ;;
   esac
 done
 report
