@@ -186,12 +186,30 @@ static int nccl_allreduce(Comm *c, LayoutGroup slot, float *buf, int64_t count, 
     return allreduce_on(c, slot, buf, count, NULL, err);
 }
 
+/* 1 when every rank of the group gets as many elements (ZeRO-1's shards when the group divides the
+ * parameters): the v-collective is then NCCL's equal-count one, a single ring instead of a broadcast
+ * or reduce per rank. */
+static int equal_counts(const Comm *c, LayoutGroup g, const int64_t *counts)
+{
+    for (int r = 1; r < c->size[g]; r++)
+        if (counts[r] != counts[0])
+            return 0;
+    return 1;
+}
+
+static int allgather_on(Comm *c, LayoutGroup slot, const void *send, void *recv, int64_t count, Dt dt, void **done,
+                        Error *err);
+static int reduce_scatter_on(Comm *c, LayoutGroup slot, const float *send, float *recv, int64_t count, void **done,
+                             Error *err);
+
 /* NCCL has no v-collectives: a broadcast from every rank (gather: bytes, any dtype) or a reduce to
- * every rank (scatter), fused in one group. */
+ * every rank (scatter), fused in one group, unless the counts are equal. */
 static int allgatherv_on(Comm *c, LayoutGroup slot, const void *send, void *recv, const int64_t *counts, Dt dt,
                          void **done, Error *err)
 {
     CudaNccl *n = (CudaNccl *)c->impl_state;
+    if (equal_counts(c, slot, counts))
+        return allgather_on(c, slot, send, recv, counts[0], dt, done, err);
     int size = c->size[slot], me = c->rank[slot];
     size_t e = comm_elem_bytes(c, dt);
     char *to = (char *)recv;
@@ -222,6 +240,8 @@ static int nccl_allgatherv(Comm *c, LayoutGroup slot, const void *send, void *re
 static int reduce_scatterv_on(Comm *c, LayoutGroup slot, const float *send, float *recv, const int64_t *counts,
                               void **done, Error *err)
 {
+    if (equal_counts(c, slot, counts))
+        return reduce_scatter_on(c, slot, send, recv, counts[0], done, err);
     CudaNccl *n = (CudaNccl *)c->impl_state;
     int size = c->size[slot], me = c->rank[slot];
     if (check_slot(n, slot, err) != 0 || after_compute(n, slot, err) != 0)
