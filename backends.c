@@ -26,9 +26,9 @@ static const Ops *cuda_absent_open(const BackendOpen *opt, Error *err)
     return NULL;
 }
 
-static int cuda_absent_count(void) { return 0; }
+static int64_t cuda_absent_device(void) { return -1; }
 
-static const Backend cuda_backend = {"cuda", cuda_absent_describe, cuda_absent_open, cuda_absent_count, NULL, NULL};
+static const Backend cuda_backend = {"cuda", cuda_absent_describe, cuda_absent_open, cuda_absent_device, NULL, NULL};
 #endif
 
 static const Backend *const backends[] = {&cpu_backend, &cuda_backend};

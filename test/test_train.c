@@ -5,6 +5,8 @@
  */
 #include "test/testlib.h"
 
+#include "engine/train/train.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -311,9 +313,27 @@ static void test_errors(void **state)
     free(dir);
 }
 
+/* parallel.comm's choice: two ranks share a GPU only on one machine with one PCI place; one GPU
+ * visible per rank (every rank's device 0 has a place of its own) shares nothing; CPUs (-1) never. */
+static void test_shared_device(void **state)
+{
+    (void)state;
+    int a, b;
+    const double own[] = {7, 0x1b00, 7, 0x2900, 9, 0x1b00, 9, 0x2900}; /* 2 machines, 2 GPUs each */
+    assert_int_equal(trainer_shared_device(own, 4, &a, &b), -1);
+    assert_int_equal(a, -1);
+    const double shared[] = {7, 0x1b00, 7, 0x2900, 7, 0x2900, 7, 0x1b00};
+    assert_int_equal(trainer_shared_device(shared, 4, &a, &b), 0x1b00);
+    assert_int_equal(a, 0);
+    assert_int_equal(b, 3);
+    const double cpus[] = {7, -1, 7, -1};
+    assert_int_equal(trainer_shared_device(cpus, 2, &a, &b), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_device),
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_repeatable),
         cmocka_unit_test(test_empty_micro_batches),

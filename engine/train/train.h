@@ -314,6 +314,10 @@ int trainer_gather_shards(Trainer *tr, const Model *m, float *full, const float 
 /* Room for n floats in the buffer a stage receives its input (or its output's gradient) into
  * (train_pipeline.c): reserved at set-up for the largest micro-batch, so that it never grows. */
 int trainer_reserve_recv(Trainer *tr, int64_t n, Error *err);
+/* ranks[2 i], ranks[2 i + 1]: rank i's machine (a hash of its host name) and device (Backend.device_id,
+ * -1: none). The first two ranks of one machine with the same device (*a < *b) and that device, or
+ * *a = *b = -1 and -1: parallel.comm's choice (NCCL needs a GPU per rank). */
+int64_t trainer_shared_device(const double *ranks, int n, int *a, int *b);
 /* Room for n floats in the buffer of receives posted ahead number a (0 or 1). */
 int trainer_reserve_ahead(Trainer *tr, int a, int64_t n, Error *err);
 

@@ -120,16 +120,23 @@ static int shared_device(Trainer *tr, int *a, int *b, int64_t *device, Error *er
     if (!all)
         return error_runtime(err, "train", "out of memory");
     int rc = comm_allgather_f64(tr->comm, GROUP_WORLD, mine, all, 2, err);
-    *a = *b = -1;
-    for (int i = 0; rc == 0 && i < n && *a < 0; i++)
-        for (int j = i + 1; j < n && *a < 0; j++)
-            if (all[2 * i] == all[2 * j] && all[2 * i + 1] >= 0 && all[2 * i + 1] == all[2 * j + 1]) {
-                *a = i;
-                *b = j;
-                *device = (int64_t)all[2 * i + 1];
-            }
+    if (rc == 0)
+        *device = trainer_shared_device(all, n, a, b);
     free(all);
     return rc;
+}
+
+int64_t trainer_shared_device(const double *ranks, int n, int *a, int *b)
+{
+    *a = *b = -1;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (ranks[2 * i] == ranks[2 * j] && ranks[2 * i + 1] >= 0 && ranks[2 * i + 1] == ranks[2 * j + 1]) {
+                *a = i;
+                *b = j;
+                return (int64_t)ranks[2 * i + 1];
+            }
+    return -1;
 }
 
 /* parallel.comm: mpi (host-staged on a GPU), or nccl; auto is nccl unless two ranks of the job share
