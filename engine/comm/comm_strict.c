@@ -131,6 +131,18 @@ static float *pack(const Comm *c, const float *buf, int64_t n, int tag)
     return h;
 }
 
+/* req is under way as r, through the host copy h, with what its wait checks. */
+static void started(CommRequest *req, MPI_Request r, float *h, int peer, CommLane lane, int tag)
+{
+    memset(req, 0, sizeof *req);
+    memcpy(req->handle, &r, sizeof r);
+    req->staged = h;
+    req->active = 1;
+    req->peer = peer;
+    req->lane = lane;
+    req->tag = tag;
+}
+
 int comm_strict_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
                       CommRequest *req, Error *err)
 {
@@ -160,13 +172,7 @@ int comm_strict_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int
         if (p)
             *p = 1;
     }
-    memset(req, 0, sizeof *req);
-    memcpy(req->handle, &r, sizeof r);
-    req->staged = h;
-    req->active = 1;
-    req->peer = peer;
-    req->lane = lane;
-    req->tag = tag;
+    started(req, r, h, peer, lane, tag);
     return 0;
 }
 
@@ -264,15 +270,9 @@ int comm_strict_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, 
         free(h);
         return mpi_fail(rc, "MPI_Irecv", err);
     }
-    memset(req, 0, sizeof *req);
-    memcpy(req->handle, &r, sizeof r);
-    req->staged = h;
+    started(req, r, h, peer, lane, tag);
     req->dest = buf;
     req->n = n;
-    req->active = 1;
-    req->peer = peer;
-    req->lane = lane;
-    req->tag = tag;
     return 0;
 }
 
