@@ -723,7 +723,11 @@ static int run_layout_to(int dp, int tp, int pp, int cp, const char *const *extr
  * rank's partial sums are rounded to 8 bits of mantissa before they are added; the worst is a norm
  * weight's gradient, a sum over every row), and not the bits of the float32 sums (which a
  * reduce_dtype left unused would give); staged through host buffers too. With parallel.overlap the
- * started TP and CP sums in bf16 complete at their start (comm.h): the same bits as overlap false. */
+ * started TP and CP sums in bf16 complete at their start (comm.h): the same bits as overlap false.
+ * And the same bits as the sums computed another way (WLB_COMM_SUM16_GATHER: every rank's bf16 words
+ * gathered and added in rank order, each addition rounded to nearest even by util/bf16.h): the MPI
+ * user operation's rounding, which the tolerance above would not see truncated (1.6e-02 then, 1.1e-02
+ * right; test_comm_sum16 pins the addition itself). */
 static void test_reduce_dtype(void **state)
 {
     (void)state;
@@ -734,6 +738,7 @@ static void test_reduce_dtype(void **state)
                              "parallel.reduce_dtype=compute", "parallel.overlap=false", NULL};
     char *a = test_format("%s/sums-fp32.safetensors", fx.dir), *b = test_format("%s/sums-bf16.safetensors", fx.dir);
     char *c = test_format("%s/sums-bf16-off.safetensors", fx.dir);
+    char *d = test_format("%s/sums-bf16-gather.safetensors", fx.dir);
     char name[1100];
     for (int staged = 0; staged < 2; staged++) {
         const char *var = staged ? "WLBTRAIN_COMM_STAGE" : NULL;
@@ -749,13 +754,24 @@ static void test_reduce_dtype(void **state)
         printf("# (tp 2, cp 2) bf16 sums%s: worst %.2e against one bf16 process, %.2e against the float32 sums, "
                "%.2e against parallel.overlap false (%s)\n", staged ? ", staged" : "", to_ref, to_f32, to_off, name);
         assert_true(to_ref <= 3e-2 && to_f32 > 0 && to_off == 0);
+        if (staged)
+            continue;
+        setenv("WLB_COMM_SUM16_GATHER", "1", 1);
+        assert_int_equal(run_layout_to(1, 2, 1, 2, b16, "WLB_COMM_SUM16_GATHER", d), 0);
+        unsetenv("WLB_COMM_SUM16_GATHER");
+        int same = same_bits(b, d, name, sizeof name);
+        printf("# (tp 2, cp 2) bf16 sums against the same sums gathered and added in rank order: %s%s\n",
+               same ? "same bits" : "DIFFER in ", same ? "" : name);
+        assert_true(same);
     }
     remove(a);
     remove(b);
     remove(c);
+    remove(d);
     free(a);
     free(b);
     free(c);
+    free(d);
 }
 
 /* train.recompute recomputes with the same ops (collectives included under full): the same
