@@ -381,8 +381,9 @@ static int same_order(const char *dir, int ranks, char *what, size_t size)
 }
 
 /* One layout with overlap off, then on under WLB_COMM_CHAOS: the same bits, the off run against
- * the reference within 1e-5, and the same collectives in the same order on each group's ranks. */
-static int check_overlap(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra, const char *what)
+ * the reference within tol, and the same collectives in the same order on each group's ranks. */
+static int check_overlap_tol(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra,
+                             const char *what, double tol)
 {
     char *out[2], *logs[2];
     const int ranks = dp * tp * pp * cp;
@@ -425,7 +426,7 @@ static int check_overlap(int dp, int tp, int pp, int cp, const char *ref, const 
     int groups[2] = {-1, -1};
     for (int on = 0; on < 2 && status == 0; on++)
         groups[on] = same_order(logs[on], ranks, order, sizeof order);
-    int ok = e <= 1e-5 && same && groups[0] > 0 && groups[1] > 0;
+    int ok = e <= tol && same && groups[0] > 0 && groups[1] > 0;
     printf("# (dp %d, tp %d, pp %d, cp %d) %-36s off vs one process %.2e (%s); on (chaos) vs off: %s%s; "
            "order: %d, %d groups%s%s  %.1fs%s\n", dp, tp, pp, cp, what, e, name, same ? "same bits" : "DIFFER in ",
            same ? "" : diff, groups[0], groups[1], groups[0] < 0 || groups[1] < 0 ? " - " : "",
@@ -439,6 +440,11 @@ static int check_overlap(int dp, int tp, int pp, int cp, const char *ref, const 
         free(logs[on]);
     }
     return ok;
+}
+
+static int check_overlap(int dp, int tp, int pp, int cp, const char *ref, const char *const *extra, const char *what)
+{
+    return check_overlap_tol(dp, tp, pp, cp, ref, extra, what, 1e-5);
 }
 
 static void test_overlap(void **state)
@@ -458,6 +464,11 @@ static void test_overlap(void **state)
         ok &= check_overlap(2, 2, 2, 2, fx.ref[0], extra, modes_left[i]);
         free(mode);
     }
+    /* ZeRO-1 in bf16 (the GPU's default precision): a bucket's bf16 weight copy is written from the
+     * gathered parameters, so only after its all-gather is waited for (under the chaos a receive
+     * buffer is NaN until then); against one bf16 process within bf16's 1e-2 (test_modes). */
+    const char *zero16[] = {"balance.packer=wlb", "parallel.zero=1", "train.precision=bf16", NULL};
+    ok &= check_overlap_tol(2, 1, 2, 1, fx.ref_bf16, zero16, "ZeRO-1, bf16", 1e-2);
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
     const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
                            "model.tie_embeddings=true", NULL};
@@ -512,8 +523,10 @@ static void test_fault_order(void **state)
 /* parallel.tp_chunks: each TP product and its exchange in pieces of rows (engine/model/model_tp.c,
  * model_sp.c) - one piece, 3 (uneven: the last piece shorter and partly padding), and 16 (more
  * pieces than a micro-batch has rows per rank: pieces without rows) - against one process, with and
- * without SP; and 3 with overlap on under WLB_COMM_CHAOS against off (the same bits), with full
- * recomputation (the backward a layer at a time) and selective (the chained backward). */
+ * without SP (without: packer fixed, whose last rows have targets, so a last piece one row short
+ * shows; with SP 3 pieces under both packers); and 3 with overlap on under WLB_COMM_CHAOS against
+ * off (the same bits), with full recomputation (the backward a layer at a time) and selective (the
+ * chained backward). */
 static void test_tp_chunks(void **state)
 {
     (void)state;
@@ -525,9 +538,16 @@ static void test_tp_chunks(void **state)
         char *what_no_sp = test_format("tp_chunks %s, no SP", counts[i]);
         const char *sp[] = {"balance.packer=wlb", chunks, NULL};
         ok &= check_layout(1, 4, 1, 2, fx.ref[1], sp, what);
-        const char *no_sp[] = {"balance.packer=wlb", chunks, "parallel.sequence_parallel=false", NULL};
+        /* Without SP, packer fixed: its windows are full and cut inside documents, so a CP rank's
+         * last row has a target and every row of the last, shorter piece counts (under wlb a last
+         * piece one row short passed: its micro-batches end with a document's last token). */
+        const char *no_sp[] = {"balance.packer=fixed", chunks, "parallel.sequence_parallel=false", NULL};
         if (!SMALL_MATRIX)
-            ok &= check_layout(1, 4, 1, 2, fx.ref[1], no_sp, what_no_sp);
+            ok &= check_layout(1, 4, 1, 2, fx.ref[0], no_sp, what_no_sp);
+        /* and with SP on the same rows: 3 pieces, the last shorter */
+        const char *sp_fixed[] = {"balance.packer=fixed", chunks, NULL};
+        if (i == 1 && !SMALL_MATRIX)
+            ok &= check_layout(1, 4, 1, 2, fx.ref[0], sp_fixed, "tp_chunks 3, fixed");
         free(chunks);
         free(what);
         free(what_no_sp);
