@@ -7,6 +7,7 @@ divide a TP degree never gets it; a cluster too small says so in one line (exit 
 fit. Synthetic lengths; a few seconds. TAP output."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -193,6 +194,16 @@ def test_worst_stage_sizes(fx):
                     "--set", "train.gpu_memory_gb=%.2f" % budget)
         check(plain.returncode == 2 and "on a rank of pipeline stage %d " % largest in plain.stderr,
               "the plain dry run at %.2f GB: exit %d, %s" % (budget, plain.returncode, plain.stderr))
+        # and each change its error says would fit alone does fit, at the peak it names (its worst stage's)
+        hints = re.findall(r"(?:fit: |, )([a-z_.]+): ([^ ,]+) \(([0-9.]+) GB\)", plain.stderr)
+        check(hints, "no change that would fit in: %s" % plain.stderr)
+        for key, value, gb in hints:
+            h = run("--config", CONFIG, "--dry-run", "--steps", "1", *fx["sets"], *own_sets,
+                    "--set", "train.gpu_memory_gb=%.2f" % budget, "--set", "%s=%s" % (key, value))
+            check(h.returncode == 0 and "memory: peak %s GB" % gb in h.stdout,
+                  "%s: %s said to fit at %s GB: exit %d, %s%s" % (key, value, gb, h.returncode, h.stderr,
+                                                                  [l for l in h.stdout.splitlines() if "peak" in l]))
+        comment("pp %d: the error's changes that would fit alone: %s" % (pp, hints))
         out = os.path.join(fx["tmp"], "worst.yaml")
         if os.path.exists(out):
             os.remove(out)
