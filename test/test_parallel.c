@@ -23,7 +23,7 @@
  *
  * parallel.overlap (test_overlap): on 16 ranks (dp, tp, pp, cp 2 each, SP on) with ZeRO-1,
  * interleaving, and each CP mode (groups at tp 2 x pp 2 x cp 4), and without SP (full recompute,
- * tied embeddings), the run with overlap on - under WLB_COMM_CHAOS, every started
+ * tied embeddings), and ZeRO-1 in bf16 on dp 2 x pp 2, the run with overlap on - under WLB_COMM_CHAOS, every started
  * collective delayed by a random time with NaN in its receive buffer until its wait - gives the same
  * bits as the run with overlap off (losses, gradients of step 1, parameters after step 3, the
  * validation loss); every rank of a group issued the same collectives in the same order
@@ -468,7 +468,8 @@ static void test_overlap(void **state)
      * gathered parameters, so only after its all-gather is waited for (under the chaos a receive
      * buffer is NaN until then); against one bf16 process within bf16's 1e-2 (test_modes). */
     const char *zero16[] = {"balance.packer=wlb", "parallel.zero=1", "train.precision=bf16", NULL};
-    ok &= check_overlap_tol(2, 1, 2, 1, fx.ref_bf16, zero16, "ZeRO-1, bf16", 1e-2);
+    if (!SMALL_MATRIX)
+        ok &= check_overlap_tol(2, 1, 2, 1, fx.ref_bf16, zero16, "ZeRO-1, bf16", 1e-2);
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
     const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
                            "model.tie_embeddings=true", NULL};
