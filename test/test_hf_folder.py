@@ -354,6 +354,54 @@ def test_config_forms(fx):
     comment("transformers %s's own config.json (rope_parameters): the same model keys" % tf.__version__)
 
 
+# The defaults of transformers' LlamaConfig for the config.json keys wlbtrain reads and a file may
+# leave out (transformers 4.x and 5.x alike): config.json's name, the model key, what wlbtrain must
+# print for the model of hf_config("t4", default RoPE) without it. Each is LlamaConfig's own value
+# (num_key_value_heads: None, i.e. the heads; rope_theta: 10000 in rope_theta or rope_parameters;
+# rope_scaling: None), not wlbtrain's own defaults (a YAML without the key): norm_eps is 1e-5 there.
+# yarn's beta_fast, beta_slow, truncate and attention_factor: YARN_MISMATCHES below (YARN has none of them).
+HF_DEFAULTS = [("num_key_value_heads", "n_kv_heads", "4"), ("rms_norm_eps", "norm_eps", "1e-06"),
+               ("tie_word_embeddings", "tie_embeddings", "false"), ("max_position_embeddings", "max_seq_len", "2048"),
+               ("rope_theta", "rope_theta", "10000"), ("rope_scaling", "rope_scaling", "none")]
+# and LlamaConfig's attribute for each, to check the table against transformers when it is installed
+HF_ATTRS = {"num_key_value_heads": 4, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+            "max_position_embeddings": 2048, "rope_theta": 10000.0, "rope_scaling": None}
+
+
+def test_missing_key_defaults(fx):
+    for form in ("t4", "t5"):
+        for name, key, want in HF_DEFAULTS:
+            if form == "t5" and name == "rope_scaling":
+                continue  # transformers 5 has rope_parameters, checked by rope_theta's row
+            c = hf_config(form, {"rope_type": "default"})
+            if form == "t5" and name == "rope_theta":
+                del c["rope_parameters"]["rope_theta"]
+            else:
+                c.pop(name, None)
+            d = os.path.join(fx.dir, "no-%s-%s" % (name, form))
+            write_folder(d, fx.weights, config=c)
+            r = fx.print_config(d)
+            check(r.returncode == 0, "config.json without %s: %s" % (name, r.stderr))
+            line = "  %s: %s\n" % (key, want)
+            got = [l for l in model_section(r.stdout).splitlines() if l.startswith("  %s:" % key)]
+            check(line in model_section(r.stdout), "transformers %s, config.json without %s: model.%s is %s, "
+                  "LlamaConfig's default is %s" % (form[1], name, key, got, want))
+            shutil.rmtree(d)
+    comment("config.json without %s: LlamaConfig's defaults (transformers 4's and 5's forms)"
+            % ", ".join(n for n, _, _ in HF_DEFAULTS))
+    tf = import_module("transformers")
+    if isinstance(tf, Exception):
+        comment("transformers is not installed: the table of defaults is not checked against LlamaConfig")
+        return
+    cfg = tf.LlamaConfig(num_attention_heads=4, hidden_size=32)
+    got = {n: getattr(cfg, n, None) for n in HF_ATTRS}
+    if getattr(cfg, "rope_parameters", None):  # transformers 5
+        got["rope_theta"] = cfg.rope_parameters.get("rope_theta")
+        got["rope_scaling"] = None if cfg.rope_parameters.get("rope_type") == "default" else cfg.rope_parameters
+    check(got == HF_ATTRS, "transformers %s's LlamaConfig defaults %s, the table %s" % (tf.__version__, got, HF_ATTRS))
+    comment("the table is transformers %s's LlamaConfig defaults" % tf.__version__)
+
+
 # key, a YAML value other than the folder's, config.json's name, the folder's value as the error prints it
 MISMATCHES = [("d_model", "64", "hidden_size", "32"), ("d_ffn", "128", "intermediate_size", "64"),
               ("n_layers", "3", "num_hidden_layers", "2"), ("n_heads", "8", "num_attention_heads", "4"),
@@ -871,7 +919,9 @@ TESTS = [("a 4-shard folder loads into the one-file folder's parameters, bit for
           test_single_file_first),
          ("the loss of a folder's model on 6 documents = the float64 reference", test_loss_reference),
          ("config.json in transformers 4's and 5's forms: the same model keys (llama3, linear, yarn, none)",
-          test_config_forms)]
+          test_config_forms),
+         ("config.json without a key LlamaConfig defaults: transformers' default, one key at a time",
+          test_missing_key_defaults)]
 TESTS += [("YAML model.%s other than config.json's %s: refused, naming both" % (k, j), mismatch_test(k, v, j, fv))
           for k, v, j, fv in MISMATCHES]
 TESTS += [("yarn folder: YAML model.%s other than config.json's %s: refused" % (k, j), mismatch_test(k, v, j, fv, True))

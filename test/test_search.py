@@ -7,6 +7,7 @@ divide a TP degree never gets it; a cluster too small says so in one line (exit 
 fit. Synthetic lengths; a few seconds. TAP output."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,6 +160,71 @@ def test_flags(fx):
         check(r.returncode == 2 and what in r.stderr, "%s: %s" % (args, r.stderr))
 
 
+def stage_peaks(out):
+    """The plain dry run's memory table: {stage: peak GB}."""
+    lines = out.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.split()[:2] == ["stage", "layers"])
+    peaks = {}
+    for l in lines[start + 1:]:
+        f = l.split()
+        if not f or not f[0].isdigit():
+            break
+        peaks[int(f[0])] = float(f[-1])
+    return peaks
+
+
+def test_worst_stage_sizes(fx):
+    # A layout whose largest stage is not the first: the config's own, its layers split by hand so that
+    # the last stage (pp 2, [4, 28]) or a middle one (pp 4, [2, 27, 2, 1]) holds most of them. With a
+    # budget between the first stage's peak and the largest's, the search must size the layout by the
+    # largest (the plain dry run's worst, the largest peak of its table) and refuse it: not ranked, not
+    # written by --search-out; a plain dry run at that budget refuses it naming that stage.
+    for pp, cp, layers in ((2, 2, "[4, 28]"), (4, 1, "[2, 27, 2, 1]")):
+        own_sets = ["--set", "parallel.pp=%d" % pp, "--set", "parallel.cp=%d" % cp,
+                    "--set", "parallel.stage_layers=%s" % layers]
+        d = run("--config", CONFIG, "--dry-run", "--steps", "1", *fx["sets"], *own_sets, "--no-memory-check")
+        check(d.returncode == 0, d.stderr)
+        peaks = stage_peaks(d.stdout)
+        largest = max(peaks, key=peaks.get)
+        check(len(peaks) == pp and largest != 0 and peaks[largest] > 1.5 * peaks[0],
+              "pp %d, %s: the stages' peaks %s (the test needs a later stage the largest)" % (pp, layers, peaks))
+        budget = (peaks[0] + peaks[largest]) / 2
+        # the plain dry run refuses it too, naming the stage
+        plain = run("--config", CONFIG, "--dry-run", "--steps", "1", *fx["sets"], *own_sets,
+                    "--set", "train.gpu_memory_gb=%.2f" % budget)
+        check(plain.returncode == 2 and "on a rank of pipeline stage %d " % largest in plain.stderr,
+              "the plain dry run at %.2f GB: exit %d, %s" % (budget, plain.returncode, plain.stderr))
+        # and each change its error says would fit alone does fit, at the peak it names (its worst stage's)
+        hints = re.findall(r"(?:fit: |, )([a-z_.]+): ([^ ,]+) \(([0-9.]+) GB\)", plain.stderr)
+        check(hints, "no change that would fit in: %s" % plain.stderr)
+        for key, value, gb in hints:
+            h = run("--config", CONFIG, "--dry-run", "--steps", "1", *fx["sets"], *own_sets,
+                    "--set", "train.gpu_memory_gb=%.2f" % budget, "--set", "%s=%s" % (key, value))
+            check(h.returncode == 0 and "memory: peak %s GB" % gb in h.stdout,
+                  "%s: %s said to fit at %s GB: exit %d, %s%s" % (key, value, gb, h.returncode, h.stderr,
+                                                                  [l for l in h.stdout.splitlines() if "peak" in l]))
+        comment("pp %d: the error's changes that would fit alone: %s" % (pp, hints))
+        out = os.path.join(fx["tmp"], "worst.yaml")
+        if os.path.exists(out):
+            os.remove(out)
+        r, rows = search(fx, "--gpus", "16", *own_sets, "--set", "train.gpu_memory_gb=%.2f" % budget,
+                         "--search-out", out)
+        own = [x for x in rows if x["own"]]
+        comment("pp %d, stage layers %s: stage peaks %s GB, budget %.2f GB; the search's row: %s GB, fits %s"
+                % (pp, layers, peaks, budget, own[0]["peak_gb"] if own else "-", own[0]["fits"] if own else "-"))
+        check(len(own) == 1 and abs(own[0]["peak_gb"] - peaks[largest]) <= 0.01,
+              "the own layout is sized %s GB, its largest stage (%d) needs %s GB"
+              % (own[0]["peak_gb"] if own else "-", largest, peaks[largest]))
+        check(not own[0]["fits"] and "rank" not in own[0], "a layout whose stage %d does not fit is ranked: %s"
+              % (largest, own[0]))
+        best = ranked(rows)
+        check(best and all(x["peak_gb"] <= budget for x in best), "a ranked layout over the budget: %s" % best[:1])
+        with open(out) as f:
+            written = f.read()
+        check("stage_layers: %s" % layers not in written and "stage_layers: [%s]" % layers[1:-1] not in written,
+              "--search-out wrote the layout that does not fit")
+
+
 def teardown(fx):
     shutil.rmtree(fx["tmp"], ignore_errors=True)
 
@@ -170,6 +236,7 @@ tests = [
     ("tp only where it divides the heads and kv heads", test_heads_limit_tp),
     ("a cluster too small: one line, exit 2, what would fit", test_too_small_cluster),
     ("the search's flags", test_flags),
+    ("a layout whose later stage is the largest: sized by it, refused when it does not fit", test_worst_stage_sizes),
 ]
 
 if __name__ == "__main__":

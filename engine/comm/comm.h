@@ -185,6 +185,10 @@ extern const CommImpl comm_mpi;
 /* Its bfloat16 sums (comm_sum16.c: a user operation on MPI_UINT16_T). */
 int comm_mpi_sum_bf16(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, const int64_t *counts,
                       Error *err);
+/* That operation's step: inout[i] = bf16(in[i] + inout[i]) for n bfloat16 words, the sum of the two
+ * values (exact in float32 when their exponents are close) rounded to nearest, ties to even - what
+ * ncclBfloat16's sums do (test_comm_sum16 checks it against a float64 reference). */
+void comm_bf16_add(const uint16_t *in, uint16_t *inout, int64_t n);
 
 /* Starts MPI when the job was launched (by mpirun, srun, ...), else runs as a world of one. */
 int comm_start(Comm *c, int launched, Error *err);

@@ -15,18 +15,22 @@
 
 #include <mpi.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "util/bf16.h"
 #include "util/clock.h"
 
-/* a[i] = bf16(b[i] + a[i]): MPI's (invec, inoutvec) order. */
+void comm_bf16_add(const uint16_t *in, uint16_t *inout, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        inout[i] = bf16_from_float(bf16_to_float(in[i]) + bf16_to_float(inout[i]));
+}
+
+/* inout[i] = bf16(in[i] + inout[i]): MPI's (invec, inoutvec) order. */
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
 {
     (void)type;
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    for (int i = 0; i < *len; i++)
-        b[i] = bf16_from_float(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+    comm_bf16_add(in, inout, *len);
 }
 
 static int mpi_fail(int rc, const char *what, Error *err)
@@ -37,6 +41,29 @@ static int mpi_fail(int rc, const char *what, Error *err)
         len = 0;
     msg[len] = 0;
     return error_runtime(err, "mpi", "%s: %s", what, len ? msg : "error");
+}
+
+/* WLB_COMM_SUM16_GATHER=1 (a test hook, test_parallel's test_reduce_dtype): the same sums computed
+ * another way - every rank's words all-gathered and added here in group-rank order, ((x0 + x1) + x2)
+ * + .., each addition rounded by util/bf16.h - so that a run's bits pin the user operation's (its
+ * rounding, its order) against them. cnt: the ranks' shares of a reduce-scatter (NULL: an all-reduce). */
+static int sum_by_gather(MPI_Comm comm, int size, int me, const uint16_t *s, uint16_t *d, int64_t n, const int *cnt)
+{
+    uint16_t *all = malloc((size_t)(n ? n : 1) * (size_t)size * sizeof *all);
+    if (!all)
+        return MPI_ERR_NO_MEM;
+    int rc = MPI_Allgather(s, (int)n, MPI_UINT16_T, all, (int)n, MPI_UINT16_T, comm);
+    int64_t first = 0, mine = cnt ? cnt[me] : n;
+    for (int r = 0; cnt && r < me; r++)
+        first += cnt[r];
+    for (int64_t i = 0; rc == MPI_SUCCESS && i < mine; i++) {
+        uint16_t acc = all[first + i];
+        for (int r = 1; r < size; r++)
+            acc = bf16_from_float(bf16_to_float(acc) + bf16_to_float(all[(int64_t)r * n + first + i]));
+        d[i] = acc;
+    }
+    free(all);
+    return rc;
 }
 
 int comm_mpi_sum_bf16(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, const int64_t *counts,
@@ -72,8 +99,12 @@ int comm_mpi_sum_bf16(Comm *c, LayoutGroup g, const void *send, void *recv, int6
     }
     MPI_Comm comm = *(MPI_Comm *)c->groups[g];
     double t0 = clock_seconds();
-    rc = counts ? MPI_Reduce_scatter(s, d, cnt, MPI_UINT16_T, op, comm)
-                : MPI_Allreduce(s, d, (int)n, MPI_UINT16_T, op, comm);
+    const char *gather = getenv("WLB_COMM_SUM16_GATHER");
+    if (gather && !strcmp(gather, "1"))
+        rc = sum_by_gather(comm, size, me, s, d, n, counts ? cnt : NULL);
+    else
+        rc = counts ? MPI_Reduce_scatter(s, d, cnt, MPI_UINT16_T, op, comm)
+                    : MPI_Allreduce(s, d, (int)n, MPI_UINT16_T, op, comm);
     /* WLB_COMM_LINK: a ring's bytes, twice for an all-reduce, as the float32 sums are held. */
     if (rc == MPI_SUCCESS)
         comm_link_hold_ring(c, g, t0, (counts ? 1.0 : 2.0) * (double)n * sizeof(uint16_t));
