@@ -14,7 +14,10 @@
  *                  rate(qp) = peak * attn_efficiency * qp / (qp + attn_half_tokens)
  *              (a fit of FA3's forward TFLOP/s against length, performance.md §2.2: 430 TF at 512
  *              tokens to 621 at 16K on H100 is 630 * L / (L + 238) within 2%), backward at
- *              attn_bwd_ratio of the forward rate. A calibration file replaces the curve by a table.
+ *              attn_bwd_ratio of the forward rate: the published rates (h100-fa3). A calibration file
+ *              - the engine's profiles of engine/plan/profiles/ with train.device cuda, or
+ *              balance.calibration - replaces the curve by a table measured at the model's head size
+ *              (or the nearest measured).
  *   linear     GEMM FLOPs of the layer's local TP shard per token, x 3 for forward + backward,
  *              at peak * gemm_efficiency; norms, RoPE, SwiGLU and residuals as HBM bytes per token;
  *              plus launch_us per layer for a micro-batch with tokens (calibrated profiles).
@@ -59,7 +62,8 @@
  * The first stage also embeds (a row gather, its TP sum - all-reduce, or reduce-scatter with SP -
  * exposed: no product to hide under - and the backward's scatter-add into the embedding's gradient,
  * after an all-gather of the rows' gradients with SP); the last also runs the output projection and
- * cross-entropy.
+ * the cross-entropy (its forward and backward passes over the float32 logits at loss_gbps). After the
+ * gradients' reduction each rank's optimizer step: the gradient norm and AdamW (cost_optimizer_s).
  */
 #ifndef WLB_ENGINE_COST_H
 #define WLB_ENGINE_COST_H
