@@ -93,6 +93,7 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
                                                err) != 0) {
         return -1;
     }
+    m->hw.name = config_hardware_name(cfg->balance.hardware); /* the GPU's name, whichever rates */
     /* Explicit config keys win over the profile and the calibration file (0 = not set). */
     const ConfigBalance *b = &cfg->balance;
     if (b->peak_tflops > 0)
