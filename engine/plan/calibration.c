@@ -124,6 +124,8 @@ static int read_attention(json_t *att, CostHardware *hw, CostAttnTable *t, const
     for (int i = 1; i < nq; i++)
         if (t->q[i] <= t->q[i - 1])
             return error_set(err, path, "attention.q must be increasing");
+    for (int i = 0; i < nq; i++)
+        t->log2_q[i] = log2(t->q[i]);
     t->n = nq;
     return 0;
 }

@@ -248,7 +248,7 @@ static void table_rates(const CostAttnTable *t, double q, double *fwd, double *b
     }
     for (int i = 1; i < t->n; i++)
         if (q <= t->q[i]) {
-            double x = (log2(q) - log2(t->q[i - 1])) / (log2(t->q[i]) - log2(t->q[i - 1]));
+            double x = (log2(q) - t->log2_q[i - 1]) / (t->log2_q[i] - t->log2_q[i - 1]);
             *fwd = t->fwd_tflops[i - 1] + x * (t->fwd_tflops[i] - t->fwd_tflops[i - 1]);
             *bwd = t->bwd_tflops[i - 1] + x * (t->bwd_tflops[i] - t->bwd_tflops[i - 1]);
             return;

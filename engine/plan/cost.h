@@ -112,6 +112,7 @@ typedef struct CostAttnTable {
     int n;
     int head_dim;             /* the head size it was measured at; 0: any */
     double q[COST_TABLE_MAX], fwd_tflops[COST_TABLE_MAX], bwd_tflops[COST_TABLE_MAX];
+    double log2_q[COST_TABLE_MAX]; /* log2(q[i]), once (the interpolation's abscissae) */
 } CostAttnTable;
 
 /* What a model's rates are and where they came from, for the dry run to print. */

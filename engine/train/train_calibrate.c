@@ -453,6 +453,7 @@ static int cal_measure(Cal *c, const Config *cfg, const Backend *b, const char *
     fitted.table.n = r.n_attn;
     for (int i = 0; i < r.n_attn; i++) {
         fitted.table.q[i] = r.attn_q[i];
+        fitted.table.log2_q[i] = log2(r.attn_q[i]);
         fitted.table.fwd_tflops[i] = r.attn_fwd[i];
         fitted.table.bwd_tflops[i] = r.attn_bwd[i];
     }
