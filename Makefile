@@ -44,6 +44,10 @@ LIBS = -lyaml -lz -ljansson -lpcre2-8 -lm $(MPI_LIBS)
 
 LIB_SRCS := backends.c $(wildcard util/*.c cli/*.c config/*.c data/*.c engine/*/*.c cpu/*.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+# The engine's cost profiles (engine/plan/profiles/*.json) built into the program as C strings
+# (cost_engine_profiles, engine/plan/cost.h): the files stay the one source of their numbers.
+PROFILE_JSONS := $(sort $(wildcard engine/plan/profiles/*.json))
+LIB_OBJS += $(B)/obj/gen/engine_profiles.o
 CU_SRCS := $(wildcard cuda/*.cu)
 ifeq ($(CUDA_BUILD),1)
   CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
@@ -94,6 +98,16 @@ $(B)/obj/cpu/%.o: CFLAGS += -O3 -ffp-contract=fast -fno-math-errno -fno-trapping
                            -fassociative-math
 
 $(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $< ($(VARIANT))"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(B)/gen/engine_profiles.c: $(PROFILE_JSONS) scripts/embed_profiles.sh
+	@mkdir -p $(dir $@)
+	@echo "  GEN   $@"
+	$(Q)scripts/embed_profiles.sh $(PROFILE_JSONS) > $@.tmp && mv $@.tmp $@
+
+$(B)/obj/gen/%.o: $(B)/gen/%.c
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< ($(VARIANT))"
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<

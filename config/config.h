@@ -26,7 +26,9 @@ typedef enum CpSharding { CP_PER_SEQ, CP_PER_DOC, CP_ADAPTIVE, CP_HYBRID, CP_GRO
 /* What the planner does to a document that straddles a window end of the stream (balance.long_documents):
  * cut it there (Plain-4D's loader), or keep it whole; auto: cut for fixed and fixed_greedy, keep for wlb. */
 typedef enum LongDocuments { LONG_DOCS_AUTO, LONG_DOCS_CUT, LONG_DOCS_KEEP } LongDocuments;
-typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU } HardwareKind;
+/* h100, h200: with train.device cuda the engine's profile (engine/plan/profiles/), else the published
+ * rates; h100-fa3, h200-fa3: always the published rates (FlashAttention-3, cuBLAS). */
+typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU, HW_H100_FA3, HW_H200_FA3 } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
 /* parallel.reduce_dtype: the TP and CP partial sums in float32, or in the compute dtype (train.precision). */

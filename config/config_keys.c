@@ -149,8 +149,10 @@ const ConfigKey config_keys[] = {
     {"balance.outlier_thresholds", KEY_INT_LIST, OFF(balance.outlier_thresholds), 1, 1 << 24, 0, 0, 0,
      NULL, NULL, "context_window x [1/8, 1/4, 1/2, 3/4]",
      "document lengths L1 < L2 < ... where the outlier queues start; [] = no delay"},
-    ENUM_KEY("balance.hardware", balance.hardware, "h100|h200|a100|cpu", "h100", NULL,
-             "hardware profile of the cost model"),
+    ENUM_KEY("balance.hardware", balance.hardware, "h100|h200|a100|cpu|h100-fa3|h200-fa3", "h100", NULL,
+             "hardware profile of the cost model: h100 and h200 with train.device cuda price wlbtrain's own "
+             "kernels (engine/plan/profiles/, measured rates); h100-fa3 and h200-fa3 price the published "
+             "FlashAttention-3 and cuBLAS rates (what a faster kernel would buy)"),
     STR_KEY("balance.calibration", balance.calibration, "none",
             "cost-model calibration file (JSON of measured rates, see docs/planner.md); overrides the profile"),
     FLOAT_KEY("balance.peak_tflops", balance.peak_tflops, 0, 1e6, 0, "0", NULL,
@@ -803,7 +805,7 @@ const char *config_recompute_name(Recompute k)
 
 const char *config_hardware_name(HardwareKind k)
 {
-    static const char *const names[] = {"h100", "h200", "a100", "cpu"};
+    static const char *const names[] = {"h100", "h200", "a100", "cpu", "h100-fa3", "h200-fa3"};
     return names[k];
 }
 

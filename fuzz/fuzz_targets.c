@@ -504,7 +504,7 @@ int fuzz_calibration(const uint8_t *data, size_t size)
     CostHardware hw = {0};
     CostAttnTable table = {0};
     Error err = {0};
-    if (calibration_load(path, &hw, &table, &err) != 0)
+    if (calibration_load(path, 0, &hw, &table, NULL, &err) != 0)
         return 0;
     if (table.n < 0 || table.n > COST_TABLE_MAX)
         abort();

@@ -22,7 +22,10 @@ mkdir -p "$out/obj"
 # Everything the targets reach, built once with clang and the fuzzer's instrumentation.
 flags="-std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -I. -g -O1 -fopenmp -fsanitize=fuzzer-no-link,address,undefined
        -fno-sanitize-recover=undefined -Wno-unused-command-line-argument $(mpicc --showme:compile)"
-srcs=$(ls backends.c util/*.c config/*.c data/*.c engine/*/*.c cpu/*.c fuzz/fuzz_targets.c)
+# The engine's cost profiles, built into the program as the Makefile does (cost_engine_profiles).
+scripts/embed_profiles.sh engine/plan/profiles/*.json > "$out/engine_profiles.c.tmp"
+cmp -s "$out/engine_profiles.c.tmp" "$out/engine_profiles.c" || mv "$out/engine_profiles.c.tmp" "$out/engine_profiles.c"
+srcs="$(ls backends.c util/*.c config/*.c data/*.c engine/*/*.c cpu/*.c fuzz/fuzz_targets.c) $out/engine_profiles.c"
 objs=()
 for s in $srcs; do
   o="$out/obj/${s//\//_}.o"

@@ -116,6 +116,11 @@ static void test_calibrate_writes_a_profile(void **state)
     assert_int_equal(json_array_size(q), 5);
     assert_int_equal(json_integer_value(json_array_get(q, 4)), 256);
     assert_int_equal(json_array_size(json_object_get(att, "fwd_tflops")), 5);
+    /* The head size it was measured at: the cost model takes the table by it. */
+    json_t *model = json_object_get(p, "model");
+    assert_int_equal(json_integer_value(json_object_get(att, "head_dim")),
+                     json_integer_value(json_object_get(model, "d_model")) /
+                         json_integer_value(json_object_get(model, "n_heads")));
     json_decref(p);
 
     char *set = test_format("balance.calibration=%s", f.profile);

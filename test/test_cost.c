@@ -14,12 +14,15 @@
 #include "util/wavefront.h"
 
 /* A resolved config from YAML; the layers split evenly unless the YAML says otherwise (auto is the
- * engine's to place, trainer_stage_layers). */
+ * engine's to place, trainer_stage_layers). The formulas are checked against the published H100
+ * rates (balance.hardware h100-fa3: the numbers of engine/plan/cost.c) unless the YAML names
+ * another profile; test_engine_profiles checks the engine's. */
 static void make_config(Config *cfg, const char *yaml)
 {
     Error err = {0};
     config_init(cfg);
     if (config_apply_set(cfg, "parallel.stage_layers=even", &err) != 0 ||
+        config_apply_set(cfg, "balance.hardware=h100-fa3", &err) != 0 ||
         config_load_string(cfg, yaml, "t.yaml", &err) != 0 || config_resolve(cfg, 0, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
@@ -262,7 +265,8 @@ static void test_parts_add_up(void **state)
             assert_true(p > 0 && p + e == (bw ? cost_head_bwd_s(&m, 5000) : cost_head_fwd_s(&m, 5000)));
             double hp, he;
             cost_head_split(&m, 5000, 0, &hp, &he);
-            assert_true(bw ? e == 0 && fabs(p - 2 * hp) < 1e-15 : e > 0);
+            /* The loss: 4 bytes a logit forward, 6 backward (cost_head_split). */
+            assert_true(bw ? fabs(e - 1.5 * he) < 1e-15 && fabs(p - 2 * hp) < 1e-15 : e > 0);
             cost_embed_split(&m, 5000, bw, &e, &c);
             assert_true(e > 0 && c > 0 && e + c == (bw ? cost_embed_bwd_s(&m, 5000) : cost_embed_fwd_s(&m, 5000)));
         }
@@ -396,6 +400,105 @@ static void test_embedding(void **state)
     make_model(&m, "model: {preset: llama3-8b}\nparallel: {tp: 8, dp: 1, tp_chunks: 4}\n");
     assert_true(fabs(cost_embed_fwd_s(&m, 8192) - (rows / 3350e9 + rows * 7 / 8 / 370e9 + 60e-6)) < 1e-12);
     assert_true(fabs(cost_embed_bwd_s(&m, 8192) - (3 * rows / 3350e9 + rows * 7 / 8 / 370e9 + 60e-6)) < 1e-12);
+}
+
+/* The engine's profiles: taken with train.device cuda and h100 / h200, not on the CPU device nor
+ * with -fa3; the loss, the optimizer and the attention priced at their rates; the source named. */
+static void test_engine_profiles(void **state)
+{
+    (void)state;
+    CostModel e, pub, cpu_dev, fa3;
+    const char *shape = "model: {preset: llama3.2-1b}\nparallel: {dp: 1}\n";
+    char *y = test_format("%sbalance: {hardware: h200}\ntrain: {device: cuda}\n", shape);
+    make_model(&e, y);
+    free(y);
+    y = test_format("%sbalance: {hardware: h200}\ntrain: {device: cpu}\n", shape);
+    make_model(&cpu_dev, y);
+    free(y);
+    y = test_format("%sbalance: {hardware: h200-fa3}\ntrain: {device: cuda}\n", shape);
+    make_model(&fa3, y);
+    free(y);
+    pub = fa3;
+    assert_string_equal(e.source.profile, "h200");
+    assert_non_null(strstr(e.source.text, "engine/plan/profiles/h200.json"));
+    assert_string_equal(fa3.source.profile, "h200-fa3");
+    assert_non_null(strstr(fa3.source.text, "published rates"));
+    assert_string_equal(cpu_dev.source.profile, "h200 (published rates)");
+    assert_true(cpu_dev.table.n == 0 && fa3.table.n == 0 && e.table.n > 0);
+    assert_int_equal(e.table.head_dim, 64); /* llama3.2-1b: 2048 / 32 */
+    /* The engine's rates are slower than the published ones where it was measured slower. */
+    assert_true(e.hw.gemm_efficiency < pub.hw.gemm_efficiency && e.hw.loss_gbps < pub.hw.loss_gbps);
+    assert_true(cost_attn_fwd_s(&e, 8192, 8192) > 1.5 * cost_attn_fwd_s(&pub, 8192, 8192));
+    /* The loss: forward 4 bytes a local logit, backward 6, at loss_gbps. */
+    double p, el;
+    cost_head_split(&e, 1000, 0, &p, &el);
+    assert_true(fabs(el - 4.0 * 128256 * 1000 / (e.hw.loss_gbps * 1e9)) < 1e-15);
+    cost_head_split(&e, 1000, 1, &p, &el);
+    assert_true(fabs(el - 6.0 * 128256 * 1000 / (e.hw.loss_gbps * 1e9)) < 1e-15);
+    /* The optimizer: 34 bytes a parameter; with ZeRO-1 over 8 ranks 34 / 8 of the shard and 6 of the
+     * bf16 cast of every parameter. */
+    assert_true(fabs(cost_optimizer_s(&e, 1e9) - 34e9 / (e.hw.optimizer_gbps * 1e9)) < 1e-12);
+    assert_true(cost_optimizer_s(&e, 0) == 0);
+    CostModel z;
+    y = test_format("%sparallel: {dp: 8, zero: 1}\nbalance: {hardware: h200}\ntrain: {device: cuda}\n",
+                    "model: {preset: llama3.2-1b}\n");
+    make_model(&z, y);
+    free(y);
+    assert_true(fabs(cost_optimizer_s(&z, 8e9) - (34e9 + 6 * 8e9) / (z.hw.optimizer_gbps * 1e9)) < 1e-12);
+    /* Head size 128 takes its own table (llama3-8b). */
+    CostModel h128;
+    make_model(&h128, "model: {preset: llama3-8b}\nparallel: {dp: 1}\nbalance: {hardware: h100}\n"
+                      "train: {device: cuda}\n");
+    assert_int_equal(h128.table.head_dim, 128);
+    assert_string_equal(h128.source.profile, "h100");
+}
+
+/* A file with attention tables for several head sizes: the model's own, else the nearest in log2;
+ * its profile and source strings; a table without head_dim among several, or a source that is not a
+ * string, is refused naming the file. */
+static void test_calibration_tables(void **state)
+{
+    (void)state;
+    const char *head = "{\"format\": \"wlbtrain-calibration\", \"version\": 2, \"backend\": \"cuda\",\n"
+                       " \"peak_tflops\": 500, \"gemm_efficiency\": 0.5, \"hbm_gbps\": 100, \"launch_us\": 0,\n";
+    const char *tables = " \"profile\": \"x\", \"source\": \"made here\", \"sources\": {\"hbm_gbps\": \"a guess\"},\n"
+                         " \"attention\": [{\"head_dim\": 64, \"q\": [128], \"fwd_tflops\": [10], \"bwd_tflops\": [5]},\n"
+                         "   {\"head_dim\": 256, \"q\": [128], \"fwd_tflops\": [30], \"bwd_tflops\": [15]}]}\n";
+    char *text = test_format("%s%s", head, tables);
+    CostHardware hw = *cost_hardware_profile(HW_H100);
+    CostAttnTable t = {0};
+    CostSource src;
+    Error err = {0};
+    assert_int_equal(calibration_load_text(text, "t.json", 64, &hw, &t, &src, &err), 0);
+    assert_true(t.head_dim == 64 && t.fwd_tflops[0] == 10);
+    assert_true(hw.loss_gbps == 100 && hw.optimizer_gbps == 100); /* absent: hbm_gbps */
+    assert_string_equal(src.profile, "x");
+    assert_string_equal(src.text, "made here (t.json)");
+    assert_int_equal(calibration_load_text(text, "t.json", 256, &hw, &t, NULL, &err), 0);
+    assert_true(t.head_dim == 256 && t.fwd_tflops[0] == 30);
+    assert_int_equal(calibration_load_text(text, "t.json", 128, &hw, &t, NULL, &err), 0);
+    assert_int_equal(t.head_dim, 64); /* 64 and 256 are equally far; the first kept */
+    assert_int_equal(calibration_load_text(text, "t.json", 200, &hw, &t, NULL, &err), 0);
+    assert_int_equal(t.head_dim, 256);
+    free(text);
+    text = test_format("%s \"attention\": [{\"q\": [128], \"fwd_tflops\": [10], \"bwd_tflops\": [5]},\n"
+                       "  {\"head_dim\": 128, \"q\": [128], \"fwd_tflops\": [10], \"bwd_tflops\": [5]}]}\n", head);
+    assert_int_equal(calibration_load_text(text, "t.json", 64, &hw, &t, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "head_dim: missing"));
+    assert_non_null(strstr(err.msg, "t.json"));
+    free(text);
+    text = test_format("%s \"sources\": {\"hbm_gbps\": 3}, \"attention\": {\"q\": [128], \"fwd_tflops\": [10], "
+                       "\"bwd_tflops\": [5]}}\n", head);
+    assert_int_equal(calibration_load_text(text, "t.json", 64, &hw, &t, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "sources.hbm_gbps"));
+    free(text);
+    /* calibrate's output names the device and time it was measured on. */
+    text = test_format("%s \"device\": \"GPU X\", \"measured\": \"2026-01-01\", \"attention\": {\"q\": [128], "
+                       "\"fwd_tflops\": [10], \"bwd_tflops\": [5]}}\n", head);
+    assert_int_equal(calibration_load_text(text, "c.json", 64, &hw, &t, &src, &err), 0);
+    assert_string_equal(src.profile, "c.json");
+    assert_string_equal(src.text, "calibrated by wlbtrain calibrate on GPU X at 2026-01-01");
+    free(text);
 }
 
 static void test_calibration_file(void **state)
@@ -559,6 +662,8 @@ int main(void)
         cmocka_unit_test(test_parts_add_up),
         cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_engine_profiles),
+        cmocka_unit_test(test_calibration_tables),
         cmocka_unit_test(test_calibration_file),
     };
     return cmocka_run_group_tests_name("cost", tests, NULL, NULL);

@@ -25,7 +25,7 @@
 
 static const char *const parts[] = {"products", "attention", "elementwise", "tp_exposed", "tp_hidden",
                                     "cp_exposed", "cp_hidden", "pp_exposed", "pp_hidden", "dp_exposed",
-                                    "dp_hidden", "contention", "bubble"};
+                                    "dp_hidden", "contention", "optimizer", "bubble"};
 enum { N_PARTS = sizeof parts / sizeof parts[0] };
 
 /* A short list of document lengths written into dir (its path: free it): mostly 100-1600 tokens,

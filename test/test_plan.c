@@ -36,12 +36,15 @@ static int load_even(Config *cfg, const char *yaml, Error *err)
     return config_resolve(cfg, 0, err);
 }
 
-/* Documents from 1 to 3000 tokens with a few long ones (up to 2.5 windows of 1024). */
+/* Documents from 1 to 3000 tokens with a few long ones (up to 2.5 windows of 1024). Priced at the
+ * published H100 rates (h100-fa3), which the streams and stops of these tests were sized on (at the
+ * engine's rates one of test_state_restore_is_exact's runs has nothing waiting at any of its stops). */
 static void setup(Fixture *f, const char *yaml, PackerKind packer, CpSharding mode)
 {
     Error err = {0};
     config_init(&f->cfg);
-    if (load_even(&f->cfg, yaml, &err) != 0 || cost_model_init(&f->cost, &f->cfg, &err) != 0) {
+    if (config_apply_set(&f->cfg, "balance.hardware=h100-fa3", &err) != 0 || load_even(&f->cfg, yaml, &err) != 0 ||
+        cost_model_init(&f->cost, &f->cfg, &err) != 0) {
         print_error("%s\n", err.msg);
         fail();
     }

@@ -2,6 +2,7 @@
 #include "engine/plan/cost.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util/wavefront.h"
@@ -25,16 +26,46 @@
  * Device memory (train.gpu_memory_gb's default): H100 SXM 80 GB HBM3, H200 141 GB HBM3e, A100 80 GB
  *   (the 40 GB A100: set train.gpu_memory_gb: 40); the CPU's is the host's, and it is not checked.
  */
+/* The published profiles price every pass at the published rates, the loss and the optimizer at
+ * the HBM bandwidth. h100 and h100-fa3 are the same numbers: h100 names the GPU (with train.device
+ * cuda the engine's profile replaces them, cost_model_init), h100-fa3 says what they are. */
+#define H100_PUBLISHED {"h100-fa3", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 16.0 / 132, 80, 0, 3350, 3350}
+#define H200_PUBLISHED {"h200-fa3", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 16.0 / 132, 141, 0, 4800, 4800}
 static const CostHardware profiles[] = {
-    [HW_H100] = {"h100", 989, 0.78, 0.61, 0.87, 238, 128, 3350, 370, 45, 15, 8, 16.0 / 132, 80, 0},
-    [HW_H200] = {"h200", 989, 0.78, 0.61, 0.87, 238, 128, 4800, 370, 45, 15, 8, 16.0 / 132, 141, 0},
-    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 16.0 / 108, 80, 0},
-    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0.5, 0, 0},
+    [HW_H100] = H100_PUBLISHED,
+    [HW_H200] = H200_PUBLISHED,
+    [HW_A100] = {"a100", 312, 0.80, 0.65, 0.90, 300, 128, 2039, 230, 22, 15, 8, 16.0 / 108, 80, 0, 2039, 2039},
+    [HW_CPU] = {"cpu", 0.05, 0.5, 0.3, 0.5, 8, 1, 10, 5, 1, 20, 1024, 0.5, 0, 0, 10, 10},
+    [HW_H100_FA3] = H100_PUBLISHED,
+    [HW_H200_FA3] = H200_PUBLISHED,
 };
 
 const CostHardware *cost_hardware_profile(HardwareKind kind)
 {
     return &profiles[kind];
+}
+
+const CostEngineProfile *cost_engine_profile(HardwareKind kind)
+{
+    const char *path = kind == HW_H100 ? "engine/plan/profiles/h100.json"
+                       : kind == HW_H200 ? "engine/plan/profiles/h200.json" : NULL;
+    for (int i = 0; path && i < cost_engine_profile_count; i++)
+        if (!strcmp(cost_engine_profiles[i].path, path))
+            return &cost_engine_profiles[i];
+    return NULL;
+}
+
+/* Where the published rates come from (printed by the dry run beside the profile's name). */
+static void published_source(CostSource *src, HardwareKind kind, const Config *cfg)
+{
+    const char *name = config_hardware_name(kind);
+    const char *what = kind == HW_CPU ? "rough rates of a laptop-class core pair, meant to be calibrated"
+                       : kind == HW_A100 ? "published rates: FlashAttention-2, cuBLAS, NVLink 3 (engine/plan/cost.c)"
+                                         : "published rates: FlashAttention-3's attention, cuBLAS's large products, "
+                                           "HBM's bandwidth (engine/plan/cost.c); not wlbtrain's kernels";
+    snprintf(src->profile, sizeof src->profile, "%s%s", name,
+             (kind == HW_H100 || kind == HW_H200) && cfg->train.device != DEVICE_CUDA ? " (published rates)" : "");
+    snprintf(src->text, sizeof src->text, "%s", what);
 }
 
 int cost_chunk_layers(const CostModel *m, int g)
@@ -47,10 +78,22 @@ int cost_chunk_layers(const CostModel *m, int g)
 int cost_model_init(CostModel *m, const Config *cfg, Error *err)
 {
     memset(m, 0, sizeof *m);
+    const ConfigModel *md = &cfg->model;
+    int head_dim = (int)(md->d_model / md->n_heads);
     m->hw = profiles[cfg->balance.hardware];
-    if (cfg->balance.calibration &&
-        calibration_load(cfg->balance.calibration, &m->hw, &m->table, err) != 0)
+    published_source(&m->source, cfg->balance.hardware, cfg);
+    /* The rates: a calibration file, else the engine's profile of the GPU when the engine runs on it
+     * (train.device cuda), else the published ones. */
+    const CostEngineProfile *engine = cfg->train.device == DEVICE_CUDA ? cost_engine_profile(cfg->balance.hardware)
+                                                                       : NULL;
+    if (cfg->balance.calibration) {
+        if (calibration_load(cfg->balance.calibration, head_dim, &m->hw, &m->table, &m->source, err) != 0)
+            return -1;
+    } else if (engine && calibration_load_text(engine->text, engine->path, head_dim, &m->hw, &m->table, &m->source,
+                                               err) != 0) {
         return -1;
+    }
+    m->hw.name = config_hardware_name(cfg->balance.hardware); /* the GPU's name, whichever rates */
     /* Explicit config keys win over the profile and the calibration file (0 = not set). */
     const ConfigBalance *b = &cfg->balance;
     if (b->peak_tflops > 0)
@@ -82,7 +125,6 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
             return error_set(err, rates[i].key, "%g is below the least rate the cost model takes (%g): its predicted "
                              "times would be infinite", rates[i].value, COST_MIN_RATE);
 
-    const ConfigModel *md = &cfg->model;
     int tp = (int)cfg->parallel.tp, cp = (int)cfg->parallel.cp, pp = (int)cfg->parallel.pp;
     m->tp = tp;
     m->cp = cp;
@@ -94,7 +136,7 @@ int cost_model_init(CostModel *m, const Config *cfg, Error *err)
     m->has_split = split->n == pp * m->v && split->n <= COST_MAX_CHUNKS;
     for (int g = 0; m->has_split && g < split->n; g++)
         m->chunk_layers[g] = (int)split->v[g];
-    m->head_dim = (int)(md->d_model / md->n_heads);
+    m->head_dim = head_dim;
     m->local_heads = (int)(md->n_heads / tp);
     /* With fewer kv heads than TP ranks, each rank keeps a replica of one kv head. */
     m->local_kv_heads = md->n_kv_heads >= tp ? (int)(md->n_kv_heads / tp) : 1;
@@ -206,7 +248,7 @@ static void table_rates(const CostAttnTable *t, double q, double *fwd, double *b
     }
     for (int i = 1; i < t->n; i++)
         if (q <= t->q[i]) {
-            double x = (log2(q) - log2(t->q[i - 1])) / (log2(t->q[i]) - log2(t->q[i - 1]));
+            double x = (log2(q) - t->log2_q[i - 1]) / (t->log2_q[i] - t->log2_q[i - 1]);
             *fwd = t->fwd_tflops[i - 1] + x * (t->fwd_tflops[i] - t->fwd_tflops[i - 1]);
             *bwd = t->bwd_tflops[i - 1] + x * (t->bwd_tflops[i] - t->bwd_tflops[i - 1]);
             return;
@@ -561,11 +603,24 @@ void cost_cp_beside(const CostModel *m, double x, int pieces, double whole_s, do
 
 void cost_head_split(const CostModel *m, int64_t tokens, int backward, double *products, double *elementwise)
 {
-    /* Logits GEMM, then the softmax over the local vocabulary slice: read the fp32 logits, write
-     * the probabilities. The backward: the two gradient GEMMs. */
+    /* The logits product (its float32 logits written by the product), then the cross-entropy over
+     * the local vocabulary slice as the engine runs it (cuda_loss.cu): the forward's pass reads each
+     * float32 logit once for the maximum, the sum of exponentials and the target's logit (4 bytes a
+     * logit); the loss's backward reads it again and writes the bf16 gradient of the logit (6
+     * bytes), then the two gradient products. Both passes at loss_gbps. */
     double n = (double)tokens;
     *products = gemm_s(m, (backward ? 2 : 1) * m->head_flops_fwd * n);
-    *elementwise = backward ? 0 : 2 * 4 * m->vocab_local * n / (m->hw.hbm_gbps * 1e9);
+    *elementwise = (backward ? 6 : 4) * m->vocab_local * n / (m->hw.loss_gbps * 1e9);
+}
+
+double cost_optimizer_s(const CostModel *m, double params)
+{
+    if (params <= 0)
+        return 0;
+    int shard = m->zero && m->dpcp > 1;
+    double range = shard ? params / m->dpcp : params;
+    double bytes = (4 + 30) * range + (shard ? 6 * params : 0);
+    return bytes / (m->hw.optimizer_gbps * 1e9);
 }
 
 double cost_head_fwd_s(const CostModel *m, int64_t tokens)

@@ -195,7 +195,7 @@ static void json_memory(FILE *f, const DryRunMemoryPlan *mp)
 /* The breakdown's parts by name, in the order they are printed (sched.h: SchedBreakdown). */
 static const char *const breakdown_names[] = {"products", "attention", "elementwise", "tp_exposed", "tp_hidden",
                                               "cp_exposed", "cp_hidden", "pp_exposed", "pp_hidden", "dp_exposed",
-                                              "dp_hidden", "contention", "bubble"};
+                                              "dp_hidden", "contention", "optimizer", "bubble"};
 enum { BREAKDOWN_PARTS = sizeof breakdown_names / sizeof breakdown_names[0] };
 
 static const double *breakdown_parts(const SchedBreakdown *b)
@@ -481,7 +481,9 @@ static void print_header(const Config *cfg, const DataSources *data, const CostM
            "(M = %lld micro-batches per replica, window %lld), hardware %s\n",
            (long long)gpus, (long long)p->tp, (long long)p->cp, (long long)p->pp, (long long)p->dp, (long long)steps,
            (long long)cfg->data.global_batch_tokens, (long long)config_micro_batches(cfg),
-           (long long)cfg->data.context_window, cost->hw.name);
+           (long long)cfg->data.context_window, config_hardware_name(cfg->balance.hardware));
+    /* What every predicted figure below is priced with, and where its rates came from. */
+    printf("cost profile: %s: %s\n", cost->source.profile, cost->source.text);
     uint64_t docs = 0, tokens = 0;
     for (int i = 0; i < data->n; i++) {
         docs += data->src[i].n_docs;
@@ -581,16 +583,16 @@ static void print_breakdown(const RunSummary *s)
     printf("time breakdown, s over the run (parallel.overlap: %s, tp_chunks: %d; shown parts + bubble = the step "
            "time; _hid: ran hidden, beside computation or the pipeline's fill):\n", s->overlap ? "true" : "false",
            s->tp_chunks);
-    printf("%6s %9s %9s %9s %8s %8s %8s %8s %9s %8s %8s %8s %8s %8s\n", "stage", "products", "attention", "elemwise",
-           "tp", "cp", "pp", "dp", "contend", "bubble", "tp_hid", "cp_hid", "pp_hid", "dp_hid");
+    printf("%6s %9s %9s %9s %8s %8s %8s %8s %9s %8s %8s %8s %8s %8s %8s\n", "stage", "products", "attention",
+           "elemwise", "tp", "cp", "pp", "dp", "contend", "optim", "bubble", "tp_hid", "cp_hid", "pp_hid", "dp_hid");
     SchedBreakdown m = breakdown_mean(s);
     for (int k = 0; k <= s->n_stages; k++) {
         const SchedBreakdown *b = k < s->n_stages ? &s->breakdown[k] : &m;
         char name[16];
         snprintf(name, sizeof name, k < s->n_stages ? "%d" : "mean", k);
-        printf("%6s %9.2f %9.2f %9.2f %8.2f %8.2f %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, b->products,
-               b->attention, b->elementwise, b->tp_exposed, b->cp_exposed, b->pp_exposed, b->dp_exposed, b->contention,
-               b->bubble, b->tp_hidden, b->cp_hidden, b->pp_hidden, b->dp_hidden);
+        printf("%6s %9.2f %9.2f %9.2f %8.2f %8.2f %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", name,
+               b->products, b->attention, b->elementwise, b->tp_exposed, b->cp_exposed, b->pp_exposed, b->dp_exposed,
+               b->contention, b->optimizer, b->bubble, b->tp_hidden, b->cp_hidden, b->pp_hidden, b->dp_hidden);
     }
     double comm = m.tp_exposed + m.cp_exposed + m.pp_exposed + m.dp_exposed;
     double hid = m.tp_hidden + m.cp_hidden + m.pp_hidden + m.dp_hidden;

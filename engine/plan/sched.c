@@ -420,7 +420,14 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
         double gather_hidden = gather_total[s] - gw[(size_t)slow * pp + s];
         gather_hidden = gather_hidden > 0 ? gather_hidden : 0;
         double slowed = cost->hw.comm_sm_share * (dph[s] + gb[(size_t)slow * pp + s]);
-        double stage_step = stage_end + dpx[s] + slowed;
+        /* Then the optimizer step over the stage's parameters (its chunks' buckets), once the
+         * reduction is done. */
+        double params = 0;
+        for (int c = 0; c < cost->v; c++)
+            for (int j = 0, nb = chunk_buckets(cost, c * pp + s, bp, bat); j < nb; j++)
+                params += bp[j];
+        double optimizer = cost_optimizer_s(cost, params);
+        double stage_step = stage_end + dpx[s] + slowed + optimizer;
         *seconds = stage_step > *seconds ? stage_step : *seconds;
         SchedBreakdown *b = &sb[s];
         b->pp_exposed = ppx[(size_t)slow * pp + s];
@@ -428,6 +435,7 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
         b->dp_exposed = dpx[s] + gw[(size_t)slow * pp + s];
         b->dp_hidden = dph[s] + gather_hidden;
         b->contention = slowed;
+        b->optimizer = optimizer;
     }
     /* What the slowest replica's stages computed; the rest of the step is their bubble. */
     for (int i = 0; rc == 0 && stages && i < sc.count[slow]; i++) {
@@ -439,7 +447,7 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
     for (int s = 0; rc == 0 && stages && s < pp; s++) {
         SchedBreakdown *b = &sb[s], *out = &stages[s];
         double shown = b->products + b->attention + b->elementwise + b->tp_exposed + b->cp_exposed + b->pp_exposed +
-                       b->dp_exposed + b->contention;
+                       b->dp_exposed + b->contention + b->optimizer;
         b->bubble = *seconds - shown;
         if (b->bubble < 0 && b->bubble > -1e-9 * *seconds)
             b->bubble = 0; /* a stage that never waits: the sum's rounding, not a negative bubble */

@@ -57,12 +57,12 @@ typedef struct SchedTrace {
  * hidden (_hidden: beside its computation, or for ZeRO-1's all-gather also while the stage waits for
  * its first input), the computation slowed by the collectives beside it (contention, comm_sm_share),
  * and the rest of the step, idle (bubble). dp is the gradients' reduction over DP x CP and ZeRO-1's
- * all-gather. products + attention + elementwise + the
- * _exposed parts + contention + bubble = the step time. */
+ * all-gather; optimizer the step's gradient norm and AdamW update (cost_optimizer_s). products +
+ * attention + elementwise + the _exposed parts + contention + optimizer + bubble = the step time. */
 typedef struct SchedBreakdown {
     double products, attention, elementwise;
     double tp_exposed, tp_hidden, cp_exposed, cp_hidden, pp_exposed, pp_hidden, dp_exposed, dp_hidden;
-    double contention, bubble;
+    double contention, optimizer, bubble; /* optimizer: the gradient norm and AdamW after the reduction */
 } SchedBreakdown;
 
 /* One pass of a stage: the forward or backward of micro-batch mb (its place in the replica's

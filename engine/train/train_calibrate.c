@@ -413,7 +413,7 @@ static int cal_write(const Cal *c, const Config *cfg, const Backend *b, const Ca
     }
     json_t *root = json_pack(
         "{s:s, s:i, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:f, s:f, s:f, s:f, s:f, s:f, "
-        "s:f, s:i, s:{s:i, s:o, s:o, s:o}, s:{s:i, s:f, s:f, s:f, s:f}}",
+        "s:f, s:i, s:{s:i, s:i, s:o, s:o, s:o}, s:{s:i, s:f, s:f, s:f, s:f}}",
         "format", "wlbtrain-calibration", "version", CALIBRATION_VERSION, "device", device, "backend", b->name,
         "precision", cfg->train.precision == PRECISION_BF16 ? "bf16" : "fp32", "measured", when,
         "model", "d_model", (json_int_t)md->d_model, "n_heads", (json_int_t)md->n_heads, "n_kv_heads",
@@ -422,7 +422,7 @@ static int cal_write(const Cal *c, const Config *cfg, const Backend *b, const Ca
         "peak_tflops", hw->peak_tflops, "gemm_efficiency", hw->gemm_efficiency, "hbm_gbps", hw->hbm_gbps,
         "launch_us", hw->launch_us, "intra_node_gbps", hw->intra_node_gbps, "inter_node_gbps", hw->inter_node_gbps,
         "link_latency_us", hw->link_latency_us, "gpus_per_node", hw->gpus_per_node,
-        "attention", "tile", hw->attn_tile, "q", q, "fwd_tflops", fw, "bwd_tflops", bw,
+        "attention", "tile", hw->attn_tile, "head_dim", (int)c->dh, "q", q, "fwd_tflops", fw, "bwd_tflops", bw,
         "check", "mixes", r->n_mix, "attn_r2", r->mix_r2, "attn_max_rel_err", r->mix_worst,
         "gemm_fixed_us", r->a_gemm * 1e6, "elementwise_fixed_us", r->a_elem * 1e6);
     if (!root)
@@ -453,6 +453,7 @@ static int cal_measure(Cal *c, const Config *cfg, const Backend *b, const char *
     fitted.table.n = r.n_attn;
     for (int i = 0; i < r.n_attn; i++) {
         fitted.table.q[i] = r.attn_q[i];
+        fitted.table.log2_q[i] = log2(r.attn_q[i]);
         fitted.table.fwd_tflops[i] = r.attn_fwd[i];
         fitted.table.bwd_tflops[i] = r.attn_bwd[i];
     }
