@@ -241,8 +241,8 @@ static int reserve_step_buffers(Trainer *tr, int64_t mb_tokens, int64_t rank_row
         for (int a = 0; a < 2; a++)
             if (trainer_reserve_ahead(tr, a, rows * cfg->model.d_model, err) != 0)
                 return -1;
-    if (cfg->parallel.reduce_dtype != REDUCE_COMPUTE)
-        return 0;
+    if (cfg->parallel.reduce_dtype != REDUCE_COMPUTE || tr->ops->act_bytes != 2)
+        return 0; /* sums in float32 (comm_sums_in_bf16) */
     /* The largest sum in bfloat16: a TP sum of the stage's rows (with SP the rows of every TP rank), or
      * the K/V gradients of a micro-batch's rows over CP (model_cp.c's exchange buffer). */
     const ModelDims *d = &tr->chunks[0].model.dims;
