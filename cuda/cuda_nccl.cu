@@ -19,6 +19,10 @@ struct CudaNccl {
     ncclComm_t world;
     ncclComm_t comm[CUDA_NCCL_SLOTS];
     cudaStream_t stream[CUDA_NCCL_SLOTS];
+    /* The compute stream's waits of this step, timed (comm_wait_mark): a pair of timing events around
+     * each cudaStreamWaitEvent, reused step after step; n_waits of them recorded, cap made. */
+    cudaEvent_t *wait_events;
+    int64_t n_waits, cap_waits;
 };
 
 static int nccl_error(ncclResult_t r, const char *what, Error *err)
@@ -59,6 +63,9 @@ static void nccl_close(Comm *c)
     }
     if (n->world)
         ncclCommDestroy(n->world);
+    for (int64_t i = 0; i < 2 * n->cap_waits; i++)
+        cudaEventDestroy(n->wait_events[i]);
+    free(n->wait_events);
     free(n);
 }
 
@@ -146,6 +153,39 @@ static int after_compute(CudaNccl *n, int slot, Error *err)
     return 0;
 }
 
+/* A pair of timing events for the next wait (created as the step first needs them; events are no
+ * device memory). NULL when none could be made: that wait goes untimed. */
+static cudaEvent_t *wait_pair(CudaNccl *n)
+{
+    if (n->n_waits == n->cap_waits) {
+        int64_t cap = n->cap_waits ? 2 * n->cap_waits : 64;
+        cudaEvent_t *grown = (cudaEvent_t *)realloc(n->wait_events, (size_t)(2 * cap) * sizeof *grown);
+        if (!grown)
+            return nullptr;
+        n->wait_events = grown;
+        for (int64_t i = 2 * n->cap_waits; i < 2 * cap; i++)
+            if (cudaEventCreate(&grown[i]) != cudaSuccess) {
+                n->cap_waits = i / 2; /* the pairs made so far */
+                return nullptr;
+            }
+        n->cap_waits = cap;
+    }
+    return &n->wait_events[2 * n->n_waits++];
+}
+
+/* The compute stream waits for event e, between two timing events when a pair can be had
+ * (comm_wait_mark: how long the wait held the stream). */
+static cudaError_t stream_wait_timed(CudaNccl *n, cudaEvent_t e)
+{
+    cudaEvent_t *timed = n ? wait_pair(n) : nullptr;
+    if (timed && cudaEventRecord(timed[0], 0) != cudaSuccess)
+        timed = nullptr;
+    cudaError_t w = cudaStreamWaitEvent(0, e, 0);
+    if (timed && w == cudaSuccess)
+        w = cudaEventRecord(timed[1], 0);
+    return w;
+}
+
 /* The compute stream waits for the communicator's work so far; *out keeps the event if asked. */
 static int compute_after(CudaNccl *n, int slot, void **out, Error *err)
 {
@@ -156,8 +196,9 @@ static int compute_after(CudaNccl *n, int slot, void **out, Error *err)
         *out = e;
         return 0;
     }
-    CUDA_TRY(cudaStreamWaitEvent(0, e, 0), "cudaStreamWaitEvent");
+    cudaError_t w = stream_wait_timed(n, e);
     CUDA_TRY(cudaEventDestroy(e), "cudaEventDestroy");
+    CUDA_TRY(w, "cudaStreamWaitEvent");
     return 0;
 }
 
@@ -384,16 +425,17 @@ static int nccl_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, 
     return slot < 0 ? -1 : p2p_start(c, slot, 0, peer, buf, count, req, err);
 }
 
-/* The compute stream waits for the request's end; the host goes on. */
+/* The compute stream waits for the request's end, between two timing events (comm_wait_mark); the
+ * host goes on. */
 static int nccl_wait(const Comm *c, CommRequest *req, Error *err)
 {
-    (void)c;
+    CudaNccl *n = (CudaNccl *)c->impl_state;
     cudaEvent_t e = (cudaEvent_t)req->event;
     req->event = nullptr;
     req->active = 0;
     req->collective = 0;
     /* The event is destroyed whether the wait worked or not. */
-    cudaError_t w = cudaStreamWaitEvent(0, e, 0);
+    cudaError_t w = stream_wait_timed(n, e);
     cudaError_t d = cudaEventDestroy(e);
     if (w != cudaSuccess)
         return cuda_error(w, "cudaStreamWaitEvent", err);
@@ -401,6 +443,27 @@ static int nccl_wait(const Comm *c, CommRequest *req, Error *err)
         return cuda_error(d, "cudaEventDestroy", err);
     return 0;
 }
+
+static int64_t nccl_wait_mark(Comm *c) { return ((CudaNccl *)c->impl_state)->n_waits; }
+
+/* The seconds between each timed wait's two events: how long the wait held the compute stream (the
+ * first event passes when the work before the wait is done, the second when what it waited for is). */
+static double nccl_waited_s(Comm *c, int64_t from, int64_t to)
+{
+    CudaNccl *n = (CudaNccl *)c->impl_state;
+    double s = 0;
+    for (int64_t i = from; i < to && i < n->n_waits; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, n->wait_events[2 * i], n->wait_events[2 * i + 1]) != cudaSuccess) {
+            cudaGetLastError();
+            return -1;
+        }
+        s += ms * 1e-3;
+    }
+    return s;
+}
+
+static void nccl_wait_reset(Comm *c) { ((CudaNccl *)c->impl_state)->n_waits = 0; }
 
 static int nccl_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t count, Error *err)
 {
@@ -506,5 +569,6 @@ static int nccl_sum_bf16(Comm *c, LayoutGroup slot, const void *send, void *recv
 extern "C" const CommImpl cuda_nccl_comm = {
     "nccl",         nccl_open,     nccl_close,   nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv,
     nccl_allgather, nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv,  nccl_exchange,
-    nccl_connect,   nccl_sum_bf16, nccl_istart,  nccl_irecv,
+    nccl_connect,   nccl_sum_bf16, nccl_istart,  nccl_irecv,      nccl_wait_mark,  nccl_waited_s,
+    nccl_wait_reset,
 };

@@ -141,6 +141,19 @@ int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *b
 
 void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
 
+int64_t comm_wait_mark(Comm *c) { return c->impl->wait_mark ? c->impl->wait_mark(c) : -1; }
+
+double comm_waited_s(Comm *c, int64_t from, int64_t to)
+{
+    return c->impl->waited_s && from >= 0 ? c->impl->waited_s(c, from, to) : -1;
+}
+
+void comm_wait_reset(Comm *c)
+{
+    if (c->impl->wait_reset)
+        c->impl->wait_reset(c);
+}
+
 int comm_can_post_receives(const Comm *c) { return c->mpi && c->overlap && c->impl->irecv; }
 
 int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, CommRequest *req,

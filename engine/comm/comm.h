@@ -178,6 +178,11 @@ struct CommImpl {
     /* Posts a receive (comm_irecv); NULL: the path cannot (receives are comm_recv's). */
     int (*irecv)(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, CommRequest *req,
                  Error *err);
+    /* The compute stream's waits for communication, timed on the device (comm_wait_mark). NULL: the
+     * path waits on the host, where the caller's clock sees the waits. */
+    int64_t (*wait_mark)(Comm *c);
+    double (*waited_s)(Comm *c, int64_t from, int64_t to);
+    void (*wait_reset)(Comm *c);
 };
 
 /* MPI's data path (comm_mpi.c), every Comm's until comm_use. */
@@ -276,6 +281,15 @@ int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *re
  * no message ever waits there. */
 int comm_connect_pipeline(Comm *c, int wrap, Error *err);
 int comm_barrier(const Comm *c, Error *err);
+
+/* The time the compute stream waited for communication, on a path where a wait costs the host
+ * nothing (NCCL's: the compute stream waits for an event). comm_wait_mark returns the number of waits
+ * so far in this step (after comm_wait_reset), comm_waited_s the device seconds that the waits
+ * [from, to) held the compute stream, once the work queued before the later mark has finished.
+ * -1 on a path without such waits (MPI's: the host waits, and its clock measures that). */
+int64_t comm_wait_mark(Comm *c);
+double comm_waited_s(Comm *c, int64_t from, int64_t to);
+void comm_wait_reset(Comm *c);
 
 /* Started collectives (see the top). op's buffers as the blocking form of the same name takes them;
  * req must not be active (an active one is an error: wait for it first). With a group of one, no

@@ -160,6 +160,7 @@ typedef struct Trainer {
     double *all_compute;     /* world x m, gathered */
     int *pass_timed;         /* per pass of sched: marked by the device timer this step */
     double *pass_comm;       /* per pass: host seconds of its exchanges (taken off its device time) */
+    int64_t *pass_waits;     /* per pass: comm_wait_mark at its start and its end */
     double *mb_s_measured;   /* m: replica 0's micro-batches in pipeline order, measured seconds */
     double *mb_s_predicted;  /* m: the same, predicted by the cost model (train_balance.c) */
     int64_t n_targets;       /* labeled tokens of the step */

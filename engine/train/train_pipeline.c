@@ -171,10 +171,11 @@ static int build_inputs(Trainer *tr, const PassRun *run, int k, Error *err)
  * between two syncs. Either way the host time spent in the model's exchanges (m->comm_s) is taken
  * off: in that time the device waits for the messages (on a GPU an approximation: the host may still
  * be ahead of the device when an exchange starts; with one rank there is none). */
-static double pass_begin(const Model *m, int i)
+static double pass_begin(Trainer *tr, const Model *m, int i)
 {
     if (m->ops->timer_mark) {
         m->ops->timer_mark(2 * i);
+        tr->pass_waits[2 * i] = comm_wait_mark(tr->comm);
         return 0;
     }
     m->ops->sync();
@@ -187,18 +188,22 @@ static void pass_end(Trainer *tr, const Model *m, int i, int k, double t0, doubl
         m->ops->timer_mark(2 * i + 1);
         tr->pass_timed[i] = 1;
         tr->pass_comm[i] = m->comm_s - comm0;
+        tr->pass_waits[2 * i + 1] = comm_wait_mark(tr->comm);
         return;
     }
     m->ops->sync();
     tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);
 }
 
-/* The device timer's marks of the step's passes, into mb_compute (waits for the last pass only). */
+/* The device timer's marks of the step's passes, into mb_compute (waits for the last pass only). The
+ * communication taken off a pass: the device seconds its waits held the compute stream where the path
+ * times them (NCCL's), else the host seconds of its exchanges. */
 static void read_pass_timers(Trainer *tr)
 {
     for (int i = 0; i < tr->n_sched; i++)
         if (tr->pass_timed[i]) {
-            double t = tr->ops->timer_seconds(2 * i, 2 * i + 1) - tr->pass_comm[i];
+            double waited = comm_waited_s(tr->comm, tr->pass_waits[2 * i], tr->pass_waits[2 * i + 1]);
+            double t = tr->ops->timer_seconds(2 * i, 2 * i + 1) - (waited >= 0 ? waited : tr->pass_comm[i]);
             tr->mb_compute[tr->sched[i].mb] += t > 0 ? t : 0;
         }
 }
@@ -258,7 +263,7 @@ static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Err
     int64_t n = model_rows(&m->dims, b->T) * m->dims.d; /* with SP this TP rank's rows only */
     if (g > 0 && take_message(tr, i, prev, COMM_LANE_ACT, message_tag(tr, k, g, 0), n, &h_in, err) != 0)
         return -1;
-    double loss = 0, t0 = run->train ? pass_begin(m, i) : 0, comm0 = m->comm_s;
+    double loss = 0, t0 = run->train ? pass_begin(tr, m, i) : 0, comm0 = m->comm_s;
     int by_position = run->pos && m->dims.has_head && tr->lay.tp_rank == 0;
     if (by_position && reserve_row_loss(run->pos, b->T, err) != 0)
         return -1;
@@ -297,7 +302,7 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
     if (g < tr->n_chunks - 1 &&
         take_message(tr, i, next, COMM_LANE_GRAD, message_tag(tr, k, g, 1), n, &dh_out, err) != 0)
         return -1;
-    double t0 = pass_begin(m, i), comm0 = m->comm_s;
+    double t0 = pass_begin(tr, m, i), comm0 = m->comm_s;
     /* The chunk's last backward: each layer's gradients are final once it is done. */
     m->grads_ready = i == ch->last_backward ? trainer_layer_grads_ready : NULL;
     m->grads_ready_ctx = tr;
@@ -449,6 +454,7 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     }
     memset(tr->mb_compute, 0, (size_t)tr->m * sizeof *tr->mb_compute);
     memset(tr->pass_timed, 0, (size_t)tr->n_sched * sizeof *tr->pass_timed);
+    comm_wait_reset(tr->comm);
     /* With parallel.overlap, each chunk's last backward pass starts its layers' gradient reductions. */
     for (int c = 0; c < tr->v; c++)
         tr->chunks[c].last_backward = -1;

@@ -292,10 +292,12 @@ static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Erro
     tr->all_compute = calloc((size_t)tr->m * world, sizeof *tr->all_compute);
     tr->pass_timed = calloc((size_t)2 * tr->m * tr->v, sizeof *tr->pass_timed);
     tr->pass_comm = calloc((size_t)2 * tr->m * tr->v, sizeof *tr->pass_comm);
+    tr->pass_waits = calloc((size_t)4 * tr->m * tr->v, sizeof *tr->pass_waits);
     tr->mb_s_measured = calloc((size_t)tr->m, sizeof *tr->mb_s_measured);
     tr->mb_s_predicted = calloc((size_t)tr->m, sizeof *tr->mb_s_predicted);
     if (!tr->sched || !tr->chunks || !tr->batches || !tr->inputs || !tr->mb_index || !tr->mb_compute ||
-        !tr->all_compute || !tr->pass_timed || !tr->pass_comm || !tr->mb_s_measured || !tr->mb_s_predicted)
+        !tr->all_compute || !tr->pass_timed || !tr->pass_comm || !tr->pass_waits || !tr->mb_s_measured ||
+        !tr->mb_s_predicted)
         return error_runtime(err, "train", "out of memory");
     tr->n_sched = sched_stage_ops(tr->lay.pp_rank, tr->pp, tr->v, tr->m, tr->sched);
     for (int k = 0; k < tr->m; k++)
@@ -352,6 +354,7 @@ void trainer_free(Trainer *tr)
     free(tr->all_compute);
     free(tr->pass_timed);
     free(tr->pass_comm);
+    free(tr->pass_waits);
     free(tr->mb_s_measured);
     free(tr->mb_s_predicted);
     free(tr->sched);
