@@ -87,6 +87,18 @@ static int eval_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     return rc == 0 ? config_resolve(cfg, launch->world_size, err) : -1;
 }
 
+/* `wlbtrain export`: the checkpoint's files checked against each other as a resume checks them
+ * (trainer_checkpoint_check), then exported. */
+static int export_checked(const CliExport *x, Error *err)
+{
+    char *dir;
+    if (ckpt_step_folder(x->checkpoint, &dir, err) != 0)
+        return -1;
+    int rc = trainer_checkpoint_check(dir, err);
+    free(dir);
+    return rc == 0 ? cli_export(x, err) : -1;
+}
+
 /* *exit_status: 0, or the trainer's TRAIN_EXIT_PREEMPTED (a run stopped by a signal). */
 static int run(const CliOptions *opt, int *exit_status, Error *err)
 {
@@ -156,7 +168,7 @@ int main(int argc, char **argv)
             rc = cli_convert(&opt.convert, &err);
             break;
         case CLI_EXPORT:
-            rc = cli_export(&opt.export_, &err);
+            rc = export_checked(&opt.export_, &err);
             break;
         case CLI_RUN:
         case CLI_CALIBRATE:

@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "util/ckpt_index.h"
 #include "util/statefile.h"
 
 static char *dir, *config;
@@ -695,12 +697,14 @@ static void test_damaged_checkpoints(void **state)
                   "shard-tp0-pp0-dpcp0.bin: truncated or extended: 9000 bytes");
     check_damaged("missing shard", "rm shard-tp0-pp0-dpcp0.bin",
                   "shard-tp0-pp0-dpcp0.bin: cannot open: No such file or directory");
+    /* Edits of the index fail its checksum first (test_index_edits: the same edits with the checksum
+     * made to match). */
     check_damaged("an index without a tensor", "sed -i 's/\"model.norm.weight\"/\"model.nrm.weight\"/' index.json",
-                  "index.json has no tensor model.norm.weight (the model has it)");
+                  "the index was edited or damaged after it was written");
     check_damaged("an index naming a missing section", "sed -i 's/\"params.c0\"/\"params.c9\"/' index.json",
-                  "shard-tp0-pp0-dpcp0.bin: no section params.c9 (index.json names it)");
+                  "the index was edited or damaged after it was written");
     check_damaged("an index whose blocks miss a row", "sed -i '0,/\"rows\": 256/s//\"rows\": 255/' index.json",
-                  "index.json: model.embed_tokens.weight: the blocks hold 8160 of its 8192 values");
+                  "the index was edited or damaged after it was written");
     check_damaged("missing index", "rm index.json", "index.json: unable to open");
     check_damaged_by("the earlier gathered format", "true", make_old_format,
                      "state.bin: a checkpoint of the old gathered format (model.safetensors, training state format 1)");
@@ -804,6 +808,143 @@ static void test_nonfinite(void **state)
     }
 }
 
+/* ---- an index or config.yaml edited: never loaded ----------------------------------------------- */
+
+/* index.json of step folder d, edited through jansson (edit NULL: unchanged); with rechecksum its
+ * crc32 made to match the edited content, as a tool that rewrites the index would make it. */
+static void edit_index(const char *d, void (*edit)(json_t *), int rechecksum)
+{
+    char *path = test_format("%s/index.json", d);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    assert_non_null(root);
+    if (edit)
+        edit(root);
+    if (rechecksum) {
+        uint32_t crc;
+        char hex[16];
+        assert_int_equal(ckpt_index_crc(root, &crc), 0);
+        snprintf(hex, sizeof hex, "%08x", crc);
+        json_object_set_new(root, "crc32", json_string(hex));
+    }
+    assert_int_equal(json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER), 0);
+    json_decref(root);
+    free(path);
+}
+
+static json_t *block0(json_t *root, const char *tensor)
+{
+    json_t *b = json_array_get(json_object_get(json_object_get(json_object_get(root, "tensors"), tensor), "blocks"), 0);
+    assert_non_null(b);
+    return b;
+}
+
+/* One digit of an offset: the block read from 10 floats further on (still inside its chunk). */
+static void edit_offset(json_t *root)
+{
+    json_t *b = block0(root, "model.layers.0.self_attn.o_proj.weight");
+    json_object_set_new(b, "offset", json_integer(json_integer_value(json_object_get(b, "offset")) + 10));
+}
+
+/* A key renamed: the last norm's entry under a name the model does not have. */
+static void edit_rename(json_t *root)
+{
+    json_t *t = json_object_get(root, "tensors"), *e = json_object_get(t, "model.norm.weight");
+    json_object_set(t, "model.nrm.weight", e);
+    json_object_del(t, "model.norm.weight");
+}
+
+/* Two layers' norms swapped (each key once, the area of each right). */
+static void edit_swap(json_t *root)
+{
+    json_t *t = json_object_get(root, "tensors");
+    json_t *a = json_incref(json_object_get(t, "model.layers.0.input_layernorm.weight"));
+    json_object_set(t, "model.layers.0.input_layernorm.weight", json_object_get(t, "model.layers.1.input_layernorm.weight"));
+    json_object_set_new(t, "model.layers.1.input_layernorm.weight", a);
+}
+
+static void edit_no_checksum(json_t *root)
+{
+    json_object_del(root, "crc32");
+}
+
+/* A shape: the norm's vector as a matrix of one row (the same values). */
+static void edit_shape(json_t *root)
+{
+    json_t *e = json_object_get(json_object_get(root, "tensors"), "model.norm.weight");
+    json_object_set_new(e, "shape", json_pack("[i, i]", 1, 32));
+}
+
+/* A copy of the 8-rank checkpoint of step 6 (tp 2, pp 2, cp 2), then shell command cmd in it and
+ * edit_index's edit: resumed in one process (another layout: every block resharded) and exported,
+ * each one error line containing expect, exit 2, nothing written. */
+static void check_edit(const char *what, const char *cmd, void (*edit)(json_t *), int rechecksum, const char *expect)
+{
+    char *sh = test_format("rm -rf %s/edit %s/edit-hf && mkdir -p %s/edit && cp -r %s/eight-whole/step-00000006 "
+                           "%s/edit/ && cd %s/edit/step-00000006 && %s", dir, dir, dir, dir, dir, dir, cmd);
+    assert_int_equal(system(sh), 0);
+    char *step = test_format("%s/edit/step-00000006", dir), *from = test_format("checkpoint.resume=%s", step);
+    if (edit || rechecksum)
+        edit_index(step, edit, rechecksum);
+    CmdResult r;
+    const char *resume[] = {"--set", from, NULL};
+    char *out = test_format("%s/edit-hf", dir), *metrics = test_format("%s/edit-run.jsonl", dir);
+    const char *bin = getenv("WLBTRAIN");
+    const char *argv[] = {bin ? bin : "./wlbtrain", "export", "--checkpoint", step, "--out", out, NULL};
+    struct stat st;
+    unlink(metrics);
+    for (int exporting = 0; exporting < 2; exporting++) {
+        if (exporting)
+            test_run(&r, argv);
+        else
+            train(&r, 0, "edit-run", NULL, resume);
+        printf("# %s, %s: %s", what, exporting ? "exported" : "resumed on one process", expect ? r.err : "accepted\n");
+        if (expect) {
+            test_assert_error(&r, expect);
+        } else {
+            if (r.status != 0)
+                print_error("%s\n%s\n", r.out, r.err);
+            assert_int_equal(r.status, 0);
+        }
+        test_cmd_free(&r);
+    }
+    /* Refused: nothing written; accepted: both ran. */
+    assert_int_equal(stat(out, &st) == 0, expect == NULL);
+    assert_int_equal(stat(metrics, &st) == 0, expect == NULL);
+    free(out);
+    free(metrics);
+    free(from);
+    free(step);
+    free(sh);
+}
+
+/* The kinds of edit that loaded wrong weights silently before the index had a checksum and was
+ * compared with the model: each refused as written (the checksum), and again with the checksum made
+ * to match (the comparison with the index that config.yaml's model and layout give). */
+static void test_index_edits(void **state)
+{
+    (void)state;
+    const char *crc = "the index was edited or damaged after it was written";
+    check_edit("an intact copy (the control)", "true", NULL, 0, NULL);
+    check_edit("an offset digit", "true", edit_offset, 0, crc);
+    check_edit("an offset digit, checksum matching", "true", edit_offset, 1,
+               "model.layers.0.self_attn.o_proj.weight: block 0 has offset");
+    check_edit("a key renamed", "true", edit_rename, 0, crc);
+    check_edit("a key renamed, checksum matching", "true", edit_rename, 1,
+               "index.json: no tensor model.norm.weight (the model of config.yaml has it)");
+    check_edit("two keys swapped, checksum matching", "true", edit_swap, 1,
+               "model.layers.0.input_layernorm.weight: block 0 has");
+    check_edit("a key duplicated",
+               "sed -i 's/\"model.layers.1.input_layernorm.weight\"/\"model.layers.0.input_layernorm.weight\"/' "
+               "index.json", NULL, 0, "duplicate object key");
+    check_edit("a shape", "true", edit_shape, 0, crc);
+    check_edit("a shape, checksum matching", "true", edit_shape, 1, "model.norm.weight: shape [1,32], the model of "
+               "config.yaml has [32]");
+    check_edit("config.yaml with 8 heads", "sed -i 's/n_heads: 4$/n_heads: 8/' config.yaml", NULL, 0,
+               "config.yaml has model.n_heads 8, state.bin was saved with 4");
+    check_edit("no checksum", "true", edit_no_checksum, 0, "no checksum (\"crc32\": 8 hex digits)");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -813,7 +954,8 @@ int main(void)
         cmocka_unit_test(test_resume_groups),        cmocka_unit_test(test_resume_with_evaluation),
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
-        cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_resume_paths),
+        cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_index_edits),
+        cmocka_unit_test(test_resume_paths),
         cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, group_setup, group_teardown);

@@ -27,6 +27,7 @@
 #ifndef WLB_ENGINE_TRAIN_H
 #define WLB_ENGINE_TRAIN_H
 
+#include <jansson.h>
 #include <stdio.h>
 
 #include "config/config.h"
@@ -271,8 +272,17 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err);
  * resumed as this run's. 0 when the checkpoint cannot be found (trainer_continue's error). */
 int trainer_continue_check_dir(const Config *cfg, Error *err);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
- * (train_ckpt_index.c). */
+ * (train_ckpt_index.c), with its checksum (util/ckpt_index.h); trainer_index_json: that index (without
+ * the checksum) as a JSON object for the caller to json_decref. */
 int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);
+int trainer_index_json(const Config *cfg, int64_t step, json_t **root, Error *err);
+/* The files of the step folder dir against each other, before any weight is read
+ * (train_ckpt_check.c): index.json's checksum, no key twice, and every entry equal to the index that
+ * config.yaml's model and layout give; config.yaml's model shape and layout equal to state.bin's
+ * meta section (trainer_meta_check, which also gives the step state.bin was saved after). Resume,
+ * continue_from, eval and export all check it; any difference is one Error. */
+int trainer_checkpoint_check(const char *dir, Error *err);
+int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */
