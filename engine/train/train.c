@@ -25,7 +25,8 @@
  * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at step STEP: KIND error (an
  * error, status 1), kill (SIGKILL, as a crashed node), plan (its plan of that step differs from
  * the other ranks', which the plan check must catch), nan (a NaN in one of its gradients) or
- * savekill (SIGKILL in the middle of the checkpoint saved after that step). WLBTRAIN_STEP_DELAY=S
+ * savekill (SIGKILL in the middle of the checkpoint saved after that step) or savesignal (SIGTERM to
+ * itself there, as Slurm's during a save, which must finish and stop the run). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -48,7 +49,15 @@
 #include "util/fileio.h"
 #include "util/parse.h"
 
-typedef enum FaultKind { FAULT_NONE, FAULT_ERROR, FAULT_KILL, FAULT_PLAN, FAULT_NAN, FAULT_SAVEKILL } FaultKind;
+typedef enum FaultKind {
+    FAULT_NONE,
+    FAULT_ERROR,
+    FAULT_KILL,
+    FAULT_PLAN,
+    FAULT_NAN,
+    FAULT_SAVEKILL,
+    FAULT_SAVESIGNAL
+} FaultKind;
 
 typedef struct Fault {
     FaultKind kind;
@@ -66,14 +75,15 @@ static int parse_fault(Fault *f, Error *err)
     long long rank, step;
     int used = 0;
     if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
-        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan or savekill), "
-                         "got '%s'", s);
-    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill"};
+        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill or "
+                         "savesignal), got '%s'", s);
+    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill", "savesignal"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
         if (!strcmp(kind, kinds[k]))
             f->kind = (FaultKind)k;
     if (f->kind == FAULT_NONE)
-        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan or savekill)", kind);
+        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan, savekill or savesignal)",
+                         kind);
     f->rank = (int)rank;
     f->step = step;
     return 0;
@@ -82,12 +92,13 @@ static int parse_fault(Fault *f, Error *err)
 static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
 {
     tr->fault_plan = 0;
-    tr->fault_nan = tr->fault_kill_in_save = 0;
+    tr->fault_nan = tr->fault_kill_in_save = tr->fault_signal_in_save = 0;
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
         return 0;
     tr->fault_nan = f->kind == FAULT_NAN;
     tr->fault_kill_in_save = f->kind == FAULT_SAVEKILL;
-    if (f->kind == FAULT_NAN || f->kind == FAULT_SAVEKILL)
+    tr->fault_signal_in_save = f->kind == FAULT_SAVESIGNAL;
+    if (f->kind == FAULT_NAN || f->kind == FAULT_SAVEKILL || f->kind == FAULT_SAVESIGNAL)
         return 0;
     if (f->kind == FAULT_ERROR)
         return error_runtime(err, "WLBTRAIN_FAULT", "injected failure at step %lld", (long long)step);
@@ -330,15 +341,18 @@ static int open_metrics(const char *path, int64_t first, FILE **out, Error *err)
     return 0;
 }
 
-/* After `step`: a checkpoint when one is due, or when the run stops there (force). */
-static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, int force, Error *err)
+/* After `step`: a checkpoint when one is due, or when the run stops there (force); *saved: whether
+ * one was written. */
+static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, int force, int *saved, Error *err)
 {
     const ConfigCheckpoint *c = &cfg->checkpoint;
+    *saved = 0;
     if (!c->dir || !(force || (c->every > 0 && step % c->every == 0) || step == cfg->train.steps))
         return 0;
     double t0 = clock_seconds();
     if (trainer_save(tr, step, err) != 0)
         return -1;
+    *saved = 1;
     if (tr->lay.rank == 0) {
         printf("checkpoint: %s/step-%08lld (%.3f s)\n", c->dir, (long long)step, clock_seconds() - t0);
         fflush(stdout);
@@ -397,8 +411,18 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         }
         if (rc == 0)
             rc = maybe_evaluate(tr, cfg, step, &st, err);
+        int saved = 0;
         if (rc == 0)
-            rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, err);
+            rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, &saved, err);
+        if (rc == 0 && saved && stop->reason == STOP_NONE && step < cfg->train.steps) {
+            /* A signal that came during the save (Slurm's SIGTERM, say): the checkpoint in hand is
+             * this step's, so the run stops now instead of training one more step and saving again
+             * inside the kill wait. One more small vote, only after a save. */
+            double again[2] = {(double)train_stop_signal, 0};
+            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, again, 2, err);
+            if (rc == 0 && again[0] > 0)
+                stop_decide(stop, again, step, done);
+        }
         if (rc != 0 || !lead)
             continue;
         double ms = (clock_seconds() - t0 - st.eval_s) * 1e3; /* the step's time, its evaluation not in it */

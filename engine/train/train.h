@@ -172,7 +172,7 @@ typedef struct Trainer {
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
     char resume_how[320];    /* trainer_resume: how the shards were read (the resume line says it) */
     uint32_t fault_plan;
-    int fault_nan, fault_kill_in_save;
+    int fault_nan, fault_kill_in_save, fault_signal_in_save;
 } Trainer;
 
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised

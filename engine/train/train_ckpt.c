@@ -291,6 +291,8 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
      * finishes the checkpoint. */
     if (all_ok(tr, rc, err) != 0)
         return -1;
+    if (tr->fault_signal_in_save)
+        raise(SIGTERM); /* the test of a stop signal during a save: the handler only records it */
     if (all_ok(tr, write_shard(tr, tmp, err), err) != 0)
         return -1;
     if (!lead)
