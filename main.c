@@ -21,6 +21,7 @@
 #include "engine/train/train_memory.h"
 #include "engine/train/train_search.h"
 #include "util/ckpt_index.h"
+#include "util/fileio.h"
 #include "engine/train/train_stages.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
@@ -87,12 +88,12 @@ static int eval_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     return rc == 0 ? config_resolve(cfg, launch->world_size, err) : -1;
 }
 
-/* `wlbtrain export`: the checkpoint's files checked against each other as a resume checks them
- * (trainer_checkpoint_check), then exported. */
+/* `wlbtrain export`: the output folder checked writable (nothing made yet) and the checkpoint's
+ * files checked against each other as a resume checks them (trainer_checkpoint_check), then exported. */
 static int export_checked(const CliExport *x, Error *err)
 {
     char *dir;
-    if (ckpt_step_folder(x->checkpoint, &dir, err) != 0)
+    if (file_check_writable(x->out, 1, "--out", err) != 0 || ckpt_step_folder(x->checkpoint, &dir, err) != 0)
         return -1;
     int rc = trainer_checkpoint_check(dir, err);
     free(dir);

@@ -264,6 +264,11 @@ static void test_resume_8_ranks_and_other_layout(void **state)
     assert_int_equal(other.n, 8);
     /* Within float rounding, as docs/checkpoints.md says. */
     assert_close_losses(&whole, &other, 6, 8, "on 8 ranks", "resumed in one process");
+    /* A new run into the same folder: the last one's checkpoints moved aside first (a run never
+     * replaces another's, train_outputs.c). */
+    char *aside = test_format("mv %s/other %s/other-one-process", dir, dir);
+    assert_int_equal(system(aside), 0);
+    free(aside);
     assert_int_equal(system(copy), 0);
     const char *zero[] = {"--set", from, "--set", "parallel.dp=2", "--set", "parallel.cp=2", "--set", "parallel.zero=1",
                           NULL};
@@ -479,7 +484,9 @@ static void test_resume_other_split(void **state)
     json_decref(root);
     free(index);
     char *from = test_format("checkpoint.resume=%s/split-whole/step-00000006", dir);
-    char *copy = test_format("cp %s/split-whole.jsonl %s/resplit.jsonl", dir, dir);
+    /* Each a new run into the same folder: the last one's checkpoints removed first (a run never
+     * replaces another's, train_outputs.c). */
+    char *copy = test_format("rm -rf %s/resplit && cp %s/split-whole.jsonl %s/resplit.jsonl", dir, dir, dir);
     const char *splits[][8] = {
         {"--set", from, "--set", "parallel.pp=2", "--set", "parallel.stage_layers=[3, 1]", NULL},
         {"--set", from, "--set", "parallel.pp=2", NULL},
@@ -880,8 +887,9 @@ static void edit_shape(json_t *root)
  * each one error line containing expect, exit 2, nothing written. */
 static void check_edit(const char *what, const char *cmd, void (*edit)(json_t *), int rechecksum, const char *expect)
 {
-    char *sh = test_format("rm -rf %s/edit %s/edit-hf && mkdir -p %s/edit && cp -r %s/eight-whole/step-00000006 "
-                           "%s/edit/ && cd %s/edit/step-00000006 && %s", dir, dir, dir, dir, dir, dir, cmd);
+    char *sh = test_format("rm -rf %s/edit %s/edit-hf %s/edit-run && mkdir -p %s/edit && cp -r "
+                           "%s/eight-whole/step-00000006 %s/edit/ && cd %s/edit/step-00000006 && %s", dir, dir, dir, dir,
+                           dir, dir, dir, cmd);
     assert_int_equal(system(sh), 0);
     char *step = test_format("%s/edit/step-00000006", dir), *from = test_format("checkpoint.resume=%s", step);
     if (edit || rechecksum)
@@ -945,6 +953,80 @@ static void test_index_edits(void **state)
     check_edit("no checksum", "true", edit_no_checksum, 0, "no checksum (\"crc32\": 8 hex digits)");
 }
 
+/* A run never replaces another run's checkpoints, and what it writes is checked before the first
+ * step: each refusal one error line, exit 2, the folder as it was. */
+static void check_refused(const char *what, const char *name, const char *const *args, const char *expect)
+{
+    char *ls = test_format("cd %s && ls -lR --time-style=full-iso %s > %s/before.txt 2>&1; cat %s/%s/latest >> "
+                           "%s/before.txt 2>&1; true", dir, name, dir, dir, name, dir);
+    char *ls2 = test_format("cd %s && ls -lR --time-style=full-iso %s > %s/after.txt 2>&1; cat %s/%s/latest >> "
+                            "%s/after.txt 2>&1; true", dir, name, dir, dir, name, dir);
+    assert_int_equal(system(ls), 0);
+    CmdResult r;
+    train(&r, 0, name, NULL, args);
+    printf("# %s: %s", what, r.err);
+    test_assert_error(&r, expect);
+    test_cmd_free(&r);
+    assert_int_equal(system(ls2), 0);
+    char *a = test_format("%s/before.txt", dir), *b = test_format("%s/after.txt", dir);
+    char *ta = test_read_file(a, NULL), *tb = test_read_file(b, NULL);
+    assert_string_equal(ta, tb);
+    free(ta);
+    free(tb);
+    free(a);
+    free(b);
+    free(ls);
+    free(ls2);
+}
+
+static void test_another_run(void **state)
+{
+    (void)state;
+    char *sh = test_format("rm -rf %s/another && cp -r %s/one-whole %s/another && cp %s/one-whole.jsonl "
+                           "%s/another.jsonl", dir, dir, dir, dir, dir);
+    assert_int_equal(system(sh), 0);
+    const char *fresh[] = {NULL};
+    check_refused("a new run (resume none) in a folder of another run", "another", fresh,
+                  "holds 3 checkpoints of another run (step-00000003 ... step-00000008); starting at step 1 would "
+                  "replace them. Resume it (checkpoint.resume: auto)");
+    char *rm = test_format("rm %s/another/latest", dir);
+    assert_int_equal(system(rm), 0);
+    const char *autor[] = {"--set", "checkpoint.resume=auto", NULL};
+    check_refused("resume auto, latest missing", "another", autor, "(step-00000003 ... step-00000008) but no latest; "
+                  "starting at step 1 would replace them. Resume it (checkpoint.resume: ");
+    char *back = test_format("checkpoint.resume=%s/another/step-00000006", dir);
+    const char *older[] = {"--set", back, NULL};
+    check_refused("resume an older step of its own folder", "another", older,
+                  "holds step-00000008, later than the resumed step-00000006: this run would replace it");
+    char *elsewhere = test_format("checkpoint.resume=%s/one-whole/step-00000006", dir);
+    const char *mix[] = {"--set", elsewhere, NULL};
+    check_refused("resume another folder's checkpoint into it", "another", mix,
+                  "resuming ");
+    /* Outputs that cannot be written: found before the first step. */
+    char *under_file = test_format("checkpoint.dir=%s/ckpt.yaml/sub", dir);
+    const char *cfile[] = {"--set", under_file, NULL};
+    char *under_msg = test_format("checkpoint.dir: %s/ckpt.yaml/sub cannot be written: %s/ckpt.yaml is a file, not a "
+                                  "folder", dir, dir);
+    check_refused("checkpoint.dir under a file", "fresh-a", cfile, under_msg);
+    free(under_msg);
+    const char *cproc[] = {"--set", "checkpoint.dir=/proc/wlbtrain-test/ckpt", NULL};
+    check_refused("checkpoint.dir on a file system that takes no file", "fresh-b", cproc,
+                  "checkpoint.dir: /proc/wlbtrain-test/ckpt cannot be written: the folder /proc takes no new file");
+    const char *mproc[] = {"--set", "log.metrics=/proc/wlbtrain-test.jsonl", NULL};
+    check_refused("log.metrics on a file system that takes no file", "fresh-c", mproc,
+                  "log.metrics: /proc/wlbtrain-test.jsonl cannot be written");
+    char *mdir = test_format("log.metrics=%s", dir);
+    const char *mfolder[] = {"--set", mdir, NULL};
+    check_refused("log.metrics a folder", "fresh-d", mfolder, "is a folder, not a file");
+    assert_false(exists("fresh-a") || exists("fresh-b") || exists("fresh-c") || exists("fresh-d"));
+    free(mdir);
+    free(under_file);
+    free(elsewhere);
+    free(back);
+    free(rm);
+    free(sh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -955,7 +1037,7 @@ int main(void)
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
         cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_index_edits),
-        cmocka_unit_test(test_resume_paths),
+        cmocka_unit_test(test_resume_paths),         cmocka_unit_test(test_another_run),
         cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, group_setup, group_teardown);

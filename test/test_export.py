@@ -311,6 +311,18 @@ def index_crc(d):
     return "%08x" % (zlib.crc32(json.dumps(body, separators=(",", ":"), sort_keys=True).encode()) & 0xffffffff)
 
 
+def test_out_checked(fx):
+    """An --out that cannot be written is found before the checkpoint is read: one line, exit 2, nothing made."""
+    under = os.path.join(fx.dir, "tiny.yaml", "hf")
+    for out, expect in (("/proc/wlb-export/hf", "--out: /proc/wlb-export/hf cannot be written: the folder /proc takes no new file"),
+                        (under, "--out: %s cannot be written: %s is a file, not a folder" % (under, os.path.join(fx.dir, "tiny.yaml")))):
+        r = run([WLBTRAIN, "export", "--checkpoint", fx.ckpt, "--out", out])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("wlbtrain: error: " + expect),
+              "%s: status %d, stderr %r" % (out, r.returncode, r.stderr))
+        check(not os.path.exists(out), "%s was made" % out)
+
+
 def test_digit_edits(fx):
     """One digit of index.json changed, 40 times at random places: every export refused, nothing written."""
     step = step_dir(fx)
@@ -391,7 +403,8 @@ TESTS = [("config.json is the model's LlamaConfig", test_config),
          ("export errors: one line, exit 2, output untouched", test_errors),
          ("--checkpoint: the checkpoint folder, its latest file, a step folder", test_paths),
          ("a malformed index.json: one line, exit 2, nothing written", test_bad_index),
-         ("40 one-digit edits of index.json: each refused by its checksum", test_digit_edits)]
+         ("40 one-digit edits of index.json: each refused by its checksum", test_digit_edits),
+         ("an --out that cannot be written: one line before any work", test_out_checked)]
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ static void test_errors(void **state)
     setenv("WLBTRAIN_FAULT", "crash@0:1", 1);
     RUN(&r, "--config", cfg);
     unsetenv("WLBTRAIN_FAULT");
-    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan or savekill)");
+    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan, savekill or savesignal)");
     test_cmd_free(&r);
     /* The communication hooks' variables (engine/comm/comm.h): a malformed one is bad input. */
     setenv("WLB_COMM_LINK", "50", 1);
@@ -302,7 +302,7 @@ static void test_errors(void **state)
     test_cmd_free(&r);
     char *bad = test_format("log.metrics=%s/train.yaml/m.jsonl", dir);
     RUN(&r, "--config", cfg, "--set", bad);
-    test_assert_error(&r, "m.jsonl: cannot create: Not a directory");
+    test_assert_error(&r, "m.jsonl cannot be written: ");
     test_cmd_free(&r);
     free(bad);
     free(cfg);

@@ -271,6 +271,10 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err);
  * checkpoint.resume looks for a checkpoint: with resume auto the earlier stage's latest would else be
  * resumed as this run's. 0 when the checkpoint cannot be found (trainer_continue's error). */
 int trainer_continue_check_dir(const Config *cfg, Error *err);
+/* What a run writes, checked before any work (train_outputs.c): checkpoint.dir and (lead: rank 0's)
+ * log.metrics writable, and checkpoint.dir holding no checkpoint of another run that this one would
+ * replace (trainer_continue_check_dir first). */
+int trainer_check_outputs(const Config *cfg, int lead, Error *err);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
  * (train_ckpt_index.c), with its checksum (util/ckpt_index.h); trainer_index_json: that index (without
  * the checksum) as a JSON object for the caller to json_decref. */
