@@ -304,6 +304,20 @@ static void test_errors(void **state)
     RUN(&r, "--config", cfg, "--set", bad);
     test_assert_error(&r, "m.jsonl cannot be written: ");
     test_cmd_free(&r);
+    /* A warmup set longer than the run (issue 50): refused before the first step; equal is fine; the
+     * config's warmup (5) over a run --steps shortened: a warning. */
+    RUN(&r, "--config", cfg, "--set", "train.warmup_steps=50", "--steps", "3");
+    test_assert_error(&r, "--set train.warmup_steps=50: train.warmup_steps: 50, longer than the run (train.steps 3)");
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--set", "train.warmup_steps=2", "--steps", "2");
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.err, "warmup"));
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--steps", "2");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "wlbtrain: warning: "));
+    assert_non_null(strstr(r.err, "train.warmup_steps 5 is longer than this run's 2 steps"));
+    test_cmd_free(&r);
     free(bad);
     free(cfg);
     free(prefix);

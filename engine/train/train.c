@@ -44,6 +44,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config/config_keys.h"
 #include "engine/comm/runtime.h"
 #include "util/clock.h"
 #include "util/fileio.h"
@@ -486,6 +487,30 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     return rc;
 }
 
+/* train.warmup_steps set (in the file or by --set) longer than the run: the learning rate would never
+ * reach train.lr. Refused when the run's length is the config's; when --steps or --set shortened the
+ * run (a smoke test of a long config) a warning says so instead (warn: rank 0, once set up, so that
+ * an error line stays the only line). The default (100) is left alone. */
+static int check_warmup(const Config *cfg, int warn, Error *err)
+{
+    int k = config_key_find("train.warmup_steps"), ks = config_key_find("train.steps");
+    const ConfigTrain *t = &cfg->train;
+    if (k < 0 || ks < 0 || (cfg->origin[k].kind != ORIGIN_FILE && cfg->origin[k].kind != ORIGIN_SET) ||
+        t->warmup_steps <= t->steps)
+        return 0;
+    char where[1200];
+    config_where(cfg, k, where, sizeof where);
+    if (cfg->origin[ks].kind == ORIGIN_SET && cfg->origin[k].kind == ORIGIN_FILE) {
+        if (warn)
+            fprintf(stderr, "wlbtrain: warning: %s: train.warmup_steps %lld is longer than this run's %lld steps: the "
+                    "learning rate does not reach train.lr\n", where, (long long)t->warmup_steps, (long long)t->steps);
+        return 0;
+    }
+    return error_set(err, where, "train.warmup_steps: %lld, longer than the run (train.steps %lld): the learning rate "
+                     "would never reach train.lr; give at most %lld", (long long)t->warmup_steps, (long long)t->steps,
+                     (long long)t->steps);
+}
+
 int trainer_run(Config *cfg, int *exit_status, Error *err)
 {
     double t_begin = clock_seconds();
@@ -499,7 +524,8 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     /* The layers placed (the same on every rank), then a layout that does not fit the device's
      * memory stops here, before anything starts. */
     double mem_predicted = 0;
-    if (trainer_check_data(cfg, err) != 0 || trainer_check_outputs(cfg, launch.rank == 0, err) != 0 ||
+    if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 ||
+        trainer_check_outputs(cfg, launch.rank == 0, err) != 0 ||
         trainer_stage_layers(cfg, NULL, NULL, err) != 0 || trainer_memory_admit(cfg, &mem_predicted, err) != 0)
         return -1;
     /* Before MPI starts: a signal from then on asks for a stop instead of killing the rank. */
@@ -518,8 +544,10 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
     tr.mem_predicted = mem_predicted;
-    if (rc == 0 && tr.lay.rank == 0)
+    if (rc == 0 && tr.lay.rank == 0) {
         print_banner(&tr, cfg);
+        check_warmup(cfg, 1, err); /* the warning only: an error was returned before */
+    }
     if (rc == 0 && tr.lay.rank == 0 && tr.valid && cfg->train.eval_every > 0) {
         char line[1024];
         trainer_valid_describe(&tr, line, sizeof line);
