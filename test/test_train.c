@@ -304,6 +304,19 @@ static void test_errors(void **state)
     RUN(&r, "--config", cfg, "--set", bad);
     test_assert_error(&r, "m.jsonl cannot be written: ");
     test_cmd_free(&r);
+    /* Non-finite before any update: the hint is the weights and the model's settings, not the
+     * learning rate (issue 50); a RoPE base of 1 or less is refused. */
+    setenv("WLBTRAIN_FAULT", "nan@0:1", 1);
+    RUN(&r, "--config", cfg);
+    unsetenv("WLBTRAIN_FAULT");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "step 1: the gradient norm is nan; stopping (train.nonfinite: stop; before any "
+                                  "update of this run, so not the learning rate: check the weights"));
+    assert_null(strstr(r.err, "lower train.lr"));
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--set", "model.rope_theta=0.5");
+    test_assert_error(&r, "model.rope_theta");
+    test_cmd_free(&r);
     /* A warmup set longer than the run (issue 50): refused before the first step; equal is fine; the
      * config's warmup (5) over a run --steps shortened: a warning. */
     RUN(&r, "--config", cfg, "--set", "train.warmup_steps=50", "--steps", "3");

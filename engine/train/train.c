@@ -556,8 +556,10 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     }
     if (rc == 0)
         rc = resume(&tr, cfg, &done, err);
-    if (rc == 0)
+    if (rc == 0) {
+        tr.updates_at_start = tr.chunks[0].optim.step;
         rc = train_loop(&tr, cfg, &fault, done, &stop, err);
+    }
     if (rc != 0 && comm_world_size(&comm) > 1) {
         /* Alone, this rank would leave the others waiting in their next collective. */
         fprintf(stderr, "wlbtrain: error: rank %d: %s\n", comm_world_rank(&comm), err->msg);

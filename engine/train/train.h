@@ -165,6 +165,8 @@ typedef struct Trainer {
     double loss_sum;
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
+    int64_t updates_at_start; /* the optimizer's updates when this run's first step began (after a
+                               * resume: the checkpoint's), for the hint of a non-finite first step */
     double mem_predicted;    /* the memory model's peak of the worst rank (bytes, train_memory.h) */
     struct TrainValid *valid; /* the validation set and its planner (train_eval.c); NULL without one */
     TrainValidRecord valid_record;
