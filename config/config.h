@@ -92,6 +92,7 @@ typedef struct ConfigParallel {
     bool overlap;           /* collectives started where their input is ready, waited where needed */
     ReduceDtype reduce_dtype; /* what the TP and CP partial sums travel and add in */
     int64_t tp_chunks;        /* pieces each TP product and its exchange split into */
+    double timeout_s;         /* the collective watchdog: a job whose collectives stop finishing ends */
 } ConfigParallel;
 
 typedef struct ConfigData {

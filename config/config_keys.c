@@ -93,6 +93,11 @@ const ConfigKey config_keys[] = {
              "and the pipeline's receives are posted ahead; false runs every collective where it is issued, in the order of the "
              "blocking engine (the same numbers either way; docs/communication-overlap.md); the dry run "
              "prices each collective exposed or hidden by what it runs beside (docs/planner.md)"),
+    FLOAT_KEY("parallel.timeout_s", parallel.timeout_s, 0, 86400, 0, "600", NULL,
+              "the collective watchdog: when a collective or message has waited this long with none "
+              "finishing on the rank, every rank writes its flight recorder (checkpoint.dir/flight-rank-R.txt), "
+              "names what it waits in, and the job ends with status 76 (a hang; the Slurm scripts requeue it); "
+              "above the longest step phase (a checkpoint save, an evaluation); 0 = off (docs/slurm.md)"),
     AUTO_KEY("parallel.tp_chunks", parallel.tp_chunks, 1, 16, "auto", NULL,
              "with tp > 1: pieces of rows each TP product and its exchange split into, each piece's "
              "exchange beside another piece's product (the all-gather before the QKV and gate/up products, "

@@ -25,8 +25,11 @@
  * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at step STEP: KIND error (an
  * error, status 1), kill (SIGKILL, as a crashed node), plan (its plan of that step differs from
  * the other ranks', which the plan check must catch), nan (a NaN in one of its gradients) or
- * savekill (SIGKILL in the middle of the checkpoint saved after that step) or savesignal (SIGTERM to
- * itself there, as Slurm's during a save, which must finish and stop the run). WLBTRAIN_STEP_DELAY=S
+ * savekill (SIGKILL in the middle of the checkpoint saved after that step), savesignal (SIGTERM to
+ * itself there, as Slurm's during a save, which must finish and stop the run), hang (SIGSTOP to
+ * itself at the start of the step: a rank that stops answering; the others' watchdog must end the
+ * job), slow (a sleep of WLBTRAIN_FAULT_SLOW_S seconds, default 5, at every step from STEP on: a
+ * straggler) or exit (_exit(1) at the step: a rank gone). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -43,8 +46,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config/config_keys.h"
+#include "engine/comm/comm_watchdog.h"
 #include "engine/comm/runtime.h"
 #include "util/clock.h"
 #include "util/fileio.h"
@@ -57,13 +62,17 @@ typedef enum FaultKind {
     FAULT_PLAN,
     FAULT_NAN,
     FAULT_SAVEKILL,
-    FAULT_SAVESIGNAL
+    FAULT_SAVESIGNAL,
+    FAULT_HANG,
+    FAULT_SLOW,
+    FAULT_EXIT
 } FaultKind;
 
 typedef struct Fault {
     FaultKind kind;
     int rank;
     int64_t step;
+    double slow_s; /* slow: the sleep of each step (WLBTRAIN_FAULT_SLOW_S, default 5) */
 } Fault;
 
 static int parse_fault(Fault *f, Error *err)
@@ -76,15 +85,19 @@ static int parse_fault(Fault *f, Error *err)
     long long rank, step;
     int used = 0;
     if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
-        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill or "
-                         "savesignal), got '%s'", s);
-    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill", "savesignal"};
+        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill, "
+                         "savesignal, hang, slow or exit), got '%s'", s);
+    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill", "savesignal", "hang", "slow", "exit"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
         if (!strcmp(kind, kinds[k]))
             f->kind = (FaultKind)k;
     if (f->kind == FAULT_NONE)
-        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan, savekill or savesignal)",
-                         kind);
+        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan, savekill, savesignal, "
+                         "hang, slow or exit)", kind);
+    const char *slow = getenv("WLBTRAIN_FAULT_SLOW_S");
+    f->slow_s = 5;
+    if (slow && *slow && (parse_double(slow, &f->slow_s) != 0 || f->slow_s < 0 || f->slow_s > 3600))
+        return error_set(err, "WLBTRAIN_FAULT_SLOW_S", "expected seconds between 0 and 3600, got '%s'", slow);
     f->rank = (int)rank;
     f->step = step;
     return 0;
@@ -94,8 +107,24 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
 {
     tr->fault_plan = 0;
     tr->fault_nan = tr->fault_kill_in_save = tr->fault_signal_in_save = 0;
+    if (f->kind == FAULT_SLOW && f->rank == tr->lay.rank && step >= f->step) {
+        /* a straggler: this rank slow at every step from STEP on */
+        struct timespec ts = {(time_t)f->slow_s, (long)((f->slow_s - (double)(time_t)f->slow_s) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        return 0;
+    }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
         return 0;
+    if (f->kind == FAULT_HANG) {
+        fflush(stdout);
+        raise(SIGSTOP); /* as `kill -STOP`: the rank stops answering, outside any collective */
+        return 0;
+    }
+    if (f->kind == FAULT_EXIT) {
+        fflush(stdout);
+        _exit(1); /* a rank gone without a word (no MPI_Finalize, no abort) */
+    }
     tr->fault_nan = f->kind == FAULT_NAN;
     tr->fault_kill_in_save = f->kind == FAULT_SAVEKILL;
     tr->fault_signal_in_save = f->kind == FAULT_SAVESIGNAL;
@@ -412,6 +441,12 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         }
         if (rc == 0)
             rc = maybe_evaluate(tr, cfg, step, &st, err);
+        /* The step's time (its evaluation and checkpoint not in it), and rank 0's metrics line
+         * written before the checkpoint: a job that dies after the save (a hang in the vote after it,
+         * say) and is resumed from it keeps every step's line. */
+        double ms = (clock_seconds() - t0 - st.eval_s) * 1e3;
+        if (rc == 0 && lead && metrics)
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted, err);
         int saved = 0;
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, &saved, err);
@@ -426,9 +461,6 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         }
         if (rc != 0 || !lead)
             continue;
-        double ms = (clock_seconds() - t0 - st.eval_s) * 1e3; /* the step's time, its evaluation not in it */
-        if (metrics)
-            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted, err);
         if (st.skipped) {
             printf("step %5lld/%lld  loss %g  grad_norm %g: not finite, update skipped (%lld so far)\n",
                    (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
@@ -540,6 +572,17 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         restore_stop_handlers(old);
         return -1;
     }
+    /* The collective watchdog (comm_watchdog.h; a job of more than one rank): its flight recorder
+     * goes to checkpoint.dir (made now, so that it is there when a hang is found). */
+    char mark[4200];
+    snprintf(mark, sizeof mark, "%s/x", cfg->checkpoint.dir ? cfg->checkpoint.dir : ".");
+    int wd = comm_world_size(&comm) > 1 && p->timeout_s > 0;
+    if (wd && ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
+               comm_watchdog_start(&comm, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal, err) != 0)) {
+        comm_finish(&comm);
+        restore_stop_handlers(old);
+        return -1;
+    }
     Trainer tr;
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
@@ -568,6 +611,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     if (rc == 0 && stop.reason == STOP_SIGNAL)
         *exit_status = TRAIN_EXIT_PREEMPTED;
     trainer_free(&tr);
+    comm_watchdog_stop();
     comm_finish(&comm);
     restore_stop_handlers(old);
     return rc;
