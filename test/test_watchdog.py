@@ -8,7 +8,8 @@ others wait in their next collective, their watchdogs find no collective finishe
 their flight recorder and end the job.
 1   dp 4, SIGSTOP sent by the test to rank 2 once step 2 is logged (the others wait where it stopped,
     a gradient all-reduce, say); tp 2 x dp 2, rank 1 stopped at the start of step 3, and pp 2 x dp 2,
-    rank 3 (the others wait in the step's first collective, the plan check over the world): each job ends within timeout + 10 s with exit status 76 (a hang), a
+    rank 3, and dp 4, rank 0 (the others wait in the step's first collective, the plan check over the
+    world; with rank 0 stopped rank 1 names it): each job ends within timeout + 10 s with exit status 76 (a hang), a
     line per waiting rank naming the collective it waits in, and rank 0's line naming the rank that
     never reached it; the other ranks' flight-rank-R.txt are in checkpoint.dir and `wlbtrain inspect`
     of the folder names the same rank and collective.
@@ -17,6 +18,9 @@ their flight recorder and end the job.
 3   SIGUSR1 to mpirun while rank 2 is stopped and timeout_s is 60: the stop signal still works - the
     job ends within 10 s with status 75 and the line "stop signal while waiting".
 4   a rank that exits (WLBTRAIN_FAULT=exit@1:3): the job ends (the launcher's doing), not 0, quickly.
+5   a straggler: rank 1 of dp 4 computing 0.5 s longer from step 2 on (WLBTRAIN_FAULT=slow@1:2,
+    WLBTRAIN_FAULT_SLOW_S=0.5; the issue's 5 s scaled down): log.metrics names it the slowest rank of
+    every step from 2 with at least 0.45 s over the median, and a warning names it by step 4.
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
@@ -186,6 +190,12 @@ def test_hang_pp2(fx):
     check_hang(fx, r, took, "pp2", 3, "allreduce_max_f64 of 2 elements on world 0")
 
 
+def test_hang_rank0(fx):
+    # rank 0 itself stopped: the lowest rank that wrote a file (1) names it
+    r, took = run(fx, "rank0", [], fault="hang@0:3")
+    check_hang(fx, r, took, "rank0", 0, "allreduce_max_f64 of 2 elements on world 0")
+
+
 def test_requeue_resumes(fx):
     # dp4 hung in step 3 or later, after a checkpoint of step 2 at least: the requeued run resumes it.
     r, _ = run(fx, "dp4", ["--set", "checkpoint.resume=auto"])
@@ -228,6 +238,28 @@ def test_rank_exits(fx):
     check(took < TIMEOUT + 30, "took %.1f s" % took)
 
 
+def test_straggler(fx):
+    cmd, env = command(fx, "slow", [], fault="slow@1:2")
+    cmd.insert(cmd.index("-x") + 2, "-x")
+    cmd.insert(cmd.index("-x") + 3, "WLBTRAIN_FAULT_SLOW_S")
+    env["WLBTRAIN_FAULT_SLOW_S"] = "0.5"
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                       timeout=120)
+    if r.returncode != 0:
+        show(r)
+    check(r.returncode == 0, "exit status %d" % r.returncode)
+    warn = [l for l in r.stderr.splitlines() if "straggler: rank" in l]
+    comment(warn[0] if warn else "no warning")
+    check(warn and warn[0].startswith("wlbtrain: warning: straggler: rank 1 computed") and
+          int(warn[0].split(" in step ")[1].split(",")[0]) <= 4, "the warning: %r" % warn)
+    with open(os.path.join(fx.dir, "slow.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    for o in rows[1:]:
+        check(o["slowest_rank"] == 1 and o["slowest_compute_s"] - o["median_compute_s"] >= 0.45,
+              "step %d: slowest rank %d, %.3f s over the median" % (o["step"], o["slowest_rank"],
+                                                                   o["slowest_compute_s"] - o["median_compute_s"]))
+
+
 def setup():
     if not os.path.exists(WLBTRAIN):
         raise Skip("%s is not built" % WLBTRAIN)
@@ -258,8 +290,10 @@ TESTS = [("SIGSTOP of rank 2 of dp 4: exit 76 within timeout + 10 s, the collect
          ("the hung dp 4 run requeued (resume auto) gives the uninterrupted run bit for bit", test_requeue_resumes),
          ("tp 2 x dp 2, rank 1 stopped: exit 76, the collective and rank 1 named", test_hang_tp2_dp2),
          ("pp 2 x dp 2, rank 3 stopped: exit 76, rank 3 named", test_hang_pp2),
+         ("dp 4, rank 0 stopped: exit 76, rank 1 names rank 0", test_hang_rank0),
          ("SIGUSR1 while a collective hangs: exit 75 within 10 s", test_stop_signal_during_hang),
-         ("a rank that exits: the job ends", test_rank_exits)]
+         ("a rank that exits: the job ends", test_rank_exits),
+         ("a rank 0.5 s slower a step from step 2: the slowest in log.metrics, a warning by step 4", test_straggler)]
 
 if __name__ == "__main__":
     sys.exit(run_tests(TESTS, setup, lambda fx: shutil.rmtree(fx.dir, ignore_errors=True)))

@@ -192,12 +192,23 @@ static void end_rank(int hang, const Flight *f, double waited)
                 "checkpoint of this step (resume goes on from the last one)\n", rec.rank, waited, what);
     fflush(stderr);
     sleep_s(COMM_WATCHDOG_GRACE_S);
-    if (rec.rank == 0 && rec.dir[0]) {
+    /* The reporter: the lowest rank that wrote a file (rank 0, unless it is the one that stopped). It
+     * compares the files and exits first; the others wait a little longer, so that the launcher
+     * ending the job does not cut the reporter short. */
+    int reporter = rec.dir[0] != 0;
+    for (int r = 0; reporter && r < rec.rank; r++) {
+        char other[4200];
+        snprintf(other, sizeof other, "%s/" FLIGHT_FILE_FORMAT, rec.dir, r);
+        reporter = access(other, F_OK) != 0;
+    }
+    if (reporter) {
         char line[1024];
         Error e = {0};
         if (flight_compare(rec.dir, rec.world, line, sizeof line, &e) == 0)
             fprintf(stderr, "wlbtrain: error: %s\n", line);
         fflush(stderr);
+    } else {
+        sleep_s(2 * COMM_WATCHDOG_GRACE_S);
     }
     _exit(hang ? COMM_EXIT_HANG : COMM_EXIT_STOPPED);
 }

@@ -108,10 +108,8 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
     tr->fault_plan = 0;
     tr->fault_nan = tr->fault_kill_in_save = tr->fault_signal_in_save = 0;
     if (f->kind == FAULT_SLOW && f->rank == tr->lay.rank && step >= f->step) {
-        /* a straggler: this rank slow at every step from STEP on */
-        struct timespec ts = {(time_t)f->slow_s, (long)((f->slow_s - (double)(time_t)f->slow_s) * 1e9)};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
+        /* a straggler: this rank slow at every step from STEP on, inside its first pass's compute */
+        tr->fault_sleep_s = f->slow_s;
         return 0;
     }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
@@ -261,11 +259,11 @@ static void format_duration(double s, char *buf, size_t size)
 static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
                          double mem_predicted, Error *err)
 {
-    fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
+    fprintf(f, "{\"step\":%lld,\"slowest_rank\":%d,\"slowest_compute_s\":%.6g,\"median_compute_s\":%.6g,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
                "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"token_delay_steps\":%.6g,\"delayed_tokens\":%lld,"
                "\"skipped\":%lld,\"attn_pairs\":%lld,\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g",
-            (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
+            (long long)step, st->slowest_rank, st->slowest_compute_s, st->median_compute_s, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
             (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,
             (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
@@ -424,6 +422,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         rc = inject_fault(fault, tr, step, err);
         if (rc == 0)
             rc = trainer_forward_backward(tr, &st, err);
+        if (rc == 0 && trainer_stragglers(tr, step, &st) != 0)
+            rc = error_runtime(err, "train", "out of memory");
         if (rc == 0)
             rc = trainer_update(tr, &st, err);
         if (rc == 0) {

@@ -109,6 +109,10 @@ typedef struct TrainStats {
     double valid_loss, eval_s;
     int64_t valid_tokens;
     PositionLoss valid_by_position;
+    /* Stragglers (train_straggler.c): the rank that computed longest in the step, its compute
+     * seconds, and the median of the ranks'. */
+    int slowest_rank;
+    double slowest_compute_s, median_compute_s;
 } TrainStats;
 
 /* The validation loss of the held-out documents (train_eval.c): their cross-entropy summed over
@@ -165,6 +169,8 @@ typedef struct Trainer {
     double loss_sum;
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
+    int straggler_rank, straggler_steps; /* the rank slowest by a margin, for how many steps in a row */
+    double fault_sleep_s;     /* WLBTRAIN_FAULT slow: seconds slept inside this step's first pass */
     int64_t updates_at_start; /* the optimizer's updates when this run's first step began (after a
                                * resume: the checkpoint's), for the hint of a non-finite first step */
     double mem_predicted;    /* the memory model's peak of the worst rank (bytes, train_memory.h) */
@@ -277,6 +283,10 @@ int trainer_continue_check_dir(const Config *cfg, Error *err);
  * log.metrics writable, and checkpoint.dir holding no checkpoint of another run that this one would
  * replace (trainer_continue_check_dir first). */
 int trainer_check_outputs(const Config *cfg, int lead, Error *err);
+/* After a step's forward and backward (tr->all_compute gathered): the slowest rank by compute, its
+ * excess over the median, into st; rank 0 warns on stderr when one rank stays the slowest by a
+ * margin (train_straggler.c). -1 when out of memory. */
+int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
  * (train_ckpt_index.c), with its checksum (util/ckpt_index.h); trainer_index_json: that index (without
  * the checksum) as a JSON object for the caller to json_decref. */
