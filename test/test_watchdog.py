@@ -21,6 +21,7 @@ their flight recorder and end the job.
 5   a straggler: rank 1 of dp 4 computing 0.5 s longer from step 2 on (WLBTRAIN_FAULT=slow@1:2,
     WLBTRAIN_FAULT_SLOW_S=0.5; the issue's 5 s scaled down): log.metrics names it the slowest rank of
     every step from 2 with at least 0.45 s over the median, and a warning names it by step 4.
+6   bad input (model.n_heads 3) on 4 ranks: one "wlbtrain: error:" line (rank 0's), exit 2.
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
@@ -260,6 +261,18 @@ def test_straggler(fx):
                                                                    o["slowest_compute_s"] - o["median_compute_s"]))
 
 
+def test_one_error_line(fx):
+    # bad input under mpirun: every rank finds it, the line is said once (rank 0's)
+    cmd, env = command(fx, "bad", ["--set", "model.n_heads=3"])
+    t0 = time.time()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                       timeout=60)
+    lines = [l for l in r.stderr.splitlines() if l.startswith("wlbtrain: error:")]
+    comment("bad input on 4 ranks: exit %d in %.1f s, %d error line(s)" % (r.returncode, time.time() - t0, len(lines)))
+    check(r.returncode == 2 and len(lines) == 1 and "model.n_heads: must divide model.d_model" in lines[0],
+          "exit %d, lines %r" % (r.returncode, lines))
+
+
 def setup():
     if not os.path.exists(WLBTRAIN):
         raise Skip("%s is not built" % WLBTRAIN)
@@ -293,7 +306,8 @@ TESTS = [("SIGSTOP of rank 2 of dp 4: exit 76 within timeout + 10 s, the collect
          ("dp 4, rank 0 stopped: exit 76, rank 1 names rank 0", test_hang_rank0),
          ("SIGUSR1 while a collective hangs: exit 75 within 10 s", test_stop_signal_during_hang),
          ("a rank that exits: the job ends", test_rank_exits),
-         ("a rank 0.5 s slower a step from step 2: the slowest in log.metrics, a warning by step 4", test_straggler)]
+         ("a rank 0.5 s slower a step from step 2: the slowest in log.metrics, a warning by step 4", test_straggler),
+         ("bad input on 4 ranks: one error line, exit 2", test_one_error_line)]
 
 if __name__ == "__main__":
     sys.exit(run_tests(TESTS, setup, lambda fx: shutil.rmtree(fx.dir, ignore_errors=True)))
