@@ -15,8 +15,9 @@ their flight recorder and end the job.
     of the folder names the same rank and collective.
 2   the requeue: the hung dp 4 run resumed with checkpoint.resume=auto (what the Slurm scripts do on
     status 76) gives the uninterrupted run bit for bit (every log.metrics line's loss, grad_norm, lr).
-3   SIGUSR1 to mpirun while rank 2 is stopped and timeout_s is 60: the stop signal still works - the
-    job ends within 10 s with status 75 and the line "stop signal while waiting".
+3   SIGUSR1 to mpirun while rank 2 is stopped and timeout_s is 30: the stop signal still works - once
+    a collective has waited a tenth of the timeout the job ends (within 10 s of the signal) with
+    status 75 and the line "stop signal while waiting".
 4   a rank that exits (WLBTRAIN_FAULT=exit@1:3): the job ends (the launcher's doing), not 0, quickly.
 5   a straggler: rank 1 of dp 4 computing 0.5 s longer from step 2 on (WLBTRAIN_FAULT=slow@1:2,
     WLBTRAIN_FAULT_SLOW_S=0.5; the issue's 5 s scaled down): log.metrics names it the slowest rank of
@@ -211,10 +212,21 @@ def test_requeue_resumes(fx):
 
 
 def test_stop_signal_during_hang(fx):
-    cmd, env = command(fx, "usr1", ["--set", "parallel.timeout_s=60"], fault="hang@2:3")
+    cmd, env = command(fx, "usr1", ["--set", "parallel.timeout_s=30"], fault="hang@2:3")
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     try:
         wait_for_step(fx, "usr1", 2, p)
+        # until rank 2 has stopped itself (state T), then a second more
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            pid = ranks_of(p.pid).get(2)
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                        break
+            except (OSError, TypeError):
+                pass
+            time.sleep(0.05)
         time.sleep(1)
         t0 = time.time()
         p.send_signal(signal.SIGUSR1)

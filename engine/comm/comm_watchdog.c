@@ -234,7 +234,10 @@ static void *watch(void *arg)
         double idle = now - rec.last_event;
         const Flight *f = rec.in_flight > 0 ? oldest_in_flight() : NULL;
         int stop = rec.stop && *rec.stop;
-        if (f && (idle > rec.timeout || (stop && idle > COMM_WATCHDOG_GRACE_S))) {
+        /* With a stop signal pending, a wait a tenth of the timeout long (at least the grace) is
+         * taken for a hang: long enough for the waits of a checkpoint save the signal lets finish. */
+        double stop_after = rec.timeout / 10 > COMM_WATCHDOG_GRACE_S ? rec.timeout / 10 : COMM_WATCHDOG_GRACE_S;
+        if (f && (idle > rec.timeout || (stop && idle > stop_after))) {
             Flight copy = *f;
             /* The mutex stays held: nothing records while the rank ends. */
             end_rank(idle > rec.timeout, &copy, now - copy.t0);

@@ -18,7 +18,8 @@
  * write theirs, and ends the process with COMM_EXIT_HANG - which makes the launcher end every rank
  * (mpirun and srun stop a job one of whose ranks failed). Rank 0 first reads the files the others
  * wrote and names the ranks that never reached the collective. A stop signal (the flag the trainer's
- * handler sets) while a collective has been waiting COMM_WATCHDOG_GRACE_S ends the rank the same way
+ * handler sets) while a collective has been waiting a tenth of timeout_s (at least COMM_WATCHDOG_GRACE_S:
+ * a checkpoint save the signal lets finish keeps its waits) ends the rank the same way
  * with status 75 (preempted: no checkpoint of the step in flight; a requeue resumes from the last),
  * so SIGTERM/SIGUSR1 still work while a collective hangs.
  */
