@@ -317,6 +317,11 @@ static void test_errors(void **state)
     RUN(&r, "--config", cfg, "--set", "model.rope_theta=0.5");
     test_assert_error(&r, "model.rope_theta");
     test_cmd_free(&r);
+    /* A batch of far too many windows is said as what it is, not blamed on parallel.dp (issue 50). */
+    RUN(&r, "--config", cfg, "--set", "data.global_batch_tokens=1000000000000000");
+    test_assert_error(&r, "data.global_batch_tokens: 1000000000000000 tokens are ");
+    assert_null(strstr(r.err, "the planner needs a number for dp"));
+    test_cmd_free(&r);
     /* A warmup set longer than the run (issue 50): refused before the first step; equal is fine; the
      * config's warmup (5) over a run --steps shortened: a warning. */
     RUN(&r, "--config", cfg, "--set", "train.warmup_steps=50", "--steps", "3");
