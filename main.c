@@ -8,9 +8,11 @@
  * A training run stopped by SIGUSR1 or SIGTERM exits 75 (TRAIN_EXIT_PREEMPTED) once its checkpoint
  * is written. `wlbtrain eval` loads its config here too (eval_config) and runs through the trainer.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "config/config.h"
@@ -21,6 +23,7 @@
 #include "engine/train/train_memory.h"
 #include "engine/train/train_search.h"
 #include "util/ckpt_index.h"
+#include "util/fileio.h"
 #include "engine/train/train_stages.h"
 
 /* Loads the config file, applies --set and --steps, and resolves it for this launch. */
@@ -85,6 +88,36 @@ static int eval_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     for (int i = 0; rc == 0 && i < opt->n_sets; i++)
         rc = config_apply_set(cfg, opt->sets[i], err);
     return rc == 0 ? config_resolve(cfg, launch->world_size, err) : -1;
+}
+
+/* Under a launcher every rank reads the same config and finds the same bad input: rank 0 says it
+ * at once; another rank waits 3 s first - when rank 0 failed alike, the launcher (mpirun) has
+ * ended the job by then and the line is said once, not once per rank; when only this rank failed
+ * (its node cannot write checkpoint.dir, say), it is still said, with the rank. */
+static void error_exit_once(const Error *err)
+{
+    RuntimeLaunch l = runtime_launch_from_env();
+    if (l.rank > 0 && strcmp(l.launcher, "none") != 0 && err->status == ERROR_INPUT) {
+        fflush(stdout);
+        struct timespec ts = {3, 0};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        fprintf(stderr, "wlbtrain: error: rank %d: %s\n", l.rank, err->msg);
+        exit(ERROR_INPUT);
+    }
+    error_exit(err);
+}
+
+/* `wlbtrain export`: the output folder checked writable (nothing made yet) and the checkpoint's
+ * files checked against each other as a resume checks them (trainer_checkpoint_check), then exported. */
+static int export_checked(const CliExport *x, Error *err)
+{
+    char *dir;
+    if (file_check_writable(x->out, 1, "--out", err) != 0 || ckpt_step_folder(x->checkpoint, &dir, err) != 0)
+        return -1;
+    int rc = trainer_checkpoint_check(dir, err);
+    free(dir);
+    return rc == 0 ? cli_export(x, err) : -1;
 }
 
 /* *exit_status: 0, or the trainer's TRAIN_EXIT_PREEMPTED (a run stopped by a signal). */
@@ -169,7 +202,7 @@ int main(int argc, char **argv)
             rc = cli_convert(&opt.convert, &err);
             break;
         case CLI_EXPORT:
-            rc = cli_export(&opt.export_, &err);
+            rc = export_checked(&opt.export_, &err);
             break;
         case CLI_RUN:
         case CLI_CALIBRATE:
@@ -180,7 +213,7 @@ int main(int argc, char **argv)
     }
     cli_free(&opt);
     if (rc != 0)
-        error_exit(&err);
+        error_exit_once(&err);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         error_runtime(&err, "stdout", "cannot write the output");
         error_exit(&err);

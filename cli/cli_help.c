@@ -57,7 +57,9 @@ static const char help_main[] =
     "\n"
     "Subcommands:\n"
     "  inspect PREFIX     describe a Megatron data set (PREFIX.idx + PREFIX.bin): documents,\n"
-    "                     tokens, token type, vocabulary bound, document length percentiles\n"
+    "                     tokens, token type, vocabulary bound, document length percentiles;\n"
+    "                     inspect DIR of a hung job's flight recorder files: the collective\n"
+    "                     where its ranks disagree and the ranks that never reached it\n"
     "  convert            tokenize text files or JSON lines into a Megatron data set\n"
     "                     (wlbtrain convert --help)\n"
     "  export             a checkpoint as a Hugging Face model folder (wlbtrain export --help)\n"
@@ -84,7 +86,12 @@ static const char help_inspect[] =
     "dtype 4 = int32 or 8 = uint16): documents, sequences, tokens, token dtype, vocabulary bound\n"
     "(largest token id + 1, read from every token of the .bin), and the document length\n"
     "percentiles p50, p90, p99 and the maximum. Every count, size and offset of the files is\n"
-    "checked first; a truncated or corrupted set is one error line and exit status 2.\n";
+    "checked first; a truncated or corrupted set is one error line and exit status 2.\n"
+    "\n"
+    "wlbtrain inspect DIR, DIR a folder holding flight-rank-R.txt files (the flight recorder that\n"
+    "every rank writes when parallel.timeout_s ends a hung job: docs/slurm.md), names the first\n"
+    "collective where the ranks disagree - the one some wait in that others never began - and the\n"
+    "ranks that never reached it (or left no file: stopped, killed, hung outside a collective).\n";
 
 static const char help_convert[] =
     "Usage: wlbtrain convert --out PREFIX [options] INPUT...\n"

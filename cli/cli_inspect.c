@@ -1,5 +1,6 @@
 /*
- * cli/cli_inspect.c - `wlbtrain inspect PREFIX`: describe a Megatron indexed data set.
+ * cli/cli_inspect.c - `wlbtrain inspect PREFIX`: describe a Megatron indexed data set; `wlbtrain
+ * inspect DIR` of a folder of flight recorder files: the collective a hung job's ranks disagree on.
  *
  * Opening the set runs every check of data_idx_open, so inspect is also the way to validate a data
  * set before a long job. It then reads every token of every sequence once, for the vocabulary bound
@@ -13,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <sys/stat.h>
+
 #include "data/data_idx.h"
+#include "util/flight.h"
 
 /* v with thousands separators: 1361845 -> "1,361,845". buf holds at least 27 bytes. */
 static const char *thousands(char *buf, uint64_t v)
@@ -95,8 +99,21 @@ static int scan_vocab(const DataIdx *d, int64_t *max_id, Error *err)
     return 0;
 }
 
+/* A folder of flight recorder files (util/flight.h): the comparison's line. */
+static int inspect_flight(const char *dir, Error *err)
+{
+    char line[2048];
+    if (flight_compare(dir, 0, line, sizeof line, err) != 0)
+        return -1;
+    printf("%s\n", line);
+    return 0;
+}
+
 int cli_inspect(const char *prefix, Error *err)
 {
+    struct stat st;
+    if (stat(prefix, &st) == 0 && S_ISDIR(st.st_mode))
+        return inspect_flight(prefix, err);
     DataIdx d;
     if (data_idx_open(&d, prefix, err) != 0)
         return -1;

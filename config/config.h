@@ -94,6 +94,7 @@ typedef struct ConfigParallel {
     bool overlap;           /* collectives started where their input is ready, waited where needed */
     ReduceDtype reduce_dtype; /* what the TP and CP partial sums travel and add in */
     int64_t tp_chunks;        /* pieces each TP product and its exchange split into */
+    double timeout_s;         /* the collective watchdog: a job whose collectives stop finishing ends */
 } ConfigParallel;
 
 typedef struct ConfigData {
@@ -201,6 +202,8 @@ int config_load_string(Config *cfg, const char *yaml, const char *name, Error *e
 int config_apply_set(Config *cfg, const char *key_eq_value, Error *err);
 /* world_size: ranks of the launched job, or 0 when there is none (dry run, --print-config). */
 int config_resolve(Config *cfg, int world_size, Error *err);
+/* The most micro-batches a replica's step may have (data.global_batch_tokens / (dp x window)). */
+enum { CONFIG_MAX_MICRO_BATCHES = 1 << 20 };
 
 /* The resolved config as YAML that config_load_file reads back to an equal config. */
 int config_print(const Config *cfg, FILE *out, Error *err);

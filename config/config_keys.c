@@ -35,7 +35,8 @@ const ConfigKey config_keys[] = {
     INT_KEY("model.d_ffn", model.d_ffn, 1, 1 << 20, NULL, "preset", "SwiGLU hidden size"),
     INT_KEY("model.vocab_size", model.vocab_size, 2, INT32_MAX, NULL, "preset",
             "rows of the embedding; every token id must be below it"),
-    FLOAT_KEY("model.rope_theta", model.rope_theta, 0, 1e12, KEY_MIN_OPEN, NULL, "preset", "RoPE base"),
+    FLOAT_KEY("model.rope_theta", model.rope_theta, 1, 1e12, KEY_MIN_OPEN, NULL, "preset",
+              "RoPE base (above 1: a base of 1 or less turns the rotation frequencies upside down)"),
     FLOAT_KEY("model.norm_eps", model.norm_eps, 0, 1, KEY_MIN_OPEN, NULL, "preset", "RMSNorm epsilon"),
     BOOL_KEY("model.tie_embeddings", model.tie_embeddings, NULL, "preset",
              "output projection shares the embedding matrix"),
@@ -92,6 +93,11 @@ const ConfigKey config_keys[] = {
              "and the pipeline's receives are posted ahead; false runs every collective where it is issued, in the order of the "
              "blocking engine (the same numbers either way; docs/communication-overlap.md); the dry run "
              "prices each collective exposed or hidden by what it runs beside (docs/planner.md)"),
+    FLOAT_KEY("parallel.timeout_s", parallel.timeout_s, 0, 86400, 0, "600", NULL,
+              "the collective watchdog: when a collective or message has waited this long with none "
+              "finishing on the rank, every rank writes its flight recorder (checkpoint.dir/flight-rank-R.txt), "
+              "names what it waits in, and the job ends with status 76 (a hang; the Slurm scripts requeue it); "
+              "above the longest step phase (a checkpoint save, an evaluation); 0 = off (docs/slurm.md)"),
     AUTO_KEY("parallel.tp_chunks", parallel.tp_chunks, 1, 16, "auto", NULL,
              "with tp > 1: pieces of rows each TP product and its exchange split into, each piece's "
              "exchange beside another piece's product (the all-gather before the QKV and gate/up products, "

@@ -246,6 +246,14 @@ static int check_data(Config *cfg, Error *err)
                               "must be a multiple of parallel.dp * data.context_window = %lld * %lld = %lld, "
                               "got %lld", (long long)p->dp, (long long)d->context_window, (long long)unit,
                               (long long)d->global_batch_tokens);
+        /* The planner holds every micro-batch of a step: a batch of more than 2^20 windows per
+         * replica is a typo (a digit too many), said as what it is, not as a bad dp. */
+        if (d->global_batch_tokens / unit > CONFIG_MAX_MICRO_BATCHES)
+            return rule_error(cfg, err, "data.global_batch_tokens", NULL,
+                              "%lld tokens are %lld windows of %lld per replica (parallel.dp %lld), more than the "
+                              "%d micro-batches a step may have", (long long)d->global_batch_tokens,
+                              (long long)(d->global_batch_tokens / unit), (long long)d->context_window,
+                              (long long)p->dp, CONFIG_MAX_MICRO_BATCHES);
     } else if (d->global_batch_tokens % d->context_window) {
         return rule_error(cfg, err, "data.global_batch_tokens", NULL,
                           "must be a multiple of data.context_window (%lld), got %lld",

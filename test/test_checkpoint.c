@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "util/ckpt_index.h"
 #include "util/statefile.h"
 
 static char *dir, *config;
@@ -262,6 +264,11 @@ static void test_resume_8_ranks_and_other_layout(void **state)
     assert_int_equal(other.n, 8);
     /* Within float rounding, as docs/checkpoints.md says. */
     assert_close_losses(&whole, &other, 6, 8, "on 8 ranks", "resumed in one process");
+    /* A new run into the same folder: the last one's checkpoints moved aside first (a run never
+     * replaces another's, train_outputs.c). */
+    char *aside = test_format("mv %s/other %s/other-one-process", dir, dir);
+    assert_int_equal(system(aside), 0);
+    free(aside);
     assert_int_equal(system(copy), 0);
     const char *zero[] = {"--set", from, "--set", "parallel.dp=2", "--set", "parallel.cp=2", "--set", "parallel.zero=1",
                           NULL};
@@ -477,7 +484,9 @@ static void test_resume_other_split(void **state)
     json_decref(root);
     free(index);
     char *from = test_format("checkpoint.resume=%s/split-whole/step-00000006", dir);
-    char *copy = test_format("cp %s/split-whole.jsonl %s/resplit.jsonl", dir, dir);
+    /* Each a new run into the same folder: the last one's checkpoints removed first (a run never
+     * replaces another's, train_outputs.c). */
+    char *copy = test_format("rm -rf %s/resplit && cp %s/split-whole.jsonl %s/resplit.jsonl", dir, dir, dir);
     const char *splits[][8] = {
         {"--set", from, "--set", "parallel.pp=2", "--set", "parallel.stage_layers=[3, 1]", NULL},
         {"--set", from, "--set", "parallel.pp=2", NULL},
@@ -695,12 +704,14 @@ static void test_damaged_checkpoints(void **state)
                   "shard-tp0-pp0-dpcp0.bin: truncated or extended: 9000 bytes");
     check_damaged("missing shard", "rm shard-tp0-pp0-dpcp0.bin",
                   "shard-tp0-pp0-dpcp0.bin: cannot open: No such file or directory");
+    /* Edits of the index fail its checksum first (test_index_edits: the same edits with the checksum
+     * made to match). */
     check_damaged("an index without a tensor", "sed -i 's/\"model.norm.weight\"/\"model.nrm.weight\"/' index.json",
-                  "index.json has no tensor model.norm.weight (the model has it)");
+                  "the index was edited or damaged after it was written");
     check_damaged("an index naming a missing section", "sed -i 's/\"params.c0\"/\"params.c9\"/' index.json",
-                  "shard-tp0-pp0-dpcp0.bin: no section params.c9 (index.json names it)");
+                  "the index was edited or damaged after it was written");
     check_damaged("an index whose blocks miss a row", "sed -i '0,/\"rows\": 256/s//\"rows\": 255/' index.json",
-                  "index.json: model.embed_tokens.weight: the blocks hold 8160 of its 8192 values");
+                  "the index was edited or damaged after it was written");
     check_damaged("missing index", "rm index.json", "index.json: unable to open");
     check_damaged_by("the earlier gathered format", "true", make_old_format,
                      "state.bin: a checkpoint of the old gathered format (model.safetensors, training state format 1)");
@@ -804,6 +815,218 @@ static void test_nonfinite(void **state)
     }
 }
 
+/* ---- an index or config.yaml edited: never loaded ----------------------------------------------- */
+
+/* index.json of step folder d, edited through jansson (edit NULL: unchanged); with rechecksum its
+ * crc32 made to match the edited content, as a tool that rewrites the index would make it. */
+static void edit_index(const char *d, void (*edit)(json_t *), int rechecksum)
+{
+    char *path = test_format("%s/index.json", d);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    assert_non_null(root);
+    if (edit)
+        edit(root);
+    if (rechecksum) {
+        uint32_t crc;
+        char hex[16];
+        assert_int_equal(ckpt_index_crc(root, &crc), 0);
+        snprintf(hex, sizeof hex, "%08x", crc);
+        json_object_set_new(root, "crc32", json_string(hex));
+    }
+    assert_int_equal(json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER), 0);
+    json_decref(root);
+    free(path);
+}
+
+static json_t *block0(json_t *root, const char *tensor)
+{
+    json_t *b = json_array_get(json_object_get(json_object_get(json_object_get(root, "tensors"), tensor), "blocks"), 0);
+    assert_non_null(b);
+    return b;
+}
+
+/* One digit of an offset: the block read from 10 floats further on (still inside its chunk). */
+static void edit_offset(json_t *root)
+{
+    json_t *b = block0(root, "model.layers.0.self_attn.o_proj.weight");
+    json_object_set_new(b, "offset", json_integer(json_integer_value(json_object_get(b, "offset")) + 10));
+}
+
+/* A key renamed: the last norm's entry under a name the model does not have. */
+static void edit_rename(json_t *root)
+{
+    json_t *t = json_object_get(root, "tensors"), *e = json_object_get(t, "model.norm.weight");
+    json_object_set(t, "model.nrm.weight", e);
+    json_object_del(t, "model.norm.weight");
+}
+
+/* Two layers' norms swapped (each key once, the area of each right). */
+static void edit_swap(json_t *root)
+{
+    json_t *t = json_object_get(root, "tensors");
+    json_t *a = json_incref(json_object_get(t, "model.layers.0.input_layernorm.weight"));
+    json_object_set(t, "model.layers.0.input_layernorm.weight", json_object_get(t, "model.layers.1.input_layernorm.weight"));
+    json_object_set_new(t, "model.layers.1.input_layernorm.weight", a);
+}
+
+static void edit_no_checksum(json_t *root)
+{
+    json_object_del(root, "crc32");
+}
+
+/* A shape: the norm's vector as a matrix of one row (the same values). */
+static void edit_shape(json_t *root)
+{
+    json_t *e = json_object_get(json_object_get(root, "tensors"), "model.norm.weight");
+    json_object_set_new(e, "shape", json_pack("[i, i]", 1, 32));
+}
+
+/* A copy of the 8-rank checkpoint of step 6 (tp 2, pp 2, cp 2), then shell command cmd in it and
+ * edit_index's edit: resumed in one process (another layout: every block resharded) and exported,
+ * each one error line containing expect, exit 2, nothing written. */
+static void check_edit(const char *what, const char *cmd, void (*edit)(json_t *), int rechecksum, const char *expect)
+{
+    char *sh = test_format("rm -rf %s/edit %s/edit-hf %s/edit-run && mkdir -p %s/edit && cp -r "
+                           "%s/eight-whole/step-00000006 %s/edit/ && cd %s/edit/step-00000006 && %s", dir, dir, dir, dir,
+                           dir, dir, dir, cmd);
+    assert_int_equal(system(sh), 0);
+    char *step = test_format("%s/edit/step-00000006", dir), *from = test_format("checkpoint.resume=%s", step);
+    if (edit || rechecksum)
+        edit_index(step, edit, rechecksum);
+    CmdResult r;
+    const char *resume[] = {"--set", from, NULL};
+    char *out = test_format("%s/edit-hf", dir), *metrics = test_format("%s/edit-run.jsonl", dir);
+    const char *bin = getenv("WLBTRAIN");
+    const char *argv[] = {bin ? bin : "./wlbtrain", "export", "--checkpoint", step, "--out", out, NULL};
+    struct stat st;
+    unlink(metrics);
+    for (int exporting = 0; exporting < 2; exporting++) {
+        if (exporting)
+            test_run(&r, argv);
+        else
+            train(&r, 0, "edit-run", NULL, resume);
+        printf("# %s, %s: %s", what, exporting ? "exported" : "resumed on one process", expect ? r.err : "accepted\n");
+        if (expect) {
+            test_assert_error(&r, expect);
+        } else {
+            if (r.status != 0)
+                print_error("%s\n%s\n", r.out, r.err);
+            assert_int_equal(r.status, 0);
+        }
+        test_cmd_free(&r);
+    }
+    /* Refused: nothing written; accepted: both ran. */
+    assert_int_equal(stat(out, &st) == 0, expect == NULL);
+    assert_int_equal(stat(metrics, &st) == 0, expect == NULL);
+    free(out);
+    free(metrics);
+    free(from);
+    free(step);
+    free(sh);
+}
+
+/* The kinds of edit that loaded wrong weights silently before the index had a checksum and was
+ * compared with the model: each refused as written (the checksum), and again with the checksum made
+ * to match (the comparison with the index that config.yaml's model and layout give). */
+static void test_index_edits(void **state)
+{
+    (void)state;
+    const char *crc = "the index was edited or damaged after it was written";
+    check_edit("an intact copy (the control)", "true", NULL, 0, NULL);
+    check_edit("an offset digit", "true", edit_offset, 0, crc);
+    check_edit("an offset digit, checksum matching", "true", edit_offset, 1,
+               "model.layers.0.self_attn.o_proj.weight: block 0 has offset");
+    check_edit("a key renamed", "true", edit_rename, 0, crc);
+    check_edit("a key renamed, checksum matching", "true", edit_rename, 1,
+               "index.json: no tensor model.norm.weight (the model of config.yaml has it)");
+    check_edit("two keys swapped, checksum matching", "true", edit_swap, 1,
+               "model.layers.0.input_layernorm.weight: block 0 has");
+    check_edit("a key duplicated",
+               "sed -i 's/\"model.layers.1.input_layernorm.weight\"/\"model.layers.0.input_layernorm.weight\"/' "
+               "index.json", NULL, 0, "duplicate object key");
+    check_edit("a shape", "true", edit_shape, 0, crc);
+    check_edit("a shape, checksum matching", "true", edit_shape, 1, "model.norm.weight: shape [1,32], the model of "
+               "config.yaml has [32]");
+    check_edit("config.yaml with 8 heads", "sed -i 's/n_heads: 4$/n_heads: 8/' config.yaml", NULL, 0,
+               "config.yaml has model.n_heads 8, state.bin was saved with 4");
+    check_edit("no checksum", "true", edit_no_checksum, 0, "no checksum (\"crc32\": 8 hex digits)");
+}
+
+/* A run never replaces another run's checkpoints, and what it writes is checked before the first
+ * step: each refusal one error line, exit 2, the folder as it was. */
+static void check_refused(const char *what, const char *name, const char *const *args, const char *expect)
+{
+    char *ls = test_format("cd %s && ls -lR --time-style=full-iso %s > %s/before.txt 2>&1; cat %s/%s/latest >> "
+                           "%s/before.txt 2>&1; true", dir, name, dir, dir, name, dir);
+    char *ls2 = test_format("cd %s && ls -lR --time-style=full-iso %s > %s/after.txt 2>&1; cat %s/%s/latest >> "
+                            "%s/after.txt 2>&1; true", dir, name, dir, dir, name, dir);
+    assert_int_equal(system(ls), 0);
+    CmdResult r;
+    train(&r, 0, name, NULL, args);
+    printf("# %s: %s", what, r.err);
+    test_assert_error(&r, expect);
+    test_cmd_free(&r);
+    assert_int_equal(system(ls2), 0);
+    char *a = test_format("%s/before.txt", dir), *b = test_format("%s/after.txt", dir);
+    char *ta = test_read_file(a, NULL), *tb = test_read_file(b, NULL);
+    assert_string_equal(ta, tb);
+    free(ta);
+    free(tb);
+    free(a);
+    free(b);
+    free(ls);
+    free(ls2);
+}
+
+static void test_another_run(void **state)
+{
+    (void)state;
+    char *sh = test_format("rm -rf %s/another && cp -r %s/one-whole %s/another && cp %s/one-whole.jsonl "
+                           "%s/another.jsonl", dir, dir, dir, dir, dir);
+    assert_int_equal(system(sh), 0);
+    const char *fresh[] = {NULL};
+    check_refused("a new run (resume none) in a folder of another run", "another", fresh,
+                  "holds 3 checkpoints of another run (step-00000003 ... step-00000008); starting at step 1 would "
+                  "replace them. Resume it (checkpoint.resume: auto)");
+    char *rm = test_format("rm %s/another/latest", dir);
+    assert_int_equal(system(rm), 0);
+    const char *autor[] = {"--set", "checkpoint.resume=auto", NULL};
+    check_refused("resume auto, latest missing", "another", autor, "(step-00000003 ... step-00000008) but no latest; "
+                  "starting at step 1 would replace them. Resume it (checkpoint.resume: ");
+    char *back = test_format("checkpoint.resume=%s/another/step-00000006", dir);
+    const char *older[] = {"--set", back, NULL};
+    check_refused("resume an older step of its own folder", "another", older,
+                  "holds step-00000008, later than the resumed step-00000006: this run would replace it");
+    char *elsewhere = test_format("checkpoint.resume=%s/one-whole/step-00000006", dir);
+    const char *mix[] = {"--set", elsewhere, NULL};
+    check_refused("resume another folder's checkpoint into it", "another", mix,
+                  "resuming ");
+    /* Outputs that cannot be written: found before the first step. */
+    char *under_file = test_format("checkpoint.dir=%s/ckpt.yaml/sub", dir);
+    const char *cfile[] = {"--set", under_file, NULL};
+    char *under_msg = test_format("checkpoint.dir: %s/ckpt.yaml/sub cannot be written: %s/ckpt.yaml is a file, not a "
+                                  "folder", dir, dir);
+    check_refused("checkpoint.dir under a file", "fresh-a", cfile, under_msg);
+    free(under_msg);
+    const char *cproc[] = {"--set", "checkpoint.dir=/proc/wlbtrain-test/ckpt", NULL};
+    check_refused("checkpoint.dir on a file system that takes no file", "fresh-b", cproc,
+                  "checkpoint.dir: /proc/wlbtrain-test/ckpt cannot be written: the folder /proc takes no new file");
+    const char *mproc[] = {"--set", "log.metrics=/proc/wlbtrain-test.jsonl", NULL};
+    check_refused("log.metrics on a file system that takes no file", "fresh-c", mproc,
+                  "log.metrics: /proc/wlbtrain-test.jsonl cannot be written");
+    char *mdir = test_format("log.metrics=%s", dir);
+    const char *mfolder[] = {"--set", mdir, NULL};
+    check_refused("log.metrics a folder", "fresh-d", mfolder, "is a folder, not a file");
+    assert_false(exists("fresh-a") || exists("fresh-b") || exists("fresh-c") || exists("fresh-d"));
+    free(mdir);
+    free(under_file);
+    free(elsewhere);
+    free(back);
+    free(rm);
+    free(sh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -813,7 +1036,8 @@ int main(void)
         cmocka_unit_test(test_resume_groups),        cmocka_unit_test(test_resume_with_evaluation),
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_kill_during_save),     cmocka_unit_test(test_keep),
-        cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_resume_paths),
+        cmocka_unit_test(test_damaged_checkpoints),  cmocka_unit_test(test_index_edits),
+        cmocka_unit_test(test_resume_paths),         cmocka_unit_test(test_another_run),
         cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, group_setup, group_teardown);

@@ -14,8 +14,10 @@ checkpoint, then is exported in float32 and bfloat16.
     sequence equal the float64 numpy reference (ref_llama, itself checked against the C model)
     within 1e-4 relative. Needs torch and transformers in the python of $WLB_HF_PYTHON (default
     this one); skipped with that reason when they are missing.
-5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (11 kinds): one
-    error line, exit status 2, the output folder left as it was (or not made).
+5   errors: a missing checkpoint, a corrupted config.yaml, a malformed index.json (11 kinds, each
+    given a matching checksum, computed here as docs/checkpoints.md says): one error line, exit status
+    2, the output folder left as it was (or not made). 40 random one-digit edits of index.json (seeded):
+    every one refused (its checksum), and the checksum this script computes equals the one wlbtrain wrote.
 6   --checkpoint takes the checkpoint folder (trailing slash or not), its latest file (also as a
     relative path), a step folder: the same model.safetensors; another file, or a folder holding no
     checkpoint, is one error line.
@@ -24,6 +26,7 @@ Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
 """
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -301,6 +304,53 @@ def overlap(tensor):
                         dict(b, row0=b["row0"] + half, rows=b["rows"] - half - 1, offset=b["offset"] + half * cols)]
 
 
+def index_crc(d):
+    """The checksum of an index (docs/checkpoints.md): CRC-32 of its compact, key-sorted JSON without crc32."""
+    import zlib
+    body = dict((k, v) for k, v in d.items() if k != "crc32")
+    return "%08x" % (zlib.crc32(json.dumps(body, separators=(",", ":"), sort_keys=True).encode()) & 0xffffffff)
+
+
+def test_out_checked(fx):
+    """An --out that cannot be written is found before the checkpoint is read: one line, exit 2, nothing made."""
+    under = os.path.join(fx.dir, "tiny.yaml", "hf")
+    for out, expect in (("/proc/wlb-export/hf", "--out: /proc/wlb-export/hf cannot be written: the folder /proc takes no new file"),
+                        (under, "--out: %s cannot be written: %s is a file, not a folder" % (under, os.path.join(fx.dir, "tiny.yaml")))):
+        r = run([WLBTRAIN, "export", "--checkpoint", fx.ckpt, "--out", out])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("wlbtrain: error: " + expect),
+              "%s: status %d, stderr %r" % (out, r.returncode, r.stderr))
+        check(not os.path.exists(out), "%s was made" % out)
+
+
+def test_digit_edits(fx):
+    """One digit of index.json changed, 40 times at random places: every export refused, nothing written."""
+    step = step_dir(fx)
+    with open(os.path.join(step, "index.json")) as f:
+        text = f.read()
+    base = json.loads(text)
+    check(index_crc(base) == base["crc32"], "the checksum computed here %s, wlbtrain's %s" % (index_crc(base),
+                                                                                            base.get("crc32")))
+    rng = random.Random(50)
+    digits = [i for i, c in enumerate(text) if c.isdigit()]
+    bad = os.path.join(fx.dir, "digits")
+    out = os.path.join(fx.dir, "hf-digits")
+    refused = 0
+    for n in range(40):
+        at = rng.choice(digits)
+        edited = text[:at] + str((int(text[at]) + rng.randint(1, 9)) % 10) + text[at + 1:]
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(step, bad)
+        with open(os.path.join(bad, "index.json"), "w") as f:
+            f.write(edited)
+        r = run([WLBTRAIN, "export", "--checkpoint", bad, "--out", out])
+        lines = r.stderr.strip().splitlines()
+        ok = r.returncode == 2 and len(lines) == 1 and not os.path.exists(out)
+        check(ok, "digit %d (%r): status %d, stderr %r" % (at, text[max(0, at - 30):at + 5], r.returncode, r.stderr))
+        refused += ok
+    comment("%d of 40 one-digit edits refused" % refused)
+
+
 def test_bad_index(fx):
     """A malformed index.json: one error line, exit 2, nothing written - never a crash or a wrong export."""
     step = step_dir(fx)
@@ -308,7 +358,7 @@ def test_bad_index(fx):
         base = json.load(f)
     t = "model.embed_tokens.weight"
     edits = [
-        ("a newer version", lambda d: d.update(version=2), "index version 2"),
+        ("a newer version", lambda d: d.update(version=3), "index version 3"),
         ("a file outside the folder", lambda d: d.update(files=["../x"]), "is not a file name of the checkpoint"),
         ("moment shards short of the chunk", lambda d: d["chunks"][0]["moments"][0].update(end=3),
          "the moment shards cover 3 of"),
@@ -331,6 +381,8 @@ def test_bad_index(fx):
     for what, edit, expect in edits:
         d = json.loads(json.dumps(base))
         edit(d)
+        if isinstance(d, dict) and d:
+            d["crc32"] = index_crc(d)  # past the checksum: each check of the reader is what refuses it
         shutil.rmtree(bad, ignore_errors=True)
         shutil.copytree(step, bad)
         with open(os.path.join(bad, "index.json"), "w") as f:
@@ -350,7 +402,9 @@ TESTS = [("config.json is the model's LlamaConfig", test_config),
          ("transformers loads the export; its logits = the numpy reference", test_transformers),
          ("export errors: one line, exit 2, output untouched", test_errors),
          ("--checkpoint: the checkpoint folder, its latest file, a step folder", test_paths),
-         ("a malformed index.json: one line, exit 2, nothing written", test_bad_index)]
+         ("a malformed index.json: one line, exit 2, nothing written", test_bad_index),
+         ("40 one-digit edits of index.json: each refused by its checksum", test_digit_edits),
+         ("an --out that cannot be written: one line before any work", test_out_checked)]
 
 
 if __name__ == "__main__":

@@ -490,10 +490,40 @@ static void test_gradient_clipping(void **state)
     config_free(&unclipped);
 }
 
+/* The backend out of memory: the error names the model's parameter count (model_free cleared it
+ * before the message was made, issue 50: "out of memory for 0 parameters"). */
+static void *alloc_nothing(size_t bytes)
+{
+    (void)bytes;
+    return NULL;
+}
+
+static void test_out_of_memory_names_the_count(void **state)
+{
+    (void)state;
+    Config cfg;
+    char *yaml = test_format("model: %s\nparallel: {dp: 1}\ntrain: {device: cpu}\n", tiny_model);
+    load_config(&cfg, yaml);
+    free(yaml);
+    Ops failing = *cpu_ops();
+    failing.alloc = alloc_nothing;
+    Model m, ok;
+    Error err = {0};
+    assert_int_equal(model_init(&ok, &cfg.model, cpu_ops(), NULL, RECOMPUTE_NONE, &err), 0);
+    assert_int_equal(model_init(&m, &cfg.model, &failing, NULL, RECOMPUTE_NONE, &err), -1);
+    char want[96];
+    snprintf(want, sizeof want, "model: out of memory for %lld parameters", (long long)ok.n_params);
+    assert_true(ok.n_params > 0);
+    assert_string_equal(err.msg, want);
+    model_free(&ok);
+    config_free(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_finite_differences),
+        cmocka_unit_test(test_out_of_memory_names_the_count),
         cmocka_unit_test(test_packing_invariance),
         cmocka_unit_test(test_packers_give_the_same_step),
         cmocka_unit_test(test_weights_save_and_load),

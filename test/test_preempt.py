@@ -17,6 +17,9 @@ checkpoint (every shard, index.json, state.bin) has the same bytes.
 5   one process without checkpoint.dir, SIGUSR1: a warning that nothing was saved, exit 75.
 6   SIGTERM, then SIGUSR1, to one process while its last step runs: the run finished - exit 0 (no
     requeue), no stop line, the last step's checkpoint.
+8   SIGTERM to rank 3 in the middle of the checkpoint due after step 8 (WLBTRAIN_FAULT=savesignal@3:8):
+    that save finishes and the run stops after step 8 - no step 9, no second save - exit 75;
+    resumed: the same run.
 7   bad train.stop_after values (--set and YAML): one "wlbtrain: error:" line, exit 2; good ones
     resolve.
 
@@ -61,24 +64,28 @@ ENV.pop("WLBTRAIN_STEP_DELAY", None)
 work = None
 
 
-def command(ranks, name, args, delay=None):
+def command(ranks, name, args, delay=None, fault=None):
     """The wlbtrain command of run NAME (checkpoint.dir WORK/NAME, log.metrics WORK/NAME.jsonl)."""
     cmd = []
     if ranks:
         cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
         if delay is not None:
             cmd += ["-x", "WLBTRAIN_STEP_DELAY"]
+        if fault is not None:
+            cmd += ["-x", "WLBTRAIN_FAULT"]
     cmd += [WLBTRAIN, "--config", os.path.join(work, "tiny.yaml"), "--set", "log.metrics=%s/%s.jsonl" % (work, name)]
     if name:
         cmd += ["--set", "checkpoint.dir=%s/%s" % (work, name)]
     env = dict(ENV)
     if delay is not None:
         env["WLBTRAIN_STEP_DELAY"] = str(delay)
+    if fault is not None:
+        env["WLBTRAIN_FAULT"] = fault
     return cmd + list(args), env
 
 
-def train(ranks, name, args=(), delay=None):
-    cmd, env = command(ranks, name, args, delay)
+def train(ranks, name, args=(), delay=None, fault=None):
+    cmd, env = command(ranks, name, args, delay, fault)
     return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                           timeout=300)
 
@@ -261,6 +268,15 @@ def test_signal_in_last_step():
         check(latest(tag) == "step-00000003", "%s: latest is %s" % (tag, latest(tag)))
 
 
+def test_signal_during_save():
+    r = train(4, "savesig", fault="savesignal@3:8")
+    step = check_stopped(r, "savesig", PREEMPTED, "stop: SIGTERM received")
+    check(step == 8, "a SIGTERM during the save after step 8: stopped after step %d" % step)
+    check(r.stdout.count("checkpoint: ") == 1, "more than one save: %r" % r.stdout)
+    resume("savesig")
+    check_same_run("savesig")
+
+
 def test_bad_values():
     base = [WLBTRAIN, "--config", os.path.join(work, "tiny.yaml"), "--print-config", "--set", "checkpoint.every=0"]
     for bad in ("0", "-5", "1.5h", "abc", "10x", "1m1h", "h", "5 m", "0s", "0h0m", "1h1h", "90S", "m30"):
@@ -294,7 +310,9 @@ TESTS = [("train.stop_after: 5 steps, three runs on 4 ranks, the same run as the
           test_sigterm_to_one_rank),
          ("SIGUSR1 without checkpoint.dir: a warning, exit 75", test_no_checkpoint_dir),
          ("SIGTERM and SIGUSR1 in the last step: the run finished, exit 0, no stop line", test_signal_in_last_step),
-         ("bad train.stop_after values: one error line, exit 2", test_bad_values)]
+         ("bad train.stop_after values: one error line, exit 2", test_bad_values),
+         ("SIGTERM during a save: the save finishes, the run stops after that step, exit 75, resumes the same run",
+          test_signal_during_save)]
 
 
 def main():

@@ -225,6 +225,33 @@ def test_worst_stage_sizes(fx):
               "--search-out wrote the layout that does not fit")
 
 
+def test_outputs_checked_first(fx):
+    """--search-out and --stats-out are checked before the search; --search-out is never the config it reads;
+    a huge --gpus does not count every size up to it."""
+    import time
+    copy = os.path.join(fx["tmp"], "input.yaml")
+    shutil.copy(CONFIG, copy)
+    with open(copy) as f:
+        before = f.read()
+    for extra, what in ((("--search-out", copy), "--search-out: %s is the config the search reads" % copy),
+                        (("--search-out", "/proc/wlb/best.yaml"), "--search-out: /proc/wlb/best.yaml cannot be written"),
+                        (("--stats-out", fx["tmp"]), "--stats-out: %s is a folder, not a file" % fx["tmp"])):
+        t0 = time.time()
+        r = run("--config", copy, "--dry-run", "--search", "--steps", STEPS, *fx["sets"], "--gpus", "16", *extra)
+        lines = r.stderr.strip().splitlines()
+        comment("%s: %.2f s: %s" % (extra[0], time.time() - t0, r.stderr.strip()))
+        check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("wlbtrain: error: " + what),
+              "%s: exit %d, %r" % (extra, r.returncode, r.stderr))
+        check(r.stdout == "", "%s: the search ran" % (extra,))
+    with open(copy) as f:
+        check(f.read() == before, "the input config was changed")
+    t0 = time.time()
+    r = run("--config", CONFIG, "--dry-run", "--search", "--steps", STEPS, *fx["sets"], "--gpus", "1000000000")
+    took = time.time() - t0
+    comment("--gpus 1000000000: %.2f s, exit %d: %s" % (took, r.returncode, r.stderr.strip()[:200]))
+    check(took < 30, "--gpus 1000000000 took %.1f s" % took)
+
+
 def teardown(fx):
     shutil.rmtree(fx["tmp"], ignore_errors=True)
 
@@ -237,6 +264,8 @@ tests = [
     ("a cluster too small: one line, exit 2, what would fit", test_too_small_cluster),
     ("the search's flags", test_flags),
     ("a layout whose later stage is the largest: sized by it, refused when it does not fit", test_worst_stage_sizes),
+    ("--search-out and --stats-out checked before the search, never the input config; --gpus 1e9 quick",
+     test_outputs_checked_first),
 ]
 
 if __name__ == "__main__":

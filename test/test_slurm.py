@@ -11,7 +11,9 @@ SIGUSR1 before the time limit (#SBATCH --signal=B:USR1@...) and allows requeuein
 Sent SIGUSR1 as Slurm would (to the batch shell) once training is under way, the script passes it
 to the ranks, which write a checkpoint and exit 75; the script then calls `scontrol requeue
 $SLURM_JOB_ID` (an `scontrol` on PATH records it) and exits 75. Run again as the requeued job
-(SLURM_RESTART_COUNT=1), it resumes from that checkpoint and finishes.
+(SLURM_RESTART_COUNT=1), it resumes from that checkpoint and finishes. A hang (one-node.sbatch, rank
+1 stopping at step 3, parallel.timeout_s 3): the watchdog ends the job with 76 naming rank 1, the
+script requeues it the same way, and the requeued job resumes and finishes.
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
@@ -127,10 +129,46 @@ def preempt(work, bin_dir, name):
     return problems
 
 
+def hang(work, bin_dir, name):
+    """Runs script `name` with one rank stopping at step 3 (WLBTRAIN_FAULT=hang@1:3) and parallel.timeout_s 3:
+    the watchdog ends the job with 76, the script requeues it; run again as the requeued job it resumes and
+    finishes. Returns the problems."""
+    tag = "hang-" + name.split(".")[0]
+    script = os.path.join(REPO, "scripts", "slurm", name)
+    scontrol = os.path.join(work, "scontrol.log")
+    if os.path.exists(scontrol):
+        os.remove(scontrol)
+    args = ["bash", script, "tiny.yaml", "--set", "train.steps=12", "--set", "checkpoint.dir=ck-" + tag,
+            "--set", "log.metrics=" + tag + ".jsonl", "--set", "parallel.timeout_s=3", "--set", "checkpoint.every=2"]
+    r = subprocess.run(args, cwd="/", env=slurm_env(work, bin_dir, WLBTRAIN_FAULT="hang@1:3"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True, timeout=120)
+    problems = []
+    got = open(scontrol).read() if os.path.exists(scontrol) else "(not called)"
+    if r.returncode != 76:
+        problems.append("exit status %s, expected 76" % r.returncode)
+    if "never reached it: rank 1 " not in r.stdout:
+        problems.append("rank 1 not named")
+    if got != "requeue 4242\n":
+        problems.append("scontrol: %r, expected 'requeue 4242'" % got)
+    if problems:
+        return problems + ["| " + line for line in r.stdout.splitlines()[-20:]]
+    os.remove(scontrol)
+    r = subprocess.run(args, cwd="/", env=slurm_env(work, bin_dir, SLURM_RESTART_COUNT="1"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    if r.returncode != 0 or "resume: ck-%s/step-" % tag not in r.stdout:
+        problems.append("requeued: exit status %d, no resume line" % r.returncode)
+    steps = [int(re.search(r'"step":(\d+)', line).group(1)) for line in open(os.path.join(work, tag + ".jsonl"))]
+    if steps != list(range(1, 13)):
+        problems.append("requeued: metrics of steps %s" % steps)
+    if problems:
+        problems += ["| " + line for line in r.stdout.splitlines()[-20:]]
+    return problems
+
+
 def main():
-    print("1..%d" % (2 * len(CASES) + 1))
+    print("1..%d" % (2 * len(CASES) + 2))
     if not os.path.exists(WLBTRAIN):
-        for i in range(1, 2 * len(CASES) + 2):
+        for i in range(1, 2 * len(CASES) + 3):
             print("ok %d - # SKIP %s is not built" % (i, WLBTRAIN))
         return 0
     work = tempfile.mkdtemp(prefix="wlbslurm-")
@@ -187,15 +225,21 @@ def main():
             failed += bool(problems)
             for p in problems:
                 print("# " + p)
+        problems = hang(work, bin_dir, CASES[0][0])
+        print("%sok %d - %s: a rank hangs: the watchdog ends the job (exit 76), requeue, resumed"
+              % ("not " if problems else "", 2 * len(CASES) + 1, CASES[0][0]))
+        failed += bool(problems)
+        for p in problems:
+            print("# " + p)
         problems = []
         for name, _ in CASES:
             text = open(os.path.join(REPO, "scripts", "slurm", name)).read()
             for want in (r"^#SBATCH --signal=B:USR1@\d+$", r"^#SBATCH --requeue$", r'scontrol requeue "\$SLURM_JOB_ID"',
-                         r"^trap .*USR1"):
+                         r"^trap .*USR1", r'^elif \[ "\$status" -eq 76 \]; then$'):
                 if not re.search(want, text, re.M):
                     problems.append("%s: no line matching %s" % (name, want))
-        print("%sok %d - every script asks for SIGUSR1 before the time limit and requeues"
-              % ("not " if problems else "", 2 * len(CASES) + 1))
+        print("%sok %d - every script asks for SIGUSR1 before the time limit and requeues (75 and 76)"
+              % ("not " if problems else "", 2 * len(CASES) + 2))
         failed += bool(problems)
         for p in problems:
             print("# " + p)

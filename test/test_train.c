@@ -269,7 +269,7 @@ static void test_errors(void **state)
     setenv("WLBTRAIN_FAULT", "crash@0:1", 1);
     RUN(&r, "--config", cfg);
     unsetenv("WLBTRAIN_FAULT");
-    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan or savekill)");
+    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan, savekill, savesignal, hang, slow or exit)");
     test_cmd_free(&r);
     /* The communication hooks' variables (engine/comm/comm.h): a malformed one is bad input. */
     setenv("WLB_COMM_LINK", "50", 1);
@@ -304,7 +304,39 @@ static void test_errors(void **state)
     test_cmd_free(&r);
     char *bad = test_format("log.metrics=%s/train.yaml/m.jsonl", dir);
     RUN(&r, "--config", cfg, "--set", bad);
-    test_assert_error(&r, "m.jsonl: cannot create: Not a directory");
+    test_assert_error(&r, "m.jsonl cannot be written: ");
+    test_cmd_free(&r);
+    /* Non-finite before any update: the hint is the weights and the model's settings, not the
+     * learning rate (issue 50); a RoPE base of 1 or less is refused. */
+    setenv("WLBTRAIN_FAULT", "nan@0:1", 1);
+    RUN(&r, "--config", cfg);
+    unsetenv("WLBTRAIN_FAULT");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "step 1: the gradient norm is nan; stopping (train.nonfinite: stop; before any "
+                                  "update of this run, so not the learning rate: check the weights"));
+    assert_null(strstr(r.err, "lower train.lr"));
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--set", "model.rope_theta=0.5");
+    test_assert_error(&r, "model.rope_theta");
+    test_cmd_free(&r);
+    /* A batch of far too many windows is said as what it is, not blamed on parallel.dp (issue 50). */
+    RUN(&r, "--config", cfg, "--set", "data.global_batch_tokens=1000000000000000");
+    test_assert_error(&r, "data.global_batch_tokens: 1000000000000000 tokens are ");
+    assert_null(strstr(r.err, "the planner needs a number for dp"));
+    test_cmd_free(&r);
+    /* A warmup set longer than the run (issue 50): refused before the first step; equal is fine; the
+     * config's warmup (5) over a run --steps shortened: a warning. */
+    RUN(&r, "--config", cfg, "--set", "train.warmup_steps=50", "--steps", "3");
+    test_assert_error(&r, "--set train.warmup_steps=50: train.warmup_steps: 50, longer than the run (train.steps 3)");
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--set", "train.warmup_steps=2", "--steps", "2");
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.err, "warmup"));
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--steps", "2");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "wlbtrain: warning: "));
+    assert_non_null(strstr(r.err, "train.warmup_steps 5 is longer than this run's 2 steps"));
     test_cmd_free(&r);
     free(bad);
     free(cfg);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include "util/fileio.h"
 
@@ -302,6 +303,65 @@ static int read_tensors(CkptIndex *ix, json_t *tensors, const char *path, Error 
     return 0;
 }
 
+int ckpt_index_crc(const json_t *root, uint32_t *crc)
+{
+    json_t *copy = json_copy((json_t *)root); /* shallow: only the top-level key is dropped */
+    if (!copy)
+        return -1;
+    json_object_del(copy, "crc32");
+    char *text = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII);
+    json_decref(copy);
+    if (!text)
+        return -1;
+    uLong c = crc32(0L, Z_NULL, 0);
+    size_t n = strlen(text);
+    for (size_t at = 0; at < n;) { /* pieces small enough for zlib's uInt */
+        size_t k = n - at < ((size_t)1 << 30) ? n - at : ((size_t)1 << 30);
+        c = crc32(c, (const Bytef *)text + at, (uInt)k);
+        at += k;
+    }
+    free(text);
+    *crc = (uint32_t)c;
+    return 0;
+}
+
+int ckpt_index_load(const char *path, json_t **out, Error *err)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    *out = NULL;
+    if (!root)
+        return je.line > 0 ? error_set(err, path, "line %d: %s", je.line, je.text) : bad(err, path, je.text, NULL);
+    json_t *v = json_object_get(root, "version"), *sum = json_object_get(root, "crc32");
+    json_int_t version = json_is_integer(v) ? json_integer_value(v) : 0;
+    int rc = 0;
+    /* Version 1 carries no checksum; a version this reader does not know is refused by its caller. */
+    if (version >= 2 && version <= CKPT_INDEX_VERSION) {
+        const char *text = json_string_value(sum);
+        uint32_t have = 0;
+        char hex[16];
+        if (!text || strlen(text) != 8 || strspn(text, "0123456789abcdef") != 8)
+            rc = error_set(err, path, "no checksum (\"crc32\": 8 hex digits), which index version %d carries: edited "
+                           "or damaged (resume or export an intact checkpoint)", (int)version);
+        else if (ckpt_index_crc(root, &have) != 0)
+            rc = error_runtime(err, path, "out of memory");
+        snprintf(hex, sizeof hex, "%08x", have);
+        if (rc == 0 && strcmp(hex, text) != 0)
+            rc = error_set(err, path, "checksum %s, the content's is %s: the index was edited or damaged after it "
+                           "was written (resume or export an intact checkpoint)", text, hex);
+    } else if (version == 1 && sum) {
+        rc = error_set(err, path, "a checksum in an index of version 1, which carries none: edited or damaged");
+    }
+    if (rc == 0 && sum)
+        json_object_del(root, "crc32");
+    if (rc != 0) {
+        json_decref(root);
+        return -1;
+    }
+    *out = root;
+    return 0;
+}
+
 int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
 {
     memset(ix, 0, sizeof *ix);
@@ -309,9 +369,9 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
     char path[4200];
     snprintf(path, sizeof path, "%s/index.json", dir);
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je), *files, *chunks, *tensors;
-    if (!root)
-        return je.line > 0 ? error_set(err, path, "line %d: %s", je.line, je.text) : bad(err, path, je.text, NULL);
+    json_t *root, *files, *chunks, *tensors;
+    if (ckpt_index_load(path, &root, err) != 0)
+        return -1;
     int version = 0, rc = 0;
     json_int_t step = 0;
     if (json_unpack_ex(root, &je, 0, "{s:i, s:I, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:o, s:o, s:o}", "version", &version,
@@ -319,8 +379,8 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
                        &ix->virtual_stages, "zero", &ix->zero, "files", &files, "chunks", &chunks, "tensors",
                        &tensors) != 0)
         rc = bad(err, path, "not a wlbtrain checkpoint index", je.text);
-    else if (version != CKPT_INDEX_VERSION)
-        rc = error_set(err, path, "index version %d; this wlbtrain reads version %d", version, CKPT_INDEX_VERSION);
+    else if (version < 1 || version > CKPT_INDEX_VERSION)
+        rc = error_set(err, path, "index version %d; this wlbtrain reads versions 1 to %d", version, CKPT_INDEX_VERSION);
     else if (ix->tp <= 0 || ix->cp <= 0 || ix->pp <= 0 || ix->dp <= 0 || ix->virtual_stages <= 0 || ix->tp > 65536 ||
              ix->cp > 65536 || ix->pp > 65536 || ix->dp > 65536 || ix->virtual_stages > 65536 ||
              !json_is_array(files) || !json_is_array(chunks) || !json_is_object(tensors))

@@ -3,7 +3,7 @@
  * the format; rank 0 writes it from the config alone, train_ckpt_index.c): by a resume on any layout
  * and by `wlbtrain export`; and, for both, which step folder a path a user gives names.
  *
- * The reader checks the index before anything is used (its version, the layout, every file name,
+ * The reader checks the index before anything is used (its checksum, no key twice in an object, its version, the layout, every file name,
  * every chunk's moment shards partitioning its parameter vector, every tensor's blocks inside it and
  * adding up to it) and opens a shard file only when a section of it is first needed (statefile_open
  * checks its CRCs then), so a resume reads only the files that overlap its blocks.
@@ -11,12 +11,23 @@
 #ifndef WLB_UTIL_CKPT_INDEX_H
 #define WLB_UTIL_CKPT_INDEX_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "util/error.h"
 #include "util/statefile.h"
 
-enum { CKPT_INDEX_VERSION = 1 };
+/* Version 2 carries "crc32"; version 1 (written before it) is read without one. */
+enum { CKPT_INDEX_VERSION = 2 };
+
+/* The checksum of an index: zlib's CRC-32 of root without its "crc32" key, dumped as compact JSON
+ * with sorted keys and ASCII escapes - what Python's json.dumps(d, separators=(",", ":"),
+ * sort_keys=True) gives, so a test (or a repair tool) can compute it too. The index carries it as
+ * "crc32": eight lowercase hex digits. -1 when root cannot be dumped (out of memory). */
+int ckpt_index_crc(const json_t *root, uint32_t *crc);
+/* index.json read as the checkpoint reader reads it: an object with no key twice (jansson keeps the
+ * last of two otherwise), its checksum verified (version 2), "crc32" removed. */
+int ckpt_index_load(const char *path, json_t **root, Error *err);
 
 /* A flat range [begin, end) of a chunk's AdamW moments, sections m and v of a file. */
 typedef struct CkptShard {

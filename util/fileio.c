@@ -243,3 +243,94 @@ int file_sync_dir(const char *dir, Error *err)
     close(fd);
     return rc == 0 ? 0 : error_errno(err, dir, "cannot sync");
 }
+
+/* The nearest folder at or above path that exists (malloc'd in *dir), or an Error. */
+static int nearest_folder(const char *path, int self, const char *what, char **dir, Error *err)
+{
+    char *d = strdup(path && path[0] ? path : ".");
+    if (!d)
+        return error_runtime(err, what, "out of memory");
+    if (!self) { /* start from the folder the file is in */
+        char *slash = strrchr(d, '/');
+        if (!slash)
+            strcpy(d, ".");
+        else
+            slash[slash == d] = '\0'; /* "/x" -> "/" */
+    }
+    for (;;) {
+        struct stat st;
+        if (stat(d, &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) {
+                int rc = error_set(err, what, "%s cannot be written: %s is a file, not a folder", path, d);
+                free(d);
+                return rc;
+            }
+            *dir = d;
+            return 0;
+        }
+        if (errno != ENOENT && errno != ENOTDIR) {
+            int rc = error_set(err, what, "%s cannot be written: cannot look at %s: %s", path, d, strerror(errno));
+            free(d);
+            return rc;
+        }
+        size_t n = strlen(d);
+        while (n > 1 && d[n - 1] == '/')
+            d[--n] = '\0';
+        char *slash = strrchr(d, '/');
+        if (!slash)
+            strcpy(d, ".");
+        else
+            slash[slash == d] = '\0';
+    }
+}
+
+int file_check_writable(const char *path, int is_dir, const char *what, Error *err)
+{
+    struct stat st;
+    if (!is_dir && stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            return error_set(err, what, "%s is a folder, not a file", path);
+        int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+        if (fd < 0)
+            return error_set(err, what, "%s cannot be written: %s", path, strerror(errno));
+        close(fd);
+    }
+    char *dir = NULL, *probe = NULL;
+    if (nearest_folder(path, is_dir, what, &dir, err) != 0)
+        return -1;
+    int rc = 0, fd = -1;
+    size_t n = strlen(dir) + 64;
+    if (!(probe = malloc(n))) {
+        free(dir);
+        return error_runtime(err, what, "out of memory");
+    }
+    snprintf(probe, n, "%s/.wlbtrain-probe-%ld", dir, (long)getpid());
+    static char zeros[65536];
+    fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        rc = error_set(err, what, "%s cannot be written: the folder %s takes no new file: %s", path, dir,
+                       strerror(errno));
+    } else {
+        size_t at = 0;
+        while (rc == 0 && at < sizeof zeros) {
+            ssize_t k = write(fd, zeros + at, sizeof zeros - at);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0)
+                rc = error_set(err, what, "%s cannot be written: the folder %s is full or over quota (%s)", path, dir,
+                               k < 0 ? strerror(errno) : "a write of 0 bytes");
+            else
+                at += (size_t)k;
+        }
+        if (rc == 0 && fsync(fd) != 0)
+            rc = error_set(err, what, "%s cannot be written: the folder %s is full or over quota (%s)", path, dir,
+                           strerror(errno));
+        if (close(fd) != 0 && rc == 0)
+            rc = error_set(err, what, "%s cannot be written: closing a file in %s: %s", path, dir, strerror(errno));
+        if (unlink(probe) != 0 && rc == 0)
+            rc = error_set(err, what, "%s: cannot remove the probe file %s: %s", path, probe, strerror(errno));
+    }
+    free(probe);
+    free(dir);
+    return rc;
+}

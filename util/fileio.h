@@ -38,6 +38,15 @@ int file_remove_tree(const char *path, Error *err);
 /* fsync a folder, so that renames and creations inside it survive a crash. */
 int file_sync_dir(const char *dir, Error *err);
 
+/* Whether a WHAT (an output: "checkpoint.dir", "log.metrics", ...) can be written at path before any
+ * work is done, without leaving anything behind: is_dir, a folder that will hold files (it, or the
+ * nearest folder above it that exists, when it is still to be made); else a file (it, when it
+ * exists, must be a regular file that opens for writing; its folder, or the nearest above, must take
+ * new files, as atomic writes need). The folder is probed by writing, fsyncing and removing a file
+ * of 64 KiB, so a read-only, full or over-quota file system is found here. An Error names the path,
+ * the folder and the reason. */
+int file_check_writable(const char *path, int is_dir, const char *what, Error *err);
+
 typedef struct AtomicFile {
     FILE *f;   /* write here between atomic_open and atomic_commit */
     char *path;

@@ -5,6 +5,7 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_watchdog.h"
 
 /* A blocking collective on g: logged, after the collectives started on g have run. */
 static void blocking(const Comm *c, LayoutGroup g, const char *op, int64_t n)
@@ -38,31 +39,31 @@ int comm_use(Comm *c, const CommImpl *impl, Error *err)
 int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
     blocking(c, g, "allreduce", n);
-    return n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err);
+    return comm_flight_end(n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err));
 }
 
 int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt, Error *err)
 {
     blocking(c, g, "allgatherv", sum_counts(c, g, counts));
-    return c->impl->allgatherv(c, g, send, recv, counts, dt, err);
+    return comm_flight_end(c->impl->allgatherv(c, g, send, recv, counts, dt, err));
 }
 
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
     blocking(c, g, "reduce_scatterv", sum_counts(c, g, counts));
-    return c->impl->reduce_scatterv(c, g, send, recv, counts, err);
+    return comm_flight_end(c->impl->reduce_scatterv(c, g, send, recv, counts, err));
 }
 
 int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
 {
     blocking(c, g, "allgather", n);
-    return c->impl->allgather(c, g, send, recv, n, dt, err);
+    return comm_flight_end(c->impl->allgather(c, g, send, recv, n, dt, err));
 }
 
 int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
 {
     blocking(c, g, "reduce_scatter", n);
-    return c->impl->reduce_scatter(c, g, send, recv, n, err);
+    return comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err));
 }
 
 size_t comm_elem_bytes(const Comm *c, Dt dt)
@@ -106,7 +107,7 @@ int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *re
     if (!c->mpi)
         return error_runtime(err, "comm", "exchange with %d in a world of one", peer);
     blocking(c, g, "exchange", n);
-    return n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err);
+    return comm_flight_end(n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err));
 }
 
 int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
@@ -115,13 +116,15 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, c
     if (!c->mpi)
         return error_runtime(err, "comm", "send to %d in a world of one", peer);
     comm_async_drain(c, g);
+    comm_flight_begin(c, g, "send", n, peer);
+    comm_flight_bind(req);
     if (c->impl->isend(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
     comm_async_count(c, 1);
     return 0;
 }
 
-int comm_wait(const Comm *c, CommRequest *req, Error *err)
+static int wait_request(const Comm *c, CommRequest *req, Error *err)
 {
     if (!req->active)
         return 0;
@@ -131,12 +134,20 @@ int comm_wait(const Comm *c, CommRequest *req, Error *err)
     return c->impl->wait(c, req, err);
 }
 
+int comm_wait(const Comm *c, CommRequest *req, Error *err)
+{
+    int rc = wait_request(c, req, err);
+    comm_flight_end_req(req);
+    return rc;
+}
+
 int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err)
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
     comm_async_drain(c, g);
-    return c->impl->recv(c, g, peer, lane, tag, buf, n, err);
+    comm_flight_begin(c, g, "recv", n, peer);
+    return comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err));
 }
 
 void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
@@ -164,6 +175,8 @@ int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *
     comm_async_drain(c, g);
     req->collective = 0;
     req->op = NULL;
+    comm_flight_begin(c, g, "recv", n, peer);
+    comm_flight_bind(req);
     if (c->impl->irecv(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
     comm_async_count(c, 1);
@@ -181,6 +194,7 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     req->op = NULL;
     int v = op->kind == COMM_OP_ALLGATHERV || op->kind == COMM_OP_REDUCE_SCATTERV;
     comm_log_op(c, g, op_names[op->kind], v ? sum_counts(c, g, op->counts) : op->n);
+    comm_flight_bind(req); /* finished at comm_wait */
     int sum = op->kind == COMM_OP_ALLREDUCE_SUM || op->kind == COMM_OP_REDUCE_SCATTERV || op->kind == COMM_OP_REDUCE_SCATTER;
     int background = c->overlap && c->mpi && c->size[g] > 1 && !(op->kind == COMM_OP_ALLREDUCE_SUM && op->n == 0) &&
                      !(sum && comm_sums_in_bf16(c, g, op->dt));

@@ -26,6 +26,7 @@
  * copies into the receive buffer. Host memory only (the path runs threads with host memory only).
  */
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_watchdog.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -140,6 +141,7 @@ int comm_async_open_log(Comm *c, Error *err)
 
 void comm_log_op(const Comm *c, LayoutGroup g, const char *op, int64_t n)
 {
+    comm_flight_begin(c, g, op, n, -1); /* the watchdog's flight recorder (comm_watchdog.h) */
     if (c->log && c->size[g] > 1)
         fprintf((FILE *)c->log, "%d-%d %s %lld\n", (int)g, c->group_id[g], op, (long long)n);
 }
@@ -258,6 +260,7 @@ static void record_done(CommAsync *a, Worker *w, AsyncOp *x, int rc, const Error
     x->rc = rc;
     x->err = *e;
     x->done = 1;
+    comm_flight_progress();
     w->busy = 0;
     w->finished++;
     pthread_cond_broadcast(&a->cv);

@@ -5,6 +5,7 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_watchdog.h"
 #include "util/clock.h"
 
 #include <limits.h>
@@ -279,21 +280,21 @@ int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n,
 {
     comm_log_op(c, g, "allreduce_host", n);
     comm_async_drain(c, g);
-    return allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err);
+    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err));
 }
 
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
     comm_log_op(c, g, "allreduce_f64", n);
     comm_async_drain(c, g);
-    return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err);
+    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err));
 }
 
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
     comm_log_op(c, g, "allreduce_max_f64", n);
     comm_async_drain(c, g);
-    return allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err);
+    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err));
 }
 
 /* int counts and displacements for the v-collectives. */

@@ -168,8 +168,9 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
     m->cp_req = d->cp > 1 ? calloc((size_t)(2 * d->cp), sizeof *m->cp_req) : NULL;
     float freq[4096];
     if (!m->params || !m->grads || !m->wact || !m->inv_freq || d->head_dim / 2 > 4096 || (d->cp > 1 && !m->cp_req)) {
+        long long n = (long long)m->n_params; /* model_free clears it */
         model_free(m);
-        return error_runtime(err, "model", "out of memory for %lld parameters", (long long)m->n_params);
+        return error_runtime(err, "model", "out of memory for %lld parameters", n);
     }
     m->rope_scale = model_rope_table(c, d->head_dim, freq);
     ops->to_device(m->inv_freq, freq, (size_t)(d->head_dim / 2) * sizeof(float));

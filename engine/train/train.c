@@ -25,7 +25,11 @@
  * Test hook: WLBTRAIN_FAULT=KIND@RANK:STEP makes world rank RANK fail at step STEP: KIND error (an
  * error, status 1), kill (SIGKILL, as a crashed node), plan (its plan of that step differs from
  * the other ranks', which the plan check must catch), nan (a NaN in one of its gradients) or
- * savekill (SIGKILL in the middle of the checkpoint saved after that step). WLBTRAIN_STEP_DELAY=S
+ * savekill (SIGKILL in the middle of the checkpoint saved after that step), savesignal (SIGTERM to
+ * itself there, as Slurm's during a save, which must finish and stop the run), hang (SIGSTOP to
+ * itself at the start of the step: a rank that stops answering; the others' watchdog must end the
+ * job), slow (a sleep of WLBTRAIN_FAULT_SLOW_S seconds, default 5, at every step from STEP on: a
+ * straggler) or exit (_exit(1) at the step: a rank gone). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -42,18 +46,33 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "config/config_keys.h"
+#include "engine/comm/comm_watchdog.h"
 #include "engine/comm/runtime.h"
 #include "util/clock.h"
 #include "util/fileio.h"
 #include "util/parse.h"
 
-typedef enum FaultKind { FAULT_NONE, FAULT_ERROR, FAULT_KILL, FAULT_PLAN, FAULT_NAN, FAULT_SAVEKILL } FaultKind;
+typedef enum FaultKind {
+    FAULT_NONE,
+    FAULT_ERROR,
+    FAULT_KILL,
+    FAULT_PLAN,
+    FAULT_NAN,
+    FAULT_SAVEKILL,
+    FAULT_SAVESIGNAL,
+    FAULT_HANG,
+    FAULT_SLOW,
+    FAULT_EXIT
+} FaultKind;
 
 typedef struct Fault {
     FaultKind kind;
     int rank;
     int64_t step;
+    double slow_s; /* slow: the sleep of each step (WLBTRAIN_FAULT_SLOW_S, default 5) */
 } Fault;
 
 static int parse_fault(Fault *f, Error *err)
@@ -66,14 +85,19 @@ static int parse_fault(Fault *f, Error *err)
     long long rank, step;
     int used = 0;
     if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
-        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan or savekill), "
-                         "got '%s'", s);
-    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill"};
+        return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill, "
+                         "savesignal, hang, slow or exit), got '%s'", s);
+    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill", "savesignal", "hang", "slow", "exit"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
         if (!strcmp(kind, kinds[k]))
             f->kind = (FaultKind)k;
     if (f->kind == FAULT_NONE)
-        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan or savekill)", kind);
+        return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan, savekill, savesignal, "
+                         "hang, slow or exit)", kind);
+    const char *slow = getenv("WLBTRAIN_FAULT_SLOW_S");
+    f->slow_s = 5;
+    if (slow && *slow && (parse_double(slow, &f->slow_s) != 0 || f->slow_s < 0 || f->slow_s > 3600))
+        return error_set(err, "WLBTRAIN_FAULT_SLOW_S", "expected seconds between 0 and 3600, got '%s'", slow);
     f->rank = (int)rank;
     f->step = step;
     return 0;
@@ -82,12 +106,27 @@ static int parse_fault(Fault *f, Error *err)
 static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
 {
     tr->fault_plan = 0;
-    tr->fault_nan = tr->fault_kill_in_save = 0;
+    tr->fault_nan = tr->fault_kill_in_save = tr->fault_signal_in_save = 0;
+    if (f->kind == FAULT_SLOW && f->rank == tr->lay.rank && step >= f->step) {
+        /* a straggler: this rank slow at every step from STEP on, inside its first pass's compute */
+        tr->fault_sleep_s = f->slow_s;
+        return 0;
+    }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
         return 0;
+    if (f->kind == FAULT_HANG) {
+        fflush(stdout);
+        raise(SIGSTOP); /* as `kill -STOP`: the rank stops answering, outside any collective */
+        return 0;
+    }
+    if (f->kind == FAULT_EXIT) {
+        fflush(stdout);
+        _exit(1); /* a rank gone without a word (no MPI_Finalize, no abort) */
+    }
     tr->fault_nan = f->kind == FAULT_NAN;
     tr->fault_kill_in_save = f->kind == FAULT_SAVEKILL;
-    if (f->kind == FAULT_NAN || f->kind == FAULT_SAVEKILL)
+    tr->fault_signal_in_save = f->kind == FAULT_SAVESIGNAL;
+    if (f->kind == FAULT_NAN || f->kind == FAULT_SAVEKILL || f->kind == FAULT_SAVESIGNAL)
         return 0;
     if (f->kind == FAULT_ERROR)
         return error_runtime(err, "WLBTRAIN_FAULT", "injected failure at step %lld", (long long)step);
@@ -220,11 +259,11 @@ static void format_duration(double s, char *buf, size_t size)
 static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
                          double mem_predicted, Error *err)
 {
-    fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
+    fprintf(f, "{\"step\":%lld,\"slowest_rank\":%d,\"slowest_compute_s\":%.6g,\"median_compute_s\":%.6g,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
                "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"token_delay_steps\":%.6g,\"delayed_tokens\":%lld,"
                "\"skipped\":%lld,\"attn_pairs\":%lld,\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g",
-            (long long)step, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
+            (long long)step, st->slowest_rank, st->slowest_compute_s, st->median_compute_s, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
             (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,
             (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
@@ -330,15 +369,18 @@ static int open_metrics(const char *path, int64_t first, FILE **out, Error *err)
     return 0;
 }
 
-/* After `step`: a checkpoint when one is due, or when the run stops there (force). */
-static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, int force, Error *err)
+/* After `step`: a checkpoint when one is due, or when the run stops there (force); *saved: whether
+ * one was written. */
+static int maybe_save(Trainer *tr, const Config *cfg, int64_t step, int force, int *saved, Error *err)
 {
     const ConfigCheckpoint *c = &cfg->checkpoint;
+    *saved = 0;
     if (!c->dir || !(force || (c->every > 0 && step % c->every == 0) || step == cfg->train.steps))
         return 0;
     double t0 = clock_seconds();
     if (trainer_save(tr, step, err) != 0)
         return -1;
+    *saved = 1;
     if (tr->lay.rank == 0) {
         printf("checkpoint: %s/step-%08lld (%.3f s)\n", c->dir, (long long)step, clock_seconds() - t0);
         fflush(stdout);
@@ -380,6 +422,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         rc = inject_fault(fault, tr, step, err);
         if (rc == 0)
             rc = trainer_forward_backward(tr, &st, err);
+        if (rc == 0 && trainer_stragglers(tr, step, &st) != 0)
+            rc = error_runtime(err, "train", "out of memory");
         if (rc == 0)
             rc = trainer_update(tr, &st, err);
         if (rc == 0) {
@@ -397,13 +441,26 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         }
         if (rc == 0)
             rc = maybe_evaluate(tr, cfg, step, &st, err);
+        /* The step's time (its evaluation and checkpoint not in it), and rank 0's metrics line
+         * written before the checkpoint: a job that dies after the save (a hang in the vote after it,
+         * say) and is resumed from it keeps every step's line. */
+        double ms = (clock_seconds() - t0 - st.eval_s) * 1e3;
+        if (rc == 0 && lead && metrics)
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted, err);
+        int saved = 0;
         if (rc == 0)
-            rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, err);
+            rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, &saved, err);
+        if (rc == 0 && saved && stop->reason == STOP_NONE && step < cfg->train.steps) {
+            /* A signal that came during the save (Slurm's SIGTERM, say): the checkpoint in hand is
+             * this step's, so the run stops now instead of training one more step and saving again
+             * inside the kill wait. One more small vote, only after a save. */
+            double again[2] = {(double)train_stop_signal, 0};
+            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, again, 2, err);
+            if (rc == 0 && again[0] > 0)
+                stop_decide(stop, again, step, done);
+        }
         if (rc != 0 || !lead)
             continue;
-        double ms = (clock_seconds() - t0 - st.eval_s) * 1e3; /* the step's time, its evaluation not in it */
-        if (metrics)
-            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted, err);
         if (st.skipped) {
             printf("step %5lld/%lld  loss %g  grad_norm %g: not finite, update skipped (%lld so far)\n",
                    (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
@@ -462,6 +519,30 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
     return rc;
 }
 
+/* train.warmup_steps set (in the file or by --set) longer than the run: the learning rate would never
+ * reach train.lr. Refused when the run's length is the config's; when --steps or --set shortened the
+ * run (a smoke test of a long config) a warning says so instead (warn: rank 0, once set up, so that
+ * an error line stays the only line). The default (100) is left alone. */
+static int check_warmup(const Config *cfg, int warn, Error *err)
+{
+    int k = config_key_find("train.warmup_steps"), ks = config_key_find("train.steps");
+    const ConfigTrain *t = &cfg->train;
+    if (k < 0 || ks < 0 || (cfg->origin[k].kind != ORIGIN_FILE && cfg->origin[k].kind != ORIGIN_SET) ||
+        t->warmup_steps <= t->steps)
+        return 0;
+    char where[1200];
+    config_where(cfg, k, where, sizeof where);
+    if (cfg->origin[ks].kind == ORIGIN_SET && cfg->origin[k].kind == ORIGIN_FILE) {
+        if (warn)
+            fprintf(stderr, "wlbtrain: warning: %s: train.warmup_steps %lld is longer than this run's %lld steps: the "
+                    "learning rate does not reach train.lr\n", where, (long long)t->warmup_steps, (long long)t->steps);
+        return 0;
+    }
+    return error_set(err, where, "train.warmup_steps: %lld, longer than the run (train.steps %lld): the learning rate "
+                     "would never reach train.lr; give at most %lld", (long long)t->warmup_steps, (long long)t->steps,
+                     (long long)t->steps);
+}
+
 int trainer_run(Config *cfg, int *exit_status, Error *err)
 {
     double t_begin = clock_seconds();
@@ -475,8 +556,9 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     /* The layers placed (the same on every rank), then a layout that does not fit the device's
      * memory stops here, before anything starts. */
     double mem_predicted = 0;
-    if (trainer_check_data(cfg, err) != 0 || trainer_stage_layers(cfg, NULL, NULL, err) != 0 ||
-        trainer_memory_admit(cfg, &mem_predicted, err) != 0)
+    if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 ||
+        trainer_check_outputs(cfg, launch.rank == 0, err) != 0 ||
+        trainer_stage_layers(cfg, NULL, NULL, err) != 0 || trainer_memory_admit(cfg, &mem_predicted, err) != 0)
         return -1;
     /* Before MPI starts: a signal from then on asks for a stop instead of killing the rank. */
     if (install_stop_handlers(old, err) != 0)
@@ -490,12 +572,25 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         restore_stop_handlers(old);
         return -1;
     }
+    /* The collective watchdog (comm_watchdog.h; a job of more than one rank): its flight recorder
+     * goes to checkpoint.dir (made now, so that it is there when a hang is found). */
+    char mark[4200];
+    snprintf(mark, sizeof mark, "%s/x", cfg->checkpoint.dir ? cfg->checkpoint.dir : ".");
+    int wd = comm_world_size(&comm) > 1 && p->timeout_s > 0;
+    if (wd && ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
+               comm_watchdog_start(&comm, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal, err) != 0)) {
+        comm_finish(&comm);
+        restore_stop_handlers(old);
+        return -1;
+    }
     Trainer tr;
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
     tr.mem_predicted = mem_predicted;
-    if (rc == 0 && tr.lay.rank == 0)
+    if (rc == 0 && tr.lay.rank == 0) {
         print_banner(&tr, cfg);
+        check_warmup(cfg, 1, err); /* the warning only: an error was returned before */
+    }
     if (rc == 0 && tr.lay.rank == 0 && tr.valid && cfg->train.eval_every > 0) {
         char line[1024];
         trainer_valid_describe(&tr, line, sizeof line);
@@ -504,8 +599,10 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     }
     if (rc == 0)
         rc = resume(&tr, cfg, &done, err);
-    if (rc == 0)
+    if (rc == 0) {
+        tr.updates_at_start = tr.chunks[0].optim.step;
         rc = train_loop(&tr, cfg, &fault, done, &stop, err);
+    }
     if (rc != 0 && comm_world_size(&comm) > 1) {
         /* Alone, this rank would leave the others waiting in their next collective. */
         fprintf(stderr, "wlbtrain: error: rank %d: %s\n", comm_world_rank(&comm), err->msg);
@@ -514,6 +611,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     if (rc == 0 && stop.reason == STOP_SIGNAL)
         *exit_status = TRAIN_EXIT_PREEMPTED;
     trainer_free(&tr);
+    comm_watchdog_stop();
     comm_finish(&comm);
     restore_stop_handlers(old);
     return rc;

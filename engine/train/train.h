@@ -27,6 +27,7 @@
 #ifndef WLB_ENGINE_TRAIN_H
 #define WLB_ENGINE_TRAIN_H
 
+#include <jansson.h>
 #include <stdio.h>
 
 #include "config/config.h"
@@ -110,6 +111,10 @@ typedef struct TrainStats {
     double valid_loss, eval_s;
     int64_t valid_tokens;
     PositionLoss valid_by_position;
+    /* Stragglers (train_straggler.c): the rank that computed longest in the step, its compute
+     * seconds, and the median of the ranks'. */
+    int slowest_rank;
+    double slowest_compute_s, median_compute_s;
 } TrainStats;
 
 /* The validation loss of the held-out documents (train_eval.c): their cross-entropy summed over
@@ -167,6 +172,10 @@ typedef struct Trainer {
     double loss_sum;
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
+    int straggler_rank, straggler_steps; /* the rank slowest by a margin, for how many steps in a row */
+    double fault_sleep_s;     /* WLBTRAIN_FAULT slow: seconds slept inside this step's first pass */
+    int64_t updates_at_start; /* the optimizer's updates when this run's first step began (after a
+                               * resume: the checkpoint's), for the hint of a non-finite first step */
     double mem_predicted;    /* the memory model's peak of the worst rank (bytes, train_memory.h) */
     struct TrainValid *valid; /* the validation set and its planner (train_eval.c); NULL without one */
     TrainValidRecord valid_record;
@@ -174,7 +183,7 @@ typedef struct Trainer {
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
     char resume_how[320];    /* trainer_resume: how the shards were read (the resume line says it) */
     uint32_t fault_plan;
-    int fault_nan, fault_kill_in_save;
+    int fault_nan, fault_kill_in_save, fault_signal_in_save;
 } Trainer;
 
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
@@ -273,9 +282,26 @@ int trainer_continue(Trainer *tr, int64_t *done, Error *err);
  * checkpoint.resume looks for a checkpoint: with resume auto the earlier stage's latest would else be
  * resumed as this run's. 0 when the checkpoint cannot be found (trainer_continue's error). */
 int trainer_continue_check_dir(const Config *cfg, Error *err);
+/* What a run writes, checked before any work (train_outputs.c): checkpoint.dir and (lead: rank 0's)
+ * log.metrics writable, and checkpoint.dir holding no checkpoint of another run that this one would
+ * replace (trainer_continue_check_dir first). */
+int trainer_check_outputs(const Config *cfg, int lead, Error *err);
+/* After a step's forward and backward (tr->all_compute gathered): the slowest rank by compute, its
+ * excess over the median, into st; rank 0 warns on stderr when one rank stays the slowest by a
+ * margin (train_straggler.c). -1 when out of memory. */
+int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
- * (train_ckpt_index.c). */
+ * (train_ckpt_index.c), with its checksum (util/ckpt_index.h); trainer_index_json: that index (without
+ * the checksum) as a JSON object for the caller to json_decref. */
 int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);
+int trainer_index_json(const Config *cfg, int64_t step, json_t **root, Error *err);
+/* The files of the step folder dir against each other, before any weight is read
+ * (train_ckpt_check.c): index.json's checksum, no key twice, and every entry equal to the index that
+ * config.yaml's model and layout give; config.yaml's model shape and layout equal to state.bin's
+ * meta section (trainer_meta_check, which also gives the step state.bin was saved after). Resume,
+ * continue_from, eval and export all check it; any difference is one Error. */
+int trainer_checkpoint_check(const char *dir, Error *err);
+int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the
  * parameters [begin, end) this rank's optimizer updates (all, or its ZeRO-1 shard). */

@@ -18,7 +18,10 @@
  *                      ({file, begin, end, m, v}), and per Hugging Face tensor name its full shape
  *                      and the blocks that make it up ({file, section, offset, tp, chunk, row0, rows,
  *                      col0, cols}: rows x cols floats at `offset` of that chunk's vector; only the
- *                      counted copy of replicated blocks - kv heads over TP, norms, tied embeddings)
+ *                      counted copy of replicated blocks - kv heads over TP, norms, tied embeddings),
+ *                      and its checksum crc32 (util/ckpt_index.h); before any weight is read the
+ *                      index, config.yaml and state.bin are checked against each other
+ *                      (train_ckpt_check.c)
  *   state.bin          rank 0's sections: meta (u64 words: format 2, step, optimizer updates,
  *                      skipped steps, the model's shape, the layout that saved it, the window and
  *                      batch, and the updates before the LR schedule began - Optim.lr_step0, 0 in
@@ -58,19 +61,28 @@
 
 enum { META_FORMAT = 2, META_WORDS = 20 };
 
+/* The words of the meta section that a config gives: the model's shape, the layout, the window and
+ * batch (4 to 18). */
+static void meta_config_words(const Config *cfg, uint64_t *w)
+{
+    const ConfigModel *m = &cfg->model;
+    const ConfigParallel *p = &cfg->parallel;
+    uint64_t v[15] = {(uint64_t)m->n_layers, (uint64_t)m->d_model, (uint64_t)m->n_heads, (uint64_t)m->n_kv_heads,
+                      (uint64_t)m->d_ffn, (uint64_t)m->vocab_size, (uint64_t)m->tie_embeddings, (uint64_t)p->tp,
+                      (uint64_t)p->cp, (uint64_t)p->pp, (uint64_t)p->dp, (uint64_t)p->virtual_stages,
+                      (uint64_t)p->zero, (uint64_t)cfg->data.context_window, (uint64_t)cfg->data.global_batch_tokens};
+    memcpy(w + 4, v, sizeof v);
+}
+
 /* The words of the meta section. */
 static void meta_words(const Trainer *tr, int64_t step, uint64_t *w)
 {
-    const ConfigModel *m = &tr->cfg->model;
-    const ConfigParallel *p = &tr->cfg->parallel;
-    uint64_t v[META_WORDS] = {META_FORMAT, (uint64_t)step, (uint64_t)tr->chunks[0].optim.step, (uint64_t)tr->skipped,
-                              (uint64_t)m->n_layers, (uint64_t)m->d_model, (uint64_t)m->n_heads,
-                              (uint64_t)m->n_kv_heads, (uint64_t)m->d_ffn, (uint64_t)m->vocab_size,
-                              (uint64_t)m->tie_embeddings, (uint64_t)p->tp, (uint64_t)p->cp, (uint64_t)p->pp,
-                              (uint64_t)p->dp, (uint64_t)p->virtual_stages, (uint64_t)p->zero,
-                              (uint64_t)tr->cfg->data.context_window, (uint64_t)tr->cfg->data.global_batch_tokens,
-                              (uint64_t)tr->chunks[0].optim.lr_step0};
-    memcpy(w, v, sizeof v);
+    w[0] = META_FORMAT;
+    w[1] = (uint64_t)step;
+    w[2] = (uint64_t)tr->chunks[0].optim.step;
+    w[3] = (uint64_t)tr->skipped;
+    meta_config_words(tr->cfg, w);
+    w[19] = (uint64_t)tr->chunks[0].optim.lr_step0;
 }
 
 enum { VALID_WORDS = 5 };
@@ -113,8 +125,37 @@ static int record_read(const StateSection *sec, TrainValidRecord *r, double frac
     return 0;
 }
 
-static const char *const meta_model_keys[7] = {"model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads",
-                                               "model.d_ffn", "model.vocab_size", "model.tie_embeddings"};
+static const char *const meta_model_keys[13] = {"model.n_layers", "model.d_model", "model.n_heads",
+                                                "model.n_kv_heads", "model.d_ffn", "model.vocab_size",
+                                                "model.tie_embeddings", "parallel.tp", "parallel.cp", "parallel.pp",
+                                                "parallel.dp", "parallel.virtual_stages", "parallel.zero"};
+
+int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Error *err)
+{
+    char file[4200];
+    snprintf(file, sizeof file, "%s/state.bin", dir);
+    StateFile sf;
+    if (statefile_open(&sf, file, err) != 0)
+        return -1;
+    const StateSection *meta = statefile_find(&sf, "meta");
+    uint64_t w[META_WORDS] = {0}, mine[META_WORDS] = {0};
+    int rc = 0;
+    if (!meta || meta->size != sizeof w)
+        rc = error_set(err, file, "not a wlbtrain training state (no meta section of %zu bytes)", sizeof w);
+    if (rc == 0) {
+        memcpy(w, meta->data, sizeof w);
+        meta_config_words(saved, mine);
+        *step = (int64_t)w[1];
+    }
+    /* Format 1 (the gathered checkpoint) is named by trainer_load_checkpoint and export's reader. */
+    for (int i = 0; rc == 0 && w[0] == META_FORMAT && i < 13; i++)
+        if (w[4 + i] != mine[4 + i])
+            rc = error_set(err, dir, "config.yaml has %s %llu, state.bin was saved with %llu: the checkpoint's "
+                           "files disagree (config.yaml edited or from another run)", meta_model_keys[i],
+                           (unsigned long long)mine[4 + i], (unsigned long long)w[4 + i]);
+    statefile_close(&sf);
+    return rc;
+}
 
 /* What a rank's shard file holds: per chunk its weights (the rank with dp = cp = 0 of its TP and
  * pipeline ranks) and its moments (that rank's, or with ZeRO-1 every rank's shard). Streamed from
@@ -250,6 +291,8 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
      * finishes the checkpoint. */
     if (all_ok(tr, rc, err) != 0)
         return -1;
+    if (tr->fault_signal_in_save)
+        raise(SIGTERM); /* the test of a stop signal during a save: the handler only records it */
     if (all_ok(tr, write_shard(tr, tmp, err), err) != 0)
         return -1;
     if (!lead)
@@ -478,6 +521,9 @@ int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_
                                (unsigned long long)w[4 + i], (unsigned long long)mine[4 + i]);
     }
     TrainValidRecord record = {0};
+    /* The index and config.yaml against each other and state.bin (train_ckpt_check.c). */
+    if (rc == 0)
+        rc = trainer_checkpoint_check(path, err);
     if (rc == 0)
         rc = record_read(statefile_find(&sf, "valid"), &record, tr->cfg->data.valid_fraction, full, file, err);
     CkptIndex ix;

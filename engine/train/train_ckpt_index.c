@@ -60,7 +60,7 @@ static int index_chunk(const Config *cfg, int tp_rank, int g, json_t *chunks, js
     return rc;
 }
 
-int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err)
+int trainer_index_json(const Config *cfg, int64_t step, json_t **out, Error *err)
 {
     const ConfigParallel *p = &cfg->parallel;
     int pp = (int)p->pp, n_chunks = pp * (int)p->virtual_stages, z = p->zero ? (int)(p->dp * p->cp) : 1;
@@ -97,6 +97,26 @@ int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error
     for (int t = 0; t < p->tp && rc == 0; t++)
         for (int g = 0; g < n_chunks && rc == 0; g++)
             rc = index_chunk(cfg, t, g, chunks, tensors, err);
+    if (rc != 0) {
+        json_decref(root);
+        return -1;
+    }
+    *out = root;
+    return 0;
+}
+
+int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err)
+{
+    json_t *root;
+    uint32_t crc;
+    char hex[16];
+    if (trainer_index_json(cfg, step, &root, err) != 0)
+        return -1;
+    int rc = ckpt_index_crc(root, &crc) == 0 ? 0 : error_runtime(err, path, "out of memory");
+    /* The checksum last, over everything above it (util/ckpt_index.h says how it is computed). */
+    snprintf(hex, sizeof hex, "%08x", crc);
+    if (rc == 0 && json_object_set_new(root, "crc32", json_string(hex)) != 0)
+        rc = error_runtime(err, path, "out of memory");
     if (rc == 0)
         rc = json_file_write(path, root, JSON_INDENT(1) | JSON_PRESERVE_ORDER, err);
     json_decref(root);

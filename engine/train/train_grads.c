@@ -292,11 +292,17 @@ int trainer_update(Trainer *tr, TrainStats *st, Error *err)
     st->lr = optim_lr(&tr->cfg->train, tr->chunks[0].optim.step + 1 - tr->chunks[0].optim.lr_step0);
     /* Every rank sees the same loss and norm, so all of them decide alike. */
     if (!isfinite(st->loss) || !isfinite(st->grad_norm)) {
+        /* Before any update of this run the learning rate cannot be the cause: the weights it
+         * started from (train.init_from, a checkpoint) or the model's settings are. */
+        int first = tr->chunks[0].optim.step == tr->updates_at_start;
         if (tr->cfg->train.nonfinite != NONFINITE_SKIP)
-            return error_runtime(err, "train", "step %lld: the %s is %g; stopping (train.nonfinite: stop; lower "
-                                 "train.lr, or skip such steps with train.nonfinite: skip)",
+            return error_runtime(err, "train", "step %lld: the %s is %g; stopping (train.nonfinite: stop; %s)",
                                  (long long)tr->plan.step + 1, isfinite(st->loss) ? "gradient norm" : "loss",
-                                 isfinite(st->loss) ? st->grad_norm : st->loss);
+                                 isfinite(st->loss) ? st->grad_norm : st->loss,
+                                 first ? "before any update of this run, so not the learning rate: check the weights "
+                                         "it started from (train.init_from, the checkpoint) for NaN or infinite values "
+                                         "and the model's settings (model.rope_*, model.norm_eps)"
+                                       : "lower train.lr, or skip such steps with train.nonfinite: skip");
         st->skipped = 1;
         tr->skipped++;
         return 0;

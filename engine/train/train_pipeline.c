@@ -26,9 +26,11 @@
  * Evaluation (trainer_forward_only, for train_eval.c) runs the same forward passes on another plan
  * and data, with no backward and no 1F1B: each micro-batch through the stage's chunks in turn.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/train/train.h"
 #include "util/clock.h"
@@ -190,6 +192,13 @@ static void pass_end(Trainer *tr, const Model *m, int i, int k, double t0, doubl
         tr->pass_comm[i] = m->comm_s - comm0;
         tr->pass_waits[2 * i + 1] = comm_wait_mark(tr->comm);
         return;
+    }
+    if (tr->fault_sleep_s > 0) { /* WLBTRAIN_FAULT slow: a rank that computes slower (train.c) */
+        struct timespec ts = {(time_t)tr->fault_sleep_s,
+                              (long)((tr->fault_sleep_s - (double)(time_t)tr->fault_sleep_s) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        tr->fault_sleep_s = 0;
     }
     m->ops->sync();
     tr->mb_compute[k] += clock_seconds() - t0 - (m->comm_s - comm0);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data/data_sources.h"
@@ -73,7 +74,9 @@ static int enumerate(Search *s, int64_t gpus, Error *err)
     for (int tp = 1; tp <= s->gpn && tp <= gpus; tp++) {
         if (s->gpn % tp || gpus % tp || m->n_heads % tp || m->n_kv_heads % tp)
             continue;
-        for (int64_t cp = 1; cp <= gpus / tp; cp++) {
+        /* cp halves of the window: cp <= w / 2, so a cluster of a billion GPUs is not counted one by
+         * one (dp takes what is left). */
+        for (int64_t cp = 1; cp <= gpus / tp && 2 * cp <= w; cp++) {
             if ((gpus / tp) % cp || w % (2 * cp))
                 continue;
             for (int64_t pp = 1; pp <= gpus / tp / cp && pp <= m->n_layers; pp++) {
@@ -473,6 +476,17 @@ int trainer_search_run(const Config *cfg, const SearchOptions *opt, Error *err)
     if (cfg->data.global_batch_tokens <= 0)
         return error_set(err, "data.global_batch_tokens", "the search compares layouts on the same batch: set it (a "
                          "multiple of data.context_window)");
+    /* The outputs before the search (which may take minutes): writable, and --search-out never the
+     * config it reads. */
+    struct stat so, sc;
+    if (opt->out && stat(opt->out, &so) == 0 && stat(opt->config_path, &sc) == 0 && so.st_dev == sc.st_dev &&
+        so.st_ino == sc.st_ino)
+        return error_set(err, "--search-out", "%s is the config the search reads (%s): give another file", opt->out,
+                         opt->config_path);
+    if (opt->out && file_check_writable(opt->out, 0, "--search-out", err) != 0)
+        return -1;
+    if (opt->stats_out && file_check_writable(opt->stats_out, 0, "--stats-out", err) != 0)
+        return -1;
     if (cost_model_init(&cost, cfg, err) != 0)
         return -1;
     s.gpn = cost.hw.gpus_per_node > 0 ? cost.hw.gpus_per_node : 1;

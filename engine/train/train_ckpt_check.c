@@ -1,0 +1,172 @@
+/*
+ * engine/train/train_ckpt_check.c - a checkpoint's files checked against each other before any weight
+ * is read from it (a resume, a continued run, `wlbtrain eval`, `wlbtrain export`; see train.h):
+ *   index.json   no key twice and its checksum (ckpt_index_load), then equal, key for key, to the index
+ *                that the model and layout of the checkpoint's config.yaml give (trainer_index_json,
+ *                what the saving run wrote): every layout field, shard file, chunk, tensor name and
+ *                shape, and every block's file, section, offset, rows and columns. So an index edited
+ *                and given a matching checksum again (by hand, or a tool that rewrites JSON) is still
+ *                refused, with the first thing that differs named.
+ *   config.yaml  its model shape and layout equal state.bin's meta section (CRC-checked), so a
+ *                config.yaml edited to another shape (which export writes into config.json) is refused.
+ * Any difference is one Error (exit 2).
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/train/train.h"
+#include "util/ckpt_index.h"
+
+/* The block fields in the order a message names the first that differs. */
+static const char *const block_keys[] = {"file", "section", "offset", "tp", "chunk", "row0", "rows", "col0", "cols"};
+
+static void value_text(const json_t *v, char *buf, size_t size)
+{
+    if (json_is_integer(v))
+        snprintf(buf, size, "%lld", (long long)json_integer_value(v));
+    else if (json_is_string(v))
+        snprintf(buf, size, "%.60s", json_string_value(v));
+    else
+        snprintf(buf, size, "%s", v ? "(not a number or name)" : "(none)");
+}
+
+/* One tensor's entry against the expected one. */
+static int check_tensor(const char *name, const json_t *have, const json_t *want, const char *path, Error *err)
+{
+    char a[80], b[80];
+    if (!json_equal(json_object_get(have, "shape"), json_object_get(want, "shape"))) {
+        char *hs = json_dumps(json_object_get(have, "shape"), JSON_COMPACT | JSON_ENCODE_ANY);
+        char *ws = json_dumps(json_object_get(want, "shape"), JSON_COMPACT | JSON_ENCODE_ANY);
+        int rc = error_set(err, path, "%s: shape %.40s, the model of config.yaml has %.40s", name, hs ? hs : "?",
+                           ws ? ws : "?");
+        free(hs);
+        free(ws);
+        return rc;
+    }
+    const json_t *hb = json_object_get(have, "blocks"), *wb = json_object_get(want, "blocks");
+    if (json_array_size(hb) != json_array_size(wb) || !json_is_array(hb))
+        return error_set(err, path, "%s: %zu blocks, the model and layout of config.yaml give %zu", name,
+                         json_array_size(hb), json_array_size(wb));
+    for (size_t k = 0; k < json_array_size(wb); k++) {
+        const json_t *h = json_array_get(hb, k), *w = json_array_get(wb, k);
+        for (size_t f = 0; f < sizeof block_keys / sizeof block_keys[0]; f++)
+            if (!json_equal(json_object_get(h, block_keys[f]), json_object_get(w, block_keys[f]))) {
+                value_text(json_object_get(h, block_keys[f]), a, sizeof a);
+                value_text(json_object_get(w, block_keys[f]), b, sizeof b);
+                return error_set(err, path, "%s: block %zu has %s %s, the model and layout of config.yaml give %s",
+                                 name, k, block_keys[f], a, b);
+            }
+        if (json_object_size(h) != json_object_size(w))
+            return error_set(err, path, "%s: block %zu has %zu fields, not %zu", name, k, json_object_size(h),
+                             json_object_size(w));
+    }
+    return 0;
+}
+
+/* The loaded index (checksum removed) against the expected one. */
+static int check_index(json_t *have, json_t *want, const char *path, Error *err)
+{
+    /* An index of version 1 (before the checksum) may lack stage_layers: the layers were split evenly. */
+    json_t *hl = json_object_get(have, "layout"), *wl = json_object_get(want, "layout");
+    if (json_object_get(have, "version") && json_integer_value(json_object_get(have, "version")) == 1) {
+        json_object_set(want, "version", json_object_get(have, "version"));
+        if (!json_object_get(hl, "stage_layers"))
+            json_object_del(wl, "stage_layers");
+    }
+    static const char *const top[] = {"format", "version", "step", "layout", "files"};
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (!json_equal(json_object_get(have, top[i]), json_object_get(want, top[i]))) {
+            char *h = json_dumps(json_object_get(have, top[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+            char *w = json_dumps(json_object_get(want, top[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+            int rc = error_set(err, path, "%s %.200s, config.yaml and state.bin give %.200s", top[i], h ? h : "(none)",
+                               w ? w : "?");
+            free(h);
+            free(w);
+            return rc;
+        }
+    const json_t *hc = json_object_get(have, "chunks"), *wc = json_object_get(want, "chunks");
+    if (json_array_size(hc) != json_array_size(wc))
+        return error_set(err, path, "%zu chunks, the model and layout of config.yaml give %zu", json_array_size(hc),
+                         json_array_size(wc));
+    for (size_t i = 0; i < json_array_size(wc); i++)
+        if (!json_equal(json_array_get(hc, i), json_array_get(wc, i)))
+            return error_set(err, path, "chunks[%zu] (parameter count, file, section or moment shards) is not what "
+                             "the model and layout of config.yaml give", i);
+    const json_t *ht = json_object_get(have, "tensors"), *wt = json_object_get(want, "tensors");
+    const char *name;
+    json_t *e;
+    json_object_foreach((json_t *)wt, name, e) {
+        const json_t *h = json_object_get(ht, name);
+        if (!h)
+            return error_set(err, path, "no tensor %s (the model of config.yaml has it)", name);
+        if (check_tensor(name, h, e, path, err) != 0)
+            return -1;
+    }
+    json_object_foreach((json_t *)ht, name, e)
+        if (!json_object_get(wt, name))
+            return error_set(err, path, "a tensor %.96s, which the model of config.yaml has not", name);
+    if (json_object_size(have) != json_object_size(want))
+        return error_set(err, path, "%zu top-level keys, an index has %zu", json_object_size(have),
+                         json_object_size(want));
+    return 0;
+}
+
+int trainer_checkpoint_check(const char *dir, Error *err)
+{
+    char path[4200], index[4200];
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    snprintf(index, sizeof index, "%s/index.json", dir);
+    Config saved;
+    config_init(&saved);
+    json_t *have = NULL, *want = NULL;
+    int64_t step = 0;
+    /* The reader's own checks first (they name what is malformed), then the comparison. */
+    CkptIndex ix;
+    int rc = ckpt_index_open(&ix, dir, err);
+    if (rc == 0)
+        ckpt_index_close(&ix);
+    if (rc == 0)
+        rc = ckpt_index_load(index, &have, err);
+    if (rc == 0 && config_load_file(&saved, path, err) != 0)
+        rc = -1;
+    if (rc == 0 && config_resolve(&saved, 0, err) != 0)
+        rc = -1;
+    /* config.yaml against state.bin's meta section: the model's shape and the layout. */
+    if (rc == 0)
+        rc = trainer_meta_check(&saved, dir, &step, err);
+    /* parallel.stage_layers auto: the split the saving run placed is the index's (checked above by
+     * its checksum; its sum against the model's layers by trainer_index_json's table). */
+    const json_t *split = json_object_get(json_object_get(have, "layout"), "stage_layers");
+    int chunks = (int)(saved.parallel.pp * saved.parallel.virtual_stages);
+    if (rc == 0 && saved.parallel.chunk_layers.n == 0) {
+        int64_t *v = calloc((size_t)chunks, sizeof *v), sum = 0;
+        if (!v)
+            rc = error_runtime(err, dir, "out of memory");
+        for (int g = 0; rc == 0 && g < chunks; g++) {
+            v[g] = split ? (int64_t)json_integer_value(json_array_get(split, (size_t)g)) : 0;
+            sum += v[g];
+        }
+        if (!split)
+            config_even_layers(saved.model.n_layers, chunks, v);
+        else if (rc == 0 && (json_array_size(split) != (size_t)chunks || sum != saved.model.n_layers))
+            rc = error_set(err, index, "layout.stage_layers does not split config.yaml's %lld layers over %d chunks",
+                           (long long)saved.model.n_layers, chunks);
+        for (int g = 0; rc == 0 && g < chunks; g++)
+            if (v[g] < 1)
+                rc = error_set(err, index, "layout.stage_layers[%d] is not a layer count", g);
+        if (rc == 0)
+            saved.parallel.chunk_layers = (ConfigIntList){chunks, v};
+        else
+            free(v);
+    }
+    if (rc == 0)
+        rc = trainer_index_json(&saved, step, &want, err);
+    if (rc == 0)
+        rc = check_index(have, want, index, err);
+    json_decref(have);
+    json_decref(want);
+    config_free(&saved);
+    return rc;
+}
