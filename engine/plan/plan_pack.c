@@ -420,14 +420,13 @@ static int closing_piece_fits(const Planner *pl, int64_t room, int64_t taken, in
  *      reaches N releases its N oldest now if they fit.
  *    Reading goes on until the step is full, so a step whose intake was mostly outliers still trains
  *    about R tokens (the queues fill; they release in this step or the next ones), and so does the
- *    first step of a run, when the queues are empty. When a queue holds 2 N outliers that cannot go
- *    in (a stretch of the stream of nearly nothing but outliers, as the window-size pieces of a
- *    document of millions of tokens): its N oldest go in if that lands nearer R, if need be in place
- *    of the step's releases from the other queues (put back at their fronts: the tiny config's
- *    queue of window-size pieces releases exactly N windows = its whole batch, which fits nothing
- *    beside it); else the step ends if it holds 3/4 of R (more reading would only queue more), and
- *    reading goes on for ordinary pieces if not (bounded by WLB_BACKLOG releases queued, for a
- *    stream of outliers alone). */
+ *    first step of a run, when the queues are empty. A queue whose N oldest do not fit waits; when
+ *    it holds WLB_BACKLOG releases (a stretch of the stream of nearly nothing but outliers, as the
+ *    window-size pieces of a document of millions of tokens; a stream of outliers alone would
+ *    never end the step), its N oldest go in if that lands nearer R, if need be in place of the
+ *    step's releases from the other queues (put back at their fronts: the tiny config's queue of
+ *    window-size pieces releases exactly N windows = its whole batch, which fits nothing beside
+ *    it), else the step ends. */
 enum { WLB_BACKLOG = 8 }; /* releases' worth a queue may back up by while a step is read */
 
 static int wlb_intake(Planner *pl, Intake *in, Error *err)
@@ -464,13 +463,12 @@ static int wlb_intake(Planner *pl, Intake *in, Error *err)
                 return error_runtime(err, "planner", "out of memory");
             continue;
         }
-        if (pl->queues[q].n < 2 * (int64_t)n)
+        /* It waits: reading goes on for ordinary pieces to fill the step, up to a backlog of
+         * WLB_BACKLOG releases in the queue. Then its N oldest go in when that lands nearer the room
+         * than the step is now - if need be in place of the step's releases from the other queues,
+         * which go back to the front of their queues (ready again next step); else the step ends. */
+        if (pl->queues[q].n < WLB_BACKLOG * (int64_t)n)
             continue;
-        /* The queue is backed up: a full release more than could go in. Its N oldest go in anyway
-         * when that lands nearer the room than the step is now - if need be in place of the step's
-         * releases from the other queues, which go back to the front of their queues (they are
-         * ready again next step); else reading goes on for ordinary pieces while the step is under
-         * 3/4 of its room, up to a backlog of WLB_BACKLOG releases. */
         int64_t others = 0;
         for (int64_t r = 0; r < in->n_rel; r++)
             others += in->rel[r].q != q ? in->rel[r].tokens : 0;
@@ -485,8 +483,7 @@ static int wlb_intake(Planner *pl, Intake *in, Error *err)
                 return error_runtime(err, "planner", "out of memory");
             continue;
         }
-        if (4 * in->taken >= 3 * room || pl->queues[q].n >= WLB_BACKLOG * (int64_t)n)
-            return 0;
+        return 0;
     }
     return 0;
 }
