@@ -365,7 +365,7 @@ static int64_t undo_releases_but(Planner *pl, int q, int n, Intake *in)
     return freed;
 }
 
-/* Of the queues that hold one outlier per micro-batch and whose N oldest fit beside *taken, the one
+/* Of the queues that hold one outlier per micro-batch and whose N oldest fit beside taken, the one
  * whose release is the largest (ties: the oldest first outlier); -1 when none does. Taken largest
  * first at a step's start, the releases fill the step as far as they can (first fit decreasing): a
  * queue of window-size pieces, whose release is the whole batch when the batch is N windows, goes
