@@ -8,7 +8,7 @@ Each metrics file becomes one run, DIR/NAME (default NAME: the file name without
 scalars are every number of its step lines at that step:
   train/       loss, lr, grad_norm, skipped
   valid/       loss (valid_loss), tokens (valid_tokens), eval_ms - at the steps that evaluated
-  throughput/  tokens, tokens_per_s, step_ms, attn_pairs
+  throughput/  tokens, batch_fraction (of data.global_batch_tokens), tokens_per_s, step_ms, attn_pairs
   balance/     pp_imbalance, cp_imbalance and mb_imbalance, predicted and _measured; queued,
                token_delay_steps, delayed_tokens (the outlier queues)
   memory/      mem_used_gb, mem_peak_gb, mem_predicted_gb
@@ -32,7 +32,7 @@ GROUPS = {
     "loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "skipped": "train/skipped",
     "valid_loss": "valid/loss", "valid_tokens": "valid/tokens", "eval_ms": "valid/eval_ms",
     "tokens": "throughput/tokens", "tokens_per_s": "throughput/tokens_per_s", "step_ms": "throughput/step_ms",
-    "attn_pairs": "throughput/attn_pairs",
+    "attn_pairs": "throughput/attn_pairs", "batch_fraction": "throughput/batch_fraction",
 }
 PREFIXES = (("pp_imbalance", "balance/"), ("cp_imbalance", "balance/"), ("mb_imbalance", "balance/"),
             ("queued", "balance/"), ("token_delay_steps", "balance/"), ("delayed_tokens", "balance/"),

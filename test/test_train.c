@@ -66,7 +66,7 @@ static int read_losses(const char *path, double *loss, int max)
     assert_non_null(f);
     char line[4096];
     int n = 0;
-    const char *keys[] = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms"};
+    const char *keys[] = {"step", "loss", "lr", "grad_norm", "tokens", "batch_fraction", "tokens_per_s", "step_ms"};
     while (fgets(line, sizeof line, f) && n < max) {
         json_error_t je;
         json_t *o = json_loads(line, 0, &je);
@@ -137,10 +137,10 @@ static void test_repeatable(void **state)
 }
 
 /* A corpus of outliers with a short document now and then: with outlier thresholds [32, 64, 96] and
- * 16 micro-batches a step, the queues fill slowly (about 9 documents each a step), so a step often
- * trains only the few short documents it read, and the wlb packer leaves most of its micro-batches
- * without a token. The pipeline order puts the cheapest (the empty ones) first: step 1's first
- * micro-batch is empty. */
+ * 16 micro-batches a step, the queues fill slowly (about 9 documents each a step). The wlb packer
+ * used to count the outliers it queued against the step's batch, so step 1 trained only the few
+ * short documents it read and left most of its micro-batches without a token (issue 48); it reads
+ * on until the step is full now. */
 static char *write_outlier_corpus(const char *dir)
 {
     char *prefix = test_format("%s/outliers", dir);
@@ -181,13 +181,33 @@ static void run_outliers(const char *cfg, int ranks, const char *const *sets, co
     if (r.status != 0)
         print_error("%s\n%s\n", r.out, r.err);
     assert_int_equal(r.status, 0);
+    /* The closing line: the spread of the steps' tokens against the batch, none under 75%. */
+    const char *line = strstr(r.out, "batch: tokens per step over steps 1-3 against data.global_batch_tokens 2048: ");
+    assert_non_null(line);
+    assert_non_null(strstr(line, ", 0 under 75%\n"));
+    assert_null(strstr(r.err, "under 75%"));
     test_cmd_free(&r);
     assert_int_equal(read_losses(metrics, loss, 64), 3);
+    /* batch_fraction is the step's tokens over the batch. */
+    FILE *f = fopen(metrics, "r");
+    assert_non_null(f);
+    char text[4096];
+    while (fgets(text, sizeof text, f)) {
+        json_error_t je;
+        json_t *o = json_loads(text, 0, &je);
+        assert_non_null(o);
+        double tokens = (double)json_integer_value(json_object_get(o, "tokens"));
+        assert_true(fabs(json_number_value(json_object_get(o, "batch_fraction")) - tokens / 2048) < 1e-5);
+        json_decref(o);
+    }
+    fclose(f);
 }
 
-/* Micro-batches without a token (planned by the correct wlb packer) run as no-ops: the job trains,
- * and every layout gives the one process's losses. */
-static void test_empty_micro_batches(void **state)
+/* The batch at the first step: step 1 of the outlier corpus, when the queues are empty, trains at
+ * least 75% of global_batch_tokens with no micro-batch empty (it held 16 micro-batches, most of
+ * them empty, before issue 48), training says so in its metrics (batch_fraction) and its closing
+ * line, and every layout gives the one process's losses. */
+static void test_first_step_trains_the_batch(void **state)
 {
     (void)state;
     char *dir = test_tmpdir(), *prefix = write_outlier_corpus(dir);
@@ -202,7 +222,7 @@ static void test_empty_micro_batches(void **state)
         prefix, dir);
     char *cfg = test_write_file(dir, "outliers.yaml", yaml, strlen(yaml));
     char *metrics = test_format("%s/m.jsonl", dir), *stats = test_format("%s/stats.jsonl", dir);
-    /* The plan of step 1 has empty micro-batches (the dry run plans the same steps). */
+    /* The plan of step 1 (the dry run plans the same steps). */
     CmdResult r;
     RUN(&r, "--config", cfg, "--dry-run", "--steps", "1", "--stats-out", stats);
     assert_int_equal(r.status, 0);
@@ -216,9 +236,12 @@ static void test_empty_micro_batches(void **state)
     size_t empty = 0;
     for (size_t i = 0; i < json_array_size(mbs); i++)
         empty += json_integer_value(json_array_get(mbs, i)) == 0;
-    printf("# step 1: %zu of %zu micro-batches without a token\n", empty, json_array_size(mbs));
+    int64_t tokens = json_integer_value(json_object_get(o, "tokens"));
+    printf("# step 1: %lld tokens of 2048, %zu of %zu micro-batches without a token\n", (long long)tokens, empty,
+           json_array_size(mbs));
     assert_int_equal(json_array_size(mbs), 16);
-    assert_true(empty > 0 && empty < 16);
+    assert_int_equal(empty, 0);
+    assert_true(4 * tokens >= 3 * 2048);
     json_decref(o);
     free(text);
     double one[64], other[64];
@@ -368,7 +391,7 @@ int main(void)
         cmocka_unit_test(test_shared_device),
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_repeatable),
-        cmocka_unit_test(test_empty_micro_batches),
+        cmocka_unit_test(test_first_step_trains_the_batch),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests_name("train", tests, NULL, NULL);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "data/data_sources.h"
+#include "engine/plan/batch_spread.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/plan_shard.h"
@@ -79,10 +80,10 @@ static void json_step(FILE *f, const Config *cfg, const Planner *pl, const StepP
     for (int64_t k = 0; k < p->n_docs; k++)
         docs += p->docs[k].source != PLAN_PAD_SOURCE;
     fprintf(f, "{\"step\":%lld,\"packer\":\"%s\",\"cp_sharding\":\"%s\",\"docs\":%lld,\"tokens\":%lld,"
-               "\"pad_tokens\":%lld,\"queued\":%lld,\"carried\":%lld,\"mb_tokens\":[",
+               "\"batch_fraction\":%.6g,\"pad_tokens\":%lld,\"queued\":%lld,\"carried\":%lld,\"mb_tokens\":[",
             (long long)p->step + 1, config_packer_name(pl->packer), config_cp_sharding_name(pl->sharding),
-            (long long)docs, (long long)p->tokens, (long long)p->pad_tokens, (long long)p->queued,
-            (long long)p->carried);
+            (long long)docs, (long long)p->tokens, (double)p->tokens / (double)pl->batch_tokens,
+            (long long)p->pad_tokens, (long long)p->queued, (long long)p->carried);
     for (int64_t i = 0; i < (int64_t)p->dp * p->m; i++)
         fprintf(f, "%s%lld", i ? "," : "", (long long)p->mbs[i].tokens);
     fprintf(f, "],\"pp_imbalance\":%.6g,\"cp_imbalance\":%.6g,\"cp_time_imbalance\":%.6g,\"sharding\":{\"per_seq\":%d,\"per_doc\":%d,"
@@ -155,6 +156,7 @@ typedef struct RunSummary {
     double attn_pairs, baseline_pairs, equal_s; /* sums over the steps */
     int cut;                                    /* the run's long_documents: cut (1) or keep */
     Dist pp, cp, cpt, speedup, packer_ms, speedup_eq;
+    BatchSpread batch; /* the steps' tokens against data.global_batch_tokens */
     int n_stages;
     double *stage_busy; /* seconds each pipeline stage computes over the run (sched_stage_busy) */
     SchedBreakdown *breakdown; /* where each stage's time goes, summed over the run (n_stages) */
@@ -248,6 +250,11 @@ static void json_summary(FILE *f, const RunSummary *s, const Planner *pl, const 
     json_dist(f, "cp_time_imbalance", s->cpt);
     json_dist(f, "speedup", s->speedup);
     json_dist(f, "packer_ms", s->packer_ms);
+    const BatchSpread *b = &s->batch;
+    fprintf(f, ",\"tokens_per_step\":{\"batch\":%lld,\"mean\":%.6g,\"p5\":%lld,\"p50\":%lld,\"p95\":%lld,\"min\":%lld,"
+               "\"max\":%lld,\"off_10pct\":%lld,\"under_75pct\":%lld}",
+            (long long)b->batch, b->mean, (long long)b->p5, (long long)b->p50, (long long)b->p95, (long long)b->min,
+            (long long)b->max, (long long)b->off_near, (long long)b->under_floor);
     /* Work per step, and the run's speedup over Plain-4D at equal work: Plain-4D of the run's own
      * pieces, step by step, over the run's predicted time. */
     fprintf(f, ",\"long_documents\":\"%s\",\"attn_pairs_per_token\":%.6g,\"attn_pairs_per_step\":%.6g,"
@@ -299,8 +306,9 @@ static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
     if (cfg->parallel.cp > 1)
         printf("  seq/doc/hyb/grp %d/%d/%d/%d", counts[CP_PER_SEQ], counts[CP_PER_DOC], counts[CP_HYBRID],
                counts[CP_GROUPS]);
-    printf("  pred %9.2f ms  base %9.2f ms  x%.3f  plan %.2f ms\n", s->predicted_ms, s->baseline_ms,
-           s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1.0, s->packer_ms);
+    printf("  pred %9.2f ms  base %9.2f ms  x%.3f  plan %.2f ms%s\n", s->predicted_ms, s->baseline_ms,
+           s->predicted_ms > 0 ? s->baseline_ms / s->predicted_ms : 1.0, s->packer_ms,
+           batch_under_floor(p->tokens, cfg->data.global_batch_tokens) ? "  (under 75% of the batch)" : "");
 }
 
 /* Plans the next step (timing the planner) and predicts it: s gets the imbalances and the step times,
@@ -343,6 +351,7 @@ static int plan_and_predict(const Run *run, Planner *pl, StepPlan *plan, StepPla
 /* The per-step figures a run's summary is made of. */
 typedef struct Series {
     double *pp, *cp, *cpt, *speedup, *packer_ms, *speedup_eq;
+    int64_t *tokens;
 } Series;
 
 static int series_alloc(Series *v, int64_t n, Error *err)
@@ -350,15 +359,24 @@ static int series_alloc(Series *v, int64_t n, Error *err)
     /* The six series side by side in one block. */
     size_t len = (size_t)(n ? n : 1);
     double *all = malloc(6 * len * sizeof *all);
-    if (!all)
+    v->tokens = malloc(len * sizeof *v->tokens);
+    if (!all || !v->tokens) {
+        free(all);
+        free(v->tokens);
+        v->tokens = NULL;
         return error_runtime(err, "dry run", "out of memory");
+    }
     double **cols[6] = {&v->pp, &v->cp, &v->cpt, &v->speedup, &v->packer_ms, &v->speedup_eq};
     for (int i = 0; i < 6; i++)
         *cols[i] = all + (size_t)i * len;
     return 0;
 }
 
-static void series_free(Series *v) { free(v->pp); }
+static void series_free(Series *v)
+{
+    free(v->pp);
+    free(v->tokens);
+}
 
 static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats *s, int with_baseline)
 {
@@ -368,6 +386,7 @@ static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats
     v->speedup[step] = with_baseline && s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1;
     v->packer_ms[step] = s->packer_ms;
     v->speedup_eq[step] = with_baseline && s->predicted_s > 0 ? s->equal_s / s->predicted_s : 1;
+    v->tokens[step] = s->tokens;
     sum->attn_pairs += s->attn_pairs;
     sum->baseline_pairs += s->baseline_pairs;
     sum->equal_s += s->equal_s;
@@ -377,9 +396,10 @@ static void series_add(Series *v, RunSummary *sum, int64_t step, const StepStats
     sum->delay_token_steps += s->delay_token_steps;
 }
 
-static void series_summarize(Series *v, RunSummary *sum, int64_t n)
+static void series_summarize(Series *v, RunSummary *sum, int64_t n, int64_t batch)
 {
     sum->steps = n;
+    sum->batch = batch_spread_of(v->tokens, n, batch);
     sum->pp = dist_of(v->pp, n);
     sum->cp = dist_of(v->cp, n);
     sum->cpt = dist_of(v->cpt, n);
@@ -455,7 +475,7 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
         }
     }
     if (rc == 0) {
-        series_summarize(&v, sum, run->steps);
+        series_summarize(&v, sum, run->steps, cfg->data.global_batch_tokens);
         sum->cut = pl.cut;
         if (run->stats)
             json_summary(run->stats, sum, &pl, run->memory);
@@ -561,6 +581,15 @@ static void print_summary(const RunSummary *s)
            s->predicted_s > 0 ? s->baseline_s / s->predicted_s : 1, s->speedup.mean,
            s->speedup.p50, s->packer_ms.mean, s->packer_ms.max,
            s->tokens ? s->delay_token_steps / (double)s->tokens : 0);
+    const BatchSpread *b = &s->batch;
+    double pct = b->batch > 0 ? 100.0 / (double)b->batch : 0;
+    printf("summary: tokens per step against the batch of %lld (data.global_batch_tokens): mean %.0f, p5 %lld (%.1f%%), "
+           "p50 %lld, p95 %lld (%.1f%%), min %lld (%.1f%%), max %lld (%.1f%%); %lld of %lld steps more than %d%% off "
+           "it, %lld under %d%%\n",
+           (long long)b->batch, b->mean, (long long)b->p5, pct * (double)b->p5, (long long)b->p50, (long long)b->p95,
+           pct * (double)b->p95, (long long)b->min, pct * (double)b->min, (long long)b->max, pct * (double)b->max,
+           (long long)b->off_near, (long long)b->steps, BATCH_NEAR_PERCENT, (long long)b->under_floor,
+           BATCH_FLOOR_PERCENT);
     double n = s->steps > 0 ? (double)s->steps : 1;
     printf("summary: attention work %.4g pairs/step (documents %s at window ends), Plain-4D %.4g (cut at window "
            "ends); at equal work (Plain-4D of the same pieces, %.2f s) speedup %.3fx (per step mean %.3f, p50 %.3f)\n",
@@ -575,6 +604,19 @@ static void print_summary(const RunSummary *s)
         printf(" s; the slowest, stage %d, %.1f%% of their time (balanced: %.1f%%), %.3f x their mean\n", slowest,
                100 * share, 100.0 / s->n_stages, over_mean);
     }
+}
+
+/* On stderr: the steps under BATCH_FLOOR_PERCENT of the batch, if any (what names the run). */
+static void warn_under_floor(const RunSummary *s, const char *what)
+{
+    const BatchSpread *b = &s->batch;
+    if (b->under_floor == 0)
+        return;
+    fprintf(stderr, "wlbtrain: warning: %s%s%lld of %lld steps trained under %d%% of data.global_batch_tokens (%lld), the "
+                    "smallest %lld tokens (%.1f%%): the optimizer's batch, which the learning rate is set for, is not "
+                    "what those steps train\n", what ? what : "", what ? ": " : "", (long long)b->under_floor,
+            (long long)b->steps, BATCH_FLOOR_PERCENT, (long long)b->batch, (long long)b->min,
+            b->batch > 0 ? 100.0 * (double)b->min / (double)b->batch : 0);
 }
 
 /* Where the time goes: each stage's parts over the run, exposed communication and hidden side by side. */
@@ -609,9 +651,9 @@ static int compare_all(const Run *base_run, Error *err)
     int64_t cp = base_run->cfg->parallel.cp;
     int n_modes = cp == 1 ? 1 : (cp & (cp - 1)) == 0 ? 5 : 4;
     double plain_tps = 0;
-    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s %9s %5s %12s %8s %7s %7s\n", "packer", "cp", "pp_imb", "p95",
-           "cp_imb", "tokens/s", "speedup", "plan_ms", "delay", "cp_t_imb", "docs", "pairs/tok", "x_eq", "comm%",
-           "bubble%");
+    printf("%-13s %-9s %8s %8s %8s %12s %8s %9s %8s %9s %5s %12s %8s %7s %7s %7s %7s %7s %5s\n", "packer", "cp",
+           "pp_imb", "p95", "cp_imb", "tokens/s", "speedup", "plan_ms", "delay", "cp_t_imb", "docs", "pairs/tok", "x_eq",
+           "comm%", "bubble%", "tok_p5%", "tok_p95", "tok_min", "<75%");
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < n_modes; b++) {
             Run run = *base_run;
@@ -628,19 +670,27 @@ static int compare_all(const Run *base_run, Error *err)
             double tps = s.predicted_s > 0 ? (double)s.tokens / s.predicted_s : 0;
             if (a == 0 && b == 0)
                 plain_tps = tps;
-            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f %9.3f %5s %12.4g %7.3fx %7.1f %7.1f\n",
+            double pct = s.batch.batch > 0 ? 100.0 / (double)s.batch.batch : 0;
+            printf("%-13s %-9s %8.3f %8.3f %8.3f %12.0f %7.3fx %9.3f %8.3f %9.3f %5s %12.4g %7.3fx %7.1f %7.1f %7.1f "
+                   "%7.1f %7.1f %5lld\n",
                    config_packer_name(run.packer), config_cp_sharding_name(run.sharding), s.pp.mean, s.pp.p95, s.cp.mean,
                    tps, plain_tps > 0 ? tps / plain_tps : 1, s.packer_ms.mean,
                    s.tokens ? s.delay_token_steps / (double)s.tokens : 0, s.cpt.mean, s.cut ? "cut" : "keep",
                    s.tokens ? s.attn_pairs / (double)s.tokens : 0, s.predicted_s > 0 ? s.equal_s / s.predicted_s : 1,
-                   s.predicted_s > 0 ? 100 * shown / s.predicted_s : 0, s.predicted_s > 0 ? 100 * mean.bubble / s.predicted_s : 0);
+                   s.predicted_s > 0 ? 100 * shown / s.predicted_s : 0, s.predicted_s > 0 ? 100 * mean.bubble / s.predicted_s : 0,
+                   pct * (double)s.batch.p5, pct * (double)s.batch.p95, pct * (double)s.batch.min,
+                   (long long)s.batch.under_floor);
             fflush(stdout);
+            char what[64];
+            snprintf(what, sizeof what, "%s + %s", config_packer_name(run.packer), config_cp_sharding_name(run.sharding));
+            warn_under_floor(&s, what);
         }
     printf("tokens/s: predicted for the whole cluster; speedup: against fixed + per_seq (Plain-4D) on the same "
            "stream; cp_t_imb: cp_imb with each rank's K/V exchange counted; docs: cut at window ends or kept whole "
            "(balance.long_documents); pairs/tok: attention work (document-causal pairs) per token trained; x_eq: speedup over Plain-4D "
            "of the run's own pieces (equal work); comm%%, bubble%%: the mean stage's exposed communication (TP, CP, PP, DP) and "
-           "pipeline bubble, %% of the step (the dry run's time breakdown)\n");
+           "pipeline bubble, %% of the step (the dry run's time breakdown); tok_p5%%, tok_p95, tok_min: the tokens of a step, "
+           "5th and 95th percentile and least, %% of data.global_batch_tokens; <75%%: steps under 75%% of it\n");
     return 0;
 }
 
@@ -713,6 +763,7 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
             if (rc == 0) {
                 print_summary(&s);
                 print_breakdown(&s);
+                warn_under_floor(&s, NULL);
             }
             if (rc == 0)
                 run_summary_free(&s);

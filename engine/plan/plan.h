@@ -24,7 +24,9 @@
  *                 cost that has room (Fixed-4D).
  *   wlb           WLB-LLM Algorithm 1: variable-length micro-batches of at most S_max tokens; long
  *                 documents (>= outlier_thresholds[0]) wait in queues until one can go to every
- *                 micro-batch; what does not fit carries to the next step.
+ *                 micro-batch; what does not fit carries to the next step. A step trains about
+ *                 global_batch_tokens: everything that goes into it, released outliers included,
+ *                 counts against min(global_batch_tokens, N x S_max), queued ones not.
  * Documents (balance.long_documents; auto: cut for the fixed packers, keep for wlb). The stream
  * always cuts a document longer than the window into pieces of at most the window.
  *   cut   the stream is also cut at every multiple of the window of its tokens (Plain-4D's loader),

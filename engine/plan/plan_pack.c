@@ -281,50 +281,225 @@ static int queue_of(const Planner *pl, int64_t len)
     return q;
 }
 
-/* Moves the n oldest outliers of queue q into the step's set; returns their tokens, -1 out of memory. */
-static int64_t release(Planner *pl, int q, int n, Packed *set)
+/* The tokens of the n oldest outliers of queue q (it holds at least n). */
+static int64_t queue_head_tokens(const PlanQueue *q, int n)
 {
     int64_t tokens = 0;
-    for (int i = 0; i < n; i++) {
-        PlanDoc d = queue_pop(&pl->queues[q]);
-        tokens += d.len;
-        if (packed_add(set, &d, 0) != 0)
-            return -1;
-    }
+    for (int i = 0; i < n; i++)
+        tokens += q->items[q->head + i].len;
     return tokens;
 }
 
-int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
+/* Puts k pieces back at the front of queue q, in their order (a release undone: they were its oldest). */
+static int queue_unpop(PlanQueue *q, const PlanDoc *docs, int64_t k)
 {
-    int n = pl->n_mb, rc = 0;
-    Packed set = {0}, pk = {0};
-    /* 1. The step's documents: global_batch_tokens of the stream, as the data loader gives a
-     *    global batch (whole pieces; the first that does not fit is held back for the next step).
-     *    An outlier goes to its queue instead; a queue that holds one outlier per micro-batch
-     *    releases them all into this step, so that each micro-batch gets one. Tokens move between
-     *    steps but average global_batch_tokens. If the step would otherwise be empty (all of it
-     *    queued), reading goes on until something can be trained. */
-    int64_t intake = 0;
-    while (intake < pl->batch_tokens || (set.n == 0 && pl->remained.n == 0)) {
+    if (q->head > 0) {
+        memmove(q->items, q->items + q->head, (size_t)q->n * sizeof *q->items);
+        q->head = 0;
+    }
+    PlanDoc *bigger = array_grow(q->items, &q->cap, q->n + k, sizeof *bigger);
+    if (!bigger)
+        return -1;
+    q->items = bigger;
+    memmove(q->items + k, q->items, (size_t)q->n * sizeof *q->items);
+    memcpy(q->items, docs, (size_t)k * sizeof *docs);
+    q->n += k;
+    return 0;
+}
+
+/* A step's intake as it is read: the pieces going into the step (set), their tokens with last step's
+ * leftovers (taken), and the releases among them - set[first, first + n_mb) from queue q each. */
+typedef struct Release {
+    int q;
+    int64_t first, tokens;
+} Release;
+
+typedef struct Intake {
+    Packed set;
+    int64_t taken;
+    Release *rel;
+    int64_t n_rel, cap_rel;
+} Intake;
+
+/* Moves the n oldest outliers of queue q into the step; -1 out of memory. */
+static int release(Planner *pl, int q, int n, Intake *in)
+{
+    Release r = {q, in->set.n, 0};
+    for (int i = 0; i < n; i++) {
+        PlanDoc d = queue_pop(&pl->queues[q]);
+        r.tokens += d.len;
+        if (packed_add(&in->set, &d, 0) != 0)
+            return -1;
+    }
+    Release *bigger = array_grow(in->rel, &in->cap_rel, in->n_rel + 1, sizeof *bigger);
+    if (!bigger)
+        return -1;
+    in->rel = bigger;
+    in->rel[in->n_rel++] = r;
+    in->taken += r.tokens;
+    return 0;
+}
+
+/* Undoes the step's releases from queues other than q, last first, so each queue gets its outliers
+ * back at its front in their order; returns the tokens freed, -1 out of memory. */
+static int64_t undo_releases_but(Planner *pl, int q, int n, Intake *in)
+{
+    int64_t freed = 0;
+    for (int64_t r = in->n_rel - 1; r >= 0; r--) {
+        Release *x = &in->rel[r];
+        if (x->q == q)
+            continue;
+        if (queue_unpop(&pl->queues[x->q], in->set.docs + x->first, n) != 0)
+            return -1;
+        /* Close the gap in the set (later entries shift down; later releases' first with them). */
+        memmove(in->set.docs + x->first, in->set.docs + x->first + n,
+                (size_t)(in->set.n - x->first - n) * sizeof *in->set.docs);
+        in->set.n -= n;
+        for (int64_t later = r + 1; later < in->n_rel; later++)
+            in->rel[later].first -= n;
+        freed += x->tokens;
+        in->taken -= x->tokens;
+        memmove(x, x + 1, (size_t)(in->n_rel - r - 1) * sizeof *x);
+        in->n_rel--;
+    }
+    return freed;
+}
+
+/* Of the queues that hold one outlier per micro-batch and whose N oldest fit beside taken, the one
+ * whose release is the largest (ties: the oldest first outlier); -1 when none does. Taken largest
+ * first at a step's start, the releases fill the step as far as they can (first fit decreasing): a
+ * queue of window-size pieces, whose release is the whole batch when the batch is N windows, goes
+ * into an empty step instead of waiting behind a smaller release that leaves no room for it. */
+static int largest_ready_queue(const Planner *pl, int n, int64_t room, int64_t taken)
+{
+    int best = -1;
+    int64_t best_tokens = 0;
+    for (int q = 0; q < pl->n_queues; q++) {
+        const PlanQueue *pq = &pl->queues[q];
+        if (pq->n < n)
+            continue;
+        int64_t tokens = queue_head_tokens(pq, n);
+        if (taken + tokens > room)
+            continue;
+        if (best < 0 || tokens > best_tokens ||
+            (tokens == best_tokens && pq->items[pq->head].seq < pl->queues[best].items[pl->queues[best].head].seq)) {
+            best = q;
+            best_tokens = tokens;
+        }
+    }
+    return best;
+}
+
+/* The step's room: the configured batch, but no more than its micro-batches can hold (N x S_max). */
+static int64_t step_room(const Planner *pl)
+{
+    int64_t hold = (int64_t)pl->n_mb * pl->s_max;
+    return pl->batch_tokens < hold ? pl->batch_tokens : hold;
+}
+
+/* len tokens (an ordinary piece, or a backed-up queue's release) that would take the step from taken
+ * past its room: they go in when that lands nearer the room than leaving them out does (the overshoot
+ * under the shortfall) and the micro-batches can hold them; else they wait for the next step. So a
+ * step ends within half a piece of its room, whatever the length of the piece at its boundary. */
+static int closing_piece_fits(const Planner *pl, int64_t room, int64_t taken, int64_t len)
+{
+    if (taken + len <= room)
+        return 1;
+    return taken + len - room < room - taken && taken + len <= (int64_t)pl->n_mb * pl->s_max;
+}
+
+/* 1. The step's documents, counted against its room R = min(global_batch_tokens, N x S_max) - every
+ *    token that goes into the step, and only those:
+ *    - last step's leftovers (pieces no micro-batch had room for), first;
+ *    - the outlier queues that hold one outlier per micro-batch, the largest release first, each
+ *      while its N oldest fit in what is left of R (N of at most a window each fit in an empty step:
+ *      N W <= R);
+ *    - then the stream: an ordinary piece goes in while it fits (the one at the boundary when that
+ *      lands nearer R, closing_piece_fits), else it is held back for the next step and the step is
+ *      full; an outlier goes to its queue - not counted, it is not trained yet - and a queue that
+ *      reaches N releases its N oldest now if they fit.
+ *    Reading goes on until the step is full, so a step whose intake was mostly outliers still trains
+ *    about R tokens (the queues fill; they release in this step or the next ones), and so does the
+ *    first step of a run, when the queues are empty. A queue whose N oldest do not fit waits; when
+ *    it holds WLB_BACKLOG releases (a stretch of the stream of nearly nothing but outliers, as the
+ *    window-size pieces of a document of millions of tokens; a stream of outliers alone would
+ *    never end the step), its N oldest go in if that lands nearer R, if need be in place of the
+ *    step's releases from the other queues (put back at their fronts: the tiny config's queue of
+ *    window-size pieces releases exactly N windows = its whole batch, which fits nothing beside
+ *    it), else the step ends. */
+enum { WLB_BACKLOG = 8 }; /* releases' worth a queue may back up by while a step is read */
+
+static int wlb_intake(Planner *pl, Intake *in, Error *err)
+{
+    int n = pl->n_mb;
+    int64_t room = step_room(pl);
+    for (int64_t i = 0; i < pl->remained.n; i++)
+        in->taken += pl->remained.items[pl->remained.head + i].len;
+    for (int q; (q = largest_ready_queue(pl, n, room, in->taken)) >= 0;)
+        if (release(pl, q, n, in) != 0)
+            return error_runtime(err, "planner", "out of memory");
+    while (in->taken < room) {
         PlanDoc d;
         take_piece(pl, &d);
         int q = queue_of(pl, d.len);
-        if (intake + d.len > pl->batch_tokens && q < 0 && (set.n > 0 || pl->remained.n > 0)) {
-            d.arrival = -1; /* it belongs to the next step's batch */
-            hold_back(pl, &d);
-            break;
-        }
-        intake += d.len;
         if (q < 0) {
-            if (packed_add(&set, &d, 0) != 0)
+            if (!closing_piece_fits(pl, room, in->taken, d.len)) {
+                d.arrival = -1; /* it belongs to the next step's batch */
+                hold_back(pl, &d);
+                return 0;
+            }
+            in->taken += d.len;
+            if (packed_add(&in->set, &d, 0) != 0)
                 return error_runtime(err, "planner", "out of memory");
             continue;
         }
         if (queue_push(&pl->queues[q], &d) != 0)
             return error_runtime(err, "planner", "out of memory");
-        if (pl->queues[q].n >= n && release(pl, q, n, &set) < 0)
-            return error_runtime(err, "planner", "out of memory");
+        if (pl->queues[q].n < n)
+            continue;
+        int64_t tokens = queue_head_tokens(&pl->queues[q], n);
+        if (in->taken + tokens <= room) {
+            if (release(pl, q, n, in) != 0)
+                return error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        /* It waits: reading goes on for ordinary pieces to fill the step, up to a backlog of
+         * WLB_BACKLOG releases in the queue. Then its N oldest go in when that lands nearer the room
+         * than the step is now - if need be in place of the step's releases from the other queues,
+         * which go back to the front of their queues (ready again next step); else the step ends. */
+        if (pl->queues[q].n < WLB_BACKLOG * (int64_t)n)
+            continue;
+        int64_t others = 0;
+        for (int64_t r = 0; r < in->n_rel; r++)
+            others += in->rel[r].q != q ? in->rel[r].tokens : 0;
+        int beside = closing_piece_fits(pl, room, in->taken, tokens);
+        int instead = others > 0 && closing_piece_fits(pl, room, in->taken - others, tokens);
+        if (beside && instead) /* the nearer of the two */
+            beside = llabs(in->taken + tokens - room) <= llabs(in->taken - others + tokens - room);
+        if (beside || instead) {
+            if (!beside && undo_releases_but(pl, q, n, in) < 0)
+                return error_runtime(err, "planner", "out of memory");
+            if (release(pl, q, n, in) != 0)
+                return error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        return 0;
     }
+    return 0;
+}
+
+int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
+{
+    int n = pl->n_mb, rc = 0;
+    Packed pk = {0};
+    Intake in = {0};
+    if (wlb_intake(pl, &in, err) != 0) {
+        packed_free(&in.set);
+        free(in.rel);
+        return -1;
+    }
+    Packed set = in.set;
+    free(in.rel);
     /* 2. Longest first, after last step's leftovers. */
     if (set.n > 1) /* all of the intake queued: set.docs is NULL */
         qsort(set.docs, (size_t)set.n, sizeof *set.docs, by_length_desc);

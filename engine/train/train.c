@@ -51,6 +51,8 @@
 #include "config/config_keys.h"
 #include "engine/comm/comm_watchdog.h"
 #include "engine/comm/runtime.h"
+#include "engine/plan/batch_spread.h"
+#include "util/array.h"
 #include "util/clock.h"
 #include "util/fileio.h"
 #include "util/parse.h"
@@ -257,13 +259,16 @@ static void format_duration(double s, char *buf, size_t size)
 /* One JSON object per step; loss and grad_norm with all their digits (a resumed run must match
  * bit for bit), and after an evaluation the validation loss likewise. */
 static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
-                         double mem_predicted, Error *err)
+                         double mem_predicted, int64_t batch, Error *err)
 {
-    fprintf(f, "{\"step\":%lld,\"slowest_rank\":%d,\"slowest_compute_s\":%.6g,\"median_compute_s\":%.6g,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"tokens_per_s\":%.1f,"
+    fprintf(f, "{\"step\":%lld,\"slowest_rank\":%d,\"slowest_compute_s\":%.6g,\"median_compute_s\":%.6g,"
+               "\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"batch_fraction\":%.6g,"
+               "\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
                "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"token_delay_steps\":%.6g,\"delayed_tokens\":%lld,"
                "\"skipped\":%lld,\"attn_pairs\":%lld,\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g",
-            (long long)step, st->slowest_rank, st->slowest_compute_s, st->median_compute_s, st->loss, st->lr, st->grad_norm, (long long)st->tokens, st->tokens / (ms / 1e3), ms,
+            (long long)step, st->slowest_rank, st->slowest_compute_s, st->median_compute_s, st->loss, st->lr,
+            st->grad_norm, (long long)st->tokens, (double)st->tokens / (double)batch, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
             (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,
             (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
@@ -406,11 +411,52 @@ static int maybe_evaluate(Trainer *tr, const Config *cfg, int64_t step, TrainSta
     return 0;
 }
 
+/* The tokens of the steps this process trained (rank 0), for their spread at the end. */
+typedef struct BatchRecord {
+    int64_t *tokens;
+    int64_t n, cap, first_step;
+} BatchRecord;
+
+/* Records a step's tokens; one under 75% of the batch is warned of on stderr: the learning rate is
+ * set for the batch, and that step's update runs at it on fewer tokens. */
+static int batch_record(BatchRecord *b, int64_t step, int64_t tokens, int64_t batch, Error *err)
+{
+    if (batch_under_floor(tokens, batch))
+        fprintf(stderr, "wlbtrain: warning: step %lld trained %lld tokens, %.1f%% of data.global_batch_tokens (%lld): "
+                        "under %d%% of the batch its learning rate is set for\n", (long long)step, (long long)tokens,
+                100.0 * (double)tokens / (double)batch, (long long)batch, BATCH_FLOOR_PERCENT);
+    int64_t *bigger = array_grow(b->tokens, &b->cap, b->n + 1, sizeof *bigger);
+    if (!bigger)
+        return error_runtime(err, "training", "out of memory");
+    b->tokens = bigger;
+    if (b->n == 0)
+        b->first_step = step;
+    b->tokens[b->n++] = tokens;
+    return 0;
+}
+
+/* The spread of the recorded steps' tokens against the batch, one line. */
+static void batch_report(BatchRecord *b, int64_t batch)
+{
+    if (b->n == 0)
+        return;
+    BatchSpread s = batch_spread_of(b->tokens, b->n, batch);
+    double pct = 100.0 / (double)batch;
+    printf("batch: tokens per step over steps %lld-%lld against data.global_batch_tokens %lld: mean %.0f, p5 %lld "
+           "(%.1f%%), p95 %lld (%.1f%%), min %lld (%.1f%%), max %lld (%.1f%%); %lld steps more than %d%% off it, %lld "
+           "under %d%%\n", (long long)b->first_step, (long long)(b->first_step + b->n - 1), (long long)batch, s.mean,
+           (long long)s.p5, pct * (double)s.p5, (long long)s.p95, pct * (double)s.p95, (long long)s.min,
+           pct * (double)s.min, (long long)s.max, pct * (double)s.max, (long long)s.off_near, BATCH_NEAR_PERCENT,
+           (long long)s.under_floor, BATCH_FLOOR_PERCENT);
+    fflush(stdout);
+}
+
 /* The steps after `done`, on every rank, until train.steps or a stop (stop->reason); rank 0
  * reports. */
 static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_t done, StopRule *stop, Error *err)
 {
     FILE *metrics = NULL;
+    BatchRecord batch = {0};
     int lead = tr->lay.rank == 0;
     if (lead && cfg->log.metrics && open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0)
         return -1;
@@ -446,7 +492,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
          * say) and is resumed from it keeps every step's line. */
         double ms = (clock_seconds() - t0 - st.eval_s) * 1e3;
         if (rc == 0 && lead && metrics)
-            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted, err);
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted,
+                               cfg->data.global_batch_tokens, err);
         int saved = 0;
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, &saved, err);
@@ -461,6 +508,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         }
         if (rc != 0 || !lead)
             continue;
+        if (rc == 0)
+            rc = batch_record(&batch, step, st.tokens, cfg->data.global_batch_tokens, err);
         if (st.skipped) {
             printf("step %5lld/%lld  loss %g  grad_norm %g: not finite, update skipped (%lld so far)\n",
                    (long long)step, (long long)cfg->train.steps, st.loss, st.grad_norm, (long long)tr->skipped);
@@ -484,6 +533,9 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         rc = trainer_params_ready(tr, err);
     if (metrics && fclose(metrics) != 0 && rc == 0)
         rc = error_errno(err, cfg->log.metrics, "cannot write");
+    if (rc == 0 && lead)
+        batch_report(&batch, cfg->data.global_batch_tokens);
+    free(batch.tokens);
     const TrainValidRecord *r = &tr->valid_record;
     if (rc == 0 && lead && cfg->train.eval_every > 0 && r->last_step > 0) {
         printf("valid: valid_loss %.4f after step %lld; best %.4f after step %lld\n", r->last_loss,
