@@ -140,6 +140,8 @@ typedef struct ConfigTrain {
     NonfinitePolicy nonfinite;
     Recompute recompute;
     bool deterministic;
+    int64_t logits_block; /* floats of the output head's block of logits (rows x vocabulary columns); 0 = the
+                           * backend's (OPS_LOGITS_FLOATS_CPU, _GPU) */
     double gpu_memory_gb; /* the memory check's budget per device, 10^9 bytes; 0 = the hardware profile's */
     char *stop_after; /* NULL = none; a step count or a wall time (config_stop_after parses it) */
     int64_t eval_every;  /* validation loss every N steps; 0 = none */

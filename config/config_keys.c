@@ -191,6 +191,11 @@ const ConfigKey config_keys[] = {
     BOOL_KEY("train.deterministic", train.deterministic, "true", NULL,
              "bit-identical results run after run (no floating-point atomics); false lets the GPU use its "
              "fastest attention backward"),
+    INT_KEY("train.logits_block", train.logits_block, 0, INT64_C(1) << 40, "0", NULL,
+            "floats of one block of the output head's logits (rows x columns of the rank's vocabulary slice; the "
+            "loss and its gradient are computed a block at a time): blocks of whole slices while they hold at least "
+            "512 rows, else 512 rows over tiles of the vocabulary whose logits the backward recomputes; 0 = the "
+            "backend's (2^24 on cpu, 2^26 on cuda: 256 MiB, about 520 rows of Llama 3's vocabulary)"),
     FLOAT_KEY("train.gpu_memory_gb", train.gpu_memory_gb, 0, 1e6, 0, "0", NULL,
               "memory of one device in GB (10^9 bytes): a layout whose predicted peak per rank exceeds it is "
               "refused before training and in the dry run; 0 = from balance.hardware (80 h100, 141 h200, 80 a100; "

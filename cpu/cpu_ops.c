@@ -268,8 +268,10 @@ static void f32_swiglu_bwd(Act *dgu, const float *dout, const Act *gu, int64_t T
 /* ---------------------------------------------------------------------------------------------- */
 /* Cross-entropy                                                                                   */
 
+/* A tile's (max, sum of exponentials from it, target logit) of each row; with !first merged into
+ * the running statistics of the tiles before it (engine/ops.h), in double. */
 static void ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t T, int64_t V,
-                     int64_t vocab0)
+                     int64_t vocab0, int first)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
@@ -281,9 +283,16 @@ static void ce_stats(double *stats, const float *logits, const int32_t *targets,
         for (int64_t i = 0; i < V; i++)
             s += exp((double)z[i] - m);
         int64_t c = (int64_t)targets[t] - vocab0;
-        stats[3 * t] = m;
-        stats[3 * t + 1] = s;
-        stats[3 * t + 2] = targets[t] >= 0 && c >= 0 && c < V ? z[c] : 0.0;
+        double zt = targets[t] >= 0 && c >= 0 && c < V ? z[c] : 0.0;
+        double *st = stats + 3 * t;
+        if (first) {
+            st[0] = m, st[1] = s, st[2] = zt;
+            continue;
+        }
+        double M = st[0] > m ? st[0] : m;
+        st[1] = st[1] * exp(st[0] - M) + s * exp(m - M);
+        st[0] = M;
+        st[2] += zt;
     }
 }
 

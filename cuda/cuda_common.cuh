@@ -156,7 +156,8 @@ template <class T> void cuda_swiglu_bwd(Act *dgu, const float *dout, const Act *
 template <class T> void cuda_adamw(float *p, const float *g, float *m, float *v, Act *p_act, int64_t n,
                                    const AdamWSpan *spans, int n_spans, AdamWStep s);
 /* cuda_loss.cu */
-void cuda_ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t T_, int64_t V, int64_t vocab0);
+void cuda_ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t T_, int64_t V, int64_t vocab0,
+                   int first);
 template <class T> void cuda_ce_grad(Act *dlogits, const float *logits, const double *lse, const int32_t *targets,
                                      int64_t T_, int64_t V, int64_t vocab0, float dloss);
 /* cuda_embedding.cu */

@@ -4,7 +4,10 @@
  * ce_stats reads each row once: a block per row, every thread keeps a running (max m, sum s of
  * exp(z - m)) over its columns, rescaling s when m grows (online softmax); the threads' pairs merge
  * in a fixed order, s' = s_a exp(m_a - m) + s_b exp(m_b - m) with m = max(m_a, m_b). The target's
- * logit is read by one thread. ce_grad then writes dloss (exp(z - lse) - [target]) in the compute
+ * logit is read by one thread. With first the block writes its row's (max, sum, target); else it
+ * merges them into the row's running statistics of the vocabulary tiles before (engine/ops.h), in
+ * double, the same formula: a block of rows is computed a tile of columns at a time
+ * (engine/model/model_head.c), so its logits never exceed one tile. ce_grad then writes dloss (exp(z - lse) - [target]) in the compute
  * dtype, p - 1 at the target through expm1 in double (p near 1 would cancel in float).
  */
 #include <math.h>
@@ -14,7 +17,7 @@
 enum { CE_THREADS = 512 };
 
 __global__ void __launch_bounds__(CE_THREADS)
-    k_ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t V, int64_t vocab0)
+    k_ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t V, int64_t vocab0, int first)
 {
     const float *z = logits + blockIdx.x * V;
     float m = -INFINITY, s = 0.0f;
@@ -33,17 +36,27 @@ __global__ void __launch_bounds__(CE_THREADS)
     double sum = block_sum(part);
     if (threadIdx.x == 0) {
         int64_t t = targets[blockIdx.x], c = t - vocab0;
-        stats[3 * blockIdx.x] = mx;
-        stats[3 * blockIdx.x + 1] = sum;
-        stats[3 * blockIdx.x + 2] = t >= 0 && c >= 0 && c < V ? (double)z[c] : 0.0;
+        double zt = t >= 0 && c >= 0 && c < V ? (double)z[c] : 0.0;
+        double *st = stats + 3 * blockIdx.x;
+        if (first) {
+            st[0] = mx;
+            st[1] = sum;
+            st[2] = zt;
+        } else {
+            double M = fmax(st[0], (double)mx);
+            st[1] = st[1] * exp(st[0] - M) + sum * exp((double)mx - M);
+            st[0] = M;
+            st[2] += zt;
+        }
     }
 }
 
-void cuda_ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t T_, int64_t V, int64_t vocab0)
+void cuda_ce_stats(double *stats, const float *logits, const int32_t *targets, int64_t T_, int64_t V, int64_t vocab0,
+                   int first)
 {
     if (T_ == 0)
         return;
-    k_ce_stats<<<(unsigned)T_, CE_THREADS>>>(stats, logits, targets, V, vocab0);
+    k_ce_stats<<<(unsigned)T_, CE_THREADS>>>(stats, logits, targets, V, vocab0, first);
     CUDA_LAUNCHED("ce_stats");
 }
 

@@ -82,18 +82,20 @@ typedef struct AdamWSpan {
     float weight_decay;
 } AdamWSpan;
 
-/* The logits block of each kind of backend: 2^24 floats on the CPU; 2^28 on a GPU (1 GiB, and its
- * bf16 gradient 512 MiB: at Llama 3's vocabulary about 2,000 rows per block, wide enough for the
- * products to run at full speed). */
-enum { OPS_LOGITS_FLOATS_CPU = 1 << 24, OPS_LOGITS_FLOATS_GPU = 1 << 28 };
+/* The block of logits (rows x columns of the rank's vocabulary slice, float32, and its gradient in
+ * the compute dtype beside it) of each kind of backend, unless train.logits_block sets another: 2^24
+ * floats on the CPU; 2^26 on a GPU (256 MiB, and its bf16 gradient 128 MiB: at Llama 3's vocabulary
+ * about 520 rows of the whole slice per block; engine/model/model_head.c says how a block is cut). */
+enum { OPS_LOGITS_FLOATS_CPU = 1 << 24, OPS_LOGITS_FLOATS_GPU = 1 << 26 };
 
 typedef struct Ops {
     const char *name;
     int host_memory;       /* 1: its memory is host memory (MPI can use it as it is) */
     size_t act_bytes;      /* bytes of one element of the compute dtype: 4 (float32) or 2 (bfloat16) */
     int act_is_f32;        /* the compute dtype is float32: an Act array may alias a float array */
-    int64_t logits_floats; /* the largest block of logits (rows x vocabulary slice) the model makes:
-                            * OPS_LOGITS_FLOATS_CPU or _GPU (the memory model reads them too) */
+    int64_t logits_floats; /* the largest block of logits (rows x columns of the vocabulary slice) the
+                            * model makes unless train.logits_block says: OPS_LOGITS_FLOATS_CPU or _GPU
+                            * (the memory model reads them too) */
 
     /* Memory of the backend. alloc returns zeroed memory or NULL. */
     void *(*alloc)(size_t bytes);
@@ -179,14 +181,18 @@ typedef struct Ops {
     void (*swiglu_fwd)(Act *out, const Act *gu, int64_t T, int64_t F);
     /* dgu[t] = (dout silu'(g) u, dout silu(g)) in gu's layout. */
     void (*swiglu_bwd)(Act *dgu, const float *dout, const Act *gu, int64_t T, int64_t F);
-    /* Cross-entropy over a vocabulary split by rows between ranks: logits[T, V] hold the columns
-     * [vocab0, vocab0 + V) of the full vocabulary. stats[3 t ..] of row t, in one pass over it: its
-     * max m, sum exp(z - m), and z of the target when the target falls in this rank's columns (else
-     * 0, also for no target). The caller combines the ranks' rows into lse = max + log(sum exp); the
-     * loss of a row with a target is lse - z_target. */
+    /* Cross-entropy over a vocabulary split by rows between ranks, and on each rank into tiles of
+     * columns: logits[T, V] hold the columns [vocab0, vocab0 + V) of the full vocabulary (a tile of
+     * the rank's slice, or all of it). stats[3 t ..] of row t, in one pass over the tile: its max m,
+     * sum exp(z - m), and z of the target when the target falls in these columns (else 0, also for no
+     * target) - with first; else the tile's (m', s', z') merge into what stats holds (the running
+     * softmax statistics of the tiles before it): M = max(m, m'), s = s e^(m - M) + s' e^(m' - M),
+     * m = M, z += z'. The caller combines the ranks' rows into lse = max + log(sum exp); the loss of
+     * a row with a target is lse - z_target. */
     void (*ce_stats)(double *stats, const float *logits, const int32_t *targets, int64_t T, int64_t V,
-                     int64_t vocab0);
-    /* dlogits = dloss * (softmax - onehot), from the full lse (zero rows for no target). */
+                     int64_t vocab0, int first);
+    /* dlogits = dloss * (softmax - onehot) on the columns [vocab0, vocab0 + V) (a tile or the whole
+     * slice), from the full lse (zero rows for no target). */
     void (*ce_grad)(Act *dlogits, const float *logits, const double *lse, const int32_t *targets, int64_t T,
                     int64_t V, int64_t vocab0, float dloss);
     void (*add)(float *out, const float *a, const float *b, int64_t n); /* out = a + b (out may be a) */

@@ -271,7 +271,7 @@ static void run_cross_entropy(const Ops *o)
     memcpy(targets, tg, sizeof tg);
     double *mx = take((size_t)T * 8), *sum = take((size_t)T * 8), *zt = take((size_t)T * 8), *lse = take((size_t)T * 8);
     double *stats = take((size_t)(3 * T) * 8);
-    o->ce_stats(stats, z, targets, T, V, vocab0); /* max, sum exp(z - max), z_target of each row */
+    o->ce_stats(stats, z, targets, T, V, vocab0, 1); /* max, sum exp(z - max), z_target of each row */
     for (int64_t t = 0; t < T; t++)
         mx[t] = stats[3 * t], sum[t] = stats[3 * t + 1], zt[t] = stats[3 * t + 2];
     /* The gradient against a given lse (as if the other ranks' columns added to the sum). */

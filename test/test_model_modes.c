@@ -7,7 +7,10 @@
  *   model_memory: exactly the bytes model_reserve allocates, per slot and for the scratch, in every
  *     mode, with and without sequence parallelism, and less memory for more recomputation;
  *   out of memory: one error that says how much was needed, how much is free, and what the other
- *     recompute modes would need.
+ *     recompute modes would need;
+ *   the output head's blocks (model_head_tiles): rows of whole vocabulary slices, and rows over tiles
+ *     of the vocabulary whose logits the backward recomputes, give the loss and every gradient of one
+ *     block of all rows (the unfused loss) to float rounding, fp32 and bf16.
  */
 #include "test/testlib.h"
 
@@ -41,7 +44,7 @@ static void new_model(Model *m, Config *cfg, const Ops *ops, Recompute r) { new_
 
 /* Documents of the given lengths, back to back, seeded random tokens. */
 typedef struct TestBatch {
-    int32_t tokens[256], targets[256], positions[256];
+    int32_t tokens[1024], targets[1024], positions[1024];
     AttnSegment segs[16];
     ModelBatch b;
 } TestBatch;
@@ -152,6 +155,91 @@ static void test_bf16_close_to_fp32(void **state)
     model_free(&m16);
     config_free(&c32);
     config_free(&c16);
+}
+
+/* The largest relative error of a tensor's gradient, a against the reference r. */
+static double worst_tensor_error(const Model *m, const float *a, const float *r, const char **name)
+{
+    double worst = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ModelTensor *t = &m->tensors[i];
+        double num = 0, den = 0;
+        for (int64_t k = t->offset; k < t->offset + t->rows * t->cols; k++) {
+            num += ((double)a[k] - r[k]) * ((double)a[k] - r[k]);
+            den += (double)r[k] * r[k];
+        }
+        double e = sqrt(num / (den > 0 ? den : 1));
+        if (e > worst) {
+            worst = e;
+            *name = t->name;
+        }
+    }
+    return worst;
+}
+
+/* The head's cuts of a 700-row micro-batch (vocabulary 61) against one block of all rows and the whole
+ * vocabulary (the unfused loss): two blocks of whole slices (512 + 188 rows), blocks of 512 rows over
+ * tiles of 20, 20, 20 and 1 columns (recomputed in the backward), and 100 blocks of 7 rows over tiles
+ * of one column. The loss: the tiles' logits come from products of other widths, which may round
+ * a logit's last bit differently (a product's summation order depends on its shape), and the
+ * exponentials are summed in another order: within 1e-9 relative (a last bit of a logit of size 10
+ * is 1e-6; the loss sums 695 rows of about 4). The gradients sum the rows' and tiles' parts in another order in float32 (dW over row blocks, the
+ * input gradient over tiles): within 1e-5 relative in fp32 (measured: 4e-7); in bf16 the other
+ * order's last bits could move a rounding of the compute dtype (2^-9) where a value sits at a
+ * rounding's edge: within 1e-4 (measured: 3e-7), well below one bf16 rounding of a whole tensor. */
+static void check_head_tiles(const Ops *ops, double tol)
+{
+    int lens[] = {200, 150, 1, 99, 250};
+    TestBatch tb;
+    make_batch(&tb, lens, 5, 17);
+    assert_int_equal(tb.b.T, 700);
+    const int64_t floats[] = {61 * 700, 61 * 512, 512 * 20, 7};
+    const HeadTiles want[] = {{700, 61}, {512, 61}, {512, 20}, {7, 1}};
+    double loss[4];
+    float *g[4];
+    for (int i = 0; i < 4; i++) {
+        Config cfg;
+        Model m;
+        Error err = {0};
+        new_model(&m, &cfg, ops, RECOMPUTE_NONE);
+        m.logits_floats = floats[i];
+        HeadTiles t = model_head_tiles(&m.dims, m.logits_floats, tb.b.T);
+        assert_true(t.rows == want[i].rows && t.cols == want[i].cols);
+        assert_int_equal(model_reserve(&m, 0, tb.b.T, 0, &err), 0);
+        g[i] = loss_and_grads(&m, &tb.b, &loss[i]);
+        if (i > 0) {
+            const char *name = "";
+            double e = worst_tensor_error(&m, g[i], g[0], &name);
+            double le = fabs(loss[i] - loss[0]) / loss[0];
+            printf("# %s: head blocks of %lld rows x %lld columns: loss %.12f (rel %.1e), worst gradient %s rel "
+                   "%.1e\n", ops->name, (long long)t.rows, (long long)t.cols, loss[i], le, name, e);
+            assert_true(le <= 1e-9);
+            assert_true(e <= tol);
+        }
+        model_free(&m);
+        config_free(&cfg);
+    }
+    printf("# %s: one block of 700 rows x 61 columns (unfused): loss %.12f\n", ops->name, loss[0]);
+    for (int i = 0; i < 4; i++)
+        free(g[i]);
+}
+
+static void test_head_tiles_equal_the_unfused_loss(void **state)
+{
+    (void)state;
+    check_head_tiles(cpu_ops(), 1e-5);
+    check_head_tiles(cpu_ops_bf16(), 1e-4);
+    /* Llama 3's vocabulary: the GPU's block is whole slices of 523 rows (2093 at the 2^28 before); a
+     * 32K-row micro-batch with a block of 2^24 floats goes over tiles of 32768 columns (4 tiles). */
+    ModelDims d = {.local_vocab = 128256, .has_head = 1};
+    HeadTiles t = model_head_tiles(&d, OPS_LOGITS_FLOATS_GPU, 32768);
+    assert_true(t.rows == 523 && t.cols == 128256);
+    t = model_head_tiles(&d, 1 << 28, 32768);
+    assert_true(t.rows == 2092 && t.cols == 128256);
+    t = model_head_tiles(&d, 1 << 24, 32768);
+    assert_true(t.rows == 512 && t.cols == 32768);
+    t = model_head_tiles(&d, OPS_LOGITS_FLOATS_GPU, 100); /* a micro-batch smaller than a block */
+    assert_true(t.rows == 100 && t.cols == 128256);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -288,6 +376,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recompute_gives_the_same_bits),
         cmocka_unit_test(test_bf16_close_to_fp32),
+        cmocka_unit_test(test_head_tiles_equal_the_unfused_loss),
         cmocka_unit_test(test_memory_is_what_is_allocated),
         cmocka_unit_test(test_out_of_memory_says_what_would_fit),
     };

@@ -264,6 +264,51 @@ static void check_embedding_norm_rope_swiglu(const Pair *p)
         both_free(p, all[i]);
 }
 
+/* The head's vocabulary tiles (engine/model/model_head.c) on one backend: the [T, V] logits z (host)
+ * cut into tiles of 1700 columns (the last 1600), each tile's statistics merged into the running ones
+ * (ce_stats with first = 0), give the one call's statistics `whole` (host): max and target logit
+ * exactly, the sum within tol (the same exponentials summed in another order: in double on the CPU,
+ * 1e-12; a GPU thread sums its columns in float, 1e-6); and each
+ * tile's ce_grad (its vocab0) is the same bits as those columns of the whole rows' gradient. */
+static void check_cross_entropy_tiles(const Ops *o, const float *z, const int32_t *tgt, int64_t T, int64_t V,
+                                      int64_t vocab0, const double *whole, const double *lse_h, const Act *grad,
+                                      double tol)
+{
+    enum { COLS = 1700 };
+    float *tile = malloc((size_t)(T * COLS) * sizeof *tile), *g_whole = down_act(o, grad, T * V);
+    float *d_tile = up_f32(o, NULL, T * COLS);
+    int32_t *d_tgt = up(o, tgt, (size_t)T * sizeof *tgt);
+    double *st = up(o, NULL, (size_t)(3 * T) * sizeof(double)), *lse = up(o, lse_h, (size_t)T * sizeof(double));
+    Act *g = up_act(o, NULL, T * COLS);
+    int64_t bad = 0;
+    for (int64_t c = 0; c < V; c += COLS) {
+        int64_t nc = V - c < COLS ? V - c : COLS;
+        for (int64_t t = 0; t < T; t++)
+            memcpy(tile + t * nc, z + t * V + c, (size_t)nc * sizeof *tile);
+        o->to_device(d_tile, tile, (size_t)(T * nc) * sizeof *tile);
+        o->ce_stats(st, d_tile, d_tgt, T, nc, vocab0 + c, c == 0);
+        o->ce_grad(g, d_tile, lse, d_tgt, T, nc, vocab0 + c, 0.01f);
+        float *gh = down_act(o, g, T * nc);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < nc; j++)
+                bad += memcmp(&gh[t * nc + j], &g_whole[t * V + c + j], sizeof(float)) != 0;
+        free(gh);
+    }
+    double h[3 * 64], worst = 0;
+    o->to_host(h, st, (size_t)(3 * T) * sizeof(double));
+    for (int64_t t = 0; t < T; t++) {
+        assert_true(h[3 * t] == whole[3 * t] && h[3 * t + 2] == whole[3 * t + 2]);
+        double e = fabs(h[3 * t + 1] - whole[3 * t + 1]) / whole[3 * t + 1];
+        worst = e > worst ? e : worst;
+    }
+    printf("# %-22s %-36s sum rel %.1e, gradient %lld of %lld differ\n", o->name, "ce over 3 vocabulary tiles",
+           worst, (long long)bad, (long long)(T * V));
+    assert_true(worst <= tol);
+    assert_int_equal(bad, 0);
+    free(tile), free(g_whole);
+    o->free(d_tile), o->free(d_tgt), o->free(st), o->free(lse), o->free(g);
+}
+
 static void check_cross_entropy_and_adamw(const Pair *p)
 {
     int64_t T = 64, V = 5000, vocab0 = 1000;
@@ -272,8 +317,8 @@ static void check_cross_entropy_and_adamw(const Pair *p)
     for (int t = 0; t < T; t++)
         tgt[t] = t % 9 == 0 ? -1 : (int32_t)rng_below(&rng, 7000); /* some outside this slice */
     Both zz = both(p, z, T * V, 0), tg = both_raw(p, tgt, sizeof tgt), st = both_raw(p, NULL, 3 * T * sizeof(double));
-    p->ref->ce_stats(st.r, zz.r, tg.r, T, V, vocab0);
-    p->test->ce_stats(st.t, zz.t, tg.t, T, V, vocab0);
+    p->ref->ce_stats(st.r, zz.r, tg.r, T, V, vocab0, 1);
+    p->test->ce_stats(st.t, zz.t, tg.t, T, V, vocab0, 1);
     double hr[3 * 64], ht[3 * 64], lse[64];
     p->ref->to_host(hr, st.r, sizeof hr);
     p->test->to_host(ht, st.t, sizeof ht);
@@ -288,6 +333,8 @@ static void check_cross_entropy_and_adamw(const Pair *p)
     p->ref->ce_grad(gr.r, zz.r, ls.r, tg.r, T, V, vocab0, 0.01f);
     p->test->ce_grad(gr.t, zz.t, ls.t, tg.t, T, V, vocab0, 0.01f);
     cmp_act(p, "ce_grad", gr.r, gr.t, T * V, p->tol.act);
+    check_cross_entropy_tiles(p->ref, z, tgt, T, V, vocab0, hr, lse, gr.r, 1e-12);
+    check_cross_entropy_tiles(p->test, z, tgt, T, V, vocab0, ht, lse, gr.t, p->test->host_memory ? 1e-12 : 1e-6);
     /* AdamW over three spans of different decay, three steps, clipped in the second */
     int64_t n = 10000;
     AdamWSpan spans[3] = {{0, 3000, 0.1f}, {3000, 3100, 0.0f}, {3100, n, 0.1f}};

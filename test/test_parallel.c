@@ -643,6 +643,21 @@ static void test_extras(void **state)
     assert_true(ok);
 }
 
+/* The output head in blocks of 128 rows over tiles of 9 columns of each TP rank's 128-column slice
+ * (train.logits_block 1200; model_head.c: the statistics merged tile by tile, then over the ranks;
+ * the backward recomputes each tile's logits), with SP at tp 2 x cp 2 and without SP at tp 2 x pp
+ * 2, against one process with the whole slice in one block. */
+static void test_head_tiles(void **state)
+{
+    (void)state;
+    int ok = 1;
+    const char *sp[] = {"balance.packer=wlb", "train.logits_block=1200", NULL};
+    ok &= check_layout(1, 2, 1, 2, fx.ref[1], sp, "head over vocabulary tiles");
+    const char *no_sp[] = {"balance.packer=wlb", "train.logits_block=1200", "parallel.sequence_parallel=false", NULL};
+    ok &= check_layout(1, 2, 2, 1, fx.ref[1], no_sp, "head over vocabulary tiles, no SP");
+    assert_true(ok);
+}
+
 /* Pipelines of 3 and 4 stages with tied embeddings (the first and last stage sum the embedding's
  * gradient: a pair the pipeline itself never connects), interleaved over 3 stages with 2 virtual
  * stages (the lanes' ring of 3 colours) and over 4 stages with 2 and 4
@@ -876,7 +891,7 @@ int main(void)
         cmocka_unit_test(test_cp2),         cmocka_unit_test(test_cp4),         cmocka_unit_test(test_dp2_tp2_pp2),
         cmocka_unit_test(test_tp2_pp2_cp2), cmocka_unit_test(test_dp2_tp2_pp2_cp2), cmocka_unit_test(test_extras),
         cmocka_unit_test(test_modes),       cmocka_unit_test(test_groups),      cmocka_unit_test(test_stage_layers),
-        cmocka_unit_test(test_reduce_dtype),  cmocka_unit_test(test_deep_pipelines),
+        cmocka_unit_test(test_reduce_dtype),  cmocka_unit_test(test_deep_pipelines), cmocka_unit_test(test_head_tiles),
         cmocka_unit_test(test_overlap),     cmocka_unit_test(test_tp_chunks),   cmocka_unit_test(test_fault_order),
     };
     const char *filter = getenv("WLB_TEST_FILTER");

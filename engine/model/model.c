@@ -155,6 +155,7 @@ int model_init(Model *m, const ConfigModel *c, const Ops *ops, const ModelParall
     memset(m, 0, sizeof *m);
     m->ops = ops;
     m->recompute = recompute;
+    m->logits_floats = ops->logits_floats;
     m->comm = par ? par->comm : NULL;
     ModelDims *d = &m->dims;
     if (build_tensors(m, c, par, err) != 0)

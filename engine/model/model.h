@@ -196,6 +196,9 @@ typedef struct Model {
     const Ops *ops;
     Comm *comm;
     Recompute recompute;
+    int64_t logits_floats; /* the output head's block of logits, rows x columns (model_head_tiles): the
+                            * backend's ops->logits_floats unless train.logits_block sets it (set before
+                            * model_reserve) */
     Dt sum_dt;          /* the TP and CP partial sums' dtype (parallel.reduce_dtype; DT_F32 unless set) */
     int tp_chunks;      /* pieces of each TP product and its exchange (parallel.tp_chunks; model_tp.c; 0: 1) */
     ModelTensor *tensors;
@@ -221,7 +224,7 @@ typedef struct Model {
     Act *att_part;                            /* CP: one key block's attention [T, q] */
     float *att_part_lse;                      /*     and its log-sum-exp [T, heads] */
     CommRequest *cp_req;                      /* CP: a request per piece of the exchanges (2 cp) */
-    float *logits;                            /* a block of rows of logits */
+    float *logits;                            /* a block of logits: rows x a tile of the vocabulary */
     Act *dlogits;                             /* their gradient */
     double *stats, *lse;                      /* backend, per row of a logits block: 3, 1 */
     double *h_stats, *h_lse;                  /* host copies, for the TP reductions */
@@ -306,9 +309,19 @@ int64_t model_rows(const ModelDims *d, int64_t T);
 
 /* Room for T rows (and T_mb micro-batch rows with CP) in slot and in the scratch, grown on demand;
  * out of memory is an Error that says how much was needed, how much is free and which keys would
- * help. model_head_chunk: the rows of logits the output projection handles at a time. */
+ * help. */
 int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err);
-int64_t model_head_chunk(const Model *m);
+
+/* How the output head cuts its logits for micro-batches of up to T rows (model_head.c): blocks of
+ * `rows` rows, each a tile of `cols` columns of the rank's vocabulary slice at a time (cols = the
+ * whole slice: the logits of a block are computed once; fewer: the backward recomputes each tile's
+ * product), rows x cols <= logits_floats. The blocks of whole slices while they hold at least
+ * MODEL_HEAD_MIN_ROWS rows (or all T); else blocks of that many rows over tiles of the vocabulary. */
+enum { MODEL_HEAD_MIN_ROWS = 512 };
+typedef struct HeadTiles {
+    int64_t rows, cols;
+} HeadTiles;
+HeadTiles model_head_tiles(const ModelDims *d, int64_t logits_floats, int64_t T);
 
 /* The RoPE table of model.rope_* (model_rope.c): the head_dim / 2 frequencies into inv_freq; returns
  * the factor cos and sin are multiplied by (1 but for yarn). */

@@ -104,12 +104,12 @@ static void slot_arrays(const ModelDims *d, ArraySpec *a)
 
 enum { N_SCRATCH_ARRAYS = 21 };
 
-/* The scratch the slots share; rows of a logits block count as "rows" of width vocab (chunk rows,
- * set by the caller through `head_rows`). */
-static void scratch_arrays(const ModelDims *d, int64_t head_rows, ArraySpec *a)
+/* The scratch the slots share; the head's logits block is a fixed size (model_head_tiles). */
+static void scratch_arrays(const ModelDims *d, HeadTiles head, ArraySpec *a)
 {
     int64_t D = d->d, lhd = (int64_t)d->local_heads * d->head_dim, lkv = (int64_t)d->local_kv_heads * d->head_dim;
-    int64_t F = d->local_ffn, Q = qkv_width(d), cp = d->cp > 1, V = d->has_head ? d->local_vocab : 0, sp = d->sp;
+    int64_t F = d->local_ffn, Q = qkv_width(d), cp = d->cp > 1, sp = d->sp;
+    int64_t block = d->has_head ? head.rows * head.cols : 0, head_rows = d->has_head ? head.rows : 0;
     int64_t H = d->local_heads;
     ArraySpec t[N_SCRATCH_ARRAYS] = {
         {offsetof(Model, dh), EL_F32, D, ROWS_R, 0},
@@ -130,11 +130,12 @@ static void scratch_arrays(const ModelDims *d, int64_t head_rows, ArraySpec *a)
         {offsetof(Model, att_acc_lse), EL_F32, cp ? H : 0, ROWS_T, 0},
         {offsetof(Model, att_part), EL_ACT, cp ? lhd : 0, ROWS_T, 0},
         {offsetof(Model, att_part_lse), EL_F32, cp ? H : 0, ROWS_T, 0},
-        /* logits blocks: head_rows rows (stored as "width" so that T does not scale them) */
-        {offsetof(Model, logits), EL_F32, V * head_rows, ROWS_FIXED, 0},
-        {offsetof(Model, dlogits), EL_ACT, V * head_rows, ROWS_FIXED, 0},
-        {offsetof(Model, stats), EL_F64, V ? 3 * head_rows : 0, ROWS_FIXED, 0},
-        {offsetof(Model, lse), EL_F64, V ? head_rows : 0, ROWS_FIXED, 0},
+        /* the head's block of logits, rows x a tile of columns, and its gradient; per row of it the
+         * softmax statistics and lse (stored as "width" so that T does not scale them) */
+        {offsetof(Model, logits), EL_F32, block, ROWS_FIXED, 0},
+        {offsetof(Model, dlogits), EL_ACT, block, ROWS_FIXED, 0},
+        {offsetof(Model, stats), EL_F64, 3 * head_rows, ROWS_FIXED, 0},
+        {offsetof(Model, lse), EL_F64, head_rows, ROWS_FIXED, 0},
     };
     memcpy(a, t, sizeof t);
 }
@@ -152,18 +153,20 @@ static int64_t elems(const ArraySpec *a, const Rows *r)
     return a->width;
 }
 
-int64_t model_head_chunk(const Model *m)
+HeadTiles model_head_tiles(const ModelDims *d, int64_t logits_floats, int64_t T)
 {
-    int64_t c = m->ops->logits_floats / m->dims.local_vocab;
-    return c < 1 ? 1 : c;
-}
-
-/* The rows of a logits block for T rows: a block never has more rows than the micro-batch. */
-static int64_t head_rows(const ModelDims *d, int64_t logits_floats, int64_t T)
-{
-    int64_t c = logits_floats / d->local_vocab;
-    c = c < 1 ? 1 : c;
-    return T < c ? (T > 0 ? T : 1) : c;
+    int64_t V = d->local_vocab > 0 ? d->local_vocab : 1, floats = logits_floats > 1 ? logits_floats : 1;
+    int64_t T1 = T > 0 ? T : 1, whole = floats / V; /* rows of whole slices a block holds */
+    HeadTiles t;
+    if (whole >= MODEL_HEAD_MIN_ROWS || whole >= T1) {
+        t.rows = whole < T1 ? whole : T1;
+        t.cols = V;
+    } else {
+        t.rows = T1 < MODEL_HEAD_MIN_ROWS ? T1 : MODEL_HEAD_MIN_ROWS;
+        t.rows = t.rows < floats ? t.rows : floats;
+        t.cols = floats / t.rows;
+    }
+    return t;
 }
 
 ModelMemory model_memory(const ModelDims *d, int64_t T, int64_t T_mb, Recompute r, size_t act_bytes,
@@ -175,7 +178,7 @@ ModelMemory model_memory(const ModelDims *d, int64_t T, int64_t T_mb, Recompute 
     ArraySpec la[N_LAYER_ARRAYS], sa[N_SLOT_ARRAYS], xa[N_SCRATCH_ARRAYS];
     layer_arrays(d, la);
     slot_arrays(d, sa);
-    scratch_arrays(d, head_rows(d, logits_floats, T), xa);
+    scratch_arrays(d, model_head_tiles(d, logits_floats, T), xa);
     mem.slot_bytes = (layers + 1) * rows.R * d->d * 4; /* h[0 .. layers] */
     for (int i = 0; i < N_LAYER_ARRAYS; i++) {
         int64_t b = elems(&la[i], &rows) * (int64_t)elem_bytes(la[i].kind, act_bytes);
@@ -248,7 +251,7 @@ static void free_scratch(Model *m)
 {
     ArraySpec la[N_LAYER_ARRAYS], xa[N_SCRATCH_ARRAYS];
     layer_arrays(&m->dims, la);
-    scratch_arrays(&m->dims, 1, xa);
+    scratch_arrays(&m->dims, (HeadTiles){1, 1}, xa);
     for (int i = 0; i < N_LAYER_ARRAYS; i++)
         if (!kept(&la[i], m->recompute))
             free_array(m, &m->rc, &la[i]);
@@ -300,8 +303,9 @@ static int alloc_scratch(Model *m, int64_t T, int64_t mb)
 {
     ArraySpec la[N_LAYER_ARRAYS], xa[N_SCRATCH_ARRAYS];
     layer_arrays(&m->dims, la);
-    int64_t rows = head_rows(&m->dims, m->ops->logits_floats, T);
-    scratch_arrays(&m->dims, rows, xa);
+    HeadTiles head = model_head_tiles(&m->dims, m->logits_floats, T);
+    int64_t rows = head.rows;
+    scratch_arrays(&m->dims, head, xa);
     int ok = 1;
     for (int i = 0; i < N_LAYER_ARRAYS; i++)
         if (!kept(&la[i], m->recompute) && n_layers(m) > 0)
@@ -350,11 +354,11 @@ static int memory_error(Model *m, int64_t T, int64_t mb, Error *err)
     const Ops *o = m->ops;
     size_t free_b = 0, total_b = 0;
     o->memory(&free_b, &total_b);
-    ModelMemory need = model_memory(&m->dims, T, mb, m->recompute, o->act_bytes, o->logits_floats);
+    ModelMemory need = model_memory(&m->dims, T, mb, m->recompute, o->act_bytes, m->logits_floats);
     double all = (double)need.slot_bytes * m->n_slots + (double)need.scratch_bytes;
     char other[256] = "", b[6][32];
     for (int r = m->recompute + 1; r <= RECOMPUTE_FULL; r++) {
-        ModelMemory x = model_memory(&m->dims, T, mb, (Recompute)r, o->act_bytes, o->logits_floats);
+        ModelMemory x = model_memory(&m->dims, T, mb, (Recompute)r, o->act_bytes, m->logits_floats);
         size_t len = strlen(other);
         snprintf(other + len, sizeof other - len, "%strain.recompute: %s would need %s", len ? ", " : "",
                  config_recompute_name(r),

@@ -368,9 +368,15 @@ int model_predict(Model *m, const ModelBatch *b, int64_t row, float *logits, Err
     if (forward_hidden(m, 0, b, NULL, err) != 0)
         return -1;
     const Ops *o = m->ops;
-    o->matmul_fwd(mat_f32(m->logits), ops_act(o, m->slots[0].hn, row * d->d), model_weight(m, T_HEAD, -1), 1, d->d,
-                  d->vocab);
-    o->to_host(logits, m->logits, (size_t)d->vocab * sizeof *logits);
+    /* The row's logits a tile of the head's block at a time (the block may be narrower than vocab). */
+    HeadTiles t = model_head_tiles(d, m->logits_floats, m->cap);
+    int64_t cols = t.rows * t.cols;
+    for (int64_t c = 0; c < d->vocab; c += cols) {
+        int64_t nc = d->vocab - c < cols ? d->vocab - c : cols;
+        o->matmul_fwd(mat_f32(m->logits), ops_act(o, m->slots[0].hn, row * d->d),
+                      ops_act(o, model_weight(m, T_HEAD, -1), c * d->d), 1, d->d, nc);
+        o->to_host(logits + c, m->logits, (size_t)nc * sizeof *logits);
+    }
     return 0;
 }
 

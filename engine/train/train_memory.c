@@ -97,7 +97,9 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
     int pp = (int)p->pp, v = (int)p->virtual_stages, chunks = pp * v;
     int gpu = cfg->train.device == DEVICE_CUDA;
     size_t e = cfg->train.precision == PRECISION_BF16 ? 2 : 4;
-    int64_t logits = gpu ? OPS_LOGITS_FLOATS_GPU : OPS_LOGITS_FLOATS_CPU;
+    int64_t logits = cfg->train.logits_block > 0 ? cfg->train.logits_block
+                     : gpu                       ? OPS_LOGITS_FLOATS_GPU
+                                                 : OPS_LOGITS_FLOATS_CPU;
     int64_t z = p->dp * p->cp, m = config_micro_batches(cfg);
     int64_t mb = p->cp > 1 ? T_mb : 0;
     double transient = 0;

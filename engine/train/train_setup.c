@@ -24,6 +24,8 @@ static int init_chunk(Trainer *tr, int c, Error *err)
     Model *m = &ch->model;
     m->sum_dt = cfg->parallel.reduce_dtype == REDUCE_COMPUTE ? DT_ACT : DT_F32;
     m->tp_chunks = tr->cost.tp_chunks; /* parallel.tp_chunks, auto resolved by the cost model */
+    if (cfg->train.logits_block > 0)
+        m->logits_floats = cfg->train.logits_block;
     if (model_set_slots(m, trainer_slots_in_flight(tr->sched, tr->n_sched, c), err) != 0)
         return -1;
     /* The activations of the largest micro-batch the planner can make, now: a layout that does not

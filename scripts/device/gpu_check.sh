@@ -5,7 +5,8 @@
 # command line (default: lease), run in the order given:
 #   bash scripts/device/gpu_check.sh lease      what one device lease holds, most telling first: NCCL
 #                                               between ranks on the GPU (nccl's first three steps), the
-#                                               tests but test_parallel, attention at 8K and 32K,
+#                                               tests but test_parallel, attention at 8K and 32K
+#                                               (head size 64),
 #                                               the bench's short table, then test_parallel;
 #                                               then scripts/device/targets.py's table
 #   bash scripts/device/gpu_check.sh nccl       NCCL between ranks that share the one GPU (the test
@@ -17,7 +18,8 @@
 #   bash scripts/device/gpu_check.sh tests      1-5 below  (about 4 minutes with one model in
 #                                               test_cuda_model; not yet timed with two)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
-#   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh     (about 3 minutes)
+#   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh, head sizes 64 and 128
+#                                               (about 3 minutes at 64 alone; not yet timed with 128)
 #   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
 #   bash scripts/device/gpu_check.sh profile    scripts/device/profile.sh 8192 2
 #   bash scripts/device/gpu_check.sh profile_attention  scripts/device/profile_attention.sh 32768:
@@ -128,7 +130,7 @@ for part in "${parts[@]}"; do
     step cuda_model "$bin/test/test_cuda_model"
     step nccl_one_rank bash -c nccl_one_rank
     WLB_HF_PYTHON=python3 step export python3 test/test_export.py
-    step attention bash bench/attention_kernels.sh 8192 32768
+    DIMS=64 step attention bash bench/attention_kernels.sh 8192 32768
     grep -E '^(##|\||$)' "$logs/attention.log"
     SHORT=1 step bench bash bench/gpu_throughput.sh 6
     grep -E '^\|' "$logs/bench.log"
