@@ -465,6 +465,39 @@ static double nccl_waited_s(Comm *c, int64_t from, int64_t to)
 
 static void nccl_wait_reset(Comm *c) { ((CudaNccl *)c->impl_state)->n_waits = 0; }
 
+/* Every communicator this rank made: the world's, then the slots' (NULL past the last). */
+static ncclComm_t comm_at(const CudaNccl *n, int i)
+{
+    return i == 0 ? n->world : i <= CUDA_NCCL_SLOTS ? n->comm[i - 1] : nullptr;
+}
+
+/* ncclCommGetAsyncError on each communicator (safe beside a call in progress on another thread). */
+static int nccl_async_error(const Comm *c, char *msg, size_t size)
+{
+    const CudaNccl *n = (const CudaNccl *)c->impl_state;
+    for (int i = 0; n && i <= CUDA_NCCL_SLOTS; i++) {
+        ncclComm_t comm = comm_at(n, i);
+        ncclResult_t state = ncclSuccess;
+        if (!comm || ncclCommGetAsyncError(comm, &state) != ncclSuccess)
+            continue;
+        if (state != ncclSuccess && state != ncclInProgress) {
+            snprintf(msg, size, "nccl: communicator %s%d reports an asynchronous error: %s",
+                     i == 0 ? "world" : "slot ", i == 0 ? 0 : i - 1, ncclGetErrorString(state));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ncclCommAbort on each communicator: the kernels waiting in them end, the process can exit. */
+static void nccl_abort(const Comm *c)
+{
+    const CudaNccl *n = (const CudaNccl *)c->impl_state;
+    for (int i = 0; n && i <= CUDA_NCCL_SLOTS; i++)
+        if (comm_at(n, i))
+            ncclCommAbort(comm_at(n, i));
+}
+
 static int nccl_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t count, Error *err)
 {
     CommRequest req = {};
@@ -570,5 +603,5 @@ extern "C" const CommImpl cuda_nccl_comm = {
     "nccl",         nccl_open,     nccl_close,   nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv,
     nccl_allgather, nccl_reduce_scatter, nccl_isend, nccl_wait, nccl_recv,  nccl_exchange,
     nccl_connect,   nccl_sum_bf16, nccl_istart,  nccl_irecv,      nccl_wait_mark,  nccl_waited_s,
-    nccl_wait_reset,
+    nccl_wait_reset, nccl_async_error, nccl_abort,
 };

@@ -51,6 +51,7 @@
 #ifndef WLB_ENGINE_COMM_H
 #define WLB_ENGINE_COMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/comm/layout.h"
@@ -183,6 +184,11 @@ struct CommImpl {
     int64_t (*wait_mark)(Comm *c);
     double (*waited_s)(Comm *c, int64_t from, int64_t to);
     void (*wait_reset)(Comm *c);
+    /* For the watchdog's thread (comm_watchdog.c), while the caller's thread may be inside a call:
+     * 1 with msg when a communicator reports an asynchronous error; abort ends every communicator
+     * (and what waits in it). NULL: the path has none (MPI's errors come back from its calls). */
+    int (*async_error)(const Comm *c, char *msg, size_t size);
+    void (*abort)(const Comm *c);
 };
 
 /* MPI's data path (comm_mpi.c), every Comm's until comm_use. */

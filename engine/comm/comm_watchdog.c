@@ -41,6 +41,7 @@ static struct {
     const volatile sig_atomic_t *stop;
     int rank, world;
     int group_id[GROUP_COUNT], group_size[GROUP_COUNT];
+    const Comm *comm;                 /* its data path's asynchronous errors and abort (NCCL's) */
 } rec = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *const group_names[] = {"tp", "cp", "pp", "dp", "dpcp", "world"};
@@ -169,6 +170,27 @@ static void sleep_s(double d)
     }
 }
 
+/* The data path's communicators aborted (NCCL: ncclCommAbort on each, which also ends a kernel stuck
+ * waiting for a peer), so that nothing of this process stays on the GPU. */
+static void abort_path(void)
+{
+    if (rec.comm && rec.comm->impl->abort)
+        rec.comm->impl->abort(rec.comm);
+}
+
+/* The data path reported an asynchronous error (NCCL's: a peer or a link gone): the ring written, one
+ * line, the communicators aborted, the hang's exit (a requeue resumes from the last checkpoint). */
+static void end_rank_async(const char *why)
+{
+    write_ring("hang", clock_seconds());
+    fflush(stdout);
+    fprintf(stderr, "wlbtrain: error: rank %d: %s%s%s\n", rec.rank, why,
+            rec.dir[0] ? "; flight recorder in " : "", rec.dir);
+    fflush(stderr);
+    abort_path();
+    _exit(COMM_EXIT_HANG);
+}
+
 /* The end of this rank: the ring written, one line, the others given time to write theirs, rank 0's
  * comparison of the files, then the exit that takes the job down. */
 static void end_rank(int hang, const Flight *f, double waited)
@@ -210,6 +232,7 @@ static void end_rank(int hang, const Flight *f, double waited)
     } else {
         sleep_s(2 * COMM_WATCHDOG_GRACE_S);
     }
+    abort_path();
     _exit(hang ? COMM_EXIT_HANG : COMM_EXIT_STOPPED);
 }
 
@@ -242,6 +265,9 @@ static void *watch(void *arg)
             /* The mutex stays held: nothing records while the rank ends. */
             end_rank(idle > rec.timeout, &copy, now - copy.t0);
         }
+        char why[512];
+        if (rec.comm && rec.comm->impl->async_error && rec.comm->impl->async_error(rec.comm, why, sizeof why))
+            end_rank_async(why);
         pthread_mutex_unlock(&rec.mu);
     }
 }
@@ -260,6 +286,7 @@ int comm_watchdog_start(const Comm *c, double timeout_s, const char *dir, const 
         rec.group_id[g] = c->group_id[g];
         rec.group_size[g] = comm_group_made(c, (LayoutGroup)g) ? c->size[g] : 0;
     }
+    rec.comm = c;
     rec.last_event = clock_seconds();
     rec.quit = 0;
     rec.on = 1;

@@ -21,7 +21,11 @@
  * handler sets) while a collective has been waiting a tenth of timeout_s (at least COMM_WATCHDOG_GRACE_S:
  * a checkpoint save the signal lets finish keeps its waits) ends the rank the same way
  * with status 75 (preempted: no checkpoint of the step in flight; a requeue resumes from the last),
- * so SIGTERM/SIGUSR1 still work while a collective hangs.
+ * so SIGTERM/SIGUSR1 still work while a collective hangs. On a data path that reports errors
+ * asynchronously (NCCL's: CommImpl.async_error, ncclCommGetAsyncError on each communicator) the
+ * watchdog polls them too and ends the rank the hang's way on one; before any such exit the path's
+ * communicators are aborted (CommImpl.abort: ncclCommAbort), so no kernel of the rank stays stuck on
+ * the GPU waiting for a peer.
  */
 #ifndef WLB_ENGINE_COMM_WATCHDOG_H
 #define WLB_ENGINE_COMM_WATCHDOG_H
