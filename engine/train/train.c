@@ -119,7 +119,10 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
     if (f->kind == FAULT_HANG) {
         fflush(stdout);
         raise(SIGSTOP); /* as `kill -STOP`: the rank stops answering, outside any collective */
-        return 0;
+        /* Woken by the launcher ending the job (its SIGCONT before SIGTERM and SIGKILL): a hung rank
+         * stays hung - it must not go on into the next collective and report a hang of its own. */
+        for (;;)
+            pause();
     }
     if (f->kind == FAULT_EXIT) {
         fflush(stdout);
