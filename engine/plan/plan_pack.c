@@ -488,6 +488,59 @@ static int wlb_intake(Planner *pl, Intake *in, Error *err)
     return 0;
 }
 
+/* The micro-batch a piece of len goes on (stage 3's rule): the least loaded with room under S_max,
+ * else the one with the fewest tokens if it has room; -1 when none has. */
+static int place_piece(const Planner *pl, const double *load, const int64_t *tokens, int64_t len)
+{
+    int w = 0, l = 0;
+    for (int i = 1; i < pl->n_mb; i++) {
+        if (load[i] < load[w])
+            w = i;
+        if (tokens[i] < tokens[l])
+            l = i;
+    }
+    return tokens[w] + len <= pl->s_max ? w : tokens[l] + len <= pl->s_max ? l : -1;
+}
+
+/* 4. The gaps. The intake counted the room's worth of pieces, but whole pieces do not always pack
+ *    into the micro-batches (with S_max the window, pieces of up to a window each into N windows):
+ *    what no micro-batch holds waits for the next step, which then counts it first - so the steps
+ *    would train a steady fraction of the room. While the step trains less than its room, the
+ *    stream's next ordinary pieces go into the gaps by stage 3's rule (an outlier goes to its
+ *    queue, not counted); the first that fits no micro-batch, or that would take the step further
+ *    past its room than it is short of it, is held back for the next step. At most FILL_READS
+ *    pieces a step are read so. */
+enum { FILL_READS = 256 };
+
+static int fill_gaps(Planner *pl, Packed *pk, double *load, int64_t *tokens, Error *err)
+{
+    int64_t room = step_room(pl), trained = 0;
+    for (int i = 0; i < pl->n_mb; i++)
+        trained += tokens[i];
+    for (int reads = 0; trained < room && reads < FILL_READS; reads++) {
+        PlanDoc d;
+        take_piece(pl, &d);
+        int q = queue_of(pl, d.len);
+        if (q >= 0) {
+            if (queue_push(&pl->queues[q], &d) != 0)
+                return error_runtime(err, "planner", "out of memory");
+            continue;
+        }
+        int dest = place_piece(pl, load, tokens, d.len);
+        if (dest < 0 || !closing_piece_fits(pl, room, trained, d.len)) {
+            d.arrival = -1; /* it belongs to the next step's batch */
+            hold_back(pl, &d);
+            return 0;
+        }
+        load[dest] += cost_doc_s(pl->cost, d.len);
+        tokens[dest] += d.len;
+        trained += d.len;
+        if (packed_add(pk, &d, dest) != 0)
+            return error_runtime(err, "planner", "out of memory");
+    }
+    return 0;
+}
+
 int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
 {
     int n = pl->n_mb, rc = 0;
@@ -512,14 +565,7 @@ int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
      *    tokens, else it waits for the next step. */
     for (int64_t k = 0; rc == 0 && k < n_left + set.n; k++) {
         PlanDoc d = k < n_left ? queue_pop(&pl->remained) : set.docs[k - n_left];
-        int w = 0, l = 0;
-        for (int i = 1; i < n; i++) {
-            if (load[i] < load[w])
-                w = i;
-            if (tokens[i] < tokens[l])
-                l = i;
-        }
-        int dest = tokens[w] + d.len <= pl->s_max ? w : tokens[l] + d.len <= pl->s_max ? l : -1;
+        int dest = place_piece(pl, load, tokens, d.len);
         if (dest < 0) {
             if (queue_push(&pl->remained, &d) != 0)
                 rc = error_runtime(err, "planner", "out of memory");
@@ -530,6 +576,8 @@ int plan_pack_wlb(Planner *pl, StepPlan *p, Error *err)
         if (packed_add(&pk, &d, dest) != 0)
             rc = error_runtime(err, "planner", "out of memory");
     }
+    if (rc == 0)
+        rc = fill_gaps(pl, &pk, load, tokens, err);
     if (rc == 0)
         rc = emit(p, &pk, n, pl->cp > 1 ? 2 * pl->cp : 1, err);
     free(load);
