@@ -265,9 +265,14 @@ def test_straggler(fx):
     comment(warn[0] if warn else "no warning")
     check(warn and warn[0].startswith("wlbtrain: warning: straggler: rank 1 computed") and
           int(warn[0].split(" in step ")[1].split(",")[0]) <= 4, "the warning: %r" % warn)
+    # dp 4 replicas of equal work: the plan predicted none of the 0.5 s, so the machine is named
+    check(warn and "not predicted: the machine is slow" in warn[0], "the warning does not say the plan did not "
+          "predict it: %r" % warn)
     with open(os.path.join(fx.dir, "slow.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     for o in rows[1:]:
+        check(o["slowest_predicted_s"] < 0.1, "step %d: the plan predicted %.3f s of rank 1's excess"
+              % (o["step"], o["slowest_predicted_s"]))
         check(o["slowest_rank"] == 1 and o["slowest_compute_s"] - o["median_compute_s"] >= 0.45,
               "step %d: slowest rank %d, %.3f s over the median" % (o["step"], o["slowest_rank"],
                                                                    o["slowest_compute_s"] - o["median_compute_s"]))

@@ -265,12 +265,13 @@ static int write_metrics(FILE *f, const char *path, int64_t step, const TrainSta
                          double mem_predicted, int64_t batch, Error *err)
 {
     fprintf(f, "{\"step\":%lld,\"slowest_rank\":%d,\"slowest_compute_s\":%.6g,\"median_compute_s\":%.6g,"
-               "\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"batch_fraction\":%.6g,"
+               "\"slowest_predicted_s\":%.6g,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"batch_fraction\":%.6g,"
                "\"tokens_per_s\":%.1f,"
                "\"step_ms\":%.2f,\"pp_imbalance\":%.4f,\"pp_imbalance_measured\":%.4f,\"cp_imbalance\":%.4f,"
                "\"cp_imbalance_measured\":%.4f,\"queued\":%lld,\"token_delay_steps\":%.6g,\"delayed_tokens\":%lld,"
                "\"skipped\":%lld,\"attn_pairs\":%lld,\"mem_used_gb\":%.2f,\"mem_peak_gb\":%.6g,\"mem_predicted_gb\":%.6g",
-            (long long)step, st->slowest_rank, st->slowest_compute_s, st->median_compute_s, st->loss, st->lr,
+            (long long)step, st->slowest_rank, st->slowest_compute_s, st->median_compute_s, st->slowest_predicted_s,
+            st->loss, st->lr,
             st->grad_norm, (long long)st->tokens, (double)st->tokens / (double)batch, st->tokens / (ms / 1e3), ms,
             st->pp_imbalance, st->pp_imbalance_measured, st->cp_imbalance, st->cp_imbalance_measured,
             (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,

@@ -115,6 +115,7 @@ typedef struct TrainStats {
      * seconds, and the median of the ranks'. */
     int slowest_rank;
     double slowest_compute_s, median_compute_s;
+    double slowest_predicted_s; /* the plan's predicted excess of that rank over the median rank */
 } TrainStats;
 
 /* The validation loss of the held-out documents (train_eval.c): their cross-entropy summed over

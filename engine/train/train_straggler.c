@@ -8,8 +8,12 @@
  * median_compute_s). A rank that is the slowest STRAGGLER_STEPS steps in a row, each time by more
  * than STRAGGLER_SHARE of the median and STRAGGLER_MIN_S, is named on stderr by rank 0 (again every
  * STRAGGLER_REPEAT steps while it stays so): a slow GPU, a throttled node, a noisy neighbour - the
- * other ranks wait for it in every collective. (Whether the plan predicted it is not compared yet:
- * the planner balances micro-batches, not ranks.)
+ * other ranks wait for it in every collective. Beside it, what the plan predicted of that excess
+ * (planned_rank_s: the rank's micro-batches' predicted attention and linear seconds per layer, times
+ * its stage's layers): a rank slow because the plan gave it more work (its CP shard, its stage's
+ * layers, its replica's micro-batches) is the planner's to even; one the plan did not expect to be
+ * slow is the machine's (a slow GPU, a throttled node). The step's figures carry slowest_predicted_s,
+ * and the warning says which it is.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +28,25 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* World rank r's predicted compute of the step: for each micro-batch of its replica, its CP rank's
+ * predicted seconds per layer (plan_rank_compute) times the layers of its stage's chunks. */
+static double planned_rank_s(const Trainer *tr, int r)
+{
+    const Layout *me = &tr->lay;
+    Layout l = layout_of(me->tp, me->cp, me->pp, me->dp, r);
+    const ConfigIntList *split = &tr->cfg->parallel.chunk_layers;
+    int64_t layers = 0;
+    for (int c = 0; c < tr->v; c++) {
+        int g = c * tr->pp + l.pp_rank;
+        layers += g < split->n ? split->v[g] : 0;
+    }
+    double s = 0;
+    for (int64_t i = 0; i < (int64_t)tr->plan.dp * tr->plan.m; i++)
+        if (tr->plan.mbs[i].replica == l.dp_rank && tr->plan.mbs[i].tokens > 0)
+            s += (double)layers * plan_rank_compute(&tr->plan, &tr->plan.mbs[i], l.cp_rank);
+    return s;
 }
 
 int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st)
@@ -50,6 +73,13 @@ int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st)
     st->slowest_compute_s = t[slowest];
     st->median_compute_s = median;
     double excess = t[slowest] - median;
+    /* The plan's own excess for that rank over its median rank. */
+    for (int r = 0; r < world; r++)
+        sorted[r] = planned_rank_s(tr, r);
+    double planned = sorted[slowest];
+    qsort(sorted, (size_t)world, sizeof *sorted, cmp_double);
+    double planned_median = world % 2 ? sorted[world / 2] : (sorted[world / 2 - 1] + sorted[world / 2]) / 2;
+    st->slowest_predicted_s = planned - planned_median;
     if (world > 1 && excess > STRAGGLER_SHARE * median && excess > STRAGGLER_MIN_S) {
         tr->straggler_steps = tr->straggler_rank == slowest ? tr->straggler_steps + 1 : 1;
         tr->straggler_rank = slowest;
@@ -60,10 +90,13 @@ int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st)
     if (tr->lay.rank == 0 && tr->straggler_steps >= STRAGGLER_STEPS &&
         (tr->straggler_steps - STRAGGLER_STEPS) % STRAGGLER_REPEAT == 0) {
         fflush(stdout);
+        int expected = st->slowest_predicted_s >= 0.5 * excess;
         fprintf(stderr, "wlbtrain: warning: straggler: rank %d computed %.3f s in step %lld, %.3f s (%.0f%%) over the "
-                "median of the %d ranks, the slowest %d steps in a row: the others wait for it in every collective\n",
+                "median of the %d ranks, the slowest %d steps in a row: the others wait for it in every collective; "
+                "the plan predicted %.3f s of that excess (%s)\n",
                 slowest, t[slowest], (long long)step, excess, median > 0 ? 100 * excess / median : 0.0, world,
-                tr->straggler_steps);
+                tr->straggler_steps, st->slowest_predicted_s,
+                expected ? "its share of the work: the planner's to even" : "not predicted: the machine is slow");
         fflush(stderr);
     }
     free(t);
