@@ -208,7 +208,7 @@ static int group_setup(void **state)
                            "data.global_batch_tokens=384", NULL};
     const char *const *deep_sets[] = {tied8, tied16, tied6};
     const char *deep_refs[] = {fx.ref_tied8, fx.ref_tied16, fx.ref_tied6};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 && !SMALL_MATRIX; i++) { /* ASan: the deep pipelines' first two layouts only */
         char *log_deep;
         int st = run_dump(0, deep_refs[i], deep_sets[i], &log_deep);
         if (st != 0)
@@ -670,6 +670,11 @@ static void test_deep_pipelines(void **state)
     int ok = 1;
     const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 1, 3, 1, fx.ref_tied, tied, "tied embeddings over 3 stages");
+    if (SMALL_MATRIX) { /* ASan: the tied pair of pp 4 and the odd ring; the release build runs the rest */
+        ok &= check_layout(1, 1, 4, 1, fx.ref_tied, tied, "tied embeddings over 4 stages");
+        assert_true(ok);
+        return;
+    }
     const char *odd[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=6",
                          "data.global_batch_tokens=384", "parallel.virtual_stages=2", NULL};
     ok &= check_layout(1, 1, 3, 1, fx.ref_tied6, odd, "tied, interleaved v 2 over 3 stages");
@@ -679,8 +684,7 @@ static void test_deep_pipelines(void **state)
     ok &= check_layout(1, 1, 4, 2, fx.ref_tied8, v2, "tied, interleaved v 2, cp 2, ZeRO-1");
     const char *v4[] = {"balance.packer=wlb", "model.tie_embeddings=true", "model.n_layers=16",
                         "parallel.virtual_stages=4", NULL};
-    if (!SMALL_MATRIX)
-        ok &= check_layout(1, 1, 4, 1, fx.ref_tied16, v4, "tied, interleaved v 4");
+    ok &= check_layout(1, 1, 4, 1, fx.ref_tied16, v4, "tied, interleaved v 4");
     assert_true(ok);
 }
 
