@@ -23,18 +23,13 @@
         test_run_wlbtrain(r, args_);               \
     } while (0)
 
+/* Mostly short, every 37th long: outliers for a window of 4096. */
+static int mixed_length(int i) { return i % 37 == 0 ? 2500 + i : 50 + (i * 97) % 700; }
+
 /* A config whose lengths come from a small list written here. */
 static char *write_config(const char *dir, const char *extra)
 {
-    char lengths[8192] = "[";
-    for (int i = 0; i < 600; i++) {
-        char num[16];
-        /* Mostly short, every 37th long: outliers for a window of 4096. */
-        snprintf(num, sizeof num, "%s%d", i ? "," : "", i % 37 == 0 ? 2500 + i : 50 + (i * 97) % 700);
-        strcat(lengths, num);
-    }
-    strcat(lengths, "]");
-    char *lpath = test_write_file(dir, "lengths.json", lengths, strlen(lengths));
+    char *lpath = test_write_lengths(dir, "lengths.json", 600, mixed_length);
     char *yaml = test_format("model: {preset: tiny}\n"
                              "parallel: {tp: 2, cp: 2, pp: 2, dp: 2}\n"
                              "data: {lengths_file: %s, context_window: 4096, global_batch_tokens: 32768}\n"

@@ -98,16 +98,14 @@ static int64_t check_spread(const Stats *s, int64_t batch)
 
 /* Documents of 50 to 750 tokens, every 37th of 2500 to 3100 (outliers at a window of 4096): 8
  * micro-batches of 4096 a step. */
+static int mixed_length(int i) { return i % 37 == 0 ? 2500 + i : 50 + (i * 97) % 700; }
+static int long_length(int i) { return (void)i, 2600; }
+/* Every size from 50 to 4049 tokens, spread over the list. */
+static int spread_length(int i) { return 50 + (i * 1237) % 4000; }
+
 static char *write_config(const char *dir, const char *packer, int long_only)
 {
-    char lengths[8192] = "[";
-    for (int i = 0; i < 600; i++) {
-        char num[16];
-        snprintf(num, sizeof num, "%s%d", i ? "," : "", long_only ? 2600 : i % 37 == 0 ? 2500 + i : 50 + (i * 97) % 700);
-        strcat(lengths, num);
-    }
-    strcat(lengths, "]");
-    char *lpath = test_write_file(dir, "lengths.json", lengths, strlen(lengths));
+    char *lpath = test_write_lengths(dir, "lengths.json", 600, long_only ? long_length : mixed_length);
     char *yaml = test_format("model: {preset: tiny}\n"
                              "parallel: {tp: 2, cp: 2, pp: 2, dp: 2}\n"
                              "data: {lengths_file: %s, context_window: 4096, global_batch_tokens: 32768}\n"
@@ -156,14 +154,7 @@ static void test_wlb_steps_near_the_batch(void **state)
 static void test_one_window_s_max_fills_the_step(void **state)
 {
     (void)state;
-    char *dir = test_tmpdir(), lengths[16384] = "[";
-    for (int i = 0; i < 1500; i++) {
-        char num[16];
-        snprintf(num, sizeof num, "%s%d", i ? "," : "", 50 + (i * 1237) % 4000);
-        strcat(lengths, num);
-    }
-    strcat(lengths, "]");
-    char *lpath = test_write_file(dir, "frag.json", lengths, strlen(lengths));
+    char *dir = test_tmpdir(), *lpath = test_write_lengths(dir, "frag.json", 1500, spread_length);
     char *yaml = test_format("model: {preset: tiny}\nparallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
                              "data: {lengths_file: %s, context_window: 4096, global_batch_tokens: 16384}\n"
                              "balance: {packer: wlb, max_tokens_per_micro_batch: 4096}\n",

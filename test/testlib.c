@@ -170,6 +170,20 @@ char *test_write_file(const char *dir, const char *name, const char *content, si
     return path;
 }
 
+char *test_write_lengths(const char *dir, const char *name, int n, int (*len)(int i))
+{
+    size_t cap = (size_t)n * 12 + 3, at = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    text[at++] = '[';
+    for (int i = 0; i < n; i++)
+        at += (size_t)snprintf(text + at, cap - at, "%s%d", i ? "," : "", len(i));
+    text[at++] = ']';
+    char *path = test_write_file(dir, name, text, at);
+    free(text);
+    return path;
+}
+
 char *test_read_file(const char *path, size_t *len)
 {
     int fd = open(path, O_RDONLY);

@@ -58,6 +58,8 @@ char *test_tmpdir(void);
 void test_rm_rf(const char *dir);
 /* Writes content to dir/name and returns the malloc'd path. */
 char *test_write_file(const char *dir, const char *name, const char *content, size_t len);
+/* A JSON length list dir/name of n documents, document i len(i) tokens; returns its path. */
+char *test_write_lengths(const char *dir, const char *name, int n, int (*len)(int i));
 /* Reads a whole file (NUL-terminated, malloc'd); NULL if it cannot. */
 char *test_read_file(const char *path, size_t *len);
 /* A Megatron data set DIR/NAME (uint16) of n_docs documents of 1..30 tokens - with long_every > 0,
