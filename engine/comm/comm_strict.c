@@ -107,13 +107,12 @@ static int deadlock(const Comm *c, const char *what, int peer, CommLane lane, in
                          what, peer, lane_names[lane], tag, c->strict_s, c->rank[GROUP_PP]);
 }
 
-static int check_args(const Comm *c, LayoutGroup g, int64_t n, Error *err)
+static int check_args(LayoutGroup g, int64_t n, Error *err)
 {
     if (g != GROUP_PP)
         return error_runtime(err, "comm", "WLB_COMM_STRICT: messages are for the pipeline group only");
     if (n < 0 || n >= INT_MAX)
         return error_runtime(err, "comm", "WLB_COMM_STRICT: %lld floats in one message", (long long)n);
-    (void)c;
     return 0;
 }
 
@@ -146,7 +145,7 @@ static void started(CommRequest *req, MPI_Request r, float *h, int peer, CommLan
 int comm_strict_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
                       CommRequest *req, Error *err)
 {
-    if (check_args(c, g, n, err) != 0)
+    if (check_args(g, n, err) != 0)
         return -1;
     int slot = comm_lane_slot(lane, c->rank[GROUP_PP], c->size[GROUP_PP]);
     if (one_way(c, slot, 1, lane, err) != 0)
@@ -207,7 +206,7 @@ static void unpack(const Comm *c, float *buf, const float *h, int64_t n)
 
 int comm_strict_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err)
 {
-    if (check_args(c, g, n, err) != 0)
+    if (check_args(g, n, err) != 0)
         return -1;
     int slot = comm_lane_slot(lane, peer, c->size[GROUP_PP]);
     if (one_way(c, slot, 2, lane, err) != 0)
@@ -241,7 +240,7 @@ int comm_strict_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, f
 int comm_strict_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n,
                       CommRequest *req, Error *err)
 {
-    if (check_args(c, g, n, err) != 0)
+    if (check_args(g, n, err) != 0)
         return -1;
     int slot = comm_lane_slot(lane, peer, c->size[GROUP_PP]);
     if (one_way(c, slot, 2, lane, err) != 0)

@@ -306,6 +306,11 @@ int model_predict(Model *m, const ModelBatch *b, int64_t row, float *logits, Err
  * with sequence parallelism ceil(T / tp) (the stream's rows padded to a multiple of tp). Chunk
  * inputs, outputs and their gradients (model_output, model_input_grad) have this many rows. */
 int64_t model_rows(const ModelDims *d, int64_t T);
+/* The largest partial sum the model makes (parallel.reduce_dtype: compute sums them in bfloat16),
+ * for a micro-batch of at most mb_tokens tokens, rank_rows on this CP rank: a TP sum of the stream's
+ * rows (with SP the rows of every TP rank), or the K/V gradients of a micro-batch's rows over CP
+ * (model_cp.c's exchange buffer). */
+int64_t model_largest_sum(const ModelDims *d, int64_t rank_rows, int64_t mb_tokens);
 
 /* Room for T rows (and T_mb micro-batch rows with CP) in slot and in the scratch, grown on demand;
  * out of memory is an Error that says how much was needed, how much is free and which keys would

@@ -376,6 +376,14 @@ static int memory_error(Model *m, int64_t T, int64_t mb, Error *err)
                          other[0] ? "; " : "");
 }
 
+int64_t model_largest_sum(const ModelDims *d, int64_t rank_rows, int64_t mb_tokens)
+{
+    int64_t rows = model_rows(d, rank_rows);
+    int64_t tp_sum = d->tp > 1 ? (d->sp ? rows * d->tp : rows) * d->d : 0;
+    int64_t cp_sum = d->cp > 1 ? 2 * (int64_t)d->local_kv_heads * d->head_dim * mb_tokens : 0;
+    return tp_sum > cp_sum ? tp_sum : cp_sum;
+}
+
 int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err)
 {
     int64_t mb = m->dims.cp > 1 ? T_mb : 0;

@@ -148,9 +148,7 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
         ModelDims d0;
         ModelParallel par0 = {(int)p->tp, 0, (int)p->cp, 0, chunks, 0, 1, NULL, p->sequence_parallel};
         model_dims(&d0, &cfg->model, &par0);
-        double tp_sum = p->tp > 1 ? (double)(d0.sp ? model_rows(&d0, T) * p->tp : T) * (double)d_model : 0;
-        double cp_sum = p->cp > 1 ? 2.0 * d0.local_kv_heads * d0.head_dim * (double)T_mb : 0;
-        out->other += 2 * 2.0 * fmax(tp_sum, cp_sum);
+        out->other += 2 * 2.0 * (double)model_largest_sum(&d0, T, T_mb);
     }
     /* With parallel.overlap the next passes' receives are posted ahead into two more buffers of the
      * same size (train_pipeline.c), on either path. */

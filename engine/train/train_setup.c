@@ -245,13 +245,7 @@ static int reserve_step_buffers(Trainer *tr, int64_t mb_tokens, int64_t rank_row
                 return -1;
     if (cfg->parallel.reduce_dtype != REDUCE_COMPUTE || tr->ops->act_bytes != 2)
         return 0; /* sums in float32 (comm_sums_in_bf16) */
-    /* The largest sum in bfloat16: a TP sum of the stage's rows (with SP the rows of every TP rank), or
-     * the K/V gradients of a micro-batch's rows over CP (model_cp.c's exchange buffer). */
-    const ModelDims *d = &tr->chunks[0].model.dims;
-    int64_t tp_rows = d->sp ? rows * d->tp : rows;
-    int64_t tp_sum = d->tp > 1 ? tp_rows * d->d : 0;
-    int64_t cp_sum = d->cp > 1 ? 2 * (int64_t)d->local_kv_heads * d->head_dim * mb_tokens : 0;
-    return comm_reserve_sum16(tr->comm, tp_sum > cp_sum ? tp_sum : cp_sum, err);
+    return comm_reserve_sum16(tr->comm, model_largest_sum(&tr->chunks[0].model.dims, rank_rows, mb_tokens), err);
 }
 
 static int setup(Trainer *tr, const Config *cfg, Comm *comm, int eval_only, Error *err)
