@@ -42,6 +42,7 @@ static struct {
     int rank, world;
     int group_id[GROUP_COUNT], group_size[GROUP_COUNT];
     const Comm *comm;                 /* its data path's asynchronous errors and abort (NCCL's) */
+    double stood_still;               /* the longest this process stood still past timeout (0: never) */
 } rec = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *const group_names[] = {"tp", "cp", "pp", "dp", "dpcp", "world"};
@@ -196,6 +197,19 @@ static void end_rank_async(const char *why)
 static void end_rank(int hang, const Flight *f, double waited)
 {
     double now = clock_seconds();
+    /* This process stood still longer than the timeout (SIGSTOP, then the launcher's SIGCONT as it
+     * ends the job): the others have timed out waiting for it, written their records and named it.
+     * A record of its own, written now, would describe the job after their end and change what
+     * `wlbtrain inspect` reads from the folder: none is written. */
+    if (rec.stood_still > 0) {
+        fflush(stdout);
+        fprintf(stderr, "wlbtrain: error: rank %d: this process stood still for %.0f s (stopped or starved), longer "
+                "than parallel.timeout_s: the other ranks' flight records describe the hang; it writes none\n",
+                rec.rank, rec.stood_still);
+        fflush(stderr);
+        abort_path();
+        _exit(hang ? COMM_EXIT_HANG : COMM_EXIT_STOPPED);
+    }
     write_ring(hang ? "hang" : "stop", now);
     char what[256];
     if (f->peer >= 0)
@@ -251,8 +265,11 @@ static void *watch(void *arg)
         /* A poll far later than its 0.25 s: this process itself was stopped (SIGSTOP, then the
          * launcher's SIGCONT before it ends the job) or starved - not a peer that did not come. The
          * time it stood still is not waiting. */
-        if (now - prev > 1.0)
+        if (now - prev > 1.0) {
             rec.last_event = now;
+            if (now - prev > rec.timeout && now - prev > rec.stood_still)
+                rec.stood_still = now - prev;
+        }
         prev = now;
         double idle = now - rec.last_event;
         const Flight *f = rec.in_flight > 0 ? oldest_in_flight() : NULL;
@@ -287,6 +304,7 @@ int comm_watchdog_start(const Comm *c, double timeout_s, const char *dir, const 
         rec.group_size[g] = comm_group_made(c, (LayoutGroup)g) ? c->size[g] : 0;
     }
     rec.comm = c;
+    rec.stood_still = 0;
     rec.last_event = clock_seconds();
     rec.quit = 0;
     rec.on = 1;

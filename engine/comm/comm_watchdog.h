@@ -21,7 +21,10 @@
  * handler sets) while a collective has been waiting a tenth of timeout_s (at least COMM_WATCHDOG_GRACE_S:
  * a checkpoint save the signal lets finish keeps its waits) ends the rank the same way
  * with status 75 (preempted: no checkpoint of the step in flight; a requeue resumes from the last),
- * so SIGTERM/SIGUSR1 still work while a collective hangs. On a data path that reports errors
+ * so SIGTERM/SIGUSR1 still work while a collective hangs. A rank that itself stood still longer
+ * than timeout_s (stopped, or starved of CPU: the poll sees the gap) writes no record when it then
+ * ends: the others timed out waiting for it and their records, written before, are the picture
+ * `wlbtrain inspect` reads. On a data path that reports errors
  * asynchronously (NCCL's: CommImpl.async_error, ncclCommGetAsyncError on each communicator) the
  * watchdog polls them too and ends the rank the hang's way on one; before any such exit the path's
  * communicators are aborted (CommImpl.abort: ncclCommAbort), so no kernel of the rank stays stuck on
