@@ -561,6 +561,8 @@ static void test_tp_chunks(void **state)
     int ok = 1;
     const char *counts[] = {"1", "3", "16"};
     for (int i = 0; i < 3; i++) {
+        if (SMALL_MATRIX && i != 1)
+            continue; /* ASan: 3 pieces, the last shorter; the release build runs 1 and 16 too */
         char *chunks = test_format("parallel.tp_chunks=%s", counts[i]);
         char *what = test_format("tp_chunks %s", counts[i]);
         char *what_no_sp = test_format("tp_chunks %s, no SP", counts[i]);
@@ -581,7 +583,8 @@ static void test_tp_chunks(void **state)
         free(what_no_sp);
     }
     const char *three[] = {"balance.packer=wlb", "parallel.tp_chunks=3", "train.recompute=full", NULL};
-    ok &= check_overlap(1, 4, 2, 1, fx.ref[1], three, "tp_chunks 3, recompute full");
+    if (!SMALL_MATRIX) /* ASan: the chained backward below, which runs the same pieces and more */
+        ok &= check_overlap(1, 4, 2, 1, fx.ref[1], three, "tp_chunks 3, recompute full");
     /* The chained backward (model_chain_bwd.c) with its pieces interleaved, and selective's halves
      * recomputed around each chain. */
     const char *chained[] = {"balance.packer=wlb", "parallel.tp_chunks=3", "train.recompute=selective", NULL};
@@ -631,7 +634,8 @@ static void test_extras(void **state)
     const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 2, 2, 1, fx.ref_tied, tied, "tied embeddings over 2 stages");
     const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", NULL};
-    ok &= check_layout(2, 2, 2, 2, fx.ref[1], no_sp, "no sequence parallelism");
+    if (!SMALL_MATRIX) /* ASan: the next layout's no-SP path on 8 ranks instead of 16 */
+        ok &= check_layout(2, 2, 2, 2, fx.ref[1], no_sp, "no sequence parallelism");
     const char *no_sp_full[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
                                 "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 4, 1, 2, fx.ref_tied, no_sp_full, "no sequence parallelism, full, tied");
@@ -697,7 +701,8 @@ static void test_stage_layers(void **state)
     (void)state;
     int ok = 1;
     const char *uneven[] = {"balance.packer=wlb", "parallel.stage_layers=[1, 3]", NULL};
-    ok &= check_layout(2, 2, 2, 2, fx.ref[1], uneven, "stage layers [1, 3]");
+    if (!SMALL_MATRIX) /* ASan: the uneven split of the interleaved layout and of [3, 1] below */
+        ok &= check_layout(2, 2, 2, 2, fx.ref[1], uneven, "stage layers [1, 3]");
     const char *interleaved[] = {"balance.packer=wlb", "model.n_layers=6", "parallel.virtual_stages=2",
                                  "parallel.stage_layers=[2, 1, 1, 2]", NULL};
     ok &= check_layout(2, 2, 2, 2, fx.ref6, interleaved, "interleaved, stage layers [2, 1, 1, 2]");
@@ -880,7 +885,8 @@ static void test_modes(void **state)
     const char *selective[] = {"balance.packer=wlb", "train.recompute=selective", NULL};
     ok &= check_layout(2, 2, 2, 1, fx.ref[1], selective, "recompute selective");
     const char *bf16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
-    ok &= check_layout_tol(1, 2, 1, 2, fx.ref_bf16, bf16, NULL, "bf16, per_doc", 1e-2);
+    if (!SMALL_MATRIX) /* ASan: the staged run below, the same model path and more copies */
+        ok &= check_layout_tol(1, 2, 1, 2, fx.ref_bf16, bf16, NULL, "bf16, per_doc", 1e-2);
     /* The SP and K/V all-gathers carry 2-byte elements: staged through the host as a GPU's are. */
     setenv("WLBTRAIN_COMM_STAGE", "1", 1);
     ok &= check_layout_tol(1, 2, 2, 2, fx.ref_bf16, bf16, "WLBTRAIN_COMM_STAGE", "bf16, per_doc, staged", 1e-2);
