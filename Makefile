@@ -68,9 +68,12 @@ TOOL_BINS := $(TOOL_SRCS:test/%.c=$(B)/test/%)
 BENCH_SRCS := $(wildcard bench/*.c)
 TOOL_BINS += $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
+# The variants' own makes compile in parallel, a job per core (make JOBS=1 for one at a time).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
 .PHONY: all deps test-deps variant variant-tests test run demo clean
 all: deps
-	@$(MAKE) --no-print-directory VARIANT=release variant
+	@$(MAKE) --no-print-directory -j$(JOBS) VARIANT=release variant
 	@cp -f $(RELEASE)/wlbtrain ./wlbtrain
 
 deps:
@@ -152,9 +155,9 @@ $(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/obj/test/plan_checks
 # The whole suite, both variants. test/run.sh prints one summary line per variant; the last line
 # is the total that CI reads.
 test: deps test-deps
-	@$(MAKE) --no-print-directory VARIANT=release variant-tests
+	@$(MAKE) --no-print-directory -j$(JOBS) VARIANT=release variant-tests
 	@cp -f $(RELEASE)/wlbtrain ./wlbtrain
-	@$(MAKE) --no-print-directory VARIANT=asan variant-tests
+	@$(MAKE) --no-print-directory -j$(JOBS) VARIANT=asan variant-tests
 	@$(MAKE) --no-print-directory demo
 	@test/run.sh $(RELEASE) build/asan
 
