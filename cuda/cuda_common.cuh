@@ -193,15 +193,33 @@ void cuda_embedding_close(void);
 void cuda_matmul_open(int deterministic);
 void cuda_matmul_close(void);
 
-/* cuda_attention.cu: the float32 reference kernels (any head size in cuda_attention_supports), and
- * whether the next backward must be deterministic (train.deterministic). */
+/* cuda_attention.cu: the float32 reference kernels (any head size in cuda_attention_supports). */
 void cuda_attention_fwd_f32(float *out, float *lse, const float *q, const float *k, const float *v,
                             const AttnSegment *segs, int64_t n_segs, AttnShape shape);
 void cuda_attention_bwd_f32(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, const AttnSegment *segs, int64_t n_segs,
                             AttnShape shape);
 int cuda_attention_supports(int head_dim);
-void cuda_attention_set_deterministic(int deterministic);
 void cuda_attention_close(void);
+/* cuda_attention.cu: which implementation the bf16 attention takes (train.attention: auto, cudnn, own;
+ * engine/backend.h's BackendAttention) and whether its backward must be deterministic
+ * (train.deterministic); 0, or -1 and an Error (train.attention, status 2) when cudnn is asked
+ * for and this build or machine has none. */
+int cuda_attention_select(int impl, int deterministic, Error *err);
+
+/* cuda_cudnn.cu: the engine's attention on cuDNN's fused attention (bf16 arrays, head sizes 64 and
+ * 128). available: 1 when the build has the path and libcudnn.so.9 loads, else 0 and why. fwd and bwd
+ * (the contracts of engine/ops.h; bwd adds into dq, dk, dv): 1 when done, 0 and why when cuDNN does
+ * not take this call (its shape, or no plan for it), with nothing written; a failure after that is
+ * fatal. deterministic: cuDNN's deterministic backward, declined (0) where its workspace is too big. */
+extern "C" int cuda_cudnn_attention_available(char *why, size_t why_size);
+extern "C" int cuda_cudnn_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
+                                        const AttnSegment *segs, int64_t n_segs, AttnShape s, char *why,
+                                        size_t why_size);
+extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const void *dout, const void *out,
+                                        const float *lse, const void *q, const void *k, const void *v,
+                                        const AttnSegment *segs, int64_t n_segs, AttnShape s, int deterministic,
+                                        char *why, size_t why_size);
+extern "C" void cuda_cudnn_attention_close(void);
 
 #endif
