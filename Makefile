@@ -171,6 +171,12 @@ $(B)/test/test_flash_emulated: $(B)/obj/test/test_flash_emulated.o $(B)/obj/test
 	@echo "  LD    $@"
 	$(Q)$(CXX) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
 
+# The host side of cuDNN's attention path (cuda/cuda_cudnn_batch.h: plain C++), tested on the CPU.
+$(B)/test/test_cudnn_batch: $(B)/obj/test/test_cudnn_batch.o
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	$(Q)$(CXX) $(OPT) -o $@ $^ -lcmocka
+
 $(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/obj/test/plan_checks.o $(B)/libwlb.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"

@@ -221,5 +221,7 @@ extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const v
                                         const AttnSegment *segs, int64_t n_segs, AttnShape s, int deterministic,
                                         char *why, size_t why_size);
 extern "C" void cuda_cudnn_attention_close(void);
+/* For --version: whether the path is built and which libcudnn it finds (no GPU needed). */
+extern "C" void cuda_cudnn_describe(char *buf, size_t size);
 
 #endif

@@ -49,6 +49,9 @@ typedef struct CudnnSdpaArgs {
 /* Opens libcudnn.so.9 and a cuDNN handle on the current device (once; later calls return the first
  * answer): 1, or 0 with the reason in why. */
 int cuda_cudnn_load(char *why, size_t why_size);
+/* Opens libcudnn.so.9 alone (no handle, no GPU needed): its version (e.g. 91900), or 0 and why (not
+ * found, or older than 9.6). For --version. */
+int cuda_cudnn_library(char *why, size_t why_size);
 /* The loaded cuDNN's version (e.g. 91900), 0 when none is loaded. */
 int cuda_cudnn_version(void);
 /* The plan for d, built the first time (graph, heuristics, plan) and kept: its index (>= 0) and

@@ -191,37 +191,62 @@ int64_t build_plan(const CudnnSdpaDesc &d, int64_t *workspace_bytes, char *why, 
     return (int64_t)plans.size() - 1;
 }
 
-} // namespace
-
-extern "C" int cuda_cudnn_load(char *why, size_t why_size)
+/* Opens libcudnn.so.9 (once) and checks its version: the version, or 0 with the reason in *error. */
+size_t open_library(std::string *error)
 {
-    if (load_state == 0) {
-        load_state = -1;
+    static size_t version;
+    static std::string library_error;
+    if (!fe::cudnn_dlhandle && library_error.empty()) {
         /* cudnn-frontend opens the CUDA runtime itself by name: the one this program links, not another
          * major version a library path may also hold. */
         char cudart[32];
         snprintf(cudart, sizeof cudart, "libcudart.so.%d", CUDART_VERSION / 1000);
         setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart, 0);
         dlerror();
-        fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
-        if (!fe::cudnn_dlhandle) {
+        void *h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+        if (!h) {
             const char *e = dlerror();
-            load_error = std::string("libcudnn.so.9 not found (") + (e ? e : "dlopen failed") + ")";
+            library_error = std::string("libcudnn.so.9 not found (") + (e ? e : "dlopen failed") + ")";
         } else {
+            fe::cudnn_dlhandle = h;
             try {
-                size_t v = fe::detail::get_backend_version();
-                if (v < 90600) {
-                    load_error = "cuDNN " + std::to_string(v) + " is older than 9.6 (ragged statistics, bounded "
-                                 "backward workspace)";
-                } else {
-                    cudnnStatus_t s = fe::detail::create_handle(&handle);
-                    if (s != CUDNN_STATUS_SUCCESS)
-                        load_error = std::string("cudnnCreate: ") + fe::detail::get_error_string(s);
-                    else if ((s = fe::detail::set_stream(handle, (cudaStream_t)0)) != CUDNN_STATUS_SUCCESS)
-                        load_error = std::string("cudnnSetStream: ") + fe::detail::get_error_string(s);
-                    else
-                        load_state = 1;
-                }
+                version = fe::detail::get_backend_version();
+                if (version < 90600)
+                    library_error = "cuDNN " + std::to_string(version) +
+                                    " is older than 9.6 (ragged statistics, bounded backward workspace)";
+            } catch (const std::exception &e) {
+                library_error = e.what();
+            }
+        }
+    }
+    *error = library_error;
+    return library_error.empty() ? version : 0;
+}
+
+} // namespace
+
+extern "C" int cuda_cudnn_library(char *why, size_t why_size)
+{
+    std::string error;
+    size_t v = open_library(&error);
+    if (!v)
+        say(why, why_size, error);
+    return (int)v;
+}
+
+extern "C" int cuda_cudnn_load(char *why, size_t why_size)
+{
+    if (load_state == 0) {
+        load_state = -1;
+        if (open_library(&load_error)) {
+            try {
+                cudnnStatus_t s = fe::detail::create_handle(&handle);
+                if (s != CUDNN_STATUS_SUCCESS)
+                    load_error = std::string("cudnnCreate: ") + fe::detail::get_error_string(s);
+                else if ((s = fe::detail::set_stream(handle, (cudaStream_t)0)) != CUDNN_STATUS_SUCCESS)
+                    load_error = std::string("cudnnSetStream: ") + fe::detail::get_error_string(s);
+                else
+                    load_state = 1;
             } catch (const std::exception &e) {
                 load_error = e.what();
             }

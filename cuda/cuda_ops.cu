@@ -236,7 +236,7 @@ void cuda_ops_close(void)
 /* --version: what the build has and what it finds (cuda_info.cu). */
 static void cuda_backend_describe(char *buf, size_t size)
 {
-    char line[448];
+    char line[768];
     cuda_describe(line, sizeof line);
     snprintf(buf, size, "compiled in (%s)", line);
 }
