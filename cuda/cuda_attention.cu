@@ -13,17 +13,10 @@
  * atomics, the same bits every run. false: Delta, then one dK/dV launch over every wave that adds
  * dQ (and dk, dv where segments share keys) with atomics.
  *
- * train.attention (cuda_attention_select) picks the bf16 path at head sizes 64 and 128: own, the
- * kernels above and cuda_flash.h's; cudnn, cuDNN's fused attention (cuda_cudnn.cu), except a
- * deterministic backward cuDNN declines (its workspace), which runs on the own kernels; auto, with
- * train.deterministic false and cuDNN loaded, times both forwards once per attention shape (heads,
- * head size, strides) on the first call and keeps the faster for that shape's forward and backward.
+ * The bf16 attention at the tensor-core kernels' head sizes goes through cuda_attention_select.cu,
+ * which runs them or cuDNN's fused attention as train.attention says.
  */
 #include <math.h>
-
-#include <vector>
-
-#include "engine/backend.h"
 
 #include "cuda/cuda_attention_ref.cuh"
 #include "cuda/cuda_common.cuh"
@@ -33,8 +26,6 @@
 /* bf16 operands widened to float32 (head sizes without tensor-core kernels). */
 static CudaScratch delta_buf, widen_buf;
 static int deterministic_bwd = 1;
-/* train.attention (BackendAttention); auto becomes own where cuDNN is absent or deterministic asks */
-static int attention_impl = BACKEND_ATTN_OWN;
 
 template <class C> __global__ void __launch_bounds__(C::THREADS) k_attn_fwd(RefAttnArgs a)
 {
@@ -192,133 +183,13 @@ void cuda_attention_bwd_f32(float *dq, float *dk, float *dv, const float *dout, 
 /* ---------------------------------------------------------------------------------------------- */
 /* The ops                                                                                         */
 
-int cuda_attention_select(int impl, int deterministic, Error *err)
-{
-    char why[320];
-    deterministic_bwd = deterministic;
-    if (impl == BACKEND_ATTN_OWN || (impl == BACKEND_ATTN_AUTO && deterministic)) {
-        attention_impl = BACKEND_ATTN_OWN;
-        return 0;
-    }
-    if (!cuda_cudnn_attention_available(why, sizeof why)) {
-        if (impl == BACKEND_ATTN_CUDNN)
-            return error_set(err, "train.attention", "cudnn: %s", why);
-        static int told;
-        if (!told++)
-            fprintf(stderr, "wlbtrain: attention: auto: cuDNN unavailable (%s): the engine's kernels\n", why);
-        attention_impl = BACKEND_ATTN_OWN;
-        return 0;
-    }
-    attention_impl = impl;
-    return 0;
-}
-
-/* auto's choice per attention shape: cudnn 1 (cuDNN) or 0 (own). */
-struct AutoChoice {
-    AttnShape shape;
-    int cudnn;
-};
-static std::vector<AutoChoice> auto_choices;
-
-static AutoChoice *auto_find(AttnShape s)
-{
-    for (AutoChoice &c : auto_choices)
-        if (c.shape.n_heads == s.n_heads && c.shape.n_kv_heads == s.n_kv_heads && c.shape.head_dim == s.head_dim &&
-            c.shape.q_stride == s.q_stride && c.shape.kv_stride == s.kv_stride && c.shape.o_stride == s.o_stride)
-            return &c;
-    return nullptr;
-}
-
-/* The forward on auto: the first call of a shape runs cuDNN once (its plan is built then, outside the
- * timing), then times one forward of each on these segments (CUDA events) and keeps the faster. */
-static void auto_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
-                     int64_t n_segs, AttnShape a)
-{
-    char why[320];
-    if (const AutoChoice *c = auto_find(a)) {
-        if (!c->cudnn || !cuda_cudnn_attention_fwd(out, lse, q, k, v, segs, n_segs, a, why, sizeof why))
-            cuda_flash_fwd(out, lse, q, k, v, segs, n_segs, a);
-        return;
-    }
-    AutoChoice choice = {a, 0};
-    if (!cuda_cudnn_attention_fwd(out, lse, q, k, v, segs, n_segs, a, why, sizeof why)) {
-        fprintf(stderr, "wlbtrain: attention: auto: cuDNN declines H %d/%d D %d (%s): the engine's kernels\n",
-                a.n_heads, a.n_kv_heads, a.head_dim, why);
-        auto_choices.push_back(choice);
-        cuda_flash_fwd(out, lse, q, k, v, segs, n_segs, a);
-        return;
-    }
-    cudaEvent_t ev[3];
-    for (cudaEvent_t &e : ev)
-        CUDA_CHECK(cudaEventCreate(&e));
-    CUDA_CHECK(cudaEventRecord(ev[0], 0));
-    cuda_flash_fwd(out, lse, q, k, v, segs, n_segs, a);
-    CUDA_CHECK(cudaEventRecord(ev[1], 0));
-    if (!cuda_cudnn_attention_fwd(out, lse, q, k, v, segs, n_segs, a, why, sizeof why))
-        cuda_fatal("attention_fwd (auto)", why); /* its plan is cached: it took the same call just before */
-    CUDA_CHECK(cudaEventRecord(ev[2], 0));
-    CUDA_CHECK(cudaEventSynchronize(ev[2]));
-    float own_ms = 0, cudnn_ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&own_ms, ev[0], ev[1]));
-    CUDA_CHECK(cudaEventElapsedTime(&cudnn_ms, ev[1], ev[2]));
-    for (cudaEvent_t &e : ev)
-        CUDA_CHECK(cudaEventDestroy(e));
-    choice.cudnn = cudnn_ms < own_ms;
-    auto_choices.push_back(choice);
-    int64_t rows = 0;
-    for (int64_t i = 0; i < n_segs; i++)
-        rows += segs[i].q_len;
-    fprintf(stderr,
-            "wlbtrain: attention: auto: forward of %lld query rows in %lld segments, H %d/%d D %d: cuDNN %.3f ms, "
-            "own %.3f ms: %s\n",
-            (long long)rows, (long long)n_segs, a.n_heads, a.n_kv_heads, a.head_dim, cudnn_ms, own_ms,
-            choice.cudnn ? "cuDNN" : "own");
-    if (!choice.cudnn) /* the outputs are cuDNN's; the kept kernel writes them again */
-        cuda_flash_fwd(out, lse, q, k, v, segs, n_segs, a);
-}
-
-/* The bf16 forward at head sizes 64 and 128, by train.attention. */
-static void bf16_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
-                     int64_t n_segs, AttnShape a)
-{
-    char why[320];
-    if (attention_impl == BACKEND_ATTN_CUDNN) {
-        if (!cuda_cudnn_attention_fwd(out, lse, q, k, v, segs, n_segs, a, why, sizeof why))
-            cuda_fatal("attention_fwd (train.attention: cudnn)", why);
-    } else if (attention_impl == BACKEND_ATTN_AUTO) {
-        auto_fwd(out, lse, q, k, v, segs, n_segs, a);
-    } else {
-        cuda_flash_fwd(out, lse, q, k, v, segs, n_segs, a);
-    }
-}
-
-/* The bf16 backward: cuDNN's where the forward's choice was cuDNN, unless it declines the call - a
- * deterministic backward whose workspace is too big, or auto's shape it has no plan for - then the
- * engine's kernels (said once). */
-static void bf16_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse, const Act *q,
-                     const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs, AttnShape a)
-{
-    char why[320];
-    const AutoChoice *c = attention_impl == BACKEND_ATTN_AUTO ? auto_find(a) : nullptr;
-    if (attention_impl == BACKEND_ATTN_CUDNN || (c && c->cudnn)) {
-        if (cuda_cudnn_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a, deterministic_bwd, why,
-                                     sizeof why))
-            return;
-        if (attention_impl == BACKEND_ATTN_CUDNN && !deterministic_bwd)
-            cuda_fatal("attention_bwd (train.attention: cudnn)", why);
-        static int told;
-        if (!told++)
-            fprintf(stderr, "wlbtrain: attention: backward on the engine's kernels: %s\n", why);
-    }
-    cuda_flash_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a, deterministic_bwd);
-}
+void cuda_attention_set_deterministic(int deterministic) { deterministic_bwd = deterministic; }
 
 void cuda_attention_close(void)
 {
     delta_buf.release();
     widen_buf.release();
-    cuda_cudnn_attention_close();
-    auto_choices.clear();
+    cuda_attention_select_close();
 }
 
 /* Rows the segments read: of queries (and outputs), of keys and values. */
@@ -356,7 +227,7 @@ void cuda_attention_fwd(Act *out, float *lse, const Act *q, const Act *k, const 
         cuda_attention_fwd_f32((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, segs, n_segs,
                                a);
     } else if (cuda_flash_supports(a.head_dim)) {
-        bf16_fwd(out, lse, q, k, v, segs, n_segs, a);
+        cuda_attention_bf16_fwd(out, lse, q, k, v, segs, n_segs, a);
     } else {
         int64_t qr, kvr, H = (int64_t)a.n_heads * a.head_dim, Hkv = (int64_t)a.n_kv_heads * a.head_dim;
         segment_rows(segs, n_segs, &qr, &kvr);
@@ -378,7 +249,7 @@ void cuda_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const 
         cuda_attention_bwd_f32(dq, dk, dv, (const float *)dout, (const float *)out, lse, (const float *)q,
                                (const float *)k, (const float *)v, segs, n_segs, a);
     } else if (cuda_flash_supports(a.head_dim)) {
-        bf16_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a);
+        cuda_attention_bf16_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a);
     } else {
         int64_t qr, kvr, H = (int64_t)a.n_heads * a.head_dim, Hkv = (int64_t)a.n_kv_heads * a.head_dim;
         segment_rows(segs, n_segs, &qr, &kvr);

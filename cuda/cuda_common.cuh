@@ -193,19 +193,28 @@ void cuda_embedding_close(void);
 void cuda_matmul_open(int deterministic);
 void cuda_matmul_close(void);
 
-/* cuda_attention.cu: the float32 reference kernels (any head size in cuda_attention_supports). */
+/* cuda_attention.cu: the float32 reference kernels (any head size in cuda_attention_supports), and
+ * whether the next backward must be deterministic (train.deterministic). */
 void cuda_attention_fwd_f32(float *out, float *lse, const float *q, const float *k, const float *v,
                             const AttnSegment *segs, int64_t n_segs, AttnShape shape);
 void cuda_attention_bwd_f32(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, const AttnSegment *segs, int64_t n_segs,
                             AttnShape shape);
 int cuda_attention_supports(int head_dim);
+void cuda_attention_set_deterministic(int deterministic);
 void cuda_attention_close(void);
-/* cuda_attention.cu: which implementation the bf16 attention takes (train.attention: auto, cudnn, own;
- * engine/backend.h's BackendAttention) and whether its backward must be deterministic
- * (train.deterministic); 0, or -1 and an Error (train.attention, status 2) when cudnn is asked
- * for and this build or machine has none. */
+/* cuda_attention_select.cu: which implementation the bf16 attention takes at head sizes 64 and 128
+ * (train.attention: auto, cudnn, own; engine/backend.h's BackendAttention) and whether backwards
+ * must be deterministic (train.deterministic); 0, or -1 and an Error (train.attention, status 2) when
+ * cudnn is asked for and this build or machine has none. bf16_fwd, bf16_bwd: the ops there (the
+ * contracts of engine/ops.h); select_close frees what the choice holds (cuDNN's plans, scratch). */
 int cuda_attention_select(int impl, int deterministic, Error *err);
+void cuda_attention_bf16_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
+                             int64_t n_segs, AttnShape a);
+void cuda_attention_bf16_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
+                             const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs,
+                             AttnShape a);
+void cuda_attention_select_close(void);
 
 /* cuda_cudnn.cu: the engine's attention on cuDNN's fused attention (bf16 arrays, head sizes 64 and
  * 128). available: 1 when the build has the path and libcudnn.so.9 loads, else 0 and why. fwd and bwd
