@@ -85,13 +85,26 @@ static const CudnnSeg *upload(const CudnnBatch &b, CudnnSdpaArgs *a)
     return (const CudnnSeg *)(dev + seg_at);
 }
 
-/* The plan of a batch and its workspace, or 0 and why. */
+/* The plan of a batch and its workspace, or 0 and why (no plan, or its workspace does not fit in the
+ * device's memory: a decline, not an error, so that a deterministic backward can go to the own kernels). */
 static int plan_of(const CudnnBatch &b, int64_t *plan, void **workspace, char *why, size_t why_size)
 {
     int64_t ws = 0;
     if ((*plan = cuda_cudnn_plan(&b.desc, &ws, why, why_size)) < 0)
         return 0;
-    *workspace = workspace_buf.get((size_t)(ws > 0 ? ws : 1));
+    const size_t want = (size_t)(ws > 0 ? ws : 1);
+    if (want > workspace_buf.bytes) {
+        void *p = nullptr;
+        if (cudaMallocAsync(&p, want, 0) != cudaSuccess) {
+            cudaGetLastError(); /* out of memory: cleared, said */
+            snprintf(why, why_size, "cuDNN's workspace of %.2f GiB does not fit in the GPU's memory",
+                     (double)want / (1 << 30));
+            return 0;
+        }
+        workspace_buf.release();
+        workspace_buf.p = p, workspace_buf.bytes = want;
+    }
+    *workspace = workspace_buf.p;
     return 1;
 }
 

@@ -53,7 +53,9 @@ struct Plan {
 cudnnHandle_t handle = nullptr;
 int load_state = 0; /* 0: not tried; 1: loaded; -1: failed (why in load_error) */
 std::string load_error;
-std::vector<Plan> plans;
+/* Never destroyed: at exit (a fatal error's exit() included) cuDNN's descriptors must not be freed by
+ * static destructors after the CUDA runtime is gone; cuda_cudnn_unload empties it at backend close. */
+std::vector<Plan> &plans = *new std::vector<Plan>;
 
 bool same_desc(const CudnnSdpaDesc &a, const CudnnSdpaDesc &b)
 {
