@@ -43,7 +43,9 @@ cudnn_frontend() {
   py=$(command -v python3 || true)
   [ -n "$py" ] && "$py" -m pip --version >/dev/null 2>&1 || { echo "install-deps: no pip: the cuDNN attention is compiled out" >&2; return 0; }
   tmp=$(mktemp -d)
-  if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-cudnn-frontend==$version" >/dev/null 2>&1 &&
+  # one wheel whatever this python is (the headers are the same in every wheel of the version)
+  if "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+       --platform manylinux_2_28_x86_64 -d "$tmp" "nvidia-cudnn-frontend==$version" >/dev/null 2>&1 &&
      "$py" - "$tmp" "$dir" <<'PY'
 import glob, os, sys, zipfile
 wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
