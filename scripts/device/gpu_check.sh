@@ -5,8 +5,9 @@
 # command line (default: lease), run in the order given:
 #   bash scripts/device/gpu_check.sh lease      what one device lease holds, most telling first: NCCL
 #                                               between ranks on the GPU (nccl's first three steps), the
-#                                               tests but test_parallel, attention at 8K and 32K
-#                                               (head size 64),
+#                                               tests but test_parallel (test_ops with its cuDNN
+#                                               test), attention at 8K and 32K (head size 64, the
+#                                               own kernels and cuDNN's: not yet timed with cuDNN),
 #                                               the bench's short table, then test_parallel;
 #                                               then scripts/device/targets.py's table
 #   bash scripts/device/gpu_check.sh nccl       NCCL between ranks that share the one GPU (the test
