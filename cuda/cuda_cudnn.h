@@ -55,11 +55,12 @@ int cuda_cudnn_library(char *why, size_t why_size);
 /* The loaded cuDNN's version (e.g. 91900), 0 when none is loaded. */
 int cuda_cudnn_version(void);
 /* The plan for d, built the first time (graph, heuristics, plan) and kept: its index (>= 0) and
- * workspace bytes, or -1 with why (cuDNN does not support the graph on this GPU). */
+ * workspace bytes, or -1 with why (cuDNN does not support the graph on this GPU; kept, and said again
+ * without a second try). */
 int64_t cuda_cudnn_plan(const CudnnSdpaDesc *d, int64_t *workspace_bytes, char *why, size_t why_size);
 /* Runs plan on the default stream with the workspace (at least its workspace bytes): 0, or -1 with why. */
 int cuda_cudnn_execute(int64_t plan, const CudnnSdpaArgs *a, void *workspace, char *why, size_t why_size);
-/* Plans built so far. */
+/* Descriptions tried so far: plans built, and the refusals kept (a refused shape is tried once). */
 int64_t cuda_cudnn_plans(void);
 /* Drops the plans and the handle (the library stays loaded: cuDNN is not made to unload). */
 void cuda_cudnn_unload(void);

@@ -44,10 +44,13 @@ enum Uid : int64_t {
     UID_SEQ_Q, UID_SEQ_KV, UID_OFF_Q, UID_OFF_KV, UID_OFF_O, UID_OFF_STATS, UID_OFF_DQ, UID_OFF_DKV,
 };
 
+/* A description's plan, or (graph null) why cuDNN has none: a refusal is kept too, so that a shape
+ * cuDNN does not take costs one try, not one a call. */
 struct Plan {
     CudnnSdpaDesc desc;
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace = 0;
+    std::string refusal;
 };
 
 cudnnHandle_t handle = nullptr;
@@ -188,7 +191,7 @@ int64_t build_plan(const CudnnSdpaDesc &d, int64_t *workspace_bytes, char *why, 
     FE_TRY(g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "cudnn build_plans");
     int64_t ws = 0;
     FE_TRY(g->get_workspace_size(ws), "cudnn get_workspace_size");
-    plans.push_back(Plan{d, g, ws});
+    plans.push_back(Plan{d, g, ws, std::string()});
     *workspace_bytes = ws;
     return (int64_t)plans.size() - 1;
 }
@@ -278,15 +281,24 @@ extern "C" int64_t cuda_cudnn_plan(const CudnnSdpaDesc *d, int64_t *workspace_by
     }
     for (size_t i = 0; i < plans.size(); i++)
         if (same_desc(plans[i].desc, *d)) {
+            if (!plans[i].graph) {
+                say(why, why_size, plans[i].refusal);
+                return -1;
+            }
             *workspace_bytes = plans[i].workspace;
             return (int64_t)i;
         }
+    char refusal[512] = "";
     try {
-        return build_plan(*d, workspace_bytes, why, why_size);
+        int64_t i = build_plan(*d, workspace_bytes, refusal, sizeof refusal);
+        if (i >= 0)
+            return i;
     } catch (const std::exception &e) {
-        say(why, why_size, std::string("cudnn graph: ") + e.what());
-        return -1;
+        snprintf(refusal, sizeof refusal, "cudnn graph: %s", e.what());
     }
+    plans.push_back(Plan{*d, nullptr, 0, refusal});
+    say(why, why_size, refusal);
+    return -1;
 }
 
 extern "C" int cuda_cudnn_execute(int64_t plan, const CudnnSdpaArgs *a, void *workspace, char *why, size_t why_size)
@@ -296,6 +308,10 @@ extern "C" int cuda_cudnn_execute(int64_t plan, const CudnnSdpaArgs *a, void *wo
         return -1;
     }
     const Plan &p = plans[(size_t)plan];
+    if (!p.graph) {
+        say(why, why_size, p.refusal);
+        return -1;
+    }
     /* the variant pack: device pointers by uid */
     std::unordered_map<int64_t, void *> pack = {
         {UID_Q, (void *)a->q},           {UID_K, (void *)a->k},           {UID_V, (void *)a->v},
