@@ -55,6 +55,22 @@ ifeq ($(CUDA_BUILD),1)
                -Xcompiler -Wall,-Wextra,-Werror $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
 endif
+# cuDNN's fused attention (cuda/cuda_cudnn*.{cu,cpp}): the cudnn-frontend headers that
+# scripts/install-deps.sh unpacks into build/deps/ (pinned); without them (make CUDNN=0, or no
+# network when they were fetched) the path is compiled out. Its C++ file is compiled by g++ (the
+# library's headers are heavy for nvcc) with the library as a system include, so that -Werror covers
+# wlbtrain's code and not the library's; libcudnn.so.9 is opened at run time (dlopen).
+CUDNN_FE_INC := build/deps/cudnn-frontend-1.32.0/include
+CUDNN ?= $(if $(wildcard $(CUDNN_FE_INC)/cudnn_frontend.h),1,0)
+ifeq ($(CUDA_BUILD)$(CUDNN),11)
+  NVCCFLAGS += -DWLB_CUDNN
+  CUDNN_OBJS := $(B)/obj/cuda/cuda_cudnn_graph.o
+  # -Os: graphs are built a few times a run, and each program that links the backend carries this
+  # code (a device call's 64 MiB: 1.0 MB of text each instead of 1.4 at -O2)
+  CUDNN_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -Werror -I. -MMD -MP -Os -g -DWLB_CUDA -DWLB_CUDNN \
+                    -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING -isystem $(CUDNN_FE_INC) -isystem $(CUDA_HOME)/include
+  CUDA_LIBS += -ldl
+endif
 TEST_SRCS := $(wildcard test/test_*.c)
 TEST_BINS := $(TEST_SRCS:test/%.c=$(B)/test/%)
 # C++ tests: the CUDA kernels' own source on the host, under test/flash_emu.cc (no GPU needed).
@@ -86,7 +102,7 @@ test-deps:
 variant: $(B)/wlbtrain
 variant-tests: $(B)/wlbtrain $(TEST_BINS) $(TOOL_BINS)
 
-$(B)/libwlb.a: $(LIB_OBJS) $(CU_OBJS)
+$(B)/libwlb.a: $(LIB_OBJS) $(CU_OBJS) $(CUDNN_OBJS)
 	@rm -f $@
 	$(Q)ar rcs $@ $^
 
@@ -125,6 +141,20 @@ $(B)/obj/%.o: %.cu
 	@echo "  NVCC  $<"
 	$(Q)$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
+$(B)/obj/cuda/%.o: cuda/%.cpp
+	@mkdir -p $(dir $@)
+	@echo "  CXX   $< (cudnn-frontend)"
+	$(Q)$(CXX) $(CUDNN_CXXFLAGS) -c -o $@ $<
+
+# cuda_cudnn.cu is compiled with or without the cuDNN path: build/*/cudnn.choice
+# holds the choice and is rewritten (so newer) only when it changes, which rebuilds them.
+$(B)/cudnn.choice: FORCE
+	@mkdir -p $(dir $@)
+	@echo "$(CUDNN)" | cmp -s - $@ || echo "$(CUDNN)" > $@
+$(B)/obj/cuda/cuda_cudnn.o: $(B)/cudnn.choice
+.PHONY: FORCE
+FORCE:
+
 $(B)/test/dump_%: $(B)/obj/test/dump_%.o $(B)/libwlb.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
@@ -146,6 +176,12 @@ $(B)/test/test_flash_emulated: $(B)/obj/test/test_flash_emulated.o $(B)/obj/test
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	$(Q)$(CXX) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
+
+# The host side of cuDNN's attention path (cuda/cuda_cudnn_batch.h: plain C++), tested on the CPU.
+$(B)/test/test_cudnn_batch: $(B)/obj/test/test_cudnn_batch.o
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	$(Q)$(CXX) $(OPT) -o $@ $^ -lcmocka
 
 $(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/obj/test/plan_checks.o $(B)/libwlb.a
 	@mkdir -p $(dir $@)

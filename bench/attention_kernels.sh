@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # bench/attention_kernels.sh - attention alone, on the GPU machine: wlbtrain's tensor-core kernels
-# (bench/attn_kernels.c; deterministic and atomic backward) beside FlexAttention (compiled, block
-# mask), FlashAttention-2 varlen as PyTorch ships it, and dense causal SDPA (bench/attn_torch.py),
+# and its cuDNN path (train.attention: cudnn; bench/attn_kernels.c; deterministic and atomic/fastest
+# backward; a skipped row where cuDNN does not load: libcudnn.so.9 on LD_LIBRARY_PATH, which
+# scripts/device/gpu_check.sh sets from the image's nvidia-cudnn-cu13) beside FlexAttention
+# (compiled, block mask), FlashAttention-2 varlen as PyTorch ships it, FlashAttention-3 varlen where
+# the image has it, and dense causal SDPA (bench/attn_torch.py),
 # on document mixes of the WLB-LLM length list packed into 8K, 32K and 128K windows; 32 query and 8
 # kv heads at head size 64 (llama3.2-1b's layer) and 128 (Llama 3.1 8B's) unless HEADS/KV_HEADS/DIMS
 # say otherwise. Prints a table per window and head size that names the GPU: milliseconds and
@@ -34,6 +37,12 @@ for w in "${windows[@]}"; do
   {
     "$bin/attn_kernels" "$work/segs.$w" --device "$dev" --heads "$H" --kv-heads "$HKV" --dim "$D" --iters "$iters" --deterministic 1
     "$bin/attn_kernels" "$work/segs.$w" --device "$dev" --heads "$H" --kv-heads "$HKV" --dim "$D" --iters "$iters" --deterministic 0
+    if [ "$dev" = cuda ]; then
+      for det in 1 0; do
+        "$bin/attn_kernels" "$work/segs.$w" --device cuda --heads "$H" --kv-heads "$HKV" --dim "$D" --iters "$iters" \
+          --deterministic "$det" --attention cudnn
+      done
+    fi
     python3 bench/attn_torch.py "$work/segs.$w" --heads "$H" --kv-heads "$HKV" --dim "$D" --iters "$iters"
   } > "$work/res.$w" 2> "$work/err.$w"
   sed 's/^/# stderr: /' "$work/err.$w" | grep -v -i warn | tail -5

@@ -4,9 +4,11 @@
  * backward 2.5 times the forward), the count bench/attn_torch.py uses for the PyTorch kernels.
  *
  * Usage: attn_kernels SEGMENTS [--device cuda|cpu] [--heads H] [--kv-heads HKV] [--dim D]
- *                    [--iters N] [--deterministic 0|1]
+ *                    [--iters N] [--deterministic 0|1] [--attention own|cudnn]
  * SEGMENTS: one segment a line, "q_row q_len kv_row kv_len" (a document alone: q_row = kv_row,
- * q_len = kv_len). Prints one JSON line per measurement. Run by bench/attention_kernels.sh.
+ * q_len = kv_len). --attention: the CUDA backend's bf16 kernels (train.attention; own by default),
+ * cudnn = cuDNN's fused attention (an error where the build or the machine has none). Prints one JSON
+ * line per measurement. Run by bench/attention_kernels.sh.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -90,9 +92,10 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         die("usage: attn_kernels SEGMENTS [--device cuda|cpu] [--heads H] [--kv-heads HKV] [--dim D] [--iters N] "
-            "[--deterministic 0|1]");
+            "[--deterministic 0|1] [--attention own|cudnn]");
     const char *device = "cuda";
     int H = 32, Hkv = 8, D = 64, iters = 10, det = 1;
+    BackendAttention attention = BACKEND_ATTN_OWN;
     for (int i = 2; i < argc; i += 2) {
         if (i + 1 >= argc)
             die("an option without its value");
@@ -108,6 +111,12 @@ int main(int argc, char **argv)
             iters = (int)arg_long("--iters", argv[i + 1], 1, 100000);
         else if (!strcmp(argv[i], "--deterministic"))
             det = (int)arg_long("--deterministic", argv[i + 1], 0, 1);
+        else if (!strcmp(argv[i], "--attention") && !strcmp(argv[i + 1], "own"))
+            attention = BACKEND_ATTN_OWN;
+        else if (!strcmp(argv[i], "--attention") && !strcmp(argv[i + 1], "cudnn"))
+            attention = BACKEND_ATTN_CUDNN;
+        else if (!strcmp(argv[i], "--attention"))
+            die("--attention takes own or cudnn");
         else
             die("unknown option");
     }
@@ -119,8 +128,16 @@ int main(int argc, char **argv)
     if (!b)
         die("no such backend in this build");
     Error err = {0};
-    BackendOpen how = {0, 1, det};
+    BackendOpen how = {0, 1, det, attention};
     const Ops *o = b->open(&how, &err);
+    if (!o && attention == BACKEND_ATTN_CUDNN) { /* a row of the table that says why */
+        printf("{\"kernel\": \"wlbtrain %s cudnn\", \"skipped\": \"", device);
+        for (const char *c = err.msg; *c; c++)
+            putchar(*c == '"' ? '\'' : *c == '\\' ? '/' : (unsigned char)*c < 32 ? ' ' : *c);
+        printf("\"}\n");
+        free(segs);
+        return 0;
+    }
     if (!o)
         die(err.msg);
 
@@ -159,9 +176,11 @@ int main(int argc, char **argv)
         t_fwd = (t1 - t0) / reps;
         t_all = (t2 - t1) / reps;
     }
-    printf("{\"kernel\": \"wlbtrain %s%s\", \"rows\": %lld, \"segments\": %lld, \"pairs\": %.0f, "
+    /* cuDNN's deterministic backward, or the own one where cuDNN declines it (a line on stderr says) */
+    const char *bwd = !det ? " (atomic backward)" : attention == BACKEND_ATTN_CUDNN ? " (deterministic backward)" : "";
+    printf("{\"kernel\": \"wlbtrain %s%s%s\", \"rows\": %lld, \"segments\": %lld, \"pairs\": %.0f, "
            "\"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"fwdbwd_ms\": %.4f, \"fwdbwd_tflops\": %.2f}\n",
-           device, det ? "" : " (atomic backward)", (long long)T, (long long)n, pairs, t_fwd * 1e3,
+           device, attention == BACKEND_ATTN_CUDNN ? " cudnn" : "", bwd, (long long)T, (long long)n, pairs, t_fwd * 1e3,
            fwd_flop / t_fwd / 1e12, t_all * 1e3, (fwd_flop + bwd_flop) / t_all / 1e12);
     o->free(qkv), o->free(dout), o->free(out), o->free(lse), o->free(g);
     if (b->close)

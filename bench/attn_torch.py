@@ -7,6 +7,8 @@ Kernels (each skipped with its reason where this PyTorch lacks it):
          the document ids (no dense mask), grouped-query heads native (enable_gqa)
   fa2    FlashAttention-2 varlen as PyTorch ships it: aten._flash_attention_forward over the
          cumulative document lengths (kv heads repeated to the query heads: the kernel has no GQA)
+  fa3    FlashAttention-3 varlen (Hopper), flash_attn_interface.flash_attn_varlen_func, GQA native:
+         only where the image has the package (else a skipped row)
   dense  SDPA, causal, one sequence as long as the window (flash or cuDNN, whichever PyTorch
          picks): the dense ceiling, its TFLOP/s counted on that sequence's own causal pairs
 
@@ -59,7 +61,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--kernels", default="flex,fa2,dense")
+    ap.add_argument("--kernels", default="flex,fa2,fa3,dense")
     a = ap.parse_args()
     lens = []
     for line in open(a.segments):
@@ -126,6 +128,30 @@ def main():
                    timed(fwdbwd, a.iters))
         except Exception as e:  # noqa: BLE001
             skipped("FlashAttention-2 varlen (aten)", e)
+
+    if "fa3" in kernels:  # FlashAttention-3 (Hopper), where the image has its package
+        try:
+            import flash_attn_interface  # noqa: PLC0415 - optional: absent from most images
+
+            cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=dev)
+            cu[1:] = torch.cumsum(torch.tensor(lens, device=dev), 0)
+            q3, k3, v3 = (x.detach().requires_grad_() for x in (q, k, v))
+            mx = max(lens)
+
+            def call3():
+                o3 = flash_attn_interface.flash_attn_varlen_func(q3, k3, v3, cu, cu, mx, mx, causal=True)
+                return o3[0] if isinstance(o3, tuple) else o3
+
+            def fwd():
+                with torch.no_grad():
+                    call3()
+
+            def fwdbwd():
+                call3().backward(dout)
+
+            report("FlashAttention-3 varlen", lens, pairs, H, D, timed(fwd, a.iters), timed(fwdbwd, a.iters))
+        except Exception as e:  # noqa: BLE001
+            skipped("FlashAttention-3 varlen", e)
 
     if "dense" in kernels:
         try:

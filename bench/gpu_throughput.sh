@@ -11,7 +11,11 @@
 #   sdpa   scaled_dot_product_attention with a dense document mask, uncompiled (8K only: the dense
 #          mask of a 32K window does not fit).
 # wlbtrain: packers fixed (Plain-4D's windows) and wlb; train.recompute as each row says (none
-# where it fits, full at 64K).
+# where it fits, full at 64K); attention on wlbtrain's own kernels, and with the wlb packer also on
+# cuDNN's fused attention (train.attention: cudnn with train.deterministic: false - cuDNN's
+# deterministic backward needs score-sized workspace for documents padded to the longest, which this
+# path declines above 2 GiB, so it would mostly time the own backward; a failed row where cuDNN does
+# not load; not with SHORT=1).
 # FLOPs of a step, both sides alike: 6 N per token (N parameters; the tied output projection counts
 # once) + 12 L H D per (query, key) pair that attends - causal pairs within a document only (the
 # document mask), each side counting the pairs of its own batches (wlbtrain's metrics attn_pairs;
@@ -107,6 +111,8 @@ for ctx in ${WINDOWS:-8192 32768 65536}; do
     continue
   fi
   for packer in fixed wlb; do run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" "$packer" "$rc"; done
+  [ "$short" != 1 ] && run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" wlb "$rc" ", attention: cudnn, deterministic: false" \
+    ", cuDNN attention (non-deterministic)"
   # The cross-entropy's blocks of 2092 rows (2^28 floats, the default before the chunked loss) against
   # the default's 523 (docs/cuda.md, the chunked cross-entropy): time and peak memory.
   [ "$ctx" = 32768 ] && [ "$short" != 1 ] && run_wlbtrain "$c" "$ctx" "llama3.2-1b" "$one_b" "16 32 64" wlb "$rc" \
@@ -119,5 +125,7 @@ if [ "${SKIP_8B:-0}" != 1 ] && [ "$short" != 1 ]; then
   c=$(corpus 32768)
   eight_b="{preset: llama3-8b, n_layers: 4, tie_embeddings: false}"
   for rc in selective full; do run_wlbtrain "$c" 32768 "llama3-8b layers x 4" "$eight_b" "4 32 128" wlb "$rc"; done
+  run_wlbtrain "$c" 32768 "llama3-8b layers x 4" "$eight_b" "4 32 128" wlb selective ", attention: cudnn, deterministic: false" \
+    ", cuDNN attention (non-deterministic)"
 fi
 rm -rf "$out"

@@ -218,7 +218,7 @@ void cli_print_help(const char *topic)
 
 void cli_print_version(void)
 {
-    char line[512];
+    char line[1024];
     printf("wlbtrain %s\n", WLB_VERSION);
     for (int i = 0; backend_at(i); i++) {
         backend_at(i)->describe(line, sizeof line);

@@ -31,6 +31,8 @@ typedef enum LongDocuments { LONG_DOCS_AUTO, LONG_DOCS_CUT, LONG_DOCS_KEEP } Lon
 typedef enum HardwareKind { HW_H100, HW_H200, HW_A100, HW_CPU, HW_H100_FA3, HW_H200_FA3 } HardwareKind;
 typedef enum DeviceKind { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum Precision { PRECISION_FP32, PRECISION_BF16 } Precision;
+/* train.attention: the GPU's attention kernels (engine/backend.h's BackendAttention, in the same order). */
+typedef enum AttentionImpl { ATTENTION_AUTO, ATTENTION_CUDNN, ATTENTION_OWN } AttentionImpl;
 /* parallel.reduce_dtype: the TP and CP partial sums in float32, or in the compute dtype (train.precision). */
 typedef enum ReduceDtype { REDUCE_FP32, REDUCE_COMPUTE } ReduceDtype;
 typedef enum Recompute { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
@@ -140,6 +142,7 @@ typedef struct ConfigTrain {
     NonfinitePolicy nonfinite;
     Recompute recompute;
     bool deterministic;
+    AttentionImpl attention;
     int64_t logits_block; /* floats of the output head's block of logits (rows x vocabulary columns); 0 = the
                            * backend's (OPS_LOGITS_FLOATS_CPU, _GPU) */
     double gpu_memory_gb; /* the memory check's budget per device, 10^9 bytes; 0 = the hardware profile's */

@@ -191,6 +191,12 @@ const ConfigKey config_keys[] = {
     BOOL_KEY("train.deterministic", train.deterministic, "true", NULL,
              "bit-identical results run after run (no floating-point atomics); false lets the GPU use its "
              "fastest attention backward"),
+    ENUM_KEY("train.attention", train.attention, "auto|cudnn|own", "auto", NULL,
+             "attention kernels of train.device cuda with bf16: cudnn = cuDNN's fused attention (needs a build with "
+             "the cudnn-frontend headers and libcudnn.so.9 at run time), own = wlbtrain's kernels, auto = cuDNN where "
+             "it loads and its forward, on the first call of each attention shape, agreed with own's and was faster "
+             "(timed once), else own; with train.deterministic true auto is own (a choice by timing could differ "
+             "between runs)"),
     INT_KEY("train.logits_block", train.logits_block, 0, INT64_C(1) << 40, "0", NULL,
             "floats of one block of the output head's logits (rows x columns of the rank's vocabulary slice; the "
             "loss and its gradient are computed a block at a time): blocks of whole slices while they hold at least "

@@ -219,6 +219,23 @@ static int check_parallel(Config *cfg, int world_size, Error *err)
     return 0;
 }
 
+/* train.attention: cudnn is cuDNN's bf16 attention on the GPU (whether the build and the machine have
+ * it is the backend's to say when it opens). */
+static int check_attention(Config *cfg, Error *err)
+{
+    if (cfg->train.attention != ATTENTION_CUDNN)
+        return 0;
+    if (cfg->train.device != DEVICE_CUDA)
+        return rule_error(cfg, err, "train.attention", "train.device", "cudnn needs train.device: cuda");
+    if (cfg->train.precision != PRECISION_BF16)
+        return rule_error(cfg, err, "train.attention", "train.precision", "cudnn needs train.precision: bf16");
+    long long head = (long long)(cfg->model.d_model / cfg->model.n_heads);
+    if (head != 64 && head != 128)
+        return rule_error(cfg, err, "train.attention", "model.n_heads",
+                          "cudnn runs head sizes 64 and 128, the model's is %lld", head);
+    return 0;
+}
+
 static int check_data(Config *cfg, Error *err)
 {
     ConfigData *d = &cfg->data;
@@ -346,7 +363,7 @@ int config_resolve(Config *cfg, int world_size, Error *err)
     if (derive_outlier_thresholds(cfg, err) != 0)
         return -1;
     if (check_parallel(cfg, world_size, err) != 0 || check_data(cfg, err) != 0 ||
-        check_balance(cfg, err) != 0 || check_train(cfg, err) != 0)
+        check_balance(cfg, err) != 0 || check_train(cfg, err) != 0 || check_attention(cfg, err) != 0)
         return -1;
     return 0;
 }

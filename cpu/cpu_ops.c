@@ -505,9 +505,13 @@ static const Ops ops_bf16 = {
 const Ops *cpu_ops(void) { return &ops_f32; }
 const Ops *cpu_ops_bf16(void) { return &ops_bf16; }
 
+/* The CPU has one attention (its reference): train.attention auto and own take it; cudnn is refused. */
 static const Ops *cpu_open(const BackendOpen *opt, Error *err)
 {
-    (void)err;
+    if (opt->attention == BACKEND_ATTN_CUDNN) {
+        error_set(err, "train.attention", "cudnn needs train.device: cuda");
+        return NULL;
+    }
     return opt->bf16 ? &ops_bf16 : &ops_f32;
 }
 

@@ -12,6 +12,9 @@
  * no key (each dk, dv float has one writer per launch), then dQ by query tiles: no floating-point
  * atomics, the same bits every run. false: Delta, then one dK/dV launch over every wave that adds
  * dQ (and dk, dv where segments share keys) with atomics.
+ *
+ * The bf16 attention at the tensor-core kernels' head sizes goes through cuda_attention_select.cu,
+ * which runs them or cuDNN's fused attention as train.attention says.
  */
 #include <math.h>
 
@@ -186,6 +189,7 @@ void cuda_attention_close(void)
 {
     delta_buf.release();
     widen_buf.release();
+    cuda_attention_select_close();
 }
 
 /* Rows the segments read: of queries (and outputs), of keys and values. */
@@ -223,7 +227,7 @@ void cuda_attention_fwd(Act *out, float *lse, const Act *q, const Act *k, const 
         cuda_attention_fwd_f32((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, segs, n_segs,
                                a);
     } else if (cuda_flash_supports(a.head_dim)) {
-        cuda_flash_fwd(out, lse, q, k, v, segs, n_segs, a);
+        cuda_attention_bf16_fwd(out, lse, q, k, v, segs, n_segs, a);
     } else {
         int64_t qr, kvr, H = (int64_t)a.n_heads * a.head_dim, Hkv = (int64_t)a.n_kv_heads * a.head_dim;
         segment_rows(segs, n_segs, &qr, &kvr);
@@ -245,7 +249,7 @@ void cuda_attention_bwd(float *dq, float *dk, float *dv, const Act *dout, const 
         cuda_attention_bwd_f32(dq, dk, dv, (const float *)dout, (const float *)out, lse, (const float *)q,
                                (const float *)k, (const float *)v, segs, n_segs, a);
     } else if (cuda_flash_supports(a.head_dim)) {
-        cuda_flash_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a, deterministic_bwd);
+        cuda_attention_bf16_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a);
     } else {
         int64_t qr, kvr, H = (int64_t)a.n_heads * a.head_dim, Hkv = (int64_t)a.n_kv_heads * a.head_dim;
         segment_rows(segs, n_segs, &qr, &kvr);

@@ -203,5 +203,34 @@ void cuda_attention_bwd_f32(float *dq, float *dk, float *dv, const float *dout, 
 int cuda_attention_supports(int head_dim);
 void cuda_attention_set_deterministic(int deterministic);
 void cuda_attention_close(void);
+/* cuda_attention_select.cu: which implementation the bf16 attention takes at head sizes 64 and 128
+ * (train.attention: auto, cudnn, own; engine/backend.h's BackendAttention) and whether backwards
+ * must be deterministic (train.deterministic); 0, or -1 and an Error (train.attention, status 2) when
+ * cudnn is asked for and this build or machine has none. bf16_fwd, bf16_bwd: the ops there (the
+ * contracts of engine/ops.h); select_close frees what the choice holds (cuDNN's plans, scratch). */
+int cuda_attention_select(int impl, int deterministic, Error *err);
+void cuda_attention_bf16_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
+                             int64_t n_segs, AttnShape a);
+void cuda_attention_bf16_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
+                             const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs,
+                             AttnShape a);
+void cuda_attention_select_close(void);
+
+/* cuda_cudnn.cu: the engine's attention on cuDNN's fused attention (bf16 arrays, head sizes 64 and
+ * 128). available: 1 when the build has the path and libcudnn.so.9 loads, else 0 and why. fwd and bwd
+ * (the contracts of engine/ops.h; bwd adds into dq, dk, dv): 1 when done, 0 and why when cuDNN does
+ * not take this call (its shape, or no plan for it), with nothing written; a failure after that is
+ * fatal. deterministic: cuDNN's deterministic backward, declined (0) where its workspace is too big. */
+extern "C" int cuda_cudnn_attention_available(char *why, size_t why_size);
+extern "C" int cuda_cudnn_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
+                                        const AttnSegment *segs, int64_t n_segs, AttnShape s, char *why,
+                                        size_t why_size);
+extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const void *dout, const void *out,
+                                        const float *lse, const void *q, const void *k, const void *v,
+                                        const AttnSegment *segs, int64_t n_segs, AttnShape s, int deterministic,
+                                        char *why, size_t why_size);
+extern "C" void cuda_cudnn_attention_close(void);
+/* For --version: whether the path is built and which libcudnn it finds (no GPU needed). */
+extern "C" void cuda_cudnn_describe(char *buf, size_t size);
 
 #endif

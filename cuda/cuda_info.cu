@@ -1,6 +1,8 @@
 /* cuda/cuda_info.cu - versions of the CUDA libraries linked in, and the GPUs visible (see cuda_info.h). */
 #include "cuda/cuda_info.h"
 
+#include "cuda/cuda_common.cuh"
+
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -28,6 +30,8 @@ void cuda_describe(char *buf, size_t size)
         else
             snprintf(gpus, sizeof gpus, "%d GPU(s)", n_gpus);
     }
-    snprintf(buf, size, "CUDA runtime %d.%d, cuBLASLt %zu, NCCL %d.%d.%d; %s", runtime / 1000, (runtime % 1000) / 10,
-             lt, nccl / 10000, (nccl % 10000) / 100, nccl % 100, gpus);
+    char cudnn[320];
+    cuda_cudnn_describe(cudnn, sizeof cudnn);
+    snprintf(buf, size, "CUDA runtime %d.%d, cuBLASLt %zu, NCCL %d.%d.%d, %s; %s", runtime / 1000,
+             (runtime % 1000) / 10, lt, nccl / 10000, (nccl % 10000) / 100, nccl % 100, cudnn, gpus);
 }

@@ -11,7 +11,8 @@
 extern "C" {
 #endif
 
-/* One line: CUDA runtime, cuBLASLt and NCCL versions, and the GPUs visible now (or why none). */
+/* One line: CUDA runtime, cuBLASLt and NCCL versions, cuDNN's attention (built, and the libcudnn
+ * found), and the GPUs visible now (or why none). */
 void cuda_describe(char *buf, size_t size);
 
 #ifdef __cplusplus

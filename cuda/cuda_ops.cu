@@ -193,7 +193,7 @@ template <class T> static Ops table(const char *name)
 static Ops ops_f32, ops_bf16;
 static int opened;
 
-const Ops *cuda_ops_open(int local_rank, int use_bf16, int deterministic, Error *err)
+const Ops *cuda_ops_open(int local_rank, int use_bf16, int deterministic, int attention, Error *err)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -215,7 +215,8 @@ const Ops *cuda_ops_open(int local_rank, int use_bf16, int deterministic, Error 
     }
     /* Opening again (the tests compare both precisions in one process) only changes the flags. */
     cuda_matmul_open(deterministic);
-    cuda_attention_set_deterministic(deterministic);
+    if (cuda_attention_select(attention, deterministic, err) != 0)
+        return nullptr;
     return use_bf16 ? &ops_bf16 : &ops_f32;
 }
 
@@ -235,14 +236,14 @@ void cuda_ops_close(void)
 /* --version: what the build has and what it finds (cuda_info.cu). */
 static void cuda_backend_describe(char *buf, size_t size)
 {
-    char line[448];
+    char line[768];
     cuda_describe(line, sizeof line);
     snprintf(buf, size, "compiled in (%s)", line);
 }
 
 static const Ops *cuda_backend_open(const BackendOpen *opt, Error *err)
 {
-    return cuda_ops_open(opt->local_rank, opt->bf16, opt->deterministic, err);
+    return cuda_ops_open(opt->local_rank, opt->bf16, opt->deterministic, opt->attention, err);
 }
 
 extern "C" const Backend cuda_backend = {"cuda", cuda_backend_describe, cuda_backend_open, cuda_device_id, nullptr,

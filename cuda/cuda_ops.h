@@ -29,10 +29,12 @@ extern "C" {
 extern const Backend cuda_backend;
 
 /* Picks GPU local_rank mod the GPUs visible and returns its ops with compute dtype bf16 or fp32;
- * deterministic: no floating-point atomics anywhere (train.deterministic). NULL and an Error (status
+ * deterministic: no floating-point atomics anywhere (train.deterministic); attention: the bf16
+ * attention's kernels (BackendAttention, train.attention: cuda_attention.cu; NULL and an Error,
+ * train.attention, status 2, when cudnn is asked for and cuDNN's attention is not there). NULL and an Error (status
  * 2, "train.device: ...") when there is no GPU. Opening again may change both (one GPU per process).
  * cuda_ops_close frees the backend's own scratch (the arrays the ops allocated are the caller's). */
-const Ops *cuda_ops_open(int local_rank, int bf16, int deterministic, Error *err);
+const Ops *cuda_ops_open(int local_rank, int bf16, int deterministic, int attention, Error *err);
 void cuda_ops_close(void);
 /* The ops' timer (engine/ops.h, cuda_timer.cu): CUDA events on the default stream, created as
  * marks are first used; cuda_timer_release destroys them. */

@@ -21,11 +21,17 @@
 extern "C" {
 #endif
 
+/* Which attention kernels a backend runs (train.attention): auto picks; cudnn is cuDNN's fused
+ * attention (the CUDA backend with bf16; refused where the build or the machine has none); own is the
+ * engine's kernels. A backend with one implementation (the CPU) takes every value but cudnn. */
+typedef enum BackendAttention { BACKEND_ATTN_AUTO, BACKEND_ATTN_CUDNN, BACKEND_ATTN_OWN } BackendAttention;
+
 /* What a backend is opened with. */
 typedef struct BackendOpen {
     int local_rank;    /* this rank's place among the ranks of its machine: picks the GPU */
     int bf16;          /* train.precision: bf16 (products and the activations they read in bfloat16) */
     int deterministic; /* train.deterministic: the same bits run after run, even where that costs time */
+    BackendAttention attention; /* train.attention */
 } BackendOpen;
 
 typedef struct Backend {

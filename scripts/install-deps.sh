@@ -29,6 +29,43 @@ if [ "$what" = fuzz ]; then
   command -v clang >/dev/null 2>&1 || need+=(clang)
   printf '#include <omp.h>\n' | clang -fopenmp -E -x c - >/dev/null 2>&1 || need+=(libomp-dev)
 fi
+
+# cuDNN's graph API headers (cudnn-frontend, a header-only C++ library; PyPI's nvidia-cudnn-frontend
+# wheel carries them under include/) for the CUDA build's cuDNN attention (cuda/cuda_cudnn_graph.cpp),
+# pinned to one version and unpacked into build/deps/. Without them (no pip, no network) the build
+# goes on with the cuDNN path compiled out (train.attention: cudnn is then refused).
+cudnn_frontend() {
+  local version=1.32.0 dir
+  dir=$(cd "$(dirname "$0")/.." && pwd)/build/deps/cudnn-frontend-$version
+  [ -f "$dir/include/cudnn_frontend.h" ] && return 0
+  command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || return 0
+  local py tmp
+  py=$(command -v python3 || true)
+  [ -n "$py" ] && "$py" -m pip --version >/dev/null 2>&1 || { echo "install-deps: no pip: the cuDNN attention is compiled out" >&2; return 0; }
+  tmp=$(mktemp -d)
+  # one wheel whatever this python is (the headers are the same in every wheel of the version)
+  if "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+       --platform manylinux_2_28_x86_64 -d "$tmp" "nvidia-cudnn-frontend==$version" >/dev/null 2>&1 &&
+     "$py" - "$tmp" "$dir" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    members = [m for m in z.namelist() if m.startswith("include/")]
+    z.extractall(sys.argv[2] + ".tmp", members)
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+PY
+  then
+    echo "install-deps: cudnn-frontend $version headers in $dir" >&2
+  else
+    echo "install-deps: could not fetch nvidia-cudnn-frontend==$version: the cuDNN attention is compiled out" >&2
+    rm -rf "$dir.tmp"
+  fi
+  rm -rf "$tmp"
+}
+if [ "$what" = build ]; then
+  mkdir -p "$(dirname "$0")/../build/deps"
+  cudnn_frontend
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 echo "install-deps: installing ${need[*]}" >&2

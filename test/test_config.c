@@ -63,6 +63,16 @@ static void test_defaults_and_preset(void **state)
     assert_int_equal(cfg.parallel.dp, 0); /* auto, no launch */
     assert_int_equal(cfg.data.global_batch_tokens, 0);
     assert_int_equal(cfg.balance.packer, PACKER_WLB);
+    assert_int_equal(cfg.train.attention, ATTENTION_AUTO);
+    config_free(&cfg);
+    /* train.attention: cudnn on the GPU in bf16 (whether the build and the machine have cuDNN is the
+     * backend's to say when it opens); own and auto also on the CPU, which has one attention */
+    assert_int_equal(load(&cfg, "model:\n  preset: llama3-8b\ntrain:\n  attention: cudnn\n", NULL, 0, &err), 0);
+    assert_int_equal(cfg.train.attention, ATTENTION_CUDNN);
+    config_free(&cfg);
+    assert_int_equal(load(&cfg, "model:\n  preset: tiny\ntrain:\n  device: cpu\n  attention: own\n", NULL, 0, &err),
+                     0);
+    assert_int_equal(cfg.train.attention, ATTENTION_OWN);
     config_free(&cfg);
 }
 
@@ -213,6 +223,14 @@ static void test_cross_field_rules(void **state)
                  "got 100");
     expect_error("model:\n  preset: tiny\ntrain:\n  device: cpu\nparallel:\n  comm: nccl\n", NULL, 0,
                  "t.yaml:6:9: parallel.comm: nccl needs train.device: cuda");
+    expect_error("model:\n  preset: tiny\ntrain:\n  attention: fast\n", NULL, 0,
+                 "t.yaml:4:14: train.attention: expected one of auto|cudnn|own, got 'fast'");
+    expect_error("model:\n  preset: tiny\ntrain:\n  device: cpu\n  attention: cudnn\n", NULL, 0,
+                 "t.yaml:5:14: train.attention: cudnn needs train.device: cuda");
+    expect_error("model:\n  preset: llama3.2-1b\ntrain:\n  precision: fp32\n  attention: cudnn\n", NULL, 0,
+                 "t.yaml:5:14: train.attention: cudnn needs train.precision: bf16");
+    expect_error("model:\n  preset: tiny\ntrain:\n  attention: cudnn\n", NULL, 0,
+                 "t.yaml:4:14: train.attention: cudnn runs head sizes 64 and 128, the model's is 32");
     expect_error("model:\n  n_layers: 2\n", NULL, 0,
                  "t.yaml: model.d_model: required (set it, or model.preset for a named shape)");
     expect_error("model:\n  preset: llama9\n", NULL, 0,

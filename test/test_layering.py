@@ -57,7 +57,7 @@ def sources():
     for root, dirs, files in os.walk(REPO):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d != "build"]
         for f in files:
-            if f.endswith((".c", ".h", ".cu", ".cuh")):
+            if f.endswith((".c", ".h", ".cu", ".cuh", ".cpp")):
                 yield os.path.relpath(os.path.join(root, f), REPO)
 
 

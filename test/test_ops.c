@@ -11,7 +11,11 @@
  *                                            backward twice give the same bits;
  *   cuda products of 700 token counts        on a GPU: more shapes than the product plan cache holds;
  *   cuda flash against the fp32 reference    on a GPU: the tensor-core attention (deterministic and
- *                                            atomic backward) at its tile edges, CP chunks, GQA.
+ *                                            atomic backward) at its tile edges, CP chunks, GQA;
+ *   cuda cudnn against the fp32 reference    on a GPU with cuDNN (train.attention: cudnn): whole,
+ *     and against the own kernels            sharded and full segments, 1..3-token and long
+ *                                            documents, GQA up to 32/8, head sizes 64 and 128,
+ *                                            cuDNN's deterministic and fastest backward.
  * Outputs the op overwrites are poisoned with NaN on the test side first, so an element never
  * written fails. Inputs of the compute dtype are made from the same float32 values on both sides
  * (the bf16 side rounds them). Skips, saying why, the GPU parts without a CUDA build or a GPU.
@@ -523,7 +527,7 @@ static int group_setup(void **state)
     rng_seed(&rng, 20261122);
     const Backend *b = backend_find("cuda");
     Error err = {0};
-    BackendOpen f32 = {0, 0, 1}, bf16 = {0, 1, 1};
+    BackendOpen f32 = {0, 0, 1, BACKEND_ATTN_OWN}, bf16 = {0, 1, 1, BACKEND_ATTN_OWN};
     if (b && (cuda_f32 = b->open(&f32, &err)) != NULL)
         cuda_bf16 = b->open(&bf16, &err);
     if (!cuda_f32)
@@ -702,12 +706,119 @@ static void test_cuda_flash_edges(void **state)
     /* the atomic backward (train.deterministic: false), then the deterministic table again */
     const Backend *b = backend_find("cuda");
     Error err = {0};
-    BackendOpen atomic = {0, 1, 0}, det = {0, 1, 1};
+    BackendOpen atomic = {0, 1, 0, BACKEND_ATTN_OWN}, det = {0, 1, 1, BACKEND_ATTN_OWN};
     const Ops *o = b->open(&atomic, &err);
     assert_non_null(o);
     Pair pa = {"cuda flash atomic / cpu", cpu_ops_bf16(), o, {1e-5, 1e-2, 1e-2, 1e-2, 2e-2}};
     check_flash_edges(&pa);
     cuda_bf16 = b->open(&det, &err);
+    assert_non_null(cuda_bf16);
+}
+
+/* cuDNN's fused attention (train.attention: cudnn). The backend's attention choice is one per
+ * process, so the tables compared here are copies of the bf16 table whose attention ops open the
+ * backend with their choice first (opening again only changes the flags). */
+static const Backend *cuda_backend_table;
+static int cudnn_deterministic = 1;
+
+static const Ops *cuda_open_attention(BackendAttention impl)
+{
+    Error err = {0};
+    BackendOpen o = {0, 1, cudnn_deterministic, impl};
+    const Ops *ops = cuda_backend_table->open(&o, &err);
+    if (!ops)
+        fail_msg("%s", err.msg);
+    return ops;
+}
+
+#define ATTENTION_AS(NAME, IMPL)                                                                   \
+    static void NAME##_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs, \
+                           int64_t n, AttnShape a)                                                 \
+    {                                                                                              \
+        cuda_open_attention(IMPL)->attention_fwd(out, lse, q, k, v, segs, n, a);                  \
+    }                                                                                              \
+    static void NAME##_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse, \
+                           const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n, AttnShape a) \
+    {                                                                                              \
+        cuda_open_attention(IMPL)->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n, a); \
+    }
+ATTENTION_AS(own, BACKEND_ATTN_OWN)
+ATTENTION_AS(cudnn, BACKEND_ATTN_CUDNN)
+
+/* The segment shapes the planner makes, at one head layout: whole documents long and very short (1, 2,
+ * 3 tokens, and at cuDNN's tile edges 63, 64, 65, 129), one document of 700 keys in three CP chunks
+ * (queries at the end of their keys; the last two share the first keys), and a full segment (a query
+ * chunk against a block of keys wholly before it, as CP's key blocks are). */
+static void check_cudnn_layout(const Pair *p, int n_heads, int n_kv, int D)
+{
+    AttnSegment segs[16];
+    int64_t rows = 0, n = 0;
+    int lens[8] = {1, 2, 3, 63, 64, 65, 129, 300};
+    for (int i = 0; i < 8; i++, n++) {
+        segs[n] = (AttnSegment){rows, lens[i], rows, lens[i], 0};
+        rows += lens[i];
+    }
+    segs[n++] = (AttnSegment){rows, 130, rows, 130, 0};
+    segs[n++] = (AttnSegment){rows + 300, 65, rows, 365, 0};
+    segs[n++] = (AttnSegment){rows + 637, 63, rows, 700, 0};
+    segs[n++] = (AttnSegment){rows + 800, 100, rows + 700, 100, 1};
+    rows += 900;
+    check_attention_on(p, "cudnn layout", segs, n, rows, n_heads, n_kv, D);
+}
+
+static void check_cudnn_all(const Pair *p)
+{
+    int shapes[5][3] = {{4, 4, 64}, {8, 2, 64}, {4, 4, 128}, {8, 1, 128}, {32, 8, 128}}; /* 32/8 at 128: llama3-8b */
+    for (int i = 0; i < 5; i++)
+        check_cudnn_layout(p, shapes[i][0], shapes[i][1], shapes[i][2]);
+    AttnSegment full_only[2] = {{0, 200, 300, 500, 1}, {200, 100, 800, 64, 1}};
+    check_attention_on(p, "full segments", full_only, 2, 900, 8, 2, 128);
+    if (getenv("WLB_TEST_SMALL"))
+        return;
+    AttnSegment window = {0, 2048, 0, 2048, 0};
+    check_attention_on(p, "long document", &window, 1, 2048, 8, 2, 128);
+    check_attention_on(p, "long document", &window, 1, 2048, 8, 1, 64);
+}
+
+/* cuDNN's outputs and gradients against the float32 reference (the CPU's, on the same bf16 inputs) and
+ * against the engine's own tensor-core kernels, with cuDNN's deterministic backward and its fastest;
+ * twice with the deterministic one: the same bits. Skips, saying why, where the build or the machine
+ * has no cuDNN attention. */
+static void test_cuda_cudnn_attention(void **state)
+{
+    (void)state;
+    if (!cuda_bf16) {
+        skip();
+        return;
+    }
+    cuda_backend_table = backend_find("cuda");
+    Error err = {0};
+    BackendOpen with_cudnn = {0, 1, 1, BACKEND_ATTN_CUDNN};
+    if (!cuda_backend_table->open(&with_cudnn, &err)) {
+        printf("# skip: %s\n", err.msg);
+        BackendOpen own = {0, 1, 1, BACKEND_ATTN_OWN};
+        cuda_bf16 = cuda_backend_table->open(&own, &err);
+        skip();
+        return;
+    }
+    static Ops own_table, cudnn_table;
+    own_table = *cuda_bf16, cudnn_table = *cuda_bf16;
+    own_table.attention_fwd = own_fwd, own_table.attention_bwd = own_bwd;
+    cudnn_table.attention_fwd = cudnn_fwd, cudnn_table.attention_bwd = cudnn_bwd;
+    /* cuDNN rounds its gradients to bf16 once before they are added: 2^-9 relative more than the own
+     * kernels' float32 sums */
+    for (cudnn_deterministic = 1; cudnn_deterministic >= 0; cudnn_deterministic--) {
+        Pair ref = {cudnn_deterministic ? "cudnn deterministic / cpu fp32" : "cudnn / cpu fp32", cpu_ops_bf16(),
+                    &cudnn_table, {1e-5, 1e-2, 1e-2, 1e-2, 3e-2}};
+        check_cudnn_all(&ref);
+        Pair own = {cudnn_deterministic ? "cudnn deterministic / own" : "cudnn / own", &own_table, &cudnn_table,
+                    {1e-5, 1e-2, 1e-2, 1e-2, 3e-2}};
+        check_cudnn_all(&own);
+    }
+    cudnn_deterministic = 1;
+    attention_twice(&cudnn_table, "cudnn deterministic twice (D 128)", 128);
+    BackendOpen own = {0, 1, 1, BACKEND_ATTN_OWN};
+    cuda_bf16 = cuda_backend_table->open(&own, &err);
     assert_non_null(cuda_bf16);
 }
 
@@ -720,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_cuda_deterministic),
         cmocka_unit_test(test_cuda_many_product_shapes),
         cmocka_unit_test(test_cuda_flash_edges),
+        cmocka_unit_test(test_cuda_cudnn_attention),
     };
     return cmocka_run_group_tests_name("ops", tests, group_setup, group_teardown);
 }

@@ -18,7 +18,15 @@
  *                the row indices of the K/V exchange), the largest transient buffer of a step (the
  *                tied embedding's gradient exchange, the kv replicas' gradient sum; a checkpoint
  *                allocates no device memory: each rank streams its own shards through a host
- *                buffer) and on a GPU the runtime allowance.
+ *                buffer; with cuDNN's attention its backward's buffers, below) and on a GPU the runtime
+ *                allowance.
+ * cuDNN's attention (train.attention: cudnn, or auto with train.deterministic false: it may be
+ * chosen), at R rows (the most query or key rows of a call, rounded up to a power of two as its plans
+ * are), h query and h_kv key/value heads of size D on the rank: its bf16 gradients (2 R (h + 2 h_kv) D,
+ * cuda/cuda_cudnn.cu) and cuDNN's own workspace as cudnn-frontend 1.32 sizes it for a ragged
+ * backward - the float32 dQ accumulator (4 R h D), Delta (4 R h) and, with grouped heads, float32
+ * dK and dV of every query head before their sum over the group (2 x 4 R h D). An estimate: cuDNN
+ * says its workspace only on the GPU.
  * The sums run over the rank's chunks. TP ranks of a stage hold equal blocks, CP ranks of a stage
  * equal activation slots (sized for the largest share a CP rank can get), DP ranks the same: the
  * stage's rank stands for all of them.
@@ -140,6 +148,16 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
         if (d.kv_replicas > 1)
             transient = fmax(transient, 4.0 * (double)(d.layer_end - d.layer_begin) * 2 * d.n_kv_heads * d.head_dim *
                                             d.d);
+        int cudnn = cfg->train.attention == ATTENTION_CUDNN ||
+                    (cfg->train.attention == ATTENTION_AUTO && !cfg->train.deterministic);
+        if (gpu && e == 2 && cudnn && (d.head_dim == 64 || d.head_dim == 128)) {
+            double R = 64, h = d.n_heads, hkv = d.n_kv_heads, D = d.head_dim;
+            while (R < (double)(T > T_mb ? T : T_mb))
+                R *= 2;
+            double grads = 2 * R * (h + 2 * hkv) * D;
+            double workspace = 4 * R * h * D + 4 * R * h + (d.n_heads != d.n_kv_heads ? 2 * 4 * R * h * D : 0);
+            transient = fmax(transient, grads + workspace);
+        }
     }
     int64_t d_model = cfg->model.d_model;
     /* parallel.reduce_dtype: compute in bf16: the bfloat16 sums' buffers, to send and to receive, as

@@ -86,7 +86,8 @@ const Ops *trainer_open_backend(const Config *cfg, int local_rank, const Backend
         error_set(err, "train.device", "no backend %s in this build", name);
         return NULL;
     }
-    BackendOpen opt = {local_rank, cfg->train.precision == PRECISION_BF16, cfg->train.deterministic};
+    BackendOpen opt = {local_rank, cfg->train.precision == PRECISION_BF16, cfg->train.deterministic,
+                       (BackendAttention)cfg->train.attention};
     const Ops *ops = b->open(&opt, err);
     if (ops)
         *backend = b;

@@ -5,8 +5,9 @@
 # command line (default: lease), run in the order given:
 #   bash scripts/device/gpu_check.sh lease      what one device lease holds, most telling first: NCCL
 #                                               between ranks on the GPU (nccl's first three steps), the
-#                                               tests but test_parallel, attention at 8K and 32K
-#                                               (head size 64),
+#                                               tests but test_parallel (test_ops with its cuDNN
+#                                               test), attention at 8K and 32K (head size 64, the
+#                                               own kernels and cuDNN's: not yet timed with cuDNN),
 #                                               the bench's short table, then test_parallel;
 #                                               then scripts/device/targets.py's table
 #   bash scripts/device/gpu_check.sh nccl       NCCL between ranks that share the one GPU (the test
@@ -19,7 +20,12 @@
 #                                               test_cuda_model; not yet timed with two)
 #   bash scripts/device/gpu_check.sh sanitize   compute-sanitizer, see below   (about 5 minutes)
 #   bash scripts/device/gpu_check.sh attention  bench/attention_kernels.sh, head sizes 64 and 128
-#                                               (about 3 minutes at 64 alone; not yet timed with 128)
+#                                               (about 3 minutes at 64 alone; not yet timed with 128
+#                                               nor with the cuDNN rows)
+#   bash scripts/device/gpu_check.sh cudnn      cuDNN's attention: test_ops (its cuDNN test against
+#                                               the fp32 reference and the own kernels), then
+#                                               bench/attention_kernels.sh 8192 at head sizes 64 and
+#                                               128 (not yet timed)
 #   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
 #   bash scripts/device/gpu_check.sh profile    scripts/device/profile.sh 8192 2
 #   bash scripts/device/gpu_check.sh profile_attention  scripts/device/profile_attention.sh 32768:
@@ -64,7 +70,9 @@ mkdir -p "$out"
 source .ompi/env.sh
 if [ ! -d .devlibs/root ]; then for f in .devlibs/*.deb; do dpkg-deb -x "$f" .devlibs/root; done; fi
 nccl=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null)/lib
-export LD_LIBRARY_PATH=$PWD/.devlibs/root/usr/lib/x86_64-linux-gnu:${nccl}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# cuDNN (train.attention: cudnn, opened at run time): the image's pip nvidia-cudnn-cu13, never carried
+cudnn=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null)/lib
+export LD_LIBRARY_PATH=$PWD/.devlibs/root/usr/lib/x86_64-linux-gnu:${nccl}:${cudnn}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 bin=$PWD/build/device
 [ -x "$bin/wlbtrain" ] || { echo "gpu_check: $bin/wlbtrain missing: run scripts/device/prepare.sh and carry build/device" >&2; exit 2; }
 export WLBTRAIN=$bin/wlbtrain WLB_TEST_BIN_DIR=$bin/test WLB_BENCH_BIN=$bin/bench
@@ -137,6 +145,12 @@ for part in "${parts[@]}"; do
     WLB_TEST_DEVICE=cuda step parallel_gpu "$bin/test/test_parallel"
     python3 scripts/device/targets.py "$out"  # step has written $out after the last step
     ;;
+  cudnn)
+    step ops "$bin/test/test_ops"
+    grep -E '^(# skip|not ok)' "$logs/ops.log" | head -20
+    DIMS="64 128" step attention bash bench/attention_kernels.sh 8192
+    grep -E '^(##|\||$)' "$logs/attention.log"
+    ;;
   tests)
     step ops "$bin/test/test_ops"
     step cuda_model "$bin/test/test_cuda_model"
@@ -168,7 +182,7 @@ for part in "${parts[@]}"; do
     step calibrate "$WLBTRAIN" calibrate --config /tmp/cal.yaml --out "$out/h100-llama3.2-1b.json"
     DEVICE=cuda WLBTRAIN=$WLBTRAIN step calibration bash bench/planner_calibration.sh
     grep -E '^(#|\||device)' "$logs/calibration.log" ;;
-  *) echo "gpu_check: unknown part '$part' (nccl, lease, tests, sanitize, attention, bench, profile, profile_attention, calibration)" >&2; exit 2 ;;
+  *) echo "gpu_check: unknown part '$part' (nccl, lease, tests, sanitize, attention, cudnn, bench, profile, profile_attention, calibration)" >&2; exit 2 ;;
   esac
 done
 report
