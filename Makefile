@@ -66,8 +66,9 @@ ifeq ($(CUDA_BUILD)$(CUDNN),11)
   NVCCFLAGS += -DWLB_CUDNN
   CUDNN_OBJS := $(B)/obj/cuda/cuda_cudnn_graph.o
   # -Os: graphs are built a few times a run, and each program that links the backend carries this
-  # code (a device call's 64 MiB: 1.0 MB of text each instead of 1.4 at -O2)
-  CUDNN_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -Werror -I. -MMD -MP -Os -g -DWLB_CUDA -DWLB_CUDNN \
+  # code (a device call's 64 MiB: 1.0 MB of text each instead of 1.4 at -O2); no -g: the library's
+  # templates make its debug information the slow part of the build (75 s -> 65 s here)
+  CUDNN_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -Werror -I. -MMD -MP -Os -DWLB_CUDA -DWLB_CUDNN \
                     -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING -isystem $(CUDNN_FE_INC) -isystem $(CUDA_HOME)/include
   CUDA_LIBS += -ldl
 endif

@@ -493,7 +493,12 @@ static void test_resume_other_split(void **state)
         {"--set", from, NULL},
     };
     const int ranks[] = {2, 2, 0};
-    for (int i = 0; i < 3; i++) {
+#if defined(__SANITIZE_ADDRESS__)
+    const int n_splits = 1; /* ASan: the other uneven split; the release build runs all three */
+#else
+    const int n_splits = 3;
+#endif
+    for (int i = 0; i < n_splits; i++) {
         CmdResult r;
         assert_int_equal(system(copy), 0);
         train(&r, ranks[i], "resplit", NULL, splits[i]);

@@ -640,9 +640,11 @@ static void test_extras(void **state)
                                 "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 4, 1, 2, fx.ref_tied, no_sp_full, "no sequence parallelism, full, tied");
     /* The path of a GPU backend with parallel.comm: mpi: every buffer copied through the host. */
+    /* ASan: test_modes' staged bf16 run takes this path on 8 ranks instead of 16 */
     setenv("WLBTRAIN_COMM_STAGE", "1", 1);
     const char *staged[] = {"balance.packer=wlb", "parallel.zero=1", "model.tie_embeddings=true", NULL};
-    ok &= check_layout_env(2, 2, 2, 2, fx.ref_tied, staged, "WLBTRAIN_COMM_STAGE", "staged through host buffers");
+    if (!SMALL_MATRIX)
+        ok &= check_layout_env(2, 2, 2, 2, fx.ref_tied, staged, "WLBTRAIN_COMM_STAGE", "staged through host buffers");
     unsetenv("WLBTRAIN_COMM_STAGE");
     assert_true(ok);
 }
@@ -883,7 +885,8 @@ static void test_modes(void **state)
     const char *full[] = {"balance.packer=wlb", "balance.cp_sharding=hybrid", "train.recompute=full", NULL};
     ok &= check_layout(1, 2, 2, 2, fx.ref[1], full, "recompute full");
     const char *selective[] = {"balance.packer=wlb", "train.recompute=selective", NULL};
-    ok &= check_layout(2, 2, 2, 1, fx.ref[1], selective, "recompute selective");
+    if (!SMALL_MATRIX) /* ASan: test_tp_chunks runs selective recompute (its chained backward) */
+        ok &= check_layout(2, 2, 2, 1, fx.ref[1], selective, "recompute selective");
     const char *bf16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
     if (!SMALL_MATRIX) /* ASan: the staged run below, the same model path and more copies */
         ok &= check_layout_tol(1, 2, 1, 2, fx.ref_bf16, bf16, NULL, "bf16, per_doc", 1e-2);
