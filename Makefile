@@ -178,11 +178,17 @@ $(B)/test/test_flash_emulated: $(B)/obj/test/test_flash_emulated.o $(B)/obj/test
 	@echo "  LD    $@"
 	$(Q)$(CXX) $(OPT) -fopenmp -o $@ $^ -lcmocka $(LIBS) $(CUDA_LIBS)
 
-# The host side of cuDNN's attention path (cuda/cuda_cudnn_batch.h: plain C++), tested on the CPU.
-$(B)/test/test_cudnn_batch: $(B)/obj/test/test_cudnn_batch.o
+# The host side of cuDNN's attention path (cuda/cuda_cudnn_batch.h: plain C++), tested on the CPU;
+# in a build with the path, also its graphs (cuda_cudnn_graph.o, validated without a GPU).
+ifeq ($(CUDA_BUILD)$(CUDNN),11)
+  TEST_CUDNN_GRAPH := $(B)/obj/cuda/cuda_cudnn_graph.o
+$(B)/obj/test/test_cudnn_batch.o: CXXFLAGS += -DWLB_CUDNN
+endif
+$(B)/obj/test/test_cudnn_batch.o: $(B)/cudnn.choice
+$(B)/test/test_cudnn_batch: $(B)/obj/test/test_cudnn_batch.o $(TEST_CUDNN_GRAPH)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	$(Q)$(CXX) $(OPT) -o $@ $^ -lcmocka
+	$(Q)$(CXX) $(OPT) -o $@ $^ -lcmocka $(if $(TEST_CUDNN_GRAPH),$(CUDA_LIBS))
 
 $(B)/test/%: $(B)/obj/test/%.o $(B)/obj/test/testlib.o $(B)/obj/test/plan_checks.o $(B)/libwlb.a
 	@mkdir -p $(dir $@)

@@ -60,6 +60,10 @@ int cuda_cudnn_version(void);
 int64_t cuda_cudnn_plan(const CudnnSdpaDesc *d, int64_t *workspace_bytes, char *why, size_t why_size);
 /* Runs plan on the default stream with the workspace (at least its workspace bytes): 0, or -1 with why. */
 int cuda_cudnn_execute(int64_t plan, const CudnnSdpaArgs *a, void *workspace, char *why, size_t why_size);
+/* Checks d against cudnn-frontend's rules of what cuDNN supports on SM sm_version (90: Hopper)
+ * without a GPU: the graph is made and validated, not built (building needs a device and a handle).
+ * Opens libcudnn.so.9 (its version decides some rules). 1, or 0 with why. For the CPU tests. */
+int cuda_cudnn_check(const CudnnSdpaDesc *d, int sm_version, char *why, size_t why_size);
 /* Descriptions tried so far: plans built, and the refusals kept (a refused shape is tried once). */
 int64_t cuda_cudnn_plans(void);
 /* Drops the plans and the handle (the library stays loaded: cuDNN is not made to unload). */

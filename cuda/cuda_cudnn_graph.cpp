@@ -114,13 +114,16 @@ void output_rows(const Tensor &t, Uid uid, int64_t batch, int64_t heads, int64_t
         .set_ragged_offset(offsets);
 }
 
-/* The graph of d, not yet built. */
-std::shared_ptr<fe::graph::Graph> make_graph(const CudnnSdpaDesc &d)
+/* The graph of d, not yet built; for the current device, or for SM sm_version (e.g. 90) when it is
+ * above 0 (cudnn-frontend then checks the graph's support without asking a device). */
+std::shared_ptr<fe::graph::Graph> make_graph(const CudnnSdpaDesc &d, int sm_version)
 {
     const auto BF16 = fe::DataType_t::BFLOAT16, F32 = fe::DataType_t::FLOAT, I32 = fe::DataType_t::INT32,
                I64 = fe::DataType_t::INT64;
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(BF16).set_intermediate_data_type(F32).set_compute_data_type(F32);
+    if (sm_version > 0) /* before the nodes: each copies the graph's context */
+        g->set_sm_version(sm_version);
     const int64_t B = d.batch, H = d.n_heads, Hkv = d.n_kv_heads, D = d.head_dim, Sq = d.max_q, Skv = d.max_kv;
     auto seq_q = batch_vector(*g, "seq_q", UID_SEQ_Q, B, I32), seq_kv = batch_vector(*g, "seq_kv", UID_SEQ_KV, B, I32);
     auto off_q = batch_vector(*g, "off_q", UID_OFF_Q, B + 1, I64);
@@ -183,7 +186,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(const CudnnSdpaDesc &d)
 
 int64_t build_plan(const CudnnSdpaDesc &d, int64_t *workspace_bytes, char *why, size_t why_size)
 {
-    auto g = make_graph(d);
+    auto g = make_graph(d, 0);
     FE_TRY(g->validate(), "cudnn graph validate");
     FE_TRY(g->build_operation_graph(handle), "cudnn build_operation_graph");
     FE_TRY(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cudnn create_execution_plans");
@@ -334,6 +337,27 @@ extern "C" int cuda_cudnn_execute(int64_t plan, const CudnnSdpaArgs *a, void *wo
         return -1;
     }
     return 0;
+}
+
+extern "C" int cuda_cudnn_check(const CudnnSdpaDesc *d, int sm_version, char *why, size_t why_size)
+{
+    std::string error;
+    if (!open_library(&error)) {
+        say(why, why_size, error);
+        return 0;
+    }
+    try {
+        auto g = make_graph(*d, sm_version);
+        fe::error_t e = g->validate();
+        if (!e.is_good()) {
+            say(why, why_size, "cudnn graph validate: " + e.get_message());
+            return 0;
+        }
+    } catch (const std::exception &e) {
+        say(why, why_size, std::string("cudnn graph: ") + e.what());
+        return 0;
+    }
+    return 1;
 }
 
 extern "C" int64_t cuda_cudnn_plans(void) { return (int64_t)plans.size(); }

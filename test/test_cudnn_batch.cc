@@ -187,6 +187,61 @@ static void test_deterministic_workspace(void **state)
     assert_true(cudnn_deterministic_workspace(d) <= CUDNN_DETERMINISTIC_WORKSPACE_MAX);
 }
 
+#ifdef WLB_CUDNN
+/* The graphs of every call the layout makes (forward and backward, causal and full, the backward's
+ * waves, deterministic or not) at the head sizes of llama3.2-1b (64) and Llama 3.1 8B (128), and one
+ * 128K-token document, as cudnn-frontend validates them for Hopper (SM 90) with the libcudnn found
+ * here: the rules it checks before it asks a GPU (ragged offsets with the padding mask, the bottom-
+ * right diagonal, ragged statistics, the backward's bounded workspace). Whether cuDNN then runs them,
+ * and right, is test_ops's test on a GPU. On Ampere (SM 80) cuDNN has no deterministic backward over
+ * ragged batches: refused, which leaves such a backward to the engine's kernels. */
+static void expect_graph(const CudnnSdpaDesc &d, int sm, int ok)
+{
+    char why[512] = "";
+    int got = cuda_cudnn_check(&d, sm, why, sizeof why);
+    if (got != ok)
+        print_error("SM %d, %s %s%s, heads %d/%d of %d, batch %lld, %lld x %lld: %s\n", sm,
+                    d.backward ? "backward" : "forward", d.causal ? "causal" : "full",
+                    d.deterministic ? " deterministic" : "", d.n_heads, d.n_kv_heads, d.head_dim, (long long)d.batch,
+                    (long long)d.max_q, (long long)d.max_kv, got ? "validated" : why);
+    assert_int_equal(got, ok);
+}
+
+static void test_graphs(void **state)
+{
+    (void)state;
+    char why[512];
+    if (!cuda_cudnn_library(why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    AttnSegment segs[16];
+    int64_t n = layout(segs);
+    const AttnShape shapes[2] = {{32, 8, 64, 48 * 64, 48 * 64, 32 * 64}, SHAPE};
+    for (const AttnShape &s : shapes)
+        for (int full = 0; full < 2; full++) {
+            std::vector<int64_t> idx = cudnn_group(segs, n, full);
+            CudnnBatch b;
+            cudnn_make_batch(&b, segs, idx, s, 0, !full, 0);
+            expect_graph(b.desc, 90, 1);
+            expect_graph(b.desc, 80, 1);
+            for (const std::vector<int64_t> &wave : cudnn_waves(segs, idx))
+                for (int det = 0; det < 2; det++) {
+                    cudnn_make_batch(&b, segs, wave, s, 1, !full, det);
+                    expect_graph(b.desc, 90, 1);
+                    expect_graph(b.desc, 80, 0);
+                }
+        }
+    AttnSegment longest = {0, 131072, 0, 131072, 0};
+    std::vector<int64_t> one(1, 0);
+    CudnnBatch b;
+    for (int backward = 0; backward < 2; backward++) {
+        cudnn_make_batch(&b, &longest, one, SHAPE, backward, 1, 0);
+        expect_graph(b.desc, 90, 1);
+    }
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -194,6 +249,9 @@ int main(void)
         cmocka_unit_test(test_batch),
         cmocka_unit_test(test_waves),
         cmocka_unit_test(test_deterministic_workspace),
+#ifdef WLB_CUDNN
+        cmocka_unit_test(test_graphs),
+#endif
     };
     return cmocka_run_group_tests_name("cudnn batch", tests, NULL, NULL);
 }
