@@ -2,8 +2,10 @@
 # tokens/s, MFU and peak memory of wlbtrain (CUDA backend, bf16) beside PyTorch on the same GPU, in
 # the same run: a llama3.2-1b-shaped model at 8K, 32K and 64K windows, one GPU, 4 windows (4
 # micro-batches) a step, documents with the lengths of the WLB-LLM list (cut to the window) and
-# random tokens (bench/make_corpus.py); then the llama3-8b layer shape (4 layers, so that the
-# weights fit beside the activations) at a 32K window. Median over the steps after the second.
+# random tokens (bench/make_corpus.py); then the layer shape of Llama 3.1 8B (4 of its 32 layers,
+# so that one GPU holds the weights, gradients and AdamW's moments beside the activations: 32 query
+# heads, 8 kv heads of 128) at 8K and 32K windows, beside PyTorch with the same 4 layers. Median over
+# the steps after the second.
 #
 # PyTorch (bench/torch_llama.py), the same batches and FLOP count:
 #   flex   FlexAttention over a document-causal block mask from document ids, every layer compiled,
@@ -26,7 +28,8 @@
 # target: within 10%), and PyTorch's the same way (the device's memory in use before the model, plus
 # torch.cuda.max_memory_reserved: bench/torch_llama.py's peak_mem_gb). GB of 10^9 bytes on both.
 # Usage (on the GPU machine, see scripts/device/gpu_check.sh): bash bench/gpu_throughput.sh [STEPS]
-#   WINDOWS="8192 32768" to choose the windows; SKIP_8B=1 to leave out the 8B layer rows; SHORT=1
+#   WINDOWS="8192 32768" to choose the 1B windows; SKIP_8B=1 to leave out the 8B layer rows, WINDOWS_8B
+#   ("8192 32768") to choose theirs; SHORT=1
 #   for the rows the targets need, in a device lease: fixed, wlb and flex at 8K and 32K, wlb alone at
 #   64K (does it fit), no 8B rows. Each row is printed as it is measured.
 set -uo pipefail
@@ -76,19 +79,21 @@ PY
   fi
 }
 
-# PyTorch on corpus $1 at window $2 with --attention $3
+# PyTorch on corpus $1 at window $2 with --attention $3; optionally the model's label ("llama3.2-1b"
+# when none) and more arguments of bench/torch_llama.py (--model, --layers)
 run_torch() {
-  local corpus=$1 ctx=$2 attention=$3
+  local corpus=$1 ctx=$2 attention=$3 label=${4:-llama3.2-1b}
+  shift 3; [ $# -gt 0 ] && shift
   if python3 bench/torch_llama.py --data "$corpus" --ctx "$ctx" --micro 4 --steps "$steps" --attention "$attention" \
-       >"$out/t.json" 2>"$out/t.log"; then
-    python3 - "$out/t.json" <<'PY'
+       "$@" >"$out/t.json" 2>"$out/t.log"; then
+    python3 - "$out/t.json" "$label" <<'PY'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print("| %s | %d | %.0f | %.0f | %.1f%% | %.1f GB | |" % (r["impl"], r["ctx"], r["tokens_per_s"], r["step_ms"],
-      100 * r["flops_per_step"] / (r["step_ms"] / 1e3) / 989e12, r["peak_mem_gb"]))
+print("| %s, %s | %d | %.0f | %.0f | %.1f%% | %.1f GB | |" % (sys.argv[2], r["impl"], r["ctx"], r["tokens_per_s"],
+      r["step_ms"], 100 * r["flops_per_step"] / (r["step_ms"] / 1e3) / 989e12, r["peak_mem_gb"]))
 PY
   else
-    echo "| PyTorch, $attention | $ctx | failed: $(grep -v '^ ' "$out/t.log" | tail -1 | cut -c1-160) | | | | |"
+    echo "| $label, PyTorch, $attention | $ctx | failed: $(grep -v '^ ' "$out/t.log" | tail -1 | cut -c1-160) | | | | |"
   fi
 }
 
@@ -121,11 +126,17 @@ for ctx in ${WINDOWS:-8192 32768 65536}; do
   run_torch "$c" "$ctx" flex
   [ "$ctx" -le 8192 ] && [ "$short" != 1 ] && run_torch "$c" "$ctx" sdpa
 done
+# The 8B layer shape: wlbtrain without recompute (as PyTorch runs) and with selective recompute (a
+# fallback where the activations do not fit), on the own kernels and on cuDNN's; PyTorch beside it.
 if [ "${SKIP_8B:-0}" != 1 ] && [ "$short" != 1 ]; then
-  c=$(corpus 32768)
-  eight_b="{preset: llama3-8b, n_layers: 4, tie_embeddings: false}"
-  for rc in selective full; do run_wlbtrain "$c" 32768 "llama3-8b layers x 4" "$eight_b" "4 32 128" wlb "$rc"; done
-  run_wlbtrain "$c" 32768 "llama3-8b layers x 4" "$eight_b" "4 32 128" wlb selective ", attention: cudnn, deterministic: false" \
-    ", cuDNN attention (non-deterministic)"
+  eight_b="{preset: llama3.1-8b, n_layers: 4}"
+  label="llama3.1-8b layers x 4"
+  for ctx in ${WINDOWS_8B:-8192 32768}; do
+    c=$(corpus "$ctx")
+    for rc in none selective; do run_wlbtrain "$c" "$ctx" "$label" "$eight_b" "4 32 128" wlb "$rc"; done
+    run_wlbtrain "$c" "$ctx" "$label" "$eight_b" "4 32 128" wlb none ", attention: cudnn, deterministic: false" \
+      ", cuDNN attention (non-deterministic)"
+    run_torch "$c" "$ctx" flex "$label" --model llama3.1-8b --layers 4
+  done
 fi
 rm -rf "$out"

@@ -36,6 +36,8 @@ import torch.utils.checkpoint as ckpt
 PRESETS = {
     "llama3.2-1b": dict(n_layers=16, d=2048, heads=32, kv=8, ffn=8192, vocab=128256, theta=500000.0, eps=1e-5,
                         tied=True, scaling=dict(factor=32.0, low=1.0, high=4.0, orig=8192)),
+    "llama3.1-8b": dict(n_layers=32, d=4096, heads=32, kv=8, ffn=14336, vocab=128256, theta=500000.0, eps=1e-5,
+                        tied=False, scaling=dict(factor=8.0, low=1.0, high=4.0, orig=8192)),
     "tiny": dict(n_layers=4, d=128, heads=4, kv=2, ffn=384, vocab=512, theta=10000.0, eps=1e-5, tied=False,
                  scaling=None),
 }
@@ -179,6 +181,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--model", default="llama3.2-1b", choices=sorted(PRESETS))
+    ap.add_argument("--layers", type=int, default=0, help="transformer layers (default: the preset's; the 8B "
+                    "layer bench keeps 4 of Llama 3.1 8B's 32, so that one GPU holds them)")
     ap.add_argument("--ctx", type=int, required=True)
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
@@ -188,7 +192,9 @@ def main():
     ap.add_argument("--compile", default=None, choices=["yes", "no"],
                     help="compile every transformer layer (default: yes with flex, no with sdpa)")
     a = ap.parse_args()
-    c = PRESETS[a.model]
+    c = dict(PRESETS[a.model])
+    if a.layers > 0:
+        c["n_layers"] = a.layers
     dev = torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     # What the device holds before the model: the CUDA context (and anything else on the GPU), which
@@ -236,7 +242,7 @@ def main():
     med = float(np.median(times))
     impl = "PyTorch %s, %s%s" % (torch.__version__, "FlexAttention (document-causal block mask)" if flex else
                                  "SDPA with a dense document mask", " + torch.compile" if compiled else "")
-    print(json.dumps({"impl": impl, "model": a.model, "ctx": a.ctx, "params": n_params,
+    print(json.dumps({"impl": impl, "model": a.model, "layers": c["n_layers"], "ctx": a.ctx, "params": n_params,
                       "tokens_per_step": tokens, "step_ms": med * 1e3, "tokens_per_s": tokens / med,
                       "flops_per_step": float(np.median(flops)),
                       # GB of 10^9 bytes, wlbtrain's unit. peak_mem_gb: the device's memory in use at the

@@ -6,11 +6,14 @@ in, or logs.tar.gz itself: summary.txt, attention.log, bench.log) and prints one
 the figure measured, and met / NOT MET / not measured. The targets (docs/cuda.md, "Targets"):
 
   tests       every step of summary.txt exited 0 with no "not ok"
-  attention   wlbtrain's forward + backward at a 32K window (deterministic backward, the default)
-              at least 250 TFLOP/s (FlashAttention-2 varlen: 246 on an H100), its forward at least 300
-  bench       wlbtrain (wlb packer, recompute none) at least 1.2x the tokens/s of PyTorch with
-              FlexAttention + torch.compile at 8K and at 32K windows; its peak memory no higher;
-              a 64K window runs; every wlbtrain row's memory model within 10% of its measured peak
+  attention   at a 32K window of WLB-LLM documents, head sizes 64 and 128: wlbtrain's fastest
+              forward + backward (its own kernels or cuDNN's, deterministic or not) at least 1.5x
+              FlashAttention-2 varlen's in the same run
+  bench       llama3.2-1b shape: wlbtrain (wlb packer, recompute none; own or cuDNN attention, the
+              faster) at least 1.3x the tokens/s of PyTorch with FlexAttention + torch.compile at 8K
+              and at 32K windows, its peak memory no higher; a 64K window runs; 4 layers of Llama
+              3.1 8B at 50% MFU or more at 8K and 32K (wlbtrain's best row); every wlbtrain row's
+              memory model within 10% of its measured peak
 
 A figure missing from the logs (a step skipped or cut by the deadline) is "not measured", never a
 guess. Usage: python3 scripts/device/targets.py DIR_OR_TAR_GZ
@@ -54,26 +57,24 @@ def number(cell):
 
 
 def attention(text):
-    """{window: {kernel: (fwd TFLOP/s, fwd+bwd TFLOP/s)}} of bench/attention_kernels.sh's tables at
-    head size 64, the targets' (a table without a head size is one of a run before the bench had
-    head size 128 too); the other head sizes' tables are not read."""
-    out, window = {}, None
+    """{(window, head size): {kernel: (fwd TFLOP/s, fwd+bwd TFLOP/s)}} of bench/attention_kernels.sh's
+    tables (a table without a head size is one of a run before the bench had head size 128: 64)."""
+    out, key = {}, None
     for line in text.splitlines():
         m = re.match(r"## window (\d+)(?:.*head size (\d+))?", line)
         if m:
-            window = int(m.group(1)) if m.group(2) in (None, "64") else None
-            if window:
-                out[window] = {}
-        elif window and line.startswith("|") and not line.startswith(("|---", "| kernel")):
+            key = (int(m.group(1)), int(m.group(2) or 64))
+            out[key] = {}
+        elif key and line.startswith("|") and not line.startswith(("|---", "| kernel")):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) == 5 and number(cells[2]) is not None:
-                out[window][cells[0]] = (number(cells[2]), number(cells[4]))
+                out[key][cells[0]] = (number(cells[2]), number(cells[4]))
     return out
 
 
 def bench(text):
     """Rows of bench/gpu_throughput.sh: (implementation, window, tokens/s (None: failed), peak GB,
-    predicted GB, the failure's text)."""
+    predicted GB, the failure's text, MFU in %)."""
     rows = []
     for c in table_rows(text):
         if len(c) < 7 or c[0] == "implementation" or number(c[1]) is None:
@@ -81,7 +82,8 @@ def bench(text):
         failed = c[2].startswith("failed")
         pred = number(c[6]) if c[6] else None
         rows.append((c[0], int(number(c[1])), None if failed else number(c[2]),
-                     None if failed else number(c[5]), pred, c[2] if failed else ""))
+                     None if failed else number(c[5]), pred, c[2] if failed else "",
+                     None if failed else number(c[4])))
     return rows
 
 
@@ -104,23 +106,27 @@ def main(argv):
     else:
         res.append(("tests: every step exits 0, no test fails", "no summary.txt", "not measured"))
 
-    att = attention(logs.get("attention.log", "")).get(32768, {})
-    ours = next((v for k, v in att.items() if k.startswith("wlbtrain") and "atomic" not in k), None)
-    others = [(label, v) for label, prefix in (("FlashAttention-2 varlen", "FlashAttention-2"), ("FlexAttention", "flex"))
-              for k, v in att.items() if k.startswith(prefix)]
-    for i, name, goal in ((1, "fwd + bwd", 250), (0, "forward", 300)):
-        if ours:
-            beside = ", ".join("%s %.0f" % (label, v[i]) for label, v in others)
-            res.append(("attention, 32K: %s >= %d TFLOP/s" % (name, goal),
-                        "%.0f%s" % (ours[i], " (%s)" % beside if beside else ""), verdict(ours[i] >= goal)))
+    att = attention(logs.get("attention.log", ""))
+    for D in (64, 128):
+        rows_d = att.get((32768, D), {})
+        ours = [(k, v) for k, v in rows_d.items() if k.startswith("wlbtrain")]
+        fa2 = next((v for k, v in rows_d.items() if k.startswith("FlashAttention-2")), None)
+        goal = "attention, 32K, head size %d: fwd + bwd >= 1.5x FlashAttention-2 varlen" % D
+        if ours and fa2:
+            name, best = max(ours, key=lambda kv: kv[1][1])
+            res.append((goal, "%.0f TFLOP/s (%s) / %.0f = %.2fx" % (best[1], name, fa2[1], best[1] / fa2[1]),
+                        verdict(best[1] >= 1.5 * fa2[1])))
         else:
-            res.append(("attention, 32K: %s >= %d TFLOP/s" % (name, goal), "-", "not measured"))
+            res.append((goal, "wlbtrain rows %d, FlashAttention-2 row %s" % (len(ours), "found" if fa2 else "absent"),
+                        "not measured"))
 
     rows = bench(logs.get("bench.log", ""))
     for w in (8192, 32768):
-        wlb = next((r for r in rows if r[1] == w and r[0].startswith("wlbtrain") and ", wlb, recompute none" in r[0]), None)
-        flex = next((r for r in rows if r[1] == w and "FlexAttention" in r[0]), None)
-        goal = "bench, %dK: tokens/s >= 1.2x FlexAttention + compile" % (w // 1024)
+        ours = [r for r in rows if r[1] == w and r[0].startswith("wlbtrain, llama3.2-1b, wlb, recompute none")]
+        ran = [r for r in ours if r[2] is not None]
+        wlb = max(ran, key=lambda r: r[2]) if ran else (ours[0] if ours else None)
+        flex = next((r for r in rows if r[1] == w and "FlexAttention" in r[0] and "8b" not in r[0]), None)
+        goal = "bench, %dK: tokens/s >= 1.3x FlexAttention + compile" % (w // 1024)
         if not (wlb and flex):
             res.append((goal, "wlbtrain row %s, FlexAttention row %s" % ("found" if wlb else "absent",
                                                                          "found" if flex else "absent"), "not measured"))
@@ -129,9 +135,18 @@ def main(argv):
         elif flex[2] is None:
             res.append((goal, "FlexAttention failed", "not measured"))
         else:
-            res.append((goal, "%.0f / %.0f = %.2fx" % (wlb[2], flex[2], wlb[2] / flex[2]), verdict(wlb[2] >= 1.2 * flex[2])))
+            res.append((goal, "%.0f / %.0f = %.2fx (%s)" % (wlb[2], flex[2], wlb[2] / flex[2], wlb[0]),
+                        verdict(wlb[2] >= 1.3 * flex[2])))
             res.append(("bench, %dK: peak memory <= FlexAttention's" % (w // 1024),
                         "%.1f / %.1f GB" % (wlb[3], flex[3]), verdict(wlb[3] <= flex[3])))
+        eight = [r for r in rows if r[1] == w and r[0].startswith("wlbtrain, llama3.1-8b") and r[2] is not None]
+        goal = "bench, 8B layers, %dK: MFU >= 50%%" % (w // 1024)
+        if eight:
+            best = max(eight, key=lambda r: r[6])
+            res.append((goal, "%.1f%% (%s)" % (best[6], best[0]), verdict(best[6] >= 50)))
+        else:
+            tried = [r for r in rows if r[1] == w and r[0].startswith("wlbtrain, llama3.1-8b")]
+            res.append((goal, "%d rows, none ran" % len(tried) if tried else "-", "NOT MET" if tried else "not measured"))
     big = [r for r in rows if r[1] >= 65536 and r[0].startswith("wlbtrain")]
     res.append(("bench: a 64K window runs", "%d of %d rows ran" % (sum(1 for r in big if r[2]), len(big)) if big else "-",
                 verdict(any(r[2] for r in big)) if big else "not measured"))
