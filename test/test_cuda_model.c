@@ -13,7 +13,12 @@
  *   determinism: two bf16 runs of 12 steps print the same losses and norms (17 digits), and a run
  *         killed after its step-6 checkpoint and resumed equals the uninterrupted one bit for bit;
  *   50 training steps of wlbtrain in bf16 follow the CPU's loss curve: every step within 3% (not
- *         with WLB_TEST_SMALL set: scripts/device/gpu_check.sh sanitize).
+ *         with WLB_TEST_SMALL set: scripts/device/gpu_check.sh sanitize);
+ *   cuDNN's attention (train.attention: cudnn, head size 64 only; skipped where no libcudnn loads):
+ *         its bf16 loss within 1e-3 and step-1 gradients within 3e-2 of the own kernels' (cuDNN
+ *         rounds each gradient to bf16 once before the float32 sum, the own kernels do not), and
+ *         over 2 CP ranks sharing the GPU (a document's queries at the end of their keys, the
+ *         backward's waves of shared keys) the same against one rank.
  * Skipped when the build has no CUDA backend or no GPU is visible (CI); scripts/device/ runs it.
  */
 #include "test/testlib.h"
@@ -32,7 +37,7 @@ static const char *const model_dims[MODELS] = {
     " norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 512}",
 };
 static char *dir, *config[MODELS];
-static int have_gpu;
+static int have_gpu, have_cudnn;
 
 static int group_setup(void **state)
 {
@@ -44,6 +49,7 @@ static int group_setup(void **state)
     have_gpu = line && strstr(line, "compiled in") && strstr(line, "GPU(s)");
     if (!have_gpu)
         printf("# skip: %.*s\n", line ? (int)strcspn(line, "\n") : 20, line ? line : "no backend line");
+    have_cudnn = have_gpu && strstr(line, "cuDNN attention with libcudnn");
     test_cmd_free(&r);
     dir = test_tmpdir();
     char *prefix = test_write_docs(dir, "docs", 3, 400, 8, 256);
@@ -74,14 +80,20 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* dump_train of model c in one process with the --set arguments into DIR/NAME-C.safetensors. */
-static char *dump(int c, const char *name, const char *const *sets)
+/* dump_train of model c on `ranks` ranks (0: one process without mpirun) with the --set arguments
+ * into DIR/NAME-C.safetensors. */
+static char *dump_ranks(int c, const char *name, const char *const *sets, int ranks)
 {
     const char *bin_dir = getenv("WLB_TEST_BIN_DIR");
     char *bin = test_format("%s/dump_train", bin_dir ? bin_dir : "build/release/test");
     char *out = test_format("%s/%s-%d.safetensors", dir, name, c);
-    const char *argv[32] = {bin, config[c], out};
-    int k = 3;
+    const char *argv[48];
+    int k = 0;
+    char np[16];
+    test_launch_argv(argv, &k, 600, ranks, NULL, np);
+    argv[k++] = bin;
+    argv[k++] = config[c];
+    argv[k++] = out;
     for (int i = 0; sets[i]; i++) {
         argv[k++] = "--set";
         argv[k++] = sets[i];
@@ -95,6 +107,11 @@ static char *dump(int c, const char *name, const char *const *sets)
     test_cmd_free(&r);
     free(bin);
     return out;
+}
+
+static char *dump(int c, const char *name, const char *const *sets)
+{
+    return dump_ranks(c, name, sets, 0);
 }
 
 static void check(int c, const char *out, const char *ref, const char *prefix, double tol, const char *what)
@@ -277,6 +294,31 @@ static void test_50_steps_follow_cpu(void **state)
     }
 }
 
+static void test_cudnn_attention(void **state)
+{
+    (void)state;
+    if (!have_cudnn) {
+        if (have_gpu)
+            printf("# skip: no libcudnn loads (wlbtrain --version)\n");
+        skip();
+        return;
+    }
+    const int c = 1; /* head size 64 */
+    const char *own[] = {"train.device=cuda", "train.precision=bf16", "train.deterministic=false", NULL};
+    const char *cudnn[] = {"train.device=cuda", "train.precision=bf16", "train.deterministic=false",
+                           "train.attention=cudnn", NULL};
+    const char *cudnn_cp[] = {"train.device=cuda", "train.precision=bf16", "train.deterministic=false",
+                              "train.attention=cudnn", "parallel.cp=2", NULL};
+    char *a = dump(c, "cuda-own", own), *b = dump(c, "cuda-cudnn", cudnn), *p = dump_ranks(c, "cuda-cudnn-cp2", cudnn_cp, 2);
+    check(c, b, a, "loss", 1e-3, "cudnn against own kernels: loss");
+    check(c, b, a, "grad.", 3e-2, "cudnn against own kernels: step-1 gradients");
+    check(c, p, b, "loss", 1e-3, "cudnn, cp 2 against 1 rank: loss");
+    check(c, p, b, "grad.", 3e-2, "cudnn, cp 2 against 1 rank: step-1 gradients");
+    free(a);
+    free(b);
+    free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_recompute_same_bits),
         cmocka_unit_test(test_deterministic_and_resume),
         cmocka_unit_test(test_50_steps_follow_cpu),
+        cmocka_unit_test(test_cudnn_attention),
     };
     return cmocka_run_group_tests_name("cuda_model", tests, group_setup, group_teardown);
 }
