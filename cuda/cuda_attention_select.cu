@@ -26,11 +26,13 @@
 
 static int attention_impl = BACKEND_ATTN_OWN; /* BackendAttention; auto only where cuDNN loaded */
 static int deterministic = 1;
+static int first_on_machine = 1; /* local rank 0: says what cuDNN's plans cost at close */
 
-int cuda_attention_select(int impl, int deterministic_bwd, Error *err)
+int cuda_attention_select(int impl, int deterministic_bwd, int local_rank, Error *err)
 {
     char why[320];
     deterministic = deterministic_bwd;
+    first_on_machine = local_rank == 0;
     cuda_attention_set_deterministic(deterministic_bwd);
     if (impl == BACKEND_ATTN_OWN || (impl == BACKEND_ATTN_AUTO && deterministic_bwd)) {
         attention_impl = BACKEND_ATTN_OWN;
@@ -214,7 +216,7 @@ void cuda_attention_bf16_bwd(float *dq, float *dk, float *dv, const Act *dout, c
 
 void cuda_attention_select_close(void)
 {
-    cuda_cudnn_attention_close();
+    cuda_cudnn_attention_close(first_on_machine);
     auto_choices.clear();
     reference_buf.release();
     sums_buf.release();

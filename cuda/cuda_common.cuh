@@ -208,7 +208,7 @@ void cuda_attention_close(void);
  * must be deterministic (train.deterministic); 0, or -1 and an Error (train.attention, status 2) when
  * cudnn is asked for and this build or machine has none. bf16_fwd, bf16_bwd: the ops there (the
  * contracts of engine/ops.h); select_close frees what the choice holds (cuDNN's plans, scratch). */
-int cuda_attention_select(int impl, int deterministic, Error *err);
+int cuda_attention_select(int impl, int deterministic, int local_rank, Error *err);
 void cuda_attention_bf16_fwd(Act *out, float *lse, const Act *q, const Act *k, const Act *v, const AttnSegment *segs,
                              int64_t n_segs, AttnShape a);
 void cuda_attention_bf16_bwd(float *dq, float *dk, float *dv, const Act *dout, const Act *out, const float *lse,
@@ -229,7 +229,9 @@ extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const v
                                         const float *lse, const void *q, const void *k, const void *v,
                                         const AttnSegment *segs, int64_t n_segs, AttnShape s, int deterministic,
                                         char *why, size_t why_size);
-extern "C" void cuda_cudnn_attention_close(void);
+/* close: frees the plans and scratch; with report, says on stderr how many plans the run built and
+ * what building them cost (one process a machine says it: the local rank 0). */
+extern "C" void cuda_cudnn_attention_close(int report);
 /* For --version: whether the path is built and which libcudnn it finds (no GPU needed). */
 extern "C" void cuda_cudnn_describe(char *buf, size_t size);
 

@@ -247,8 +247,15 @@ extern "C" void cuda_cudnn_describe(char *buf, size_t size)
         snprintf(buf, size, "cuDNN attention compiled in, but %s", why);
 }
 
-extern "C" void cuda_cudnn_attention_close(void)
+extern "C" void cuda_cudnn_attention_close(int report)
 {
+    int64_t built, refused;
+    double seconds;
+    cuda_cudnn_plan_stats(&built, &refused, &seconds);
+    if (report && built + refused > 0)
+        fprintf(stderr,
+                "wlbtrain: attention: cuDNN built %lld plans (%lld shapes refused) in %.2f s of this run\n",
+                (long long)built, (long long)refused, seconds);
     cuda_cudnn_unload();
     batch_buf.release();
     workspace_buf.release();
@@ -279,7 +286,7 @@ extern "C" int cuda_cudnn_attention_bwd(float *, float *, float *, const void *,
     return 0;
 }
 
-extern "C" void cuda_cudnn_attention_close(void) {}
+extern "C" void cuda_cudnn_attention_close(int) {}
 
 extern "C" void cuda_cudnn_describe(char *buf, size_t size)
 {

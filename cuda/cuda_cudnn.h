@@ -64,8 +64,9 @@ int cuda_cudnn_execute(int64_t plan, const CudnnSdpaArgs *a, void *workspace, ch
  * without a GPU: the graph is made and validated, not built (building needs a device and a handle).
  * Opens libcudnn.so.9 (its version decides some rules). 1, or 0 with why. For the CPU tests. */
 int cuda_cudnn_check(const CudnnSdpaDesc *d, int sm_version, char *why, size_t why_size);
-/* Descriptions tried so far: plans built, and the refusals kept (a refused shape is tried once). */
-int64_t cuda_cudnn_plans(void);
+/* The plans built so far, the shapes refused (each tried once) and the seconds spent building both
+ * (host time: graph, heuristics, compilation). */
+void cuda_cudnn_plan_stats(int64_t *built, int64_t *refused, double *seconds);
 /* Drops the plans and the handle (the library stays loaded: cuDNN is not made to unload). */
 void cuda_cudnn_unload(void);
 

@@ -23,6 +23,7 @@
 
 #include <cudnn_frontend.h>
 
+#include <chrono>
 #include <exception>
 #include <memory>
 #include <string>
@@ -59,6 +60,7 @@ std::string load_error;
 /* Never destroyed: at exit (a fatal error's exit() included) cuDNN's descriptors must not be freed by
  * static destructors after the CUDA runtime is gone; cuda_cudnn_unload empties it at backend close. */
 std::vector<Plan> &plans = *new std::vector<Plan>;
+double build_seconds; /* spent in cuda_cudnn_plan building (or failing to build) plans */
 
 bool same_desc(const CudnnSdpaDesc &a, const CudnnSdpaDesc &b)
 {
@@ -292,13 +294,16 @@ extern "C" int64_t cuda_cudnn_plan(const CudnnSdpaDesc *d, int64_t *workspace_by
             return (int64_t)i;
         }
     char refusal[512] = "";
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t i = -1;
     try {
-        int64_t i = build_plan(*d, workspace_bytes, refusal, sizeof refusal);
-        if (i >= 0)
-            return i;
+        i = build_plan(*d, workspace_bytes, refusal, sizeof refusal);
     } catch (const std::exception &e) {
         snprintf(refusal, sizeof refusal, "cudnn graph: %s", e.what());
     }
+    build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= 0)
+        return i;
     plans.push_back(Plan{*d, nullptr, 0, refusal});
     say(why, why_size, refusal);
     return -1;
@@ -360,11 +365,18 @@ extern "C" int cuda_cudnn_check(const CudnnSdpaDesc *d, int sm_version, char *wh
     return 1;
 }
 
-extern "C" int64_t cuda_cudnn_plans(void) { return (int64_t)plans.size(); }
+extern "C" void cuda_cudnn_plan_stats(int64_t *built, int64_t *refused, double *seconds)
+{
+    *built = *refused = 0;
+    for (const Plan &p : plans)
+        ++*(p.graph ? built : refused);
+    *seconds = build_seconds;
+}
 
 extern "C" void cuda_cudnn_unload(void)
 {
     plans.clear();
+    build_seconds = 0;
     if (handle) {
         try {
             fe::detail::destroy_handle(handle);

@@ -215,7 +215,7 @@ const Ops *cuda_ops_open(int local_rank, int use_bf16, int deterministic, int at
     }
     /* Opening again (the tests compare both precisions in one process) only changes the flags. */
     cuda_matmul_open(deterministic);
-    if (cuda_attention_select(attention, deterministic, err) != 0)
+    if (cuda_attention_select(attention, deterministic, local_rank, err) != 0)
         return nullptr;
     return use_bf16 ? &ops_bf16 : &ops_f32;
 }
