@@ -214,6 +214,13 @@ void cuda_attention_bf16_bwd(float *dq, float *dk, float *dv, const Act *dout, c
     cuda_flash_bwd(dq, dk, dv, dout, out, lse, q, k, v, segs, n_segs, a, deterministic);
 }
 
+int cuda_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows)
+{
+    if (attention_impl == BACKEND_ATTN_OWN || (head_dim != 64 && head_dim != 128))
+        return 0;
+    return cuda_cudnn_attention_reserve(n_heads, n_kv_heads, head_dim, rows);
+}
+
 void cuda_attention_select_close(void)
 {
     cuda_cudnn_attention_close(first_on_machine);

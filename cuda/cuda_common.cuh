@@ -215,6 +215,8 @@ void cuda_attention_bf16_bwd(float *dq, float *dk, float *dv, const Act *dout, c
                              const Act *q, const Act *k, const Act *v, const AttnSegment *segs, int64_t n_segs,
                              AttnShape a);
 void cuda_attention_select_close(void);
+/* Ops.attention_reserve (engine/ops.h): cuDNN's buffers, where train.attention may run cuDNN. */
+int cuda_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows);
 
 /* cuda_cudnn.cu: the engine's attention on cuDNN's fused attention (bf16 arrays, head sizes 64 and
  * 128). available: 1 when the build has the path and libcudnn.so.9 loads, else 0 and why. fwd and bwd
@@ -232,6 +234,9 @@ extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const v
 /* close: frees the plans and scratch; with report, says on stderr how many plans the run built and
  * what building them cost (one process a machine says it: the local rank 0). */
 extern "C" void cuda_cudnn_attention_close(int report);
+/* Takes cuDNN's workspace, gradient scratch and batch arrays for calls of at most `rows` rows
+ * (ops_cudnn_buffers): 0, or -1 when the device's memory cannot hold them. */
+extern "C" int cuda_cudnn_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows);
 /* For --version: whether the path is built and which libcudnn it finds (no GPU needed). */
 extern "C" void cuda_cudnn_describe(char *buf, size_t size);
 

@@ -18,8 +18,10 @@
  *
  * The batches and the waves are made on the host by cuda_cudnn_batch.h (tested on the CPU). Plans
  * are cached per shape class (cuda_cudnn_graph.cpp): the batch, the longest sequences and the rows
- * reached are rounded up to powers of two. Workspace and scratch grow on demand from the
- * stream-ordered pool (CudaScratch) during the first step and are kept.
+ * reached are rounded up to powers of two. Workspace, gradient scratch and batch arrays come from
+ * the stream-ordered pool (CudaScratch): reserved at setup for the largest micro-batch
+ * (cuda_cudnn_attention_reserve, sized by engine/ops.h's ops_cudnn_buffers), and grown in a call
+ * only where cuDNN asks for more workspace than that estimate.
  */
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_cudnn.h"
@@ -85,6 +87,36 @@ static const CudnnSeg *upload(const CudnnBatch &b, CudnnSdpaArgs *a)
     return (const CudnnSeg *)(dev + seg_at);
 }
 
+/* Grows s to at least want bytes without a fatal error: 1, or 0 when the device's memory cannot hold
+ * it (the error cleared; s keeps what it had). */
+static int grow(CudaScratch &s, size_t want)
+{
+    if (want <= s.bytes)
+        return 1;
+    void *p = nullptr;
+    if (cudaMallocAsync(&p, want, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    s.release();
+    s.p = p, s.bytes = want;
+    return 1;
+}
+
+extern "C" int cuda_cudnn_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows)
+{
+    char why[256];
+    if (!cuda_cudnn_load(why, sizeof why))
+        return 0; /* the choice said so already: nothing of cuDNN's will run */
+    int64_t grads, workspace, R = cudnn_pow2_at_least(rows, 64);
+    ops_cudnn_buffers(rows, n_heads, n_kv_heads, head_dim, &grads, &workspace);
+    /* at most R sequences a call: their lengths, offsets and segments, as upload() lays them out */
+    const size_t batch = 2 * R * sizeof(int32_t) + 8 + CUDNN_OFFSETS * (R + 1) * sizeof(int64_t) + R * sizeof(CudnnSeg);
+    return grow(workspace_buf, (size_t)workspace) && grow(grad_buf, (size_t)grads + 64) && grow(batch_buf, batch)
+               ? 0
+               : -1;
+}
+
 /* The plan of a batch and its workspace, or 0 and why (no plan, or its workspace does not fit in the
  * device's memory: a decline, not an error, so that a deterministic backward can go to the own kernels). */
 static int plan_of(const CudnnBatch &b, int64_t *plan, void **workspace, char *why, size_t why_size)
@@ -93,16 +125,9 @@ static int plan_of(const CudnnBatch &b, int64_t *plan, void **workspace, char *w
     if ((*plan = cuda_cudnn_plan(&b.desc, &ws, why, why_size)) < 0)
         return 0;
     const size_t want = (size_t)(ws > 0 ? ws : 1);
-    if (want > workspace_buf.bytes) {
-        void *p = nullptr;
-        if (cudaMallocAsync(&p, want, 0) != cudaSuccess) {
-            cudaGetLastError(); /* out of memory: cleared, said */
-            snprintf(why, why_size, "cuDNN's workspace of %.2f GiB does not fit in the GPU's memory",
-                     (double)want / (1 << 30));
-            return 0;
-        }
-        workspace_buf.release();
-        workspace_buf.p = p, workspace_buf.bytes = want;
+    if (!grow(workspace_buf, want)) {
+        snprintf(why, why_size, "cuDNN's workspace of %.2f GiB does not fit in the GPU's memory", (double)want / (1 << 30));
+        return 0;
     }
     *workspace = workspace_buf.p;
     return 1;
@@ -287,6 +312,8 @@ extern "C" int cuda_cudnn_attention_bwd(float *, float *, float *, const void *,
 }
 
 extern "C" void cuda_cudnn_attention_close(int) {}
+
+extern "C" int cuda_cudnn_attention_reserve(int, int, int, int64_t) { return 0; }
 
 extern "C" void cuda_cudnn_describe(char *buf, size_t size)
 {

@@ -161,6 +161,7 @@ template <class T> static Ops table(const char *name)
     o.memory = cuda_memory;
     o.peak_bytes = cuda_peak_bytes;
     o.alloc_calls = cuda_alloc_calls;
+    o.attention_reserve = sizeof(T) == 2 ? cuda_attention_reserve : nullptr; /* cuDNN's path is bf16 */
     o.sync = cuda_sync;
     o.timer_mark = cuda_timer_mark;
     o.timer_seconds = cuda_timer_seconds;

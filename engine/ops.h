@@ -55,6 +55,22 @@ typedef struct AttnShape {
     int64_t q_stride, kv_stride, o_stride;
 } AttnShape;
 
+/* The buffers cuDNN's attention (cuda/cuda_cudnn.cu) holds for calls of at most `rows` query or key
+ * rows at h query and h_kv key/value heads of size D (the rank's), with R = rows rounded up to a power
+ * of two (at least 64), as its plans are: its backward's bf16 gradients, 2 R (h + 2 h_kv) D bytes, and
+ * cuDNN's workspace as cudnn-frontend 1.32 sizes it for a ragged backward - the float32 dQ
+ * accumulator (4 R h D), Delta (4 R h) and, with grouped heads, float32 dK and dV of every query head
+ * before their sum over the group (8 R h D). The memory model counts them; the CUDA backend reserves
+ * them at setup (Ops.attention_reserve). An estimate: cuDNN states its workspace only on a GPU. */
+static inline void ops_cudnn_buffers(int64_t rows, int h, int h_kv, int D, int64_t *grads, int64_t *workspace)
+{
+    int64_t R = 64;
+    while (R < rows)
+        R *= 2;
+    *grads = 2 * R * (h + 2 * (int64_t)h_kv) * D;
+    *workspace = 4 * R * h * D + 4 * R * h + (h != h_kv ? 8 * R * h * D : 0);
+}
+
 /* Where a product writes: the compute dtype, float32, or float32 as c + the product (c may be the
  * output itself: an accumulation). */
 typedef enum MatOutKind { MAT_ACT, MAT_F32, MAT_F32_PLUS } MatOutKind;
@@ -112,6 +128,11 @@ typedef struct Ops {
      * training step allocates nothing once the first is over (on a GPU cudaMalloc and cudaFree wait
      * for the whole device, communication included); the tests read it. */
     int64_t (*alloc_calls)(void);
+    /* Takes now what the attention's own buffers need for calls of at most `rows` query or key rows
+     * at the rank's heads, so that no step allocates them: NULL where there is nothing to take (the
+     * CPU); on a GPU cuDNN's workspace, gradient scratch and batch arrays (ops_cudnn_buffers) where
+     * train.attention may run cuDNN. 0, or -1 when the device's memory cannot hold them. */
+    int (*attention_reserve)(int n_heads, int n_kv_heads, int head_dim, int64_t rows);
     /* Waits until every op issued so far has finished (a no-op where ops are synchronous). */
     void (*sync)(void);
     /* Device-side timing, for a backend whose ops run asynchronously (NULL on the CPU, where the

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "engine/ops.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/sched.h"
@@ -404,6 +405,46 @@ static void test_trainer_placement(void **state)
     free(dir);
 }
 
+/* The memory model holds cuDNN's attention buffers (engine/ops.h's ops_cudnn_buffers, what the CUDA
+ * backend reserves at setup) wherever train.attention may run cuDNN - cudnn, and auto with a
+ * non-deterministic backward - once, at the rank's heads (TP 2: 16 query and 4 kv heads of 128),
+ * for the largest micro-batch's rows; never with own or a deterministic auto. */
+static void test_memory_cudnn_buffers(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *lengths = write_lengths(dir, 4000, 300);
+    const char *form = "model: {preset: llama3.1-8b}\n"
+                       "parallel: {tp: 2, pp: 2, dp: 1, stage_layers: even}\n"
+                       "data: {lengths_file: %s, context_window: 8192, global_batch_tokens: 32768}\n"
+                       "balance: {max_tokens_per_micro_batch: 8192}\n"
+                       "train: {device: cuda, precision: bf16, attention: %s, deterministic: %s}\n";
+    const char *modes[4][3] = {{"own", "false", "0"}, {"cudnn", "false", "1"}, {"auto", "false", "1"}, {"auto", "true", "0"}};
+    int64_t grads, workspace;
+    ops_cudnn_buffers(8192, 16, 4, 128, &grads, &workspace);
+    double base[2] = {0, 0};
+    for (int i = 0; i < 4; i++) {
+        char *yaml = test_format(form, lengths, modes[i][0], modes[i][1]);
+        Config cfg;
+        Error err = {0};
+        make_config(&cfg, yaml);
+        DryRunMemoryPlan mp;
+        assert_int_equal(trainer_memory_plan(&cfg, &mp, &err), 0);
+        for (int s = 0; s < 2; s++) {
+            if (i == 0)
+                base[s] = mp.stages[s].peak;
+            double extra = mp.stages[s].peak - base[s];
+            printf("# attention %s, deterministic %s, stage %d: %+.3f GB\n", modes[i][0], modes[i][1], s, extra / 1e9);
+            assert_true(fabs(extra - (modes[i][2][0] == '1' ? (double)(grads + workspace) : 0)) < 1.0);
+        }
+        trainer_memory_free(&mp);
+        config_free(&cfg);
+        free(yaml);
+    }
+    test_rm_rf(dir);
+    free(dir);
+    free(lengths);
+}
+
 /* The model of each chunk holds the layers of the split: [1, 3] at pp 2 puts layer 0 with the
  * embedding and layers 1..3 with the output layer (model_dims through trainer_chunk_parallel). */
 static void test_chunk_models(void **state)
@@ -512,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_trainer_placement),
         cmocka_unit_test(test_chunk_models),
         cmocka_unit_test(test_memory_follows_split),
+        cmocka_unit_test(test_memory_cudnn_buffers),
         cmocka_unit_test(test_simulator_follows_split),
     };
     return cmocka_run_group_tests_name("stages", tests, NULL, NULL);

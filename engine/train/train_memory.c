@@ -18,15 +18,13 @@
  *                the row indices of the K/V exchange), the largest transient buffer of a step (the
  *                tied embedding's gradient exchange, the kv replicas' gradient sum; a checkpoint
  *                allocates no device memory: each rank streams its own shards through a host
- *                buffer; with cuDNN's attention its backward's buffers, below) and on a GPU the runtime
+ *                buffer), cuDNN's attention buffers where it may run, and on a GPU the runtime
  *                allowance.
  * cuDNN's attention (train.attention: cudnn, or auto with train.deterministic false: it may be
- * chosen), at R rows (the most query or key rows of a call, rounded up to a power of two as its plans
- * are), h query and h_kv key/value heads of size D on the rank: its bf16 gradients (2 R (h + 2 h_kv) D,
- * cuda/cuda_cudnn.cu) and cuDNN's own workspace as cudnn-frontend 1.32 sizes it for a ragged
- * backward - the float32 dQ accumulator (4 R h D), Delta (4 R h) and, with grouped heads, float32
- * dK and dV of every query head before their sum over the group (2 x 4 R h D). An estimate: cuDNN
- * says its workspace only on the GPU.
+ * chosen): what the CUDA backend reserves for it at setup, held beside the rest, one set for all the
+ * chunks, for calls over the most query or key rows of a micro-batch at the rank's heads
+ * (engine/ops.h's ops_cudnn_buffers: the backward's bf16 gradients and an estimate of cuDNN's
+ * workspace).
  * The sums run over the rank's chunks. TP ranks of a stage hold equal blocks, CP ranks of a stage
  * equal activation slots (sized for the largest share a CP rank can get), DP ranks the same: the
  * stage's rank stands for all of them.
@@ -110,7 +108,7 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
                                                  : OPS_LOGITS_FLOATS_CPU;
     int64_t z = p->dp * p->cp, m = config_micro_batches(cfg);
     int64_t mb = p->cp > 1 ? T_mb : 0;
-    double transient = 0;
+    double transient = 0, cudnn_bytes = 0;
     int64_t rows = T; /* of the stream on a TP rank: T / tp with sequence parallelism */
     memset(out, 0, sizeof *out);
     for (int k = 0; k < v; k++) {
@@ -151,12 +149,9 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
         int cudnn = cfg->train.attention == ATTENTION_CUDNN ||
                     (cfg->train.attention == ATTENTION_AUTO && !cfg->train.deterministic);
         if (gpu && e == 2 && cudnn && (d.head_dim == 64 || d.head_dim == 128)) {
-            double R = 64, h = d.n_heads, hkv = d.n_kv_heads, D = d.head_dim;
-            while (R < (double)(T > T_mb ? T : T_mb))
-                R *= 2;
-            double grads = 2 * R * (h + 2 * hkv) * D;
-            double workspace = 4 * R * h * D + 4 * R * h + (d.n_heads != d.n_kv_heads ? 2 * 4 * R * h * D : 0);
-            transient = fmax(transient, grads + workspace);
+            int64_t grads, workspace;
+            ops_cudnn_buffers(T > T_mb ? T : T_mb, d.local_heads, d.local_kv_heads, d.head_dim, &grads, &workspace);
+            cudnn_bytes = fmax(cudnn_bytes, (double)(grads + workspace)); /* one set, shared by the chunks */
         }
     }
     int64_t d_model = cfg->model.d_model;
@@ -176,7 +171,7 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
     /* Batch inputs: 3 int32 per row, and with CP the int64 row indices (own rows, sent rows,
      * received rows). */
     double per_batch = 12.0 * (double)(T > 0 ? T : 1) + (p->cp > 1 ? 8.0 * (double)(2 * T + T_mb + 1) : 0);
-    out->other += (double)m * per_batch + transient;
+    out->other += (double)m * per_batch + transient + cudnn_bytes;
     if (gpu)
         out->other += TRAINER_GPU_RUNTIME_BYTES + (p->comm != COMM_MPI ? nccl_buffer_bytes(cfg) : 0);
     out->peak = out->weights + out->weights_act + out->grads + out->optimizer + out->activations + out->other;
