@@ -59,9 +59,11 @@ log: {every: 1000, metrics: $out/m.jsonl}
 YAML
   rm -f "$out/m.jsonl"
   if "$wlb" --config "$out/w.yaml" >"$out/w.log" 2>&1; then
-    local n
+    local n plans
     n=$(sed -n 's/.*rank 0 holds \([0-9]*\) parameters.*/\1/p' "$out/w.log")
-    python3 - "$out/m.jsonl" "$n" "$ctx" "$label, $packer, recompute $recompute$words" $shape <<'PY'
+    # cuDNN's plans are built in the steps where a new shape class first comes (the median may hold some)
+    plans=$(sed -n 's/.*cuDNN built \([0-9]*\) plans.* in \([0-9.]*\) s of this run.*/; \1 cuDNN plans built in \2 s/p' "$out/w.log")
+    python3 - "$out/m.jsonl" "$n" "$ctx" "$label, $packer, recompute $recompute$words$plans" $shape <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][2:]
 n, ctx, label = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
