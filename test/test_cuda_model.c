@@ -122,6 +122,16 @@ static void check(int c, const char *out, const char *ref, const char *prefix, d
     assert_true(e <= tol);
 }
 
+/* The loss within loss_tol and every step-1 gradient within grad_tol of ref's. */
+static void check_loss_grads(int c, const char *out, const char *ref, double loss_tol, double grad_tol, const char *what)
+{
+    char line[2][160];
+    snprintf(line[0], sizeof line[0], "%s: loss", what);
+    snprintf(line[1], sizeof line[1], "%s: step-1 gradients", what);
+    check(c, out, ref, "loss", loss_tol, line[0]);
+    check(c, out, ref, "grad.", grad_tol, line[1]);
+}
+
 static void test_fp32_equals_cpu(void **state)
 {
     (void)state;
@@ -149,10 +159,8 @@ static void test_bf16_close_to_cpu(void **state)
     const char *gpu[] = {"train.device=cuda", "train.precision=bf16", NULL};
     for (int c = 0; c < MODELS; c++) {
         char *a = dump(c, "cpu", cpu), *e = dump(c, "cpu-bf16", cpu16), *b = dump(c, "cuda-bf16", gpu);
-        check(c, b, e, "loss", 1e-3, "cuda bf16 against cpu bf16: loss");
-        check(c, b, e, "grad.", 2e-2, "cuda bf16 against cpu bf16: step-1 gradients");
-        check(c, b, a, "loss", 1e-2, "cuda bf16 against cpu fp32: loss");
-        check(c, b, a, "grad.", 5e-2, "cuda bf16 against cpu fp32: step-1 gradients");
+        check_loss_grads(c, b, e, 1e-3, 2e-2, "cuda bf16 against cpu bf16");
+        check_loss_grads(c, b, a, 1e-2, 5e-2, "cuda bf16 against cpu fp32");
         free(a);
         free(e);
         free(b);
@@ -310,10 +318,8 @@ static void test_cudnn_attention(void **state)
     const char *cudnn_cp[] = {"train.device=cuda", "train.precision=bf16", "train.deterministic=false",
                               "train.attention=cudnn", "parallel.cp=2", NULL};
     char *a = dump(c, "cuda-own", own), *b = dump(c, "cuda-cudnn", cudnn), *p = dump_ranks(c, "cuda-cudnn-cp2", cudnn_cp, 2);
-    check(c, b, a, "loss", 1e-3, "cudnn against own kernels: loss");
-    check(c, b, a, "grad.", 3e-2, "cudnn against own kernels: step-1 gradients");
-    check(c, p, b, "loss", 1e-3, "cudnn, cp 2 against 1 rank: loss");
-    check(c, p, b, "grad.", 3e-2, "cudnn, cp 2 against 1 rank: step-1 gradients");
+    check_loss_grads(c, b, a, 1e-3, 3e-2, "cudnn against own kernels");
+    check_loss_grads(c, p, b, 1e-3, 3e-2, "cudnn, cp 2 against 1 rank");
     free(a);
     free(b);
     free(p);
@@ -329,5 +335,8 @@ int main(void)
         cmocka_unit_test(test_50_steps_follow_cpu),
         cmocka_unit_test(test_cudnn_attention),
     };
+    const char *filter = getenv("WLB_TEST_FILTER"); /* one test by name (gpu_check.sh cudnn) */
+    if (filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("cuda_model", tests, group_setup, group_teardown);
 }

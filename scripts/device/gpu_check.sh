@@ -23,7 +23,9 @@
 #                                               (about 3 minutes at 64 alone; not yet timed with 128
 #                                               nor with the cuDNN rows)
 #   bash scripts/device/gpu_check.sh cudnn      cuDNN's attention: test_ops (its cuDNN test against
-#                                               the fp32 reference and the own kernels), then
+#                                               the fp32 reference and the own kernels), training
+#                                               with it (test_cuda_model's test_cudnn_attention: one
+#                                               rank and 2 CP ranks), then
 #                                               bench/attention_kernels.sh 8192 at head sizes 64 and
 #                                               128 (not yet timed)
 #   bash scripts/device/gpu_check.sh bench      bench/gpu_throughput.sh        (about 8 minutes)
@@ -148,6 +150,8 @@ for part in "${parts[@]}"; do
   cudnn)
     step ops "$bin/test/test_ops"
     grep -E '^(# skip|not ok)' "$logs/ops.log" | head -20
+    WLB_TEST_FILTER=test_cudnn_attention step cuda_model_cudnn "$bin/test/test_cuda_model"
+    grep -E '^(# |not ok)' "$logs/cuda_model_cudnn.log" | head -20
     DIMS="64 128" step attention bash bench/attention_kernels.sh 8192
     grep -E '^(##|\||$)' "$logs/attention.log"
     ;;
