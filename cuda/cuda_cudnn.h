@@ -56,12 +56,14 @@ int cuda_cudnn_library(char *why, size_t why_size);
 int cuda_cudnn_version(void);
 /* The plan for d, built the first time (graph, heuristics, plan) and kept: its index (>= 0) and
  * workspace bytes, or -1 with why (cuDNN does not support the graph on this GPU; kept, and said again
- * without a second try). */
+ * without a second try). A forward the implementation cudnn-frontend chooses cannot build is tried
+ * again as its composite implementation. */
 int64_t cuda_cudnn_plan(const CudnnSdpaDesc *d, int64_t *workspace_bytes, char *why, size_t why_size);
 /* Runs plan on the default stream with the workspace (at least its workspace bytes): 0, or -1 with why. */
 int cuda_cudnn_execute(int64_t plan, const CudnnSdpaArgs *a, void *workspace, char *why, size_t why_size);
 /* Checks d against cudnn-frontend's rules of what cuDNN supports on SM sm_version (90: Hopper)
- * without a GPU: the graph is made and validated, not built (building needs a device and a handle).
+ * without a GPU: the graph is made and validated (as cuda_cudnn_plan tries it: a forward as the
+ * chosen implementation, then the composite one), not built (that needs a device and a handle).
  * Opens libcudnn.so.9 (its version decides some rules). 1, or 0 with why. For the CPU tests. */
 int cuda_cudnn_check(const CudnnSdpaDesc *d, int sm_version, char *why, size_t why_size);
 /* The plans built so far, the shapes refused (each tried once) and the seconds spent building both

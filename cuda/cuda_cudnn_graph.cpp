@@ -116,9 +116,14 @@ void output_rows(const Tensor &t, Uid uid, int64_t batch, int64_t heads, int64_t
         .set_ragged_offset(offsets);
 }
 
+/* The forward's implementation: cudnn-frontend's choice (its unified engine where the library
+ * supports the graph, else the composite one), or the composite one - the second try of a forward
+ * that the first choice could not build (the backward has only the composite one). */
+enum Impl { IMPL_CHOSEN, IMPL_COMPOSITE };
+
 /* The graph of d, not yet built; for the current device, or for SM sm_version (e.g. 90) when it is
  * above 0 (cudnn-frontend then checks the graph's support without asking a device). */
-std::shared_ptr<fe::graph::Graph> make_graph(const CudnnSdpaDesc &d, int sm_version)
+std::shared_ptr<fe::graph::Graph> make_graph(const CudnnSdpaDesc &d, int sm_version, Impl impl)
 {
     const auto BF16 = fe::DataType_t::BFLOAT16, F32 = fe::DataType_t::FLOAT, I32 = fe::DataType_t::INT32,
                I64 = fe::DataType_t::INT64;
@@ -146,6 +151,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(const CudnnSdpaDesc &d, int sm_vers
                        .set_seq_len_kv(seq_kv);
         if (d.causal)
             opt.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
+        if (impl == IMPL_COMPOSITE)
+            opt.set_implementation(fe::AttentionImplementation_t::COMPOSITE);
         auto [O, Stats] = g->sdpa(Q, K, V, opt);
         output_rows(O, UID_O, B, H, Sq, D, d.o_stride, off_o, BF16);
         /* [batch, heads, seq, 1] with a row's heads adjacent: the engine's lse[row * heads + h] */
@@ -186,9 +193,9 @@ std::shared_ptr<fe::graph::Graph> make_graph(const CudnnSdpaDesc &d, int sm_vers
         }                                                                                          \
     } while (0)
 
-int64_t build_plan(const CudnnSdpaDesc &d, int64_t *workspace_bytes, char *why, size_t why_size)
+int64_t build_plan(const CudnnSdpaDesc &d, Impl impl, int64_t *workspace_bytes, char *why, size_t why_size)
 {
-    auto g = make_graph(d, 0);
+    auto g = make_graph(d, 0, impl);
     FE_TRY(g->validate(), "cudnn graph validate");
     FE_TRY(g->build_operation_graph(handle), "cudnn build_operation_graph");
     FE_TRY(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cudnn create_execution_plans");
@@ -293,13 +300,18 @@ extern "C" int64_t cuda_cudnn_plan(const CudnnSdpaDesc *d, int64_t *workspace_by
             *workspace_bytes = plans[i].workspace;
             return (int64_t)i;
         }
-    char refusal[512] = "";
+    std::string refusal;
     const auto t0 = std::chrono::steady_clock::now();
     int64_t i = -1;
-    try {
-        i = build_plan(*d, workspace_bytes, refusal, sizeof refusal);
-    } catch (const std::exception &e) {
-        snprintf(refusal, sizeof refusal, "cudnn graph: %s", e.what());
+    for (int impl = IMPL_CHOSEN; impl <= (d->backward ? IMPL_CHOSEN : IMPL_COMPOSITE) && i < 0; impl++) {
+        char msg[512] = "";
+        try {
+            i = build_plan(*d, (Impl)impl, workspace_bytes, msg, sizeof msg);
+        } catch (const std::exception &e) {
+            snprintf(msg, sizeof msg, "cudnn graph: %s", e.what());
+        }
+        if (i < 0)
+            refusal += (refusal.empty() ? "" : "; as the composite implementation: ") + std::string(msg);
     }
     build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i >= 0)
@@ -351,18 +363,22 @@ extern "C" int cuda_cudnn_check(const CudnnSdpaDesc *d, int sm_version, char *wh
         say(why, why_size, error);
         return 0;
     }
-    try {
-        auto g = make_graph(*d, sm_version);
-        fe::error_t e = g->validate();
-        if (!e.is_good()) {
-            say(why, why_size, "cudnn graph validate: " + e.get_message());
-            return 0;
+    std::string refusal;
+    for (int impl = IMPL_CHOSEN; impl <= (d->backward ? IMPL_CHOSEN : IMPL_COMPOSITE); impl++) {
+        std::string msg;
+        try {
+            auto g = make_graph(*d, sm_version, (Impl)impl);
+            fe::error_t e = g->validate();
+            if (e.is_good())
+                return 1;
+            msg = "cudnn graph validate: " + e.get_message();
+        } catch (const std::exception &e) {
+            msg = std::string("cudnn graph: ") + e.what();
         }
-    } catch (const std::exception &e) {
-        say(why, why_size, std::string("cudnn graph: ") + e.what());
-        return 0;
+        refusal += (refusal.empty() ? "" : "; as the composite implementation: ") + msg;
     }
-    return 1;
+    say(why, why_size, refusal);
+    return 0;
 }
 
 extern "C" void cuda_cudnn_plan_stats(int64_t *built, int64_t *refused, double *seconds)
