@@ -218,7 +218,7 @@ int cuda_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t ro
 {
     if (attention_impl == BACKEND_ATTN_OWN || (head_dim != 64 && head_dim != 128))
         return 0;
-    return cuda_cudnn_attention_reserve(n_heads, n_kv_heads, head_dim, rows);
+    return cuda_cudnn_attention_reserve(n_heads, n_kv_heads, head_dim, rows, deterministic);
 }
 
 void cuda_attention_select_close(void)

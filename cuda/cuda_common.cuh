@@ -235,8 +235,9 @@ extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const v
  * what building them cost (one process a machine says it: the local rank 0). */
 extern "C" void cuda_cudnn_attention_close(int report);
 /* Takes cuDNN's workspace, gradient scratch and batch arrays for calls of at most `rows` rows
- * (ops_cudnn_buffers): 0, or -1 when the device's memory cannot hold them. */
-extern "C" int cuda_cudnn_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows);
+ * (ops_cudnn_buffers; deterministic: with its deterministic backward's): 0, or -1 when the device's
+ * memory cannot hold them. */
+extern "C" int cuda_cudnn_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows, int deterministic);
 /* For --version: whether the path is built and which libcudnn it finds (no GPU needed). */
 extern "C" void cuda_cudnn_describe(char *buf, size_t size);
 

@@ -103,13 +103,13 @@ static int grow(CudaScratch &s, size_t want)
     return 1;
 }
 
-extern "C" int cuda_cudnn_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows)
+extern "C" int cuda_cudnn_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows, int deterministic)
 {
     char why[256];
     if (!cuda_cudnn_load(why, sizeof why))
         return 0; /* the choice said so already: nothing of cuDNN's will run */
     int64_t grads, workspace, R = cudnn_pow2_at_least(rows, 64);
-    ops_cudnn_buffers(rows, n_heads, n_kv_heads, head_dim, &grads, &workspace);
+    ops_cudnn_buffers(rows, n_heads, n_kv_heads, head_dim, deterministic, &grads, &workspace);
     /* at most R sequences a call: their lengths, offsets and segments, as upload() lays them out */
     const size_t batch = 2 * R * sizeof(int32_t) + 8 + CUDNN_OFFSETS * (R + 1) * sizeof(int64_t) + R * sizeof(CudnnSeg);
     return grow(workspace_buf, (size_t)workspace) && grow(grad_buf, (size_t)grads + 64) && grow(batch_buf, batch)
@@ -213,10 +213,12 @@ extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const v
             batches.emplace_back();
             cudnn_make_batch(&batches.back(), segs, wave, s, 1, !full, deterministic);
             const CudnnSdpaDesc &d = batches.back().desc;
-            if (deterministic && cudnn_deterministic_workspace(d) > CUDNN_DETERMINISTIC_WORKSPACE_MAX) {
+            if (deterministic && cuda_cudnn_version() < CUDNN_ORDERED_DQ_VERSION &&
+                cudnn_deterministic_workspace(d) > CUDNN_DETERMINISTIC_WORKSPACE_MAX) {
                 snprintf(why, why_size,
-                         "cuDNN's deterministic backward would take %.1f GiB of workspace here (%lld sequences "
-                         "padded to %lld queries, %lld keys)",
+                         "cuDNN %d's deterministic backward would take %.1f GiB of workspace here (%lld sequences "
+                         "padded to %lld queries, %lld keys; 9.25 and newer need no such workspace)",
+                         cuda_cudnn_version(),
                          (double)cudnn_deterministic_workspace(d) / (1 << 30), (long long)d.batch, (long long)d.max_q,
                          (long long)d.max_kv);
                 return 0;
@@ -313,7 +315,7 @@ extern "C" int cuda_cudnn_attention_bwd(float *, float *, float *, const void *,
 
 extern "C" void cuda_cudnn_attention_close(int) {}
 
-extern "C" int cuda_cudnn_attention_reserve(int, int, int, int64_t) { return 0; }
+extern "C" int cuda_cudnn_attention_reserve(int, int, int, int64_t, int) { return 0; }
 
 extern "C" void cuda_cudnn_describe(char *buf, size_t size)
 {

@@ -231,6 +231,11 @@ size_t open_library(std::string *error)
                 if (version < 90600)
                     library_error = "cuDNN " + std::to_string(version) +
                                     " is older than 9.6 (ragged statistics, bounded backward workspace)";
+                else if (version >= CUDNN_ORDERED_DQ_VERSION) { /* see CUDNN_DETERMINISTIC_WORKSPACE_MAX */
+                    char limit[32];
+                    snprintf(limit, sizeof limit, "%lld", (long long)CUDNN_DETERMINISTIC_WORKSPACE_MAX);
+                    setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", limit, 0);
+                }
             } catch (const std::exception &e) {
                 library_error = e.what();
             }

@@ -55,20 +55,27 @@ typedef struct AttnShape {
     int64_t q_stride, kv_stride, o_stride;
 } AttnShape;
 
+/* The most workspace cuDNN's deterministic backward may take for its score gradients (bf16 dP of
+ * every sequence padded to the batch's longest) before cuda/cuda_cudnn.h's rule takes another path. */
+#define OPS_CUDNN_DP_WORKSPACE_MAX (INT64_C(1) << 31)
+
 /* The buffers cuDNN's attention (cuda/cuda_cudnn.cu) holds for calls of at most `rows` query or key
  * rows at h query and h_kv key/value heads of size D (the rank's), with R = rows rounded up to a power
  * of two (at least 64), as its plans are: its backward's bf16 gradients, 2 R (h + 2 h_kv) D bytes, and
  * cuDNN's workspace as cudnn-frontend 1.32 sizes it for a ragged backward - the float32 dQ
  * accumulator (4 R h D), Delta (4 R h) and, with grouped heads, float32 dK and dV of every query head
- * before their sum over the group (8 R h D). The memory model counts them; the CUDA backend reserves
- * them at setup (Ops.attention_reserve). An estimate: cuDNN states its workspace only on a GPU. */
-static inline void ops_cudnn_buffers(int64_t rows, int h, int h_kv, int D, int64_t *grads, int64_t *workspace)
+ * before their sum over the group (8 R h D); a deterministic backward may take up to
+ * OPS_CUDNN_DP_WORKSPACE_MAX more. The memory model counts them; the CUDA backend reserves them at
+ * setup (Ops.attention_reserve). An estimate: cuDNN states its workspace only on a GPU. */
+static inline void ops_cudnn_buffers(int64_t rows, int h, int h_kv, int D, int deterministic, int64_t *grads,
+                                     int64_t *workspace)
 {
     int64_t R = 64;
     while (R < rows)
         R *= 2;
     *grads = 2 * R * (h + 2 * (int64_t)h_kv) * D;
-    *workspace = 4 * R * h * D + 4 * R * h + (h != h_kv ? 8 * R * h * D : 0);
+    *workspace = 4 * R * h * D + 4 * R * h + (h != h_kv ? 8 * R * h * D : 0) +
+                 (deterministic ? OPS_CUDNN_DP_WORKSPACE_MAX : 0);
 }
 
 /* Where a product writes: the compute dtype, float32, or float32 as c + the product (c may be the

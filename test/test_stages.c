@@ -408,7 +408,8 @@ static void test_trainer_placement(void **state)
 /* The memory model holds cuDNN's attention buffers (engine/ops.h's ops_cudnn_buffers, what the CUDA
  * backend reserves at setup) wherever train.attention may run cuDNN - cudnn, and auto with a
  * non-deterministic backward - once, at the rank's heads (TP 2: 16 query and 4 kv heads of 128),
- * for the largest micro-batch's rows; never with own or a deterministic auto. */
+ * for the largest micro-batch's rows, with cudnn and train.deterministic the score-sized workspace
+ * its deterministic backward may take; never with own or a deterministic auto. */
 static void test_memory_cudnn_buffers(void **state)
 {
     (void)state;
@@ -418,11 +419,15 @@ static void test_memory_cudnn_buffers(void **state)
                        "data: {lengths_file: %s, context_window: 8192, global_batch_tokens: 32768}\n"
                        "balance: {max_tokens_per_micro_batch: 8192}\n"
                        "train: {device: cuda, precision: bf16, attention: %s, deterministic: %s}\n";
-    const char *modes[4][3] = {{"own", "false", "0"}, {"cudnn", "false", "1"}, {"auto", "false", "1"}, {"auto", "true", "0"}};
-    int64_t grads, workspace;
-    ops_cudnn_buffers(8192, 16, 4, 128, &grads, &workspace);
+    /* attention, deterministic, which buffers: 0 none, 1 cuDNN's, 2 with its deterministic backward's */
+    const char *modes[5][3] = {{"own", "false", "0"}, {"cudnn", "false", "1"}, {"auto", "false", "1"},
+                               {"auto", "true", "0"}, {"cudnn", "true", "2"}};
+    int64_t grads, workspace, det_grads, det_workspace;
+    ops_cudnn_buffers(8192, 16, 4, 128, 0, &grads, &workspace);
+    ops_cudnn_buffers(8192, 16, 4, 128, 1, &det_grads, &det_workspace);
+    assert_true(det_workspace == workspace + OPS_CUDNN_DP_WORKSPACE_MAX && det_grads == grads);
     double base[2] = {0, 0};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         char *yaml = test_format(form, lengths, modes[i][0], modes[i][1]);
         Config cfg;
         Error err = {0};
@@ -434,7 +439,10 @@ static void test_memory_cudnn_buffers(void **state)
                 base[s] = mp.stages[s].peak;
             double extra = mp.stages[s].peak - base[s];
             printf("# attention %s, deterministic %s, stage %d: %+.3f GB\n", modes[i][0], modes[i][1], s, extra / 1e9);
-            assert_true(fabs(extra - (modes[i][2][0] == '1' ? (double)(grads + workspace) : 0)) < 1.0);
+            const double want = modes[i][2][0] == '1'   ? (double)(grads + workspace)
+                                : modes[i][2][0] == '2' ? (double)(det_grads + det_workspace)
+                                                        : 0;
+            assert_true(fabs(extra - want) < 1.0);
         }
         trainer_memory_free(&mp);
         config_free(&cfg);

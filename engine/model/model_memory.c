@@ -410,7 +410,7 @@ int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err)
             m->ops->attention_reserve(d->local_heads, d->local_kv_heads, d->head_dim, rows) != 0) {
             int64_t grads, workspace;
             char b[2][32];
-            ops_cudnn_buffers(rows, d->local_heads, d->local_kv_heads, d->head_dim, &grads, &workspace);
+            ops_cudnn_buffers(rows, d->local_heads, d->local_kv_heads, d->head_dim, 0, &grads, &workspace);
             free_slot(m, s);
             free_scratch(m);
             return error_runtime(err, "model", "out of memory for cuDNN's attention buffers of %lld rows: %s of "

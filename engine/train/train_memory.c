@@ -150,7 +150,8 @@ static int stage_memory(const Config *cfg, const int64_t *chunk_layers, int s, c
                     (cfg->train.attention == ATTENTION_AUTO && !cfg->train.deterministic);
         if (gpu && e == 2 && cudnn && (d.head_dim == 64 || d.head_dim == 128)) {
             int64_t grads, workspace;
-            ops_cudnn_buffers(T > T_mb ? T : T_mb, d.local_heads, d.local_kv_heads, d.head_dim, &grads, &workspace);
+            ops_cudnn_buffers(T > T_mb ? T : T_mb, d.local_heads, d.local_kv_heads, d.head_dim, cfg->train.deterministic,
+                              &grads, &workspace);
             cudnn_bytes = fmax(cudnn_bytes, (double)(grads + workspace)); /* one set, shared by the chunks */
         }
     }
