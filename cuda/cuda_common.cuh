@@ -128,6 +128,21 @@ struct CudaScratch {
         }
         return p;
     }
+    /* Grows to at least want bytes (exactly want) without a fatal error: 1, or 0 when the device's
+     * memory cannot hold them (the error cleared; the buffer keeps what it had). */
+    int reserve(size_t want)
+    {
+        if (want <= bytes)
+            return 1;
+        void *q = nullptr;
+        if (cudaMallocAsync(&q, want, 0) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        release();
+        p = q, bytes = want;
+        return 1;
+    }
     void release()
     {
         cuda_stream_free(p);

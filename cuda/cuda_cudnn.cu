@@ -58,12 +58,19 @@ __global__ void k_cudnn_add_grads(float *dq, float *dk, float *dv, const bf16 *g
     }
 }
 
+/* Bytes of a batch of B sequences and n_seg segments on the device, as upload() lays them out: the
+ * lengths, then (8-byte aligned) the offsets, then the segments. */
+static size_t batch_bytes(size_t B, size_t n_seg)
+{
+    return ((2 * B * sizeof(int32_t) + 7) & ~(size_t)7) + CUDNN_OFFSETS * (B + 1) * sizeof(int64_t) +
+           n_seg * sizeof(CudnnSeg);
+}
+
 /* Copies the batch to the device (in stream order) and points the arguments at it. */
 static const CudnnSeg *upload(const CudnnBatch &b, CudnnSdpaArgs *a)
 {
     const size_t B = (size_t)b.desc.batch, n_off = B + 1, n_seg = b.segs.size();
-    const size_t bytes = 2 * B * sizeof(int32_t) + CUDNN_OFFSETS * n_off * sizeof(int64_t) + n_seg * sizeof(CudnnSeg);
-    std::vector<char> host(bytes + 16);
+    std::vector<char> host(batch_bytes(B, n_seg));
     char *h = host.data();
     size_t at = 0;
     memcpy(h + at, b.seq_q.data(), B * sizeof(int32_t)), at += B * sizeof(int32_t);
@@ -87,32 +94,16 @@ static const CudnnSeg *upload(const CudnnBatch &b, CudnnSdpaArgs *a)
     return (const CudnnSeg *)(dev + seg_at);
 }
 
-/* Grows s to at least want bytes without a fatal error: 1, or 0 when the device's memory cannot hold
- * it (the error cleared; s keeps what it had). */
-static int grow(CudaScratch &s, size_t want)
-{
-    if (want <= s.bytes)
-        return 1;
-    void *p = nullptr;
-    if (cudaMallocAsync(&p, want, 0) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    s.release();
-    s.p = p, s.bytes = want;
-    return 1;
-}
-
 extern "C" int cuda_cudnn_attention_reserve(int n_heads, int n_kv_heads, int head_dim, int64_t rows, int deterministic)
 {
     char why[256];
     if (!cuda_cudnn_load(why, sizeof why))
         return 0; /* the choice said so already: nothing of cuDNN's will run */
-    int64_t grads, workspace, R = cudnn_pow2_at_least(rows, 64);
+    int64_t grads, workspace;
     ops_cudnn_buffers(rows, n_heads, n_kv_heads, head_dim, deterministic, &grads, &workspace);
-    /* at most R sequences a call: their lengths, offsets and segments, as upload() lays them out */
-    const size_t batch = 2 * R * sizeof(int32_t) + 8 + CUDNN_OFFSETS * (R + 1) * sizeof(int64_t) + R * sizeof(CudnnSeg);
-    return grow(workspace_buf, (size_t)workspace) && grow(grad_buf, (size_t)grads + 64) && grow(batch_buf, batch)
+    const size_t R = (size_t)cudnn_pow2_at_least(rows, 64); /* at most R sequences a call */
+    return workspace_buf.reserve((size_t)workspace) && grad_buf.reserve((size_t)grads + 64) &&
+                   batch_buf.reserve(batch_bytes(R, R))
                ? 0
                : -1;
 }
@@ -125,7 +116,7 @@ static int plan_of(const CudnnBatch &b, int64_t *plan, void **workspace, char *w
     if ((*plan = cuda_cudnn_plan(&b.desc, &ws, why, why_size)) < 0)
         return 0;
     const size_t want = (size_t)(ws > 0 ? ws : 1);
-    if (!grow(workspace_buf, want)) {
+    if (!workspace_buf.reserve(want)) {
         snprintf(why, why_size, "cuDNN's workspace of %.2f GiB does not fit in the GPU's memory", (double)want / (1 << 30));
         return 0;
     }
@@ -214,7 +205,7 @@ extern "C" int cuda_cudnn_attention_bwd(float *dq, float *dk, float *dv, const v
             cudnn_make_batch(&batches.back(), segs, wave, s, 1, !full, deterministic);
             const CudnnSdpaDesc &d = batches.back().desc;
             if (deterministic && cuda_cudnn_version() < CUDNN_ORDERED_DQ_VERSION &&
-                cudnn_deterministic_workspace(d) > CUDNN_DETERMINISTIC_WORKSPACE_MAX) {
+                cudnn_deterministic_workspace(d) > OPS_CUDNN_DP_WORKSPACE_MAX) {
                 snprintf(why, why_size,
                          "cuDNN %d's deterministic backward would take %.1f GiB of workspace here (%lld sequences "
                          "padded to %lld queries, %lld keys; 9.25 and newer need no such workspace)",

@@ -24,13 +24,11 @@
 extern "C" {
 #endif
 
-/* The most workspace cuDNN's deterministic backward may take for its score gradients on Hopper (the
- * bf16 dP of every sequence padded to the batch's longest). Past it, cuDNN 9.25 and newer is asked
- * for its ordered dQ accumulation instead - deterministic too, workspace linear in the rows -
- * through cudnn-frontend's CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT (set to this when the library
- * loads, unless the environment sets it); with an older cuDNN such a backward is declined, and the
- * engine's deterministic kernels run it. */
-#define CUDNN_DETERMINISTIC_WORKSPACE_MAX OPS_CUDNN_DP_WORKSPACE_MAX
+/* cuDNN's deterministic backward past OPS_CUDNN_DP_WORKSPACE_MAX (engine/ops.h) of score workspace
+ * on Hopper: cuDNN 9.25 and newer is asked for its ordered dQ accumulation instead - deterministic
+ * too, workspace linear in the rows - through cudnn-frontend's CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT
+ * (set to that bound when the library loads, unless the environment sets it); with an older cuDNN
+ * such a backward is declined, and the engine's deterministic kernels run it. */
 #define CUDNN_ORDERED_DQ_VERSION 92500
 
 /* What one execution plan is built for: a graph per distinct description, built once and kept. The

@@ -131,7 +131,7 @@ static inline std::vector<std::vector<int64_t>> cudnn_waves(const AttnSegment *s
 
 /* Bytes of the score-sized workspace cuDNN's deterministic backward takes on Hopper (the bf16 dP of
  * every sequence padded to the batch's longest, in tiles of 64 queries and 128 keys: cudnn-frontend's
- * own formula), against CUDNN_DETERMINISTIC_WORKSPACE_MAX (cuda_cudnn.h). */
+ * own formula), against OPS_CUDNN_DP_WORKSPACE_MAX (engine/ops.h). */
 static inline int64_t cudnn_deterministic_workspace(const CudnnSdpaDesc &d)
 {
     return d.batch * d.n_heads * ((d.max_q + 63) / 64 * 64) * ((d.max_kv + 127) / 128 * 128) * 2;

@@ -208,6 +208,25 @@ int64_t build_plan(const CudnnSdpaDesc &d, Impl impl, int64_t *workspace_bytes, 
     return (int64_t)plans.size() - 1;
 }
 
+/* Runs attempt(impl) on each implementation d may take - the one cudnn-frontend chooses, then for a
+ * forward the composite one - until one succeeds (returns ""): "", or every attempt's reason joined. */
+template <class Attempt> std::string each_impl(const CudnnSdpaDesc &d, Attempt attempt)
+{
+    std::string refusal;
+    for (int impl = IMPL_CHOSEN; impl <= (d.backward ? IMPL_CHOSEN : IMPL_COMPOSITE); impl++) {
+        std::string why;
+        try {
+            why = attempt((Impl)impl);
+        } catch (const std::exception &e) {
+            why = std::string("cudnn graph: ") + e.what();
+        }
+        if (why.empty())
+            return why;
+        refusal += (refusal.empty() ? "" : "; as the composite implementation: ") + why;
+    }
+    return refusal;
+}
+
 /* Opens libcudnn.so.9 (once) and checks its version: the version, or 0 with the reason in *error. */
 size_t open_library(std::string *error)
 {
@@ -231,9 +250,9 @@ size_t open_library(std::string *error)
                 if (version < 90600)
                     library_error = "cuDNN " + std::to_string(version) +
                                     " is older than 9.6 (ragged statistics, bounded backward workspace)";
-                else if (version >= CUDNN_ORDERED_DQ_VERSION) { /* see CUDNN_DETERMINISTIC_WORKSPACE_MAX */
+                else if (version >= CUDNN_ORDERED_DQ_VERSION) { /* see CUDNN_ORDERED_DQ_VERSION */
                     char limit[32];
-                    snprintf(limit, sizeof limit, "%lld", (long long)CUDNN_DETERMINISTIC_WORKSPACE_MAX);
+                    snprintf(limit, sizeof limit, "%lld", (long long)OPS_CUDNN_DP_WORKSPACE_MAX);
                     setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", limit, 0);
                 }
             } catch (const std::exception &e) {
@@ -305,19 +324,13 @@ extern "C" int64_t cuda_cudnn_plan(const CudnnSdpaDesc *d, int64_t *workspace_by
             *workspace_bytes = plans[i].workspace;
             return (int64_t)i;
         }
-    std::string refusal;
     const auto t0 = std::chrono::steady_clock::now();
     int64_t i = -1;
-    for (int impl = IMPL_CHOSEN; impl <= (d->backward ? IMPL_CHOSEN : IMPL_COMPOSITE) && i < 0; impl++) {
-        char msg[512] = "";
-        try {
-            i = build_plan(*d, (Impl)impl, workspace_bytes, msg, sizeof msg);
-        } catch (const std::exception &e) {
-            snprintf(msg, sizeof msg, "cudnn graph: %s", e.what());
-        }
-        if (i < 0)
-            refusal += (refusal.empty() ? "" : "; as the composite implementation: ") + std::string(msg);
-    }
+    const std::string refusal = each_impl(*d, [&](Impl impl) {
+        char msg[512] = "cudnn plan: failed";
+        i = build_plan(*d, impl, workspace_bytes, msg, sizeof msg);
+        return i >= 0 ? std::string() : std::string(msg);
+    });
     build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i >= 0)
         return i;
@@ -368,20 +381,12 @@ extern "C" int cuda_cudnn_check(const CudnnSdpaDesc *d, int sm_version, char *wh
         say(why, why_size, error);
         return 0;
     }
-    std::string refusal;
-    for (int impl = IMPL_CHOSEN; impl <= (d->backward ? IMPL_CHOSEN : IMPL_COMPOSITE); impl++) {
-        std::string msg;
-        try {
-            auto g = make_graph(*d, sm_version, (Impl)impl);
-            fe::error_t e = g->validate();
-            if (e.is_good())
-                return 1;
-            msg = "cudnn graph validate: " + e.get_message();
-        } catch (const std::exception &e) {
-            msg = std::string("cudnn graph: ") + e.what();
-        }
-        refusal += (refusal.empty() ? "" : "; as the composite implementation: ") + msg;
-    }
+    const std::string refusal = each_impl(*d, [&](Impl impl) {
+        fe::error_t e = make_graph(*d, sm_version, impl)->validate();
+        return e.is_good() ? std::string() : "cudnn graph validate: " + e.get_message();
+    });
+    if (refusal.empty())
+        return 1;
     say(why, why_size, refusal);
     return 0;
 }

@@ -56,7 +56,8 @@ typedef struct AttnShape {
 } AttnShape;
 
 /* The most workspace cuDNN's deterministic backward may take for its score gradients (bf16 dP of
- * every sequence padded to the batch's longest) before cuda/cuda_cudnn.h's rule takes another path. */
+ * every sequence padded to the batch's longest); past it cuda/cuda_cudnn.h's CUDNN_ORDERED_DQ_VERSION
+ * rule takes another path. */
 #define OPS_CUDNN_DP_WORKSPACE_MAX (INT64_C(1) << 31)
 
 /* The buffers cuDNN's attention (cuda/cuda_cudnn.cu) holds for calls of at most `rows` query or key

@@ -181,10 +181,10 @@ static void test_deterministic_workspace(void **state)
     d.n_heads = 32, d.batch = 1, d.max_q = 8192, d.max_kv = 8192;
     /* one 8K document at 32 heads: 32 x 8192 x 8192 x 2 bytes = 4 GiB, over the bound */
     assert_int_equal(cudnn_deterministic_workspace(d), INT64_C(4) << 30);
-    assert_true(cudnn_deterministic_workspace(d) > CUDNN_DETERMINISTIC_WORKSPACE_MAX);
+    assert_true(cudnn_deterministic_workspace(d) > OPS_CUDNN_DP_WORKSPACE_MAX);
     d.batch = 16, d.max_q = 1000, d.max_kv = 1000; /* 16 x 32 x 1024 x 1024 x 2: 1 GiB, taken */
     assert_int_equal(cudnn_deterministic_workspace(d), INT64_C(1) << 30);
-    assert_true(cudnn_deterministic_workspace(d) <= CUDNN_DETERMINISTIC_WORKSPACE_MAX);
+    assert_true(cudnn_deterministic_workspace(d) <= OPS_CUDNN_DP_WORKSPACE_MAX);
 }
 
 #ifdef WLB_CUDNN

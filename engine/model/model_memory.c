@@ -408,16 +408,12 @@ int model_reserve(Model *m, int slot, int64_t T, int64_t T_mb, Error *err)
         const int64_t rows = T > mb ? T : mb;
         if (ok && m->ops->attention_reserve &&
             m->ops->attention_reserve(d->local_heads, d->local_kv_heads, d->head_dim, rows) != 0) {
-            int64_t grads, workspace;
-            char b[2][32];
-            ops_cudnn_buffers(rows, d->local_heads, d->local_kv_heads, d->head_dim, 0, &grads, &workspace);
             free_slot(m, s);
             free_scratch(m);
-            return error_runtime(err, "model", "out of memory for cuDNN's attention buffers of %lld rows: %s of "
-                                 "workspace and %s of gradient scratch beside the activations (train.attention: own "
-                                 "needs none; fewer tokens per rank help too)",
-                                 (long long)rows, human((double)workspace, b[0], sizeof b[0]),
-                                 human((double)grads, b[1], sizeof b[1]));
+            return error_runtime(err, "model", "out of memory for cuDNN's attention buffers of %lld rows beside the "
+                                 "activations (the dry run's memory table counts them under other; train.attention: "
+                                 "own needs none; fewer tokens per rank help too)",
+                                 (long long)rows);
         }
     }
     if (!ok) {
