@@ -493,11 +493,7 @@ static void test_resume_other_split(void **state)
         {"--set", from, NULL},
     };
     const int ranks[] = {2, 2, 0};
-#if defined(__SANITIZE_ADDRESS__)
-    const int n_splits = 1; /* ASan: the other uneven split; the release build runs all three */
-#else
-    const int n_splits = 3;
-#endif
+    const int n_splits = TEST_SANITIZED ? 1 : 3; /* ASan: the other uneven split; the release build all three */
     for (int i = 0; i < n_splits; i++) {
         CmdResult r;
         assert_int_equal(system(copy), 0);

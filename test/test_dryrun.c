@@ -379,11 +379,8 @@ static void test_balance_on_real_lists(void **state)
      * 1.073 here): a step of exactly the batch leaves less ordinary fill to even the outliers' quadratic
      * cost, which the engine's slower attention weighs more (docs/planner.md, the batch kept). */
     char *cfg = test_write_file(dir, "7b-128k.yaml", yaml, strlen(yaml)), *stats = test_format("%s/s.jsonl", dir);
-#if defined(__SANITIZE_ADDRESS__)
-    const size_t n_lists = 1; /* ASan: the WLB-LLM list (the same code; the release build plans all four) */
-#else
-    const size_t n_lists = sizeof lists / sizeof lists[0];
-#endif
+    /* ASan: the WLB-LLM list (the same code; the release build plans all four) */
+    const size_t n_lists = TEST_SANITIZED ? 1 : sizeof lists / sizeof lists[0];
     for (size_t i = 0; i < n_lists; i++) {
         const char *list = test_real_data(lists[i]);
         assert_non_null(list);

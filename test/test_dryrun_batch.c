@@ -23,11 +23,7 @@
 enum { MAX_STEPS = 256 };
 
 /* The ASan build plans the first headline config only (the same code; the release build plans all). */
-#if defined(__SANITIZE_ADDRESS__)
-enum { HEADLINE_CONFIGS = 1 };
-#else
-enum { HEADLINE_CONFIGS = 4 };
-#endif
+enum { HEADLINE_CONFIGS = TEST_SANITIZED ? 1 : 4 };
 
 /* A dry run's stats file: each step's tokens and batch_fraction, and the summary's tokens_per_step. */
 typedef struct Stats {

@@ -56,12 +56,6 @@
 
 #include <sys/stat.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-enum { SMALL_MATRIX = 1 };
-#else
-enum { SMALL_MATRIX = 0 };
-#endif
-
 typedef struct Fixture {
     char *dir, *config, *bin;
     char *ref[2];      /* reference dumps: packer fixed, wlb */
@@ -208,7 +202,7 @@ static int group_setup(void **state)
                            "data.global_batch_tokens=384", NULL};
     const char *const *deep_sets[] = {tied8, tied16, tied6};
     const char *deep_refs[] = {fx.ref_tied8, fx.ref_tied16, fx.ref_tied6};
-    for (int i = 0; i < 3 && !SMALL_MATRIX; i++) { /* ASan: the deep pipelines' first two layouts only */
+    for (int i = 0; i < 3 && !TEST_SANITIZED; i++) { /* ASan: the deep pipelines' first two layouts only */
         char *log_deep;
         int st = run_dump(0, deep_refs[i], deep_sets[i], &log_deep);
         if (st != 0)
@@ -482,10 +476,10 @@ static void test_overlap(void **state)
     ok &= check_overlap(2, 2, 2, 2, fx.ref[1], zero, "ZeRO-1, SP, hybrid");
     const char *inter[] = {"balance.packer=wlb", "parallel.virtual_stages=2", "model.n_layers=6",
                            "parallel.stage_layers=[2, 1, 1, 2]", "balance.cp_sharding=per_seq", NULL};
-    if (!SMALL_MATRIX)
+    if (!TEST_SANITIZED)
         ok &= check_overlap(2, 2, 2, 2, fx.ref6, inter, "interleaved, per_seq");
     const char *modes_left[] = {"per_doc", "adaptive"};
-    for (int i = 0; i < 2 && !SMALL_MATRIX; i++) {
+    for (int i = 0; i < 2 && !TEST_SANITIZED; i++) {
         char *mode = test_format("balance.cp_sharding=%s", modes_left[i]);
         const char *extra[] = {"balance.packer=fixed", mode, NULL};
         ok &= check_overlap(2, 2, 2, 2, fx.ref[0], extra, modes_left[i]);
@@ -495,12 +489,12 @@ static void test_overlap(void **state)
      * gathered parameters, so only after its all-gather is waited for (under the chaos a receive
      * buffer is NaN until then); against one bf16 process within bf16's 1e-2 (test_modes). */
     const char *zero16[] = {"balance.packer=wlb", "parallel.zero=1", "train.precision=bf16", NULL};
-    if (!SMALL_MATRIX)
+    if (!TEST_SANITIZED)
         ok &= check_overlap_tol(2, 1, 2, 1, fx.ref_bf16, zero16, "ZeRO-1, bf16", 1e-2);
     const char *groups[] = {"balance.cp_sharding=groups", NULL};
     const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
                            "model.tie_embeddings=true", NULL};
-    if (!SMALL_MATRIX) { /* ASan: the first layout only (a minute there) */
+    if (!TEST_SANITIZED) { /* ASan: the first layout only (a minute there) */
         ok &= check_overlap(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
         ok &= check_overlap(2, 2, 2, 2, fx.ref_tied, no_sp, "no SP, recompute full, tied");
     }
@@ -561,7 +555,7 @@ static void test_tp_chunks(void **state)
     int ok = 1;
     const char *counts[] = {"1", "3", "16"};
     for (int i = 0; i < 3; i++) {
-        if (SMALL_MATRIX && i != 1)
+        if (TEST_SANITIZED && i != 1)
             continue; /* ASan: 3 pieces, the last shorter; the release build runs 1 and 16 too */
         char *chunks = test_format("parallel.tp_chunks=%s", counts[i]);
         char *what = test_format("tp_chunks %s", counts[i]);
@@ -572,18 +566,18 @@ static void test_tp_chunks(void **state)
          * last row has a target and every row of the last, shorter piece counts (under wlb a last
          * piece one row short passed: its micro-batches end with a document's last token). */
         const char *no_sp[] = {"balance.packer=fixed", chunks, "parallel.sequence_parallel=false", NULL};
-        if (!SMALL_MATRIX)
+        if (!TEST_SANITIZED)
             ok &= check_layout(1, 4, 1, 2, fx.ref[0], no_sp, what_no_sp);
         /* and with SP on the same rows: 3 pieces, the last shorter */
         const char *sp_fixed[] = {"balance.packer=fixed", chunks, NULL};
-        if (i == 1 && !SMALL_MATRIX)
+        if (i == 1 && !TEST_SANITIZED)
             ok &= check_layout(1, 4, 1, 2, fx.ref[0], sp_fixed, "tp_chunks 3, fixed");
         free(chunks);
         free(what);
         free(what_no_sp);
     }
     const char *three[] = {"balance.packer=wlb", "parallel.tp_chunks=3", "train.recompute=full", NULL};
-    if (!SMALL_MATRIX) /* ASan: the chained backward below, which runs the same pieces and more */
+    if (!TEST_SANITIZED) /* ASan: the chained backward below, which runs the same pieces and more */
         ok &= check_overlap(1, 4, 2, 1, fx.ref[1], three, "tp_chunks 3, recompute full");
     /* The chained backward (model_chain_bwd.c) with its pieces interleaved, and selective's halves
      * recomputed around each chain. */
@@ -598,7 +592,7 @@ static void check_matrix(int dp, int tp, int pp, int cp)
     int ok = 1;
     for (int p = 0; p < 2; p++)
         for (int m = 0; m < (cp > 1 ? 4 : 1); m++) {
-            if (SMALL_MATRIX && (p == 0 || (cp > 1 && m != 3)))
+            if (TEST_SANITIZED && (p == 0 || (cp > 1 && m != 3)))
                 continue; /* ASan: wlb, and hybrid for cp > 1 */
             char *packer = test_format("balance.packer=%s", packers[p]);
             char *mode = test_format("balance.cp_sharding=%s", cp > 1 ? modes[m] : "hybrid");
@@ -634,7 +628,7 @@ static void test_extras(void **state)
     const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 2, 2, 1, fx.ref_tied, tied, "tied embeddings over 2 stages");
     const char *no_sp[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", NULL};
-    if (!SMALL_MATRIX) /* ASan: the next layout's no-SP path on 8 ranks instead of 16 */
+    if (!TEST_SANITIZED) /* ASan: the next layout's no-SP path on 8 ranks instead of 16 */
         ok &= check_layout(2, 2, 2, 2, fx.ref[1], no_sp, "no sequence parallelism");
     const char *no_sp_full[] = {"balance.packer=wlb", "parallel.sequence_parallel=false", "train.recompute=full",
                                 "model.tie_embeddings=true", NULL};
@@ -643,7 +637,7 @@ static void test_extras(void **state)
     /* ASan: test_modes' staged bf16 run takes this path on 8 ranks instead of 16 */
     setenv("WLBTRAIN_COMM_STAGE", "1", 1);
     const char *staged[] = {"balance.packer=wlb", "parallel.zero=1", "model.tie_embeddings=true", NULL};
-    if (!SMALL_MATRIX)
+    if (!TEST_SANITIZED)
         ok &= check_layout_env(2, 2, 2, 2, fx.ref_tied, staged, "WLBTRAIN_COMM_STAGE", "staged through host buffers");
     unsetenv("WLBTRAIN_COMM_STAGE");
     assert_true(ok);
@@ -676,7 +670,7 @@ static void test_deep_pipelines(void **state)
     int ok = 1;
     const char *tied[] = {"balance.packer=wlb", "model.tie_embeddings=true", NULL};
     ok &= check_layout(1, 1, 3, 1, fx.ref_tied, tied, "tied embeddings over 3 stages");
-    if (SMALL_MATRIX) { /* ASan: the tied pair of pp 4 and the odd ring; the release build runs the rest */
+    if (TEST_SANITIZED) { /* ASan: the tied pair of pp 4 and the odd ring; the release build runs the rest */
         ok &= check_layout(1, 1, 4, 1, fx.ref_tied, tied, "tied embeddings over 4 stages");
         assert_true(ok);
         return;
@@ -703,7 +697,7 @@ static void test_stage_layers(void **state)
     (void)state;
     int ok = 1;
     const char *uneven[] = {"balance.packer=wlb", "parallel.stage_layers=[1, 3]", NULL};
-    if (!SMALL_MATRIX) /* ASan: the uneven split of the interleaved layout and of [3, 1] below */
+    if (!TEST_SANITIZED) /* ASan: the uneven split of the interleaved layout and of [3, 1] below */
         ok &= check_layout(2, 2, 2, 2, fx.ref[1], uneven, "stage layers [1, 3]");
     const char *interleaved[] = {"balance.packer=wlb", "model.n_layers=6", "parallel.virtual_stages=2",
                                  "parallel.stage_layers=[2, 1, 1, 2]", NULL};
@@ -787,7 +781,7 @@ static void test_groups(void **state)
     ok &= check_layout(1, 1, 1, 2, fx.ref_long, groups, "groups, long documents");
     ok &= check_layout(1, 1, 1, 4, fx.ref_long, groups, "groups, long documents");
     ok &= check_layout(1, 1, 1, 4, fx.ref_long_wlb, wlb, "wlb, groups, long documents");
-    if (!SMALL_MATRIX) {
+    if (!TEST_SANITIZED) {
         ok &= check_layout(1, 2, 2, 4, fx.ref_long, groups, "groups, long documents");
         ok &= check_layout(1, 1, 1, 2, fx.ref[1], wlb, "wlb, groups");
         ok &= check_layout(1, 1, 1, 4, fx.ref[1], wlb, "wlb, groups");
@@ -885,10 +879,10 @@ static void test_modes(void **state)
     const char *full[] = {"balance.packer=wlb", "balance.cp_sharding=hybrid", "train.recompute=full", NULL};
     ok &= check_layout(1, 2, 2, 2, fx.ref[1], full, "recompute full");
     const char *selective[] = {"balance.packer=wlb", "train.recompute=selective", NULL};
-    if (!SMALL_MATRIX) /* ASan: test_tp_chunks runs selective recompute (its chained backward) */
+    if (!TEST_SANITIZED) /* ASan: test_tp_chunks runs selective recompute (its chained backward) */
         ok &= check_layout(2, 2, 2, 1, fx.ref[1], selective, "recompute selective");
     const char *bf16[] = {"balance.packer=wlb", "balance.cp_sharding=per_doc", "train.precision=bf16", NULL};
-    if (!SMALL_MATRIX) /* ASan: the staged run below, the same model path and more copies */
+    if (!TEST_SANITIZED) /* ASan: the staged run below, the same model path and more copies */
         ok &= check_layout_tol(1, 2, 1, 2, fx.ref_bf16, bf16, NULL, "bf16, per_doc", 1e-2);
     /* The SP and K/V all-gathers carry 2-byte elements: staged through the host as a GPU's are. */
     setenv("WLBTRAIN_COMM_STAGE", "1", 1);

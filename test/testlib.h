@@ -14,6 +14,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+/* 1 in the ASan build, where the longest suites run a subset of their cases (each path still at
+ * least once; the release build runs them all: docs/testing.md), else 0. */
+#if defined(__SANITIZE_ADDRESS__)
+enum { TEST_SANITIZED = 1 };
+#else
+enum { TEST_SANITIZED = 0 };
+#endif
+
 /* The output and exit status of one run of the wlbtrain binary. */
 typedef struct CmdResult {
     int status;   /* exit status, or 128 + signal */
