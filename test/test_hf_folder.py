@@ -38,6 +38,7 @@ is the loss of the weights it loaded, and its checkpoint holds them unchanged, b
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -513,6 +514,70 @@ def test_folder_errors(fx):
             raise AssertionError("%s: %s" % (what, e))
 
 
+def test_shard_names(fx):
+    """A shard name of weight_map is a plain file name of the folder: a path (../, a subfolder, an
+    absolute path), ".", ".." or "" is one error line, exit 2 - each with the shards really there, so
+    that without the refusal the weights would load from outside the folder the user gave. A name
+    that is a folder or a FIFO (which would block the open) is refused as not a regular file. A
+    symlink of the folder is followed wherever it points: Hugging Face's cache makes every file of
+    a snapshot a symlink into blobs/, and such a snapshot trains with the plain folder's loss."""
+    outside = os.path.join(fx.dir, "outside")
+    if not os.path.exists(outside):
+        shutil.copytree(fx.sharded, outside)
+    shards = sorted(f for f in os.listdir(fx.sharded) if f.endswith(".safetensors"))
+
+    def subfolder(d):
+        os.makedirs(os.path.join(d, "sub"))
+        for f in shards:
+            shutil.copy(os.path.join(d, f), os.path.join(d, "sub", f))
+        edit_index(d, lambda m: m.update({k: "sub/" + v for k, v in m.items()}))
+
+    def folder_shard(d):  # shard 1 a folder of that name
+        os.remove(os.path.join(d, shards[0]))
+        os.makedirs(os.path.join(d, shards[0]))
+
+    def fifo_shard(d):
+        os.remove(os.path.join(d, shards[0]))
+        os.mkfifo(os.path.join(d, shards[0]))
+
+    q = "model.layers.0.self_attn.q_proj.weight"
+    cases = [("../outside/NAME", lambda d: edit_index(d, lambda m: m.update({k: "../outside/" + v for k, v in m.items()})),
+              ["weight_map: ", ": not a file name of the folder"]),
+             ("sub/NAME (the shards copied into sub/)", subfolder, ["weight_map: ", ": not a file name of the folder"]),
+             ("an absolute path", lambda d: edit_index(d, lambda m: m.update({k: os.path.join(outside, v)
+                                                                               for k, v in m.items()})),
+              ["weight_map: ", ": not a file name of the folder"]),
+             ("..", lambda d: edit_index(d, lambda m: m.update({q: ".."})), ["weight_map: %s: not a file name" % q]),
+             (".", lambda d: edit_index(d, lambda m: m.update({q: "."})), ["weight_map: %s: not a file name" % q]),
+             ("empty", lambda d: edit_index(d, lambda m: m.update({q: ""})), ["weight_map: %s: not a file name" % q]),
+             ("a folder", folder_shard, [shards[0], "not a regular file"]),
+             ("a FIFO", fifo_shard, [shards[0], "not a regular file"])]
+    for what, edit, expect in cases:
+        d = broken_copy(fx, "names", edit)
+        r = run([WLBTRAIN, "--config", fx.yaml, "--set", "train.init_from=" + d, "--set", "checkpoint.dir=none"],
+                timeout=60)
+        try:
+            comment("%s: %s" % (what, one_error(r, *expect)))
+        except AssertionError as e:
+            raise AssertionError("%s: %s" % (what, e))
+    # Hugging Face's cache: snapshots/REV/FILE -> ../../blobs/HASH for every file of the folder.
+    cache = os.path.join(fx.dir, "hf-cache")
+    snap = os.path.join(cache, "snapshots", "0123abc")
+    if not os.path.exists(cache):
+        os.makedirs(os.path.join(cache, "blobs"))
+        os.makedirs(snap)
+        for f in sorted(os.listdir(fx.sharded)):
+            with open(os.path.join(fx.sharded, f), "rb") as g:
+                blob = hashlib.sha256(g.read()).hexdigest()
+            shutil.copy(os.path.join(fx.sharded, f), os.path.join(cache, "blobs", blob))
+            os.symlink(os.path.join("..", "..", "blobs", blob), os.path.join(snap, f))
+    want, _ = fx.train("sharded", fx.sharded)
+    got, _ = fx.train("hf-cache", snap)
+    check(got == want, "the HF cache snapshot's loss %r, the plain folder's %r" % (got, want))
+    comment("a snapshot of Hugging Face's cache (every file a symlink into blobs/): loss %r, the plain folder's %r"
+            % (got, want))
+
+
 def hf_probe(script, *args):
     r = run([sys.executable, "-c", script] + list(args), env=dict(os.environ, TRANSFORMERS_VERBOSITY="info"))
     return r
@@ -929,6 +994,8 @@ TESTS += [("yarn folder: YAML model.%s other than config.json's %s: refused" % (
 TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 3.0 preset names rope_scaling",
            test_preset_mismatch),
           ("a broken folder (shards, index, config.json): one error line, exit 2", test_folder_errors),
+          ("weight_map's shard names: a path, '.', '..', '' refused, a folder or FIFO not a regular file; "
+           "an HF cache snapshot of symlinks into blobs/ trains", test_shard_names),
           ("export in shards with index, bos/eos, generation config, tokenizer; transformers loads it",
            test_export_folder),
           ("export with data.tokenizer and no ids in config.json: the tokenizer's bos/eos, AutoTokenizer loads it",
