@@ -740,18 +740,92 @@ def test_export_llama3_tokenizer(fx):
     llama3 = os.path.join(REAL, "tokenizers", "llama3_tokenizer.json")
     need_file(llama3)
     d = no_ids_folder(fx)
-    big = os.path.join(fx.dir, "vocab-128256")
-    cfg = R.make_cfg(**dict(MODEL, vocab_size=128256))
-    w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(5)).items()}
-    c = hf_config(vocab_size=128256)
-    del c["bos_token_id"], c["eos_token_id"]
-    write_folder(big, w, config=c)
+    big = llama3_vocab_folder(fx)
     _, step = fx.train("llama3-tok-small", d, "data.tokenizer=" + llama3)
     r = run([WLBTRAIN, "export", "--checkpoint", step, "--out", os.path.join(fx.dir, "out-refused")])
     comment(one_error(r, "llama3_tokenizer.json", "the bos token id 128000 (from the tokenizer) is outside the "
                       "model's vocabulary of 320"))
     check(not os.path.exists(os.path.join(fx.dir, "out-refused")), "the refused export wrote its folder")
     check_data_tokenizer_export(fx, "data-tok-1", llama3, big, 128000, 128001)
+
+
+def llama3_vocab_folder(fx, name="vocab-128256", **config):
+    """MODEL with Llama 3's vocabulary of 128,256 ids in folder name: config.json without bos and eos
+    ids but for the keys of config, no tokenizer."""
+    d = os.path.join(fx.dir, name)
+    if not os.path.exists(d):
+        cfg = R.make_cfg(**dict(MODEL, vocab_size=128256))
+        w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(5)).items()}
+        c = hf_config(vocab_size=128256)
+        del c["bos_token_id"], c["eos_token_id"]
+        c.update(config)
+        write_folder(d, w, config=c)
+    return d
+
+
+def exported_ids(fx, name, init, *sets):
+    """The export of one step from init: (config.json, generation_config.json or None, the summary)."""
+    _, step = fx.train(name, init, *sets)
+    out = os.path.join(fx.dir, "out-" + name)
+    r = run([WLBTRAIN, "export", "--checkpoint", step, "--out", out])
+    check(r.returncode == 0, "export: %s" % r.stderr)
+    with open(os.path.join(out, "config.json")) as f:
+        c = json.load(f)
+    g = None
+    if os.path.exists(os.path.join(out, "generation_config.json")):
+        with open(os.path.join(out, "generation_config.json")) as f:
+            g = json.load(f)
+    return c, g, r.stdout.strip()
+
+
+def test_export_ids_by_source(fx):
+    """The bos and eos ids export writes into config.json and generation_config.json, for each
+    source: the model folder's config.json (first), else the tokenizer's added tokens, else for
+    Llama 3's vocabulary of 128,256 the base models' <|begin_of_text|> 128000 and <|end_of_text|>
+    128001 (what convert appends: not the instruct models' turn end <|eot_id|> 128009), else none -
+    then no generation_config.json. No pad id is written (Llama's configs have none: generation pads
+    with eos). A folder's own generation_config.json is copied as it is."""
+    gen_keys = {"_from_model_config", "bos_token_id", "eos_token_id"}
+    want_gen = lambda b, e: {"_from_model_config": True, "bos_token_id": b, "eos_token_id": e}  # noqa: E731
+    ids_5_67 = os.path.join(fx.dir, "ids-5-67")
+    if not os.path.exists(ids_5_67):
+        write_folder(ids_5_67, fx.weights, config=hf_config(bos_token_id=5, eos_token_id=[6, 7]))
+    cases = [("neither (Llama 3's vocabulary)", llama3_vocab_folder(fx), (), 128000, 128001, "Llama 3's vocabulary"),
+             ("config.json with eos 128009 only (an instruct model's): bos from Llama 3's vocabulary",
+              llama3_vocab_folder(fx, "vocab-128256-eot", eos_token_id=128009), (), 128000, 128009,
+              "the model folder's config.json"),
+             ("config.json's ids 5 and [6, 7] beside data.tokenizer's 0 and 1 (config.json first)", ids_5_67,
+              ("data.tokenizer=" + fx.tokenizer,), 5, [6, 7], "the model folder's config.json"),
+             ("the tokenizer (data.tokenizer, no ids in config.json)", no_ids_folder(fx),
+              ("data.tokenizer=" + fx.tokenizer,), BOS, EOS, "the tokenizer"),
+             ("neither, a vocabulary of 320", no_ids_folder(fx), (), None, None, None)]
+    for k, (what, init, sets, bos, eos, source) in enumerate(cases):
+        if fx.tokenizer_missing and sets:
+            raise fx.tokenizer_missing
+        c, g, summary = exported_ids(fx, "ids-%d" % k, init, *sets)
+        comment("%s: config.json bos %r eos %r; generation_config.json %r" % (what, c.get("bos_token_id"),
+                                                                               c.get("eos_token_id"), g))
+        check((c["bos_token_id"], c["eos_token_id"]) == (bos, eos),
+              "%s: config.json bos %r, eos %r; want %r, %r" % (what, c["bos_token_id"], c["eos_token_id"], bos, eos))
+        check("pad_token_id" not in c, "%s: config.json has pad_token_id %r" % (what, c.get("pad_token_id")))
+        if eos is None:
+            check(g is None, "%s: a generation_config.json without an eos id: %r" % (what, g))
+            continue
+        check(g == want_gen(bos, eos) and set(g) == gen_keys,
+              "%s: generation_config.json %r, want %r" % (what, g, want_gen(bos, eos)))
+        check(("eos %s from %s" % (eos if isinstance(eos, int) else "%d and %d more" % (eos[0], len(eos) - 1), source))
+              in summary, "%s: the summary %r does not say where eos came from" % (what, summary))
+    # A folder's own generation_config.json: copied byte for byte (its sampling settings too).
+    d = os.path.join(fx.dir, "own-gen")
+    if not os.path.exists(d):
+        shutil.copytree(fx.one, d)
+        with open(os.path.join(d, "generation_config.json"), "w") as f:
+            f.write('{"bos_token_id": 0, "eos_token_id": [1, 7], "do_sample": true, "temperature": 0.6}\n')
+    _, _, summary = exported_ids(fx, "own-gen", d)
+    with open(os.path.join(d, "generation_config.json"), "rb") as f, \
+            open(os.path.join(fx.dir, "out-own-gen", "generation_config.json"), "rb") as g:
+        check(f.read() == g.read(), "the folder's generation_config.json was not copied as it is")
+    check("generation_config.json (the model folder's)" in summary, "summary: %r" % summary)
 
 
 def test_export_later_stage(fx):
@@ -1004,6 +1078,8 @@ TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 
            test_data_tokenizer_wins),
           ("export with Llama 3's real tokenizer.json as data.tokenizer: 128000/128001; refused for 320 ids",
            test_export_llama3_tokenizer),
+          ("export's bos/eos in config.json and generation_config.json by source: the folder's config.json, the "
+           "tokenizer, Llama 3's vocabulary (128000/128001, not 128009), none; no pad id", test_export_ids_by_source),
           ("a later stage (continue_from) exports the first stage's folder's tokenizer and ids, or its data.tokenizer",
            test_export_later_stage),
           ("a bfloat16 folder exported at step 0 (--dtype auto): its tensors bit for bit", test_bf16_step0),
