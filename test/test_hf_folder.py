@@ -518,7 +518,8 @@ def test_shard_names(fx):
     """A shard name of weight_map is a plain file name of the folder: a path (../, a subfolder, an
     absolute path), ".", ".." or "" is one error line, exit 2 - each with the shards really there, so
     that without the refusal the weights would load from outside the folder the user gave. A name
-    that is a folder or a FIFO (which would block the open) is refused as not a regular file. A
+    that is a folder or a FIFO (which would block the open) is refused as not a regular file, and so
+    are an index and a config.json that are FIFOs. A
     symlink of the folder is followed wherever it points: Hugging Face's cache makes every file of
     a snapshot a symlink into blobs/, and such a snapshot trains with the plain folder's loss."""
     outside = os.path.join(fx.dir, "outside")
@@ -536,9 +537,12 @@ def test_shard_names(fx):
         os.remove(os.path.join(d, shards[0]))
         os.makedirs(os.path.join(d, shards[0]))
 
+    def fifo(d, name):
+        os.remove(os.path.join(d, name))
+        os.mkfifo(os.path.join(d, name))
+
     def fifo_shard(d):
-        os.remove(os.path.join(d, shards[0]))
-        os.mkfifo(os.path.join(d, shards[0]))
+        fifo(d, shards[0])
 
     q = "model.layers.0.self_attn.q_proj.weight"
     cases = [("../outside/NAME", lambda d: edit_index(d, lambda m: m.update({k: "../outside/" + v for k, v in m.items()})),
@@ -551,7 +555,10 @@ def test_shard_names(fx):
              (".", lambda d: edit_index(d, lambda m: m.update({q: "."})), ["weight_map: %s: not a file name" % q]),
              ("empty", lambda d: edit_index(d, lambda m: m.update({q: ""})), ["weight_map: %s: not a file name" % q]),
              ("a folder", folder_shard, [shards[0], "not a regular file"]),
-             ("a FIFO", fifo_shard, [shards[0], "not a regular file"])]
+             ("a FIFO", fifo_shard, [shards[0], "not a regular file"]),
+             ("the index a FIFO", lambda d: fifo(d, "model.safetensors.index.json"),
+              ["model.safetensors.index.json", "not a regular file"]),
+             ("config.json a FIFO", lambda d: fifo(d, "config.json"), ["config.json", "not a regular file"])]
     for what, edit, expect in cases:
         d = broken_copy(fx, "names", edit)
         r = run([WLBTRAIN, "--config", fx.yaml, "--set", "train.init_from=" + d, "--set", "checkpoint.dir=none"],

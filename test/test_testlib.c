@@ -84,6 +84,8 @@ static void test_failures_read_as_failures(void **state)
                         r.status, r.err);
             fail();
         }
+    /* The glued failure's location is the assertion's line in this file, not testlib.c's. */
+    assert_non_null(strstr(r.out, "\n# test/test_testlib.c:"));
     /* cmocka's exit status is the number of failed tests; each failure said what was expected. */
     assert_int_equal(r.status, 2);
     assert_non_null(strstr(r.err, "expected exit 2 and one line 'wlbtrain: error: ...holds step-00000008"));

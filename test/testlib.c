@@ -165,13 +165,13 @@ void test_cmd_free(CmdResult *r)
     r->out = r->err = NULL;
 }
 
-void test_assert_error(const CmdResult *r, const char *expect)
+void test_assert_error_at(const CmdResult *r, const char *expect, const char *file, int line)
 {
     if (r->status != 2 || strncmp(r->err, "wlbtrain: error: ", 17) || !strstr(r->err, expect) ||
         strchr(r->err, '\n') != r->err + strlen(r->err) - 1) {
         print_error("expected exit 2 and one line 'wlbtrain: error: ...%s...'\ngot exit %d, stderr:\n%s\n",
                     expect, r->status, r->err);
-        fail();
+        _fail(file, line);
     }
 }
 

@@ -165,6 +165,9 @@ int model_load_folder(Model *m, const char *dir, Error *err)
         return model_load(m, single, err);
     if (!exists(index))
         return error_set(err, dir, "a model folder without model.safetensors or model.safetensors.index.json");
+    struct stat st;
+    if (stat(index, &st) != 0 || !S_ISREG(st.st_mode)) /* a FIFO would block the read */
+        return error_set(err, index, "not a regular file");
     json_error_t je;
     json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
     if (!root)
