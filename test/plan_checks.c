@@ -179,9 +179,13 @@ int64_t check_step_limits(const StepPlan *p, const Planner *pl)
     int64_t cap = pl->packer == PACKER_WLB ? pl->s_max : pl->window, largest = 0, tokens = 0, pad = 0;
     assert_int_equal(n_mb, pl->n_mb);
     assert_int_equal(cap % unit, 0); /* else padding could take a micro-batch past it */
+    /* What the trainer reserves for the largest micro-batch and one CP rank's rows of it, and the
+     * memory check prices: every plan must fit in it. */
+    int64_t reserved_tokens, reserved_rows;
+    plan_largest(pl, &reserved_tokens, &reserved_rows);
     for (int64_t i = 0; i < n_mb; i++) {
         const PlanMicroBatch *mb = &p->mbs[i];
-        if (mb->tokens > cap) {
+        if (mb->tokens > cap || mb->tokens > reserved_tokens) {
             print_error("step %lld: micro-batch %lld of %lld holds %lld tokens, over its cap of %lld (%s packer: %s)\n",
                         (long long)p->step + 1, (long long)i, (long long)n_mb, (long long)mb->tokens, (long long)cap,
                         config_packer_name(pl->packer),
@@ -207,7 +211,13 @@ int64_t check_step_limits(const StepPlan *p, const Planner *pl)
         int64_t held = 0;
         for (int r = 0; r < p->cp; r++) {
             const PlanRank *pr = &p->ranks[mb->first_rank + r];
-            assert_true(pr->tokens >= 0 && pr->tokens <= pl->rank_capacity);
+            if (pr->tokens < 0 || pr->tokens > pl->rank_capacity || pr->tokens > reserved_rows) {
+                print_error("step %lld: micro-batch %lld (%s): CP rank %d holds %lld rows; its capacity is %lld, the "
+                            "trainer reserves %lld (plan_largest)\n", (long long)p->step + 1, (long long)i,
+                            config_cp_sharding_name(mb->mode), r, (long long)pr->tokens, (long long)pl->rank_capacity,
+                            (long long)reserved_rows);
+                fail();
+            }
             held += pr->tokens;
         }
         assert_int_equal(held, mb->tokens);

@@ -47,6 +47,8 @@ GroupsSeen check_groups_mb(const StepPlan *p, int64_t i, const CostModel *m, int
  *   packers) and makes the micro-batch a multiple of it;
  * - its CP ranks hold its tokens between them, none more than its share of S_max
  *   (pl->rank_capacity);
+ * - it fits what the trainer reserves and the memory check prices (plan_largest: the largest
+ *   micro-batch's tokens and one CP rank's rows of it);
  * and the step's tokens and padding are the micro-batches' sums. Returns the largest micro-batch's
  * tokens. */
 int64_t check_step_limits(const StepPlan *p, const Planner *pl);
