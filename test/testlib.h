@@ -3,6 +3,10 @@
  *
  * Each test_*.c is one program of cmocka unit tests, linked with libwlb.a. test/run.sh runs them all
  * for a build variant, with WLBTRAIN pointing at that variant's binary, and prints the summary.
+ *
+ * Linked with testlib.c, a program's failures read as failures (testlib.c's constructor): cmocka's
+ * "ok N" / "not ok N" line always starts a line of stdout, even after a comment printed without its
+ * newline, and wlb_fatal in the code under test fails the running test instead of ending the program.
  */
 #ifndef WLB_TEST_TESTLIB_H
 #define WLB_TEST_TESTLIB_H
