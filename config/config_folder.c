@@ -267,6 +267,8 @@ int config_apply_model_folder(Config *cfg, Error *err)
         return 0; /* a file (or nothing there, which loading reports) */
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a FIFO would block the read */
+        return error_set(err, path, "not a regular file");
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {

@@ -3,7 +3,9 @@
  */
 #include "test/plan_checks.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,3 +172,108 @@ GroupsSeen check_groups_mb(const StepPlan *p, int64_t i, const CostModel *m, int
     return seen;
 }
 
+
+int64_t check_step_limits(const StepPlan *p, const Planner *pl)
+{
+    int64_t n_mb = (int64_t)p->dp * p->m, unit = pl->packer == PACKER_WLB && p->cp > 1 ? 2 * p->cp : 1;
+    int64_t cap = pl->packer == PACKER_WLB ? pl->s_max : pl->window, largest = 0, tokens = 0, pad = 0;
+    assert_int_equal(n_mb, pl->n_mb);
+    assert_int_equal(cap % unit, 0); /* else padding could take a micro-batch past it */
+    /* What the trainer reserves for the largest micro-batch and one CP rank's rows of it, and the
+     * memory check prices: every plan must fit in it. */
+    int64_t reserved_tokens, reserved_rows;
+    plan_largest(pl, &reserved_tokens, &reserved_rows);
+    for (int64_t i = 0; i < n_mb; i++) {
+        const PlanMicroBatch *mb = &p->mbs[i];
+        if (mb->tokens > cap || mb->tokens > reserved_tokens) {
+            print_error("step %lld: micro-batch %lld of %lld holds %lld tokens, over its cap of %lld (%s packer: %s)\n",
+                        (long long)p->step + 1, (long long)i, (long long)n_mb, (long long)mb->tokens, (long long)cap,
+                        config_packer_name(pl->packer),
+                        pl->packer == PACKER_WLB ? "S_max, balance.max_tokens_per_micro_batch" : "the window");
+            fail();
+        }
+        largest = mb->tokens > largest ? mb->tokens : largest;
+        int64_t at = 0, data = 0;
+        for (int64_t k = 0; k < mb->n_docs; k++) {
+            const PlanDoc *d = &p->docs[mb->first_doc + k];
+            assert_int_equal(d->start, at);
+            assert_true(d->len > 0 && d->len <= pl->window);
+            if (d->source == PLAN_PAD_SOURCE)
+                assert_int_equal(k, mb->n_docs - 1); /* the padding is the last piece */
+            else
+                data += d->len;
+            at += d->len;
+        }
+        assert_int_equal(at, mb->tokens);
+        assert_int_equal(mb->pad, mb->tokens - data);
+        assert_true(mb->pad < unit);
+        assert_int_equal(mb->tokens % unit, 0);
+        int64_t held = 0;
+        for (int r = 0; r < p->cp; r++) {
+            const PlanRank *pr = &p->ranks[mb->first_rank + r];
+            if (pr->tokens < 0 || pr->tokens > pl->rank_capacity || pr->tokens > reserved_rows) {
+                print_error("step %lld: micro-batch %lld (%s): CP rank %d holds %lld rows; its capacity is %lld, the "
+                            "trainer reserves %lld (plan_largest)\n", (long long)p->step + 1, (long long)i,
+                            config_cp_sharding_name(mb->mode), r, (long long)pr->tokens, (long long)pl->rank_capacity,
+                            (long long)reserved_rows);
+                fail();
+            }
+            held += pr->tokens;
+        }
+        assert_int_equal(held, mb->tokens);
+        tokens += data;
+        pad += mb->pad;
+    }
+    assert_int_equal(tokens, p->tokens);
+    assert_int_equal(pad, p->pad_tokens);
+    return largest;
+}
+
+int64_t plan_step_checked(Planner *pl, StepPlan *p)
+{
+    Error err = {0};
+    if (plan_step(pl, p, &err) != 0) {
+        print_error("plan_step: %s\n", err.msg);
+        fail();
+    }
+    return check_step_limits(p, pl);
+}
+
+int64_t check_stats_mb_cap(const char *stats, int64_t cap, int64_t *n_mb)
+{
+    FILE *f = fopen(stats, "r");
+    assert_non_null(f);
+    static char line[1 << 20];
+    int64_t largest = 0, count = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je), *mbs = json_object_get(o, "mb_tokens");
+        assert_non_null(o);
+        if (json_object_get(o, "summary")) {
+            json_decref(o);
+            continue;
+        }
+        assert_true(json_is_array(mbs) && json_array_size(mbs) > 0);
+        size_t i;
+        json_t *v;
+        json_array_foreach(mbs, i, v)
+        {
+            int64_t t = json_integer_value(v);
+            if (t > cap) {
+                print_error("%s: step %lld: micro-batch %zu of %zu holds %lld tokens, over the cap of %lld\n", stats,
+                            (long long)json_integer_value(json_object_get(o, "step")), i, json_array_size(mbs),
+                            (long long)t, (long long)cap);
+                json_decref(o);
+                fclose(f);
+                fail();
+            }
+            largest = t > largest ? t : largest;
+            count++;
+        }
+        json_decref(o);
+    }
+    fclose(f);
+    if (n_mb)
+        *n_mb = count;
+    return largest;
+}

@@ -9,6 +9,7 @@
  * <= 0 of a length list skipped with a warning that says what, and the errors.
  */
 #include "test/testlib.h"
+#include "test/plan_checks.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -397,8 +398,11 @@ static void test_balance_on_real_lists(void **state)
             test_cmd_free(&r);
             pp[k] = summary_value(stats, "pp_imbalance", "mean");
             double cp_mean = summary_value(stats, "cp_imbalance", "mean"), cp_max = summary_value(stats, "cp_imbalance", "max");
-            printf("# %s, %s: pp_imbalance mean %.4f, cp_imbalance mean %.5f max %.5f\n", lists[i], packers[k] + 15,
-                   pp[k], cp_mean, cp_max);
+            /* No micro-batch over its cap: the window for fixed (padded to 2 CP: the window is a multiple),
+             * S_max (the default, 2 windows) for wlb. */
+            int64_t largest = check_stats_mb_cap(stats, k ? 262144 : 131072, NULL);
+            printf("# %s, %s: pp_imbalance mean %.4f, cp_imbalance mean %.5f max %.5f, largest micro-batch %lld\n",
+                   lists[i], packers[k] + 15, pp[k], cp_mean, cp_max, (long long)largest);
             assert_true(cp_mean <= 1.001 && cp_max <= 1.005);
         }
         assert_true(pp[1] <= 1.03);
@@ -430,6 +434,7 @@ static void test_balance_on_real_lists(void **state)
             printf("# %s, wlb + hybrid, v %d: pp_imbalance mean %.4f p95 %.4f, cp_time_imbalance mean %.4f "
                    "(cp_imbalance %.4f), plan %.3f ms\n", lists[i], v, mean, p95, cp, cp_compute, ms);
             assert_true(mean <= 1.03 && p95 <= 1.10 && cp <= (strstr(lists[i], "linux") ? 1.011 : 1.01));
+            check_stats_mb_cap(stats, 262144, NULL);
             /* The batch kept (issue 48): 95% of the steps within 10% of it, none under 75%. */
             double off = summary_value(stats, "tokens_per_step", "off_10pct");
             double under = summary_value(stats, "tokens_per_step", "under_75pct");

@@ -4,9 +4,12 @@
  * (tokens_per_step, recomputed here from the step lines), the stdout summary line and --compare's
  * columns; a step under 75% of the batch warned of on stderr; the wlb packer within 10% of the
  * batch on a list with outliers, on the tiny config at 65,536 tokens a step (no step under 75%), and
- * at the headline configs on the WLB-LLM list (95% of the steps within 10%, none under 75%).
+ * at the headline configs on the WLB-LLM list (95% of the steps within 10%, none under 75%); and no
+ * micro-batch of those runs over its cap (S_max: the gap filling of a step that keeps its batch must
+ * not overfill a micro-batch).
  */
 #include "test/testlib.h"
+#include "test/plan_checks.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -167,6 +170,11 @@ static void test_one_window_s_max_fills_the_step(void **state)
            (long long)spread_int(&st, "min"), (long long)spread_int(&st, "max"),
            (long long)spread_int(&st, "off_10pct"));
     assert_int_equal(spread_int(&st, "off_10pct"), 0);
+    /* Filling the gaps must not fill a micro-batch past S_max (uncounted, it did: 76 of the 240 went
+     * over 4,096 tokens, the largest 5,186). */
+    int64_t n_mb, largest = check_stats_mb_cap(stats, 4096, &n_mb);
+    printf("# S_max one window: the largest of %lld micro-batches %lld tokens\n", (long long)n_mb, (long long)largest);
+    assert_int_equal(n_mb, 60 * 4);
     json_decref(st.spread);
     free(stats);
     free(cfg);
@@ -249,6 +257,7 @@ static void test_headline_configs_near_the_batch(void **state)
     SKIP_WITHOUT_REAL_DATA(list, "lengths/distca_wlbllm_lengths.json");
     const char *configs[] = {"llama8b", "llama8b-wlbllm", "llama70b", "llama70b-128k"};
     const int64_t batch[] = {524288, 524288, 2097152, 4194304};
+    const int64_t s_max[] = {262144, 262144, 131072, 262144}; /* their max_tokens_per_micro_batch */
     char *dir = test_tmpdir(), *stats = test_format("%s/s.jsonl", dir), *set = test_format("data.lengths_file=%s", list);
     for (int c = 0; c < HEADLINE_CONFIGS; c++) {
         char *cfg = test_format("config/examples/%s.yaml", configs[c]);
@@ -265,10 +274,53 @@ static void test_headline_configs_near_the_batch(void **state)
                (long long)spread_int(&s, "min"), (long long)spread_int(&s, "max"), (long long)batch[c], (long long)off);
         assert_int_equal(under, 0);
         assert_true(off <= 10);
+        int64_t largest = check_stats_mb_cap(stats, s_max[c], NULL);
+        printf("# %s: the largest micro-batch %lld tokens (S_max %lld)\n", configs[c], (long long)largest,
+               (long long)s_max[c]);
         json_decref(s.spread);
         free(cfg);
     }
     free(set);
+    free(stats);
+    test_rm_rf(dir);
+    free(dir);
+}
+
+/* The cap on the real length lists: S_max of one window (4,096, the one-GPU bench's shape, 4
+ * micro-batches a step), 100 steps of each of the four lists under each packer - no micro-batch over
+ * 4,096 tokens. wlb's gap filling (plan_pack.c's fill_gaps) binds here on every list; with it not
+ * counting the tokens it adds, 10 to 26 micro-batches of each list's 400 went over, up to 5,186. */
+static void test_real_lists_one_window_s_max(void **state)
+{
+    (void)state;
+    const char *lists[] = {"lengths/distca_wlbllm_lengths.json", "lengths/distca_prolong_lengths.json",
+                           "lengths/flexsp_wikipedia_lengths.txt", "lengths/linux61_files_llama3_tokens.csv.gz"};
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) { /* before anything is allocated (testlib.h) */
+        SKIP_WITHOUT_REAL_DATA(list, lists[i]);
+        (void)list;
+    }
+    const char *packers[] = {"wlb", "fixed_greedy", "fixed"};
+    char *dir = test_tmpdir(), *stats = test_format("%s/s.jsonl", dir);
+    /* ASan: the WLB-LLM list (the same code; the release build plans all four) */
+    const size_t n_lists = TEST_SANITIZED ? 1 : sizeof lists / sizeof lists[0];
+    for (size_t i = 0; i < n_lists; i++)
+        for (int k = 0; k < 3; k++) {
+            char *yaml = test_format("model: {preset: tiny}\nparallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
+                                     "data: {lengths_file: %s, context_window: 4096, global_batch_tokens: 16384}\n"
+                                     "balance: {packer: %s, max_tokens_per_micro_batch: 4096}\n",
+                                     test_real_data(lists[i]), packers[k]);
+            char *cfg = test_write_file(dir, "one.yaml", yaml, strlen(yaml));
+            CmdResult r;
+            RUN(&r, "--config", cfg, "--dry-run", "--steps", "100", "--stats-out", stats);
+            assert_int_equal(r.status, 0);
+            test_cmd_free(&r);
+            int64_t n_mb, largest = check_stats_mb_cap(stats, 4096, &n_mb);
+            printf("# %s, %s: the largest of %lld micro-batches %lld tokens (S_max 4096)\n", lists[i], packers[k],
+                   (long long)n_mb, (long long)largest);
+            assert_int_equal(n_mb, 400);
+            free(cfg);
+            free(yaml);
+        }
     free(stats);
     test_rm_rf(dir);
     free(dir);
@@ -282,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_under_floor_warned),
         cmocka_unit_test(test_tiny_config_full_steps),
         cmocka_unit_test(test_headline_configs_near_the_batch),
+        cmocka_unit_test(test_real_lists_one_window_s_max),
     };
     return cmocka_run_group_tests_name("dryrun_batch", tests, NULL, NULL);
 }

@@ -38,6 +38,7 @@ is the loss of the weights it loaded, and its checkpoint holds them unchanged, b
 
 Environment: WLBTRAIN (default ./wlbtrain), WLB_HF_PYTHON. Output: TAP.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -513,6 +514,77 @@ def test_folder_errors(fx):
             raise AssertionError("%s: %s" % (what, e))
 
 
+def test_shard_names(fx):
+    """A shard name of weight_map is a plain file name of the folder: a path (../, a subfolder, an
+    absolute path), ".", ".." or "" is one error line, exit 2 - each with the shards really there, so
+    that without the refusal the weights would load from outside the folder the user gave. A name
+    that is a folder or a FIFO (which would block the open) is refused as not a regular file, and so
+    are an index and a config.json that are FIFOs. A
+    symlink of the folder is followed wherever it points: Hugging Face's cache makes every file of
+    a snapshot a symlink into blobs/, and such a snapshot trains with the plain folder's loss."""
+    outside = os.path.join(fx.dir, "outside")
+    if not os.path.exists(outside):
+        shutil.copytree(fx.sharded, outside)
+    shards = sorted(f for f in os.listdir(fx.sharded) if f.endswith(".safetensors"))
+
+    def subfolder(d):
+        os.makedirs(os.path.join(d, "sub"))
+        for f in shards:
+            shutil.copy(os.path.join(d, f), os.path.join(d, "sub", f))
+        edit_index(d, lambda m: m.update({k: "sub/" + v for k, v in m.items()}))
+
+    def folder_shard(d):  # shard 1 a folder of that name
+        os.remove(os.path.join(d, shards[0]))
+        os.makedirs(os.path.join(d, shards[0]))
+
+    def fifo(d, name):
+        os.remove(os.path.join(d, name))
+        os.mkfifo(os.path.join(d, name))
+
+    def fifo_shard(d):
+        fifo(d, shards[0])
+
+    q = "model.layers.0.self_attn.q_proj.weight"
+    cases = [("../outside/NAME", lambda d: edit_index(d, lambda m: m.update({k: "../outside/" + v for k, v in m.items()})),
+              ["weight_map: ", ": not a file name of the folder"]),
+             ("sub/NAME (the shards copied into sub/)", subfolder, ["weight_map: ", ": not a file name of the folder"]),
+             ("an absolute path", lambda d: edit_index(d, lambda m: m.update({k: os.path.join(outside, v)
+                                                                               for k, v in m.items()})),
+              ["weight_map: ", ": not a file name of the folder"]),
+             ("..", lambda d: edit_index(d, lambda m: m.update({q: ".."})), ["weight_map: %s: not a file name" % q]),
+             (".", lambda d: edit_index(d, lambda m: m.update({q: "."})), ["weight_map: %s: not a file name" % q]),
+             ("empty", lambda d: edit_index(d, lambda m: m.update({q: ""})), ["weight_map: %s: not a file name" % q]),
+             ("a folder", folder_shard, [shards[0], "not a regular file"]),
+             ("a FIFO", fifo_shard, [shards[0], "not a regular file"]),
+             ("the index a FIFO", lambda d: fifo(d, "model.safetensors.index.json"),
+              ["model.safetensors.index.json", "not a regular file"]),
+             ("config.json a FIFO", lambda d: fifo(d, "config.json"), ["config.json", "not a regular file"])]
+    for what, edit, expect in cases:
+        d = broken_copy(fx, "names", edit)
+        r = run([WLBTRAIN, "--config", fx.yaml, "--set", "train.init_from=" + d, "--set", "checkpoint.dir=none"],
+                timeout=60)
+        try:
+            comment("%s: %s" % (what, one_error(r, *expect)))
+        except AssertionError as e:
+            raise AssertionError("%s: %s" % (what, e))
+    # Hugging Face's cache: snapshots/REV/FILE -> ../../blobs/HASH for every file of the folder.
+    cache = os.path.join(fx.dir, "hf-cache")
+    snap = os.path.join(cache, "snapshots", "0123abc")
+    if not os.path.exists(cache):
+        os.makedirs(os.path.join(cache, "blobs"))
+        os.makedirs(snap)
+        for f in sorted(os.listdir(fx.sharded)):
+            with open(os.path.join(fx.sharded, f), "rb") as g:
+                blob = hashlib.sha256(g.read()).hexdigest()
+            shutil.copy(os.path.join(fx.sharded, f), os.path.join(cache, "blobs", blob))
+            os.symlink(os.path.join("..", "..", "blobs", blob), os.path.join(snap, f))
+    want, _ = fx.train("sharded", fx.sharded)
+    got, _ = fx.train("hf-cache", snap)
+    check(got == want, "the HF cache snapshot's loss %r, the plain folder's %r" % (got, want))
+    comment("a snapshot of Hugging Face's cache (every file a symlink into blobs/): loss %r, the plain folder's %r"
+            % (got, want))
+
+
 def hf_probe(script, *args):
     r = run([sys.executable, "-c", script] + list(args), env=dict(os.environ, TRANSFORMERS_VERBOSITY="info"))
     return r
@@ -675,18 +747,92 @@ def test_export_llama3_tokenizer(fx):
     llama3 = os.path.join(REAL, "tokenizers", "llama3_tokenizer.json")
     need_file(llama3)
     d = no_ids_folder(fx)
-    big = os.path.join(fx.dir, "vocab-128256")
-    cfg = R.make_cfg(**dict(MODEL, vocab_size=128256))
-    w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(5)).items()}
-    c = hf_config(vocab_size=128256)
-    del c["bos_token_id"], c["eos_token_id"]
-    write_folder(big, w, config=c)
+    big = llama3_vocab_folder(fx)
     _, step = fx.train("llama3-tok-small", d, "data.tokenizer=" + llama3)
     r = run([WLBTRAIN, "export", "--checkpoint", step, "--out", os.path.join(fx.dir, "out-refused")])
     comment(one_error(r, "llama3_tokenizer.json", "the bos token id 128000 (from the tokenizer) is outside the "
                       "model's vocabulary of 320"))
     check(not os.path.exists(os.path.join(fx.dir, "out-refused")), "the refused export wrote its folder")
     check_data_tokenizer_export(fx, "data-tok-1", llama3, big, 128000, 128001)
+
+
+def llama3_vocab_folder(fx, name="vocab-128256", **config):
+    """MODEL with Llama 3's vocabulary of 128,256 ids in folder name: config.json without bos and eos
+    ids but for the keys of config, no tokenizer."""
+    d = os.path.join(fx.dir, name)
+    if not os.path.exists(d):
+        cfg = R.make_cfg(**dict(MODEL, vocab_size=128256))
+        w = {k: v.astype(np.float32) for k, v in R.random_weights(cfg, np.random.default_rng(5)).items()}
+        c = hf_config(vocab_size=128256)
+        del c["bos_token_id"], c["eos_token_id"]
+        c.update(config)
+        write_folder(d, w, config=c)
+    return d
+
+
+def exported_ids(fx, name, init, *sets):
+    """The export of one step from init: (config.json, generation_config.json or None, the summary)."""
+    _, step = fx.train(name, init, *sets)
+    out = os.path.join(fx.dir, "out-" + name)
+    r = run([WLBTRAIN, "export", "--checkpoint", step, "--out", out])
+    check(r.returncode == 0, "export: %s" % r.stderr)
+    with open(os.path.join(out, "config.json")) as f:
+        c = json.load(f)
+    g = None
+    if os.path.exists(os.path.join(out, "generation_config.json")):
+        with open(os.path.join(out, "generation_config.json")) as f:
+            g = json.load(f)
+    return c, g, r.stdout.strip()
+
+
+def test_export_ids_by_source(fx):
+    """The bos and eos ids export writes into config.json and generation_config.json, for each
+    source: the model folder's config.json (first), else the tokenizer's added tokens, else for
+    Llama 3's vocabulary of 128,256 the base models' <|begin_of_text|> 128000 and <|end_of_text|>
+    128001 (what convert appends: not the instruct models' turn end <|eot_id|> 128009), else none -
+    then no generation_config.json. No pad id is written (Llama's configs have none: generation pads
+    with eos). A folder's own generation_config.json is copied as it is."""
+    gen_keys = {"_from_model_config", "bos_token_id", "eos_token_id"}
+    want_gen = lambda b, e: {"_from_model_config": True, "bos_token_id": b, "eos_token_id": e}  # noqa: E731
+    ids_5_67 = os.path.join(fx.dir, "ids-5-67")
+    if not os.path.exists(ids_5_67):
+        write_folder(ids_5_67, fx.weights, config=hf_config(bos_token_id=5, eos_token_id=[6, 7]))
+    cases = [("neither (Llama 3's vocabulary)", llama3_vocab_folder(fx), (), 128000, 128001, "Llama 3's vocabulary"),
+             ("config.json with eos 128009 only (an instruct model's): bos from Llama 3's vocabulary",
+              llama3_vocab_folder(fx, "vocab-128256-eot", eos_token_id=128009), (), 128000, 128009,
+              "the model folder's config.json"),
+             ("config.json's ids 5 and [6, 7] beside data.tokenizer's 0 and 1 (config.json first)", ids_5_67,
+              ("data.tokenizer=" + fx.tokenizer,), 5, [6, 7], "the model folder's config.json"),
+             ("the tokenizer (data.tokenizer, no ids in config.json)", no_ids_folder(fx),
+              ("data.tokenizer=" + fx.tokenizer,), BOS, EOS, "the tokenizer"),
+             ("neither, a vocabulary of 320", no_ids_folder(fx), (), None, None, None)]
+    for k, (what, init, sets, bos, eos, source) in enumerate(cases):
+        if fx.tokenizer_missing and sets:
+            raise fx.tokenizer_missing
+        c, g, summary = exported_ids(fx, "ids-%d" % k, init, *sets)
+        comment("%s: config.json bos %r eos %r; generation_config.json %r" % (what, c.get("bos_token_id"),
+                                                                               c.get("eos_token_id"), g))
+        check((c["bos_token_id"], c["eos_token_id"]) == (bos, eos),
+              "%s: config.json bos %r, eos %r; want %r, %r" % (what, c["bos_token_id"], c["eos_token_id"], bos, eos))
+        check("pad_token_id" not in c, "%s: config.json has pad_token_id %r" % (what, c.get("pad_token_id")))
+        if eos is None:
+            check(g is None, "%s: a generation_config.json without an eos id: %r" % (what, g))
+            continue
+        check(g == want_gen(bos, eos) and set(g) == gen_keys,
+              "%s: generation_config.json %r, want %r" % (what, g, want_gen(bos, eos)))
+        check(("eos %s from %s" % (eos if isinstance(eos, int) else "%d and %d more" % (eos[0], len(eos) - 1), source))
+              in summary, "%s: the summary %r does not say where eos came from" % (what, summary))
+    # A folder's own generation_config.json: copied byte for byte (its sampling settings too).
+    d = os.path.join(fx.dir, "own-gen")
+    if not os.path.exists(d):
+        shutil.copytree(fx.one, d)
+        with open(os.path.join(d, "generation_config.json"), "w") as f:
+            f.write('{"bos_token_id": 0, "eos_token_id": [1, 7], "do_sample": true, "temperature": 0.6}\n')
+    _, _, summary = exported_ids(fx, "own-gen", d)
+    with open(os.path.join(d, "generation_config.json"), "rb") as f, \
+            open(os.path.join(fx.dir, "out-own-gen", "generation_config.json"), "rb") as g:
+        check(f.read() == g.read(), "the folder's generation_config.json was not copied as it is")
+    check("generation_config.json (the model folder's)" in summary, "summary: %r" % summary)
 
 
 def test_export_later_stage(fx):
@@ -929,6 +1075,8 @@ TESTS += [("yarn folder: YAML model.%s other than config.json's %s: refused" % (
 TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 3.0 preset names rope_scaling",
            test_preset_mismatch),
           ("a broken folder (shards, index, config.json): one error line, exit 2", test_folder_errors),
+          ("weight_map's shard names: a path, '.', '..', '' refused, a folder or FIFO not a regular file; "
+           "an HF cache snapshot of symlinks into blobs/ trains", test_shard_names),
           ("export in shards with index, bos/eos, generation config, tokenizer; transformers loads it",
            test_export_folder),
           ("export with data.tokenizer and no ids in config.json: the tokenizer's bos/eos, AutoTokenizer loads it",
@@ -937,6 +1085,8 @@ TESTS += [("a preset other than the folder: refused; Llama 3.1 folder under the 
            test_data_tokenizer_wins),
           ("export with Llama 3's real tokenizer.json as data.tokenizer: 128000/128001; refused for 320 ids",
            test_export_llama3_tokenizer),
+          ("export's bos/eos in config.json and generation_config.json by source: the folder's config.json, the "
+           "tokenizer, Llama 3's vocabulary (128000/128001, not 128009), none; no pad id", test_export_ids_by_source),
           ("a later stage (continue_from) exports the first stage's folder's tokenizer and ids, or its data.tokenizer",
            test_export_later_stage),
           ("a bfloat16 folder exported at step 0 (--dtype auto): its tensors bit for bit", test_bf16_step0),

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
+#include "test/plan_checks.h"
 #include "util/rng.h"
 
 enum { N_DOCS = 2000 };
@@ -101,11 +102,10 @@ static void check_nothing_lost_with(PackerKind packer, const char *yaml)
     for (int i = 0; i < N_DOCS; i++)
         seen[i] = calloc(f.lens[i] + 1, 1);
     StepPlan p = {0};
-    Error err = {0};
     int64_t trained = 0;
     /* 30 steps of 8K tokens stay inside the first epoch (2000 documents of about 215 tokens). */
     for (int step = 0; step < 30; step++) {
-        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        plan_step_checked(&f.pl, &p);
         mark(seen, &p, f.lens);
         trained += p.tokens;
         int64_t sum = 0;
@@ -190,10 +190,9 @@ static void check_document_rule(PackerKind packer, int cut)
     uint64_t *start = malloc(N_DOCS * sizeof *start);
     doc_starts(&f, start);
     StepPlan p = {0};
-    Error err = {0};
     int64_t straddled = 0, pieces = 0;
     for (int step = 0; step < 20; step++) {
-        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        plan_step_checked(&f.pl, &p);
         for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
             const PlanMicroBatch *mb = &p.mbs[i];
             if (packer != PACKER_WLB)
@@ -249,7 +248,7 @@ static void test_keep_window_boundary(void **state)
     StepPlan p = {0};
     int64_t trained = 0;
     for (int step = 0; step < 1; step++) { /* 8 windows of 4: half of the 64 documents */
-        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        plan_step_checked(&pl, &p);
         for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
             assert_int_equal(p.mbs[i].n_docs, 4);
             assert_int_equal(p.mbs[i].tokens, 820);
@@ -302,10 +301,9 @@ static void test_fixed_windows(void **state)
     Fixture f;
     setup(&f, yaml_cp2, PACKER_FIXED, CP_PER_SEQ);
     StepPlan p = {0};
-    Error err = {0};
     int64_t last_seq = -1;
     for (int step = 0; step < 5; step++) {
-        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        plan_step_checked(&f.pl, &p);
         assert_int_equal(p.tokens, 8192);
         assert_int_equal(p.dp * p.m, 8); /* DP 2 x M 4 windows of 1024 */
         for (int64_t i = 0; i < 8; i++) {
@@ -328,7 +326,7 @@ static void test_fixed_windows(void **state)
 
     setup(&f, yaml_cp2, PACKER_FIXED_GREEDY, CP_PER_DOC);
     for (int step = 0; step < 5; step++) {
-        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        plan_step_checked(&f.pl, &p);
         for (int64_t i = 0; i < 8; i++)
             assert_int_equal(p.mbs[i].tokens, 1024);
         check_replicas(&p);
@@ -347,10 +345,9 @@ static void test_wlb_limits_and_queues(void **state)
               "balance: {outlier_thresholds: [256, 512], max_tokens_per_micro_batch: 4096}\n",
           PACKER_WLB, CP_HYBRID);
     StepPlan p = {0};
-    Error err = {0};
     int64_t released_steps = 0, longest = 0;
     for (int step = 0; step < 30; step++) {
-        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        plan_step_checked(&f.pl, &p);
         assert_int_equal(p.carried, 0);
         for (int64_t i = 0; i < 8; i++) {
             const PlanMicroBatch *mb = &p.mbs[i];
@@ -405,10 +402,9 @@ static void test_wlb_steps_train_the_batch(void **state)
         setup(&f, yamls[c], PACKER_WLB, CP_HYBRID);
         int64_t room = 8192;
         StepPlan p = {0};
-        Error err = {0};
         int64_t least = INT64_MAX, most = 0, releases = 0;
         for (int step = 0; step < 100; step++) {
-            assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+            plan_step_checked(&f.pl, &p);
             least = p.tokens < least ? p.tokens : least;
             most = p.tokens > most ? p.tokens : most;
             int64_t outliers = 0;
@@ -473,7 +469,7 @@ static void test_outlier_thresholds_exact(void **state)
     StepPlan p = {0};
     int seen_queued[6] = {0}, seen_at_once[6] = {0};
     for (int step = 0; step < 40; step++) {
-        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        plan_step_checked(&pl, &p);
         assert_int_equal(p.carried, 0);
         for (int q = 0; q < 2; q++)
             for (int64_t i = 0; i < pl.queues[q].n; i++) {
@@ -557,7 +553,7 @@ static void test_wlb_s_max_binds(void **state)
     StepPlan p = {0};
     int64_t carried = 0, fullest = 0;
     for (int step = 0; step < 20; step++) {
-        assert_int_equal(plan_step(&pl, &p, &err), 0);
+        plan_step_checked(&pl, &p);
         carried += p.carried;
         for (int64_t i = 0; i < (int64_t)p.dp * p.m; i++) {
             fullest = p.mbs[i].tokens > fullest ? p.mbs[i].tokens : fullest;
@@ -577,6 +573,69 @@ static void test_wlb_s_max_binds(void **state)
     config_free(&cfg);
 }
 
+/* Every packer keeps every micro-batch within its cap (check_step_limits: S_max for wlb, the window
+ * for fixed and fixed_greedy), where the cap binds hardest: S_max of one window (the one-GPU bench's
+ * shape, test_dryrun_batch's case) and pieces of every size from 50 to 4049 tokens, so whole pieces
+ * never pack the windows full and wlb fills the gaps from the stream (plan_pack.c's fill_gaps) -
+ * on 4 micro-batches and on 8 over CP 2 (padded to 4), long documents cut and kept, 60 steps each.
+ * With the gap filling not counting the tokens it adds, 76 of wlb's 240 micro-batches went over
+ * 4,096 tokens here, the largest 5,186. */
+static int spread_length(int i) { return 50 + (i * 1237) % 4000; }
+
+static void test_every_packer_keeps_its_cap(void **state)
+{
+    (void)state;
+    enum { N = 1500 };
+    static uint32_t lens[N];
+    uint64_t total = 0;
+    for (int i = 0; i < N; i++)
+        total += lens[i] = (uint32_t)spread_length(i);
+    /* At CP 2 S_max is given as 4098 tokens: the planner floors it to 4096, a multiple of the pad
+     * unit 2 CP, so that no padded micro-batch goes past the configured value. */
+    const char *layouts[2] = {"parallel: {tp: 1, cp: 1, pp: 1, dp: 1}\n"
+                              "data: {context_window: 4096, global_batch_tokens: 16384}\n"
+                              "balance: {max_tokens_per_micro_batch: 4096, ",
+                              "parallel: {tp: 1, cp: 2, pp: 2, dp: 2}\n"
+                              "data: {context_window: 4096, global_batch_tokens: 32768}\n"
+                              "balance: {max_tokens_per_micro_batch: 4098, "};
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 3; k++)
+            for (int cut = 0; cut < 2; cut++) {
+                char *yaml = test_format("model: {preset: tiny}\n%slong_documents: %s}\n", layouts[l],
+                                         cut ? "cut" : "keep");
+                Config cfg;
+                CostModel cost;
+                DataStream stream;
+                Planner pl;
+                Error err = {0};
+                config_init(&cfg);
+                if (load_even(&cfg, yaml, &err) != 0 || cost_model_init(&cost, &cfg, &err) != 0) {
+                    print_error("%s\n", err.msg);
+                    fail();
+                }
+                DataSource src = data_source_from_lengths(lens, N, total);
+                assert_int_equal(data_stream_init(&stream, &src, NULL, 1, 3, 4096, &err), 0);
+                assert_int_equal(plan_init(&pl, &cfg, &cost, &stream, (PackerKind)k, CP_HYBRID, &err), 0);
+                assert_int_equal(pl.s_max, 4096);
+                StepPlan p = {0};
+                int64_t largest = 0, trained = 0;
+                for (int step = 0; step < 60; step++) {
+                    int64_t most = plan_step_checked(&pl, &p);
+                    assert_true(most <= 4096);
+                    largest = most > largest ? most : largest;
+                    trained += p.tokens;
+                }
+                printf("# %s, cp %d, %s: the largest of 60 steps' micro-batches %lld tokens (cap 4096), %lld "
+                       "tokens a step\n", config_packer_name((PackerKind)k), pl.cp, cut ? "cut" : "keep",
+                       (long long)largest, (long long)(trained / 60));
+                plan_free(&p);
+                plan_destroy(&pl);
+                data_stream_free(&stream);
+                config_free(&cfg);
+                free(yaml);
+            }
+}
+
 static void test_baseline_same_documents(void **state)
 {
     (void)state;
@@ -585,7 +644,7 @@ static void test_baseline_same_documents(void **state)
     StepPlan p = {0}, base = {0};
     Error err = {0};
     for (int step = 0; step < 10; step++) {
-        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        plan_step_checked(&f.pl, &p);
         assert_int_equal(plan_baseline(&f.pl, &p, &base, &err), 0);
         assert_int_equal(base.tokens, p.tokens);
         int64_t n_mb = (p.tokens + 1023) / 1024;
@@ -612,7 +671,7 @@ static void test_baseline_equal_work(void **state)
     Error err = {0};
     int less = 0;
     for (int step = 0; step < 10; step++) {
-        assert_int_equal(plan_step(&f.pl, &p, &err), 0);
+        plan_step_checked(&f.pl, &p);
         assert_int_equal(plan_baseline_equal_work(&f.pl, &p, &eq, &err), 0);
         assert_int_equal(plan_baseline(&f.pl, &p, &base, &err), 0);
         assert_int_equal(eq.tokens, p.tokens);
@@ -680,10 +739,9 @@ static void test_deterministic(void **state)
     setup(&a, yaml_cp2, PACKER_WLB, CP_HYBRID);
     setup(&b, yaml_cp2, PACKER_WLB, CP_HYBRID);
     StepPlan pa = {0}, pb = {0};
-    Error err = {0};
     for (int step = 0; step < 10; step++) {
-        assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
-        assert_int_equal(plan_step(&b.pl, &pb, &err), 0);
+        plan_step_checked(&a.pl, &pa);
+        plan_step_checked(&b.pl, &pb);
         assert_true(digest(&pa) == digest(&pb));
     }
     plan_free(&pa);
@@ -706,11 +764,10 @@ static void check_threads_same_plan(const char *yaml, CpSharding mode)
     assert_int_equal(b.pl.threads, 3);
     assert_int_equal(b.cfg.balance.plan_threads, 3);
     StepPlan pa = {0}, pb = {0};
-    Error err = {0};
     int64_t modes[CP_GROUPS + 1] = {0};
     for (int step = 0; step < 12; step++) {
-        assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
-        assert_int_equal(plan_step(&b.pl, &pb, &err), 0);
+        plan_step_checked(&a.pl, &pa);
+        plan_step_checked(&b.pl, &pb);
         assert_true(digest(&pa) == digest(&pb));
         assert_true(plan_digest(&pa) == plan_digest(&pb));
         for (int64_t i = 0; i < (int64_t)pa.dp * pa.m; i++) {
@@ -749,7 +806,7 @@ static void check_state_restore_packer(const char *yaml, CpSharding mode, Packer
         StepPlan pa = {0}, pb = {0};
         Error err = {0};
         for (int step = 0; step < k; step++)
-            assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
+            plan_step_checked(&a.pl, &pa);
         with_queued += a.pl.queues[0].n + a.pl.queues[1].n + a.pl.remained.n > 0;
         size_t ns = data_stream_state_words(&a.stream), np = plan_state_words(&a.pl);
         uint64_t *ws = malloc(ns * sizeof *ws), *wp = malloc(np * sizeof *wp);
@@ -760,8 +817,8 @@ static void check_state_restore_packer(const char *yaml, CpSharding mode, Packer
             print_error("%s\n", err.msg);
         assert_int_equal(err.status, 0);
         for (int step = 0; step < 10; step++) {
-            assert_int_equal(plan_step(&a.pl, &pa, &err), 0);
-            assert_int_equal(plan_step(&b.pl, &pb, &err), 0);
+            plan_step_checked(&a.pl, &pa);
+            plan_step_checked(&b.pl, &pb);
             assert_int_equal(pa.step, pb.step);
             assert_true(digest(&pa) == digest(&pb));
             assert_true(plan_digest(&pa) == plan_digest(&pb));
@@ -818,6 +875,7 @@ int main(void)
         cmocka_unit_test(test_wlb_steps_train_the_batch),
         cmocka_unit_test(test_outlier_thresholds_exact),
         cmocka_unit_test(test_wlb_s_max_binds),
+        cmocka_unit_test(test_every_packer_keeps_its_cap),
         cmocka_unit_test(test_baseline_same_documents),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_threads_same_plan),

@@ -6,17 +6,90 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <glob.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "data/data_idx.h"
+#include "util/error.h"
 #include "util/rng.h"
 #include "util/safetensors.h"
+
+/* ---- a failure reads as a failure ------------------------------------------------------------ */
+
+/* 1 when the last byte written to stdout ended a line (or nothing was written). */
+static int stdout_at_line_start = 1;
+
+/* cmocka's result lines: "ok N - name", "not ok N - name" (and "not ok N # SKIP name"). */
+static int is_tap_result(const char *buf, size_t n)
+{
+    size_t at = n >= 7 && !memcmp(buf, "not ok ", 7) ? 7 : n >= 3 && !memcmp(buf, "ok ", 3) ? 3 : 0;
+    return at && at < n && buf[at] >= '0' && buf[at] <= '9';
+}
+
+static int write_all(int fd, const char *buf, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static ssize_t tap_stdout_write(void *cookie, const char *buf, size_t n)
+{
+    (void)cookie;
+    if (n == 0)
+        return 0;
+    if (!stdout_at_line_start && is_tap_result(buf, n) && write_all(1, "\n", 1) != 0)
+        return -1;
+    if (write_all(1, buf, n) != 0)
+        return -1;
+    stdout_at_line_start = buf[n - 1] == '\n';
+    return (ssize_t)n;
+}
+
+/* wlb_fatal in the test program (a broken WLB_ASSERT of the planner, say) would exit(1) in the
+ * middle of a test: no result line for it, none for the tests after it. wlb_fatal has printed its
+ * line on stderr; on the test's own thread, outside a parallel region, the test fails instead
+ * (cmocka leaves it by longjmp) and the next one runs. Elsewhere (an OpenMP worker, whose stack the
+ * test's jmp_buf is not on) the program ends as wlb_fatal ends it, and says which way. */
+static void fatal_fails_the_test(int status)
+{
+    if (syscall(SYS_gettid) == getpid() && !omp_in_parallel())
+        fail_msg("wlb_fatal (its line is above, on stderr): the code under test ended with status %d", status);
+    fprintf(stderr, "# wlb_fatal on a worker thread: the test program ends here, status %d\n", status);
+}
+
+/* Every program linked with testlib: stdout through tap_stdout_write, unbuffered, so that each
+ * printf (and each line of cmocka's) arrives whole and a result line always starts a line. A test
+ * that printed "# what: " and then a child's stderr - empty when the child unexpectedly succeeded,
+ * so no newline - used to glue cmocka's "not ok N - test" onto that comment: test/run.sh and
+ * scripts/mutate.sh, which read lines starting with "not ok", then saw a program that stopped after
+ * N - 1 results with status 1 and no failure named (test_testlib checks both ways). And wlb_fatal
+ * fails the running test (fatal_fails_the_test). */
+__attribute__((constructor)) static void testlib_init(void)
+{
+    cookie_io_functions_t io = {.read = NULL, .write = tap_stdout_write, .seek = NULL, .close = NULL};
+    FILE *f = fopencookie(NULL, "w", io);
+    if (f) {
+        fflush(stdout);
+        setvbuf(f, NULL, _IONBF, 0);
+        stdout = f;
+    }
+    error_set_fatal_context(-1, fatal_fails_the_test);
+}
 
 static char *slurp_fd(int fd, size_t *len)
 {
@@ -92,13 +165,13 @@ void test_cmd_free(CmdResult *r)
     r->out = r->err = NULL;
 }
 
-void test_assert_error(const CmdResult *r, const char *expect)
+void test_assert_error_at(const CmdResult *r, const char *expect, const char *file, int line)
 {
     if (r->status != 2 || strncmp(r->err, "wlbtrain: error: ", 17) || !strstr(r->err, expect) ||
         strchr(r->err, '\n') != r->err + strlen(r->err) - 1) {
         print_error("expected exit 2 and one line 'wlbtrain: error: ...%s...'\ngot exit %d, stderr:\n%s\n",
                     expect, r->status, r->err);
-        fail();
+        _fail(file, line);
     }
 }
 

@@ -3,6 +3,10 @@
  *
  * Each test_*.c is one program of cmocka unit tests, linked with libwlb.a. test/run.sh runs them all
  * for a build variant, with WLBTRAIN pointing at that variant's binary, and prints the summary.
+ *
+ * Linked with testlib.c, a program's failures read as failures (testlib.c's constructor): cmocka's
+ * "ok N" / "not ok N" line always starts a line of stdout, even after a comment printed without its
+ * newline, and wlb_fatal in the code under test fails the running test instead of ending the program.
  */
 #ifndef WLB_TEST_TESTLIB_H
 #define WLB_TEST_TESTLIB_H
@@ -36,8 +40,10 @@ void test_run(CmdResult *r, const char *const *argv);
 void test_cmd_free(CmdResult *r);
 
 /* Asserts exit status 2 and exactly one stderr line "wlbtrain: error: <expect...>" where expect is
- * a substring of the line. */
-void test_assert_error(const CmdResult *r, const char *expect);
+ * a substring of the line. A failure says what was expected and what came, and cmocka's location
+ * line names the caller's file and line. */
+void test_assert_error_at(const CmdResult *r, const char *expect, const char *file, int line);
+#define test_assert_error(r, expect) test_assert_error_at((r), (expect), __FILE__, __LINE__)
 
 /* Path of a file under ../shared/real-data (or $WLB_REAL_DATA), or NULL when it is absent: then
  * the caller skips with the message printed here. With CI set (test_in_ci) an absent file fails

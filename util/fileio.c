@@ -16,7 +16,10 @@ int file_map(const char *path, MappedFile *m, Error *err)
 {
     m->data = NULL;
     m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO (a model folder's shard, say) opens at once and is refused below as not a
+     * regular file, instead of blocking the open until something writes to it. A regular file's
+     * reads ignore the flag. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return error_errno(err, path, "cannot open");
     struct stat st;

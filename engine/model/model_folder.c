@@ -13,6 +13,15 @@
  * nothing of the model is held in host memory beyond the rank's own parameters and one tensor.
  * Tensors the model does not need (lm_head when the embeddings are tied, rotary_emb.inv_freq of old
  * exports) are not read.
+ *
+ * Which files: a shard name of weight_map must be a plain file name of the folder - not empty, no
+ * '/' (so no "../other/x", "sub/x" or absolute path), not "." or "..". The index is a file anyone
+ * can edit or download, and the folder is what the user gave: a name that is a path would load
+ * weights from elsewhere. A name that is a symlink of the folder is followed wherever it points:
+ * the folder's own entries are the user's, and Hugging Face's cache makes every file of a snapshot
+ * a symlink into its blobs/ folder (snapshots/REV/model-00001-of-00004.safetensors ->
+ * ../../blobs/HASH), which must load. What the name leads to must be a regular file (file_map: a
+ * folder, a device or a FIFO is refused, a FIFO without blocking on it).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -156,6 +165,9 @@ int model_load_folder(Model *m, const char *dir, Error *err)
         return model_load(m, single, err);
     if (!exists(index))
         return error_set(err, dir, "a model folder without model.safetensors or model.safetensors.index.json");
+    struct stat st;
+    if (stat(index, &st) != 0 || !S_ISREG(st.st_mode)) /* a FIFO would block the read */
+        return error_set(err, index, "not a regular file");
     json_error_t je;
     json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
     if (!root)
