@@ -367,7 +367,8 @@ enum { TRAIN_EXIT_PREEMPTED = 75 };
  * starts MPI when launched, trains cfg->train.steps steps, or fewer when train.stop_after or a
  * signal stops it (train.c). *exit_status: 0, or TRAIN_EXIT_PREEMPTED after a signal. */
 int trainer_run(Config *cfg, int *exit_status, Error *err);
-/* An Error unless cfg has the data training reads (data.path). */
+/* An Error unless cfg has the data training reads: data.path set, and the .idx and .bin of each set
+ * of data.path and data.valid_path there to open (the error says training reads the tokens). */
 int trainer_check_data(const Config *cfg, Error *err);
 
 #endif
