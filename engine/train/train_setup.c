@@ -220,6 +220,8 @@ int trainer_check_data(const Config *cfg, Error *err)
         return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
     /* Here, before anything opens the sets for the layer placement (whose error says what a dry run
      * needs instead), a missing file gets training's own message. */
+    if (data_sources_check_count(d->path.n + d->valid_path.n, err) != 0)
+        return -1;
     return check_data_files(d->path.v, d->path.n, err) != 0 ? -1 : check_data_files(d->valid_path.v, d->valid_path.n, err);
 }
 
