@@ -357,6 +357,7 @@ int trainer_init_eval(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
 
 void trainer_free(Trainer *tr)
 {
+    trainer_straggler_stop(tr);
     for (int c = 0; tr->chunks && c < tr->v; c++) {
         TrainChunk *ch = &tr->chunks[c];
         optim_free(&ch->optim, &ch->model);
