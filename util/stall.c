@@ -2,12 +2,15 @@
 #include "util/stall.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "util/clock.h"
 
@@ -19,19 +22,38 @@ struct StallClock {
     atomic_llong stalled_ns;
 };
 
+/* The seconds this thread has waited for a CPU while runnable (the second field of
+ * /proc/thread-self/schedstat, the kernel's run_delay); 0 without the file (fd < 0). */
+static double run_delay_s(int fd)
+{
+    char buf[96];
+    ssize_t n = fd < 0 ? -1 : pread(fd, buf, sizeof buf - 1, 0);
+    unsigned long long run_ns, delay_ns;
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    return sscanf(buf, "%llu %llu", &run_ns, &delay_ns) == 2 ? (double)delay_ns * 1e-9 : 0;
+}
+
 static void *run(void *arg)
 {
     StallClock *s = arg;
-    double last = s->started;
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    double last = s->started, delay = run_delay_s(fd);
     while (!atomic_load(&s->stop)) {
         struct timespec tick = {0, (long)(STALL_TICK_S * 1e9)};
         while (nanosleep(&tick, &tick) != 0 && errno == EINTR) {
         }
-        double now = clock_seconds(), late = now - last - STALL_TICK_S;
+        /* Late by what it did not wait for a CPU: stopped or frozen, not merely crowded out. */
+        double now = clock_seconds(), now_delay = run_delay_s(fd);
+        double late = now - last - STALL_TICK_S - (now_delay - delay);
         if (late > STALL_MIN_S && (!s->counting || s->counting()))
             atomic_fetch_add(&s->stalled_ns, (long long)(late * 1e9));
         last = now;
+        delay = now_delay;
     }
+    if (fd >= 0)
+        close(fd);
     return NULL;
 }
 

@@ -1,12 +1,14 @@
 /*
  * util/stall.h - time the process did not run: measured (the stall clock) and, for tests, made.
  *
- * A process that is stopped and continued (SIGSTOP / SIGCONT), frozen by the machine or starved of
- * the CPU sees nothing of it on its clocks: the time is simply gone between two instructions. The
- * stall clock is a thread that sleeps STALL_TICK_S at a time; when it wakes more than STALL_MIN_S
- * late, the process did not run in between, and the lateness is counted - when counting() says
- * so at that moment (NULL: always). The scheduler's jitter on a busy machine stays below
- * STALL_MIN_S; a wake-up a thousand times a second costs a few microseconds each.
+ * A process that is stopped and continued (SIGSTOP / SIGCONT) or frozen sees nothing of it on its
+ * clocks: the time is simply gone between two instructions. The stall clock is a thread that sleeps
+ * STALL_TICK_S at a time; when it wakes more than STALL_MIN_S later than that, less the time it
+ * waited for a CPU meanwhile (the kernel's run_delay, /proc/thread-self/schedstat: a crowded
+ * machine delays every process alike, and a waiting rank crowded out delays nobody), the process
+ * was stopped or frozen, and that time is counted - when counting() says so at that moment (NULL:
+ * always). Without the schedstat file the whole lateness counts. A wake-up a thousand times a
+ * second, each a read of that file, costs a few microseconds.
  *
  * stall_freeze stops the whole process for a while as `kill -STOP` would, and continues it with a
  * timer's SIGCONT: a deterministic stop/continue for the tests (WLBTRAIN_FAULT stall, train.c).
