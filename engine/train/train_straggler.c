@@ -13,12 +13,12 @@
  * its vote and (rank 0) its metrics line; an evaluation or a checkpoint save falls in the next
  * step's window too (a single step: the warning needs STRAGGLER_STEPS in a row).
  * Waiting is not always the others' fault: a rank that stops running inside a collective - the
- * process stopped and continued, frozen, starved of the CPU - holds every rank in it up (MPI's
- * collectives need each rank to progress them) while its own clock counts the time as a wait. A
- * stall clock sees that time: a thread that sleeps STALL_TICK_S at a time and finds, when it wakes
- * more than STALL_MIN_S late, that the process did not run in between; such a gap while the rank
- * was inside a wait (comm_blocked_now) is added back to its busy time (one while it computed is in
- * it already; util/stall.h).
+ * process stopped and continued, frozen - holds every rank in it up (MPI's collectives need each
+ * rank to progress them) while its own clock counts the time as a wait. A stall clock sees that
+ * time: a thread that sleeps STALL_TICK_S at a time and finds, when it wakes more than STALL_MIN_S
+ * late beyond what it waited for a CPU, that the process was stopped in between; such a gap while
+ * the rank was inside a wait (comm_blocked_now) is added back to its busy time (one while it
+ * computed is in it already; util/stall.h).
  * That is the host clock's view, right where the host clock times the compute (the CPU backend).
  * With a device timer (CUDA: events) the host runs ahead of the device and waits for it in
  * synchronisations the comm layer does not see, so there the figure stays each rank's compute
