@@ -52,10 +52,13 @@ static void test_clock_counts_stops_while_counting(void **state)
     assert_int_equal(stall_freeze(0.3, &err), 0);
     struct timespec pause = {0, 100 * 1000 * 1000};
     nanosleep(&pause, NULL);
+    double before = stall_clock_seconds(s);
     counting_now = 1;
     assert_int_equal(stall_freeze(0.3, &err), 0);
-    double counted = counted_after(s, 0);
-    printf("# stopped 0.3 s while not counting, then 0.3 s while counting: %.3f s counted\n", counted);
+    double counted = counted_after(s, before);
+    printf("# stopped 0.3 s while not counting: %.3f s counted; then 0.3 s while counting: %.3f s in all\n", before,
+           counted);
+    assert_true(before < 0.05);
     assert_true(counted >= 0.25 && counted <= 0.5);
     stall_clock_stop(s);
     assert_true(stall_clock_seconds(NULL) == 0);
