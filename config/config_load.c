@@ -4,6 +4,12 @@
  * The file is a mapping of sections (model, parallel, data, balance, train, checkpoint, log), each a
  * mapping of keys to a scalar or a list of scalars. Errors point at the offending node, 1-based:
  * "llama8b.yaml:12:5: parallel.tp: expected an integer, got 'two'".
+ *
+ * Nesting is limited before the document is built (CONFIG_MAX_NESTING): libyaml 0.2.5's scanner
+ * checks every open flow level for stale simple keys at each token, so text nested n levels deep
+ * costs O(n^2) - 200 KB of "[" (100,000 levels) ran past a minute. A config is at most 3 levels
+ * (sections, keys, lists); the limit is checked on the event stream, which stops at the first
+ * node past it, after at most the limit's worth of levels have been scanned.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +17,9 @@
 
 #include "config/config_keys.h"
 #include "util/fileio.h"
+
+/* Deepest nesting of mappings and sequences accepted; a config needs 3 (see the top). */
+#define CONFIG_MAX_NESTING 16
 
 void config_init(Config *cfg)
 {
@@ -43,10 +52,13 @@ static void mark_where(const char *name, yaml_mark_t m, char *buf, size_t size)
     snprintf(buf, size, "%s:%zu:%zu", name, m.line + 1, m.column + 1);
 }
 
-/* Location of a node: "name:line:col", or the --set argument when set_arg is given. */
+/* Location of a node: "name:line:col", or the --set argument when set_arg is given (its first 72
+ * characters and "..." when longer than 80, so that the message after it fits the Error). */
 static void node_where(const char *name, const char *set_arg, yaml_mark_t m, char *buf, size_t size)
 {
-    if (set_arg)
+    if (set_arg && strlen(set_arg) > 80)
+        snprintf(buf, size, "--set %.72s...", set_arg);
+    else if (set_arg)
         snprintf(buf, size, "--set %s", set_arg);
     else
         mark_where(name, m, buf, size);
@@ -161,10 +173,45 @@ static int load_section(Config *cfg, yaml_document_t *doc, const char *section, 
     return 0;
 }
 
+/* Walks the events of text and refuses a node nested deeper than CONFIG_MAX_NESTING (at that
+ * node: name:line:col, or where for --set). Syntax errors are left to the loader that follows. */
+static int check_nesting(const char *text, const char *name, const char *set_arg, Error *err)
+{
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser))
+        return error_runtime(err, name, "out of memory");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+    int depth = 0, rc = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev))
+            break; /* the loader reports it, with the same location */
+        yaml_event_type_t type = ev.type;
+        if (type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT) {
+            if (++depth > CONFIG_MAX_NESTING) {
+                char where[1200];
+                node_where(name, set_arg, ev.start_mark, where, sizeof where);
+                rc = error_set(err, where,
+                               "YAML nested more than %d levels deep; a config is sections of keys whose "
+                               "values are plain values or lists of them (3 levels)", CONFIG_MAX_NESTING);
+            }
+        } else if (type == YAML_SEQUENCE_END_EVENT || type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        }
+        yaml_event_delete(&ev);
+        if (rc != 0 || type == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
 int config_load_string(Config *cfg, const char *text, const char *name, Error *err)
 {
     yaml_parser_t parser;
     yaml_document_t doc;
+    if (check_nesting(text, name, NULL, err) != 0)
+        return -1;
     if (!yaml_parser_initialize(&parser))
         return error_runtime(err, name, "out of memory");
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
@@ -258,11 +305,13 @@ int config_apply_set(Config *cfg, const char *arg, Error *err)
     int k = config_key_find(key);
     if (k < 0)
         return unknown_key(err, where, key);
+    const char *value = eq + 1;
+    if (check_nesting(value, where, arg, err) != 0)
+        return -1;
     yaml_parser_t parser;
     yaml_document_t doc;
     if (!yaml_parser_initialize(&parser))
         return error_runtime(err, where, "out of memory");
-    const char *value = eq + 1;
     yaml_parser_set_input_string(&parser, (const unsigned char *)value, strlen(value));
     if (!yaml_parser_load(&parser, &doc)) {
         int rc = error_set(err, where, "%s: cannot read the value: %s", key,

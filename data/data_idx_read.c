@@ -138,7 +138,27 @@ static int check_doc_index(DataIdx *d, const char *ip, uint64_t D, Error *err)
     return 0;
 }
 
-/* Every sequence [ptr, ptr + len * itemsize) must lie inside the .bin; also sums the tokens. */
+/* The document that sequence i belongs to: the last k < D - 1 with doc_index[k] <= i (documents
+ * before it that are empty share its start). check_doc_index has run: the entries are sorted. */
+static uint64_t seq_doc(const DataIdx *d, uint64_t i)
+{
+    if (d->one_seq_per_doc)
+        return i;
+    uint64_t lo = 0, hi = d->n_docs; /* doc_index[lo] <= i < doc_index[hi] */
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)doc_entry(d, mid) <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Every sequence [ptr, ptr + len * itemsize) must lie inside the .bin and start at a whole token
+ * (Megatron's builder writes each pointer as the sum of the byte sizes before it, so a pointer
+ * that is not a multiple of the token size means a corrupt index or another .bin: its tokens
+ * would be read from the middle of others); also sums the tokens. */
 static int check_sequences(DataIdx *d, const char *ip, const char *bp, Error *err)
 {
     uint64_t bin = d->bin.size, total = 0;
@@ -163,6 +183,12 @@ static int check_sequences(DataIdx *d, const char *ip, const char *bp, Error *er
                              (unsigned long long)i, (long long)ptr, (int)len, d->itemsize,
                              (unsigned long long)((uint64_t)ptr + bytes), bp, (unsigned long long)bin);
         }
+        if ((uint64_t)ptr % (uint64_t)d->itemsize != 0)
+            return error_set(err, ip,
+                             "document %llu (sequence %llu) starts at byte %lld of %s, not a multiple of its "
+                             "%d-byte %s tokens: the index is corrupt or belongs to another .bin",
+                             (unsigned long long)seq_doc(d, i), (unsigned long long)i, (long long)ptr, bp,
+                             d->itemsize, d->dtype == DATA_DTYPE_UINT16 ? "uint16" : "int32");
         /* Sequences may overlap, so the sum is not bounded by the .bin size: check it. */
         if (total > UINT64_MAX - (uint64_t)len)
             return error_set(err, ip, "the sequence lengths add up to more than 2^64 tokens");

@@ -21,5 +21,10 @@ typedef struct DataSources {
 int data_sources_open(DataSources *s, char *const *paths, const double *weights, int n_paths,
                       const char *lengths_file, const char *lengths_column, Error *err);
 void data_sources_close(DataSources *s);
+/* An Error (status 2) when n Megatron sets need more memory mappings than this process may still add
+ * (vm.max_map_count, 2 a set; see data_sources.c), saying the limit and what to do; 0 when they fit
+ * or the limit cannot be read. data_sources_open checks its paths; training checks data.path and
+ * data.valid_path together (they are open at once). */
+int data_sources_check_count(int n, Error *err);
 
 #endif

@@ -176,6 +176,61 @@ static void test_yaml_syntax_error_location(void **state)
     expect_error("a: 1\n---\nb: 2\n", NULL, 0, "t.yaml:3:1: a second YAML document; a config is one document");
 }
 
+/* n "[" then n "]" after prefix, malloc'd. */
+static char *nested_brackets(const char *prefix, int n)
+{
+    size_t len = strlen(prefix);
+    char *s = malloc(len + 2 * (size_t)n + 2);
+    assert_non_null(s);
+    memcpy(s, prefix, len);
+    memset(s + len, '[', (size_t)n);
+    memset(s + len + n, ']', (size_t)n);
+    strcpy(s + len + 2 * (size_t)n, "\n");
+    return s;
+}
+
+/* Deep nesting is refused at the first node past 16 levels, before libyaml's scanner (quadratic in
+ * the depth) gets far: a 200 KB config of 100,000 nested lists took over a minute to load. */
+static void test_deep_nesting_refused(void **state)
+{
+    (void)state;
+    char *deep = nested_brackets("", 100000);
+    expect_error(deep, NULL, 0,
+                 "t.yaml:1:17: YAML nested more than 16 levels deep; a config is sections of keys whose values are "
+                 "plain values or lists of them (3 levels)");
+    free(deep);
+    char *in_key = nested_brackets("data:\n  path: ", 100000);
+    expect_error(in_key, NULL, 0,
+                 "t.yaml:2:23: YAML nested more than 16 levels deep; a config is sections of keys whose values are "
+                 "plain values or lists of them (3 levels)");
+    free(in_key);
+    /* Block nesting counts too: "- " 17 times. */
+    char block[64] = "";
+    for (int i = 0; i < 17; i++)
+        strcat(block, "- ");
+    strcat(block, "x\n");
+    expect_error(block, NULL, 0,
+                 "t.yaml:1:33: YAML nested more than 16 levels deep; a config is sections of keys whose values are "
+                 "plain values or lists of them (3 levels)");
+    char *set_value = nested_brackets("data.path=", 100000);
+    const char *sets[] = {set_value, NULL};
+    Config cfg;
+    Error err;
+    assert_int_not_equal(load(&cfg, tiny, sets, 0, &err), 0);
+    assert_int_equal(err.status, 2);
+    char expect[256] = "--set data.path="; /* the argument's first 72 characters, then "..." */
+    memset(expect + 16, '[', 62);
+    strcpy(expect + 78, "...: YAML nested more than 16 levels deep; a config is sections of keys whose values are "
+                        "plain values or lists of them (3 levels)");
+    assert_string_equal(err.msg, expect);
+    config_free(&cfg);
+    free(set_value);
+    /* 16 levels load (and then fail for what they are: a list where a section belongs). */
+    char *ok = nested_brackets("", 16);
+    expect_error(ok, NULL, 0, "t.yaml:1:1: expected a mapping of sections (model:, parallel:, data:, ...)");
+    free(ok);
+}
+
 static void test_cross_field_rules(void **state)
 {
     (void)state;
@@ -430,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_unknown_keys_have_hints),
         cmocka_unit_test(test_types_and_ranges),
         cmocka_unit_test(test_yaml_syntax_error_location),
+        cmocka_unit_test(test_deep_nesting_refused),
         cmocka_unit_test(test_cross_field_rules),
         cmocka_unit_test(test_set_overrides),
         cmocka_unit_test(test_print_round_trip_examples),

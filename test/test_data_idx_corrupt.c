@@ -88,6 +88,10 @@ static const Case cases[] = {
     {"idx_shorter_than_magic", 'i', TRUNCATE, 0, 0, 122 - 5, 'i',
      "bad magic (the file starts with bytes 4d 4d 49 44 49, expected", 0},
     {"idx_is_a_directory", 'i', MAKE_DIR, 0, 0, 0, 'i', "not a regular file", 0},
+    {"pointer_misaligned", 'i', PATCH, PTR + 16, 8, 7, 'i',
+     "document 2 (sequence 2) starts at byte 7 of", 0},
+    {"pointer_misaligned_int32", 'i', PATCH, PTR + 16, 8, 14, 'i',
+     ".bin, not a multiple of its 4-byte int32 tokens: the index is corrupt or belongs to another .bin", 1},
 };
 
 static void rewrite(const char *path, const unsigned char *data, size_t n)
@@ -135,23 +139,30 @@ static void damage(const Case *c, const char *path)
     }
 }
 
-static void run_case(void **state)
+/* Writes the base set at prefix and checks that it opens. */
+static void write_base_set(const char *prefix, int int32)
 {
-    const Case *c = *state;
-    char *dir = test_tmpdir(), *prefix = test_format("%s/set", dir);
-    char *ip = test_format("%s.idx", prefix), *bp = test_format("%s.bin", prefix);
     const int32_t tokens[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
     const uint64_t lens[4] = {3, 0, 5, 2};
     DataIdxWriter w;
     Error err = {0};
-    assert_int_equal(data_idx_writer_open(&w, prefix, c->int32 ? DATA_DTYPE_INT32 : DATA_DTYPE_UINT16, &err), 0);
+    assert_int_equal(data_idx_writer_open(&w, prefix, int32 ? DATA_DTYPE_INT32 : DATA_DTYPE_UINT16, &err), 0);
     for (int i = 0, o = 0; i < 4; o += (int)lens[i], i++)
         assert_int_equal(data_idx_writer_add(&w, tokens + o, lens[i], &err), 0);
     assert_int_equal(data_idx_writer_finish(&w, &err), 0);
     DataIdx d;
     assert_int_equal(data_idx_open(&d, prefix, &err), 0); /* valid before the damage */
     data_idx_close(&d);
+}
 
+static void run_case(void **state)
+{
+    const Case *c = *state;
+    char *dir = test_tmpdir(), *prefix = test_format("%s/set", dir);
+    char *ip = test_format("%s.idx", prefix), *bp = test_format("%s.bin", prefix);
+    write_base_set(prefix, c->int32);
+    DataIdx d;
+    Error err = {0};
     damage(c, c->file == 'i' ? ip : bp);
     memset(&d, 0x5a, sizeof d);
     int rc = data_idx_open(&d, prefix, &err);
@@ -169,6 +180,33 @@ static void run_case(void **state)
     data_idx_close(&d);
     test_rm_rf(dir);
     free(dir), free(prefix), free(ip), free(bp);
+}
+
+/* A misaligned pointer in a document of two sequences: the error names the document. The base set
+ * with doc_index 0 1 3 3 4 (document 1 = sequences 1 and 2, document 2 empty) and sequence 2 at
+ * byte 9. */
+static void test_misaligned_pointer_names_its_document(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *prefix = test_format("%s/set", dir), *ip = test_format("%s.idx", prefix);
+    write_base_set(prefix, 0);
+    const Case two_seq_doc = {"", 'i', PATCH, DOC + 16, 8, 3, 'i', "", 0};
+    const Case odd_pointer = {"", 'i', PATCH, PTR + 16, 8, 9, 'i', "", 0};
+    DataIdx d;
+    Error err = {0};
+    damage(&two_seq_doc, ip);
+    assert_int_equal(data_idx_open(&d, prefix, &err), 0); /* a valid set of four documents */
+    assert_int_equal(d.n_docs, 4);
+    assert_int_equal(data_idx_doc_len(&d, 1), 5);
+    data_idx_close(&d);
+    damage(&odd_pointer, ip);
+    assert_int_equal(data_idx_open(&d, prefix, &err), -1);
+    assert_int_equal(err.status, 2);
+    char *expect = test_format("%s: document 1 (sequence 2) starts at byte 9 of %s/set.bin, not a multiple of "
+                               "its 2-byte uint16 tokens: the index is corrupt or belongs to another .bin", ip, dir);
+    assert_string_equal(err.msg, expect);
+    test_rm_rf(dir);
+    free(dir), free(prefix), free(ip), free(expect);
 }
 
 /* D = 0 with a file of exactly the size it implies (34 + 12 S, here S = 0). */
@@ -204,10 +242,11 @@ static void test_prefix_with_extension(void **state)
 int main(void)
 {
     enum { N_CASES = sizeof cases / sizeof cases[0] };
-    struct CMUnitTest tests[N_CASES + 2];
+    struct CMUnitTest tests[N_CASES + 3];
     for (size_t i = 0; i < N_CASES; i++)
         tests[i] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
     tests[N_CASES] = (struct CMUnitTest)cmocka_unit_test(test_empty_document_index);
     tests[N_CASES + 1] = (struct CMUnitTest)cmocka_unit_test(test_prefix_with_extension);
-    return _cmocka_run_group_tests("data_idx_corrupt", tests, N_CASES + 2, NULL, NULL);
+    tests[N_CASES + 2] = (struct CMUnitTest)cmocka_unit_test(test_misaligned_pointer_names_its_document);
+    return _cmocka_run_group_tests("data_idx_corrupt", tests, N_CASES + 3, NULL, NULL);
 }

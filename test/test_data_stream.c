@@ -4,11 +4,14 @@
  */
 #include "test/testlib.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <zlib.h>
 
 #include "data/data_lengths.h"
+#include "data/data_sources.h"
 #include "data/data_shuffle.h"
 #include "data/data_stream.h"
 
@@ -376,6 +379,68 @@ static void test_stream_blends_by_tokens(void **state)
     assert_string_equal(err.msg, "data: data source 1 has no tokens");
 }
 
+/* The first number of a /proc file, or -1. */
+static long long proc_number(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    long long v = -1;
+    if (f) {
+        if (fscanf(f, "%lld", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+/* Many data sets: each is two memory mappings and no open descriptor. 100,000 sets (or, where
+ * vm.max_map_count allows that many, more than it allows) are refused up front with the limit and
+ * what to do, where the mmap past the limit used to end the run with "Cannot allocate memory"
+ * (status 1); 3,000 sets open under a descriptor limit of 64. */
+static void test_many_sources(void **state)
+{
+    (void)state;
+    long long limit = proc_number("/proc/sys/vm/max_map_count");
+    if (limit < 0 || limit > 10000000) {
+        printf("# vm.max_map_count %lld: no /proc, or more than this test may map\n", limit);
+        skip();
+        return;
+    }
+    char *dir = test_tmpdir(), *prefix = test_write_docs(dir, "set", 7, 3, 0, 100);
+    int n = limit / 2 + 1 > 100000 ? (int)(limit / 2 + 1) : 100000;
+    char **paths = malloc((size_t)n * sizeof *paths);
+    assert_non_null(paths);
+    for (int i = 0; i < n; i++)
+        paths[i] = prefix;
+    DataSources s;
+    Error err = {0};
+    assert_int_equal(data_sources_open(&s, paths, NULL, n, NULL, NULL, &err), -1);
+    assert_int_equal(err.status, 2);
+    char *head = test_format("data: %d data sets need %lld memory mappings (an .idx and a .bin each), more than this "
+                             "process may add: Linux allows %lld (vm.max_map_count), ", n, 2LL * n, limit);
+    if (strncmp(err.msg, head, strlen(head)) != 0 || !strstr(err.msg, "merge the sets into fewer") ||
+        !strstr(err.msg, "sysctl -w vm.max_map_count="))
+        print_error("expected '%s...', got '%s'\n", head, err.msg), fail();
+    free(head);
+    assert_int_equal(data_sources_check_count(n, &err), -1);
+    assert_int_equal(data_sources_check_count(3000, &err), 0);
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = 64;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int rc = data_sources_open(&s, paths, NULL, 3000, NULL, NULL, &err);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    if (rc != 0)
+        print_error("%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(s.n, 3000);
+    assert_int_equal(s.src[2999].n_docs, 3);
+    data_sources_close(&s);
+    free(paths);
+    test_rm_rf(dir);
+    free(dir), free(prefix);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_stream_cut_at_windows),
         cmocka_unit_test(test_stream_restore_is_exact),
         cmocka_unit_test(test_stream_blends_by_tokens),
+        cmocka_unit_test(test_many_sources),
     };
     return cmocka_run_group_tests_name("data_stream", tests, NULL, NULL);
 }

@@ -292,7 +292,8 @@ static void test_errors(void **state)
     setenv("WLBTRAIN_FAULT", "crash@0:1", 1);
     RUN(&r, "--config", cfg);
     unsetenv("WLBTRAIN_FAULT");
-    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan, savekill, savesignal, hang, slow or exit)");
+    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan, savekill, savesignal, hang, slow, stall "
+                          "or exit)");
     test_cmd_free(&r);
     /* The communication hooks' variables (engine/comm/comm.h): a malformed one is bad input. */
     setenv("WLB_COMM_LINK", "50", 1);
@@ -319,6 +320,20 @@ static void test_errors(void **state)
     RUN(&r, "--config", cfg, "--set", "data.path=", "--set", "data.lengths_file=x.txt");
     test_assert_error(&r, "data.path: training reads tokens: set data.path");
     test_cmd_free(&r);
+    /* A missing data set: training's own message (the dry run's says it needs only lengths). */
+    char *missing = test_format("data.path=%s/none", dir);
+    RUN(&r, "--config", cfg, "--set", missing);
+    char *expect = test_format("%s/none.idx: cannot open: No such file or directory (training reads the tokens, "
+                               "PREFIX.idx and PREFIX.bin of each data set; wlbtrain convert makes a data set from "
+                               "text)", dir);
+    test_assert_error(&r, expect);
+    assert_null(strstr(r.err, "dry run"));
+    test_cmd_free(&r);
+    RUN(&r, "--config", cfg, "--dry-run", "--set", missing);
+    test_assert_error(&r, "none.idx: cannot open: No such file or directory (a dry run needs only document lengths");
+    test_cmd_free(&r);
+    free(missing);
+    free(expect);
     RUN(&r, "--config", cfg, "--set", "train.init_from=/nonexistent/w.safetensors");
     test_assert_error(&r, "/nonexistent/w.safetensors: cannot open: No such file or directory");
     test_cmd_free(&r);

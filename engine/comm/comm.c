@@ -6,6 +6,36 @@
 
 #include "engine/comm/comm_async.h"
 #include "engine/comm/comm_watchdog.h"
+#include "util/clock.h"
+
+#include <stdatomic.h>
+
+/* comm_blocked_s: this thread's seconds in calls that can wait, and how deep it is in them now (a
+ * call made inside another is not counted again); blocked_threads: the threads inside one now. */
+static _Thread_local double blocked_s;
+static _Thread_local int blocked_depth;
+static atomic_int blocked_threads;
+
+double comm_blocked_s(void) { return blocked_s; }
+
+int comm_blocked_now(void) { return atomic_load(&blocked_threads) > 0; }
+
+double comm_block_begin(void)
+{
+    if (blocked_depth++)
+        return -1;
+    atomic_fetch_add(&blocked_threads, 1);
+    return clock_seconds();
+}
+
+int comm_block_end(double t0, int rc)
+{
+    if (--blocked_depth == 0 && t0 >= 0) {
+        blocked_s += clock_seconds() - t0;
+        atomic_fetch_sub(&blocked_threads, 1);
+    }
+    return rc;
+}
 
 /* A blocking collective on g: logged, after the collectives started on g have run. */
 static void blocking(const Comm *c, LayoutGroup g, const char *op, int64_t n)
@@ -38,32 +68,37 @@ int comm_use(Comm *c, const CommImpl *impl, Error *err)
 
 int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
+    double t0 = comm_block_begin();
     blocking(c, g, "allreduce", n);
-    return comm_flight_end(n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err));
+    return comm_block_end(t0, comm_flight_end(n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err)));
 }
 
 int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt, Error *err)
 {
+    double t0 = comm_block_begin();
     blocking(c, g, "allgatherv", sum_counts(c, g, counts));
-    return comm_flight_end(c->impl->allgatherv(c, g, send, recv, counts, dt, err));
+    return comm_block_end(t0, comm_flight_end(c->impl->allgatherv(c, g, send, recv, counts, dt, err)));
 }
 
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
+    double t0 = comm_block_begin();
     blocking(c, g, "reduce_scatterv", sum_counts(c, g, counts));
-    return comm_flight_end(c->impl->reduce_scatterv(c, g, send, recv, counts, err));
+    return comm_block_end(t0, comm_flight_end(c->impl->reduce_scatterv(c, g, send, recv, counts, err)));
 }
 
 int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
 {
+    double t0 = comm_block_begin();
     blocking(c, g, "allgather", n);
-    return comm_flight_end(c->impl->allgather(c, g, send, recv, n, dt, err));
+    return comm_block_end(t0, comm_flight_end(c->impl->allgather(c, g, send, recv, n, dt, err)));
 }
 
 int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
 {
+    double t0 = comm_block_begin();
     blocking(c, g, "reduce_scatter", n);
-    return comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err));
+    return comm_block_end(t0, comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err)));
 }
 
 size_t comm_elem_bytes(const Comm *c, Dt dt)
@@ -106,8 +141,9 @@ int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *re
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "exchange with %d in a world of one", peer);
+    double t0 = comm_block_begin();
     blocking(c, g, "exchange", n);
-    return comm_flight_end(n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err));
+    return comm_block_end(t0, comm_flight_end(n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err)));
 }
 
 int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
@@ -115,7 +151,9 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, c
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "send to %d in a world of one", peer);
+    double t0 = comm_block_begin();
     comm_async_drain(c, g);
+    comm_block_end(t0, 0);
     comm_flight_begin(c, g, "send", n, peer);
     comm_flight_bind(req);
     if (c->impl->isend(c, g, peer, lane, tag, buf, n, req, err) != 0)
@@ -136,18 +174,20 @@ static int wait_request(const Comm *c, CommRequest *req, Error *err)
 
 int comm_wait(const Comm *c, CommRequest *req, Error *err)
 {
+    double t0 = comm_block_begin();
     int rc = wait_request(c, req, err);
     comm_flight_end_req(req);
-    return rc;
+    return comm_block_end(t0, rc);
 }
 
 int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *buf, int64_t n, Error *err)
 {
     if (!c->mpi)
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
+    double t0 = comm_block_begin();
     comm_async_drain(c, g);
     comm_flight_begin(c, g, "recv", n, peer);
-    return comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err));
+    return comm_block_end(t0, comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err)));
 }
 
 void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
@@ -172,7 +212,9 @@ int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *
 {
     if (!comm_can_post_receives(c))
         return error_runtime(err, "comm", "receives cannot be posted ahead on this path");
+    double t0 = comm_block_begin();
     comm_async_drain(c, g);
+    comm_block_end(t0, 0);
     req->collective = 0;
     req->op = NULL;
     comm_flight_begin(c, g, "recv", n, peer);
@@ -208,8 +250,9 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
      * thread, whose device context it is). */
     if (background && c->impl == &comm_mpi && !c->stage && c->thread_multiple)
         return comm_async_start(c, op, req, err);
+    double t0 = comm_block_begin();
     comm_async_drain(c, g); /* at once, after the group's started ones */
-    return comm_run_op(c, op, err);
+    return comm_block_end(t0, comm_run_op(c, op, err));
 }
 
 int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err)

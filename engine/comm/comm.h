@@ -288,6 +288,17 @@ int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *re
 int comm_connect_pipeline(Comm *c, int wrap, Error *err);
 int comm_barrier(const Comm *c, Error *err);
 
+/* Host seconds the calling thread has spent inside this layer's calls that can wait for other ranks
+ * (the blocking collectives and messages, comm_wait, and the waits of a start for the collectives
+ * queued before it): what a rank waited for its peers, and moved its data. The trainer takes it off
+ * a step's time to find the rank's own share (train_straggler.c). Per thread, counted once where
+ * one call makes another (comm_block_begin / comm_block_end around each, comm.c). */
+double comm_blocked_s(void);
+/* 1 while some thread of the process is inside such a call (the straggler's stall clock asks). */
+int comm_blocked_now(void);
+double comm_block_begin(void);
+int comm_block_end(double t0, int rc);
+
 /* The time the compute stream waited for communication, on a path where a wait costs the host
  * nothing (NCCL's: the compute stream waits for an event). comm_wait_mark returns the number of waits
  * so far in this step (after comm_wait_reset), comm_waited_s the device seconds that the waits

@@ -278,23 +278,26 @@ static int mpi_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Erro
 
 int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
+    double t0 = comm_block_begin();
     comm_log_op(c, g, "allreduce_host", n);
     comm_async_drain(c, g);
-    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err));
+    return comm_block_end(t0, comm_flight_end(allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err)));
 }
 
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
+    double t0 = comm_block_begin();
     comm_log_op(c, g, "allreduce_f64", n);
     comm_async_drain(c, g);
-    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err));
+    return comm_block_end(t0, comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err)));
 }
 
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
+    double t0 = comm_block_begin();
     comm_log_op(c, g, "allreduce_max_f64", n);
     comm_async_drain(c, g);
-    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err));
+    return comm_block_end(t0, comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err)));
 }
 
 /* int counts and displacements for the v-collectives. */
@@ -358,7 +361,7 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, 
     return 0;
 }
 
-int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
+static int allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
 {
     if (alone(c, g)) {
         if (n && recv != send)
@@ -372,6 +375,12 @@ int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double 
     CHECK(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, group_comm(c, g)), "MPI_Allgather");
     comm_link_hold_ring(c, g, t0, (double)n * c->size[g] * sizeof(double));
     return 0;
+}
+
+int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
+{
+    double t0 = comm_block_begin();
+    return comm_block_end(t0, allgather_f64(c, g, send, recv, n, err));
 }
 
 static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,

@@ -189,16 +189,18 @@ int comm_reduce_scatter_sum(Comm *c, LayoutGroup g, const float *send, float *re
 {
     if (!comm_sums_in_bf16(c, g, sum_dt))
         return comm_reduce_scatter(c, g, send, recv, n, err);
+    double t0 = comm_block_begin();
     comm_log_op(c, g, "reduce_scatter", n);
     CommOp op = {COMM_OP_REDUCE_SCATTER, g, send, recv, n, NULL, sum_dt};
-    return comm_run_sum_bf16(c, &op, err);
+    return comm_block_end(t0, comm_run_sum_bf16(c, &op, err));
 }
 
 int comm_allreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_dt, Error *err)
 {
     if (!comm_sums_in_bf16(c, g, sum_dt) || n == 0)
         return comm_allreduce_sum(c, g, buf, n, err);
+    double t0 = comm_block_begin();
     comm_log_op(c, g, "allreduce", n);
     CommOp op = {COMM_OP_ALLREDUCE_SUM, g, NULL, buf, n, NULL, sum_dt};
-    return comm_run_sum_bf16(c, &op, err);
+    return comm_block_end(t0, comm_run_sum_bf16(c, &op, err));
 }

@@ -29,7 +29,9 @@
  * itself there, as Slurm's during a save, which must finish and stop the run), hang (SIGSTOP to
  * itself at the start of the step: a rank that stops answering; the others' watchdog must end the
  * job), slow (a sleep of WLBTRAIN_FAULT_SLOW_S seconds, default 5, at every step from STEP on: a
- * straggler) or exit (_exit(1) at the step: a rank gone). WLBTRAIN_STEP_DELAY=S
+ * straggler), stall (stopped for WLBTRAIN_FAULT_SLOW_S at the start of every step from STEP on and
+ * continued by a timer, util/stall.h: a straggler outside its passes) or exit (_exit(1) at the step:
+ * a rank gone). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -56,6 +58,7 @@
 #include "util/clock.h"
 #include "util/fileio.h"
 #include "util/parse.h"
+#include "util/stall.h"
 
 typedef enum FaultKind {
     FAULT_NONE,
@@ -67,14 +70,15 @@ typedef enum FaultKind {
     FAULT_SAVESIGNAL,
     FAULT_HANG,
     FAULT_SLOW,
-    FAULT_EXIT
+    FAULT_EXIT,
+    FAULT_STALL
 } FaultKind;
 
 typedef struct Fault {
     FaultKind kind;
     int rank;
     int64_t step;
-    double slow_s; /* slow: the sleep of each step (WLBTRAIN_FAULT_SLOW_S, default 5) */
+    double slow_s; /* slow: the sleep of each step, stall: the stop (WLBTRAIN_FAULT_SLOW_S, default 5) */
 } Fault;
 
 static int parse_fault(Fault *f, Error *err)
@@ -88,14 +92,15 @@ static int parse_fault(Fault *f, Error *err)
     int used = 0;
     if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
         return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill, "
-                         "savesignal, hang, slow or exit), got '%s'", s);
-    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill", "savesignal", "hang", "slow", "exit"};
+                         "savesignal, hang, slow, stall or exit), got '%s'", s);
+    static const char *const kinds[] = {"",     "error", "kill", "plan", "nan",  "savekill",
+                                        "savesignal", "hang", "slow", "exit", "stall"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
         if (!strcmp(kind, kinds[k]))
             f->kind = (FaultKind)k;
     if (f->kind == FAULT_NONE)
         return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan, savekill, savesignal, "
-                         "hang, slow or exit)", kind);
+                         "hang, slow, stall or exit)", kind);
     const char *slow = getenv("WLBTRAIN_FAULT_SLOW_S");
     f->slow_s = 5;
     if (slow && *slow && (parse_double(slow, &f->slow_s) != 0 || f->slow_s < 0 || f->slow_s > 3600))
@@ -113,6 +118,12 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
         /* a straggler: this rank slow at every step from STEP on, inside its first pass's compute */
         tr->fault_sleep_s = f->slow_s;
         return 0;
+    }
+    if (f->kind == FAULT_STALL && f->rank == tr->lay.rank && step >= f->step) {
+        /* a straggler outside its passes: this rank stopped and continued at the start of every step
+         * from STEP on, as `kill -STOP`, `kill -CONT` after WLBTRAIN_FAULT_SLOW_S would */
+        fflush(stdout);
+        return stall_freeze(f->slow_s, err);
     }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
         return 0;
@@ -466,14 +477,15 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         return -1;
     int rc = 0;
     double t_start = clock_seconds();
+    trainer_straggler_start(tr);
     for (int64_t step = done + 1; rc == 0 && stop->reason == STOP_NONE && step <= cfg->train.steps; step++) {
         double t0 = clock_seconds();
         TrainStats st;
         rc = inject_fault(fault, tr, step, err);
         if (rc == 0)
             rc = trainer_forward_backward(tr, &st, err);
-        if (rc == 0 && trainer_stragglers(tr, step, &st) != 0)
-            rc = error_runtime(err, "train", "out of memory");
+        if (rc == 0)
+            rc = trainer_stragglers(tr, step, &st, err);
         if (rc == 0)
             rc = trainer_update(tr, &st, err);
         if (rc == 0) {

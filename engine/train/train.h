@@ -41,6 +41,7 @@
 #include "engine/plan/plan.h"
 #include "engine/plan/sched.h"
 #include "util/error.h"
+#include "util/stall.h"
 
 /* One model chunk of this rank (one, or v with interleaving) and what runs it. */
 typedef struct TrainChunk {
@@ -115,6 +116,8 @@ typedef struct TrainStats {
      * seconds, and the median of the ranks'. */
     int slowest_rank;
     double slowest_compute_s, median_compute_s;
+    int busy_measured;                     /* the busy seconds below were measured (no device timer) */
+    double slowest_busy_s, median_busy_s;  /* the step's time less the waits for other ranks */
     double slowest_predicted_s; /* the plan's predicted excess of that rank over the median rank */
 } TrainStats;
 
@@ -174,6 +177,9 @@ typedef struct Trainer {
     int grads_gathered;      /* ZeRO-1: the summed gradients were all-gathered for trainer_gather */
     int64_t skipped;         /* steps whose update was skipped (train.nonfinite: skip) */
     int straggler_rank, straggler_steps; /* the rank slowest by a margin, for how many steps in a row */
+    double straggler_mark_s, straggler_mark_blocked_s, straggler_mark_stalled_s; /* where this rank's
+                                                                                  * busy-time window began */
+    StallClock *stall_clock; /* time the process did not run inside a comm wait (train_straggler.c) */
     double fault_sleep_s;     /* WLBTRAIN_FAULT slow: seconds slept inside this step's first pass */
     int64_t updates_at_start; /* the optimizer's updates when this run's first step began (after a
                                * resume: the checkpoint's), for the hint of a non-finite first step */
@@ -287,10 +293,15 @@ int trainer_continue_check_dir(const Config *cfg, Error *err);
  * log.metrics writable, and checkpoint.dir holding no checkpoint of another run that this one would
  * replace (trainer_continue_check_dir first). */
 int trainer_check_outputs(const Config *cfg, int lead, Error *err);
-/* After a step's forward and backward (tr->all_compute gathered): the slowest rank by compute, its
- * excess over the median, into st; rank 0 warns on stderr when one rank stays the slowest by a
- * margin (train_straggler.c). -1 when out of memory. */
-int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st);
+/* After a step's forward and backward (tr->all_compute gathered): each rank's busy time since the
+ * last call (its waits for other ranks taken off; compute seconds with a device timer) gathered, the
+ * slowest rank and its excess over the median into st; rank 0 warns on stderr when one rank stays
+ * the slowest by a margin (train_straggler.c). trainer_straggler_start opens the first window,
+ * before the first step. Collective over the job. */
+void trainer_straggler_start(Trainer *tr);
+/* Ends what trainer_straggler_start started (trainer_free calls it). */
+void trainer_straggler_stop(Trainer *tr);
+int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st, Error *err);
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
  * (train_ckpt_index.c), with its checksum (util/ckpt_index.h); trainer_index_json: that index (without
  * the checksum) as a JSON object for the caller to json_decref. */
@@ -367,7 +378,8 @@ enum { TRAIN_EXIT_PREEMPTED = 75 };
  * starts MPI when launched, trains cfg->train.steps steps, or fewer when train.stop_after or a
  * signal stops it (train.c). *exit_status: 0, or TRAIN_EXIT_PREEMPTED after a signal. */
 int trainer_run(Config *cfg, int *exit_status, Error *err);
-/* An Error unless cfg has the data training reads (data.path). */
+/* An Error unless cfg has the data training reads: data.path set, and the .idx and .bin of each set
+ * of data.path and data.valid_path there to open (the error says training reads the tokens). */
 int trainer_check_data(const Config *cfg, Error *err);
 
 #endif

@@ -88,6 +88,8 @@ static void write_ms_array(FILE *f, const char *key, const double *s, int n)
 void trainer_write_mb_metrics(FILE *f, const TrainStats *st)
 {
     fprintf(f, ",\"mb_imbalance\":%.4f,\"mb_imbalance_measured\":%.4f", st->mb_imbalance, st->mb_imbalance_measured);
+    if (st->busy_measured) /* the straggler figures beside slowest_rank (train_straggler.c) */
+        fprintf(f, ",\"slowest_busy_s\":%.6g,\"median_busy_s\":%.6g", st->slowest_busy_s, st->median_busy_s);
     if (st->mb_s_predicted && st->mb_s_measured) {
         write_ms_array(f, "mb_ms_predicted", st->mb_s_predicted, st->n_mb);
         write_ms_array(f, "mb_ms_measured", st->mb_s_measured, st->n_mb);

@@ -3,6 +3,7 @@
  * buffers of its pipeline schedule (see train.h).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,11 +185,44 @@ static int choose_comm(Trainer *tr, Error *err)
     return comm_use(tr->comm, nccl, err);
 }
 
+/* Each file of a training data set opens (it is read in full later, by data_idx_open). */
+static int check_data_files(char *const *prefixes, int n, Error *err)
+{
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < 2; e++) {
+            char *path = data_idx_path(prefixes[i], e ? ".bin" : ".idx");
+            if (!path)
+                return error_runtime(err, prefixes[i], "out of memory");
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0) {
+                error_errno(err, path, "cannot open");
+                free(path);
+                size_t len = strlen(prefixes[i]);
+                if (err->status != ERROR_INPUT)
+                    return -1;
+                if (len > 4 && (!strcmp(prefixes[i] + len - 4, ".idx") || !strcmp(prefixes[i] + len - 4, ".bin")))
+                    error_append(err, " (give the data set's PREFIX, without .idx or .bin)");
+                else
+                    error_append(err, " (training reads the tokens, PREFIX.idx and PREFIX.bin of each data set; "
+                                 "wlbtrain convert makes a data set from text)");
+                return -1;
+            }
+            close(fd);
+            free(path);
+        }
+    return 0;
+}
+
 int trainer_check_data(const Config *cfg, Error *err)
 {
-    if (cfg->data.path.n == 0)
+    const ConfigData *d = &cfg->data;
+    if (d->path.n == 0)
         return error_set(err, "data.path", "training reads tokens: set data.path (a Megatron PREFIX)");
-    return 0;
+    /* Here, before anything opens the sets for the layer placement (whose error says what a dry run
+     * needs instead), a missing file gets training's own message. */
+    if (data_sources_check_count(d->path.n + d->valid_path.n, err) != 0)
+        return -1;
+    return check_data_files(d->path.v, d->path.n, err) != 0 ? -1 : check_data_files(d->valid_path.v, d->valid_path.n, err);
 }
 
 static int check_layout(const Trainer *tr, Error *err)
@@ -323,6 +357,7 @@ int trainer_init_eval(Trainer *tr, const Config *cfg, Comm *comm, Error *err)
 
 void trainer_free(Trainer *tr)
 {
+    trainer_straggler_stop(tr);
     for (int c = 0; tr->chunks && c < tr->v; c++) {
         TrainChunk *ch = &tr->chunks[c];
         optim_free(&ch->optim, &ch->model);
