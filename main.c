@@ -115,7 +115,7 @@ static int export_checked(const CliExport *x, Error *err)
     char *dir;
     if (file_check_writable(x->out, 1, "--out", err) != 0 || ckpt_step_folder(x->checkpoint, &dir, err) != 0)
         return -1;
-    int rc = trainer_checkpoint_check(dir, err);
+    int rc = trainer_checkpoint_check(dir, 1, err);
     free(dir);
     return rc == 0 ? cli_export(x, err) : -1;
 }

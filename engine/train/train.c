@@ -563,10 +563,15 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
         if (lead && cfg->checkpoint.resume)
             printf("resume: no checkpoint in %s yet, %s\n", cfg->checkpoint.dir,
                    cfg->checkpoint.continue_from ? "continuing from checkpoint.continue_from" : "starting at step 1");
-        return trainer_continue(tr, done, err); /* checkpoint.continue_from, if set (train_continue.c) */
+        /* checkpoint.continue_from, if set (train_continue.c); the run's id (a new one; a continued
+         * run records the checkpoint's as its parent) */
+        rc = trainer_continue(tr, done, err);
+        return rc == 0 ? trainer_run_id(tr, 0, cfg->checkpoint.continue_from != NULL, err) : -1;
     }
     double t0 = clock_seconds();
     rc = trainer_resume(tr, path, done, err);
+    if (rc == 0)
+        rc = trainer_run_id(tr, 1, 0, err); /* the checkpoint's run goes on */
     if (rc == 0 && lead)
         printf("resume: %s, after step %lld (%s; %.3f s)%s\n", path, (long long)*done, tr->resume_how,
                clock_seconds() - t0,
@@ -614,6 +619,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     double mem_predicted = 0;
     if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 ||
         trainer_check_outputs(cfg, launch.rank == 0, err) != 0 ||
+        trainer_checkpoint_precheck(cfg, launch.rank == 0, err) != 0 ||
         trainer_stage_layers(cfg, NULL, NULL, err) != 0 || trainer_memory_admit(cfg, &mem_predicted, err) != 0)
         return -1;
     /* Before MPI starts: a signal from then on asks for a stop instead of killing the rank. */

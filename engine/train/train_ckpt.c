@@ -53,8 +53,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include "engine/train/train.h"
+#include "util/ckpt_ident.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
 #include "util/statefile.h"
@@ -163,23 +165,44 @@ int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Erro
 typedef struct ShardOut {
     const Ops *ops;
     const float *src[STATE_MAX_SECTIONS];
+    const uint64_t *ident; /* section 0, in host memory */
 } ShardOut;
 
 static void shard_fill(void *ctx, int i, uint64_t at, void *buf, uint64_t n)
 {
     const ShardOut *o = ctx;
-    o->ops->to_host(buf, o->src[i] + at / sizeof(float), (size_t)n);
+    if (i == 0)
+        memcpy(buf, (const unsigned char *)o->ident + at, (size_t)n);
+    else
+        o->ops->to_host(buf, o->src[i] + at / sizeof(float), (size_t)n);
 }
 
-static int write_shard(Trainer *tr, const char *tmp, Error *err)
+/* The ident of what this rank writes (a shard file: its place; state.bin: none) after step. */
+static CkptIdent ident_of(const Trainer *tr, int64_t step, int role)
+{
+    const ConfigParallel *p = &tr->cfg->parallel;
+    int shard = role == CKPT_ROLE_SHARD;
+    return (CkptIdent){tr->run_id, step, role, shard ? tr->lay.tp_rank : -1, shard ? tr->lay.pp_rank : -1,
+                       shard ? tr->comm->rank[GROUP_DPCP] : -1, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp,
+                       (int)p->virtual_stages, (int)p->zero};
+}
+
+/* Writes this rank's shard file of the checkpoint after step (when it writes one: *sum's bytes 0
+ * otherwise): its ident section first, then its chunks' sections; *sum its size and CRC-32. */
+static int write_shard(Trainer *tr, int64_t step, const char *tmp, StateSum *sum, Error *err)
 {
     int dpcp = tr->comm->rank[GROUP_DPCP], zero = (int)tr->cfg->parallel.zero;
+    *sum = (StateSum){0, 0};
     if (dpcp != 0 && !zero)
         return 0; /* the same weights and moments as dpcp 0's */
     char names[STATE_MAX_SECTIONS][STATE_NAME_LEN], file[64], path[4200];
-    uint64_t sizes[STATE_MAX_SECTIONS];
-    ShardOut o = {tr->ops, {0}};
-    int n = 0;
+    uint64_t sizes[STATE_MAX_SECTIONS], ident[CKPT_IDENT_WORDS];
+    CkptIdent id = ident_of(tr, step, CKPT_ROLE_SHARD);
+    ckpt_ident_words(&id, ident);
+    ShardOut o = {tr->ops, {0}, ident};
+    int n = 1;
+    snprintf(names[0], STATE_NAME_LEN, "%s", CKPT_IDENT_SECTION);
+    sizes[0] = sizeof ident;
     for (int k = 0; k < tr->v; k++) {
         const Model *m = &tr->chunks[k].model;
         const Optim *op = &tr->chunks[k].optim;
@@ -199,7 +222,84 @@ static int write_shard(Trainer *tr, const char *tmp, Error *err)
     }
     ckpt_shard_file(file, sizeof file, tr->lay.tp_rank, tr->lay.pp_rank, dpcp);
     snprintf(path, sizeof path, "%s/%s", tmp, file);
-    return statefile_write_stream(path, (const char (*)[STATE_NAME_LEN])names, sizes, n, shard_fill, &o, err);
+    return statefile_write_stream(path, (const char (*)[STATE_NAME_LEN])names, sizes, n, shard_fill, &o, sum, err);
+}
+
+/* Every rank's shard file's size and CRC-32 to every rank (rank 0 lists them in the index), and
+ * whether every rank wrote its file: one all-reduce of 5 numbers a rank - written (1) or failed (2),
+ * its place (tp, pp, dpcp) and size; the CRC-32 and the size below 2^53 are exact in a double.
+ * sums[i]: the file of files[i] of the index (TP rank, then pipeline rank, then dpcp). */
+static int gather_sums(Trainer *tr, int rc, const StateSum *mine, StateSum *sums, int n_files, Error *err)
+{
+    int world = comm_world_size(tr->comm), me = comm_world_rank(tr->comm);
+    int pp = (int)tr->cfg->parallel.pp, z = tr->cfg->parallel.zero ? (int)(tr->cfg->parallel.dp * tr->cfg->parallel.cp) : 1;
+    double *all = calloc((size_t)world * 6, sizeof *all);
+    if (!all)
+        return error_runtime(err, "checkpoint", "out of memory");
+    double *m = all + (size_t)me * 6;
+    m[0] = rc != 0 ? 2 : mine->bytes > 0;
+    m[1] = tr->lay.tp_rank, m[2] = tr->lay.pp_rank, m[3] = tr->comm->rank[GROUP_DPCP];
+    m[4] = (double)mine->bytes, m[5] = (double)mine->crc;
+    Error e2 = {0};
+    int failed = comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, all, (int64_t)world * 6, rc ? &e2 : err) != 0 ? -1 : 0;
+    for (int r = 0; failed == 0 && r < world; r++) {
+        const double *a = all + (size_t)r * 6;
+        if (a[0] == 2) {
+            failed = 1;
+        } else if (a[0] == 1) {
+            int i = ((int)a[1] * pp + (int)a[2]) * z + (int)a[3];
+            if (i >= 0 && i < n_files)
+                sums[i] = (StateSum){(uint64_t)a[4], (uint32_t)a[5]};
+        }
+    }
+    free(all);
+    if (rc != 0 || failed < 0)
+        return -1;
+    return failed ? error_runtime(err, "checkpoint", "another rank could not write its shard") : 0;
+}
+
+/* config.yaml's size and CRC-32, read back (a few kilobytes). */
+static int file_sum(const char *path, StateSum *sum, Error *err)
+{
+    char *text;
+    size_t n;
+    if (file_read_text(path, "config", &text, &n, err) != 0)
+        return -1;
+    sum->bytes = n;
+    sum->crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)text, (uInt)n);
+    free(text);
+    return 0;
+}
+
+int trainer_run_id(Trainer *tr, int resumed, int continued, Error *err)
+{
+    if (resumed) { /* the checkpoint's run goes on (and keeps its parent) */
+        tr->run_id = tr->loaded_run;
+        tr->parent_run = tr->loaded_parent_run;
+        tr->parent_step = tr->loaded_parent_step;
+    } else if (continued) { /* a new stage: its own id, the checkpoint's run its parent */
+        tr->run_id = 0;
+        tr->parent_run = tr->loaded_run;
+        tr->parent_step = tr->loaded_step;
+    }
+    if (tr->run_id != 0)
+        return 0;
+    /* A new id (a run at step 1, a new stage, or a checkpoint older than run ids): rank 0's, to every
+     * rank in four 16-bit pieces (exact in the sum). */
+    uint64_t id = 0;
+    double piece[4] = {0};
+    if (tr->lay.rank == 0 && ckpt_run_new(&id, err) != 0)
+        id = 0; /* the others still take part; the error is reported below */
+    for (int k = 0; k < 4; k++)
+        piece[k] = (double)((id >> (16 * k)) & 0xffff);
+    Error e2 = {0};
+    if (comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, piece, 4, id || tr->lay.rank ? err : &e2) != 0)
+        return -1;
+    for (int k = 0; k < 4; k++)
+        tr->run_id |= (uint64_t)piece[k] << (16 * k);
+    if (tr->run_id == 0)
+        return tr->lay.rank == 0 ? -1 : error_runtime(err, "checkpoint", "rank 0 could not make a run id");
+    return 0;
 }
 
 /* Every rank learns whether every rank's rc was 0 (instead of a barrier, which a failed rank would
@@ -293,16 +393,30 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
         return -1;
     if (tr->fault_signal_in_save)
         raise(SIGTERM); /* the test of a stop signal during a save: the handler only records it */
-    if (all_ok(tr, write_shard(tr, tmp, err), err) != 0)
+    const ConfigParallel *p = &tr->cfg->parallel;
+    int n_files = (int)(p->tp * p->pp * (p->zero ? p->dp * p->cp : 1));
+    StateSum mine, *sums = calloc((size_t)n_files, sizeof *sums);
+    if (!sums)
+        rc = error_runtime(err, "checkpoint", "out of memory");
+    if (rc == 0)
+        rc = write_shard(tr, step, tmp, &mine, err);
+    if (gather_sums(tr, rc, &mine, sums, n_files, err) != 0) {
+        free(sums);
         return -1;
-    if (!lead)
+    }
+    if (!lead) {
+        free(sums);
         return 0;
+    }
     if (tr->fault_kill_in_save) {
         fflush(stdout);
         raise(SIGKILL); /* the test of an interrupted save */
     }
-    uint64_t meta[META_WORDS];
+    uint64_t meta[META_WORDS], ident[CKPT_IDENT_WORDS];
     meta_words(tr, step, meta);
+    CkptIdent id = ident_of(tr, step, CKPT_ROLE_STATE);
+    ckpt_ident_words(&id, ident);
+    CkptBinding bound = {tr->run_id, tr->parent_run, tr->parent_step, sums, n_files, {0, 0}, {0, 0}};
     size_t np = plan_state_words(&tr->planner), ns = data_stream_state_words(&tr->stream);
     uint64_t *planner = malloc((np + 1) * sizeof *planner), *stream = malloc((ns + 1) * sizeof *stream);
     if (!planner || !stream) {
@@ -312,21 +426,25 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
         data_stream_save(&tr->stream, stream);
         uint64_t valid[VALID_WORDS];
         record_words(&tr->valid_record, tr->cfg->data.valid_fraction, valid);
-        StateSection s[4] = {{"meta", meta, sizeof meta},
+        StateSection s[5] = {{"meta", meta, sizeof meta},
                              {"planner", planner, np * sizeof *planner},
                              {"stream", stream, ns * sizeof *stream},
-                             {"valid", valid, sizeof valid}};
+                             {"valid", valid, sizeof valid},
+                             {CKPT_IDENT_SECTION, ident, sizeof ident}};
         snprintf(path, sizeof path, "%s/state.bin", tmp);
-        rc = statefile_write(path, s, 4, err);
+        rc = statefile_write(path, s, 5, &bound.state_sum, err);
     }
     free(planner);
     free(stream);
     snprintf(path, sizeof path, "%s/config.yaml", tmp);
     if (rc == 0)
         rc = write_config(tr->cfg, path, err);
+    if (rc == 0)
+        rc = file_sum(path, &bound.config_sum, err);
     snprintf(path, sizeof path, "%s/index.json", tmp);
     if (rc == 0)
-        rc = trainer_index_write(tr->cfg, step, path, err);
+        rc = trainer_index_write(tr->cfg, step, &bound, path, err);
+    free(sums);
     /* Into place: a checkpoint of the same step (a resumed run saving again) is replaced. */
     if (rc == 0 && (file_sync_dir(tmp, err) != 0 || file_remove_tree(final, err) != 0))
         rc = -1;
@@ -381,6 +499,8 @@ static int reshard_chunk(Trainer *tr, CkptIndex *ix, TrainChunk *ch, int weights
                 break; /* no moments wanted, or none of this block here (a ZeRO-1 shard elsewhere) */
             if (ckpt_index_full(ix, it, what, full, tmp, err) != 0)
                 return -1;
+            if (ix->verify_only)
+                continue; /* the files checked, nothing copied */
             for (int64_t r = 0; r < t->rows; r++)
                 memcpy(block + r * t->cols, full + (t->row0 + r) * t->full_cols + t->col0, (size_t)t->cols * sizeof *full);
             if (what == 0)
@@ -410,6 +530,35 @@ static int same_split(const CkptIndex *ix, const Config *cfg)
             return 0;
     }
     return chunks == mine->n;
+}
+
+/* Every chunk's weights (and moments) from the shards: as saved (same) or resharded. */
+static int load_chunks(Trainer *tr, CkptIndex *ix, int same, int weights_only, float *full, float *tmp, float *block,
+                       const char *path, Error *err)
+{
+    int rc = 0;
+    for (int k = 0; rc == 0 && k < tr->v; k++) {
+        TrainChunk *ch = &tr->chunks[k];
+        Model *m = &ch->model;
+        Optim *o = &ch->optim;
+        if (same) {
+            const CkptChunk *c = ckpt_index_chunk(ix, tr->lay.tp_rank, k * tr->pp + tr->lay.pp_rank);
+            if (!c || c->n != m->n_params)
+                rc = error_set(err, path, "index.json: chunk %d of TP rank %d is not this layout's",
+                               k * tr->pp + tr->lay.pp_rank, tr->lay.tp_rank);
+            if (rc == 0)
+                rc = ckpt_index_range(ix, c, 0, 0, m->n_params, put_device, (void *)tr->ops, m->params, err);
+            if (rc == 0 && !weights_only)
+                rc = ckpt_index_range(ix, c, 1, o->begin, o->end, put_device, (void *)tr->ops, o->m, err);
+            if (rc == 0 && !weights_only)
+                rc = ckpt_index_range(ix, c, 2, o->begin, o->end, put_device, (void *)tr->ops, o->v, err);
+        } else {
+            rc = reshard_chunk(tr, ix, ch, weights_only, full, tmp, block, err);
+        }
+        if (rc == 0 && !ix->verify_only)
+            model_weights_changed(m);
+    }
+    return rc;
 }
 
 /* Weights and moments (weights_only: weights) of every chunk from the shards. On the layout that
@@ -443,27 +592,14 @@ static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, int weights_
     float *tmp = same ? NULL : malloc((size_t)most * sizeof *tmp), *block = same ? NULL : malloc((size_t)most * sizeof *tmp);
     if (!same && (!full || !tmp || !block))
         rc = error_runtime(err, "checkpoint", "out of memory");
-    for (int k = 0; rc == 0 && k < tr->v; k++) {
-        TrainChunk *ch = &tr->chunks[k];
-        Model *m = &ch->model;
-        Optim *o = &ch->optim;
-        if (same) {
-            const CkptChunk *c = ckpt_index_chunk(ix, tr->lay.tp_rank, k * tr->pp + tr->lay.pp_rank);
-            if (!c || c->n != m->n_params)
-                rc = error_set(err, path, "index.json: chunk %d of TP rank %d is not this layout's",
-                               k * tr->pp + tr->lay.pp_rank, tr->lay.tp_rank);
-            if (rc == 0)
-                rc = ckpt_index_range(ix, c, 0, 0, m->n_params, put_device, (void *)tr->ops, m->params, err);
-            if (rc == 0 && !weights_only)
-                rc = ckpt_index_range(ix, c, 1, o->begin, o->end, put_device, (void *)tr->ops, o->m, err);
-            if (rc == 0 && !weights_only)
-                rc = ckpt_index_range(ix, c, 2, o->begin, o->end, put_device, (void *)tr->ops, o->v, err);
-        } else {
-            rc = reshard_chunk(tr, ix, ch, weights_only, full, tmp, block, err);
-        }
-        if (rc == 0)
-            model_weights_changed(m);
+    /* Twice: first every file this rank reads is opened and checked (its CRCs; with a bound index its
+     * ident, size and CRC-32) and nothing copied, so that a swapped, stale or foreign file is refused
+     * before any weight is taken; then the copies, from the files already open. */
+    for (int pass = 0; rc == 0 && pass < 2; pass++) {
+        ix->verify_only = pass == 0;
+        rc = load_chunks(tr, ix, same, weights_only, full, tmp, block, path, err);
     }
+    ix->verify_only = 0;
     free(full);
     free(tmp);
     free(block);
@@ -523,15 +659,20 @@ int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_
     TrainValidRecord record = {0};
     /* The index and config.yaml against each other and state.bin (train_ckpt_check.c). */
     if (rc == 0)
-        rc = trainer_checkpoint_check(path, err);
+        rc = trainer_checkpoint_check(path, 0, err); /* warned before MPI started (precheck) */
     if (rc == 0)
         rc = record_read(statefile_find(&sf, "valid"), &record, tr->cfg->data.valid_fraction, full, file, err);
     CkptIndex ix;
     int have_index = rc == 0 && ckpt_index_open(&ix, path, err) == 0;
     if (rc == 0 && !have_index)
         rc = -1;
-    if (rc == 0)
+    if (rc == 0) {
+        tr->loaded_run = ix.run;
+        tr->loaded_parent_run = ix.parent_run;
+        tr->loaded_parent_step = ix.parent_step;
+        tr->loaded_step = (int64_t)w[1];
         rc = restore_shards(tr, &ix, (int64_t)w[1], !moments, path, err);
+    }
     if (have_index)
         ckpt_index_close(&ix);
     /* Words in the file may be unaligned: copy them out first. */

@@ -15,9 +15,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "engine/train/train.h"
+#include "util/ckpt_ident.h"
 #include "util/ckpt_index.h"
+#include "util/fileio.h"
+
+/* The keys of a bound index (version 3) that the model and layout do not give: checked on their own. */
+static const char *const bound_keys[] = {"run", "model", "contents"};
 
 /* The block fields in the order a message names the first that differs. */
 static const char *const block_keys[] = {"file", "section", "offset", "tp", "chunk", "row0", "rows", "col0", "cols"};
@@ -68,13 +74,17 @@ static int check_tensor(const char *name, const json_t *have, const json_t *want
 /* The loaded index (checksum removed) against the expected one. */
 static int check_index(json_t *have, json_t *want, const char *path, Error *err)
 {
-    /* An index of version 1 (before the checksum) may lack stage_layers: the layers were split evenly. */
+    /* An older index is compared as its version wrote it: the same entries (version 2 added only
+     * the checksum, version 3 the binding, checked by the caller); version 1 may lack stage_layers
+     * (the layers were split evenly). */
     json_t *hl = json_object_get(have, "layout"), *wl = json_object_get(want, "layout");
-    if (json_object_get(have, "version") && json_integer_value(json_object_get(have, "version")) == 1) {
+    json_int_t version = json_integer_value(json_object_get(have, "version"));
+    if (version >= 1 && version < CKPT_INDEX_VERSION)
         json_object_set(want, "version", json_object_get(have, "version"));
-        if (!json_object_get(hl, "stage_layers"))
-            json_object_del(wl, "stage_layers");
-    }
+    if (version == 1 && !json_object_get(hl, "stage_layers"))
+        json_object_del(wl, "stage_layers");
+    for (size_t i = 0; i < sizeof bound_keys / sizeof bound_keys[0]; i++)
+        json_object_del(have, bound_keys[i]);
     static const char *const top[] = {"format", "version", "step", "layout", "files"};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (!json_equal(json_object_get(have, top[i]), json_object_get(want, top[i]))) {
@@ -113,7 +123,69 @@ static int check_index(json_t *have, json_t *want, const char *path, Error *err)
     return 0;
 }
 
-int trainer_checkpoint_check(const char *dir, Error *err)
+/* config.yaml's model keys against those index.json recorded: the first that differs named. */
+static int check_model(const Config *saved, const json_t *recorded, const char *path, Error *err)
+{
+    json_t *mine;
+    if (trainer_model_keys(saved, &mine, err) != 0)
+        return -1;
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    /* A key missing on one side has its default there. */
+    json_object_foreach(mine, key, v) {
+        const char *was = json_string_value(json_object_get(recorded, key));
+        if (!was || strcmp(was, json_string_value(v)) != 0) {
+            rc = error_set(err, path, "%s is %.60s, the checkpoint was saved with %.60s (index.json): config.yaml was "
+                           "edited after it was written (restore it; a changed model is a new run)", key,
+                           json_string_value(v), was ? was : "the default");
+            break;
+        }
+    }
+    json_object_foreach((json_t *)recorded, key, v)
+        if (rc == 0 && !json_object_get(mine, key))
+            rc = error_set(err, path, "%s is the default, the checkpoint was saved with %.60s (index.json): "
+                           "config.yaml was edited after it was written (restore it; a changed model is a new run)",
+                           key, json_is_string(v) ? json_string_value(v) : "(not text)");
+    json_decref(mine);
+    return rc;
+}
+
+/* Version 3: config.yaml's model keys, its size and CRC-32, and state.bin's ident, size and CRC-32
+ * against what index.json lists. */
+static int check_bound(CkptIndex *ix, const json_t *have, const Config *saved, const char *dir, Error *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    if (check_model(saved, json_object_get(have, "model"), path, err) != 0)
+        return -1;
+    char *text;
+    size_t n;
+    if (file_read_text(path, "config", &text, &n, err) != 0)
+        return -1;
+    StateSum sum = {n, (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)text, (uInt)n)};
+    free(text);
+    if (ckpt_index_check_sum(&sum, &ix->config_sum, path, err) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/state.bin", dir);
+    StateFile sf;
+    if (statefile_open(&sf, path, err) != 0)
+        return -1;
+    CkptIdent id, want;
+    ckpt_index_state_ident(ix, &want);
+    int found = ckpt_ident_read(&sf, path, &id, err), rc = 0;
+    if (found == 0)
+        rc = error_set(err, path, "no ident section: a training state written before checkpoints were bound to their "
+                       "run, so not this checkpoint's (index.json is of version %d)", ix->version);
+    else if (found < 0 || ckpt_ident_check(&id, &want, path, err) != 0)
+        rc = -1;
+    if (rc == 0)
+        rc = ckpt_index_check_sum(&sf.sum, &ix->state_sum, path, err);
+    statefile_close(&sf);
+    return rc;
+}
+
+int trainer_checkpoint_check(const char *dir, int warn, Error *err)
 {
     char path[4200], index[4200];
     snprintf(path, sizeof path, "%s/config.yaml", dir);
@@ -124,15 +196,27 @@ int trainer_checkpoint_check(const char *dir, Error *err)
     int64_t step = 0;
     /* The reader's own checks first (they name what is malformed), then the comparison. */
     CkptIndex ix;
-    int rc = ckpt_index_open(&ix, dir, err);
-    if (rc == 0)
-        ckpt_index_close(&ix);
+    int rc = ckpt_index_open(&ix, dir, err), opened = rc == 0;
     if (rc == 0)
         rc = ckpt_index_load(index, &have, err);
     if (rc == 0 && config_load_file(&saved, path, err) != 0)
         rc = -1;
     if (rc == 0 && config_resolve(&saved, 0, err) != 0)
         rc = -1;
+    if (rc == 0 && ix.version >= CKPT_INDEX_BOUND)
+        rc = check_bound(&ix, have, &saved, dir, err);
+    if (rc == 0)
+        rc = ckpt_index_check_files(&ix, err);
+    if (rc == 0 && ix.version < CKPT_INDEX_BOUND && warn) {
+        fprintf(stderr, "wlbtrain: warning: %s: a checkpoint of index version %d (an older wlbtrain): its files are "
+                "not bound to their run, step and place and the index lists no sizes or checksums of them%s, so a "
+                "swapped, stale or foreign shard or state.bin, or an edited model key of config.yaml, cannot be "
+                "told; loaded with the checks its format allows (a save from it writes a bound checkpoint)\n",
+                index, ix.version, ix.version < 2 ? " (nor of itself)" : "");
+        fflush(stderr);
+    }
+    if (opened)
+        ckpt_index_close(&ix);
     /* config.yaml against state.bin's meta section: the model's shape and the layout. */
     if (rc == 0)
         rc = trainer_meta_check(&saved, dir, &step, err);
@@ -168,5 +252,20 @@ int trainer_checkpoint_check(const char *dir, Error *err)
     json_decref(have);
     json_decref(want);
     config_free(&saved);
+    return rc;
+}
+
+int trainer_checkpoint_precheck(const Config *cfg, int lead, Error *err)
+{
+    char *path = NULL;
+    Error quiet = {0};
+    /* A checkpoint that cannot be found is left to the resume and the continuation to report, in
+     * their words. */
+    if (trainer_checkpoint_path(cfg, &path, &quiet) != 0)
+        return 0;
+    if (!path && cfg->checkpoint.continue_from && ckpt_step_folder(cfg->checkpoint.continue_from, &path, &quiet) != 0)
+        return 0;
+    int rc = path ? trainer_checkpoint_check(path, lead, err) : 0;
+    free(path);
     return rc;
 }
