@@ -26,6 +26,11 @@ files each, 2 holding weights and moments, 2 moments only), and 2 steps in one p
     ident sections is refused.
 5   the run id: a resume keeps it; a run continued from the checkpoint (checkpoint.continue_from, a
     new stage) gets a new one and records the checkpoint's run and step as its parent.
+6   the stop line tells the truth about the checkpoint: 2 ranks, parallel.timeout_s 3, SIGTERM to
+    both in the save after step 2 and rank 0 stalling 4 s once that checkpoint is complete (before it
+    removes the oldest; WLBTRAIN_FAULT=savestall@0:2): rank 1's watchdog ends it waiting in its next
+    collective with a stop pending, exit 75, and its line says the checkpoint of step 2 is complete
+    (not "without a checkpoint"); latest names step 2, which exports.
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
@@ -358,12 +363,31 @@ def test_run_id(fx):
     comment("resumed: run %s kept; continued: run %s, parent %s after step 4" % (first, run_["id"], first))
 
 
+def test_stop_line(fx):
+    ckpt = os.path.join(fx.dir, "stall")
+    env = dict(ENV, WLBTRAIN_FAULT="savestall@0:2", WLBTRAIN_FAULT_SLOW_S="4")
+    r = subprocess.run(["mpirun", "-np", "2", "-x", "WLBTRAIN_FAULT", "-x", "WLBTRAIN_FAULT_SLOW_S", WLBTRAIN,
+                        "--config", fx.cfg, "--set", "checkpoint.dir=" + ckpt, "--set", "parallel.timeout_s=3",
+                        "--set", "train.steps=6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, env=env, timeout=120)
+    stop = [l for l in r.stderr.splitlines() if "stop signal while waiting" in l]
+    comment(stop[0] if stop else r.stderr[-1500:])
+    check(r.returncode == 75 and len(stop) == 1, "exit %d, stderr %r" % (r.returncode, r.stderr[-1500:]))
+    check(stop and "the newest checkpoint, of step 2, is complete (resume goes on from it)" in stop[0] and
+          "without a checkpoint" not in stop[0], "the stop line: %r" % stop)
+    with open(os.path.join(ckpt, "latest")) as f:
+        check(f.read().strip() == STEP2, "latest does not name step 2")
+    r = run([WLBTRAIN, "export", "--checkpoint", ckpt, "--out", os.path.join(fx.dir, "hf-stall")])
+    check(r.returncode == 0 and not r.stderr, "the checkpoint of step 2: %s" % r.stderr)
+
+
 TESTS = [("index version 3 lists every file's size and CRC-32; every file's ident names its run, step, place",
           test_on_disk),
          ("swapped, stale and foreign shards and state.bin: one line, exit 2, nothing written", test_swapped_stale_foreign),
          ("edited model keys of config.yaml, other edits, a consistently rewritten shard: refused", test_edits),
          ("older checkpoints (index versions 2 and 1) load with one warning; a bound index needs idents", test_older),
-         ("the run id: kept by a resume, new with its parent for a continued run", test_run_id)]
+         ("the run id: kept by a resume, new with its parent for a continued run", test_run_id),
+         ("a stop once the checkpoint is complete: the stop line says so", test_stop_line)]
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@
  * itself there, as Slurm's during a save, which must finish and stop the run), hang (SIGSTOP to
  * itself at the start of the step: a rank that stops answering; the others' watchdog must end the
  * job), slow (a sleep of WLBTRAIN_FAULT_SLOW_S seconds, default 5, at every step from STEP on: a
- * straggler) or exit (_exit(1) at the step: a rank gone). WLBTRAIN_STEP_DELAY=S
+ * straggler), exit (_exit(1) at the step: a rank gone) or savestall (SIGTERM to every rank in the
+ * checkpoint saved after that step, and RANK stalling WLBTRAIN_FAULT_SLOW_S seconds once it is complete,
+ * before the oldest are removed: the others' stop line must say the checkpoint is complete). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -67,7 +69,8 @@ typedef enum FaultKind {
     FAULT_SAVESIGNAL,
     FAULT_HANG,
     FAULT_SLOW,
-    FAULT_EXIT
+    FAULT_EXIT,
+    FAULT_SAVESTALL
 } FaultKind;
 
 typedef struct Fault {
@@ -88,14 +91,15 @@ static int parse_fault(Fault *f, Error *err)
     int used = 0;
     if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
         return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill, "
-                         "savesignal, hang, slow or exit), got '%s'", s);
-    static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill", "savesignal", "hang", "slow", "exit"};
+                         "savesignal, hang, slow, exit or savestall), got '%s'", s);
+    static const char *const kinds[] = {"",     "error", "kill", "plan", "nan",      "savekill",
+                                        "savesignal", "hang",  "slow", "exit", "savestall"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
         if (!strcmp(kind, kinds[k]))
             f->kind = (FaultKind)k;
     if (f->kind == FAULT_NONE)
         return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan, savekill, savesignal, "
-                         "hang, slow or exit)", kind);
+                         "hang, slow, exit or savestall)", kind);
     const char *slow = getenv("WLBTRAIN_FAULT_SLOW_S");
     f->slow_s = 5;
     if (slow && *slow && (parse_double(slow, &f->slow_s) != 0 || f->slow_s < 0 || f->slow_s > 3600))
@@ -109,9 +113,18 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
 {
     tr->fault_plan = 0;
     tr->fault_nan = tr->fault_kill_in_save = tr->fault_signal_in_save = 0;
+    tr->fault_stall_after_save = 0;
     if (f->kind == FAULT_SLOW && f->rank == tr->lay.rank && step >= f->step) {
         /* a straggler: this rank slow at every step from STEP on, inside its first pass's compute */
         tr->fault_sleep_s = f->slow_s;
+        return 0;
+    }
+    if (f->kind == FAULT_SAVESTALL && f->step == step) {
+        /* SIGTERM to every rank in the save after STEP (a launcher's, as Slurm's), and RANK stalls
+         * WLBTRAIN_FAULT_SLOW_S once the checkpoint is complete, before removing the oldest ones (rank
+         * 0: a slow file system) - the others wait in their next collective with a stop pending */
+        tr->fault_signal_in_save = 1;
+        tr->fault_stall_after_save = f->rank == tr->lay.rank ? f->slow_s : 0;
         return 0;
     }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)

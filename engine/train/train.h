@@ -191,6 +191,7 @@ typedef struct Trainer {
     int64_t parent_step, loaded_step, loaded_parent_step;
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save, fault_signal_in_save;
+    double fault_stall_after_save; /* rank 0: seconds slept once a save is complete, before pruning */
 } Trainer;
 
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised

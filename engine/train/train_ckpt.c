@@ -53,8 +53,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <zlib.h>
 
+#include "engine/comm/comm_watchdog.h"
 #include "engine/train/train.h"
 #include "util/ckpt_ident.h"
 #include "util/ckpt_index.h"
@@ -303,8 +305,8 @@ int trainer_run_id(Trainer *tr, int resumed, int continued, Error *err)
 }
 
 /* Every rank learns whether every rank's rc was 0 (instead of a barrier, which a failed rank would
- * leave the others waiting in). */
-static int all_ok(Trainer *tr, int rc, Error *err)
+ * leave the others waiting in); what: what a rank that failed could not do. */
+static int all_ok(Trainer *tr, int rc, const char *what, Error *err)
 {
     double failed = rc != 0;
     Error e2 = {0};
@@ -312,7 +314,7 @@ static int all_ok(Trainer *tr, int rc, Error *err)
         return -1;
     if (rc != 0)
         return -1;
-    return failed > 0 ? error_runtime(err, "checkpoint", "another rank could not write its shard") : 0;
+    return failed > 0 ? error_runtime(err, "checkpoint", "%s", what) : 0;
 }
 
 static int write_config(const Config *cfg, const char *path, Error *err)
@@ -372,6 +374,8 @@ static int prune(const char *dir, int64_t keep, Error *err)
     return rc;
 }
 
+static int finish_checkpoint(Trainer *tr, int64_t step, const char *tmp, const StateSum *sums, int n_files, Error *err);
+
 int trainer_save(Trainer *tr, int64_t step, Error *err)
 {
     const char *dir = tr->cfg->checkpoint.dir;
@@ -389,7 +393,8 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     }
     /* The folder exists before anyone writes into it; every shard is on disk (fsynced) before rank 0
      * finishes the checkpoint. */
-    if (all_ok(tr, rc, err) != 0)
+    comm_watchdog_note_checkpoint(step, 0);
+    if (all_ok(tr, rc, "rank 0 could not make the checkpoint's folder", err) != 0)
         return -1;
     if (tr->fault_signal_in_save)
         raise(SIGTERM); /* the test of a stop signal during a save: the handler only records it */
@@ -404,10 +409,31 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
         free(sums);
         return -1;
     }
-    if (!lead) {
-        free(sums);
-        return 0;
+    rc = lead ? finish_checkpoint(tr, step, tmp, sums, n_files, err) : 0;
+    free(sums);
+    /* Every rank learns that rank 0 finished it (latest names it): what a stop line says from now on
+     * (comm_watchdog.h). Then rank 0 removes the oldest, which may take a while on a slow file
+     * system - the others wait in their next collective. */
+    if (all_ok(tr, rc, "rank 0 could not finish the checkpoint", err) != 0)
+        return -1;
+    comm_watchdog_note_checkpoint(step, 1);
+    if (tr->fault_stall_after_save > 0) {
+        struct timespec ts = {(time_t)tr->fault_stall_after_save, 0};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        } /* the test of a slow removal: the others' stop line must say the checkpoint is complete */
     }
+    return lead ? prune(dir, tr->cfg->checkpoint.keep, err) : 0;
+}
+
+/* Rank 0's part of the checkpoint after `step`, once every shard is written (sums: their sizes and
+ * CRC-32s): state.bin, config.yaml and index.json into tmp, the folder into place, latest at it. */
+static int finish_checkpoint(Trainer *tr, int64_t step, const char *tmp, const StateSum *sums, int n_files, Error *err)
+{
+    const char *dir = tr->cfg->checkpoint.dir;
+    char final[4096], name[32], path[4200];
+    int rc = 0;
+    snprintf(name, sizeof name, "step-%08lld", (long long)step);
+    snprintf(final, sizeof final, "%s/%s", dir, name);
     if (tr->fault_kill_in_save) {
         fflush(stdout);
         raise(SIGKILL); /* the test of an interrupted save */
@@ -444,7 +470,6 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     snprintf(path, sizeof path, "%s/index.json", tmp);
     if (rc == 0)
         rc = trainer_index_write(tr->cfg, step, &bound, path, err);
-    free(sums);
     /* Into place: a checkpoint of the same step (a resumed run saving again) is replaced. */
     if (rc == 0 && (file_sync_dir(tmp, err) != 0 || file_remove_tree(final, err) != 0))
         rc = -1;
@@ -460,8 +485,6 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     } else if (rc == 0) {
         rc = -1;
     }
-    if (rc == 0)
-        rc = prune(dir, tr->cfg->checkpoint.keep, err);
     return rc;
 }
 
