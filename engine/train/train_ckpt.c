@@ -134,6 +134,20 @@ static const char *const meta_model_keys[13] = {"model.n_layers", "model.d_model
                                                 "model.tie_embeddings", "parallel.tp", "parallel.cp", "parallel.pp",
                                                 "parallel.dp", "parallel.virtual_stages", "parallel.zero"};
 
+/* The meta section's format word: 2, or an Error that names what the checkpoint is (dir: its folder). */
+static int format_check(uint64_t format, const char *file, const char *dir, Error *err)
+{
+    if (format == 1)
+        return error_set(err, file, "a checkpoint of the old gathered format (model.safetensors, training state "
+                         "format 1); this wlbtrain reads sharded checkpoints (format %d): resume it with an older "
+                         "wlbtrain, or start from its weights with train.init_from=%.200s/model.safetensors",
+                         META_FORMAT, dir);
+    if (format != META_FORMAT)
+        return error_set(err, file, "training state format %llu; this wlbtrain reads %d", (unsigned long long)format,
+                         META_FORMAT);
+    return 0;
+}
+
 int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Error *err)
 {
     char file[4200];
@@ -151,8 +165,9 @@ int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Erro
         meta_config_words(saved, mine);
         *step = (int64_t)w[1];
     }
-    /* Format 1 (the gathered checkpoint) is named by trainer_load_checkpoint and export's reader. */
-    for (int i = 0; rc == 0 && w[0] == META_FORMAT && i < 13; i++)
+    if (rc == 0)
+        rc = format_check(w[0], file, dir, err);
+    for (int i = 0; rc == 0 && i < 13; i++)
         if (w[4 + i] != mine[4 + i])
             rc = error_set(err, dir, "config.yaml has %s %llu, state.bin was saved with %llu: the checkpoint's "
                            "files disagree (config.yaml edited or from another run)", meta_model_keys[i],
@@ -666,14 +681,7 @@ int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_
     if (rc == 0) {
         memcpy(w, meta->data, sizeof w);
         meta_words(tr, 0, mine);
-        if (w[0] == 1)
-            rc = error_set(err, file, "a checkpoint of the old gathered format (model.safetensors, training state "
-                           "format 1); this wlbtrain reads sharded checkpoints (format %d): resume it with an older "
-                           "wlbtrain, or start from its weights with train.init_from=%.200s/model.safetensors",
-                           META_FORMAT, path);
-        else if (w[0] != META_FORMAT)
-            rc = error_set(err, file, "training state format %llu; this wlbtrain reads %d", (unsigned long long)w[0],
-                           META_FORMAT);
+        rc = format_check(w[0], file, path, err);
         for (int i = 0; rc == 0 && i < 7; i++)
             if (w[4 + i] != mine[4 + i])
                 rc = error_set(err, file, "saved for a model with %s %llu, the config has %llu", meta_model_keys[i],

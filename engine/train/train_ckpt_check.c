@@ -151,9 +151,8 @@ static int check_model(const Config *saved, const json_t *recorded, const char *
     return rc;
 }
 
-/* Version 3: config.yaml's model keys, its size and CRC-32, and state.bin's ident, size and CRC-32
- * against what index.json lists. */
-static int check_bound(CkptIndex *ix, const json_t *have, const Config *saved, const char *dir, Error *err)
+/* Version 3: config.yaml's model keys, its size and CRC-32 against what index.json lists. */
+static int check_bound_config(CkptIndex *ix, const json_t *have, const Config *saved, const char *dir, Error *err)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.yaml", dir);
@@ -165,8 +164,13 @@ static int check_bound(CkptIndex *ix, const json_t *have, const Config *saved, c
         return -1;
     StateSum sum = {n, (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)text, (uInt)n)};
     free(text);
-    if (ckpt_index_check_sum(&sum, &ix->config_sum, path, err) != 0)
-        return -1;
+    return ckpt_index_check_sum(&sum, &ix->config_sum, path, err);
+}
+
+/* Version 3: state.bin's ident, size and CRC-32 against what index.json lists. */
+static int check_bound_state(CkptIndex *ix, const char *dir, Error *err)
+{
+    char path[4200];
     snprintf(path, sizeof path, "%s/state.bin", dir);
     StateFile sf;
     if (statefile_open(&sf, path, err) != 0)
@@ -203,8 +207,15 @@ int trainer_checkpoint_check(const char *dir, int warn, Error *err)
         rc = -1;
     if (rc == 0 && config_resolve(&saved, 0, err) != 0)
         rc = -1;
+    /* Bound (version 3): config.yaml's model keys (an edit is named by its key) and checksum, then
+     * state.bin's format and shape (the meta section), its ident and checksum, then every shard's
+     * ident and size; an older index: the meta section only. */
     if (rc == 0 && ix.version >= CKPT_INDEX_BOUND)
-        rc = check_bound(&ix, have, &saved, dir, err);
+        rc = check_bound_config(&ix, have, &saved, dir, err);
+    if (rc == 0)
+        rc = trainer_meta_check(&saved, dir, &step, err);
+    if (rc == 0 && ix.version >= CKPT_INDEX_BOUND)
+        rc = check_bound_state(&ix, dir, err);
     if (rc == 0)
         rc = ckpt_index_check_files(&ix, err);
     if (rc == 0 && ix.version < CKPT_INDEX_BOUND && warn) {
@@ -217,9 +228,6 @@ int trainer_checkpoint_check(const char *dir, int warn, Error *err)
     }
     if (opened)
         ckpt_index_close(&ix);
-    /* config.yaml against state.bin's meta section: the model's shape and the layout. */
-    if (rc == 0)
-        rc = trainer_meta_check(&saved, dir, &step, err);
     /* parallel.stage_layers auto: the split the saving run placed is the index's (checked above by
      * its checksum; its sum against the model's layers by trainer_index_json's table). */
     const json_t *split = json_object_get(json_object_get(have, "layout"), "stage_layers");
