@@ -282,6 +282,12 @@ int trainer_load_weights(Trainer *tr, const char *path, int64_t *step, Error *er
  * both, trainer_load_weights neither. */
 enum { CKPT_LOAD_MOMENTS = 1, CKPT_LOAD_STREAM = 2 };
 int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_t *step, Error *err);
+/* The weights (and unless weights_only the moments) of every chunk from the shards the opened index
+ * ix (util/ckpt_index.h) of the checkpoint at path names, saved after step; sets tr->resume_how
+ * (train_ckpt_load.c). */
+struct CkptIndex;
+int trainer_restore_shards(Trainer *tr, struct CkptIndex *ix, int64_t step, int weights_only, const char *path,
+                           Error *err);
 /* checkpoint.continue_from (train_continue.c): when the run has nothing to resume, it starts from that
  * checkpoint of another run as its next stage - the config compared with the checkpoint's (a changed
  * model key other than model.preset, model.max_seq_len and model.rope_* is an Error; rank 0 prints
