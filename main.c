@@ -195,9 +195,13 @@ int main(int argc, char **argv)
         case CLI_VERSION:
             cli_print_version();
             break;
-        case CLI_INSPECT:
-            rc = cli_inspect(opt.inspect_prefix, &err);
+        case CLI_INSPECT: {
+            int checkpoint = 0; /* a checkpoint (engine/train), else a data set or flight records */
+            rc = trainer_checkpoint_inspect(opt.inspect_prefix, &checkpoint, &err);
+            if (!checkpoint)
+                rc = cli_inspect(opt.inspect_prefix, &err);
             break;
+        }
         case CLI_CONVERT:
             rc = cli_convert(&opt.convert, &err);
             break;

@@ -7,13 +7,15 @@ files each, 2 holding weights and moments, 2 moments only), and 2 steps in one p
 1   on disk: index.json is version 3 with the run id, config.yaml's model keys and every file's size
     and CRC-32 (computed here with zlib over the whole file: equal); each shard's ident section names
     the run, the step and the place its file name says; state.bin's names the run and step.
+    `wlbtrain inspect` of the checkpoint folder says what it is and that every file was checked.
 2   refused, each with one "wlbtrain: error:" line naming the file and what it holds, exit 2, nothing
     written: two TP shards swapped, two ZeRO-1 moment shards swapped (and a TP pair of them), a moment
     shard and state.bin copied in from step 2 (stale), a shard and state.bin of the other run
-    (foreign) - by `export`, a resume in one process (another layout), `eval`, and for the first three
-    a resume on the 4 ranks that saved it (the same layout).
+    (foreign) - by `export`, `eval`, `inspect`, a resume in one process (another layout), and for the
+    first three a resume on the 4 ranks that saved it (the same layout).
 3   config.yaml edited: model.rope_theta, model.norm_eps, model.rope_scaling (added), model.d_ffn -
-    each refused naming the key, by export and eval (which would write or use them) and a resume; an
+    each refused naming the key, by export and eval (which would write or use them), inspect and a
+    resume; an
     edit of a key outside model.* (data.seed) by its checksum. A shard rewritten with a weight changed
     and every CRC of its own made to match (as a tool that rewrites the file would) is refused by the
     CRC-32 of the whole file that index.json lists (checked as each reader opens the file: a moment-only
@@ -21,7 +23,8 @@ files each, 2 holding weights and moments, 2 moments only), and 2 steps in one p
 4   older checkpoints: the same checkpoint written as an earlier wlbtrain wrote it - index version 2
     (its own checksum, no binding) and version 1 (neither, no layout.stage_layers), shards and
     state.bin without ident sections - is exported (the same model.safetensors bytes as the bound
-    checkpoint's) and resumed, each with one warning line saying which checks were not possible;
+    checkpoint's), resumed and inspected, each with one warning line saying which checks were not
+    possible;
     the resumed run's next checkpoint is bound (version 3). A version-3 index over shards without
     ident sections is refused.
 5   the run id: a resume keeps it; a run continued from the checkpoint (checkpoint.continue_from, a
@@ -174,7 +177,7 @@ def copy_in(src):
 
 
 def refused(fx, what, ckpt, expect, four=False):
-    """export, eval, a resume in one process (and with four, on the 4 ranks that saved it) of ckpt:
+    """export, eval, inspect, a resume in one process (and with four, on the 4 ranks that saved it) of ckpt:
     each exit 2 with one wlbtrain: error: line holding every piece of expect, nothing written."""
     before = listing(ckpt)
     out = os.path.join(fx.dir, "hf-refused")
@@ -183,6 +186,7 @@ def refused(fx, what, ckpt, expect, four=False):
               "--set", "train.steps=6"]
     cmds = [("export", [WLBTRAIN, "export", "--checkpoint", ckpt, "--out", out]),
             ("eval", [WLBTRAIN, "eval", "--checkpoint", ckpt]),
+            ("inspect", [WLBTRAIN, "inspect", ckpt]),
             ("resume in one process", resume)]
     if four:
         cmds.append(("resume on 4 ranks", ["mpirun", "-np", "4"] + resume + ["--set", "parallel.tp=2", "--set",
@@ -225,6 +229,10 @@ def test_on_disk(fx):
     w = ident_of(os.path.join(step, "state.bin"))
     check(w is not None and w[:7] == (1, 1, rid, 4, -1, -1, -1), "state.bin: ident %r" % (w,))
     comment("run %s; %d files listed with size and CRC-32" % (run_id, len(files)))
+    r = run([WLBTRAIN, "inspect", fx.a])
+    check(r.returncode == 0 and not r.stderr and r.stdout.startswith("checkpoint: %s: after step 4, run %s; index "
+                                                                     "version 3; layout tp 2, cp 1, pp 1, dp 2" % (step, run_id)) and
+          "every file is this checkpoint's" in r.stdout, "inspect: exit %d, %r %r" % (r.returncode, r.stdout, r.stderr))
 
 
 def test_swapped_stale_foreign(fx):
@@ -329,6 +337,11 @@ def test_older(fx):
         check(r.returncode == 0 and len(warn) == 1 and "index version %d" % version in warn[0],
               "version %d, resume: exit %d, stderr %r" % (version, r.returncode, r.stderr))
         check("after step 4" in r.stdout, "version %d: not resumed after step 4: %r" % (version, r.stdout[-500:]))
+        r = run([WLBTRAIN, "inspect", os.path.join(ckpt, STEP4)])
+        warn = [l for l in r.stderr.splitlines() if l.startswith("wlbtrain:")]
+        check(r.returncode == 0 and len(warn) == 1 and "index version %d" % version in warn[0] and
+              "cannot be checked (older format)" in r.stdout, "version %d, inspect: exit %d, %r %r"
+              % (version, r.returncode, r.stdout, r.stderr))
         with open(os.path.join(ckpt, "step-00000006", "index.json")) as f:
             d = json.load(f)
         check(d["version"] == 3 and len(d["run"]["id"]) == 16, "version %d: the next checkpoint %r" % (version, d["run"]))

@@ -339,6 +339,11 @@ int trainer_checkpoint_check(const char *dir, int warn, Error *err);
  * input there is one line from rank 0 (main.c), not one from each rank and the launcher's abort.
  * 0 when there is none, or it cannot be found (the resume says that). */
 int trainer_checkpoint_precheck(const Config *cfg, int lead, Error *err);
+/* `wlbtrain inspect PATH` of a checkpoint (a step folder, or a checkpoint folder without flight
+ * recorder files - those are a hang's, cli_inspect's; *handled 0 for anything else): every check of a
+ * resume, every shard read whole (its CRCs, its CRC-32 against the index's), and two lines on stdout:
+ * what it is (step, run, layout, files) and what was checked. */
+int trainer_checkpoint_inspect(const char *path, int *handled, Error *err);
 int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "engine/train/train.h"
@@ -167,8 +169,9 @@ static int check_bound_config(CkptIndex *ix, const json_t *have, const Config *s
     return ckpt_index_check_sum(&sum, &ix->config_sum, path, err);
 }
 
-/* Version 3: state.bin's ident, size and CRC-32 against what index.json lists. */
-static int check_bound_state(CkptIndex *ix, const char *dir, Error *err)
+/* Version 3: state.bin's ident (sum 0: a foreign or stale file named as such), or its size and CRC-32
+ * (sum 1) against what index.json lists. */
+static int check_bound_state(CkptIndex *ix, const char *dir, int sum, Error *err)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/state.bin", dir);
@@ -177,13 +180,13 @@ static int check_bound_state(CkptIndex *ix, const char *dir, Error *err)
         return -1;
     CkptIdent id, want;
     ckpt_index_state_ident(ix, &want);
-    int found = ckpt_ident_read(&sf, path, &id, err), rc = 0;
+    int found = sum ? 1 : ckpt_ident_read(&sf, path, &id, err), rc = 0;
     if (found == 0)
         rc = error_set(err, path, "no ident section: a training state written before checkpoints were bound to their "
                        "run, so not this checkpoint's (index.json is of version %d)", ix->version);
-    else if (found < 0 || ckpt_ident_check(&id, &want, path, err) != 0)
+    else if (found < 0 || (!sum && ckpt_ident_check(&id, &want, path, err) != 0))
         rc = -1;
-    if (rc == 0)
+    if (rc == 0 && sum)
         rc = ckpt_index_check_sum(&sf.sum, &ix->state_sum, path, err);
     statefile_close(&sf);
     return rc;
@@ -208,14 +211,18 @@ int trainer_checkpoint_check(const char *dir, int warn, Error *err)
     if (rc == 0 && config_resolve(&saved, 0, err) != 0)
         rc = -1;
     /* Bound (version 3): config.yaml's model keys (an edit is named by its key) and checksum, then
-     * state.bin's format and shape (the meta section), its ident and checksum, then every shard's
-     * ident and size; an older index: the meta section only. */
-    if (rc == 0 && ix.version >= CKPT_INDEX_BOUND)
+     * state.bin's ident (a foreign or stale one named so), its format and shape (the meta section: the
+     * gathered format named) and its checksum, then every shard's ident and size; an older index: the
+     * meta section only. */
+    int bound = ix.version >= CKPT_INDEX_BOUND;
+    if (rc == 0 && bound)
         rc = check_bound_config(&ix, have, &saved, dir, err);
+    if (rc == 0 && bound)
+        rc = check_bound_state(&ix, dir, 0, err);
     if (rc == 0)
         rc = trainer_meta_check(&saved, dir, &step, err);
-    if (rc == 0 && ix.version >= CKPT_INDEX_BOUND)
-        rc = check_bound_state(&ix, dir, err);
+    if (rc == 0 && bound)
+        rc = check_bound_state(&ix, dir, 1, err);
     if (rc == 0)
         rc = ckpt_index_check_files(&ix, err);
     if (rc == 0 && ix.version < CKPT_INDEX_BOUND && warn) {
@@ -275,5 +282,72 @@ int trainer_checkpoint_precheck(const Config *cfg, int lead, Error *err)
         return 0;
     int rc = path ? trainer_checkpoint_check(path, lead, err) : 0;
     free(path);
+    return rc;
+}
+
+/* 1 when path is a folder that a user inspects as a checkpoint: a step folder (index.json), or a
+ * checkpoint folder (latest) holding no flight recorder files (those are inspected as a hang's). */
+static int is_checkpoint_folder(const char *path)
+{
+    char file[4200];
+    struct stat st;
+    snprintf(file, sizeof file, "%s/index.json", path);
+    if (stat(file, &st) == 0)
+        return 1;
+    snprintf(file, sizeof file, "%s/latest", path);
+    if (stat(file, &st) != 0)
+        return 0;
+    DIR *d = opendir(path);
+    struct dirent *e;
+    int flight = 0;
+    while (d && !flight && (e = readdir(d)))
+        flight = !strncmp(e->d_name, "flight-rank-", 12);
+    if (d)
+        closedir(d);
+    return !flight;
+}
+
+int trainer_checkpoint_inspect(const char *path, int *handled, Error *err)
+{
+    *handled = is_checkpoint_folder(path);
+    if (!*handled)
+        return 0;
+    char *dir;
+    if (ckpt_step_folder(path, &dir, err) != 0)
+        return -1;
+    CkptIndex ix;
+    int rc = trainer_checkpoint_check(dir, 1, err), opened = 0;
+    if (rc == 0)
+        rc = ckpt_index_open(&ix, dir, err);
+    opened = rc == 0;
+    /* Every shard read whole: its CRCs, and with a bound index its CRC-32 against the index's. */
+    uint64_t bytes = 0;
+    for (int i = 0; rc == 0 && i < ix.n_files; i++) {
+        rc = ckpt_index_open_file(&ix, i, err);
+        bytes += rc == 0 ? ix.sf[i].sum.bytes : 0;
+    }
+    if (rc == 0) {
+        char run[40] = "none (an older checkpoint)", parent[80] = "";
+        if (ix.run)
+            ckpt_run_text(ix.run, run);
+        if (ix.parent_run) {
+            char p[CKPT_RUN_HEX];
+            ckpt_run_text(ix.parent_run, p);
+            snprintf(parent, sizeof parent, ", continued from run %s after step %lld", p, (long long)ix.parent_step);
+        }
+        printf("checkpoint: %s: after step %lld, run %s%s; index version %d; layout tp %d, cp %d, pp %d, dp %d, "
+               "virtual_stages %d, zero %d; %d shard file%s, %llu bytes\n", dir, (long long)ix.step, run, parent,
+               ix.version, ix.tp, ix.cp, ix.pp, ix.dp, ix.virtual_stages, ix.zero, ix.n_files,
+               ix.n_files == 1 ? "" : "s", (unsigned long long)bytes);
+        printf("checkpoint: %s\n", ix.version >= CKPT_INDEX_BOUND
+                                        ? "every file is this checkpoint's: index.json's checksum and entries, "
+                                          "config.yaml's model keys and checksum, state.bin's and every shard's "
+                                          "ident, size, CRC-32 and sections' CRCs"
+                                        : "index.json's entries, config.yaml against state.bin, every section's "
+                                          "CRC: the files' run, step and place cannot be checked (older format)");
+    }
+    if (opened)
+        ckpt_index_close(&ix);
+    free(dir);
     return rc;
 }
