@@ -11,8 +11,8 @@ files each, 2 holding weights and moments, 2 moments only), and 2 steps in one p
 2   refused, each with one "wlbtrain: error:" line naming the file and what it holds, exit 2, nothing
     written: two TP shards swapped, two ZeRO-1 moment shards swapped (and a TP pair of them), a moment
     shard and state.bin copied in from step 2 (stale), a shard and state.bin of the other run
-    (foreign) - by `export`, `eval`, `inspect`, a resume in one process (another layout), and for the
-    first three a resume on the 4 ranks that saved it (the same layout).
+    (foreign) - by `export`, `eval`, `inspect`, a resume in one process (another layout), a run
+    continued from it, and for the first three a resume on the 4 ranks that saved it (the same layout).
 3   config.yaml edited: model.rope_theta, model.norm_eps, model.rope_scaling (added), model.d_ffn -
     each refused naming the key, by export and eval (which would write or use them), inspect and a
     resume; an
@@ -177,7 +177,8 @@ def copy_in(src):
 
 
 def refused(fx, what, ckpt, expect, four=False):
-    """export, eval, inspect, a resume in one process (and with four, on the 4 ranks that saved it) of ckpt:
+    """export, eval, inspect, a resume in one process, a run continued from it (checkpoint.continue_from)
+    (and with four, a resume on the 4 ranks that saved it) of ckpt:
     each exit 2 with one wlbtrain: error: line holding every piece of expect, nothing written."""
     before = listing(ckpt)
     out = os.path.join(fx.dir, "hf-refused")
@@ -188,6 +189,10 @@ def refused(fx, what, ckpt, expect, four=False):
             ("eval", [WLBTRAIN, "eval", "--checkpoint", ckpt]),
             ("inspect", [WLBTRAIN, "inspect", ckpt]),
             ("resume in one process", resume)]
+    stage = os.path.join(fx.dir, "stage-refused")
+    shutil.rmtree(stage, ignore_errors=True)
+    cmds.append(("continue_from", [WLBTRAIN, "--config", fx.cfg, "--set", "checkpoint.dir=" + stage, "--set",
+                                   "checkpoint.continue_from=" + ckpt, "--set", "train.steps=2"]))
     if four:
         cmds.append(("resume on 4 ranks", ["mpirun", "-np", "4"] + resume + ["--set", "parallel.tp=2", "--set",
                                                                             "parallel.zero=1"]))
@@ -200,6 +205,7 @@ def refused(fx, what, ckpt, expect, four=False):
         if how == "export":
             comment("%s: %s" % (what, lines[0] if lines else r.stderr.strip()))
         check(not os.path.exists(out), "%s, %s: the export folder was made" % (what, how))
+        check(not os.path.exists(os.path.join(stage, "latest")), "%s, %s: the continued run saved" % (what, how))
         check(listing(ckpt) == before, "%s, %s: the checkpoint folder changed" % (what, how))
 
 

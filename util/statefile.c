@@ -100,8 +100,9 @@ int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN]
     uint64_t header = make_header(head, names, sizes, crcs, n), body_bytes = 0;
     int bad = fwrite(head, 1, (size_t)header, a.f) != header;
     bad |= fwrite(zeros, 1, (size_t)(align8(header) - header), a.f) != align8(header) - header;
-    /* The whole file's CRC: the body's (every byte after the header's padding) as it streams, the
-     * header's once it is final, combined (crc32_combine: no second pass). */
+    /* The whole file's CRC: the body's (every byte after the header's padding) from the sections'
+     * CRCs and their padding, the header's once it is final, combined (crc32_combine: no second pass
+     * over the data). */
     uLong body = crc32(0L, Z_NULL, 0);
     for (int i = 0; i < n && !bad; i++) {
         uLong crc = crc32(0L, Z_NULL, 0);
@@ -109,12 +110,11 @@ int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN]
             uint64_t k = sizes[i] - at < PIECE ? sizes[i] - at : PIECE;
             fill(ctx, i, at, buf, k);
             crc = crc32(crc, buf, (uInt)k);
-            body = crc32(body, buf, (uInt)k);
             bad |= fwrite(buf, 1, (size_t)k, a.f) != k;
         }
         crcs[i] = (uint32_t)crc;
         size_t pad = (size_t)(align8(sizes[i]) - sizes[i]);
-        body = crc32(body, zeros, (uInt)pad);
+        body = crc32(crc32_combine(body, crc, (z_off_t)sizes[i]), zeros, (uInt)pad);
         body_bytes += align8(sizes[i]);
         bad |= fwrite(zeros, 1, pad, a.f) != pad;
     }
