@@ -6,7 +6,9 @@
  * The reader checks the index before anything is used (its checksum, no key twice in an object, its version, the layout, every file name,
  * every chunk's moment shards partitioning its parameter vector, every tensor's blocks inside it and
  * adding up to it) and opens a shard file only when a section of it is first needed (statefile_open
- * checks its CRCs then), so a resume reads only the files that overlap its blocks.
+ * checks its CRCs then), so a resume reads only the files that overlap its blocks. With a bound index
+ * (version 3) a shard opened is also checked against what the index lists of it: its ident section
+ * (run, step, place: util/ckpt_ident.h), its size and the CRC-32 of the whole file.
  */
 #ifndef WLB_UTIL_CKPT_INDEX_H
 #define WLB_UTIL_CKPT_INDEX_H

@@ -331,8 +331,11 @@ int trainer_model_keys(const Config *cfg, json_t **out, Error *err);
 /* The files of the step folder dir against each other, before any weight is read
  * (train_ckpt_check.c): index.json's checksum, no key twice, and every entry equal to the index that
  * config.yaml's model and layout give; config.yaml's model shape and layout equal to state.bin's
- * meta section (trainer_meta_check, which also gives the step state.bin was saved after). Resume,
- * continue_from, eval and export all check it; any difference is one Error. */
+ * meta section (trainer_meta_check, which also gives the step state.bin was saved after); with a
+ * bound index (version 3) config.yaml's model keys and checksum, state.bin's and every shard's ident
+ * and size (and state.bin's checksum) against the index. Resume, continue_from, eval, export and
+ * inspect all check it; any difference is one Error. An older index passes with the checks its
+ * format allows, and with warn one warning line on stderr says which were not possible. */
 int trainer_checkpoint_check(const char *dir, int warn, Error *err);
 /* The checkpoint a run would load (checkpoint.resume's, else checkpoint.continue_from's) checked so
  * (trainer_checkpoint_check, warn: lead) before MPI starts, as every rank checks its config: bad

@@ -243,7 +243,7 @@ static int write_shard(Trainer *tr, int64_t step, const char *tmp, StateSum *sum
 }
 
 /* Every rank's shard file's size and CRC-32 to every rank (rank 0 lists them in the index), and
- * whether every rank wrote its file: one all-reduce of 5 numbers a rank - written (1) or failed (2),
+ * whether every rank wrote its file: one all-reduce of 6 numbers a rank - written (1) or failed (2),
  * its place (tp, pp, dpcp) and size; the CRC-32 and the size below 2^53 are exact in a double.
  * sums[i]: the file of files[i] of the index (TP rank, then pipeline rank, then dpcp). */
 static int gather_sums(Trainer *tr, int rc, const StateSum *mine, StateSum *sums, int n_files, Error *err)

@@ -9,13 +9,21 @@
  *                refused, with the first thing that differs named.
  *   config.yaml  its model shape and layout equal state.bin's meta section (CRC-checked), so a
  *                config.yaml edited to another shape (which export writes into config.json) is refused.
- * Any difference is one Error (exit 2).
+ *   the binding  (index version 3, util/ckpt_ident.h) config.yaml's model keys equal the index's
+ *                "model" (the first that differs named: an edited RoPE base or norm epsilon too) and
+ *                its size and CRC-32 the index's; state.bin's ident names the index's run and step,
+ *                and its size and CRC-32 are the index's; every shard's ident (header and ident
+ *                section only) its run, step and place, and its size the index's
+ *                (ckpt_index_check_files; the whole CRC-32 as a reader opens it).
+ * Any difference is one Error (exit 2). An older index (versions 1 and 2) gets the checks its format
+ * allows and, with warn, one warning line saying which were not possible. `wlbtrain inspect` of a
+ * checkpoint (trainer_checkpoint_inspect) runs all of it and reads every shard whole.
  */
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -225,14 +233,7 @@ int trainer_checkpoint_check(const char *dir, int warn, Error *err)
         rc = check_bound_state(&ix, dir, 1, err);
     if (rc == 0)
         rc = ckpt_index_check_files(&ix, err);
-    if (rc == 0 && ix.version < CKPT_INDEX_BOUND && warn) {
-        fprintf(stderr, "wlbtrain: warning: %s: a checkpoint of index version %d (an older wlbtrain): its files are "
-                "not bound to their run, step and place and the index lists no sizes or checksums of them%s, so a "
-                "swapped, stale or foreign shard or state.bin, or an edited model key of config.yaml, cannot be "
-                "told; loaded with the checks its format allows (a save from it writes a bound checkpoint)\n",
-                index, ix.version, ix.version < 2 ? " (nor of itself)" : "");
-        fflush(stderr);
-    }
+    int version = ix.version;
     if (opened)
         ckpt_index_close(&ix);
     /* parallel.stage_layers auto: the split the saving run placed is the index's (checked above by
@@ -264,6 +265,15 @@ int trainer_checkpoint_check(const char *dir, int warn, Error *err)
         rc = trainer_index_json(&saved, step, &want, err);
     if (rc == 0)
         rc = check_index(have, want, index, err);
+    /* An older checkpoint that passed what its format allows: one line on what could not be checked. */
+    if (rc == 0 && version < CKPT_INDEX_BOUND && warn) {
+        fprintf(stderr, "wlbtrain: warning: %s: a checkpoint of index version %d (an older wlbtrain): its files are "
+                "not bound to their run, step and place and the index lists no sizes or checksums of them%s, so a "
+                "swapped, stale or foreign shard or state.bin, or an edited model key of config.yaml, cannot be "
+                "told; loaded with the checks its format allows (a save from it writes a bound checkpoint)\n",
+                index, version, version < 2 ? " (nor of itself)" : "");
+        fflush(stderr);
+    }
     json_decref(have);
     json_decref(want);
     config_free(&saved);
