@@ -115,7 +115,7 @@ static int export_checked(const CliExport *x, Error *err)
     char *dir;
     if (file_check_writable(x->out, 1, "--out", err) != 0 || ckpt_step_folder(x->checkpoint, &dir, err) != 0)
         return -1;
-    int rc = trainer_checkpoint_check(dir, err);
+    int rc = trainer_checkpoint_check(dir, 1, err);
     free(dir);
     return rc == 0 ? cli_export(x, err) : -1;
 }
@@ -195,9 +195,13 @@ int main(int argc, char **argv)
         case CLI_VERSION:
             cli_print_version();
             break;
-        case CLI_INSPECT:
-            rc = cli_inspect(opt.inspect_prefix, &err);
+        case CLI_INSPECT: {
+            int checkpoint = 0; /* a checkpoint (engine/train), else a data set or flight records */
+            rc = trainer_checkpoint_inspect(opt.inspect_prefix, &checkpoint, &err);
+            if (!checkpoint)
+                rc = cli_inspect(opt.inspect_prefix, &err);
             break;
+        }
         case CLI_CONVERT:
             rc = cli_convert(&opt.convert, &err);
             break;

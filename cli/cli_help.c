@@ -91,7 +91,11 @@ static const char help_inspect[] =
     "wlbtrain inspect DIR, DIR a folder holding flight-rank-R.txt files (the flight recorder that\n"
     "every rank writes when parallel.timeout_s ends a hung job: docs/slurm.md), names the first\n"
     "collective where the ranks disagree - the one some wait in that others never began - and the\n"
-    "ranks that never reached it (or left no file: stopped, killed, hung outside a collective).\n";
+    "ranks that never reached it (or left no file: stopped, killed, hung outside a collective).\n"
+    "\n"
+    "wlbtrain inspect CHECKPOINT, a step folder (step-NNNNNNNN) or a checkpoint folder (its latest),\n"
+    "checks it as a resume does and reads every file whole: its step, run, layout and files, and\n"
+    "what was checked; a swapped, stale, foreign or damaged file is one error line and exit status 2.\n";
 
 static const char help_convert[] =
     "Usage: wlbtrain convert --out PREFIX [options] INPUT...\n"

@@ -358,7 +358,7 @@ def test_bad_index(fx):
         base = json.load(f)
     t = "model.embed_tokens.weight"
     edits = [
-        ("a newer version", lambda d: d.update(version=3), "index version 3"),
+        ("a newer version", lambda d: d.update(version=4), "index version 4"),
         ("a file outside the folder", lambda d: d.update(files=["../x"]), "is not a file name of the checkpoint"),
         ("moment shards short of the chunk", lambda d: d["chunks"][0]["moments"][0].update(end=3),
          "the moment shards cover 3 of"),

@@ -5,7 +5,7 @@ resuming it gives the uninterrupted run bit for bit (docs/slurm.md, "Time limits
 Every multi-rank run is 4 ranks under mpirun (pp 2 x dp 2, the wlb packer), 12 steps, a checkpoint
 every 8 steps, so a stop (after steps 3 to 5 here) must save one of its own. "The same run" means:
 every line of log.metrics has the same loss, grad_norm and lr text (17 digits), and the final
-checkpoint (every shard, index.json, state.bin) has the same bytes.
+checkpoint (every shard, index.json, state.bin) has the same bytes, what names the run (its id) aside.
 1   train.stop_after: 5 (steps of this run), run three times with checkpoint.resume: auto: stops
     after steps 5 and 10 with exit 0 and finishes at 12; the same run as the uninterrupted one.
 2   train.stop_after: 1s (rank 0's clock; WLBTRAIN_STEP_DELAY slows rank 0 so the time runs out
@@ -119,6 +119,24 @@ def read(path):
         return f.read()
 
 
+def content(path):
+    """A checkpoint file's content but what names its run (two runs have two run ids): a state file's
+    sections but its ident, index.json but its run, its files' checksums (they cover the idents) and
+    its own checksum."""
+    raw = read(path)
+    if os.path.basename(path) == "index.json":
+        d = json.loads(raw)
+        return dict((k, v) for k, v in d.items() if k not in ("run", "contents", "crc32"))
+    n = int.from_bytes(raw[12:16], "little")
+    out = []
+    for i in range(n):
+        e = raw[24 + 56 * i:24 + 56 * (i + 1)]
+        at, size = int.from_bytes(e[32:40], "little"), int.from_bytes(e[40:48], "little")
+        if e[:32].rstrip(b"\0") != b"ident":
+            out.append((e[:32], raw[at:at + size]))
+    return out
+
+
 def check_same_run(name, ref="whole"):
     a, b = metrics(ref), metrics(name)
     check(len(a) == STEPS, "%s: %d metrics lines" % (ref, len(a)))
@@ -128,13 +146,13 @@ def check_same_run(name, ref="whole"):
     final = "step-%08d" % STEPS
     check(latest(name) == final, "%s: latest is %s" % (name, latest(name)))
     # Every file of the checkpoint but the config (the runs were started with other flags): the
-    # ranks' shards (weights and moments), the index and the training state.
+    # ranks' shards (weights and moments), the index and the training state, what names the run aside.
     files = sorted(f for f in os.listdir(os.path.join(work, ref, final)) if f != "config.yaml")
     check(any(f.startswith("shard-") for f in files) and "state.bin" in files, "%s: files %s" % (ref, files))
     check(sorted(f for f in os.listdir(os.path.join(work, name, final)) if f != "config.yaml") == files,
           "%s: other checkpoint files than the uninterrupted run's" % name)
     for f in files:
-        check(read(os.path.join(work, ref, final, f)) == read(os.path.join(work, name, final, f)),
+        check(content(os.path.join(work, ref, final, f)) == content(os.path.join(work, name, final, f)),
               "%s: %s/%s differs from the uninterrupted run's" % (name, final, f))
 
 

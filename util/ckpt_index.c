@@ -303,6 +303,71 @@ static int read_tensors(CkptIndex *ix, json_t *tensors, const char *path, Error 
     return 0;
 }
 
+/* A {"bytes": N, "crc32": "8 hex digits"} entry of contents. */
+static int read_sum(json_t *e, StateSum *sum, const char *path, const char *name, Error *err)
+{
+    json_int_t bytes;
+    const char *hex;
+    unsigned crc;
+    if (json_unpack(e, "{s:I, s:s}", "bytes", &bytes, "crc32", &hex) != 0 || json_object_size(e) != 2 || bytes < 0 ||
+        strlen(hex) != 8 || strspn(hex, "0123456789abcdef") != 8 || sscanf(hex, "%8x", &crc) != 1)
+        return error_set(err, path, "contents: %.64s is not {\"bytes\": N, \"crc32\": 8 hex digits}", name);
+    sum->bytes = (uint64_t)bytes;
+    sum->crc = crc;
+    return 0;
+}
+
+/* Version 3's binding: the run id, model (checked by its caller), and contents: every shard file,
+ * state.bin and config.yaml, each with its size and CRC-32; each shard's place from its name. */
+static int read_bound(CkptIndex *ix, json_t *root, const char *path, Error *err)
+{
+    json_t *run = json_object_get(root, "run"), *contents = json_object_get(root, "contents");
+    json_t *parent = json_object_get(run, "parent");
+    if (!json_is_object(run) || ckpt_run_parse(json_string_value(json_object_get(run, "id")), &ix->run) != 0 ||
+        json_object_size(run) != (size_t)(parent ? 2 : 1))
+        return error_set(err, path, "run is not {\"id\": 16 hex digits} (with a continued run's parent)");
+    if (parent && (json_object_size(parent) != 2 ||
+                   ckpt_run_parse(json_string_value(json_object_get(parent, "id")), &ix->parent_run) != 0 ||
+                   !json_is_integer(json_object_get(parent, "step")) ||
+                   json_integer_value(json_object_get(parent, "step")) < 0))
+        return error_set(err, path, "run.parent is not {\"id\": 16 hex digits, \"step\": N}");
+    ix->parent_step = parent ? (int64_t)json_integer_value(json_object_get(parent, "step")) : 0;
+    if (!json_is_object(json_object_get(root, "model")))
+        return error_set(err, path, "no model (config.yaml's model keys), which index version %d carries",
+                         ix->version);
+    if (!json_is_object(contents) || json_object_size(contents) != (size_t)ix->n_files + 2)
+        return error_set(err, path, "contents does not list the %d shard files, state.bin and config.yaml (%zu "
+                         "entries)", ix->n_files, json_object_size(contents));
+    ix->sums = calloc((size_t)ix->n_files + 1, sizeof *ix->sums);
+    ix->place = calloc((size_t)ix->n_files + 1, sizeof *ix->place);
+    if (!ix->sums || !ix->place)
+        return error_runtime(err, path, "out of memory");
+    for (int i = 0; i < ix->n_files; i++) {
+        json_t *e = json_object_get(contents, ix->files[i]);
+        int *pl = ix->place[i], end = 0;
+        if (!e)
+            return error_set(err, path, "contents does not list %.64s", ix->files[i]);
+        if (read_sum(e, &ix->sums[i], path, ix->files[i], err) != 0)
+            return -1;
+        char again[64];
+        if (sscanf(ix->files[i], "shard-tp%d-pp%d-dpcp%d.bin%n", &pl[0], &pl[1], &pl[2], &end) != 3 ||
+            (size_t)end != strlen(ix->files[i]) || pl[0] < 0 || pl[1] < 0 || pl[2] < 0)
+            return error_set(err, path, "files: %.64s is not a shard file name (shard-tpT-ppP-dpcpZ.bin)",
+                             ix->files[i]);
+        ckpt_shard_file(again, sizeof again, pl[0], pl[1], pl[2]);
+        if (strcmp(again, ix->files[i]) != 0)
+            return error_set(err, path, "files: %.64s is not a shard file name (shard-tpT-ppP-dpcpZ.bin)",
+                             ix->files[i]);
+    }
+    json_t *st = json_object_get(contents, "state.bin"), *cy = json_object_get(contents, "config.yaml");
+    if (!st || !cy)
+        return error_set(err, path, "contents does not list state.bin and config.yaml");
+    if (read_sum(st, &ix->state_sum, path, "state.bin", err) != 0 ||
+        read_sum(cy, &ix->config_sum, path, "config.yaml", err) != 0)
+        return -1;
+    return 0;
+}
+
 int ckpt_index_crc(const json_t *root, uint32_t *crc)
 {
     json_t *copy = json_copy((json_t *)root); /* shallow: only the top-level key is dropped */
@@ -381,11 +446,15 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
         rc = bad(err, path, "not a wlbtrain checkpoint index", je.text);
     else if (version < 1 || version > CKPT_INDEX_VERSION)
         rc = error_set(err, path, "index version %d; this wlbtrain reads versions 1 to %d", version, CKPT_INDEX_VERSION);
+    else if (version < CKPT_INDEX_BOUND && (json_object_get(root, "run") || json_object_get(root, "contents")))
+        rc = error_set(err, path, "run or contents in an index of version %d, which carries neither: edited or "
+                       "damaged", version);
     else if (ix->tp <= 0 || ix->cp <= 0 || ix->pp <= 0 || ix->dp <= 0 || ix->virtual_stages <= 0 || ix->tp > 65536 ||
              ix->cp > 65536 || ix->pp > 65536 || ix->dp > 65536 || ix->virtual_stages > 65536 ||
              !json_is_array(files) || !json_is_array(chunks) || !json_is_object(tensors))
         rc = error_set(err, path, "not a wlbtrain checkpoint index (layout, files, chunks, tensors)");
     ix->step = step;
+    ix->version = version;
     if (rc == 0)
         rc = read_stage_layers(ix, json_object_get(json_object_get(root, "layout"), "stage_layers"), path, err);
     if (rc == 0)
@@ -394,6 +463,8 @@ int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err)
         rc = read_chunks(ix, chunks, path, err);
     if (rc == 0)
         rc = read_tensors(ix, tensors, path, err);
+    if (rc == 0 && version >= CKPT_INDEX_BOUND)
+        rc = read_bound(ix, root, path, err);
     json_decref(root);
     if (rc != 0)
         ckpt_index_close(ix);
@@ -410,6 +481,8 @@ void ckpt_index_close(CkptIndex *ix)
     for (int i = 0; ix->tensors && i < ix->n_tensors; i++)
         free(ix->tensors[i].blocks);
     free(ix->stage_layers);
+    free(ix->sums);
+    free(ix->place);
     free(ix->files);
     free(ix->sf);
     free(ix->opened);
@@ -418,17 +491,89 @@ void ckpt_index_close(CkptIndex *ix)
     memset(ix, 0, sizeof *ix);
 }
 
+void ckpt_index_state_ident(const CkptIndex *ix, CkptIdent *id)
+{
+    *id = (CkptIdent){ix->run, ix->step, CKPT_ROLE_STATE, -1, -1, -1, ix->tp, ix->cp, ix->pp, ix->dp,
+                      ix->virtual_stages, ix->zero};
+}
+
+int ckpt_index_check_sum(const StateSum *have, const StateSum *want, const char *path, Error *err)
+{
+    if (have->bytes != want->bytes || have->crc != want->crc)
+        return error_set(err, path, "%llu bytes, CRC-32 %08x; index.json lists %llu bytes, %08x: replaced or changed "
+                         "after the checkpoint was written", (unsigned long long)have->bytes, have->crc,
+                         (unsigned long long)want->bytes, want->crc);
+    return 0;
+}
+
+/* What the index lists of shard file i: its ident. */
+static CkptIdent shard_ident(const CkptIndex *ix, int i)
+{
+    return (CkptIdent){ix->run, ix->step, CKPT_ROLE_SHARD, ix->place[i][0], ix->place[i][1], ix->place[i][2],
+                       ix->tp, ix->cp, ix->pp, ix->dp, ix->virtual_stages, ix->zero};
+}
+
+static int no_ident(const CkptIndex *ix, const char *path, Error *err)
+{
+    return error_set(err, path, "no ident section: a shard file written before checkpoints were bound to their run "
+                     "(index.json, version %d, lists one that is), so not this checkpoint's", ix->version);
+}
+
+int ckpt_index_check_files(CkptIndex *ix, Error *err)
+{
+    for (int i = 0; ix->version >= CKPT_INDEX_BOUND && i < ix->n_files; i++) {
+        char path[4200];
+        uint64_t w[CKPT_IDENT_WORDS], bytes;
+        snprintf(path, sizeof path, "%s/%s", ix->dir, ix->files[i]);
+        CkptIdent have, want = shard_ident(ix, i);
+        int found = statefile_peek(path, CKPT_IDENT_SECTION, w, sizeof w, &bytes, err);
+        if (found < 0 || (found == 1 && no_ident(ix, path, err)) || ckpt_ident_parse(w, path, &have, err) != 0 ||
+            ckpt_ident_check(&have, &want, path, err) != 0)
+            return -1;
+        if (bytes != ix->sums[i].bytes)
+            return error_set(err, path, "%llu bytes; index.json lists %llu: replaced or changed after the checkpoint "
+                             "was written", (unsigned long long)bytes, (unsigned long long)ix->sums[i].bytes);
+    }
+    return 0;
+}
+
+int ckpt_index_open_file(CkptIndex *ix, int i, Error *err)
+{
+    if (ix->opened[i])
+        return 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", ix->dir, ix->files[i]);
+    if (statefile_open(&ix->sf[i], path, err) != 0)
+        return -1;
+    /* Bound (version 3): what the file says it is first - a swapped, stale or foreign file is named
+     * as such -, then its size and checksum. */
+    int rc = 0;
+    if (ix->version >= CKPT_INDEX_BOUND) {
+        CkptIdent have, want = shard_ident(ix, i);
+        int found = ckpt_ident_read(&ix->sf[i], path, &have, err);
+        if (found == 0)
+            rc = no_ident(ix, path, err);
+        else if (found < 0 || ckpt_ident_check(&have, &want, path, err) != 0)
+            rc = -1;
+        if (rc == 0)
+            rc = ckpt_index_check_sum(&ix->sf[i].sum, &ix->sums[i], path, err);
+    }
+    if (rc != 0) {
+        statefile_close(&ix->sf[i]);
+        return -1;
+    }
+    ix->opened[i] = 1;
+    ix->files_opened++;
+    return 0;
+}
+
 /* Section `section` of file i, which must hold n floats (the file opened, CRCs checked, on first use). */
 static int section(CkptIndex *ix, int i, const char *name, int64_t n, const float **data, Error *err)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", ix->dir, ix->files[i]);
-    if (!ix->opened[i]) {
-        if (statefile_open(&ix->sf[i], path, err) != 0)
-            return -1;
-        ix->opened[i] = 1;
-        ix->files_opened++;
-    }
+    if (ckpt_index_open_file(ix, i, err) != 0)
+        return -1;
     const StateSection *s = statefile_find(&ix->sf[i], name);
     if (!s)
         return error_set(err, path, "no section %s (index.json names it)", name);
@@ -446,7 +591,8 @@ int ckpt_index_range(CkptIndex *ix, const CkptChunk *c, int what, int64_t begin,
     if (what == 0) {
         if (section(ix, c->file, c->section, c->n, &data, err) != 0)
             return -1;
-        put(ctx, dst, data + begin, end - begin);
+        if (!ix->verify_only)
+            put(ctx, dst, data + begin, end - begin);
         return 0;
     }
     for (int k = 0; k < c->n_shards; k++) {
@@ -456,7 +602,8 @@ int ckpt_index_range(CkptIndex *ix, const CkptChunk *c, int what, int64_t begin,
             continue; /* a shard this range does not need is not opened */
         if (section(ix, s->file, what == 1 ? s->m : s->v, s->end - s->begin, &data, err) != 0)
             return -1;
-        put(ctx, dst + (lo - begin), data + (lo - s->begin), hi - lo);
+        if (!ix->verify_only)
+            put(ctx, dst + (lo - begin), data + (lo - s->begin), hi - lo);
     }
     return 0;
 }
@@ -481,7 +628,7 @@ int ckpt_index_full(CkptIndex *ix, const CkptTensor *t, int what, float *full, f
         } else if (ckpt_index_range(ix, c, what, b->offset, b->offset + b->rows * b->cols, put_host, NULL, tmp, err) != 0) {
             return -1;
         }
-        for (int64_t r = 0; r < b->rows; r++)
+        for (int64_t r = 0; !ix->verify_only && r < b->rows; r++)
             memcpy(full + (b->row0 + r) * t->cols + b->col0, src + r * b->cols, (size_t)b->cols * sizeof *full);
     }
     return 0;

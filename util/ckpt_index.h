@@ -6,7 +6,9 @@
  * The reader checks the index before anything is used (its checksum, no key twice in an object, its version, the layout, every file name,
  * every chunk's moment shards partitioning its parameter vector, every tensor's blocks inside it and
  * adding up to it) and opens a shard file only when a section of it is first needed (statefile_open
- * checks its CRCs then), so a resume reads only the files that overlap its blocks.
+ * checks its CRCs then), so a resume reads only the files that overlap its blocks. With a bound index
+ * (version 3) a shard opened is also checked against what the index lists of it: its ident section
+ * (run, step, place: util/ckpt_ident.h), its size and the CRC-32 of the whole file.
  */
 #ifndef WLB_UTIL_CKPT_INDEX_H
 #define WLB_UTIL_CKPT_INDEX_H
@@ -14,11 +16,16 @@
 #include <jansson.h>
 #include <stdint.h>
 
+#include "util/ckpt_ident.h"
 #include "util/error.h"
 #include "util/statefile.h"
 
-/* Version 2 carries "crc32"; version 1 (written before it) is read without one. */
-enum { CKPT_INDEX_VERSION = 2 };
+/* Version 3 binds the files to the checkpoint: "run" (the run id, util/ckpt_ident.h, and a continued
+ * run's parent), "model" (config.yaml's model keys) and "contents" (every file's size and CRC-32);
+ * each shard and state.bin carry an ident section. Version 2 (before that) carries "crc32", the
+ * index's own checksum, which version 3 keeps; version 1 (before it) has neither. All three are
+ * read, each with the checks its format allows (CkptIndex.version says which). */
+enum { CKPT_INDEX_VERSION = 3, CKPT_INDEX_BOUND = 3 };
 
 /* The checksum of an index: zlib's CRC-32 of root without its "crc32" key, dumped as compact JSON
  * with sorted keys and ASCII escapes - what Python's json.dumps(d, separators=(",", ":"),
@@ -64,6 +71,17 @@ typedef struct CkptTensor {
 
 typedef struct CkptIndex {
     char dir[4096];
+    int version;
+    /* Version 3: the run id, each shard file's size and CRC-32 (sums[i]) and place (tp, pp, dpcp
+     * rank; from its name), state.bin's and config.yaml's. A shard file is checked against them
+     * (and its ident section) when it is first opened, before any of it is used. */
+    uint64_t run, parent_run; /* parent_run: a continued run's parent (0: none), after parent_step */
+    int64_t parent_step;
+    StateSum *sums, state_sum, config_sum;
+    int (*place)[3];
+    /* Set: the reads open (and check) the files they need and copy nothing - a pass that finds a
+     * swapped or damaged file before any weight is taken. */
+    int verify_only;
     int tp, cp, pp, dp, virtual_stages, zero;
     int64_t *stage_layers; /* the layers of each model chunk (pp * virtual_stages), or NULL: an index
                             * written before the split was a setting (the layers were split evenly) */
@@ -91,6 +109,18 @@ int ckpt_step_folder(const char *path, char **step, Error *err);
 
 /* Reads and checks dir/index.json. */
 int ckpt_index_open(CkptIndex *ix, const char *dir, Error *err);
+/* What index.json lists for state.bin (version 3): its ident. */
+void ckpt_index_state_ident(const CkptIndex *ix, CkptIdent *id);
+/* Opens shard file i (once; its CRCs checked, and with version 3 its size, CRC-32 and ident against
+ * the index's): what every read does first. */
+int ckpt_index_open_file(CkptIndex *ix, int i, Error *err);
+/* Every shard file's ident (a swapped, stale or foreign file is named) and size against what the
+ * index lists (version 3; nothing before it), reading only each file's header and ident section:
+ * what a whole checkpoint is checked by before anything is loaded, cheaply (its CRC-32 is checked
+ * as each file is opened). */
+int ckpt_index_check_files(CkptIndex *ix, Error *err);
+/* A file's size and CRC-32 against what the index lists: an Error naming it otherwise. */
+int ckpt_index_check_sum(const StateSum *have, const StateSum *want, const char *path, Error *err);
 void ckpt_index_close(CkptIndex *ix);
 const CkptTensor *ckpt_index_tensor(const CkptIndex *ix, const char *name);
 const CkptChunk *ckpt_index_chunk(const CkptIndex *ix, int tp, int chunk);

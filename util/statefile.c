@@ -76,7 +76,7 @@ static uint64_t make_header(unsigned char *head, const char (*names)[STATE_NAME_
 }
 
 int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN], const uint64_t *sizes, int n,
-                           StateFill fill, void *ctx, Error *err)
+                           StateFill fill, void *ctx, StateSum *sum, Error *err)
 {
     if (n < 0 || n > STATE_MAX_SECTIONS)
         return error_runtime(err, path, "%d sections (at most %d)", n, STATE_MAX_SECTIONS);
@@ -97,9 +97,13 @@ int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN]
     }
     /* A header with no CRCs yet holds the place; the real one is written over it at the end. */
     static const unsigned char zeros[8];
-    uint64_t header = make_header(head, names, sizes, crcs, n);
+    uint64_t header = make_header(head, names, sizes, crcs, n), body_bytes = 0;
     int bad = fwrite(head, 1, (size_t)header, a.f) != header;
     bad |= fwrite(zeros, 1, (size_t)(align8(header) - header), a.f) != align8(header) - header;
+    /* The whole file's CRC: the body's (every byte after the header's padding) from the sections'
+     * CRCs and their padding, the header's once it is final, combined (crc32_combine: no second pass
+     * over the data). */
+    uLong body = crc32(0L, Z_NULL, 0);
     for (int i = 0; i < n && !bad; i++) {
         uLong crc = crc32(0L, Z_NULL, 0);
         for (uint64_t at = 0; at < sizes[i] && !bad; at += PIECE) {
@@ -110,10 +114,18 @@ int statefile_write_stream(const char *path, const char (*names)[STATE_NAME_LEN]
         }
         crcs[i] = (uint32_t)crc;
         size_t pad = (size_t)(align8(sizes[i]) - sizes[i]);
+        body = crc32(crc32_combine(body, crc, (z_off_t)sizes[i]), zeros, (uInt)pad);
+        body_bytes += align8(sizes[i]);
         bad |= fwrite(zeros, 1, pad, a.f) != pad;
     }
     make_header(head, names, sizes, crcs, n);
     bad = bad || fseek(a.f, 0, SEEK_SET) != 0 || fwrite(head, 1, (size_t)header, a.f) != header;
+    if (sum) {
+        uLong whole = crc32(crc32(0L, Z_NULL, 0), head, (uInt)header);
+        whole = crc32(whole, zeros, (uInt)(align8(header) - header));
+        sum->crc = (uint32_t)crc32_combine(whole, body, (z_off_t)body_bytes);
+        sum->bytes = align8(header) + body_bytes;
+    }
     free(buf);
     if (bad) {
         atomic_abort(&a);
@@ -129,7 +141,7 @@ static void fill_from_sections(void *ctx, int i, uint64_t at, void *buf, uint64_
     memcpy(buf, (const unsigned char *)s[i].data + at, (size_t)n);
 }
 
-int statefile_write(const char *path, const StateSection *s, int n, Error *err)
+int statefile_write(const char *path, const StateSection *s, int n, StateSum *sum, Error *err)
 {
     if (n < 0 || n > STATE_MAX_SECTIONS)
         return error_runtime(err, path, "%d sections (at most %d)", n, STATE_MAX_SECTIONS);
@@ -140,7 +152,7 @@ int statefile_write(const char *path, const StateSection *s, int n, Error *err)
         sizes[i] = s[i].size;
     }
     return statefile_write_stream(path, (const char (*)[STATE_NAME_LEN])names, sizes, n, fill_from_sections,
-                                  (void *)s, err);
+                                  (void *)s, sum, err);
 }
 
 int statefile_open(StateFile *f, const char *path, Error *err)
@@ -172,6 +184,12 @@ int statefile_open(StateFile *f, const char *path, Error *err)
         statefile_close(f);
         return error_set(err, path, "corrupted header (CRC mismatch)");
     }
+    /* The whole file's CRC from the pieces that are CRC'd anyway: the header, then each section and
+     * the bytes before it, combined. Sections that do not lie in order (never so as written) take a
+     * pass of their own. */
+    uLong whole = crc32(0L, Z_NULL, 0);
+    uint64_t done = 0;
+    int in_order = 1;
     for (int i = 0; i < n; i++) {
         const unsigned char *e = p + HEAD + ENTRY * i;
         StateSection *s = &f->sections[i];
@@ -181,7 +199,8 @@ int statefile_open(StateFile *f, const char *path, Error *err)
         int rc = 0;
         if (off < header || off > size || len > size - off)
             rc = error_set(err, path, "corrupted: section %s lies outside the file", s->name);
-        else if (crc_of(p + off, len) != get_u32(e + 48))
+        uint32_t crc = rc == 0 ? crc_of(p + off, len) : 0;
+        if (rc == 0 && crc != get_u32(e + 48))
             rc = error_set(err, path, "corrupted: section %s fails its CRC-32", s->name);
         if (rc != 0) {
             statefile_close(f);
@@ -189,9 +208,65 @@ int statefile_open(StateFile *f, const char *path, Error *err)
         }
         s->data = p + off;
         s->size = len;
+        in_order = in_order && off >= done;
+        if (in_order) {
+            whole = crc32_combine(whole, crc_of(p + done, off - done), (z_off_t)(off - done));
+            whole = crc32_combine(whole, crc, (z_off_t)len);
+            done = off + len;
+        }
     }
+    if (in_order)
+        whole = crc32_combine(whole, crc_of(p + done, size - done), (z_off_t)(size - done));
     f->n = n;
+    f->sum.bytes = size;
+    f->sum.crc = in_order ? (uint32_t)whole : crc_of(p, size);
     return 0;
+}
+
+int statefile_peek(const char *path, const char *name, void *buf, uint64_t size, uint64_t *bytes, Error *err)
+{
+    unsigned char head[HEAD + ENTRY * STATE_MAX_SECTIONS + TAIL];
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_errno(err, path, "cannot open");
+    int rc = 0;
+    long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (end < 0 || fseek(f, 0, SEEK_SET) != 0)
+        rc = error_errno(err, path, "cannot read");
+    uint64_t file_size = end > 0 ? (uint64_t)end : 0;
+    size_t got = rc == 0 ? fread(head, 1, sizeof head, f) : 0;
+    uint32_t n = got >= HEAD ? get_u32(head + 12) : 0;
+    uint64_t header = HEAD + (uint64_t)ENTRY * n + TAIL;
+    if (rc == 0 && (got < HEAD + TAIL || memcmp(head, MAGIC, 8) != 0))
+        rc = error_set(err, path, "not a wlbtrain state file (%llu bytes, no WLBSTATE magic)",
+                       (unsigned long long)file_size);
+    else if (rc == 0 && get_u32(head + 8) != 1)
+        rc = error_set(err, path, "state file version %u; this wlbtrain reads version 1", get_u32(head + 8));
+    else if (rc == 0 && n > STATE_MAX_SECTIONS)
+        rc = error_set(err, path, "corrupted: %u sections", n);
+    else if (rc == 0 && get_u64(head + 16) != file_size)
+        rc = error_set(err, path, "truncated or extended: %llu bytes, the header says %llu",
+                       (unsigned long long)file_size, (unsigned long long)get_u64(head + 16));
+    else if (rc == 0 && (header > got || get_u32(head + header - TAIL) != crc_of(head, header - TAIL)))
+        rc = error_set(err, path, "corrupted header (CRC mismatch)");
+    int found = 0;
+    for (uint32_t i = 0; rc == 0 && !found && i < n; i++) {
+        const unsigned char *e = head + HEAD + ENTRY * i;
+        if (strnlen((const char *)e, STATE_NAME_LEN) == STATE_NAME_LEN || strcmp((const char *)e, name) != 0)
+            continue;
+        found = 1;
+        uint64_t off = get_u64(e + 32), len = get_u64(e + 40);
+        if (len != size || off < header || off > file_size || len > file_size - off)
+            rc = error_set(err, path, "corrupted: section %s has %llu bytes at %llu, not %llu inside the file", name,
+                           (unsigned long long)len, (unsigned long long)off, (unsigned long long)size);
+        else if (fseek(f, (long)off, SEEK_SET) != 0 || fread(buf, 1, (size_t)size, f) != size)
+            rc = error_errno(err, path, "cannot read");
+        else if (crc_of(buf, size) != get_u32(e + 48))
+            rc = error_set(err, path, "corrupted: section %s fails its CRC-32", name);
+    }
+    fclose(f);
+    *bytes = file_size;
+    return rc != 0 ? -1 : !found;
 }
 
 void statefile_close(StateFile *f)

@@ -43,6 +43,7 @@ static struct {
     int group_id[GROUP_COUNT], group_size[GROUP_COUNT];
     const Comm *comm;                 /* its data path's asynchronous errors and abort (NCCL's) */
     double stood_still;               /* the longest this process stood still past timeout (0: never) */
+    int64_t ckpt_saving, ckpt_done;   /* the step of a save under way, of the newest complete one (0: none) */
 } rec = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *const group_names[] = {"tp", "cp", "pp", "dp", "dpcp", "world"};
@@ -223,9 +224,17 @@ static void end_rank(int hang, const Flight *f, double waited)
         fprintf(stderr, "wlbtrain: error: rank %d: hang: no collective finished for %.0f s (parallel.timeout_s); "
                 "waiting in %s for %.0f s%s%s\n", rec.rank, now - rec.last_event, what, waited,
                 rec.dir[0] ? "; flight recorder in " : "", rec.dir);
+    else if (rec.ckpt_saving > rec.ckpt_done)
+        fprintf(stderr, "wlbtrain: error: rank %d: stop signal while waiting %.0f s in %s: stopping in the middle "
+                "of the checkpoint of step %lld (latest names it if rank 0 finished it, else the one before; resume "
+                "goes on from latest)\n", rec.rank, waited, what, (long long)rec.ckpt_saving);
+    else if (rec.ckpt_done > 0)
+        fprintf(stderr, "wlbtrain: error: rank %d: stop signal while waiting %.0f s in %s: stopping; the newest "
+                "checkpoint, of step %lld, is complete (resume goes on from it)\n", rec.rank, waited, what,
+                (long long)rec.ckpt_done);
     else
         fprintf(stderr, "wlbtrain: error: rank %d: stop signal while waiting %.0f s in %s: stopping without a "
-                "checkpoint of this step (resume goes on from the last one)\n", rec.rank, waited, what);
+                "checkpoint since this process started (resume goes on from the last one)\n", rec.rank, waited, what);
     fflush(stderr);
     sleep_s(COMM_WATCHDOG_GRACE_S);
     /* The reporter: the lowest rank that wrote a file (rank 0, unless it is the one that stopped). It
@@ -315,6 +324,16 @@ int comm_watchdog_start(const Comm *c, double timeout_s, const char *dir, const 
     }
     rec.running = 1;
     return 0;
+}
+
+void comm_watchdog_note_checkpoint(int64_t step, int complete)
+{
+    pthread_mutex_lock(&rec.mu);
+    if (complete)
+        rec.ckpt_done = step;
+    else
+        rec.ckpt_saving = step;
+    pthread_mutex_unlock(&rec.mu);
 }
 
 void comm_watchdog_stop(void)

@@ -55,5 +55,8 @@ void comm_flight_progress(void);
 int comm_watchdog_start(const Comm *c, double timeout_s, const char *dir, const volatile sig_atomic_t *stop,
                         Error *err);
 void comm_watchdog_stop(void);
+/* What the stop line says of the run's checkpoints: the trainer notes a save of `step` as it begins
+ * (complete 0) and once every rank knows rank 0 finished it (complete 1). */
+void comm_watchdog_note_checkpoint(int64_t step, int complete);
 
 #endif

@@ -30,8 +30,10 @@
  * itself at the start of the step: a rank that stops answering; the others' watchdog must end the
  * job), slow (a sleep of WLBTRAIN_FAULT_SLOW_S seconds, default 5, at every step from STEP on: a
  * straggler), stall (stopped for WLBTRAIN_FAULT_SLOW_S at the start of every step from STEP on and
- * continued by a timer, util/stall.h: a straggler outside its passes) or exit (_exit(1) at the step:
- * a rank gone). WLBTRAIN_STEP_DELAY=S
+ * continued by a timer, util/stall.h: a straggler outside its passes), exit (_exit(1) at the step:
+ * a rank gone) or savestall (SIGTERM to every rank in the checkpoint saved after that step, and RANK
+ * stalling WLBTRAIN_FAULT_SLOW_S seconds once it is complete, before the oldest are removed: the
+ * others' stop line must say the checkpoint is complete). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -71,7 +73,8 @@ typedef enum FaultKind {
     FAULT_HANG,
     FAULT_SLOW,
     FAULT_EXIT,
-    FAULT_STALL
+    FAULT_STALL,
+    FAULT_SAVESTALL
 } FaultKind;
 
 typedef struct Fault {
@@ -92,15 +95,15 @@ static int parse_fault(Fault *f, Error *err)
     int used = 0;
     if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
         return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill, "
-                         "savesignal, hang, slow, stall or exit), got '%s'", s);
+                         "savesignal, hang, slow, stall, exit or savestall), got '%s'", s);
     static const char *const kinds[] = {"",     "error", "kill", "plan", "nan",  "savekill",
-                                        "savesignal", "hang", "slow", "exit", "stall"};
+                                        "savesignal", "hang", "slow", "exit", "stall", "savestall"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
         if (!strcmp(kind, kinds[k]))
             f->kind = (FaultKind)k;
     if (f->kind == FAULT_NONE)
         return error_set(err, "WLBTRAIN_FAULT", "unknown fault '%s' (error, kill, plan, nan, savekill, savesignal, "
-                         "hang, slow, stall or exit)", kind);
+                         "hang, slow, stall, exit or savestall)", kind);
     const char *slow = getenv("WLBTRAIN_FAULT_SLOW_S");
     f->slow_s = 5;
     if (slow && *slow && (parse_double(slow, &f->slow_s) != 0 || f->slow_s < 0 || f->slow_s > 3600))
@@ -114,6 +117,7 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
 {
     tr->fault_plan = 0;
     tr->fault_nan = tr->fault_kill_in_save = tr->fault_signal_in_save = 0;
+    tr->fault_stall_after_save = 0;
     if (f->kind == FAULT_SLOW && f->rank == tr->lay.rank && step >= f->step) {
         /* a straggler: this rank slow at every step from STEP on, inside its first pass's compute */
         tr->fault_sleep_s = f->slow_s;
@@ -124,6 +128,14 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
          * from STEP on, as `kill -STOP`, `kill -CONT` after WLBTRAIN_FAULT_SLOW_S would */
         fflush(stdout);
         return stall_freeze(f->slow_s, err);
+    }
+    if (f->kind == FAULT_SAVESTALL && f->step == step) {
+        /* SIGTERM to every rank in the save after STEP (a launcher's, as Slurm's), and RANK stalls
+         * WLBTRAIN_FAULT_SLOW_S once the checkpoint is complete, before removing the oldest ones (rank
+         * 0: a slow file system) - the others wait in their next collective with a stop pending */
+        tr->fault_signal_in_save = 1;
+        tr->fault_stall_after_save = f->rank == tr->lay.rank ? f->slow_s : 0;
+        return 0;
     }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
         return 0;
@@ -575,10 +587,15 @@ static int resume(Trainer *tr, const Config *cfg, int64_t *done, Error *err)
         if (lead && cfg->checkpoint.resume)
             printf("resume: no checkpoint in %s yet, %s\n", cfg->checkpoint.dir,
                    cfg->checkpoint.continue_from ? "continuing from checkpoint.continue_from" : "starting at step 1");
-        return trainer_continue(tr, done, err); /* checkpoint.continue_from, if set (train_continue.c) */
+        /* checkpoint.continue_from, if set (train_continue.c); the run's id (a new one; a continued
+         * run records the checkpoint's as its parent) */
+        rc = trainer_continue(tr, done, err);
+        return rc == 0 ? trainer_run_id(tr, 0, cfg->checkpoint.continue_from != NULL, err) : -1;
     }
     double t0 = clock_seconds();
     rc = trainer_resume(tr, path, done, err);
+    if (rc == 0)
+        rc = trainer_run_id(tr, 1, 0, err); /* the checkpoint's run goes on */
     if (rc == 0 && lead)
         printf("resume: %s, after step %lld (%s; %.3f s)%s\n", path, (long long)*done, tr->resume_how,
                clock_seconds() - t0,
@@ -626,6 +643,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     double mem_predicted = 0;
     if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 ||
         trainer_check_outputs(cfg, launch.rank == 0, err) != 0 ||
+        trainer_checkpoint_precheck(cfg, launch.rank == 0, err) != 0 ||
         trainer_stage_layers(cfg, NULL, NULL, err) != 0 || trainer_memory_admit(cfg, &mem_predicted, err) != 0)
         return -1;
     /* Before MPI starts: a signal from then on asks for a stop instead of killing the rank. */

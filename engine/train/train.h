@@ -42,6 +42,7 @@
 #include "engine/plan/sched.h"
 #include "util/error.h"
 #include "util/stall.h"
+#include "util/statefile.h"
 
 /* One model chunk of this rank (one, or v with interleaving) and what runs it. */
 typedef struct TrainChunk {
@@ -189,8 +190,14 @@ typedef struct Trainer {
     int eval_only;           /* trainer_init_eval: no optimizer state */
     /* Test hooks (WLBTRAIN_FAULT): perturb this step's plan, poison a gradient, die while saving. */
     char resume_how[320];    /* trainer_resume: how the shards were read (the resume line says it) */
+    /* The run's id (util/ckpt_ident.h; trainer_run_id), that of a continued run's parent and the step
+     * it continued from (parent_run 0: none), and what the last checkpoint loaded said of its run
+     * (0: a checkpoint older than the binding). */
+    uint64_t run_id, parent_run, loaded_run, loaded_parent_run;
+    int64_t parent_step, loaded_step, loaded_parent_step;
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save, fault_signal_in_save;
+    double fault_stall_after_save; /* rank 0: seconds slept once a save is complete, before pruning */
 } Trainer;
 
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
@@ -264,6 +271,11 @@ void trainer_position_text(const PositionLoss *p, char *buf, size_t size);
  * ckpt_step_folder). trainer_resume loads it
  * into a freshly initialised trainer of any layout and gives the step it was saved after. */
 int trainer_save(Trainer *tr, int64_t step, Error *err);
+/* After the checkpoint is loaded (or none): the run's id - a resume keeps the checkpoint's (and its
+ * parent), a continued run (checkpoint.continue_from) gets a new one and records the checkpoint's
+ * run and step as its parent, a run at step 1 a new one. Rank 0 makes a new id, every rank gets it
+ * (a collective: every rank calls it). */
+int trainer_run_id(Trainer *tr, int resumed, int continued, Error *err);
 int trainer_checkpoint_path(const Config *cfg, char **path, Error *err);
 int trainer_resume(Trainer *tr, const char *path, int64_t *step, Error *err);
 /* The weights only of the checkpoint at path (a step folder) into a trainer of any layout, its
@@ -276,6 +288,12 @@ int trainer_load_weights(Trainer *tr, const char *path, int64_t *step, Error *er
  * both, trainer_load_weights neither. */
 enum { CKPT_LOAD_MOMENTS = 1, CKPT_LOAD_STREAM = 2 };
 int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_t *step, Error *err);
+/* The weights (and unless weights_only the moments) of every chunk from the shards the opened index
+ * ix (util/ckpt_index.h) of the checkpoint at path names, saved after step; sets tr->resume_how
+ * (train_ckpt_load.c). */
+struct CkptIndex;
+int trainer_restore_shards(Trainer *tr, struct CkptIndex *ix, int64_t step, int weights_only, const char *path,
+                           Error *err);
 /* checkpoint.continue_from (train_continue.c): when the run has nothing to resume, it starts from that
  * checkpoint of another run as its next stage - the config compared with the checkpoint's (a changed
  * model key other than model.preset, model.max_seq_len and model.rope_* is an Error; rank 0 prints
@@ -302,17 +320,44 @@ void trainer_straggler_start(Trainer *tr);
 /* Ends what trainer_straggler_start started (trainer_free calls it). */
 void trainer_straggler_stop(Trainer *tr);
 int trainer_stragglers(Trainer *tr, int64_t step, TrainStats *st, Error *err);
+/* What binds a checkpoint's files to it (index version 3): the run id and a continued run's parent,
+ * and every file's size and CRC-32 - sums[i] of the shard file files[i] of the index, in its order. */
+typedef struct CkptBinding {
+    uint64_t run, parent_run;
+    int64_t parent_step;
+    const StateSum *sums;
+    int n_sums;
+    StateSum state_sum, config_sum;
+} CkptBinding;
 /* Writes path (atomically): the index.json of a checkpoint that cfg's layout saves after `step`
- * (train_ckpt_index.c), with its checksum (util/ckpt_index.h); trainer_index_json: that index (without
- * the checksum) as a JSON object for the caller to json_decref. */
-int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err);
+ * (train_ckpt_index.c), with bound's run, the model keys of cfg and the files' sums, and its checksum
+ * (util/ckpt_index.h); trainer_index_json: the part of that index the model and layout give (no run,
+ * contents or checksum) as a JSON object for the caller to json_decref. */
+int trainer_index_write(const Config *cfg, int64_t step, const CkptBinding *bound, const char *path, Error *err);
 int trainer_index_json(const Config *cfg, int64_t step, json_t **root, Error *err);
+/* cfg's model keys (model.*, model.preset aside: a name, not a value) that differ from the defaults,
+ * as {key: YAML text}: what index.json records of the model, so that an edited config.yaml is named
+ * by the key (every model key counts, those added later too). */
+int trainer_model_keys(const Config *cfg, json_t **out, Error *err);
 /* The files of the step folder dir against each other, before any weight is read
  * (train_ckpt_check.c): index.json's checksum, no key twice, and every entry equal to the index that
  * config.yaml's model and layout give; config.yaml's model shape and layout equal to state.bin's
- * meta section (trainer_meta_check, which also gives the step state.bin was saved after). Resume,
- * continue_from, eval and export all check it; any difference is one Error. */
-int trainer_checkpoint_check(const char *dir, Error *err);
+ * meta section (trainer_meta_check, which also gives the step state.bin was saved after); with a
+ * bound index (version 3) config.yaml's model keys and checksum, state.bin's and every shard's ident
+ * and size (and state.bin's checksum) against the index. Resume, continue_from, eval, export and
+ * inspect all check it; any difference is one Error. An older index passes with the checks its
+ * format allows, and with warn one warning line on stderr says which were not possible. */
+int trainer_checkpoint_check(const char *dir, int warn, Error *err);
+/* The checkpoint a run would load (checkpoint.resume's, else checkpoint.continue_from's) checked so
+ * (trainer_checkpoint_check, warn: lead) before MPI starts, as every rank checks its config: bad
+ * input there is one line from rank 0 (main.c), not one from each rank and the launcher's abort.
+ * 0 when there is none, or it cannot be found (the resume says that). */
+int trainer_checkpoint_precheck(const Config *cfg, int lead, Error *err);
+/* `wlbtrain inspect PATH` of a checkpoint (a step folder, or a checkpoint folder without flight
+ * recorder files - those are a hang's, cli_inspect's; *handled 0 for anything else): every check of a
+ * resume, every shard read whole (its CRCs, its CRC-32 against the index's), and two lines on stdout:
+ * what it is (step, run, layout, files) and what was checked. */
+int trainer_checkpoint_inspect(const char *path, int *handled, Error *err);
 int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Error *err);
 
 /* Between the trainer's files: the gradient reduction after the pipeline (train_grads.c), and the

@@ -53,8 +53,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <zlib.h>
 
+#include "engine/comm/comm_watchdog.h"
 #include "engine/train/train.h"
+#include "util/ckpt_ident.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
 #include "util/statefile.h"
@@ -130,6 +134,20 @@ static const char *const meta_model_keys[13] = {"model.n_layers", "model.d_model
                                                 "model.tie_embeddings", "parallel.tp", "parallel.cp", "parallel.pp",
                                                 "parallel.dp", "parallel.virtual_stages", "parallel.zero"};
 
+/* The meta section's format word: 2, or an Error that names what the checkpoint is (dir: its folder). */
+static int format_check(uint64_t format, const char *file, const char *dir, Error *err)
+{
+    if (format == 1)
+        return error_set(err, file, "a checkpoint of the old gathered format (model.safetensors, training state "
+                         "format 1); this wlbtrain reads sharded checkpoints (format %d): resume it with an older "
+                         "wlbtrain, or start from its weights with train.init_from=%.200s/model.safetensors",
+                         META_FORMAT, dir);
+    if (format != META_FORMAT)
+        return error_set(err, file, "training state format %llu; this wlbtrain reads %d", (unsigned long long)format,
+                         META_FORMAT);
+    return 0;
+}
+
 int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Error *err)
 {
     char file[4200];
@@ -147,8 +165,9 @@ int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Erro
         meta_config_words(saved, mine);
         *step = (int64_t)w[1];
     }
-    /* Format 1 (the gathered checkpoint) is named by trainer_load_checkpoint and export's reader. */
-    for (int i = 0; rc == 0 && w[0] == META_FORMAT && i < 13; i++)
+    if (rc == 0)
+        rc = format_check(w[0], file, dir, err);
+    for (int i = 0; rc == 0 && i < 13; i++)
         if (w[4 + i] != mine[4 + i])
             rc = error_set(err, dir, "config.yaml has %s %llu, state.bin was saved with %llu: the checkpoint's "
                            "files disagree (config.yaml edited or from another run)", meta_model_keys[i],
@@ -163,23 +182,44 @@ int trainer_meta_check(const Config *saved, const char *dir, int64_t *step, Erro
 typedef struct ShardOut {
     const Ops *ops;
     const float *src[STATE_MAX_SECTIONS];
+    const uint64_t *ident; /* section 0, in host memory */
 } ShardOut;
 
 static void shard_fill(void *ctx, int i, uint64_t at, void *buf, uint64_t n)
 {
     const ShardOut *o = ctx;
-    o->ops->to_host(buf, o->src[i] + at / sizeof(float), (size_t)n);
+    if (i == 0)
+        memcpy(buf, (const unsigned char *)o->ident + at, (size_t)n);
+    else
+        o->ops->to_host(buf, o->src[i] + at / sizeof(float), (size_t)n);
 }
 
-static int write_shard(Trainer *tr, const char *tmp, Error *err)
+/* The ident of what this rank writes (a shard file: its place; state.bin: none) after step. */
+static CkptIdent ident_of(const Trainer *tr, int64_t step, int role)
+{
+    const ConfigParallel *p = &tr->cfg->parallel;
+    int shard = role == CKPT_ROLE_SHARD;
+    return (CkptIdent){tr->run_id, step, role, shard ? tr->lay.tp_rank : -1, shard ? tr->lay.pp_rank : -1,
+                       shard ? tr->comm->rank[GROUP_DPCP] : -1, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp,
+                       (int)p->virtual_stages, (int)p->zero};
+}
+
+/* Writes this rank's shard file of the checkpoint after step (when it writes one: *sum's bytes 0
+ * otherwise): its ident section first, then its chunks' sections; *sum its size and CRC-32. */
+static int write_shard(Trainer *tr, int64_t step, const char *tmp, StateSum *sum, Error *err)
 {
     int dpcp = tr->comm->rank[GROUP_DPCP], zero = (int)tr->cfg->parallel.zero;
+    *sum = (StateSum){0, 0};
     if (dpcp != 0 && !zero)
         return 0; /* the same weights and moments as dpcp 0's */
     char names[STATE_MAX_SECTIONS][STATE_NAME_LEN], file[64], path[4200];
-    uint64_t sizes[STATE_MAX_SECTIONS];
-    ShardOut o = {tr->ops, {0}};
-    int n = 0;
+    uint64_t sizes[STATE_MAX_SECTIONS], ident[CKPT_IDENT_WORDS];
+    CkptIdent id = ident_of(tr, step, CKPT_ROLE_SHARD);
+    ckpt_ident_words(&id, ident);
+    ShardOut o = {tr->ops, {0}, ident};
+    int n = 1;
+    snprintf(names[0], STATE_NAME_LEN, "%s", CKPT_IDENT_SECTION);
+    sizes[0] = sizeof ident;
     for (int k = 0; k < tr->v; k++) {
         const Model *m = &tr->chunks[k].model;
         const Optim *op = &tr->chunks[k].optim;
@@ -199,12 +239,89 @@ static int write_shard(Trainer *tr, const char *tmp, Error *err)
     }
     ckpt_shard_file(file, sizeof file, tr->lay.tp_rank, tr->lay.pp_rank, dpcp);
     snprintf(path, sizeof path, "%s/%s", tmp, file);
-    return statefile_write_stream(path, (const char (*)[STATE_NAME_LEN])names, sizes, n, shard_fill, &o, err);
+    return statefile_write_stream(path, (const char (*)[STATE_NAME_LEN])names, sizes, n, shard_fill, &o, sum, err);
+}
+
+/* Every rank's shard file's size and CRC-32 to every rank (rank 0 lists them in the index), and
+ * whether every rank wrote its file: one all-reduce of 6 numbers a rank - written (1) or failed (2),
+ * its place (tp, pp, dpcp) and size; the CRC-32 and the size below 2^53 are exact in a double.
+ * sums[i]: the file of files[i] of the index (TP rank, then pipeline rank, then dpcp). */
+static int gather_sums(Trainer *tr, int rc, const StateSum *mine, StateSum *sums, int n_files, Error *err)
+{
+    int world = comm_world_size(tr->comm), me = comm_world_rank(tr->comm);
+    int pp = (int)tr->cfg->parallel.pp, z = tr->cfg->parallel.zero ? (int)(tr->cfg->parallel.dp * tr->cfg->parallel.cp) : 1;
+    double *all = calloc((size_t)world * 6, sizeof *all);
+    if (!all)
+        return error_runtime(err, "checkpoint", "out of memory");
+    double *m = all + (size_t)me * 6;
+    m[0] = rc != 0 ? 2 : mine->bytes > 0;
+    m[1] = tr->lay.tp_rank, m[2] = tr->lay.pp_rank, m[3] = tr->comm->rank[GROUP_DPCP];
+    m[4] = (double)mine->bytes, m[5] = (double)mine->crc;
+    Error e2 = {0};
+    int failed = comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, all, (int64_t)world * 6, rc ? &e2 : err) != 0 ? -1 : 0;
+    for (int r = 0; failed == 0 && r < world; r++) {
+        const double *a = all + (size_t)r * 6;
+        if (a[0] == 2) {
+            failed = 1;
+        } else if (a[0] == 1) {
+            int i = ((int)a[1] * pp + (int)a[2]) * z + (int)a[3];
+            if (i >= 0 && i < n_files)
+                sums[i] = (StateSum){(uint64_t)a[4], (uint32_t)a[5]};
+        }
+    }
+    free(all);
+    if (rc != 0 || failed < 0)
+        return -1;
+    return failed ? error_runtime(err, "checkpoint", "another rank could not write its shard") : 0;
+}
+
+/* config.yaml's size and CRC-32, read back (a few kilobytes). */
+static int file_sum(const char *path, StateSum *sum, Error *err)
+{
+    char *text;
+    size_t n;
+    if (file_read_text(path, "config", &text, &n, err) != 0)
+        return -1;
+    sum->bytes = n;
+    sum->crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)text, (uInt)n);
+    free(text);
+    return 0;
+}
+
+int trainer_run_id(Trainer *tr, int resumed, int continued, Error *err)
+{
+    if (resumed) { /* the checkpoint's run goes on (and keeps its parent) */
+        tr->run_id = tr->loaded_run;
+        tr->parent_run = tr->loaded_parent_run;
+        tr->parent_step = tr->loaded_parent_step;
+    } else if (continued) { /* a new stage: its own id, the checkpoint's run its parent */
+        tr->run_id = 0;
+        tr->parent_run = tr->loaded_run;
+        tr->parent_step = tr->loaded_step;
+    }
+    if (tr->run_id != 0)
+        return 0;
+    /* A new id (a run at step 1, a new stage, or a checkpoint older than run ids): rank 0's, to every
+     * rank in four 16-bit pieces (exact in the sum). */
+    uint64_t id = 0;
+    double piece[4] = {0};
+    if (tr->lay.rank == 0 && ckpt_run_new(&id, err) != 0)
+        id = 0; /* the others still take part; the error is reported below */
+    for (int k = 0; k < 4; k++)
+        piece[k] = (double)((id >> (16 * k)) & 0xffff);
+    Error e2 = {0};
+    if (comm_allreduce_sum_f64(tr->comm, GROUP_WORLD, piece, 4, id || tr->lay.rank ? err : &e2) != 0)
+        return -1;
+    for (int k = 0; k < 4; k++)
+        tr->run_id |= (uint64_t)piece[k] << (16 * k);
+    if (tr->run_id == 0)
+        return tr->lay.rank == 0 ? -1 : error_runtime(err, "checkpoint", "rank 0 could not make a run id");
+    return 0;
 }
 
 /* Every rank learns whether every rank's rc was 0 (instead of a barrier, which a failed rank would
- * leave the others waiting in). */
-static int all_ok(Trainer *tr, int rc, Error *err)
+ * leave the others waiting in); what: what a rank that failed could not do. */
+static int all_ok(Trainer *tr, int rc, const char *what, Error *err)
 {
     double failed = rc != 0;
     Error e2 = {0};
@@ -212,7 +329,7 @@ static int all_ok(Trainer *tr, int rc, Error *err)
         return -1;
     if (rc != 0)
         return -1;
-    return failed > 0 ? error_runtime(err, "checkpoint", "another rank could not write its shard") : 0;
+    return failed > 0 ? error_runtime(err, "checkpoint", "%s", what) : 0;
 }
 
 static int write_config(const Config *cfg, const char *path, Error *err)
@@ -272,6 +389,8 @@ static int prune(const char *dir, int64_t keep, Error *err)
     return rc;
 }
 
+static int finish_checkpoint(Trainer *tr, int64_t step, const char *tmp, const StateSum *sums, int n_files, Error *err);
+
 int trainer_save(Trainer *tr, int64_t step, Error *err)
 {
     const char *dir = tr->cfg->checkpoint.dir;
@@ -289,20 +408,56 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     }
     /* The folder exists before anyone writes into it; every shard is on disk (fsynced) before rank 0
      * finishes the checkpoint. */
-    if (all_ok(tr, rc, err) != 0)
+    comm_watchdog_note_checkpoint(step, 0);
+    if (all_ok(tr, rc, "rank 0 could not make the checkpoint's folder", err) != 0)
         return -1;
     if (tr->fault_signal_in_save)
         raise(SIGTERM); /* the test of a stop signal during a save: the handler only records it */
-    if (all_ok(tr, write_shard(tr, tmp, err), err) != 0)
+    const ConfigParallel *p = &tr->cfg->parallel;
+    int n_files = (int)(p->tp * p->pp * (p->zero ? p->dp * p->cp : 1));
+    StateSum mine, *sums = calloc((size_t)n_files, sizeof *sums);
+    if (!sums)
+        rc = error_runtime(err, "checkpoint", "out of memory");
+    if (rc == 0)
+        rc = write_shard(tr, step, tmp, &mine, err);
+    if (gather_sums(tr, rc, &mine, sums, n_files, err) != 0) {
+        free(sums);
         return -1;
-    if (!lead)
-        return 0;
+    }
+    rc = lead ? finish_checkpoint(tr, step, tmp, sums, n_files, err) : 0;
+    free(sums);
+    /* Every rank learns that rank 0 finished it (latest names it): what a stop line says from now on
+     * (comm_watchdog.h). Then rank 0 removes the oldest, which may take a while on a slow file
+     * system - the others wait in their next collective. */
+    if (all_ok(tr, rc, "rank 0 could not finish the checkpoint", err) != 0)
+        return -1;
+    comm_watchdog_note_checkpoint(step, 1);
+    if (tr->fault_stall_after_save > 0) {
+        struct timespec ts = {(time_t)tr->fault_stall_after_save, 0};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        } /* the test of a slow removal: the others' stop line must say the checkpoint is complete */
+    }
+    return lead ? prune(dir, tr->cfg->checkpoint.keep, err) : 0;
+}
+
+/* Rank 0's part of the checkpoint after `step`, once every shard is written (sums: their sizes and
+ * CRC-32s): state.bin, config.yaml and index.json into tmp, the folder into place, latest at it. */
+static int finish_checkpoint(Trainer *tr, int64_t step, const char *tmp, const StateSum *sums, int n_files, Error *err)
+{
+    const char *dir = tr->cfg->checkpoint.dir;
+    char final[4096], name[32], path[4200];
+    int rc = 0;
+    snprintf(name, sizeof name, "step-%08lld", (long long)step);
+    snprintf(final, sizeof final, "%s/%s", dir, name);
     if (tr->fault_kill_in_save) {
         fflush(stdout);
         raise(SIGKILL); /* the test of an interrupted save */
     }
-    uint64_t meta[META_WORDS];
+    uint64_t meta[META_WORDS], ident[CKPT_IDENT_WORDS];
     meta_words(tr, step, meta);
+    CkptIdent id = ident_of(tr, step, CKPT_ROLE_STATE);
+    ckpt_ident_words(&id, ident);
+    CkptBinding bound = {tr->run_id, tr->parent_run, tr->parent_step, sums, n_files, {0, 0}, {0, 0}};
     size_t np = plan_state_words(&tr->planner), ns = data_stream_state_words(&tr->stream);
     uint64_t *planner = malloc((np + 1) * sizeof *planner), *stream = malloc((ns + 1) * sizeof *stream);
     if (!planner || !stream) {
@@ -312,21 +467,24 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
         data_stream_save(&tr->stream, stream);
         uint64_t valid[VALID_WORDS];
         record_words(&tr->valid_record, tr->cfg->data.valid_fraction, valid);
-        StateSection s[4] = {{"meta", meta, sizeof meta},
+        StateSection s[5] = {{"meta", meta, sizeof meta},
                              {"planner", planner, np * sizeof *planner},
                              {"stream", stream, ns * sizeof *stream},
-                             {"valid", valid, sizeof valid}};
+                             {"valid", valid, sizeof valid},
+                             {CKPT_IDENT_SECTION, ident, sizeof ident}};
         snprintf(path, sizeof path, "%s/state.bin", tmp);
-        rc = statefile_write(path, s, 4, err);
+        rc = statefile_write(path, s, 5, &bound.state_sum, err);
     }
     free(planner);
     free(stream);
     snprintf(path, sizeof path, "%s/config.yaml", tmp);
     if (rc == 0)
         rc = write_config(tr->cfg, path, err);
+    if (rc == 0)
+        rc = file_sum(path, &bound.config_sum, err);
     snprintf(path, sizeof path, "%s/index.json", tmp);
     if (rc == 0)
-        rc = trainer_index_write(tr->cfg, step, path, err);
+        rc = trainer_index_write(tr->cfg, step, &bound, path, err);
     /* Into place: a checkpoint of the same step (a resumed run saving again) is replaced. */
     if (rc == 0 && (file_sync_dir(tmp, err) != 0 || file_remove_tree(final, err) != 0))
         rc = -1;
@@ -342,8 +500,6 @@ int trainer_save(Trainer *tr, int64_t step, Error *err)
     } else if (rc == 0) {
         rc = -1;
     }
-    if (rc == 0)
-        rc = prune(dir, tr->cfg->checkpoint.keep, err);
     return rc;
 }
 
@@ -364,132 +520,6 @@ int trainer_checkpoint_path(const Config *cfg, char **path, Error *err)
     return ckpt_step_folder(r, path, err);
 }
 
-/* Another layout saved it: each of this rank's blocks from the full tensor rebuilt from the index's
- * blocks (weights, then m and v clipped to the optimizer's range), one tensor at a time. */
-static int reshard_chunk(Trainer *tr, CkptIndex *ix, TrainChunk *ch, int weights_only, float *full, float *tmp,
-                         float *block, Error *err)
-{
-    Model *m = &ch->model;
-    Optim *o = &ch->optim;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ModelTensor *t = &m->tensors[i];
-        const CkptTensor *it = ckpt_index_tensor(ix, t->name);
-        int64_t n = t->rows * t->cols, lo = t->offset > o->begin ? t->offset : o->begin;
-        int64_t hi = t->offset + n < o->end ? t->offset + n : o->end;
-        for (int what = 0; what < 3; what++) {
-            if (what > 0 && (weights_only || lo >= hi))
-                break; /* no moments wanted, or none of this block here (a ZeRO-1 shard elsewhere) */
-            if (ckpt_index_full(ix, it, what, full, tmp, err) != 0)
-                return -1;
-            for (int64_t r = 0; r < t->rows; r++)
-                memcpy(block + r * t->cols, full + (t->row0 + r) * t->full_cols + t->col0, (size_t)t->cols * sizeof *full);
-            if (what == 0)
-                tr->ops->to_device(m->params + t->offset, block, (size_t)n * sizeof *block);
-            else
-                tr->ops->to_device((what == 1 ? o->m : o->v) + (lo - o->begin), block + (lo - t->offset),
-                                   (size_t)(hi - lo) * sizeof *block);
-        }
-    }
-    return 0;
-}
-
-static void put_device(void *ctx, float *dst, const float *src, int64_t n)
-{
-    ((const Ops *)ctx)->to_device(dst, src, (size_t)n * sizeof *dst);
-}
-
-/* 1 when the index's chunks hold the layers the config's do (an index without stage_layers split
- * them evenly). */
-static int same_split(const CkptIndex *ix, const Config *cfg)
-{
-    int chunks = ix->pp * ix->virtual_stages;
-    const ConfigIntList *mine = &cfg->parallel.chunk_layers;
-    for (int g = 0; g < chunks && g < mine->n; g++) {
-        int64_t even = cfg->model.n_layers / chunks + (g < cfg->model.n_layers % chunks);
-        if ((ix->stage_layers ? ix->stage_layers[g] : even) != mine->v[g])
-            return 0;
-    }
-    return chunks == mine->n;
-}
-
-/* Weights and moments (weights_only: weights) of every chunk from the shards. On the layout that
- * saved them (tp, pp, virtual_stages) the chunk's parameter vector is the saved one: its weights come
- * from the one section that holds them and its moments from the shards that overlap its optimizer
- * range (its own with the same ZeRO-1 layout), copied as they are. Otherwise each block is resharded. */
-static int restore_shards(Trainer *tr, CkptIndex *ix, int64_t step, int weights_only, const char *path, Error *err)
-{
-    const ConfigParallel *p = &tr->cfg->parallel;
-    const ModelDims *d = &tr->chunks[0].model.dims;
-    int same = ix->tp == p->tp && ix->pp == p->pp && ix->virtual_stages == p->virtual_stages &&
-               same_split(ix, tr->cfg), rc = 0;
-    int64_t most = 1;
-    if (ix->step != step)
-        return error_set(err, path, "index.json is of step %lld, state.bin of step %lld", (long long)ix->step,
-                         (long long)step);
-    for (int i = 0; i < model_full_tensor_count(d); i++) {
-        char name[96];
-        int64_t rows, cols;
-        int vec;
-        model_full_tensor(d, i, name, sizeof name, &rows, &cols, &vec);
-        const CkptTensor *t = ckpt_index_tensor(ix, name);
-        if (!t)
-            return error_set(err, path, "index.json has no tensor %s (the model has it)", name);
-        if (t->rows != rows || t->cols != cols || t->is_vector != vec)
-            return error_set(err, path, "index.json: %s is [%lld, %lld], the model's is [%lld, %lld]", name,
-                             (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
-        most = rows * cols > most ? rows * cols : most;
-    }
-    float *full = same ? NULL : malloc((size_t)most * sizeof *full);
-    float *tmp = same ? NULL : malloc((size_t)most * sizeof *tmp), *block = same ? NULL : malloc((size_t)most * sizeof *tmp);
-    if (!same && (!full || !tmp || !block))
-        rc = error_runtime(err, "checkpoint", "out of memory");
-    for (int k = 0; rc == 0 && k < tr->v; k++) {
-        TrainChunk *ch = &tr->chunks[k];
-        Model *m = &ch->model;
-        Optim *o = &ch->optim;
-        if (same) {
-            const CkptChunk *c = ckpt_index_chunk(ix, tr->lay.tp_rank, k * tr->pp + tr->lay.pp_rank);
-            if (!c || c->n != m->n_params)
-                rc = error_set(err, path, "index.json: chunk %d of TP rank %d is not this layout's",
-                               k * tr->pp + tr->lay.pp_rank, tr->lay.tp_rank);
-            if (rc == 0)
-                rc = ckpt_index_range(ix, c, 0, 0, m->n_params, put_device, (void *)tr->ops, m->params, err);
-            if (rc == 0 && !weights_only)
-                rc = ckpt_index_range(ix, c, 1, o->begin, o->end, put_device, (void *)tr->ops, o->m, err);
-            if (rc == 0 && !weights_only)
-                rc = ckpt_index_range(ix, c, 2, o->begin, o->end, put_device, (void *)tr->ops, o->v, err);
-        } else {
-            rc = reshard_chunk(tr, ix, ch, weights_only, full, tmp, block, err);
-        }
-        if (rc == 0)
-            model_weights_changed(m);
-    }
-    free(full);
-    free(tmp);
-    free(block);
-    /* What the resume line reports: how, and the most files a rank opened. */
-    double opened = ix->files_opened;
-    if (rc == 0)
-        rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, &opened, 1, err);
-    if (rc == 0 && same)
-        snprintf(tr->resume_how, sizeof tr->resume_how, "same layout, each rank read its own shards: at most %d "
-                 "shard file%s a rank", (int)opened, opened == 1 ? "" : "s");
-    /* The layers per chunk that saved it, when they were not split evenly. */
-    char saved_split[160] = "";
-    int chunks = ix->pp * ix->virtual_stages;
-    for (int g = 0; ix->stage_layers && g < chunks; g++)
-        if (ix->stage_layers[g] != tr->cfg->model.n_layers / chunks + (g < tr->cfg->model.n_layers % chunks)) {
-            memcpy(saved_split, ", layers per chunk ", 20);
-            config_int_list_text(ix->stage_layers, chunks, saved_split + 19, sizeof saved_split - 19);
-            break;
-        }
-    if (rc == 0 && !same)
-        snprintf(tr->resume_how, sizeof tr->resume_how, "resharded from tp %d, cp %d, pp %d, dp %d, zero %d%s: at most "
-                 "%d shard file%s a rank", ix->tp, ix->cp, ix->pp, ix->dp, ix->zero, saved_split, (int)opened,
-                 opened == 1 ? "" : "s");
-    return rc;
-}
-
 int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_t *step, Error *err)
 {
     int full = (what & CKPT_LOAD_STREAM) != 0, moments = (what & CKPT_LOAD_MOMENTS) != 0;
@@ -507,14 +537,7 @@ int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_
     if (rc == 0) {
         memcpy(w, meta->data, sizeof w);
         meta_words(tr, 0, mine);
-        if (w[0] == 1)
-            rc = error_set(err, file, "a checkpoint of the old gathered format (model.safetensors, training state "
-                           "format 1); this wlbtrain reads sharded checkpoints (format %d): resume it with an older "
-                           "wlbtrain, or start from its weights with train.init_from=%.200s/model.safetensors",
-                           META_FORMAT, path);
-        else if (w[0] != META_FORMAT)
-            rc = error_set(err, file, "training state format %llu; this wlbtrain reads %d", (unsigned long long)w[0],
-                           META_FORMAT);
+        rc = format_check(w[0], file, path, err);
         for (int i = 0; rc == 0 && i < 7; i++)
             if (w[4 + i] != mine[4 + i])
                 rc = error_set(err, file, "saved for a model with %s %llu, the config has %llu", meta_model_keys[i],
@@ -523,15 +546,20 @@ int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_
     TrainValidRecord record = {0};
     /* The index and config.yaml against each other and state.bin (train_ckpt_check.c). */
     if (rc == 0)
-        rc = trainer_checkpoint_check(path, err);
+        rc = trainer_checkpoint_check(path, 0, err); /* warned before MPI started (precheck) */
     if (rc == 0)
         rc = record_read(statefile_find(&sf, "valid"), &record, tr->cfg->data.valid_fraction, full, file, err);
     CkptIndex ix;
     int have_index = rc == 0 && ckpt_index_open(&ix, path, err) == 0;
     if (rc == 0 && !have_index)
         rc = -1;
-    if (rc == 0)
-        rc = restore_shards(tr, &ix, (int64_t)w[1], !moments, path, err);
+    if (rc == 0) {
+        tr->loaded_run = ix.run;
+        tr->loaded_parent_run = ix.parent_run;
+        tr->loaded_parent_step = ix.parent_step;
+        tr->loaded_step = (int64_t)w[1];
+        rc = trainer_restore_shards(tr, &ix, (int64_t)w[1], !moments, path, err);
+    }
     if (have_index)
         ckpt_index_close(&ix);
     /* Words in the file may be unaligned: copy them out first. */

@@ -9,6 +9,7 @@
 #include "engine/model/model.h"
 #include "engine/train/train.h"
 #include "engine/train/train_stages.h"
+#include "util/ckpt_ident.h"
 #include "util/ckpt_index.h"
 #include "util/fileio.h"
 #include "util/jsonfile.h"
@@ -105,13 +106,70 @@ int trainer_index_json(const Config *cfg, int64_t step, json_t **out, Error *err
     return 0;
 }
 
-int trainer_index_write(const Config *cfg, int64_t step, const char *path, Error *err)
+int trainer_model_keys(const Config *cfg, json_t **out, Error *err)
+{
+    Config defaults;
+    config_init(&defaults);
+    ConfigChange *ch = malloc(CONFIG_MAX_KEYS * sizeof *ch);
+    json_t *keys = json_object();
+    int rc = ch && keys ? 0 : error_runtime(err, "checkpoint", "out of memory");
+    int n = rc == 0 ? config_changes(&defaults, cfg, ch, CONFIG_MAX_KEYS) : 0;
+    for (int i = 0; rc == 0 && i < n && i < CONFIG_MAX_KEYS; i++)
+        if (!strncmp(ch[i].key, "model.", 6) && strcmp(ch[i].key, "model.preset") != 0 &&
+            json_object_set_new(keys, ch[i].key, json_string(ch[i].after)) != 0)
+            rc = error_runtime(err, "checkpoint", "out of memory");
+    free(ch);
+    config_free(&defaults);
+    if (rc != 0) {
+        json_decref(keys);
+        return -1;
+    }
+    *out = keys;
+    return 0;
+}
+
+static json_t *sum_json(const StateSum *s)
+{
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08x", s->crc);
+    return json_pack("{s:I, s:s}", "bytes", (json_int_t)s->bytes, "crc32", hex);
+}
+
+/* Version 3's binding added to root: run, model, contents. */
+static int add_binding(json_t *root, const Config *cfg, const CkptBinding *b, Error *err)
+{
+    char id[CKPT_RUN_HEX], parent[CKPT_RUN_HEX];
+    json_t *model, *files = json_object_get(root, "files");
+    if (trainer_model_keys(cfg, &model, err) != 0)
+        return -1;
+    ckpt_run_text(b->run, id);
+    ckpt_run_text(b->parent_run, parent);
+    json_t *run = json_pack("{s:s}", "id", id), *contents = json_object();
+    if (b->parent_run)
+        json_object_set_new(run, "parent", json_pack("{s:s, s:I}", "id", parent, "step", (json_int_t)b->parent_step));
+    for (size_t i = 0; i < json_array_size(files) && (int)i < b->n_sums; i++)
+        json_object_set_new(contents, json_string_value(json_array_get(files, i)), sum_json(&b->sums[i]));
+    json_object_set_new(contents, "state.bin", sum_json(&b->state_sum));
+    json_object_set_new(contents, "config.yaml", sum_json(&b->config_sum));
+    if (json_array_size(files) != (size_t)b->n_sums || !run ||
+        json_object_size(contents) != (size_t)b->n_sums + 2 || json_object_set_new(root, "run", run) != 0 ||
+        json_object_set_new(root, "model", model) != 0 || json_object_set_new(root, "contents", contents) != 0)
+        return error_runtime(err, "checkpoint index", "out of memory, or %zu files for %d sums",
+                             json_array_size(files), b->n_sums);
+    return 0;
+}
+
+int trainer_index_write(const Config *cfg, int64_t step, const CkptBinding *bound, const char *path, Error *err)
 {
     json_t *root;
     uint32_t crc;
     char hex[16];
     if (trainer_index_json(cfg, step, &root, err) != 0)
         return -1;
+    if (add_binding(root, cfg, bound, err) != 0) {
+        json_decref(root);
+        return -1;
+    }
     int rc = ckpt_index_crc(root, &crc) == 0 ? 0 : error_runtime(err, path, "out of memory");
     /* The checksum last, over everything above it (util/ckpt_index.h says how it is computed). */
     snprintf(hex, sizeof hex, "%08x", crc);

@@ -367,6 +367,14 @@ int trainer_eval_run(const Config *cfg, const char *checkpoint, const char *out,
         return error_set(err, "eval", "no validation set: set data.valid_path (held-out prefixes) or "
                          "data.valid_fraction (a share of data.path's documents), with --set or in the config");
     RuntimeLaunch launch = runtime_launch_from_env();
+    /* The checkpoint's files checked against each other before MPI starts (as a resume's): a
+     * swapped, stale or foreign file or an edited config.yaml is one line. */
+    char *dir = NULL;
+    int bad = checkpoint && (ckpt_step_folder(checkpoint, &dir, err) != 0 ||
+                             trainer_checkpoint_check(dir, launch.rank == 0, err) != 0);
+    free(dir);
+    if (bad)
+        return -1;
     Comm comm;
     const ConfigParallel *p = &cfg->parallel;
     if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
