@@ -35,6 +35,7 @@
  */
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_runlock.h"
 #include "engine/train/train_stages.h"
 
 #include <errno.h>
@@ -498,6 +499,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         if (rc == 0 && lead && metrics)
             rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted,
                                cfg->data.global_batch_tokens, err);
+        if (rc == 0 && lead && metrics && step == done + 1) /* the file's first line: this run's mark */
+            rc = trainer_metrics_record(cfg, metrics, err);
         int saved = 0;
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, &saved, err);
@@ -628,6 +631,14 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         restore_stop_handlers(old);
         return -1;
     }
+    /* One job per run folder (train_runlock.h): rank 0 takes checkpoint.dir's lock and checks
+     * log.metrics and the free space; every rank learns the outcome before anything is written. */
+    RunLock lock;
+    if (trainer_claim_outputs(cfg, &comm, &lock, err) != 0) {
+        comm_finish(&comm);
+        restore_stop_handlers(old);
+        return -1;
+    }
     /* The collective watchdog (comm_watchdog.h; a job of more than one rank): its flight recorder
      * goes to checkpoint.dir (made now, so that it is there when a hang is found). */
     char mark[4200];
@@ -635,6 +646,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     int wd = comm_world_size(&comm) > 1 && p->timeout_s > 0;
     if (wd && ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
                comm_watchdog_start(&comm, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal, err) != 0)) {
+        trainer_unclaim_outputs(&lock, 1);
         comm_finish(&comm);
         restore_stop_handlers(old);
         return -1;
@@ -668,6 +680,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         *exit_status = TRAIN_EXIT_PREEMPTED;
     trainer_free(&tr);
     comm_watchdog_stop();
+    trainer_unclaim_outputs(&lock, 1); /* a run that returns releases it (exit 0, 75, or an error alone) */
     comm_finish(&comm);
     restore_stop_handlers(old);
     return rc;

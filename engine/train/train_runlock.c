@@ -1,0 +1,217 @@
+/*
+ * engine/train/train_runlock.c - the run's claim on the files it writes (see train_runlock.h).
+ */
+#include "engine/train/train_runlock.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+#include "engine/model/model.h"
+#include "util/fileio.h"
+
+/* n bytes for a person: "123 bytes" up to 10 KiB, then KiB, MiB, GiB. */
+static void human_bytes(double n, char *out, size_t cap)
+{
+    const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (n >= 10240 && u < 4) {
+        n /= 1024;
+        u++;
+    }
+    snprintf(out, cap, u ? "%.1f %s" : "%.0f %s", n, unit[u]);
+}
+
+int trainer_check_space(const Config *cfg, Error *err)
+{
+    const char *dir = cfg->checkpoint.dir;
+    if (!dir)
+        return 0;
+    int64_t params = model_param_count(&cfg->model, NULL);
+    if (params < 0)
+        return error_runtime(err, "checkpoint.dir", "out of memory");
+    struct statvfs sv;
+    if (statvfs(dir, &sv) != 0)
+        return error_errno(err, dir, "cannot read the free space of checkpoint.dir");
+    double need = (double)params * TRAIN_CKPT_BYTES_PER_PARAM, avail = (double)sv.f_bavail * (double)sv.f_frsize;
+    if (avail >= need)
+        return 0;
+    char a[32], b[32];
+    human_bytes(avail, a, sizeof a);
+    human_bytes(need, b, sizeof b);
+    return error_set(err, "checkpoint.dir", "%s has %s free (%.0f bytes), less than one checkpoint of this model needs: "
+                     "%s (%lld parameters x %d bytes: float32 weights and AdamW's two moments). Free space there, or "
+                     "give another checkpoint.dir", dir, a, avail, b, (long long)params, TRAIN_CKPT_BYTES_PER_PARAM);
+}
+
+/* The "step" of a metrics line, or -1. */
+static long long line_step(const char *line)
+{
+    json_t *o = json_loads(line, 0, NULL);
+    json_t *s = o ? json_object_get(o, "step") : NULL;
+    long long v = json_is_integer(s) ? (long long)json_integer_value(s) : -1;
+    json_decref(o);
+    return v;
+}
+
+static char *owner_path(const Config *cfg)
+{
+    size_t n = strlen(cfg->checkpoint.dir) + sizeof TRAIN_METRICS_OWNER + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", cfg->checkpoint.dir, TRAIN_METRICS_OWNER);
+    return p;
+}
+
+/* The first line of path (its newline cut) into *line (malloc'd; NULL for an empty or missing file),
+ * with the file's line count and the steps of its first and last lines. */
+static int first_line(const char *path, char **line, long long *lines, long long *first, long long *last, Error *err)
+{
+    *line = NULL;
+    *lines = 0;
+    *first = *last = -1;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return errno == ENOENT ? 0 : error_errno(err, path, "cannot read");
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&buf, &cap, f)) > 0) {
+        if (buf[n - 1] == '\n')
+            buf[--n] = '\0';
+        if (++*lines == 1) {
+            *line = strdup(buf);
+            *first = line_step(buf);
+        }
+        *last = line_step(buf);
+    }
+    free(buf);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || (*lines && !*line)) {
+        free(*line);
+        *line = NULL;
+        return bad ? error_errno(err, path, "cannot read") : error_runtime(err, path, "out of memory");
+    }
+    return 0;
+}
+
+/* log.metrics is new, empty, or this run's (see the header). */
+static int check_metrics(const Config *cfg, Error *err)
+{
+    const char *path = cfg->log.metrics;
+    if (!path)
+        return 0;
+    char *line = NULL, *mine = NULL, *owner = NULL;
+    long long lines, first, last;
+    if (first_line(path, &line, &lines, &first, &last, err) != 0)
+        return -1;
+    if (!line)
+        return 0;
+    char why[600];
+    int rc = 0;
+    if (!cfg->checkpoint.dir) {
+        snprintf(why, sizeof why, "a run without checkpoint.dir keeps no record of its log.metrics");
+    } else if (!(owner = owner_path(cfg))) {
+        rc = error_runtime(err, path, "out of memory");
+    } else {
+        long long n, a, b;
+        Error e = {0};
+        if (first_line(owner, &mine, &n, &a, &b, &e) != 0)
+            rc = (*err = e, -1);
+        else if (mine && strcmp(mine, line) == 0)
+            goto done; /* this run's own */
+        else
+            snprintf(why, sizeof why, mine ? "its first line is not the one this run recorded in %s"
+                                            : "%s, the record of this run's log.metrics, is not there", owner);
+    }
+    if (rc == 0)
+        rc = error_set(err, "log.metrics", "%s holds %lld line%s (steps %lld to %lld) that are not this run's (%s): this "
+                       "run would cut or replace them. Give a new log.metrics, or remove %s to start it afresh", path,
+                       lines, lines == 1 ? "" : "s", first, last, why, path);
+done:
+    free(line);
+    free(mine);
+    free(owner);
+    return rc;
+}
+
+int trainer_metrics_record(const Config *cfg, FILE *f, Error *err)
+{
+    if (!cfg->checkpoint.dir || !cfg->log.metrics)
+        return 0;
+    if (fflush(f) != 0)
+        return error_errno(err, cfg->log.metrics, "cannot write");
+    char *line = NULL, *owner = owner_path(cfg);
+    long long n, a, b;
+    int rc = owner ? first_line(cfg->log.metrics, &line, &n, &a, &b, err)
+                   : error_runtime(err, cfg->checkpoint.dir, "out of memory");
+    AtomicFile af;
+    if (rc == 0 && line && (rc = atomic_open(&af, owner, err)) == 0) {
+        fprintf(af.f, "%s\n", line);
+        rc = atomic_commit(&af, err);
+    }
+    free(line);
+    free(owner);
+    return rc;
+}
+
+int trainer_claim_outputs(const Config *cfg, const Comm *comm, RunLock *lock, Error *err)
+{
+    memset(lock, 0, sizeof *lock);
+    struct {
+        int32_t status;
+        char msg[sizeof err->msg];
+    } out;
+    memset(&out, 0, sizeof out);
+    if (comm_world_rank(comm) == 0) {
+        Error e = {0};
+        int rc = 0;
+        const char *dir = cfg->checkpoint.dir;
+        if (dir) {
+            size_t n = strlen(dir) + 3;
+            char *mark = malloc(n);
+            if (!mark)
+                rc = error_runtime(&e, "checkpoint.dir", "out of memory");
+            else {
+                snprintf(mark, n, "%s/x", dir);
+                rc = file_make_parents(mark, &e);
+                free(mark);
+            }
+            if (rc == 0)
+                rc = runlock_take(lock, dir, "checkpoint.dir", RUNLOCK_STALE_S, &e);
+            if (rc == 0)
+                rc = trainer_check_space(cfg, &e);
+        }
+        if (rc == 0)
+            rc = check_metrics(cfg, &e);
+        if (rc == 0 && lock->path)
+            rc = runlock_heartbeat_start(lock, RUNLOCK_HEARTBEAT_S, &e);
+        if (rc != 0) {
+            runlock_release(lock);
+            out.status = e.status ? e.status : ERROR_RUNTIME;
+            snprintf(out.msg, sizeof out.msg, "%s", e.msg);
+        }
+    }
+    if (comm_world_size(comm) > 1 && comm_broadcast(comm, GROUP_WORLD, 0, &out, (int64_t)sizeof out, err) != 0) {
+        runlock_release(lock);
+        return -1;
+    }
+    if (out.status) {
+        err->status = out.status;
+        snprintf(err->msg, sizeof err->msg, "%s", out.msg);
+        return -1;
+    }
+    return 0;
+}
+
+void trainer_unclaim_outputs(RunLock *lock, int released)
+{
+    if (released)
+        runlock_release(lock);
+    else
+        runlock_leave(lock);
+}

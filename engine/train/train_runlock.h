@@ -1,0 +1,47 @@
+/*
+ * engine/train/train_runlock.h - the run's claim on the files it writes (train_runlock.c).
+ *
+ * One job per run folder: before training starts (after MPI started, before any collective of
+ * training and before anything is written), rank 0 takes checkpoint.dir's run lock
+ * (util/runlock.h), checks that log.metrics is this run's or new, and that checkpoint.dir has room
+ * for one more checkpoint; one broadcast tells every rank the outcome, so that all stop together
+ * (exit 2, the same line) when the folder is another job's.
+ *
+ * log.metrics and its run: when a run writes the first line of a fresh log.metrics, rank 0 records
+ * that line in checkpoint.dir/metrics.owner. A later start of the same run (a resume, or a requeued
+ * job that restarts from step 1 because no checkpoint was written yet) finds its own first line
+ * there and may cut and append to the file; any other non-empty log.metrics (another run's, or one
+ * no record names, such as a run's without checkpoint.dir) is refused with exit 2 and left as it
+ * is: give a new path, or remove the file to start it afresh.
+ *
+ * The lock is released at the end of a run that returns (exit 0, or 75 after a stop signal: the
+ * requeued job, or a user's new job, takes it at once); a job ended by the watchdog (76) or killed
+ * leaves it, and the requeued job (same SLURM_JOB_ID, a higher SLURM_RESTART_COUNT), a new run on
+ * the same host once the process is gone, or anyone once its heartbeat is 120 s old takes it over.
+ */
+#ifndef WLB_ENGINE_TRAIN_RUNLOCK_H
+#define WLB_ENGINE_TRAIN_RUNLOCK_H
+
+#include <stdio.h>
+
+#include "config/config.h"
+#include "engine/comm/comm.h"
+#include "util/error.h"
+#include "util/runlock.h"
+
+#define TRAIN_METRICS_OWNER "metrics.owner"
+/* Bytes per parameter of one checkpoint: float32 weights and AdamW's two float32 moments. */
+#define TRAIN_CKPT_BYTES_PER_PARAM 12
+
+/* The claim above, on every rank of comm (rank 0 takes, all learn): 0, or -1 with the same err on
+ * every rank. lock: rank 0's (zeroed elsewhere). */
+int trainer_claim_outputs(const Config *cfg, const Comm *comm, RunLock *lock, Error *err);
+/* At the end: released when the run returned (released 1), else left for a take-over. */
+void trainer_unclaim_outputs(RunLock *lock, int released);
+/* checkpoint.dir's free space against one checkpoint of cfg's model: 0, or -1 (exit 2) naming both. */
+int trainer_check_space(const Config *cfg, Error *err);
+/* Rank 0, once the first line of a fresh log.metrics is written (f flushed here): records it in
+ * checkpoint.dir/metrics.owner (nothing without checkpoint.dir). */
+int trainer_metrics_record(const Config *cfg, FILE *f, Error *err);
+
+#endif
