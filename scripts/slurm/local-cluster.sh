@@ -13,7 +13,9 @@
 # batch job becomes eligible cred_expire + 1 s after its requeue; 120 s by default), KillWait=5
 # (SIGTERM to SIGKILL at a time limit or scancel; 30 s by default), MessageTimeout/SchedulerParameters
 # left at their defaults otherwise. WLB_SLURM_PORT (default 6917) is slurmctld's port, slurmd's the
-# next one; munged gets its own socket in DIR, so a system munged is not touched.
+# next one; munged gets its own socket in DIR, so a system munged is not touched. WLB_SLURM_CPUS
+# (default: nproc) is the CPUs the node offers (config_overrides: more than the machine has lets
+# several small test jobs run at once).
 set -euo pipefail
 cmd=${1:?usage: local-cluster.sh start|stop|env DIR}
 dir=${2:?usage: local-cluster.sh start|stop|env DIR}
@@ -52,7 +54,7 @@ start)
     mkdir -p "$dir/state" "$dir/spool" "$dir/munge" "$dir/log"
     chmod 700 "$dir/munge"
     [ -s "$dir/munge/munge.key" ] || { dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none; chmod 600 "$dir/munge/munge.key"; }
-    cpus=$(nproc)
+    cpus=${WLB_SLURM_CPUS:-$(nproc)}
     cat > "$conf" <<CONF
 # written by scripts/slurm/local-cluster.sh: a one-node cluster for tests
 ClusterName=wlbtest
@@ -85,6 +87,7 @@ MessageTimeout=10
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
+SlurmdParameters=config_overrides
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=local Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
