@@ -139,6 +139,36 @@ static void describe(char *out, size_t cap, const RunLockRecord *h, int readable
     snprintf(out, cap, "host %s, pid %ld%s, started %s, heartbeat %.0f s ago", h->host, h->pid, job, h->started, age);
 }
 
+int runlock_check(const char *dir, const char *where, double stale_s, Error *err)
+{
+    RunLockRecord self, h;
+    fill_self(&self);
+    size_t cap = strlen(dir) + sizeof RUNLOCK_NAME + 2;
+    char *path = malloc(cap);
+    if (!path)
+        return error_runtime(err, where, "out of memory");
+    snprintf(path, cap, "%s/%s", dir, RUNLOCK_NAME);
+    struct stat sl;
+    Error e = {0};
+    int rc = 0;
+    if (stat(path, &sl) == 0) {
+        int readable = runlock_read(path, &h, &e) == 0;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        double age = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec - mtime_of(&sl);
+        age = age > 0 ? age : 0;
+        char why[256], who[600];
+        takeover_reason(&self, &h, readable, age, stale_s, why, sizeof why);
+        describe(who, sizeof who, &h, readable, age);
+        if (!why[0] && (readable || e.status == ERROR_INPUT))
+            rc = error_set(err, where, "%s is in use by another job: %s (%s; a lock whose heartbeat is older than %.0f "
+                           "s is stale and is taken over). Wait for that job to end, or give another folder", dir, who,
+                           path, stale_s);
+    }
+    free(path);
+    return rc;
+}
+
 static int write_own(const char *own, const RunLockRecord *r, Error *err)
 {
     char line[1024];

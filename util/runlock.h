@@ -66,6 +66,10 @@ typedef struct RunLock {
  * Slurm job, age of its heartbeat), as "WHERE: DIR is in use by ...", or 1 for a file-system error.
  * stale_s: the bound above (tests pass less). Nothing else in DIR is touched. */
 int runlock_take(RunLock *lk, const char *dir, const char *where, double stale_s, Error *err);
+/* Before a job starts (every rank, nothing written): -1 with the error runlock_take would give when
+ * DIR/run.lock is there and would not be taken over now, else 0. The heartbeat's age is measured
+ * against this host's clock here (runlock_take measures it against the file server's). */
+int runlock_check(const char *dir, const char *where, double stale_s, Error *err);
 /* Starts the heartbeat thread: the lock's time touched every beat_s seconds. */
 int runlock_heartbeat_start(RunLock *lk, double beat_s, Error *err);
 /* Stops the heartbeat and removes run.lock when it is still this holder's; frees lk. Safe on a lock

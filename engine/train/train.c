@@ -615,7 +615,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     /* The layers placed (the same on every rank), then a layout that does not fit the device's
      * memory stops here, before anything starts. */
     double mem_predicted = 0;
-    if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 ||
+    if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 || trainer_check_lock(cfg, err) != 0 ||
         trainer_check_outputs(cfg, launch.rank == 0, err) != 0 ||
         trainer_stage_layers(cfg, NULL, NULL, err) != 0 || trainer_memory_admit(cfg, &mem_predicted, err) != 0)
         return -1;

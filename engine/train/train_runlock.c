@@ -208,6 +208,11 @@ int trainer_claim_outputs(const Config *cfg, const Comm *comm, RunLock *lock, Er
     return 0;
 }
 
+int trainer_check_lock(const Config *cfg, Error *err)
+{
+    return cfg->checkpoint.dir ? runlock_check(cfg->checkpoint.dir, "checkpoint.dir", RUNLOCK_STALE_S, err) : 0;
+}
+
 void trainer_unclaim_outputs(RunLock *lock, int released)
 {
     if (released)

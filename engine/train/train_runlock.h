@@ -36,6 +36,9 @@
 /* The claim above, on every rank of comm (rank 0 takes, all learn): 0, or -1 with the same err on
  * every rank. lock: rank 0's (zeroed elsewhere). */
 int trainer_claim_outputs(const Config *cfg, const Comm *comm, RunLock *lock, Error *err);
+/* Before MPI starts, on every rank (nothing written): checkpoint.dir's lock, when another job holds
+ * it, is the error (so that it comes before the checks of the folder's contents). */
+int trainer_check_lock(const Config *cfg, Error *err);
 /* At the end: released when the run returned (released 1), else left for a take-over. */
 void trainer_unclaim_outputs(RunLock *lock, int released);
 /* checkpoint.dir's free space against one checkpoint of cfg's model: 0, or -1 (exit 2) naming both. */
