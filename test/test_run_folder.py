@@ -7,8 +7,9 @@ Two training jobs (mpirun, 2 ranks each, a tiny model) on one checkpoint.dir:
     folders, and its log.metrics identical (loss, lr, grad_norm of every step) to a run alone;
   - staggered (the second once the first has logged a step): the same, the second refused.
 WLB_RUN_FOLDER_TRIALS (default 2) sets the trials of each (scripts/run-folder-trials.sh runs 20).
-log.metrics: a run given another run's file (fresh, and resuming its own folder) exits 2 and leaves
-the file as it was; a run resumed in its own folder appends to its own file. Free space: a
+log.metrics: a run given another run's file (marked LOG.owner by a run with another checkpoint.dir:
+fresh, resuming its own folder, without checkpoint.dir) exits 2 and leaves the file as it was; a
+run resumed in its own folder appends to its own file; an unmarked file (a copy) is taken. Free space: a
 checkpoint.dir on a 256 KiB tmpfs, less than one checkpoint of the model (root only: mount).
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
@@ -105,8 +106,8 @@ def check_pair(fx, tag, a, b):
     check(not os.path.exists(os.path.join(fx["work"], refused[0][2])), "%s: the refused job wrote its log.metrics" % tag)
     got = losses(os.path.join(fx["work"], ok[0][2]))
     check(got == fx["ref"], "%s: the winner's metrics differ from a run alone" % tag)
-    files = sorted(f for f in os.listdir(os.path.join(fx["work"], "ck-" + tag)) if f != "metrics.owner")
-    check(files == [f for f in fx["ref_files"] if f != "metrics.owner"],
+    files = sorted(os.listdir(os.path.join(fx["work"], "ck-" + tag)))
+    check(files == fx["ref_files"],
           "%s: the folder holds %s, a run alone %s" % (tag, files, fx["ref_files"]))
 
 
@@ -142,28 +143,38 @@ def test_metrics_of_another_run(fx):
     work = fx["work"]
     other = os.path.join(work, "ref.jsonl")
     before = open(other).read()
+    ref_dir = os.path.realpath(os.path.join(work, "ck-ref"))
+    check(open(other + ".owner").read() == "checkpoint.dir %s\n" % ref_dir, "ref.jsonl.owner does not name ck-ref")
+    refusal = ("wlbtrain: error: log.metrics: ref.jsonl holds 8 lines (steps 1 to 8) of another run: ref.jsonl.owner "
+               "says it is the log of the run in %s%s; this run would cut or replace them. Give a new log.metrics, or "
+               "remove ref.jsonl to start it afresh (or remove ref.jsonl.owner to make it this run's)")
     # A fresh run given another run's file.
     rc, out = finish(start(fx, "ck-m1", "ref.jsonl", more=["--set", "train.steps=2"]))
     check(rc == 2, "fresh run: exit %s, expected 2\n%s" % (rc, out[-1500:]))
-    check("wlbtrain: error: log.metrics: ref.jsonl holds 8 lines (steps 1 to 8) that are not this run's "
-          "(ck-m1/metrics.owner, the record of this run's log.metrics, is not there)" in out, out[-1500:])
+    check(refusal % (ref_dir, "") in out, out[-1500:])
     # A run resuming its own folder (stopped after step 4) given another run's file.
     rc, out = finish(start(fx, "ck-m2", "m2.jsonl", more=["--set", "train.stop_after=4"]))
     check(rc == 0, out[-1500:])
     rc, out = finish(start(fx, "ck-m2", "ref.jsonl", more=["--set", "checkpoint.resume=auto"]))
     check(rc == 2, "resumed run: exit %s, expected 2\n%s" % (rc, out[-1500:]))
-    check("its first line is not the one this run recorded in ck-m2/metrics.owner" in out, out[-1500:])
+    check(refusal % (ref_dir, "") in out, out[-1500:])
+    # A run without checkpoint.dir given it.
+    r = subprocess.run(["mpirun", "-np", "2", WLBTRAIN, "--config", "tiny.yaml", "--set", "log.metrics=ref.jsonl",
+                        "--set", "train.steps=2", "--set", "checkpoint.every=0"], cwd=work, env=env(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    check(r.returncode == 2 and refusal % (ref_dir, " (this run has no checkpoint.dir)") in r.stdout, r.stdout[-1500:])
     check(open(other).read() == before, "the other run's log.metrics changed")
     # Its own file: resumed and appended to, the whole run's lines.
     rc, out = finish(start(fx, "ck-m2", "m2.jsonl", more=["--set", "checkpoint.resume=auto"]))
     check(rc == 0, out[-1500:])
     check(losses(os.path.join(work, "m2.jsonl")) == fx["ref"], "the resumed run's own log.metrics differs")
-    # Without checkpoint.dir no run owns a file: an existing one is refused.
-    r = subprocess.run(["mpirun", "-np", "2", WLBTRAIN, "--config", "tiny.yaml", "--set", "log.metrics=m2.jsonl",
-                        "--set", "train.steps=2", "--set", "checkpoint.every=0"], cwd=work, env=env(), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
-    check(r.returncode == 2 and "a run without checkpoint.dir keeps no record of its log.metrics" in r.stdout,
-          r.stdout[-1500:])
+    # An unmarked file (a copy, or a run's without checkpoint.dir): taken as before, and marked.
+    shutil.copy(other, os.path.join(work, "copy.jsonl"))
+    rc, out = finish(start(fx, "ck-m3", "copy.jsonl", more=["--set", "train.steps=2"]))
+    check(rc == 0, out[-1500:])
+    check([x[0] for x in losses(os.path.join(work, "copy.jsonl"))] == [1, 2], "the copy was not replaced by the run's "
+          "2 lines")
+    check(open(os.path.join(work, "copy.jsonl.owner")).read().endswith("/ck-m3\n"), "copy.jsonl.owner not written")
 
 
 def test_free_space(fx):

@@ -463,8 +463,12 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
     FILE *metrics = NULL;
     BatchRecord batch = {0};
     int lead = tr->lay.rank == 0;
-    if (lead && cfg->log.metrics && open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0)
+    if (lead && cfg->log.metrics &&
+        (open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0 || trainer_metrics_record(cfg, err) != 0)) {
+        if (metrics)
+            fclose(metrics);
         return -1;
+    }
     int rc = 0;
     double t_start = clock_seconds();
     for (int64_t step = done + 1; rc == 0 && stop->reason == STOP_NONE && step <= cfg->train.steps; step++) {
@@ -499,8 +503,6 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         if (rc == 0 && lead && metrics)
             rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted,
                                cfg->data.global_batch_tokens, err);
-        if (rc == 0 && lead && metrics && step == done + 1) /* the file's first line: this run's mark */
-            rc = trainer_metrics_record(cfg, metrics, err);
         int saved = 0;
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, &saved, err);

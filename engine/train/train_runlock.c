@@ -57,105 +57,115 @@ static long long line_step(const char *line)
     return v;
 }
 
-static char *owner_path(const Config *cfg)
+static char *owner_path(const char *metrics)
 {
-    size_t n = strlen(cfg->checkpoint.dir) + sizeof TRAIN_METRICS_OWNER + 2;
+    size_t n = strlen(metrics) + sizeof TRAIN_METRICS_OWNER + 1;
     char *p = malloc(n);
     if (p)
-        snprintf(p, n, "%s/%s", cfg->checkpoint.dir, TRAIN_METRICS_OWNER);
+        snprintf(p, n, "%s%s", metrics, TRAIN_METRICS_OWNER);
     return p;
 }
 
-/* The first line of path (its newline cut) into *line (malloc'd; NULL for an empty or missing file),
- * with the file's line count and the steps of its first and last lines. */
-static int first_line(const char *path, char **line, long long *lines, long long *first, long long *last, Error *err)
+/* The line count of path and the steps of its first and last lines (0 lines: missing or empty). With
+ * line, the first line itself into *line (malloc'd, its newline cut; NULL when none) and no steps. */
+static int read_lines(const char *path, long long *lines, long long *first, long long *last, char **line, Error *err)
 {
-    *line = NULL;
     *lines = 0;
     *first = *last = -1;
+    if (line)
+        *line = NULL;
     FILE *f = fopen(path, "r");
     if (!f)
         return errno == ENOENT ? 0 : error_errno(err, path, "cannot read");
     char *buf = NULL;
     size_t cap = 0;
     ssize_t n;
+    int oom = 0;
     while ((n = getline(&buf, &cap, f)) > 0) {
         if (buf[n - 1] == '\n')
             buf[--n] = '\0';
         if (++*lines == 1) {
-            *line = strdup(buf);
             *first = line_step(buf);
+            if (line && !(*line = strdup(buf)))
+                oom = 1;
         }
-        *last = line_step(buf);
+        if (!line)
+            *last = line_step(buf);
     }
     free(buf);
     int bad = ferror(f);
     fclose(f);
-    if (bad || (*lines && !*line)) {
-        free(*line);
-        *line = NULL;
+    if (bad || oom) {
+        if (line) {
+            free(*line);
+            *line = NULL;
+        }
         return bad ? error_errno(err, path, "cannot read") : error_runtime(err, path, "out of memory");
     }
     return 0;
 }
 
-/* log.metrics is new, empty, or this run's (see the header). */
+/* The absolute path of checkpoint.dir (made by now), malloc'd; NULL when none. */
+static int run_identity(const Config *cfg, char **id, Error *err)
+{
+    *id = NULL;
+    if (!cfg->checkpoint.dir)
+        return 0;
+    if (!(*id = realpath(cfg->checkpoint.dir, NULL)))
+        return error_errno(err, cfg->checkpoint.dir, "cannot resolve checkpoint.dir");
+    return 0;
+}
+
+/* log.metrics is new, empty, this run's or nobody's (see the header). */
 static int check_metrics(const Config *cfg, Error *err)
 {
     const char *path = cfg->log.metrics;
     if (!path)
         return 0;
-    char *line = NULL, *mine = NULL, *owner = NULL;
-    long long lines, first, last;
-    if (first_line(path, &line, &lines, &first, &last, err) != 0)
+    long long lines, first, last, n, a, b;
+    if (read_lines(path, &lines, &first, &last, NULL, err) != 0)
         return -1;
-    if (!line)
+    if (lines == 0)
         return 0;
-    char why[600];
-    int rc = 0;
-    if (!cfg->checkpoint.dir) {
-        snprintf(why, sizeof why, "a run without checkpoint.dir keeps no record of its log.metrics");
-    } else if (!(owner = owner_path(cfg))) {
-        rc = error_runtime(err, path, "out of memory");
-    } else {
-        long long n, a, b;
-        Error e = {0};
-        if (first_line(owner, &mine, &n, &a, &b, &e) != 0)
-            rc = (*err = e, -1);
-        else if (mine && strcmp(mine, line) == 0)
-            goto done; /* this run's own */
-        else
-            snprintf(why, sizeof why, mine ? "its first line is not the one this run recorded in %s"
-                                            : "%s, the record of this run's log.metrics, is not there", owner);
-    }
+    char *owner = owner_path(path), *holder = NULL, *me = NULL;
+    if (!owner)
+        return error_runtime(err, path, "out of memory");
+    int rc = read_lines(owner, &n, &a, &b, &holder, err);
     if (rc == 0)
-        rc = error_set(err, "log.metrics", "%s holds %lld line%s (steps %lld to %lld) that are not this run's (%s): this "
-                       "run would cut or replace them. Give a new log.metrics, or remove %s to start it afresh", path,
-                       lines, lines == 1 ? "" : "s", first, last, why, path);
-done:
-    free(line);
-    free(mine);
+        rc = run_identity(cfg, &me, err);
+    const char *prefix = "checkpoint.dir ";
+    const char *named = holder && strncmp(holder, prefix, strlen(prefix)) == 0 ? holder + strlen(prefix) : holder;
+    if (rc == 0 && holder && !(me && strcmp(named, me) == 0))
+        rc = error_set(err, "log.metrics", "%s holds %lld line%s (steps %lld to %lld) of another run: %s says it is the "
+                       "log of the run in %s%s; this run would cut or replace them. Give a new log.metrics, or "
+                       "remove %s to start it afresh (or remove %s to make it this run's)", path, lines,
+                       lines == 1 ? "" : "s", first, last, owner, named,
+                       me ? "" : " (this run has no checkpoint.dir)", path, owner);
     free(owner);
+    free(holder);
+    free(me);
     return rc;
 }
 
-int trainer_metrics_record(const Config *cfg, FILE *f, Error *err)
+int trainer_metrics_record(const Config *cfg, Error *err)
 {
-    if (!cfg->checkpoint.dir || !cfg->log.metrics)
+    char *me = NULL, *owner = NULL;
+    if (!cfg->log.metrics)
         return 0;
-    if (fflush(f) != 0)
-        return error_errno(err, cfg->log.metrics, "cannot write");
-    char *line = NULL, *owner = owner_path(cfg);
-    long long n, a, b;
-    int rc = owner ? first_line(cfg->log.metrics, &line, &n, &a, &b, err)
-                   : error_runtime(err, cfg->checkpoint.dir, "out of memory");
+    if (run_identity(cfg, &me, err) != 0)
+        return -1;
+    if (!me)
+        return 0;
+    int rc = 0;
     AtomicFile af;
-    if (rc == 0 && line && (rc = atomic_open(&af, owner, err)) == 0) {
-        fprintf(af.f, "%s\n", line);
+    if (!(owner = owner_path(cfg->log.metrics)))
+        rc = error_runtime(err, cfg->log.metrics, "out of memory");
+    else if ((rc = atomic_open(&af, owner, err)) == 0) {
+        fprintf(af.f, "checkpoint.dir %s\n", me);
         rc = atomic_commit(&af, err);
     }
-    free(line);
     free(owner);
+    free(me);
     return rc;
 }
 

@@ -7,12 +7,14 @@
  * for one more checkpoint; one broadcast tells every rank the outcome, so that all stop together
  * (exit 2, the same line) when the folder is another job's.
  *
- * log.metrics and its run: when a run writes the first line of a fresh log.metrics, rank 0 records
- * that line in checkpoint.dir/metrics.owner. A later start of the same run (a resume, or a requeued
- * job that restarts from step 1 because no checkpoint was written yet) finds its own first line
- * there and may cut and append to the file; any other non-empty log.metrics (another run's, or one
- * no record names, such as a run's without checkpoint.dir) is refused with exit 2 and left as it
- * is: give a new path, or remove the file to start it afresh.
+ * log.metrics and its run: a run with checkpoint.dir marks its log.metrics as its own in a file
+ * beside it, LOG.owner ("checkpoint.dir /absolute/path"), written when the run opens log.metrics. A
+ * later start finds log.metrics new or empty, or marked with its own checkpoint.dir (a resume, or a
+ * requeued job that restarts from step 1 because it had no checkpoint yet), or unmarked (a copy, or
+ * a file of a run without checkpoint.dir or of an older wlbtrain): it goes on as before - cut after
+ * the resumed step and appended to, or replaced by a run from step 1. A log.metrics marked with
+ * another checkpoint.dir (another run's) is refused with exit 2 and left as it is: give a new path,
+ * or remove LOG.owner to make it this run's.
  *
  * The lock is released at the end of a run that returns (exit 0, or 75 after a stop signal: the
  * requeued job, or a user's new job, takes it at once); a job ended by the watchdog (76) or killed
@@ -29,7 +31,7 @@
 #include "util/error.h"
 #include "util/runlock.h"
 
-#define TRAIN_METRICS_OWNER "metrics.owner"
+#define TRAIN_METRICS_OWNER ".owner"
 /* Bytes per parameter of one checkpoint: float32 weights and AdamW's two float32 moments. */
 #define TRAIN_CKPT_BYTES_PER_PARAM 12
 
@@ -43,8 +45,8 @@ int trainer_check_lock(const Config *cfg, Error *err);
 void trainer_unclaim_outputs(RunLock *lock, int released);
 /* checkpoint.dir's free space against one checkpoint of cfg's model: 0, or -1 (exit 2) naming both. */
 int trainer_check_space(const Config *cfg, Error *err);
-/* Rank 0, once the first line of a fresh log.metrics is written (f flushed here): records it in
- * checkpoint.dir/metrics.owner (nothing without checkpoint.dir). */
-int trainer_metrics_record(const Config *cfg, FILE *f, Error *err);
+/* Rank 0, when it opens log.metrics: marks it as this run's (LOG.owner; nothing without
+ * checkpoint.dir). */
+int trainer_metrics_record(const Config *cfg, Error *err);
 
 #endif

@@ -60,7 +60,10 @@ wlb_requeue() {
         echo "wlbtrain job $SLURM_JOB_ID: $why, but not requeued: $prev_count $noun in a row without a new checkpoint (latest: $latest; WLB_MAX_REQUEUES $max, $state); look at the job's output and checkpoint.dir's flight records (wlbtrain inspect $dir)" >&2
         return 1
     fi
-    echo "$SLURM_JOB_ID $count $latest" >> "$state"
+    if ! { mkdir -p "$dir" && echo "$SLURM_JOB_ID $count $latest" >> "$state"; }; then
+        echo "wlbtrain job $SLURM_JOB_ID: $why, but not requeued: cannot count the requeues in $state" >&2
+        return 1
+    fi
     echo "wlbtrain job $SLURM_JOB_ID: $why: requeueing (requeue $count of at most $max in a row without a new checkpoint; latest: $latest)"
     scontrol requeue "$SLURM_JOB_ID"
 }
