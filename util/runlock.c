@@ -363,7 +363,10 @@ void runlock_leave(RunLock *lk)
 void runlock_release(RunLock *lk)
 {
     stop_heartbeat(lk);
-    if (runlock_held(lk))
+    if (runlock_held(lk)) {
         unlink(lk->path);
+        if (lk->made_dir && lk->dir)
+            rmdir(lk->dir); /* fails, leaving it, unless empty */
+    }
     runlock_leave(lk);
 }

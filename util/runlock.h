@@ -59,6 +59,8 @@ typedef struct RunLock {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int beating, stop, lost;
+    int made_dir;       /* set by the caller when it made dir for the lock: runlock_release removes
+                         * dir too when nothing else was put in it */
 } RunLock;
 
 /* Takes DIR/run.lock (DIR must exist) for this process: 0 when taken (and a line on stdout when a
@@ -72,8 +74,8 @@ int runlock_take(RunLock *lk, const char *dir, const char *where, double stale_s
 int runlock_check(const char *dir, const char *where, double stale_s, Error *err);
 /* Starts the heartbeat thread: the lock's time touched every beat_s seconds. */
 int runlock_heartbeat_start(RunLock *lk, double beat_s, Error *err);
-/* Stops the heartbeat and removes run.lock when it is still this holder's; frees lk. Safe on a lock
- * never taken (zeroed). */
+/* Stops the heartbeat and removes run.lock when it is still this holder's (and dir, left empty, when
+ * made_dir is set); frees lk. Safe on a lock never taken (zeroed). */
 void runlock_release(RunLock *lk);
 /* Stops the heartbeat and frees lk, leaving run.lock in place (the process ends with a status the
  * batch script requeues: the requeued job takes it over). */

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include "engine/model/model.h"
@@ -182,6 +183,8 @@ int trainer_claim_outputs(const Config *cfg, const Comm *comm, RunLock *lock, Er
         int rc = 0;
         const char *dir = cfg->checkpoint.dir;
         if (dir) {
+            struct stat st;
+            int existed = stat(dir, &st) == 0;
             size_t n = strlen(dir) + 3;
             char *mark = malloc(n);
             if (!mark)
@@ -193,6 +196,7 @@ int trainer_claim_outputs(const Config *cfg, const Comm *comm, RunLock *lock, Er
             }
             if (rc == 0)
                 rc = runlock_take(lock, dir, "checkpoint.dir", RUNLOCK_STALE_S, &e);
+            lock->made_dir = rc == 0 && !existed; /* a run that writes nothing leaves no folder */
             if (rc == 0)
                 rc = trainer_check_space(cfg, &e);
         }
