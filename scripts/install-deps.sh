@@ -24,6 +24,14 @@ if [ "$what" = test ]; then
   if ! "$(dirname "$0")/test-python.sh" --find >/dev/null 2>&1 && ! /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     need+=(python3-venv)
   fi
+  # The real-Slurm test (test/test_slurm.py, scripts/slurm/local-cluster.sh) runs only as root, as in
+  # CI: there Debian's Slurm and munge are installed; elsewhere the test says it skips, and nothing
+  # here fails for want of them.
+  if [ "$(id -u)" -eq 0 ]; then
+    for p in slurmctld slurmd; do [ -x "/usr/sbin/$p" ] || need+=("$p"); done
+    [ -x /usr/bin/sbatch ] || need+=(slurm-client)
+    [ -x /usr/sbin/munged ] || need+=(munge)
+  fi
 fi
 if [ "$what" = fuzz ]; then
   command -v clang >/dev/null 2>&1 || need+=(clang)

@@ -69,12 +69,14 @@ def require(module, *programs):
             raise Skip("%s is not built" % p)
 
 
-def run_tests(tests, setup, teardown=None):
+def run_tests(tests, setup, teardown=None, first=1, plan=True):
     """Prints the TAP plan and runs tests, a list of (name, fn), each as fn(fixture), where
     fixture = setup(). When setup raises Skip every test skips with its reason; any other exception
     (Missing under CI among them) fails every test. A test may raise Skip itself. teardown(fixture)
-    runs at the end. Returns the exit status: 1 when a test failed."""
-    print("1..%d" % len(tests))
+    runs at the end. Returns the exit status: 1 when a test failed. first, plan: the number of the
+    first test and whether to print the plan (False: the caller printed it and ran tests before)."""
+    if plan:
+        print("1..%d" % len(tests))
     fx, why, failure = None, None, None
     try:
         fx = setup()
@@ -83,7 +85,7 @@ def run_tests(tests, setup, teardown=None):
     except Exception as e:
         failure = "".join(traceback.format_exception_only(type(e), e)).strip()
     failed = 0
-    for i, (name, fn) in enumerate(tests, 1):
+    for i, (name, fn) in enumerate(tests, first):
         if why:
             print("ok %d - %s # SKIP %s" % (i, name, why))
             print("# skip: %s" % why)

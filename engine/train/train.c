@@ -39,6 +39,7 @@
  */
 #include "engine/train/train.h"
 #include "engine/train/train_memory.h"
+#include "engine/train/train_runlock.h"
 #include "engine/train/train_stages.h"
 
 #include <errno.h>
@@ -485,8 +486,12 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
     FILE *metrics = NULL;
     BatchRecord batch = {0};
     int lead = tr->lay.rank == 0;
-    if (lead && cfg->log.metrics && open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0)
+    if (lead && cfg->log.metrics &&
+        (open_metrics(cfg->log.metrics, done + 1, &metrics, err) != 0 || trainer_metrics_record(cfg, err) != 0)) {
+        if (metrics)
+            fclose(metrics);
         return -1;
+    }
     int rc = 0;
     double t_start = clock_seconds();
     trainer_straggler_start(tr);
@@ -641,7 +646,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     /* The layers placed (the same on every rank), then a layout that does not fit the device's
      * memory stops here, before anything starts. */
     double mem_predicted = 0;
-    if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 ||
+    if (check_warmup(cfg, 0, err) != 0 || trainer_check_data(cfg, err) != 0 || trainer_check_lock(cfg, err) != 0 ||
         trainer_check_outputs(cfg, launch.rank == 0, err) != 0 ||
         trainer_checkpoint_precheck(cfg, launch.rank == 0, err) != 0 ||
         trainer_stage_layers(cfg, NULL, NULL, err) != 0 || trainer_memory_admit(cfg, &mem_predicted, err) != 0)
@@ -658,6 +663,14 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         restore_stop_handlers(old);
         return -1;
     }
+    /* One job per run folder (train_runlock.h): rank 0 takes checkpoint.dir's lock and checks
+     * log.metrics and the free space; every rank learns the outcome before anything is written. */
+    RunLock lock;
+    if (trainer_claim_outputs(cfg, &comm, &lock, err) != 0) {
+        comm_finish(&comm);
+        restore_stop_handlers(old);
+        return -1;
+    }
     /* The collective watchdog (comm_watchdog.h; a job of more than one rank): its flight recorder
      * goes to checkpoint.dir (made now, so that it is there when a hang is found). */
     char mark[4200];
@@ -665,6 +678,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     int wd = comm_world_size(&comm) > 1 && p->timeout_s > 0;
     if (wd && ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
                comm_watchdog_start(&comm, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal, err) != 0)) {
+        trainer_unclaim_outputs(&lock, 1);
         comm_finish(&comm);
         restore_stop_handlers(old);
         return -1;
@@ -698,6 +712,7 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         *exit_status = TRAIN_EXIT_PREEMPTED;
     trainer_free(&tr);
     comm_watchdog_stop();
+    trainer_unclaim_outputs(&lock, 1); /* a run that returns releases it (exit 0, 75, or an error alone) */
     comm_finish(&comm);
     restore_stop_handlers(old);
     return rc;
