@@ -116,7 +116,7 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, c
     if (!c->mpi)
         return error_runtime(err, "comm", "send to %d in a world of one", peer);
     comm_async_drain(c, g);
-    comm_flight_begin(c, g, "send", n, peer);
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, "send", n, peer);
     comm_flight_bind(req);
     if (c->impl->isend(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
@@ -146,7 +146,7 @@ int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *b
     if (!c->mpi)
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
     comm_async_drain(c, g);
-    comm_flight_begin(c, g, "recv", n, peer);
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, "recv", n, peer);
     return comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err));
 }
 
@@ -175,7 +175,7 @@ int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *
     comm_async_drain(c, g);
     req->collective = 0;
     req->op = NULL;
-    comm_flight_begin(c, g, "recv", n, peer);
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, "recv", n, peer);
     comm_flight_bind(req);
     if (c->impl->irecv(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;

@@ -92,6 +92,8 @@ typedef struct Comm {
     double strict_s;              /* WLB_COMM_STRICT's seconds (0: off) */
     unsigned char *connected;     /* strict: [slot * size[GROUP_PP] + peer] a lane's pair is connected */
     int shared_gpu_test;          /* NCCL between ranks that share a GPU, over sockets (tests only) */
+    int fault_stop_in_finalize;   /* test hook (WLBTRAIN_FAULT hang@R:finalize): comm_finish stops this
+                                   * process (SIGSTOP) between the final barrier and MPI_Finalize */
 } Comm;
 
 /* The pipeline's messages go in two lanes: activations (a stage to the next; with interleaving the

@@ -141,7 +141,8 @@ int comm_async_open_log(Comm *c, Error *err)
 
 void comm_log_op(const Comm *c, LayoutGroup g, const char *op, int64_t n)
 {
-    comm_flight_begin(c, g, op, n, -1); /* the watchdog's flight recorder (comm_watchdog.h) */
+    /* the watchdog's flight recorder (comm_watchdog.h) */
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, op, n, -1);
     if (c->log && c->size[g] > 1)
         fprintf((FILE *)c->log, "%d-%d %s %lld\n", (int)g, c->group_id[g], op, (long long)n);
 }

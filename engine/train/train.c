@@ -29,7 +29,10 @@
  * itself there, as Slurm's during a save, which must finish and stop the run), hang (SIGSTOP to
  * itself at the start of the step: a rank that stops answering; the others' watchdog must end the
  * job), slow (a sleep of WLBTRAIN_FAULT_SLOW_S seconds, default 5, at every step from STEP on: a
- * straggler) or exit (_exit(1) at the step: a rank gone). WLBTRAIN_STEP_DELAY=S
+ * straggler) or exit (_exit(1) at the step: a rank gone). STEP may also name a moment outside the
+ * steps, for hang: start (before MPI_Init: the others wait in it), setup (after the communicators
+ * are made, before the model is), end (after the last checkpoint, before the final barrier) or
+ * finalize (after the final barrier, before MPI_Finalize). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -70,6 +73,9 @@ typedef enum FaultKind {
     FAULT_EXIT
 } FaultKind;
 
+/* The moments of WLBTRAIN_FAULT outside the steps (Fault.step). */
+enum { FAULT_AT_START = -1, FAULT_AT_SETUP = -2, FAULT_AT_END = -3, FAULT_AT_FINALIZE = -4 };
+
 typedef struct Fault {
     FaultKind kind;
     int rank;
@@ -83,12 +89,22 @@ static int parse_fault(Fault *f, Error *err)
     const char *s = getenv("WLBTRAIN_FAULT");
     if (!s || !*s)
         return 0;
-    char kind[16];
-    long long rank, step;
+    char kind[16], at[16];
+    long long rank = -1, step = 0;
     int used = 0;
-    if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
+    static const char *const moments[] = {"start", "setup", "end", "finalize"};
+    if (sscanf(s, "%15[a-z]@%lld:%15[a-z0-9]%n", kind, &rank, at, &used) == 3 && !s[used]) {
+        for (int m = 0; m < 4; m++)
+            if (!strcmp(at, moments[m]))
+                step = -1 - m;
+        int tail = 0;
+        if (step == 0 && (sscanf(at, "%lld%n", &step, &tail) != 1 || at[tail] || step < 1))
+            step = 0;
+    }
+    if (step == 0 || rank < 0 || (step < 0 && strcmp(kind, "hang") != 0))
         return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill, "
-                         "savesignal, hang, slow or exit), got '%s'", s);
+                         "savesignal, hang, slow or exit; for hang STEP may be start, setup, end or finalize), "
+                         "got '%s'", s);
     static const char *const kinds[] = {"", "error", "kill", "plan", "nan", "savekill", "savesignal", "hang", "slow", "exit"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
         if (!strcmp(kind, kinds[k]))
@@ -105,6 +121,25 @@ static int parse_fault(Fault *f, Error *err)
     return 0;
 }
 
+/* WLBTRAIN_FAULT hang: SIGSTOP to this process, as `kill -STOP`: the rank stops answering, outside
+ * any collective. */
+static void fault_stop(void)
+{
+    fflush(stdout);
+    raise(SIGSTOP);
+    /* Woken by the launcher ending the job (its SIGCONT before SIGTERM and SIGKILL): a hung rank
+     * stays hung - it must not go on into the next collective and report a hang of its own. */
+    for (;;)
+        pause();
+}
+
+/* A hang at a moment outside the steps (FAULT_AT_*), on the fault's rank. */
+static void fault_at(const Fault *f, int rank, int64_t moment)
+{
+    if (f->kind == FAULT_HANG && f->step == moment && f->rank == rank)
+        fault_stop();
+}
+
 static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
 {
     tr->fault_plan = 0;
@@ -116,14 +151,8 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
     }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
         return 0;
-    if (f->kind == FAULT_HANG) {
-        fflush(stdout);
-        raise(SIGSTOP); /* as `kill -STOP`: the rank stops answering, outside any collective */
-        /* Woken by the launcher ending the job (its SIGCONT before SIGTERM and SIGKILL): a hung rank
-         * stays hung - it must not go on into the next collective and report a hang of its own. */
-        for (;;)
-            pause();
-    }
+    if (f->kind == FAULT_HANG)
+        fault_stop();
     if (f->kind == FAULT_EXIT) {
         fflush(stdout);
         _exit(1); /* a rank gone without a word (no MPI_Finalize, no abort) */
@@ -621,24 +650,31 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         return -1;
     Comm comm;
     const ConfigParallel *p = &cfg->parallel;
-    if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
+    /* The collective watchdog (comm_watchdog.h; a job of more than one rank), from before MPI_Init:
+     * a rank that never starts leaves the others in MPI_Init. Its flight recorder goes to
+     * checkpoint.dir (made now, so that it is there when a hang is found). */
+    char mark[4200];
+    snprintf(mark, sizeof mark, "%s/x", cfg->checkpoint.dir ? cfg->checkpoint.dir : ".");
+    int launched = strcmp(launch.launcher, "none") != 0;
+    if (launched && launch.world_size > 1 && p->timeout_s > 0 &&
+        ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
+         comm_watchdog_launch(launch.rank, launch.world_size, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal,
+                              err) != 0)) {
+        restore_stop_handlers(old);
+        return -1;
+    }
+    fault_at(&fault, launch.rank, FAULT_AT_START);
+    if (comm_start(&comm, launched, err) != 0 ||
         comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp,
                    cfg->balance.cp_sharding == CP_GROUPS, err) != 0) {
         comm_finish(&comm);
+        comm_watchdog_stop();
         restore_stop_handlers(old);
         return -1;
     }
-    /* The collective watchdog (comm_watchdog.h; a job of more than one rank): its flight recorder
-     * goes to checkpoint.dir (made now, so that it is there when a hang is found). */
-    char mark[4200];
-    snprintf(mark, sizeof mark, "%s/x", cfg->checkpoint.dir ? cfg->checkpoint.dir : ".");
-    int wd = comm_world_size(&comm) > 1 && p->timeout_s > 0;
-    if (wd && ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
-               comm_watchdog_start(&comm, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal, err) != 0)) {
-        comm_finish(&comm);
-        restore_stop_handlers(old);
-        return -1;
-    }
+    fault_at(&fault, comm_world_rank(&comm), FAULT_AT_SETUP);
+    comm.fault_stop_in_finalize = fault.kind == FAULT_HANG && fault.step == FAULT_AT_FINALIZE &&
+                                  fault.rank == comm_world_rank(&comm);
     Trainer tr;
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
@@ -667,8 +703,9 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     if (rc == 0 && stop.reason == STOP_SIGNAL)
         *exit_status = TRAIN_EXIT_PREEMPTED;
     trainer_free(&tr);
+    fault_at(&fault, comm_world_rank(&comm), FAULT_AT_END);
+    comm_finish(&comm); /* the watchdog still runs: the final barrier and MPI_Finalize are bounded */
     comm_watchdog_stop();
-    comm_finish(&comm);
     restore_stop_handlers(old);
     return rc;
 }
