@@ -83,16 +83,66 @@ static int mpi_fail(int rc, const char *what, Error *err)
     return error_runtime(err, "comm", "WLB_COMM_STRICT: %s: %s", what, msg);
 }
 
-/* Waits for r until the deadline; *st its status. 1 when it completed, 0 at the deadline. */
-static int wait_until(MPI_Request *r, MPI_Status *st, double deadline, const char *what, Error *err)
+/* A receive that waits: from PP rank peer, on lane, tag (what the stray check names). */
+typedef struct Awaited {
+    const Comm *c;
+    LayoutGroup g;
+    int peer, tag;
+    CommLane lane;
+} Awaited;
+
+/* A message from the awaited peer in a slot where none of its messages may come: a rank sends only in
+ * its own colour's slots (comm_lane_slot(lane, sender)), so one in another slot - the receiver's
+ * colour, say - was sent in the wrong one, and NCCL, which matches per communicator, would never
+ * deliver it: both ranks would wait for ever. Named at once (the message received and its tag read
+ * from its last float) instead of after the deadline. -1 with err when there is one. */
+static int stray_message(const Awaited *a, Error *err)
 {
+    const Comm *c = a->c;
+    int pp = c->size[GROUP_PP];
+    for (int s = 0; s < COMM_LANE_SLOTS; s++) {
+        if (s == comm_lane_slot(COMM_LANE_ACT, a->peer, pp) || s == comm_lane_slot(COMM_LANE_GRAD, a->peer, pp))
+            continue;
+        int there = 0, count = 0, got = -1;
+        MPI_Status st;
+        if (MPI_Iprobe(a->peer, s, pp_comm(c, a->g), &there, &st) != MPI_SUCCESS || !there)
+            continue;
+        if (MPI_Get_count(&st, MPI_FLOAT, &count) == MPI_SUCCESS && count > 0) {
+            float *h = malloc((size_t)count * sizeof *h);
+            if (h && MPI_Recv(h, count, MPI_FLOAT, a->peer, s, pp_comm(c, a->g), MPI_STATUS_IGNORE) == MPI_SUCCESS)
+                memcpy(&got, &h[count - 1], sizeof got);
+            free(h);
+        }
+        int lane = s / COMM_LANE_COLORS;
+        return error_runtime(err, "comm",
+                             "WLB_COMM_STRICT: PP rank %d's message (tag %d, %d floats) came in slot %d of the %s lane "
+                             "(colour %d), not in its own colour's slot %d: on NCCL no receive would ever match it; PP "
+                             "rank %d waits for tag %d on the %s lane", a->peer, got, count - 1, s, lane_names[lane],
+                             s % COMM_LANE_COLORS, comm_lane_slot((CommLane)lane, a->peer, pp), c->rank[GROUP_PP],
+                             a->tag, lane_names[a->lane]);
+    }
+    return 0;
+}
+
+/* Waits for r until the deadline; *st its status. 1 when it completed, 0 at the deadline, -1 with err
+ * on an MPI error or (a receive: awaited) a stray message from its peer, looked for every 20 ms. */
+static int wait_until(MPI_Request *r, MPI_Status *st, double deadline, const char *what, const Awaited *awaited,
+                      Error *err)
+{
+    double next_look = clock_seconds() + 0.02;
     for (;;) {
         int done = 0, rc = MPI_Test(r, &done, st);
         if (rc != MPI_SUCCESS)
             return mpi_fail(rc, what, err);
         if (done)
             return 1;
-        if (clock_seconds() > deadline)
+        double now = clock_seconds();
+        if (awaited && now > next_look) {
+            if (stray_message(awaited, err) != 0)
+                return -1;
+            next_look = now + 0.02;
+        }
+        if (now > deadline)
             return 0;
         struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
@@ -161,7 +211,7 @@ int comm_strict_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int
     }
     unsigned char *p = pair(c, slot, peer);
     if (!p || !*p) { /* NCCL connects here, and waits for the peer's receive */
-        int done = wait_until(&r, MPI_STATUS_IGNORE, clock_seconds() + c->strict_s, "MPI_Test", err);
+        int done = wait_until(&r, MPI_STATUS_IGNORE, clock_seconds() + c->strict_s, "MPI_Test", NULL, err);
         if (done != 1) {
             if (done == 0)
                 deadlock(c, "the first send (NCCL's connection) to", peer, lane, tag, err);
@@ -217,9 +267,10 @@ int comm_strict_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, f
     MPI_Request r;
     MPI_Status st;
     int rc = MPI_Irecv(h, (int)n + 1, MPI_FLOAT, peer, slot, pp_comm(c, g), &r), done = -1;
+    Awaited aw = {c, g, peer, tag, lane};
     if (rc != MPI_SUCCESS)
         mpi_fail(rc, "MPI_Irecv", err);
-    else if ((done = wait_until(&r, &st, clock_seconds() + c->strict_s, "MPI_Irecv", err)) == 0)
+    else if ((done = wait_until(&r, &st, clock_seconds() + c->strict_s, "MPI_Irecv", &aw, err)) == 0)
         deadlock(c, "a receive from", peer, lane, tag, err);
     if (done == 1 && check_message(c, &st, h, n, peer, lane, tag, err) == 0) {
         unpack(c, buf, h, n);
@@ -229,7 +280,7 @@ int comm_strict_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, f
         free(h);
         return 0;
     }
-    if (done == 0) { /* the receive is still posted: cancel it before its buffer goes */
+    if (done <= 0 && rc == MPI_SUCCESS) { /* the receive is still posted: cancel it before its buffer goes */
         MPI_Cancel(&r);
         MPI_Wait(&r, MPI_STATUS_IGNORE);
     }
@@ -247,11 +298,17 @@ int comm_strict_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, 
         return -1;
     unsigned char *p = pair(c, slot, peer);
     if (!p || !*p) { /* NCCL connects here: the post waits for the peer's send */
-        double deadline = clock_seconds() + c->strict_s;
+        double deadline = clock_seconds() + c->strict_s, next_look = clock_seconds() + 0.02;
+        Awaited aw = {c, g, peer, tag, lane};
         for (int there = 0; !there;) {
             int rc = MPI_Iprobe(peer, slot, pp_comm(c, g), &there, MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS)
                 return mpi_fail(rc, "MPI_Iprobe", err);
+            if (!there && clock_seconds() > next_look) {
+                if (stray_message(&aw, err) != 0)
+                    return -1;
+                next_look = clock_seconds() + 0.02;
+            }
             if (!there && clock_seconds() > deadline)
                 return deadlock(c, "the first receive (NCCL's connection) from", peer, lane, tag, err);
             if (!there)
@@ -281,10 +338,12 @@ int comm_strict_wait(const Comm *c, CommRequest *req, Error *err)
     MPI_Status st;
     memcpy(&r, req->handle, sizeof r);
     req->active = 0;
-    int done = wait_until(&r, &st, clock_seconds() + c->strict_s, "MPI_Test", err), rc = done == 1 ? 0 : -1;
+    Awaited aw = {c, GROUP_PP, req->peer, req->tag, (CommLane)req->lane};
+    int done = wait_until(&r, &st, clock_seconds() + c->strict_s, "MPI_Test", req->dest ? &aw : NULL, err),
+        rc = done == 1 ? 0 : -1;
     if (done == 0)
         deadlock(c, req->dest ? "a receive from" : "a send to", req->peer, (CommLane)req->lane, req->tag, err);
-    if (done == 0 && req->dest) { /* a posted receive: cancel it before its buffer goes */
+    if (done <= 0 && req->dest) { /* a posted receive: cancel it before its buffer goes */
         MPI_Cancel(&r);
         MPI_Wait(&r, MPI_STATUS_IGNORE);
     }

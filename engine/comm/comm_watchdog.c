@@ -241,10 +241,16 @@ static void sleep_serving(double d)
     }
 }
 
-/* Appends the ranks of flag[0 .. n) set, "2" or "2, 3", to buf. */
+/* Appends the ranks of flag[0 .. n) set, "rank 2" or "ranks 2, 3", to buf. */
 static void list_ranks(const unsigned char *flag, int n, char *buf, size_t size)
 {
+    int count = 0;
+    for (int r = 0; r < n; r++)
+        count += flag[r] != 0;
     size_t at = strlen(buf);
+    at += (size_t)snprintf(buf + at, at < size ? size - at : 0, "rank%s ", count > 1 ? "s" : "");
+    if (at >= size)
+        return;
     int first = 1;
     for (int r = 0; r < n && at + 16 < size; r++)
         if (flag[r]) {
