@@ -51,7 +51,9 @@ static struct {
     int group_id[GROUP_COUNT], group_size[GROUP_COUNT];
     int mpi;                          /* MPI runs: a hang ends through MPI_Abort */
     CommWatchdogJob job;              /* the data path's hooks (comm_watchdog_attach) */
-    double stood_still;               /* the longest this process stood still past timeout (0: never) */
+    double stood_still;               /* the longest this process stood still past timeout since a
+                                       * collective last finished (0: never) - a gap the job went on
+                                       * after (a CPU-starved start, say) does not count */
     /* The side communicator (comm_watchdog_attach .. comm_watchdog_detach). */
     int side_on;
     MPI_Comm side;
@@ -95,6 +97,7 @@ static void end_matching(int by_req, const void *req)
             f->t1 = now;
             rec.in_flight--;
             rec.last_event = now;
+            rec.stood_still = 0; /* a collective finished after it: the job went on with this rank */
         }
     }
     pthread_mutex_unlock(&rec.mu);
@@ -136,6 +139,7 @@ void comm_flight_progress(void)
         return;
     pthread_mutex_lock(&rec.mu);
     rec.last_event = clock_seconds();
+    rec.stood_still = 0;
     pthread_mutex_unlock(&rec.mu);
 }
 
