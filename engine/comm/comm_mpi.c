@@ -5,6 +5,7 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_strict.h"
 #include "engine/comm/comm_watchdog.h"
 #include "engine/comm/runtime.h"
 #include "util/clock.h"
@@ -36,22 +37,17 @@ static int mpi_error(int rc, const char *what, Error *err)
 
 static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
 
-void *comm_mpi_handle(const Comm *c, LayoutGroup g) { return c->groups[g]; }
-
 /* The float collectives run as MPI's non-blocking forms, finished here: MPI_Wait on the main
- * thread; on a communication thread (comm_mpi_poll_thread) MPI_Test between sleeps, so that a
+ * thread; on a communication thread (comm_async_polling) MPI_Test between sleeps, so that a
  * thread waiting for its peers leaves the cores to the products instead of spinning in MPI_Wait.
  * The sleeps grow from 20 us to at most 200 us while the wait lasts: a collective whose peers are
  * still computing costs a few wake-ups a millisecond, and one that is moving is polled often enough
  * that its steps (each needs a call to progress) follow each other closely.
  * Both threads use the same forms, so a collective sums in the same order either way. */
-static _Thread_local int poll_thread;
-
-void comm_mpi_poll_thread(void) { poll_thread = 1; }
 
 static int finish(MPI_Request *r, const char *what, Error *err)
 {
-    if (!poll_thread) {
+    if (!comm_async_polling()) {
         CHECK(MPI_Wait(r, MPI_STATUS_IGNORE), what);
         return 0;
     }

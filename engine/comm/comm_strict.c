@@ -24,9 +24,8 @@
  * A message is copied through a host buffer of n + 1 floats (the tag in the last): strict mode is for
  * tests, where the copies cost nothing that matters.
  */
-#include "engine/comm/comm.h"
+#include "engine/comm/comm_strict.h"
 
-#include "engine/comm/comm_async.h"
 #include "util/clock.h"
 
 #include <limits.h>
@@ -37,7 +36,8 @@
 
 static const char *const lane_names[COMM_LANES] = {"activations", "gradients"};
 
-static MPI_Comm pp_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)comm_mpi_handle(c, g); }
+/* The group's MPI_Comm (comm_mpi.c keeps one per group in c->groups). */
+static MPI_Comm pp_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
 
 /* c->connected: a byte per (lane slot, peer), 1 once the pair is connected; after them a byte per
  * slot with how this rank used it (1: sent, 2: received). */
