@@ -29,6 +29,9 @@ typedef struct Flight {
 /* The side communicator's messages: a query (one int) and its answer (ANSWER_WORDS int64: what the
  * answering rank has begun on each group, each group's id, -1 where it has none, and the group and
  * group count of its oldest collective in flight, -1 when none). */
+/* The longest the reporter waits for the other waiting ranks' records (end_rank). */
+#define COMM_WATCHDOG_LATE_S 5.0
+
 enum { TAG_QUERY = 1, TAG_ANSWER = 2, ANSWER_WORDS = 2 * GROUP_COUNT + 2, ANSWERS_PENDING = 64 };
 
 /* The recorder, one per process. */
@@ -421,16 +424,18 @@ static void end_rank(int hang, const Flight *f, double waited)
         snprintf(other, sizeof other, "%s/" FLIGHT_FILE_FORMAT, rec.dir, r);
         reporter = asked_ok ? !answered[r] : !rec.dir[0] || access(other, F_OK) != 0;
     }
-    double late = rec.timeout < 60 ? rec.timeout : 60; /* how much later a live rank's watchdog fires */
+    /* How much later than this one another waiting rank's watchdog may fire (its last collective
+     * began later): at most 5 s waited, so that the job still ends within timeout + 10 s. */
+    double late = rec.timeout < COMM_WATCHDOG_LATE_S ? rec.timeout : COMM_WATCHDOG_LATE_S;
     if (reporter && rec.dir[0]) {
-        /* The ranks that answered are alive and waiting too: their watchdogs fire within a step of
-         * this one's. Their records are waited for, so that the comparison does not take a late one
-         * for a missing one. */
+        /* The records of the other waiting ranks are waited for, so that the comparison does not take
+         * a late one for a missing one: of the ranks that answered (alive), or - where none could be
+         * asked (MPI_Init, MPI_Finalize) - of every rank, up to `late`. */
         double until = clock_seconds() + late;
-        for (int r = 0; asked_ok && r < rec.world; r++) {
+        for (int r = 0; r < rec.world; r++) {
             char other[4200];
             snprintf(other, sizeof other, "%s/" FLIGHT_FILE_FORMAT, rec.dir, r);
-            while (answered[r] && access(other, F_OK) != 0 && clock_seconds() < until)
+            while ((asked_ok ? answered[r] : r != rec.rank) && access(other, F_OK) != 0 && clock_seconds() < until)
                 sleep_serving(0.05);
         }
         char line[1024];
@@ -439,7 +444,7 @@ static void end_rank(int hang, const Flight *f, double waited)
             fprintf(stderr, "wlbtrain: error: %s\n", line);
         fflush(stderr);
     } else if (!reporter) {
-        sleep_serving(2 * COMM_WATCHDOG_GRACE_S + (asked_ok ? late : 0));
+        sleep_serving(2 * COMM_WATCHDOG_GRACE_S + late);
     }
     free(answered);
     leave(hang ? COMM_EXIT_HANG : COMM_EXIT_STOPPED);
