@@ -5,7 +5,7 @@
  * What NCCL does, and how each is reproduced here:
  *   - No tags. NCCL matches a send with the receive posted by its peer on the same communicator in
  *     issue order. Here every message of a lane slot travels with the MPI tag of its slot
- *     (comm_lane_slot), which MPI also matches in order per peer; the caller's tag rides in the
+ *     (comm_lane_slot, slot_tag), which MPI also matches in order per peer; the caller's tag rides in the
  *     message's last float and the receive checks it: a message that arrives where another was
  *     expected is an Error naming both, where NCCL would hand over the wrong activations (or hang on
  *     a length mismatch).
@@ -19,7 +19,10 @@
  *     pair that comm_connect_pipeline did not connect waits, at its start, for the receive to match;
  *     a first receive posted ahead waits for the message to be there.
  * Every wait has a deadline (WLB_COMM_STRICT's seconds): a message still waiting for its peer then is
- * an Error - the deadlock NCCL would sit in, reported with the lane, the peer and the tag.
+ * an Error - the deadlock NCCL would sit in, reported with the lane, the peer and the tag. One such
+ * deadlock is named at once instead: while a receive waits, a message from its peer in a slot that
+ * peer never sends in (another colour's - the receiver's, say: NCCL would never match it) is an
+ * Error naming that message (its tag, slot and lane), looked for every 20 ms.
  *
  * A message is copied through a host buffer of n + 1 floats (the tag in the last): strict mode is for
  * tests, where the copies cost nothing that matters.
@@ -35,6 +38,12 @@
 #include <time.h>
 
 static const char *const lane_names[COMM_LANES] = {"activations", "gradients"};
+
+/* The MPI tag of a lane slot's messages: above the tags the other messages of the PP group use
+ * (comm_exchange's 0, the tied embeddings' sum), so that a strict receive never matches one of them,
+ * nor takes one for a message in the wrong slot (stray_message). Within MPI's least tag bound, 32767. */
+enum { STRICT_TAG_BASE = 1000 };
+static int slot_tag(int slot) { return STRICT_TAG_BASE + slot; }
 
 /* The group's MPI_Comm (comm_mpi.c keeps one per group in c->groups). */
 static MPI_Comm pp_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
@@ -105,11 +114,12 @@ static int stray_message(const Awaited *a, Error *err)
             continue;
         int there = 0, count = 0, got = -1;
         MPI_Status st;
-        if (MPI_Iprobe(a->peer, s, pp_comm(c, a->g), &there, &st) != MPI_SUCCESS || !there)
+        if (MPI_Iprobe(a->peer, slot_tag(s), pp_comm(c, a->g), &there, &st) != MPI_SUCCESS || !there)
             continue;
         if (MPI_Get_count(&st, MPI_FLOAT, &count) == MPI_SUCCESS && count > 0) {
             float *h = malloc((size_t)count * sizeof *h);
-            if (h && MPI_Recv(h, count, MPI_FLOAT, a->peer, s, pp_comm(c, a->g), MPI_STATUS_IGNORE) == MPI_SUCCESS)
+            if (h && MPI_Recv(h, count, MPI_FLOAT, a->peer, slot_tag(s), pp_comm(c, a->g), MPI_STATUS_IGNORE) ==
+                         MPI_SUCCESS)
                 memcpy(&got, &h[count - 1], sizeof got);
             free(h);
         }
@@ -204,7 +214,7 @@ int comm_strict_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int
     if (!h)
         return error_runtime(err, "comm", "out of memory for a message of %lld floats", (long long)n);
     MPI_Request r;
-    int rc = MPI_Issend(h, (int)n + 1, MPI_FLOAT, peer, slot, pp_comm(c, g), &r);
+    int rc = MPI_Issend(h, (int)n + 1, MPI_FLOAT, peer, slot_tag(slot), pp_comm(c, g), &r);
     if (rc != MPI_SUCCESS) {
         free(h);
         return mpi_fail(rc, "MPI_Issend", err);
@@ -266,7 +276,7 @@ int comm_strict_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, f
         return error_runtime(err, "comm", "out of memory for a message of %lld floats", (long long)n);
     MPI_Request r;
     MPI_Status st;
-    int rc = MPI_Irecv(h, (int)n + 1, MPI_FLOAT, peer, slot, pp_comm(c, g), &r), done = -1;
+    int rc = MPI_Irecv(h, (int)n + 1, MPI_FLOAT, peer, slot_tag(slot), pp_comm(c, g), &r), done = -1;
     Awaited aw = {c, g, peer, tag, lane};
     if (rc != MPI_SUCCESS)
         mpi_fail(rc, "MPI_Irecv", err);
@@ -301,7 +311,7 @@ int comm_strict_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, 
         double deadline = clock_seconds() + c->strict_s, next_look = clock_seconds() + 0.02;
         Awaited aw = {c, g, peer, tag, lane};
         for (int there = 0; !there;) {
-            int rc = MPI_Iprobe(peer, slot, pp_comm(c, g), &there, MPI_STATUS_IGNORE);
+            int rc = MPI_Iprobe(peer, slot_tag(slot), pp_comm(c, g), &there, MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS)
                 return mpi_fail(rc, "MPI_Iprobe", err);
             if (!there && clock_seconds() > next_look) {
@@ -321,7 +331,7 @@ int comm_strict_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, 
     if (!h)
         return error_runtime(err, "comm", "out of memory for a message of %lld floats", (long long)n);
     MPI_Request r;
-    int rc = MPI_Irecv(h, (int)n + 1, MPI_FLOAT, peer, slot, pp_comm(c, g), &r);
+    int rc = MPI_Irecv(h, (int)n + 1, MPI_FLOAT, peer, slot_tag(slot), pp_comm(c, g), &r);
     if (rc != MPI_SUCCESS) {
         free(h);
         return mpi_fail(rc, "MPI_Irecv", err);

@@ -222,7 +222,8 @@ static void serve_queries(void)
         int k = 0;
         for (; k < ANSWERS_PENDING; k++) { /* a free slot: never used, or its send finished */
             int sent = 1;
-            if (rec.answer_req[k] != MPI_REQUEST_NULL && MPI_Test(&rec.answer_req[k], &sent, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            if (rec.answer_req[k] != MPI_REQUEST_NULL &&
+                MPI_Test(&rec.answer_req[k], &sent, MPI_STATUS_IGNORE) != MPI_SUCCESS)
                 sent = 0;
             if (sent)
                 break;
@@ -310,7 +311,8 @@ static void ask_peers(const Flight *f, char *out, size_t size, unsigned char *go
             MPI_Wait(&rq[2 * r], MPI_STATUS_IGNORE);
         }
         int sent = 0;
-        if (rq[2 * r + 1] != MPI_REQUEST_NULL && (MPI_Test(&rq[2 * r + 1], &sent, MPI_STATUS_IGNORE) != MPI_SUCCESS || !sent))
+        if (rq[2 * r + 1] != MPI_REQUEST_NULL &&
+            (MPI_Test(&rq[2 * r + 1], &sent, MPI_STATUS_IGNORE) != MPI_SUCCESS || !sent))
             MPI_Request_free(&rq[2 * r + 1]);
         const int64_t *a = &ans[(size_t)r * ANSWER_WORDS];
         int member = f->peer < 0 && a[GROUP_COUNT + f->group] == f->group_id;
@@ -428,11 +430,11 @@ static void end_rank(int hang, const Flight *f, double waited)
      * began later): at most 5 s waited, so that the job still ends within timeout + 10 s. */
     double late = rec.timeout < COMM_WATCHDOG_LATE_S ? rec.timeout : COMM_WATCHDOG_LATE_S;
     if (reporter && rec.dir[0]) {
-        /* The records of the other waiting ranks are waited for, so that the comparison does not take
-         * a late one for a missing one: of the ranks that answered (alive), or - where none could be
+        /* On a hang the records of the other waiting ranks are waited for, so that the comparison does
+         * not take a late one for a missing one: of the ranks that answered (alive), or - where none could be
          * asked (MPI_Init, MPI_Finalize) - of every rank, up to `late`. */
         double until = clock_seconds() + late;
-        for (int r = 0; r < rec.world; r++) {
+        for (int r = 0; hang && r < rec.world; r++) {
             char other[4200];
             snprintf(other, sizeof other, "%s/" FLIGHT_FILE_FORMAT, rec.dir, r);
             while ((asked_ok ? answered[r] : r != rec.rank) && access(other, F_OK) != 0 && clock_seconds() < until)
@@ -444,7 +446,7 @@ static void end_rank(int hang, const Flight *f, double waited)
             fprintf(stderr, "wlbtrain: error: %s\n", line);
         fflush(stderr);
     } else if (!reporter) {
-        sleep_serving(2 * COMM_WATCHDOG_GRACE_S + late);
+        sleep_serving(2 * COMM_WATCHDOG_GRACE_S + (hang ? late : 0));
     }
     free(answered);
     leave(hang ? COMM_EXIT_HANG : COMM_EXIT_STOPPED);
