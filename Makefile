@@ -213,4 +213,5 @@ run: demo
 clean:
 	rm -rf build wlbtrain
 
--include $(shell find build -name '*.d' 2>/dev/null)
+# (build/pyenv is skipped: Python packages ship folders named *.d)
+-include $(shell find build -path build/pyenv -prune -o -name '*.d' -type f -print 2>/dev/null)

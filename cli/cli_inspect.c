@@ -103,7 +103,7 @@ static int scan_vocab(const DataIdx *d, int64_t *max_id, Error *err)
 static int inspect_flight(const char *dir, Error *err)
 {
     char line[2048];
-    if (flight_compare(dir, 0, line, sizeof line, err) != 0)
+    if (flight_compare(dir, 0, NULL, line, sizeof line, err) != 0)
         return -1;
     printf("%s\n", line);
     return 0;

@@ -97,6 +97,7 @@ typedef struct ConfigParallel {
     ReduceDtype reduce_dtype; /* what the TP and CP partial sums travel and add in */
     int64_t tp_chunks;        /* pieces each TP product and its exchange split into */
     double timeout_s;         /* the collective watchdog: a job whose collectives stop finishing ends */
+                              /* 0 (off) or at least CONFIG_TIMEOUT_FLOOR_S (config_resolve.c) */
 } ConfigParallel;
 
 typedef struct ConfigData {
@@ -184,6 +185,8 @@ typedef struct ConfigOrigin {
 } ConfigOrigin;
 
 enum { CONFIG_MAX_KEYS = 128 };
+/* The least parallel.timeout_s other than 0 (config_resolve.c says why). */
+#define CONFIG_TIMEOUT_FLOOR_S 10.0
 /* train.eval_position_buckets: the most edges a list may have (buckets: one more). */
 enum { CONFIG_MAX_POSITION_EDGES = 15 };
 

@@ -97,7 +97,7 @@ const ConfigKey config_keys[] = {
               "the collective watchdog: when a collective or message has waited this long with none "
               "finishing on the rank, every rank writes its flight recorder (checkpoint.dir/flight-rank-R.txt), "
               "names what it waits in, and the job ends with status 76 (a hang; the Slurm scripts requeue it); "
-              "above the longest step phase (a checkpoint save, an evaluation); 0 = off (docs/slurm.md)"),
+              "above the longest step phase (a checkpoint save, an evaluation); 0 = off, else at least 10 (docs/slurm.md)"),
     AUTO_KEY("parallel.tp_chunks", parallel.tp_chunks, 1, 16, "auto", NULL,
              "with tp > 1: pieces of rows each TP product and its exchange split into, each piece's "
              "exchange beside another piece's product (the all-gather before the QKV and gate/up products, "

@@ -172,6 +172,29 @@ void config_chunk_layers(const Config *cfg, int g, int *begin, int *end)
     *end = (int)(b + l->v[g]);
 }
 
+/* parallel.timeout_s: 0 (off) or at least CONFIG_TIMEOUT_FLOOR_S. The watchdog covers the start too
+ * (MPI_Init, the communicators, loading, the first plan), where ranks of a healthy job arrive seconds
+ * apart and a checkpoint save or an evaluation holds the others for as long: below the floor the
+ * false hangs outnumber the real ones (1e-9 made every start one). The tests, whose tiny model
+ * needs the watchdog's own resolution only (4 polls a second, 2 s of grace), lower the floor with
+ * WLBTRAIN_TEST_TIMEOUT_FLOOR_S (a test hook, 1 to the floor; not for users). */
+static int check_timeout(const Config *cfg, Error *err)
+{
+    double t = cfg->parallel.timeout_s, floor_s = CONFIG_TIMEOUT_FLOOR_S, test_floor;
+    const char *s = getenv("WLBTRAIN_TEST_TIMEOUT_FLOOR_S");
+    if (s && *s) {
+        if (parse_double(s, &test_floor) != 0 || !(test_floor >= 1) || test_floor > CONFIG_TIMEOUT_FLOOR_S)
+            return error_set(err, "WLBTRAIN_TEST_TIMEOUT_FLOOR_S", "expected seconds from 1 to %g, got '%s'",
+                             CONFIG_TIMEOUT_FLOOR_S, s);
+        floor_s = test_floor;
+    }
+    if (t > 0 && t < floor_s)
+        return rule_error(cfg, err, "parallel.timeout_s", NULL,
+                          "0 (the watchdog off) or at least %g seconds: a hang is a wait of minutes (default 600), "
+                          "and a start or a checkpoint save holds ranks for seconds; got %g", floor_s, t);
+    return 0;
+}
+
 static int check_parallel(Config *cfg, int world_size, Error *err)
 {
     const ConfigModel *m = &cfg->model;
@@ -216,7 +239,7 @@ static int check_parallel(Config *cfg, int world_size, Error *err)
     }
     if (p->comm == COMM_NCCL && cfg->train.device != DEVICE_CUDA)
         return rule_error(cfg, err, "parallel.comm", "train.device", "nccl needs train.device: cuda");
-    return 0;
+    return check_timeout(cfg, err);
 }
 
 /* train.attention: cudnn is cuDNN's bf16 attention on the GPU (whether the build and the machine have

@@ -476,6 +476,45 @@ static void test_every_default_loads(void **state)
     free(text);
 }
 
+/* parallel.timeout_s: 0 (off) or at least the floor; 1e-9 made every start a false hang. The test
+ * hook that lowers the floor for the tests' tiny models (WLBTRAIN_TEST_TIMEOUT_FLOOR_S, which
+ * test/run.sh sets) is checked too, and restored after. */
+static void test_timeout_floor(void **state)
+{
+    (void)state;
+    const char *was = getenv("WLBTRAIN_TEST_TIMEOUT_FLOOR_S");
+    char *saved = was ? strdup(was) : NULL;
+    unsetenv("WLBTRAIN_TEST_TIMEOUT_FLOOR_S");
+    expect_error("model:\n  preset: tiny\nparallel:\n  timeout_s: 1.0e-9\n", NULL, 0,
+                 "t.yaml:4:14: parallel.timeout_s: 0 (the watchdog off) or at least 10 seconds: a hang is a wait of "
+                 "minutes (default 600), and a start or a checkpoint save holds ranks for seconds; got 1e-09");
+    expect_error("model:\n  preset: tiny\nparallel:\n  timeout_s: 3\n", NULL, 0,
+                 "t.yaml:4:14: parallel.timeout_s: 0 (the watchdog off) or at least 10 seconds: a hang is a wait of "
+                 "minutes (default 600), and a start or a checkpoint save holds ranks for seconds; got 3");
+    Config cfg;
+    Error err;
+    static const char *const ok[] = {"model:\n  preset: tiny\nparallel:\n  timeout_s: 0\n", "model:\n  preset: tiny\nparallel:\n  timeout_s: 10\n",
+                                     "model:\n  preset: tiny\nparallel:\n  timeout_s: 600\n"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(load(&cfg, ok[i], NULL, 0, &err), 0);
+        config_free(&cfg);
+    }
+    setenv("WLBTRAIN_TEST_TIMEOUT_FLOOR_S", "2", 1);
+    assert_int_equal(load(&cfg, "model:\n  preset: tiny\nparallel:\n  timeout_s: 3\n", NULL, 0, &err), 0);
+    config_free(&cfg);
+    expect_error("model:\n  preset: tiny\nparallel:\n  timeout_s: 1\n", NULL, 0,
+                 "t.yaml:4:14: parallel.timeout_s: 0 (the watchdog off) or at least 2 seconds: a hang is a wait of "
+                 "minutes (default 600), and a start or a checkpoint save holds ranks for seconds; got 1");
+    setenv("WLBTRAIN_TEST_TIMEOUT_FLOOR_S", "0.001", 1);
+    expect_error("model:\n  preset: tiny\nparallel:\n  timeout_s: 3\n", NULL, 0,
+                 "WLBTRAIN_TEST_TIMEOUT_FLOOR_S: expected seconds from 1 to 10, got '0.001'");
+    if (saved)
+        setenv("WLBTRAIN_TEST_TIMEOUT_FLOOR_S", saved, 1);
+    else
+        unsetenv("WLBTRAIN_TEST_TIMEOUT_FLOOR_S");
+    free(saved);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -492,6 +531,7 @@ int main(void)
         cmocka_unit_test(test_print_round_trip_odd_values),
         cmocka_unit_test(test_stage_layers),
         cmocka_unit_test(test_every_default_loads),
+        cmocka_unit_test(test_timeout_floor),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }

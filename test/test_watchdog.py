@@ -2,7 +2,7 @@
 """test/test_watchdog.py - the collective watchdog and its flight recorder (docs/slurm.md, "Hangs").
 
 4 ranks under mpirun, the tiny model, parallel.timeout_s 3 (small, so that the suite stays quick; a
-cluster's default is 600), a checkpoint every 2 steps. One rank stops answering at the start of
+cluster's default is 600; 8 for an ASan build), a checkpoint every 2 steps. One rank stops answering at the start of
 step 3 (WLBTRAIN_FAULT=hang@RANK:3 raises SIGSTOP in it, or the test sends SIGSTOP to its pid): the
 others wait in their next collective, their watchdogs find no collective finished for 3 s, write
 their flight recorder and end the job.
@@ -29,6 +29,7 @@ Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -45,7 +46,9 @@ from taplib import Skip, check, comment, run_tests  # noqa: E402
 
 HANG = 76
 PREEMPTED = 75
-TIMEOUT = 3
+# 3 s; 8 s for an ASan build, whose 4 processes take longer than 3 s in MPI_Init on a loaded machine - which
+# the watchdog, covering MPI_Init, rightly calls a hang. Every check is relative to it.
+TIMEOUT = 8 if "/asan/" in WLBTRAIN else 3
 STEPS = 8
 
 CONFIG = """model: {n_layers: 2, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 260,
@@ -58,8 +61,10 @@ checkpoint: {every: 2, keep: 20}
 log: {every: 1}
 """
 
+# WLBTRAIN_TEST_TIMEOUT_FLOOR_S: the test hook that lets the tiny model's timeout_s of 3 below the users'
+# floor of 10 s (test/run.sh sets it too).
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+           OMPI_MCA_rmaps_base_oversubscribe="1", WLBTRAIN_TEST_TIMEOUT_FLOOR_S="1")
 for k in ("WLBTRAIN_FAULT", "WLBTRAIN_STEP_DELAY"):
     ENV.pop(k, None)
 
@@ -133,10 +138,12 @@ def wait_for_step(fx, name, step, proc):
     raise AssertionError("%s: step %d never logged" % (name, step))
 
 
-def check_hang(fx, r, took, name, stopped, what):
+def check_hang(fx, r, took, name, stopped, what, asked=True):
+    """asked: the waiting ranks could ask each other on the watchdog's side communicator (MPI runs),
+    so each waiting line names the stopped rank as the one that did not answer."""
     lines = r.stderr.splitlines()
     waiting = [l for l in lines if "hang: no collective finished for" in l and "rank %d:" % stopped not in l]
-    named = [l for l in lines if "never reached it" in l]
+    named = [l for l in lines if l.startswith("wlbtrain: error: flight recorder ") and "never reached it" in l]
     comment("%s: ended %.1f s after start, exit %d; %s" % (name, took, r.returncode, named[0] if named else "-"))
     # The stopped rank, woken by the launcher's teardown, may say before it is killed that it writes no
     # flight record (it stood still past the timeout): shown when it does, never required (a race).
@@ -147,8 +154,20 @@ def check_hang(fx, r, took, name, stopped, what):
         show(r)
     check(r.returncode == HANG, "%s: exit status %d, expected %d" % (name, r.returncode, HANG))
     check(len(waiting) == 3 and all(what in l for l in waiting), "%s: the waiting ranks' lines %r" % (name, waiting))
+    # asked: named as silent ("no answer from rank N"), or - when the stopped rank's watchdog still answered,
+    # a CPU-starved moment before its stop - as behind ("never reached it: rank N")
+    said = re.compile(r"asked the other ranks: (never reached it: rank %d($|;)|.*no answer from rank %d \(stopped)"
+                      % (stopped, stopped))
+    check(all(bool(said.search(l)) == asked for l in waiting), "%s: the waiting ranks' lines %s the stopped rank: %r"
+          % (name, "do not name" if asked else "name", waiting))
     check(len(named) == 1 and ("never reached it: rank %d " % stopped) in named[0] and what.split()[0] in named[0],
           "%s: rank 0's line %r" % (name, named))
+    check_records(fx, name, stopped, named)
+
+
+def check_records(fx, name, stopped, named):
+    """The flight records of the folder: the three others', and inspect names the stopped rank as the watchdog's
+    last line did."""
     ck = os.path.join(fx.dir, name)
     files = sorted(f for f in os.listdir(ck) if f.startswith("flight-rank-"))
     want = ["flight-rank-%d.txt" % k for k in range(4) if k != stopped]
@@ -249,6 +268,47 @@ def test_stop_signal_during_hang(fx):
     check(took < 10, "took %.1f s" % took)
 
 
+def test_hang_in_mpi_init(fx):
+    # rank 2 stopped before MPI_Init (its first moment): the others wait in MPI_Init, where there is no
+    # communicator to ask; their flight records (the start-up rendezvous through checkpoint.dir) name it
+    r, took = run(fx, "init", [], fault="hang@2:start")
+    check_hang(fx, r, took, "init", 2, "MPI_Init on world 0", asked=False)
+    check(took <= TIMEOUT + 10, "init: the job ended %.1f s after its start (timeout %d s + 10)" % (took, TIMEOUT))
+
+
+def test_hang_in_mpi_finalize(fx):
+    # rank 1 stopped after the final barrier, before MPI_Finalize: the others wait in MPI_Finalize, after
+    # every checkpoint; the job still ends 76 and the records name rank 1
+    r, took = run(fx, "fin", [], fault="hang@1:finalize")
+    check_hang(fx, r, took, "fin", 1, "MPI_Finalize on world 0", asked=False)
+    check(len(metrics(fx, "fin")) == STEPS, "fin: %d steps logged, expected all %d" % (len(metrics(fx, "fin")), STEPS))
+
+
+def test_hang_at_end_without_folder(fx):
+    # checkpoint.dir none, rank 3 stopped after its last step: the others wait in the final barrier and
+    # name it by asking each other on the watchdog's side communicator (no records to compare)
+    r, took = run(fx, "nodir", ["--set", "checkpoint.dir=none", "--set", "checkpoint.every=0"], fault="hang@3:end")
+    lines = [l for l in r.stderr.splitlines() if "hang: no collective finished for" in l]
+    comment("nodir: ended %.1f s after start, exit %d; %s" % (took, r.returncode, lines[0] if lines else "-"))
+    if r.returncode != HANG or not lines:
+        show(r)
+    check(r.returncode == HANG, "nodir: exit status %d, expected %d" % (r.returncode, HANG))
+    check(lines and all("waiting in final_barrier on world 0" in l and "no answer from rank 3 (stopped" in l and
+                        "flight recorder" not in l for l in lines), "nodir: the waiting ranks' lines %r" % lines)
+    check(not os.path.exists(os.path.join(fx.dir, "nodir")), "nodir: a folder was made")
+
+
+def test_second_hang_after_requeue(fx):
+    # the dp 4 folder of the first hang (rank 2) and its finished requeue: a third attempt stopped in setup
+    # at rank 1 names rank 1 - the first hang's records were moved to flight-attempts/, not read as current
+    r, took = run(fx, "dp4", ["--set", "checkpoint.resume=auto"], fault="hang@1:setup")
+    check_hang(fx, r, took, "dp4", 1, "allreduce_max_f64 of 2 elements on world 0")
+    old = os.path.join(fx.dir, "dp4", "flight-attempts")
+    kept = sorted(os.listdir(old)) if os.path.isdir(old) else []
+    check(len(kept) == 1 and sorted(os.listdir(os.path.join(old, kept[0]))) ==
+          ["flight-rank-%d.txt" % k for k in (0, 1, 3)], "dp4: the first hang's records kept aside: %s" % kept)
+
+
 def test_rank_exits(fx):
     r, took = run(fx, "exit", [], fault="exit@1:3")
     comment("a rank's _exit(1) at step 3: the job ended in %.1f s, exit %d" % (took, r.returncode))
@@ -326,6 +386,13 @@ TESTS = [("SIGSTOP of rank 2 of dp 4: exit 76 within timeout + 10 s, the collect
          ("tp 2 x dp 2, rank 1 stopped: exit 76, the collective and rank 1 named", test_hang_tp2_dp2),
          ("pp 2 x dp 2, rank 3 stopped: exit 76, rank 3 named", test_hang_pp2),
          ("dp 4, rank 0 stopped: exit 76, rank 1 names rank 0", test_hang_rank0),
+         ("rank 2 stopped before MPI_Init: exit 76 within timeout + 10 s, MPI_Init and rank 2 named",
+          test_hang_in_mpi_init),
+         ("rank 1 stopped before MPI_Finalize, after the last checkpoint: exit 76, rank 1 named", test_hang_in_mpi_finalize),
+         ("checkpoint.dir none, rank 3 stopped after its last step: the waiting ranks name it, exit 76",
+          test_hang_at_end_without_folder),
+         ("a second hang after the requeue (rank 1, in setup): rank 1 named, the first hang's records kept aside",
+          test_second_hang_after_requeue),
          ("SIGUSR1 while a collective hangs: exit 75 within 10 s", test_stop_signal_during_hang),
          ("a rank that exits: the job ends", test_rank_exits),
          ("a rank 0.5 s slower a step from step 2: the slowest in log.metrics, a warning by step 4", test_straggler),

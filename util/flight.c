@@ -1,9 +1,12 @@
 /* util/flight.c - reading and comparing the flight recorder's files (see flight.h). */
 #include "util/flight.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 enum { FLIGHT_GROUPS = 64, FLIGHT_OPS = 512, FLIGHT_MAX_RANKS = 1 << 20 };
 
@@ -23,6 +26,7 @@ typedef struct FlightOp {
 typedef struct FlightRank {
     int present, world;
     char reason[16];
+    char attempt[FLIGHT_ATTEMPT_MAX];
     FlightGroup groups[FLIGHT_GROUPS];
     int n_groups;
     FlightOp wait; /* the oldest op in flight (wait.seq 0: none) */
@@ -38,6 +42,7 @@ static int read_rank(const char *dir, int r, FlightRank *fr, Error *err)
     if (!f)
         return 0;
     int rc = 0, rank = -1, lineno = 0;
+    snprintf(fr->attempt, sizeof fr->attempt, "unknown");
     while (rc == 0 && fgets(line, sizeof line, f)) {
         lineno++;
         line[strcspn(line, "\n")] = '\0';
@@ -50,6 +55,9 @@ static int read_rank(const char *dir, int r, FlightRank *fr, Error *err)
             if (sscanf(line, "rank %d world %d reason %15s", &rank, &fr->world, fr->reason) != 3 || rank != r ||
                 fr->world < 1 || fr->world > FLIGHT_MAX_RANKS)
                 rc = error_set(err, path, "line 2: not 'rank %d world N reason WHY now T'", r);
+        } else if (!strncmp(line, "attempt ", 8)) {
+            if (sscanf(line, "attempt %127s", fr->attempt) != 1)
+                rc = error_set(err, path, "line %d: not 'attempt A'", lineno);
         } else if (!strncmp(line, "group ", 6)) {
             if (fr->n_groups >= FLIGHT_GROUPS ||
                 sscanf(line, "group %d %15s %d %d %lld", &gr->g, gr->name, &gr->id, &gr->size, &gr->begun) != 5)
@@ -92,22 +100,59 @@ static void rank_list(const unsigned char *flag, int n, char *buf, size_t size)
             at += (size_t)snprintf(buf + at, size - at, "%s%d", at ? ", " : "", r);
 }
 
-int flight_compare(const char *dir, int world, char *line, size_t size, Error *err)
+/* 1 with *r when name is a flight recorder file's, flight-rank-R.txt. */
+static int file_rank(const char *name, int *r)
 {
+    int used = 0;
+    return sscanf(name, "flight-rank-%d.txt%n", r, &used) == 1 && used > 0 && name[used] == '\0' && *r >= 0;
+}
+
+/* The attempt of DIR's newest flight recorder file into attempt ("" when there is none). */
+static void newest_attempt(const char *dir, char *attempt, size_t size)
+{
+    attempt[0] = '\0';
+    DIR *dh = opendir(dir);
+    if (!dh)
+        return;
+    struct dirent *e;
+    double newest = -1;
+    int pick = -1, r;
+    while ((e = readdir(dh))) {
+        char path[4200];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!file_rank(e->d_name, &r) || stat(path, &st) != 0)
+            continue;
+        double t = (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
+        if (t > newest) {
+            newest = t;
+            pick = r;
+        }
+    }
+    closedir(dh);
+    FlightRank fr;
+    Error e2 = {0};
+    if (pick >= 0 && read_rank(dir, pick, &fr, &e2) == 0 && fr.present)
+        snprintf(attempt, size, "%s", fr.attempt);
+}
+
+int flight_compare(const char *dir, int world, const char *attempt, char *line, size_t size, Error *err)
+{
+    char newest[FLIGHT_ATTEMPT_MAX];
+    if (!attempt) {
+        newest_attempt(dir, newest, sizeof newest);
+        attempt = newest;
+    }
     FlightRank first;
-    int found = -1;
-    /* The job's size: the caller's, or the first file's. */
+    /* The job's size: the caller's, or the first file's of the attempt. */
     for (int r = 0; world <= 0 && r < 4096; r++) {
         if (read_rank(dir, r, &first, err) != 0)
             return -1;
-        if (first.present) {
+        if (first.present && !strcmp(first.attempt, attempt))
             world = first.world;
-            found = r;
-        }
     }
     if (world <= 0)
         return error_set(err, dir, "no flight recorder files (flight-rank-R.txt) here");
-    (void)found;
     FlightRank *fr = calloc((size_t)world, sizeof *fr);
     unsigned char *waiting = calloc((size_t)world, 1), *behind = calloc((size_t)world, 1),
                   *missing = calloc((size_t)world, 1);
@@ -115,6 +160,8 @@ int flight_compare(const char *dir, int world, char *line, size_t size, Error *e
     int present = 0;
     for (int r = 0; rc == 0 && r < world; r++) {
         rc = read_rank(dir, r, &fr[r], err);
+        if (fr[r].present && strcmp(fr[r].attempt, attempt) != 0)
+            fr[r].present = 0; /* another launch's: not this hang's picture */
         present += fr[r].present;
         missing[r] = !fr[r].present;
     }
@@ -173,4 +220,40 @@ int flight_compare(const char *dir, int world, char *line, size_t size, Error *e
     free(behind);
     free(missing);
     return rc;
+}
+
+/* mkdir that finds the folder there already content. */
+static int make_dir(const char *path)
+{
+    return mkdir(path, 0777) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+int flight_set_aside(const char *dir, const char *attempt, Error *err)
+{
+    (void)err;
+    DIR *dh = opendir(dir);
+    if (!dh)
+        return 0; /* no folder yet: nothing to keep aside */
+    struct dirent *e;
+    int r;
+    while ((e = readdir(dh))) {
+        FlightRank fr;
+        Error e2 = {0};
+        if (!file_rank(e->d_name, &r) || read_rank(dir, r, &fr, &e2) != 0 || !fr.present ||
+            !strcmp(fr.attempt, attempt))
+            continue; /* not a record, malformed (left for inspect to say), or this attempt's */
+        if (strchr(fr.attempt, '/') || fr.attempt[0] == '.')
+            snprintf(fr.attempt, sizeof fr.attempt, "unknown"); /* a folder name, never a path */
+        char sub[4300], from[4400], to[4600];
+        snprintf(sub, sizeof sub, "%s/" FLIGHT_ATTEMPTS_DIR, dir);
+        int ok = make_dir(sub) == 0;
+        snprintf(sub, sizeof sub, "%s/" FLIGHT_ATTEMPTS_DIR "/%s", dir, fr.attempt);
+        snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", sub, e->d_name);
+        if (!(ok && make_dir(sub) == 0 && (rename(from, to) == 0 || errno == ENOENT)))
+            fprintf(stderr, "wlbtrain: warning: %s: cannot move an earlier attempt's flight record into %s: %s\n",
+                    from, sub, strerror(errno));
+    }
+    closedir(dh);
+    return 0;
 }

@@ -5,6 +5,7 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_strict.h"
 #include "engine/comm/comm_watchdog.h"
 #include "util/clock.h"
 
@@ -43,6 +44,33 @@ static void blocking(const Comm *c, LayoutGroup g, const char *op, int64_t n)
     comm_log_op(c, g, op, n);
     comm_async_drain(c, g);
 }
+
+/* Runs op to the end through c's data path (the blocking forms): at a start that completes at once,
+ * and on the communication threads (comm_async_start's runner). The sums are float32 on the path,
+ * or in bfloat16 (comm_sums_in_bf16) - those only at a start, never on a thread. */
+static int run_op(Comm *c, const CommOp *op, Error *err)
+{
+    const CommImpl *i = c->impl;
+    int sum = op->kind == COMM_OP_ALLREDUCE_SUM || op->kind == COMM_OP_REDUCE_SCATTERV ||
+              op->kind == COMM_OP_REDUCE_SCATTER;
+    if (sum && comm_sums_in_bf16(c, op->group, op->dt))
+        return comm_run_sum_bf16(c, op, err);
+    switch (op->kind) {
+    case COMM_OP_ALLREDUCE_SUM:
+        return op->n == 0 ? 0 : i->allreduce_sum(c, op->group, (float *)op->recv, op->n, err);
+    case COMM_OP_ALLGATHERV:
+        return i->allgatherv(c, op->group, op->send, op->recv, op->counts, op->dt, err);
+    case COMM_OP_REDUCE_SCATTERV:
+        return i->reduce_scatterv(c, op->group, (const float *)op->send, (float *)op->recv, op->counts, err);
+    case COMM_OP_ALLGATHER:
+        return i->allgather(c, op->group, op->send, op->recv, op->n, op->dt, err);
+    case COMM_OP_REDUCE_SCATTER:
+        return i->reduce_scatter(c, op->group, (const float *)op->send, (float *)op->recv, op->n, err);
+    }
+    return error_runtime(err, "comm", "unknown collective %d", (int)op->kind);
+}
+
+int64_t comm_outstanding(const Comm *c) { return comm_async_outstanding(c); }
 
 static int64_t sum_counts(const Comm *c, LayoutGroup g, const int64_t *counts)
 {
@@ -101,18 +129,6 @@ int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, 
     return comm_block_end(t0, comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err)));
 }
 
-size_t comm_elem_bytes(const Comm *c, Dt dt)
-{
-    return dt == DT_ACT && c->ops ? c->ops->act_bytes : sizeof(float);
-}
-
-/* A ring of pp stages coloured so that neighbours differ: 0, 1, 0, 1, ..., and with an odd pp the
- * last stage (a neighbour of stage 0 as of stage pp - 2) colour 2. */
-int comm_lane_slot(CommLane lane, int sender, int pp)
-{
-    int color = pp % 2 && sender == pp - 1 && pp > 1 ? 2 : sender % 2;
-    return (int)lane * COMM_LANE_COLORS + color;
-}
 
 void comm_lane_peers(const Comm *c, CommLane lane, int wrap, int *to, int *from)
 {
@@ -154,7 +170,7 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, c
     double t0 = comm_block_begin();
     comm_async_drain(c, g);
     comm_block_end(t0, 0);
-    comm_flight_begin(c, g, "send", n, peer);
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, "send", n, peer);
     comm_flight_bind(req);
     if (c->impl->isend(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
@@ -186,7 +202,7 @@ int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *b
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
     double t0 = comm_block_begin();
     comm_async_drain(c, g);
-    comm_flight_begin(c, g, "recv", n, peer);
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, "recv", n, peer);
     return comm_block_end(t0, comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err)));
 }
 
@@ -217,7 +233,7 @@ int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *
     comm_block_end(t0, 0);
     req->collective = 0;
     req->op = NULL;
-    comm_flight_begin(c, g, "recv", n, peer);
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, "recv", n, peer);
     comm_flight_bind(req);
     if (c->impl->irecv(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
@@ -249,10 +265,10 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     /* MPI's communication threads: host memory only (a staged GPU buffer is copied by the caller's
      * thread, whose device context it is). */
     if (background && c->impl == &comm_mpi && !c->stage && c->thread_multiple)
-        return comm_async_start(c, op, req, err);
+        return comm_async_start(c, op, run_op, req, err);
     double t0 = comm_block_begin();
     comm_async_drain(c, g); /* at once, after the group's started ones */
-    return comm_block_end(t0, comm_run_op(c, op, err));
+    return comm_block_end(t0, run_op(c, op, err));
 }
 
 int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err)

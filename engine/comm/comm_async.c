@@ -45,6 +45,7 @@
 
 typedef struct AsyncOp {
     CommOp op;
+    CommRunOp run;         /* how it runs (comm.c's comm_istart gives it) */
     int64_t *counts;       /* the copy of op.counts (v forms) */
     int done, rc;
     Error err;
@@ -141,7 +142,8 @@ int comm_async_open_log(Comm *c, Error *err)
 
 void comm_log_op(const Comm *c, LayoutGroup g, const char *op, int64_t n)
 {
-    comm_flight_begin(c, g, op, n, -1); /* the watchdog's flight recorder (comm_watchdog.h) */
+    /* the watchdog's flight recorder (comm_watchdog.h) */
+    comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, op, n, -1);
     if (c->log && c->size[g] > 1)
         fprintf((FILE *)c->log, "%d-%d %s %lld\n", (int)g, c->group_id[g], op, (long long)n);
 }
@@ -178,7 +180,7 @@ void comm_async_count(const Comm *c, int delta)
     pthread_mutex_unlock(&a->mu);
 }
 
-int64_t comm_outstanding(const Comm *c)
+int64_t comm_async_outstanding(const Comm *c)
 {
     CommAsync *a = c->async;
     if (!a)
@@ -187,29 +189,6 @@ int64_t comm_outstanding(const Comm *c)
     int64_t n = a->outstanding;
     pthread_mutex_unlock(&a->mu);
     return n;
-}
-
-int comm_run_op(Comm *c, const CommOp *op, Error *err)
-{
-    const CommImpl *i = c->impl;
-    /* The sums: float32 on the path; in bfloat16 (comm_sums_in_bf16) only at a start, never on a thread. */
-    int sum = op->kind == COMM_OP_ALLREDUCE_SUM || op->kind == COMM_OP_REDUCE_SCATTERV ||
-              op->kind == COMM_OP_REDUCE_SCATTER;
-    if (sum && comm_sums_in_bf16(c, op->group, op->dt))
-        return comm_run_sum_bf16(c, op, err);
-    switch (op->kind) {
-    case COMM_OP_ALLREDUCE_SUM:
-        return op->n == 0 ? 0 : i->allreduce_sum(c, op->group, (float *)op->recv, op->n, err);
-    case COMM_OP_ALLGATHERV:
-        return i->allgatherv(c, op->group, op->send, op->recv, op->counts, op->dt, err);
-    case COMM_OP_REDUCE_SCATTERV:
-        return i->reduce_scatterv(c, op->group, (const float *)op->send, (float *)op->recv, op->counts, err);
-    case COMM_OP_ALLGATHER:
-        return i->allgather(c, op->group, op->send, op->recv, op->n, op->dt, err);
-    case COMM_OP_REDUCE_SCATTER:
-        return i->reduce_scatter(c, op->group, (const float *)op->send, (float *)op->recv, op->n, err);
-    }
-    return error_runtime(err, "comm", "unknown collective %d", (int)op->kind);
 }
 
 /* The chaos form of the collective: in-place input from the start's copy, output into x->result. */
@@ -229,7 +208,7 @@ static int run_chaos(Comm *c, AsyncOp *x, Error *err)
         break;
     }
     op.recv = x->result;
-    return comm_run_op(c, &op, err);
+    return x->run(c, &op, err);
 }
 
 /* Runs record x of worker w (its thread, or a caller that took it off the queue: comm_async_wait),
@@ -240,7 +219,7 @@ static int run_record(Worker *w, AsyncOp *x, Error *err)
         double d = (double)(rand_r(&w->seed) % (unsigned)w->c->chaos_us) * 1e-6;
         sleep_until(clock_seconds() + d);
     }
-    return x->result ? run_chaos(w->c, x, err) : comm_run_op(w->c, &x->op, err);
+    return x->result ? run_chaos(w->c, x, err) : x->run(w->c, &x->op, err);
 }
 
 /* The head of w's queue, taken to run (under the mutex). */
@@ -298,11 +277,16 @@ static void ask_short_slices(void)
 #endif
 }
 
+/* Set on the communication threads: MPI's path finishes their collectives by polling (comm_mpi.c). */
+static _Thread_local int on_thread;
+
+int comm_async_polling(void) { return on_thread; }
+
 static void *worker_main(void *arg)
 {
     Worker *w = arg;
     CommAsync *a = w->c->async;
-    comm_mpi_poll_thread();
+    on_thread = 1;
     ask_short_slices();
     pthread_mutex_lock(&a->mu);
     for (;;) {
@@ -380,7 +364,7 @@ static int chaos_prepare(const Comm *c, AsyncOp *x, Error *err)
     return 0;
 }
 
-int comm_async_start(Comm *c, const CommOp *op, CommRequest *req, Error *err)
+int comm_async_start(Comm *c, const CommOp *op, CommRunOp run, CommRequest *req, Error *err)
 {
     CommAsync *a = c->async;
     Worker *w = &a->w[op->group];
@@ -388,6 +372,7 @@ int comm_async_start(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     if (!x)
         return error_runtime(err, "comm", "out of memory");
     x->op = *op;
+    x->run = run;
     int size = c->size[op->group];
     if (op->counts) {
         if (!(x->counts = malloc((size_t)size * sizeof *x->counts))) {

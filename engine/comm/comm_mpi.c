@@ -5,15 +5,19 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_strict.h"
 #include "engine/comm/comm_watchdog.h"
+#include "engine/comm/runtime.h"
 #include "util/clock.h"
 
 #include <limits.h>
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int mpi_error(int rc, const char *what, Error *err)
 {
@@ -33,22 +37,17 @@ static int mpi_error(int rc, const char *what, Error *err)
 
 static MPI_Comm group_comm(const Comm *c, LayoutGroup g) { return *(MPI_Comm *)c->groups[g]; }
 
-void *comm_mpi_handle(const Comm *c, LayoutGroup g) { return c->groups[g]; }
-
 /* The float collectives run as MPI's non-blocking forms, finished here: MPI_Wait on the main
- * thread; on a communication thread (comm_mpi_poll_thread) MPI_Test between sleeps, so that a
+ * thread; on a communication thread (comm_async_polling) MPI_Test between sleeps, so that a
  * thread waiting for its peers leaves the cores to the products instead of spinning in MPI_Wait.
  * The sleeps grow from 20 us to at most 200 us while the wait lasts: a collective whose peers are
  * still computing costs a few wake-ups a millisecond, and one that is moving is polled often enough
  * that its steps (each needs a call to progress) follow each other closely.
  * Both threads use the same forms, so a collective sums in the same order either way. */
-static _Thread_local int poll_thread;
-
-void comm_mpi_poll_thread(void) { poll_thread = 1; }
 
 static int finish(MPI_Request *r, const char *what, Error *err)
 {
-    if (!poll_thread) {
+    if (!comm_async_polling()) {
         CHECK(MPI_Wait(r, MPI_STATUS_IGNORE), what);
         return 0;
     }
@@ -106,7 +105,12 @@ int comm_start(Comm *c, int launched, Error *err)
     /* OpenMP threads compute; the main thread and the communication threads (comm_async.c) call
      * MPI, each on communicators of its own at any one time. Without MPI_THREAD_MULTIPLE started
      * collectives run at their start. */
-    CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    /* MPI_Init waits for every rank of the job (the launcher's fence): a rank that never gets there
+     * leaves the others in it, so it is a collective of the flight recorder's over the world as the
+     * launcher counts it (the watchdog runs from before it: comm_watchdog_launch). */
+    comm_flight_begin(GROUP_WORLD, 0, runtime_launch_from_env().world_size, "MPI_Init", 0, -1);
+    CHECK(comm_flight_end(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided)), "MPI_Init_thread");
+    comm_watchdog_mpi(1);
     c->mpi = 1;
     c->thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -118,11 +122,28 @@ int comm_start(Comm *c, int launched, Error *err)
     if (c->size[GROUP_WORLD] > 1)
         error_set_fatal_context(c->rank[GROUP_WORLD], abort_job);
     MPI_Comm node;
-    CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    comm_flight_begin(GROUP_WORLD, 0, c->size[GROUP_WORLD], "MPI_Comm_split_type", 0, -1);
+    CHECK(comm_flight_end(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node)),
+          "MPI_Comm_split_type");
     int rc = MPI_Comm_size(node, &c->node_ranks);
     MPI_Comm_free(&node);
     CHECK(rc, "MPI_Comm_size");
     return 0;
+}
+
+/* The data path's asynchronous errors and abort (NCCL's), for the watchdog's thread: whichever path
+ * the Comm uses when it asks. */
+static int path_async_error(const void *ctx, char *msg, size_t size)
+{
+    const Comm *c = ctx;
+    return c->impl && c->impl->async_error ? c->impl->async_error(c, msg, size) : 0;
+}
+
+static void path_abort(const void *ctx)
+{
+    const Comm *c = ctx;
+    if (c->impl && c->impl->abort)
+        c->impl->abort(c);
 }
 
 int comm_group_made(const Comm *c, LayoutGroup g)
@@ -154,13 +175,25 @@ int comm_split(Comm *c, int tp, int cp, int pp, int dp, int cp_blocks, Error *er
         int color = members[0];
         for (int i = 1; i < n; i++)
             color = members[i] < color ? members[i] : color;
-        CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, layout_group_rank(&c->layout, (LayoutGroup)g), h),
+        comm_flight_begin(GROUP_WORLD, 0, c->size[GROUP_WORLD], "MPI_Comm_split", 0, -1);
+        CHECK(comm_flight_end(MPI_Comm_split(MPI_COMM_WORLD, color, layout_group_rank(&c->layout, (LayoutGroup)g), h)),
               "MPI_Comm_split");
         CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
         CHECK(MPI_Comm_size(*h, &c->size[g]), "MPI_Comm_size");
         CHECK(MPI_Comm_rank(*h, &c->rank[g]), "MPI_Comm_rank");
         c->group_id[g] = color;
     }
+    /* The watchdog (when it runs) learns the groups, and gets its side communicator to ask the
+     * other ranks which one never came (MPI_THREAD_MULTIPLE: its thread calls MPI beside the main
+     * thread's). */
+    CommWatchdogJob job = {.side = c->thread_multiple, .ctx = c, .async_error = path_async_error,
+                           .abort = path_abort};
+    for (int g = 0; g < GROUP_COUNT; g++) {
+        job.group_id[g] = c->group_id[g];
+        job.group_size[g] = comm_group_made(c, (LayoutGroup)g) ? c->size[g] : 0;
+    }
+    if (comm_watchdog_attach(&job, err) != 0)
+        return -1;
     return comm_async_open_log(c, err);
 }
 
@@ -228,8 +261,25 @@ void comm_finish(Comm *c)
         c->groups[g] = NULL;
     }
     if (c->mpi) {
+        /* The end is bounded too: a final barrier (a rank that stopped after its last checkpoint
+         * leaves the others here, where the watchdog still asks the side communicator and ends the
+         * job through MPI_Abort), then MPI_Finalize (its fence: a rank stopped in it is named by
+         * the flight records, and the job ends through _exit). */
+        if (c->size[GROUP_WORLD] > 1) {
+            comm_flight_begin(GROUP_WORLD, 0, c->size[GROUP_WORLD], "final_barrier", 0, -1);
+            comm_flight_end(MPI_Barrier(MPI_COMM_WORLD));
+        }
+        comm_watchdog_detach();
+        comm_watchdog_mpi(0);
+        if (c->fault_stop_in_finalize) {
+            fflush(stdout);
+            raise(SIGSTOP);
+            for (;;) /* woken by the launcher's end of the job: stays hung */
+                pause();
+        }
         error_set_fatal_context(-1, NULL);
-        MPI_Finalize();
+        comm_flight_begin(GROUP_WORLD, 0, c->size[GROUP_WORLD], "MPI_Finalize", 0, -1);
+        comm_flight_end(MPI_Finalize());
     }
     c->mpi = 0;
 }

@@ -145,7 +145,7 @@ int comm_reserve_sum16(Comm *c, int64_t n, Error *err)
 
 /* The sums through bfloat16: send (n float32) rounded, summed by the path, recv (mine float32) widened.
  * On the caller's thread, after the group's started collectives (a started one ran its drain at
- * its start; comm_run_op comes here for it). */
+ * its start; comm.c's runner comes here for it). */
 static int sum_via_bf16(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, const int64_t *counts,
                         Error *err)
 {

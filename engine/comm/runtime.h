@@ -9,6 +9,8 @@
 #ifndef WLB_ENGINE_RUNTIME_H
 #define WLB_ENGINE_RUNTIME_H
 
+#include <stddef.h>
+
 typedef struct RuntimeLaunch {
     int world_size; /* 1 when not launched by a known launcher */
     int rank;
@@ -17,5 +19,11 @@ typedef struct RuntimeLaunch {
 } RuntimeLaunch;
 
 RuntimeLaunch runtime_launch_from_env(void);
+
+/* This launch's attempt into buf: the same string on every rank of one launch, another one for the
+ * next launch (a requeue, a second mpirun): "slurm-JOB.STEP-rRESTARTS" under Slurm, with Open MPI's
+ * or PMIx's job namespace after it ("-ns-NAME") when there is one; "none" when the environment says
+ * nothing. Only [A-Za-z0-9._-] (it names a folder: util/flight.h's records of other attempts). */
+void runtime_attempt(char *buf, size_t size);
 
 #endif

@@ -33,7 +33,10 @@
  * continued by a timer, util/stall.h: a straggler outside its passes), exit (_exit(1) at the step:
  * a rank gone) or savestall (SIGTERM to every rank in the checkpoint saved after that step, and RANK
  * stalling WLBTRAIN_FAULT_SLOW_S seconds once it is complete, before the oldest are removed: the
- * others' stop line must say the checkpoint is complete). WLBTRAIN_STEP_DELAY=S
+ * others' stop line must say the checkpoint is complete). STEP may also name a moment outside the
+ * steps, for hang: start (before MPI_Init: the others wait in it), setup (after the communicators
+ * are made, before the model is), end (after the last checkpoint, before the final barrier) or
+ * finalize (after the final barrier, before MPI_Finalize). WLBTRAIN_STEP_DELAY=S
  * makes rank 0 sleep S seconds after every step, so that a test's signal lands in the middle of a
  * run of a tiny model.
  */
@@ -78,6 +81,9 @@ typedef enum FaultKind {
     FAULT_SAVESTALL
 } FaultKind;
 
+/* The moments of WLBTRAIN_FAULT outside the steps (Fault.step). */
+enum { FAULT_AT_START = -1, FAULT_AT_SETUP = -2, FAULT_AT_END = -3, FAULT_AT_FINALIZE = -4 };
+
 typedef struct Fault {
     FaultKind kind;
     int rank;
@@ -91,12 +97,22 @@ static int parse_fault(Fault *f, Error *err)
     const char *s = getenv("WLBTRAIN_FAULT");
     if (!s || !*s)
         return 0;
-    char kind[16];
-    long long rank, step;
+    char kind[16], at[16];
+    long long rank = -1, step = 0;
     int used = 0;
-    if (sscanf(s, "%15[a-z]@%lld:%lld%n", kind, &rank, &step, &used) != 3 || s[used] || rank < 0 || step < 1)
+    static const char *const moments[] = {"start", "setup", "end", "finalize"};
+    if (sscanf(s, "%15[a-z]@%lld:%15[a-z0-9]%n", kind, &rank, at, &used) == 3 && !s[used]) {
+        for (int m = 0; m < 4; m++)
+            if (!strcmp(at, moments[m]))
+                step = -1 - m;
+        int tail = 0;
+        if (step == 0 && (sscanf(at, "%lld%n", &step, &tail) != 1 || at[tail] || step < 1))
+            step = 0;
+    }
+    if (step == 0 || rank < 0 || (step < 0 && strcmp(kind, "hang") != 0))
         return error_set(err, "WLBTRAIN_FAULT", "expected KIND@RANK:STEP (KIND error, kill, plan, nan, savekill, "
-                         "savesignal, hang, slow, stall, exit or savestall), got '%s'", s);
+                         "savesignal, hang, slow, stall, exit or savestall; for hang STEP may be start, setup, end "
+                         "or finalize), got '%s'", s);
     static const char *const kinds[] = {"",     "error", "kill", "plan", "nan",  "savekill",
                                         "savesignal", "hang", "slow", "exit", "stall", "savestall"};
     for (int k = 1; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
@@ -112,6 +128,25 @@ static int parse_fault(Fault *f, Error *err)
     f->rank = (int)rank;
     f->step = step;
     return 0;
+}
+
+/* WLBTRAIN_FAULT hang: SIGSTOP to this process, as `kill -STOP`: the rank stops answering, outside
+ * any collective. */
+static void fault_stop(void)
+{
+    fflush(stdout);
+    raise(SIGSTOP);
+    /* Woken by the launcher ending the job (its SIGCONT before SIGTERM and SIGKILL): a hung rank
+     * stays hung - it must not go on into the next collective and report a hang of its own. */
+    for (;;)
+        pause();
+}
+
+/* A hang at a moment outside the steps (FAULT_AT_*), on the fault's rank. */
+static void fault_at(const Fault *f, int rank, int64_t moment)
+{
+    if (f->kind == FAULT_HANG && f->step == moment && f->rank == rank)
+        fault_stop();
 }
 
 static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
@@ -140,14 +175,8 @@ static int inject_fault(const Fault *f, Trainer *tr, int64_t step, Error *err)
     }
     if (f->kind == FAULT_NONE || f->step != step || f->rank != tr->lay.rank)
         return 0;
-    if (f->kind == FAULT_HANG) {
-        fflush(stdout);
-        raise(SIGSTOP); /* as `kill -STOP`: the rank stops answering, outside any collective */
-        /* Woken by the launcher ending the job (its SIGCONT before SIGTERM and SIGKILL): a hung rank
-         * stays hung - it must not go on into the next collective and report a hang of its own. */
-        for (;;)
-            pause();
-    }
+    if (f->kind == FAULT_HANG)
+        fault_stop();
     if (f->kind == FAULT_EXIT) {
         fflush(stdout);
         _exit(1); /* a rank gone without a word (no MPI_Finalize, no abort) */
@@ -656,10 +685,25 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
         return -1;
     Comm comm;
     const ConfigParallel *p = &cfg->parallel;
-    if (comm_start(&comm, strcmp(launch.launcher, "none") != 0, err) != 0 ||
+    /* The collective watchdog (comm_watchdog.h; a job of more than one rank), from before MPI_Init:
+     * a rank that never starts leaves the others in MPI_Init. Its flight recorder goes to
+     * checkpoint.dir (made now, so that it is there when a hang is found). */
+    char mark[4200];
+    snprintf(mark, sizeof mark, "%s/x", cfg->checkpoint.dir ? cfg->checkpoint.dir : ".");
+    int launched = strcmp(launch.launcher, "none") != 0;
+    if (launched && launch.world_size > 1 && p->timeout_s > 0 &&
+        ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
+         comm_watchdog_launch(launch.rank, launch.world_size, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal,
+                              err) != 0)) {
+        restore_stop_handlers(old);
+        return -1;
+    }
+    fault_at(&fault, launch.rank, FAULT_AT_START);
+    if (comm_start(&comm, launched, err) != 0 ||
         comm_split(&comm, (int)p->tp, (int)p->cp, (int)p->pp, (int)p->dp,
                    cfg->balance.cp_sharding == CP_GROUPS, err) != 0) {
         comm_finish(&comm);
+        comm_watchdog_stop();
         restore_stop_handlers(old);
         return -1;
     }
@@ -668,21 +712,13 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     RunLock lock;
     if (trainer_claim_outputs(cfg, &comm, &lock, err) != 0) {
         comm_finish(&comm);
+        comm_watchdog_stop();
         restore_stop_handlers(old);
         return -1;
     }
-    /* The collective watchdog (comm_watchdog.h; a job of more than one rank): its flight recorder
-     * goes to checkpoint.dir (made now, so that it is there when a hang is found). */
-    char mark[4200];
-    snprintf(mark, sizeof mark, "%s/x", cfg->checkpoint.dir ? cfg->checkpoint.dir : ".");
-    int wd = comm_world_size(&comm) > 1 && p->timeout_s > 0;
-    if (wd && ((cfg->checkpoint.dir && file_make_parents(mark, err) != 0) ||
-               comm_watchdog_start(&comm, p->timeout_s, cfg->checkpoint.dir, &train_stop_signal, err) != 0)) {
-        trainer_unclaim_outputs(&lock, 1);
-        comm_finish(&comm);
-        restore_stop_handlers(old);
-        return -1;
-    }
+    fault_at(&fault, comm_world_rank(&comm), FAULT_AT_SETUP);
+    comm.fault_stop_in_finalize = fault.kind == FAULT_HANG && fault.step == FAULT_AT_FINALIZE &&
+                                  fault.rank == comm_world_rank(&comm);
     Trainer tr;
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
@@ -711,9 +747,10 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     if (rc == 0 && stop.reason == STOP_SIGNAL)
         *exit_status = TRAIN_EXIT_PREEMPTED;
     trainer_free(&tr);
+    fault_at(&fault, comm_world_rank(&comm), FAULT_AT_END);
+    comm_finish(&comm); /* the watchdog still runs: the final barrier and MPI_Finalize are bounded */
     comm_watchdog_stop();
     trainer_unclaim_outputs(&lock, 1); /* a run that returns releases it (exit 0, 75, or an error alone) */
-    comm_finish(&comm);
     restore_stop_handlers(old);
     return rc;
 }
