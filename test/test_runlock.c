@@ -137,6 +137,24 @@ static void test_dead_local_holder(void **state)
     Error err = {0};
     assert_int_equal(runlock_take(&a, dir, "checkpoint.dir", RUNLOCK_STALE_S, &err), 0);
     runlock_release(&a);
+    /* A holder that has ended but is not reaped yet (a zombie: kill(pid, 0) still finds it) is gone
+     * too: a rank ended by MPI_Abort, seen right after mpirun returns, where nobody reaps orphans. */
+    pid_t zombie = fork();
+    if (zombie == 0)
+        _exit(0);
+    char stat_path[64], *stat_text = NULL;
+    snprintf(stat_path, sizeof stat_path, "/proc/%ld/stat", (long)zombie);
+    for (int i = 0; i < 2000 && !(stat_text && strstr(stat_text, ") Z ")); i++) {
+        free(stat_text);
+        usleep(1000);
+        stat_text = test_read_file(stat_path, NULL);
+    }
+    assert_non_null(strstr(stat_text, ") Z "));
+    free(stat_text);
+    plant(host, (long)zombie, "", 0, 1);
+    assert_int_equal(runlock_take(&a, dir, "checkpoint.dir", RUNLOCK_STALE_S, &err), 0);
+    runlock_release(&a);
+    waitpid(zombie, &st, 0);
     /* A live process of this host (this one's parent) is not taken over. */
     plant(host, (long)getppid(), "", 0, 1);
     assert_int_equal(runlock_take(&a, dir, "checkpoint.dir", RUNLOCK_STALE_S, &err), -1);

@@ -112,6 +112,27 @@ static double mtime_of(const struct stat *st)
     return (double)st->st_mtim.tv_sec + 1e-9 * (double)st->st_mtim.tv_nsec;
 }
 
+/* Whether process pid of this host has ended: kill(pid, 0) fails with ESRCH, or it is a zombie that
+ * nobody has reaped yet - kill() still finds a zombie, and one whose launcher ended before reaping it
+ * stays one where no init process reaps orphans (a container's first process often does not): a
+ * rank ended by MPI_Abort is seen so right after mpirun returns. */
+static int process_gone(long pid)
+{
+    if (kill((pid_t)pid, 0) != 0)
+        return errno == ESRCH;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so the state follows the last ')' */
+    const char *close = strrchr(buf, ')');
+    return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
 /* Why the holder's lock may be taken over ("" when it may not), into why. */
 static void takeover_reason(const RunLockRecord *self, const RunLockRecord *h, int readable, double age, double stale_s,
                             char *why, size_t cap)
@@ -121,7 +142,7 @@ static void takeover_reason(const RunLockRecord *self, const RunLockRecord *h, i
         snprintf(why, cap, "the same Slurm job %s before its requeue (restart %ld, now %ld)", h->job, h->restart,
                  self->restart);
     else if (readable && strcmp(h->host, self->host) == 0 && h->pid > 0 && h->pid != self->pid &&
-             kill((pid_t)h->pid, 0) != 0 && errno == ESRCH)
+             process_gone(h->pid))
         snprintf(why, cap, "its process %ld on this host is gone", h->pid);
     else if (age > stale_s)
         snprintf(why, cap, "its heartbeat is %.0f s old, over the %.0f s bound", age, stale_s);
