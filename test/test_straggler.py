@@ -132,13 +132,11 @@ def test_stop_continue_duty_cycle(fx):
     steps = 8
     p = start(fx, "duty", steps, args=["--set", "model.preset=tiny", "--set", "data.context_window=256",
                                        "--set", "data.global_batch_tokens=2048"])
-    lines, first_step = [], threading.Event()
+    lines = []
 
-    def read():  # stdout as it comes: the duty cycle starts once step 1 is logged
+    def read():  # stdout as it comes (a full pipe would stall rank 0)
         for line in p.stdout:
             lines.append(line)
-            if line.startswith("step "):
-                first_step.set()
     reader = threading.Thread(target=read)
     reader.start()
     pid = None
@@ -146,8 +144,6 @@ def test_stop_continue_duty_cycle(fx):
         pid = rank_pid(p.pid, 1)
         time.sleep(0.02)
     stops = 0
-    while pid and first_step.wait(0.05) is False and p.poll() is None:
-        pass
     while pid and p.poll() is None:
         try:
             os.kill(pid, signal.SIGSTOP)
@@ -174,7 +170,7 @@ def test_stop_continue_duty_cycle(fx):
                 % (o["step"], o["slowest_rank"], o["slowest_busy_s"], o["median_busy_s"], o["slowest_compute_s"],
                    o["median_compute_s"]))
     slowest = [o["slowest_rank"] for o in rows]
-    comment("%d stops (80 ms of every 120 ms) from step 1 on; the slowest rank of steps 1-%d: %s" % (stops, steps, slowest))
+    comment("%d stops (80 ms of every 120 ms); the slowest rank of steps 1-%d: %s" % (stops, steps, slowest))
     check(warn and warn[0].startswith("wlbtrain: warning: straggler: rank 1 was busy"), "the warning: %r" % warn)
     check(slowest[1:].count(1) >= 5, "rank 1 the slowest in %d of steps 2-%d" % (slowest[1:].count(1), steps))
 

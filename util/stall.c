@@ -16,7 +16,7 @@
 
 struct StallClock {
     pthread_t thread;
-    int (*counting)(void);
+    double (*counting_s)(void);
     double started; /* by the starting thread: a stop before the clock's thread first runs counts */
     atomic_int stop;
     atomic_llong stalled_ns;
@@ -39,30 +39,36 @@ static void *run(void *arg)
 {
     StallClock *s = arg;
     int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
-    double last = s->started, delay = run_delay_s(fd);
+    double last = s->started, delay = run_delay_s(fd), counted = s->counting_s ? s->counting_s() : 0;
     while (!atomic_load(&s->stop)) {
         struct timespec tick = {0, (long)(STALL_TICK_S * 1e9)};
         while (nanosleep(&tick, &tick) != 0 && errno == EINTR) {
         }
-        /* Late by what it did not wait for a CPU: stopped or frozen, not merely crowded out. */
-        double now = clock_seconds(), now_delay = run_delay_s(fd);
-        double late = now - last - STALL_TICK_S - (now_delay - delay);
-        if (late > STALL_MIN_S && (!s->counting || s->counting()))
-            atomic_fetch_add(&s->stalled_ns, (long long)(late * 1e9));
+        /* Late by what it did not wait for a CPU: stopped or frozen, not merely crowded out; of that,
+         * the part the counted time ran through (less its run while this thread waited for a CPU). */
+        double now = clock_seconds(), now_delay = run_delay_s(fd), now_counted = s->counting_s ? s->counting_s() : 0;
+        double waited = now_delay - delay, late = now - last - STALL_TICK_S - waited;
+        if (late > STALL_MIN_S) {
+            double in = s->counting_s ? now_counted - counted - waited : late;
+            in = in < late ? in : late;
+            if (in > 0)
+                atomic_fetch_add(&s->stalled_ns, (long long)(in * 1e9));
+        }
         last = now;
         delay = now_delay;
+        counted = now_counted;
     }
     if (fd >= 0)
         close(fd);
     return NULL;
 }
 
-StallClock *stall_clock_start(int (*counting)(void))
+StallClock *stall_clock_start(double (*counting_s)(void))
 {
     StallClock *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->counting = counting;
+    s->counting_s = counting_s;
     s->started = clock_seconds();
     if (pthread_create(&s->thread, NULL, run, s) != 0) {
         free(s);

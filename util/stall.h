@@ -6,9 +6,13 @@
  * STALL_TICK_S at a time; when it wakes more than STALL_MIN_S later than that, less the time it
  * waited for a CPU meanwhile (the kernel's run_delay, /proc/thread-self/schedstat: a crowded
  * machine delays every process alike, and a waiting rank crowded out delays nobody), the process
- * was stopped or frozen, and that time is counted - when counting() says so at that moment (NULL:
- * always). Without the schedstat file the whole lateness counts. A wake-up a thousand times a
- * second, each a read of that file, costs a few microseconds.
+ * was stopped or frozen, and that time is counted - the part of it that counting_s(), a clock of
+ * the seconds in which stops count (NULL: all of them), advanced through between the two wake-ups,
+ * less what it advanced while the thread waited for a CPU after the stop. Asking at both ends,
+ * rather than at the wake-up only, keeps a stop made outside the counted time out when the counted
+ * time begins right after it (before this thread woke). Without the schedstat file the whole
+ * lateness counts. A wake-up a thousand times a second, each a read of that file, costs a few
+ * microseconds.
  *
  * stall_freeze stops the whole process for a while as `kill -STOP` would, and continues it with a
  * timer's SIGCONT: a deterministic stop/continue for the tests (WLBTRAIN_FAULT stall, train.c).
@@ -24,7 +28,7 @@
 typedef struct StallClock StallClock;
 
 /* Starts the clock's thread; NULL when it cannot (out of memory, no thread). */
-StallClock *stall_clock_start(int (*counting)(void));
+StallClock *stall_clock_start(double (*counting_s)(void));
 /* Seconds counted so far (any thread may ask). */
 double stall_clock_seconds(const StallClock *s);
 /* Ends the thread and frees s (NULL: nothing). */

@@ -9,31 +9,49 @@
 #include "engine/comm/comm_watchdog.h"
 #include "util/clock.h"
 
-#include <stdatomic.h>
+#include <pthread.h>
 
 /* comm_blocked_s: this thread's seconds in calls that can wait, and how deep it is in them now (a
- * call made inside another is not counted again); blocked_threads: the threads inside one now. */
+ * call made inside another is not counted again). comm_any_blocked_s: the seconds in which some
+ * thread was inside one - the finished spans, and the one open since any_since while any_open
+ * threads are inside (under any_mu: the stall clock's thread reads it). */
 static _Thread_local double blocked_s;
 static _Thread_local int blocked_depth;
-static atomic_int blocked_threads;
+static pthread_mutex_t any_mu = PTHREAD_MUTEX_INITIALIZER;
+static double any_closed_s, any_since;
+static int any_open;
 
 double comm_blocked_s(void) { return blocked_s; }
 
-int comm_blocked_now(void) { return atomic_load(&blocked_threads) > 0; }
+double comm_any_blocked_s(void)
+{
+    pthread_mutex_lock(&any_mu);
+    double s = any_closed_s + (any_open ? clock_seconds() - any_since : 0);
+    pthread_mutex_unlock(&any_mu);
+    return s;
+}
 
 double comm_block_begin(void)
 {
     if (blocked_depth++)
         return -1;
-    atomic_fetch_add(&blocked_threads, 1);
-    return clock_seconds();
+    double t0 = clock_seconds();
+    pthread_mutex_lock(&any_mu);
+    if (any_open++ == 0)
+        any_since = t0;
+    pthread_mutex_unlock(&any_mu);
+    return t0;
 }
 
 int comm_block_end(double t0, int rc)
 {
     if (--blocked_depth == 0 && t0 >= 0) {
-        blocked_s += clock_seconds() - t0;
-        atomic_fetch_sub(&blocked_threads, 1);
+        double t1 = clock_seconds();
+        blocked_s += t1 - t0;
+        pthread_mutex_lock(&any_mu);
+        if (--any_open == 0)
+            any_closed_s += t1 - any_since;
+        pthread_mutex_unlock(&any_mu);
     }
     return rc;
 }

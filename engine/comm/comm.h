@@ -171,8 +171,9 @@ int comm_barrier(const Comm *c, Error *err);
  * a step's time to find the rank's own share (train_straggler.c). Per thread, counted once where
  * one call makes another (comm_block_begin / comm_block_end around each, comm.c). */
 double comm_blocked_s(void);
-/* 1 while some thread of the process is inside such a call (the straggler's stall clock asks). */
-int comm_blocked_now(void);
+/* Seconds so far in which some thread of the process was inside such a call (a clock that runs
+ * while one is: the straggler's stall clock reads it around a stop). */
+double comm_any_blocked_s(void);
 double comm_block_begin(void);
 int comm_block_end(double t0, int rc);
 

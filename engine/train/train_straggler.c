@@ -17,8 +17,8 @@
  * rank to progress them) while its own clock counts the time as a wait. A stall clock sees that
  * time: a thread that sleeps STALL_TICK_S at a time and finds, when it wakes more than STALL_MIN_S
  * late beyond what it waited for a CPU, that the process was stopped in between; such a gap while
- * the rank was inside a wait (comm_blocked_now) is added back to its busy time (one while it
- * computed is in it already; util/stall.h).
+ * the rank was inside a wait (comm_any_blocked_s, read before and after the gap) is added back to
+ * its busy time (one while it computed is in it already; util/stall.h).
  * That is the host clock's view, right where the host clock times the compute (the CPU backend).
  * With a device timer (CUDA: events) the host runs ahead of the device and waits for it in
  * synchronisations the comm layer does not see, so there the figure stays each rank's compute
@@ -88,7 +88,7 @@ void trainer_straggler_start(Trainer *tr)
     /* The stall clock where busy time is measured (no device timer) and there are others to wait;
      * counting the gaps that fall inside a comm wait. Without it (no thread) the busy time is all. */
     if (!tr->stall_clock && !tr->ops->timer_mark && tr->comm->size[GROUP_WORLD] > 1)
-        tr->stall_clock = stall_clock_start(comm_blocked_now);
+        tr->stall_clock = stall_clock_start(comm_any_blocked_s);
     mark(tr);
 }
 
