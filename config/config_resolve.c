@@ -14,6 +14,7 @@
 
 #include "config/config_keys.h"
 #include "util/parse.h"
+#include "util/trace.h"
 
 static int key(const char *name)
 {
@@ -341,6 +342,12 @@ static int check_train(const Config *cfg, Error *err)
         return rule_error(cfg, err, "checkpoint.every", NULL, "needs checkpoint.dir");
     if (c->resume && !strcmp(c->resume, "auto") && !c->dir)
         return rule_error(cfg, err, "checkpoint.resume", NULL, "auto needs checkpoint.dir");
+    TraceSteps traced;
+    int kt = config_key_find("trace.steps");
+    char where[1200];
+    config_where(cfg, kt, where, sizeof where);
+    if (trace_steps_parse(cfg->trace.steps, where, &traced, err) != 0)
+        return -1;
     return 0;
 }
 
