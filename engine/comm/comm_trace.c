@@ -106,12 +106,12 @@ void comm_trace_device_span(CommTracer *t, const char *name, int64_t stream, dou
      * 2 us off every span (and add it to the idle time between spans); whole ones it keeps as
      * they are. Both ends rounded to the nearest: spans that touch still touch. */
     double ts = nearbyint(comm_trace_us(t, t0_s)), end = nearbyint(comm_trace_us(t, t1_s));
-    double launch = comm_trace_us(t, launch_s);
+    double launch = nearbyint(comm_trace_us(t, launch_s)); /* a point (no partial overlap on the host) */
     trace_span(t->trace, "kernel", name, t->device_pid, stream, ts, end - ts, args);
     TraceArgs la;
     trace_args_init(&la);
     trace_arg_int(&la, "correlation", corr);
-    trace_span(t->trace, "cuda_runtime", "cudaLaunchKernel", t->host_pid, COMM_TRACE_HOST_TID, launch, 1.0, &la);
+    trace_span(t->trace, "cuda_runtime", "cudaLaunchKernel", t->host_pid, COMM_TRACE_HOST_TID, launch, 0, &la);
     trace_flow(t->trace, 's', "ac2g", "ac2g", corr, t->host_pid, COMM_TRACE_HOST_TID, launch);
     trace_flow(t->trace, 'f', "ac2g", "ac2g", corr, t->device_pid, stream, ts);
 }
