@@ -112,8 +112,10 @@ void comm_trace_device_span(CommTracer *t, const char *name, int64_t stream, dou
     trace_args_init(&la);
     trace_arg_int(&la, "correlation", corr);
     trace_span(t->trace, "cuda_runtime", "cudaLaunchKernel", t->host_pid, COMM_TRACE_HOST_TID, launch, 0, &la);
-    trace_flow(t->trace, 's', "ac2g", "ac2g", corr, t->host_pid, COMM_TRACE_HOST_TID, launch);
-    trace_flow(t->trace, 'f', "ac2g", "ac2g", corr, t->device_pid, stream, ts);
+    if (launch < ts) { /* issued before it ran (a background collective, a message): Perfetto's arrow */
+        trace_flow(t->trace, 's', "ac2g", "ac2g", corr, t->host_pid, COMM_TRACE_HOST_TID, launch);
+        trace_flow(t->trace, 'f', "ac2g", "ac2g", corr, t->device_pid, stream, ts);
+    }
 }
 
 void comm_trace_begin(const Comm *c, CommSpan *s)

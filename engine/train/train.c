@@ -488,21 +488,25 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
             tr->ops->memory(&free_b, &total_b);
             st.mem_used_gb = (double)(total_b - free_b) / 1e9;
             /* One all-reduce (MAX) a step: the stop votes and the most memory any rank held. */
-            double agreed[3];
+            /* ... and on a traced step every rank's own figures (train_trace.h). */
+            double votes[3], *agreed;
+            int n_votes;
+            agreed = train_trace_votes(tr, step, votes, &n_votes);
             stop_votes(stop, tr, agreed);
             agreed[2] = (double)tr->ops->peak_bytes() / 1e9;
-            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, agreed, 3, err);
+            train_trace_step_stop(tr, step, agreed + 3);
+            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, agreed, n_votes, err);
+            if (rc == 0)
+                rc = train_trace_step_end(tr, step, agreed + 3, err);
             st.mem_peak_gb = agreed[2];
             if (rc == 0 && step < cfg->train.steps) /* a stop in the last step changes nothing */
                 stop_decide(stop, agreed, step, done);
         }
-        double t_eval = train_trace_host_begin(tr);
+        double t_eval = train_trace_step_host_begin(tr, step);
         if (rc == 0)
             rc = maybe_evaluate(tr, cfg, step, &st, err);
         if (st.evaluated)
             train_trace_host_end(tr, "evaluation", t_eval);
-        if (rc == 0)
-            rc = train_trace_step_end(tr, step, err);
         /* The step's time (its evaluation and checkpoint not in it), and rank 0's metrics line
          * written before the checkpoint: a job that dies after the save (a hang in the vote after it,
          * say) and is resumed from it keeps every step's line. */

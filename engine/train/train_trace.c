@@ -89,7 +89,7 @@ int train_trace_open(Trainer *tr, Error *err)
              tr->lay.rank, world, cfg->trace.steps, offset * 1e6, rtt * 1e6);
     TraceInfo info = {tr->lay.rank, world, c->impl->name, (int64_t)base * 1000000000LL, name, tr->backend->name,
                       tr->backend->device_id ? (int)tr->backend->device_id() : 0};
-    if (!(tt->trace = trace_new(&info)) || !(tt->gathered = calloc((size_t)world * 3, sizeof *tt->gathered)) ||
+    if (!(tt->trace = trace_new(&info)) || !(tt->votes = calloc((size_t)world * 3 + 3, sizeof *tt->votes)) ||
         !(tt->fig.compute_s = calloc((size_t)world * 3, sizeof(double))))
         return error_runtime(err, "trace", "out of memory");
     tt->fig.world = world;
@@ -129,7 +129,7 @@ int train_trace_close(Trainer *tr, Error *err)
         comm_tracer_free(&tt->tracer);
     }
     trace_free(tt->trace);
-    free(tt->gathered);
+    free(tt->votes);
     free(tt->fig.compute_s);
     free(tt);
     tr->trace = NULL;
@@ -146,43 +146,56 @@ void train_trace_step_begin(Trainer *tr, int64_t step)
     train_trace_timer_start(tr);
 }
 
-int train_trace_step_end(Trainer *tr, int64_t step, Error *err)
+double *train_trace_votes(Trainer *tr, int64_t step, double *votes, int *n)
+{
+    TrainTrace *tt = tr->trace;
+    *n = 3;
+    if (!tt || !trace_steps_has(&tt->steps, step))
+        return votes;
+    *n = 3 + 3 * tt->fig.world;
+    return tt->votes;
+}
+
+void train_trace_step_stop(Trainer *tr, int64_t step, double *slots)
+{
+    TrainTrace *tt = tr->trace;
+    if (!tt || !trace_steps_has(&tt->steps, step))
+        return;
+    comm_tracer_set_on(&tt->tracer, 0);
+    double t1 = clock_seconds();
+    if (tt->timer_ref >= 0)
+        train_trace_timer_spans(&tt->tracer, tr->ops, tt->timer_ref, tt->timer_ref_s, tr->sched, tr->n_sched,
+                                tr->pass_timed, tr->lay.pp_rank, tr->pp, step);
+    char name[48];
+    snprintf(name, sizeof name, "ProfilerStep#%lld", (long long)step);
+    TraceArgs a;
+    trace_args_init(&a);
+    trace_arg_int(&a, "step", step);
+    trace_span(tt->trace, "user_annotation", name, tt->tracer.host_pid, COMM_TRACE_HOST_TID,
+               comm_trace_us(&tt->tracer, tt->step_t0), (t1 - tt->step_t0) * 1e6, &a);
+    /* Here the predicted spans of this step go on a track of their own (pid TRAIN_TRACE_PID_PREDICTED,
+     * named "predicted"), from the planner's simulation of tr->plan. */
+    /* The rank's own accounting of the step (comm_trace.h): the sums now less the sums at the last
+     * traced step's end, in this rank's slots (the others' 0: the vote's maximum gathers them). */
+    double now[3];
+    comm_tracer_sums(&tt->tracer, &now[0], &now[1], &now[2]);
+    memset(slots, 0, (size_t)tt->fig.world * 3 * sizeof *slots);
+    for (int j = 0; j < 3; j++) {
+        slots[3 * tr->lay.rank + j] = now[j] - tt->sums[j];
+        tt->sums[j] = now[j];
+    }
+}
+
+int train_trace_step_end(Trainer *tr, int64_t step, const double *slots, Error *err)
 {
     TrainTrace *tt = tr->trace;
     if (!tt)
         return 0;
-    tt->fig.traced = 0;
-    if (trace_steps_has(&tt->steps, step)) {
-        comm_tracer_set_on(&tt->tracer, 0);
-        if (tt->timer_ref >= 0)
-            train_trace_timer_spans(&tt->tracer, tr->ops, tt->timer_ref, tt->timer_ref_s, tr->sched, tr->n_sched,
-                                    tr->pass_timed, tr->lay.pp_rank, tr->pp, step);
-        double t1 = clock_seconds();
-        char name[48];
-        snprintf(name, sizeof name, "ProfilerStep#%lld", (long long)step);
-        TraceArgs a;
-        trace_args_init(&a);
-        trace_arg_int(&a, "step", step);
-        trace_span(tt->trace, "user_annotation", name, tt->tracer.host_pid, COMM_TRACE_HOST_TID,
-                   comm_trace_us(&tt->tracer, tt->step_t0), (t1 - tt->step_t0) * 1e6, &a);
-        /* Here the predicted spans of this step go on a track of their own (pid
-         * TRAIN_TRACE_PID_PREDICTED, named "predicted"), from the planner's simulation of tr->plan. */
-        /* The rank's own accounting of the step (comm_trace.h), every rank's gathered: the step's
-         * share is the sums now less the sums at the last traced step's end. */
-        double now[3], mine[3];
-        comm_tracer_sums(&tt->tracer, &now[0], &now[1], &now[2]);
-        for (int j = 0; j < 3; j++) {
-            mine[j] = now[j] - tt->sums[j];
-            tt->sums[j] = now[j];
-        }
-        if (comm_allgather_f64(tr->comm, GROUP_WORLD, mine, tt->gathered, 3, err) != 0)
-            return -1;
-        for (int r = 0; r < tt->fig.world; r++) {
-            tt->fig.compute_s[r] = tt->gathered[3 * r];
-            tt->fig.comm_s[r] = tt->gathered[3 * r + 1];
-            tt->fig.idle_s[r] = tt->gathered[3 * r + 2];
-        }
-        tt->fig.traced = 1;
+    tt->fig.traced = trace_steps_has(&tt->steps, step);
+    for (int r = 0; tt->fig.traced && r < tt->fig.world; r++) {
+        tt->fig.compute_s[r] = slots[3 * r];
+        tt->fig.comm_s[r] = slots[3 * r + 1];
+        tt->fig.idle_s[r] = slots[3 * r + 2];
     }
     /* Written after the step after the last traced one: what a traced step started (ZeRO-1's
      * parameter gathers) is waited for, and so recorded, by then. */

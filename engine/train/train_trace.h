@@ -56,7 +56,7 @@ typedef struct TrainTrace {
     int written;
     double step_t0;
     double sums[3];             /* the accounting's sums at the end of the last traced step */
-    double *gathered;           /* world x 3 */
+    double *votes;              /* 3 + world x 3: the end of step vote with every rank's figures */
     TrainTraceFigures fig;
     int timer_ref;              /* the device timer's reference mark (2 n_sched), or -1 */
     double timer_ref_s;         /* clock_seconds() when it was recorded */
@@ -67,11 +67,17 @@ typedef struct TrainTrace {
 int train_trace_open(Trainer *tr, Error *err);
 /* Writes the file if it was not yet (an Error names it) and frees everything. */
 int train_trace_close(Trainer *tr, Error *err);
-/* Around each step of the loop: step_begin turns recording on for a traced step; step_end records
- * its ProfilerStep span, gathers the ranks' own figures into tr->trace->fig (collective over the
- * world for a traced step) and writes the files after the last traced step's next. */
+/* Around each step of the loop: step_begin turns recording on for a traced step. At its end the
+ * figures of every rank travel with the step's vote (train.c: one all-reduce, MAX, over the world):
+ * train_trace_votes gives the vote's array (votes itself, 3 doubles, for a step not traced; else
+ * one with room for 3 more per rank) and *n its length; step_stop ends the step's recording (its
+ * ProfilerStep span) and puts this rank's figures in its slots (votes + 3), the others' 0; step_end,
+ * after the vote, takes everyone's into tr->trace->fig and writes the file after the step after the
+ * last traced one. */
+double *train_trace_votes(Trainer *tr, int64_t step, double *votes, int *n);
 void train_trace_step_begin(Trainer *tr, int64_t step);
-int train_trace_step_end(Trainer *tr, int64_t step, Error *err);
+void train_trace_step_stop(Trainer *tr, int64_t step, double *slots);
+int train_trace_step_end(Trainer *tr, int64_t step, const double *slots, Error *err);
 /* A traced step's figures on its metrics line: ,"trace_compute_s":[...],"trace_comm_s":[...],
  * "trace_idle_s":[...] (nothing for a step not traced). */
 void train_trace_write_metrics(FILE *f, const Trainer *tr);
