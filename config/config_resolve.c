@@ -343,11 +343,9 @@ static int check_train(const Config *cfg, Error *err)
     if (c->resume && !strcmp(c->resume, "auto") && !c->dir)
         return rule_error(cfg, err, "checkpoint.resume", NULL, "auto needs checkpoint.dir");
     TraceSteps traced;
-    int kt = config_key_find("trace.steps");
-    char where[1200];
-    config_where(cfg, kt, where, sizeof where);
-    if (trace_steps_parse(cfg->trace.steps, where, &traced, err) != 0)
-        return -1;
+    Error bad = {0};
+    if (trace_steps_parse(cfg->trace.steps, "trace.steps", &traced, &bad) != 0)
+        return rule_error(cfg, err, "trace.steps", NULL, "%s", bad.msg + strlen("trace.steps: "));
     return 0;
 }
 
