@@ -167,6 +167,13 @@ typedef struct ConfigLog {
     char *metrics; /* NULL = no JSON-lines file */
 } ConfigLog;
 
+/* Timelines (docs/timelines.md): the steps traced, "3-5,10" (NULL = none), and their folder (NULL =
+ * CHECKPOINT_DIR/traces, or traces without checkpoint.dir). */
+typedef struct ConfigTrace {
+    char *steps;
+    char *dir;
+} ConfigTrace;
+
 /* Where a key's value came from: reported in errors as file:line:column or the --set argument. */
 typedef enum ConfigOriginKind {
     ORIGIN_DEFAULT, /* constant default, or not set (required keys) */
@@ -195,6 +202,7 @@ typedef struct Config {
     ConfigTrain train;
     ConfigCheckpoint checkpoint;
     ConfigLog log;
+    ConfigTrace trace;
     char *source_path;                    /* the YAML file, NULL if none was loaded */
     ConfigOrigin origin[CONFIG_MAX_KEYS]; /* indexed like the key table */
 } Config;

@@ -261,6 +261,14 @@ const ConfigKey config_keys[] = {
 
     INT_KEY("log.every", log.every, 1, BIG, "1", NULL, "print a line every N steps"),
     STR_KEY("log.metrics", log.metrics, "none", "JSON-lines metrics file, one object per step"),
+
+    STR_KEY("trace.steps", trace.steps, "none",
+            "the steps whose timelines are written, as the log numbers them: 3-5,10 (steps and ranges); a "
+            "training run writes TRACE_DIR/measured/rank<R>.pt.trace.json, --dry-run the predicted ones in "
+            "TRACE_DIR/predicted/ (docs/timelines.md); none = no timeline"),
+    STR_KEY("trace.dir", trace.dir, "none",
+            "the folder of the timelines (TRACE_DIR); none = CHECKPOINT_DIR/traces, or traces in the working "
+            "directory without checkpoint.dir"),
 };
 const int config_n_keys = (int)(sizeof config_keys / sizeof config_keys[0]);
 
