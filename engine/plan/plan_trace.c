@@ -290,7 +290,7 @@ static int pick_ranks(PlanTraceOut *o, const Config *cfg)
     return 1;
 }
 
-int plan_trace_open(PlanTraceOut *o, const Config *cfg, Error *err)
+int plan_trace_open(PlanTraceOut *o, const Config *cfg, const char *sub, Error *err)
 {
     memset(o, 0, sizeof *o);
     if (!cfg->trace.steps)
@@ -299,19 +299,19 @@ int plan_trace_open(PlanTraceOut *o, const Config *cfg, Error *err)
         return -1;
     o->text = cfg->trace.steps;
     const char *dir = cfg->trace.dir, *ck = cfg->checkpoint.dir;
-    size_t len = (dir ? strlen(dir) : ck ? strlen(ck) + 8 : 6) + sizeof "/predicted";
+    size_t len = (dir ? strlen(dir) : ck ? strlen(ck) + 8 : 6) + strlen(sub) + 2;
     if (!(o->dir = malloc(len)) || !(o->ranks = malloc(PLAN_TRACE_MAX_FILES * sizeof *o->ranks)) ||
         !(o->traces = calloc(PLAN_TRACE_MAX_FILES, sizeof *o->traces))) {
         plan_trace_free(o);
         return error_runtime(err, "trace", "out of memory");
     }
     if (dir)
-        snprintf(o->dir, len, "%s/predicted", dir);
+        snprintf(o->dir, len, "%s/%s", dir, sub);
     else if (ck)
-        snprintf(o->dir, len, "%s/traces/predicted", ck);
+        snprintf(o->dir, len, "%s/traces/%s", ck, sub);
     else
-        snprintf(o->dir, len, "traces/predicted");
-    if (pick_ranks(o, cfg))
+        snprintf(o->dir, len, "traces/%s", sub);
+    if (pick_ranks(o, cfg) && !strcmp(sub, "predicted"))
         fprintf(stderr, "wlbtrain: note: trace.steps: %d ranks: the predicted timelines of %d of them (TP and CP "
                         "rank 0 of every stage of the first replicas), at most %d files\n",
                 o->world, o->n, PLAN_TRACE_MAX_FILES);
@@ -322,7 +322,7 @@ int plan_trace_open(PlanTraceOut *o, const Config *cfg, Error *err)
     for (int i = 0; i < o->n; i++) {
         TraceInfo info = {.rank = o->ranks[i], .world_size = o->world,
                           .backend = cfg->train.device == DEVICE_CUDA ? "nccl" : "mpi", .base_time_ns = base,
-                          .trace_name = "wlbtrain --dry-run (predicted)",
+                          .trace_name = sub,
                           .device_name = config_hardware_name(cfg->balance.hardware), .device_id = 0};
         if (!(o->traces[i] = trace_new(&info))) {
             o->n = i;

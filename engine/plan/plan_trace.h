@@ -95,7 +95,7 @@ int plan_trace_steps_has(const PlanTraceSteps *s, int64_t step);
  * steps laid one after another from time 0 (each at the sum of the predicted times before it). */
 typedef struct PlanTraceOut {
     PlanTraceSteps steps;
-    char *dir;         /* TRACE_DIR/predicted */
+    char *dir;         /* TRACE_DIR/predicted (or another sub-folder) */
     int n;             /* ranks written */
     int *ranks;
     Trace **traces;
@@ -104,11 +104,13 @@ typedef struct PlanTraceOut {
     int64_t traced, planned; /* steps recorded, and seen */
     const char *text;  /* trace.steps as written */
 } PlanTraceOut;
-/* From a resolved config with trace.steps set (NULL trace.steps: o->n = 0, nothing is written). */
-int plan_trace_open(PlanTraceOut *o, const Config *cfg, Error *err);
+/* From a resolved config with trace.steps set (NULL trace.steps: o->n = 0, nothing is written); the
+ * files go to TRACE_DIR/sub: "predicted" for the configured packer's plans, "predicted-plain4d" for
+ * the dry run's baseline (Plain-4D's plan of the same documents). */
+int plan_trace_open(PlanTraceOut *o, const Config *cfg, const char *sub, Error *err);
 /* Step p (predicted step_s seconds): recorded when trace.steps has it; the clock moves on either way. */
 int plan_trace_add_step(PlanTraceOut *o, const StepPlan *p, const CostModel *cost, double step_s, Error *err);
-/* Writes the files (TRACE_DIR/predicted/rank<R>.pt.trace.json); prints where on stdout. */
+/* Writes the files (TRACE_DIR/sub/rank<R>.pt.trace.json); prints where on stdout. */
 int plan_trace_close(PlanTraceOut *o, Error *err);
 void plan_trace_free(PlanTraceOut *o);
 
