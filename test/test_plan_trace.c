@@ -16,7 +16,9 @@
  *   minus the exposed pp and dp time to its bubble;
  * 5 every device-side span has a stream, a correlation id >= 2e9 and one cudaLaunchKernel with that id
  *   at its start (what HTA needs to keep it);
- * 6 trace.steps: steps and ranges parsed, anything else an Error of status 2.
+ * 6 trace.steps: steps and ranges parsed, anything else an Error of status 2;
+ * 7 the dry run's files: every rank of 16; of 1024 ranks (over PLAN_TRACE_MAX_FILES) TP rank 0 of each
+ *   CP rank, stage and replica; of 8192, TP and CP rank 0 of every stage of the first replicas.
  */
 #include "test/testlib.h"
 
@@ -368,13 +370,51 @@ static void test_steps_parse(void **state)
     }
 }
 
+static void test_which_ranks(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml;
+        int files, every; /* files; 1: every rank, 2: TP rank 0, 3: TP and CP rank 0 of the first replicas */
+    } cases[] = {{"model: {preset: tiny}\nparallel: {tp: 2, cp: 2, pp: 2, dp: 2}\ntrace: {steps: 1}\n", 16, 1},
+                 {"model: {preset: llama3.1-8b}\nparallel: {tp: 8, cp: 4, pp: 4, dp: 8}\ntrace: {steps: 1}\n", 128, 2},
+                 {"model: {preset: llama3.1-8b}\nparallel: {tp: 8, cp: 4, pp: 4, dp: 64}\ntrace: {steps: 1}\n", 256, 3}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Config cfg;
+        Error err = {0};
+        config_init(&cfg);
+        assert_int_equal(config_load_string(&cfg, cases[k].yaml, "t.yaml", &err), 0);
+        if (config_resolve(&cfg, 0, &err) != 0) {
+            print_error("%s\n", err.msg);
+            fail();
+        }
+        PlanTraceOut o;
+        assert_int_equal(plan_trace_open(&o, &cfg, "predicted", &err), 0);
+        assert_int_equal(o.n, cases[k].files);
+        int tp = (int)cfg.parallel.tp, cp = (int)cfg.parallel.cp, pp = (int)cfg.parallel.pp;
+        for (int i = 0; i < o.n; i++) {
+            if (cases[k].every < 3) {
+                assert_int_equal(o.ranks[i], i * (cases[k].every == 1 ? 1 : tp));
+                continue;
+            }
+            /* TP and CP rank 0; stage i % pp of replica i / pp */
+            assert_int_equal(o.ranks[i] % (tp * cp), 0);
+            assert_int_equal(o.ranks[i] / (tp * cp) % pp, i % pp);
+            assert_int_equal(o.ranks[i] / (tp * cp * pp), i / pp);
+        }
+        assert_string_equal(o.dir, "traces/predicted");
+        plan_trace_free(&o);
+        config_free(&cfg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp2_pp2),           cmocka_unit_test(test_cp2_dp2_zero),
         cmocka_unit_test(test_4d),                cmocka_unit_test(test_pp4_interleaved),
         cmocka_unit_test(test_pp2_dp2_no_overlap),
-        cmocka_unit_test(test_steps_parse),
+        cmocka_unit_test(test_steps_parse),       cmocka_unit_test(test_which_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -270,18 +270,20 @@ void plan_trace_free(PlanTraceOut *o)
     memset(o, 0, sizeof *o);
 }
 
-/* The ranks whose files are written: all of them up to PLAN_TRACE_MAX_FILES; beyond, TP rank 0 and
- * CP rank 0 of every stage of the first replicas (as many as fit). */
+/* The ranks whose files are written: all of them up to PLAN_TRACE_MAX_FILES; beyond, TP rank 0 of
+ * every CP rank, stage and replica (the other TP ranks' files are the same) if they fit; else TP and
+ * CP rank 0 of every stage of the first replicas. Returns 1 when not all. */
 static int pick_ranks(PlanTraceOut *o, const Config *cfg)
 {
     const ConfigParallel *par = &cfg->parallel;
     int tp = (int)par->tp, cp = (int)par->cp, pp = (int)par->pp;
     int64_t world = par->tp * par->cp * par->pp * par->dp;
     o->world = (int)world;
-    if (world <= PLAN_TRACE_MAX_FILES) {
-        for (int k = 0; k < world; k++)
+    int step = world <= PLAN_TRACE_MAX_FILES ? 1 : world / tp <= PLAN_TRACE_MAX_FILES ? tp : 0;
+    if (step) {
+        for (int k = 0; k < world; k += step)
             o->ranks[o->n++] = k;
-        return 0;
+        return step > 1;
     }
     int replicas = PLAN_TRACE_MAX_FILES / pp > 0 ? PLAN_TRACE_MAX_FILES / pp : 1;
     for (int r = 0; r < replicas && r < par->dp; r++)
@@ -312,9 +314,10 @@ int plan_trace_open(PlanTraceOut *o, const Config *cfg, const char *sub, Error *
     else
         snprintf(o->dir, len, "traces/%s", sub);
     if (pick_ranks(o, cfg) && !strcmp(sub, "predicted"))
-        fprintf(stderr, "wlbtrain: note: trace.steps: %d ranks: the predicted timelines of %d of them (TP and CP "
-                        "rank 0 of every stage of the first replicas), at most %d files\n",
-                o->world, o->n, PLAN_TRACE_MAX_FILES);
+        fprintf(stderr, "wlbtrain: note: trace.steps: %d ranks: the predicted timelines of %d of them (%s), at most "
+                        "%d files\n", o->world, o->n, o->ranks[1] - o->ranks[0] == cfg->parallel.tp && o->n > 1 ?
+                        "TP rank 0 of every CP rank, stage and replica" : "TP and CP rank 0 of every stage of the "
+                        "first replicas", PLAN_TRACE_MAX_FILES);
     /* Every file shares one base time, a wall-clock time floored to a day, as Kineto's do. */
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);

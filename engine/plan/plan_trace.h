@@ -57,8 +57,9 @@ enum {
     PLAN_TRACE_STREAM_PP_RECV = 22,
     PLAN_TRACE_STREAM_PP_SEND = 23,
     PLAN_TRACE_STREAM_DP = 24,
-    /* The dry run writes at most this many files (one per rank): beyond it, the stages' first TP and
-     * CP rank of the first replicas (plan_trace_open). */
+    /* The dry run writes at most this many files (one per rank): beyond it, TP rank 0 of every CP
+     * rank, stage and replica, or if those are still too many TP and CP rank 0 of every stage of the
+     * first replicas (plan_trace_open). */
     PLAN_TRACE_MAX_FILES = 256,
     /* trace.steps: at most this many steps and ranges */
     PLAN_TRACE_MAX_RANGES = 64,

@@ -516,9 +516,10 @@ int sched_step_timeline(const StepPlan *p, const CostModel *cost, SchedTimeline 
             count[p->mbs[i].replica]++;
     for (int r = 0; r < dp; r++)
         if (count[r] != m) {
+            int have = count[r];
             free(count);
             return error_runtime(err, "pipeline", "step %lld: replica %d has %d micro-batches, not %d",
-                                 (long long)p->step + 1, r, count[r], m);
+                                 (long long)p->step + 1, r, have, m);
         }
     free(count);
     size_t passes = (size_t)dp * pp * tl->per_stage, ns = (size_t)pp * tl->max_buckets;
