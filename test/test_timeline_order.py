@@ -155,7 +155,8 @@ def test_bad_steps(fx):
     for bad in ("2-1", "x", "3,"):
         r = run([WLBTRAIN, "--config", cfg, "--dry-run", "--set", "trace.steps=" + bad, "--set", "trace.dir=" + traces])
         lines = r.stderr.strip().splitlines()
-        check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("wlbtrain: error: trace.steps"),
+        check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("wlbtrain: error: ") and
+              "trace.steps" in lines[0],
               "trace.steps=%s: exit %d, stderr %r" % (bad, r.returncode, r.stderr))
         check(not os.path.exists(traces), "trace.steps=%s: %s was made" % (bad, traces))
 
