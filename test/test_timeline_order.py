@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""test/test_timeline_order.py - the dry run's predicted timeline and a training run's measured one
+of the same step hold the same passes in the same order on every rank (docs/timelines.md).
+
+For each layout - tp 2 x pp 2, cp 2 x dp 2, pp 4 interleaved (virtual_stages 2) - on 4 CPU ranks
+(the tiny model, 8 layers for pp 4 x 2 chunks), one config; step 2 is traced both ways:
+  the dry run:  wlbtrain --config C --dry-run --set trace.steps=2   -> TRACE_DIR/predicted/
+  training:     mpirun -np 4 wlbtrain --config C --trace 2 (2 steps) -> TRACE_DIR/measured/
+and per rank the sequence of (name, microbatch, chunk) of the forward and backward spans of step 2,
+by start time, must be the same in the two files (the measured file's predicted track, if it has
+one, left out: it is the measured process's, not the dry run's).
+
+1-3  the three layouts: the dry run writes one file per rank (its rank in distributedInfo), and the
+     two traces agree. A training run that writes no measured trace at all (a build without the
+     measured timelines) skips the comparison, saying so; any difference fails.
+4    a bad trace.steps: the dry run exits 2 with one error line naming trace.steps, and writes nothing.
+
+Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+WLBTRAIN = os.path.abspath(os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain"))
+
+from taplib import Skip, check, comment, run_tests  # noqa: E402
+
+CONFIG = """model: {preset: tiny, n_layers: %(layers)d}
+parallel: {tp: %(tp)d, cp: %(cp)d, pp: %(pp)d, dp: %(dp)d, virtual_stages: %(v)d, comm: mpi}
+data: {path: %(prefix)s, context_window: 128, global_batch_tokens: %(batch)d}
+balance: {hardware: cpu, packer: wlb, cp_sharding: %(sharding)s}
+train: {device: cpu, steps: 2, lr: 0.001, warmup_steps: 1}
+log: {every: 1}
+"""
+
+LAYOUTS = {
+    "tp2_pp2": dict(tp=2, cp=1, pp=2, dp=1, v=1, layers=4, sharding="per_seq"),
+    "cp2_dp2": dict(tp=1, cp=2, pp=1, dp=2, v=1, layers=4, sharding="per_doc"),
+    "pp4_interleaved": dict(tp=1, cp=1, pp=4, dp=1, v=2, layers=8, sharding="per_seq"),
+}
+STEP = 2
+PREDICTED_PID = 1 << 24  # a measured file's predicted track (engine/train/train_trace.h)
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def run(args, timeout=300):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                          env=ENV, timeout=timeout)
+
+
+def write_set(prefix, lengths, vocab=512):
+    """A Megatron data set (MMIDIDX v1, uint16 tokens, one sequence per document)."""
+    with open(prefix + ".bin", "wb") as f:
+        for i, n in enumerate(lengths):
+            f.write(struct.pack("<%dH" % n, *[(i * 31 + j * 7) % vocab for j in range(n)]))
+    n = len(lengths)
+    pointers, at = [], 0
+    for length in lengths:
+        pointers.append(at)
+        at += 2 * length
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, n, n + 1))
+        f.write(struct.pack("<%di" % n, *lengths))
+        f.write(struct.pack("<%dq" % n, *pointers))
+        f.write(struct.pack("<%dq" % (n + 1), *range(n + 1)))
+
+
+class Fixture:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="wlbtimeline-")
+        self.prefix = os.path.join(self.dir, "docs")
+        # Lengths 8 .. 250 with a few near the window: the wlb packer's micro-batches differ.
+        write_set(self.prefix, [8 + (i * 7919) % 120 + (100 if i % 11 == 0 else 0) for i in range(600)])
+
+    def config(self, name, layout):
+        lay = dict(layout)
+        lay["batch"] = lay["dp"] * 4 * 128  # 4 micro-batches a replica (a multiple of pp for interleaving)
+        lay["prefix"] = self.prefix
+        path = os.path.join(self.dir, name + ".yaml")
+        with open(path, "w") as f:
+            f.write(CONFIG % lay)
+        return path
+
+
+def setup():
+    if not os.path.exists(WLBTRAIN):
+        raise Skip("%s is not built" % WLBTRAIN)
+    if not shutil.which("mpirun"):
+        raise Skip("no mpirun")
+    return Fixture()
+
+
+def teardown(fx):
+    shutil.rmtree(fx.dir, ignore_errors=True)
+
+
+def pass_sequence(path, step, rank):
+    """(name, microbatch, chunk) of the forward and backward spans of `step`, by start time, in the
+    trace file's own process tracks (not a predicted track beside the measured one)."""
+    with open(path) as f:
+        trace = json.load(f)
+    check(trace["distributedInfo"]["rank"] == rank, "%s: distributedInfo.rank %s, not %d"
+          % (path, trace["distributedInfo"]["rank"], rank))
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("name") in ("forward", "backward")
+             and e.get("args", {}).get("step") == step and e.get("pid") != PREDICTED_PID]
+    spans.sort(key=lambda e: e["ts"])
+    return [(e["name"], e["args"]["microbatch"], e["args"]["chunk"]) for e in spans]
+
+
+def compare(fx, name):
+    layout = LAYOUTS[name]
+    world = layout["tp"] * layout["cp"] * layout["pp"] * layout["dp"]
+    cfg = fx.config(name, layout)
+    traces = os.path.join(fx.dir, name + "-traces")
+    dry = run([WLBTRAIN, "--config", cfg, "--dry-run", "--set", "trace.steps=%d" % STEP, "--set",
+               "trace.dir=" + traces])
+    check(dry.returncode == 0, "the dry run: %s%s" % (dry.stdout, dry.stderr))
+    predicted = os.path.join(traces, "predicted")
+    files = sorted(os.listdir(predicted))
+    check(files == sorted("rank%d.pt.trace.json" % r for r in range(world)),
+          "the dry run wrote %s, not one file per rank of %d" % (files, world))
+    train = run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(world), WLBTRAIN, "--config", cfg,
+                 "--set", "trace.steps=%d" % STEP, "--set", "trace.dir=" + traces], timeout=600)
+    check(train.returncode == 0, "training: %s%s" % (train.stdout[-3000:], train.stderr[-3000:]))
+    measured = os.path.join(traces, "measured")
+    if not os.path.isdir(measured) or not os.listdir(measured):
+        raise Skip("the training run wrote no measured trace (this build has no measured timelines): "
+                   "the predicted side alone was checked")
+    total = 0
+    for rank in range(world):
+        want = pass_sequence(os.path.join(predicted, "rank%d.pt.trace.json" % rank), STEP, rank)
+        got = pass_sequence(os.path.join(measured, "rank%d.pt.trace.json" % rank), STEP, rank)
+        check(len(want) > 0, "rank %d: no pass of step %d in the predicted trace" % (rank, STEP))
+        if got != want:
+            first = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), min(len(got), len(want)))
+            raise AssertionError("rank %d, step %d: %d measured passes, %d predicted; the first difference at %d: "
+                                 "measured %s, predicted %s" % (rank, STEP, len(got), len(want), first,
+                                                                got[first:first + 3], want[first:first + 3]))
+        total += len(want)
+    comment("%s: %d ranks, %d passes of step %d, in the same order in both traces" % (name, world, total, STEP))
+
+
+def test_bad_steps(fx):
+    cfg = fx.config("bad", LAYOUTS["tp2_pp2"])
+    traces = os.path.join(fx.dir, "bad-traces")
+    for bad in ("2-1", "x", "3,"):
+        r = run([WLBTRAIN, "--config", cfg, "--dry-run", "--set", "trace.steps=" + bad, "--set", "trace.dir=" + traces])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("wlbtrain: error: ") and
+              "trace.steps" in lines[0],
+              "trace.steps=%s: exit %d, stderr %r" % (bad, r.returncode, r.stderr))
+        check(not os.path.exists(traces), "trace.steps=%s: %s was made" % (bad, traces))
+
+
+TESTS = [("tp 2 x pp 2: the same passes in the same order", lambda fx: compare(fx, "tp2_pp2")),
+         ("cp 2 x dp 2: the same passes in the same order", lambda fx: compare(fx, "cp2_dp2")),
+         ("pp 4 interleaved: the same passes in the same order", lambda fx: compare(fx, "pp4_interleaved")),
+         ("a bad trace.steps is one error line, exit 2, nothing written", test_bad_steps)]
+
+if __name__ == "__main__":
+    sys.exit(run_tests(TESTS, setup, teardown))
