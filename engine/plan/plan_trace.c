@@ -110,15 +110,15 @@ static void rank_passes(Trace *t, const StepPlan *p, const CostModel *cost, cons
         sched_pass_parts(p, mb, cost, g, op.backward, &parts);
         if (cost->tp > 1) {
             double x = parts.tp_exposed * 1e6, all = x + parts.tp_hidden * 1e6;
-            comm_span(t, pid, PLAN_TRACE_STREAM_TP, "nccl:exchange tp", "tp", from, all < dur ? all : dur, x, -1);
+            comm_span(t, pid, PLAN_TRACE_STREAM_TP, "ncclKernel_Exchange tp", "tp", from, all < dur ? all : dur, x, -1);
         }
         if (cost->cp > 1) {
             double x = parts.cp_exposed * 1e6, all = x + parts.cp_hidden * 1e6;
-            comm_span(t, pid, PLAN_TRACE_STREAM_CP, "nccl:exchange cp", "cp", from, all < dur ? all : dur, x, -1);
+            comm_span(t, pid, PLAN_TRACE_STREAM_CP, "ncclKernel_Exchange cp", "cp", from, all < dur ? all : dur, x, -1);
         }
         double bytes = cost->p2p_bytes * (double)rank_tokens_max(p, mb), p2p = tl->p2p[(size_t)r * m + op.mb] * 1e6;
         if (tl->msg_from[base + i] >= 0)
-            comm_span(t, pid, PLAN_TRACE_STREAM_PP_RECV, "nccl:recv pp", "pp", t0 + tl->msg_from[base + i] * 1e6, p2p,
+            comm_span(t, pid, PLAN_TRACE_STREAM_PP_RECV, "ncclKernel_Recv pp", "pp", t0 + tl->msg_from[base + i] * 1e6, p2p,
                       tl->msg_shown[base + i] * 1e6, bytes);
         /* Its output goes to chunk g + 1 (forward) or g - 1 (backward), on the next or previous stage. */
         int to = op.backward ? g - 1 : g + 1;
@@ -126,7 +126,7 @@ static void rank_passes(Trace *t, const StepPlan *p, const CostModel *cost, cons
             continue;
         int ts = to % pp, at = (op.backward ? pos_prev : pos_next)[(op.mb * v + to / pp) * 2 + op.backward];
         size_t rb = ((size_t)r * pp + ts) * tl->per_stage + at;
-        comm_span(t, pid, PLAN_TRACE_STREAM_PP_SEND, "nccl:send pp", "pp", t0 + tl->msg_from[rb] * 1e6, p2p, 0, bytes);
+        comm_span(t, pid, PLAN_TRACE_STREAM_PP_SEND, "ncclKernel_Send pp", "pp", t0 + tl->msg_from[rb] * 1e6, p2p, 0, bytes);
     }
 }
 
@@ -140,14 +140,14 @@ static void rank_collectives(Trace *t, const CostModel *cost, const SchedTimelin
     for (int c = 0; c < tl->v; c++) {
         double from = tl->gather_from[s * tl->v + c], to = tl->gather_to[s * tl->v + c];
         double shown = tl->gather_shown[base + pos[(0 * tl->v + c) * 2]];
-        comm_span(t, pid, PLAN_TRACE_STREAM_DP, "nccl:all_gather dp", "dp", t0 + from * 1e6, (to - from) * 1e6,
+        comm_span(t, pid, PLAN_TRACE_STREAM_DP, "ncclKernel_AllGather dp", "dp", t0 + from * 1e6, (to - from) * 1e6,
                   shown * 1e6, -1);
     }
     double end = tl->passes_end[s];
     for (int j = 0; j < tl->n_buckets[s]; j++) {
         size_t at = (size_t)s * tl->max_buckets + j;
         double from = tl->bucket_from[at], to = tl->bucket_to[at], past = from > end ? from : end;
-        comm_span(t, pid, PLAN_TRACE_STREAM_DP, cost->zero ? "nccl:reduce_scatter dp" : "nccl:all_reduce dp", "dp",
+        comm_span(t, pid, PLAN_TRACE_STREAM_DP, cost->zero ? "ncclKernel_ReduceScatter dp" : "ncclKernel_AllReduce dp", "dp",
                   t0 + from * 1e6, (to - from) * 1e6, to > past ? (to - past) * 1e6 : 0, 4 * tl->bucket_params[at]);
     }
     TraceArgs a;

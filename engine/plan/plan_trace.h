@@ -17,19 +17,20 @@
  *          of the micro-batch, predicted_us. Then "contention" (the computation slowed by the
  *          collectives that ran beside it, drawn after the gradients' reduction) and "optimizer".
  *          The gaps between them are the stage's bubbles and waits.
- *   tp, cp streams  "nccl:exchange tp" / "nccl:exchange cp": per pass, the TP (CP) exchanges of its
+ *   tp, cp streams  "ncclKernel_Exchange tp" / "ncclKernel_Exchange cp": per pass, the TP (CP) exchanges of its
  *          layers summed (cost.h prices them layer by layer), drawn from the pass's start; args
  *          exposed_us (the part the pass waits for: inside its duration), hidden_us.
- *   pp streams  "nccl:recv pp" on the receiving stage, "nccl:send pp" on the sending one: each message
+ *   pp streams  "ncclKernel_Recv pp" on the receiving stage, "ncclKernel_Send pp" on the sending one: each message
  *          between stages while it moves; exposed_us: what the receiving pass waited for of it (0
  *          for a send).
- *   dp stream  "nccl:all_reduce dp" (ZeRO-1: "nccl:reduce_scatter dp") per gradient bucket of the
+ *   dp stream  "ncclKernel_AllReduce dp" (ZeRO-1: "ncclKernel_ReduceScatter dp") per gradient bucket of the
  *          stage, exposed_us: its part after the stage's last pass (the reduction's exposed time);
- *          "nccl:all_gather dp", ZeRO-1's parameter gather per chunk, exposed_us: what the chunk's
+ *          "ncclKernel_AllGather dp", ZeRO-1's parameter gather per chunk, exposed_us: what the chunk's
  *          first forward waited for it.
  *
- * The device-side spans carry args stream, correlation and device as HTA needs them (HTA counts
- * spans whose name starts with "nccl" as communication, the rest as computation). Every TP and CP
+ * The device-side spans carry args stream, correlation and device as HTA needs them; communication
+ * is named as the measured trace names it, "ncclKernel_OP GROUP", since HTA (0.5, the pinned one)
+ * counts a span as communication only when its name matches ^nccl.*Kernel, the rest as computation. Every TP and CP
  * rank of a stage of a replica has the same spans: the simulator times a pass by its slowest CP rank.
  * A micro-batch without a token has no pass and no message (the trainer skips it), though the
  * simulator still charges its messages' latency. Summed over a rank of the slowest replica, the
