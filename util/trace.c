@@ -294,3 +294,65 @@ int trace_write(const Trace *t, const char *path, Error *err)
     }
     return atomic_commit(&a, err);
 }
+
+int trace_steps_parse(const char *s, const char *where, TraceSteps *out, Error *err)
+{
+    out->n = 0;
+    if (!s)
+        return 0;
+    const char *p = s;
+    while (*p == ' ')
+        p++;
+    if (!*p)
+        return 0;
+    for (;;) {
+        int64_t v[2] = {0, 0};
+        int parts = 0;
+        for (; parts < 2; parts++) {
+            while (*p == ' ')
+                p++;
+            if (*p < '0' || *p > '9')
+                return error_set(err, where, "expected step numbers and ranges such as 3-5,10, got '%s'", s);
+            while (*p >= '0' && *p <= '9') {
+                if (v[parts] > (INT64_MAX - 9) / 10)
+                    return error_set(err, where, "step number too large in '%s'", s);
+                v[parts] = v[parts] * 10 + (*p++ - '0');
+            }
+            while (*p == ' ')
+                p++;
+            if (*p != '-' || parts == 1)
+                break;
+            p++;
+        }
+        if (parts == 0)
+            v[1] = v[0];
+        if (v[0] < 1 || v[1] < v[0])
+            return error_set(err, where, "steps count from 1 and a range runs upwards (such as 3-5), got '%s'", s);
+        if (out->n == TRACE_MAX_RANGES)
+            return error_set(err, where, "more than %d ranges in '%s'", TRACE_MAX_RANGES, s);
+        out->lo[out->n] = v[0];
+        out->hi[out->n] = v[1];
+        out->n++;
+        if (!*p)
+            return 0;
+        if (*p != ',')
+            return error_set(err, where, "expected step numbers and ranges such as 3-5,10, got '%s'", s);
+        p++;
+    }
+}
+
+int trace_steps_has(const TraceSteps *st, int64_t step)
+{
+    for (int i = 0; i < st->n; i++)
+        if (step >= st->lo[i] && step <= st->hi[i])
+            return 1;
+    return 0;
+}
+
+int64_t trace_steps_last(const TraceSteps *st)
+{
+    int64_t last = 0;
+    for (int i = 0; i < st->n; i++)
+        last = st->hi[i] > last ? st->hi[i] : last;
+    return last;
+}

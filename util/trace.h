@@ -107,6 +107,22 @@ double trace_busy_us(const Trace *t, int pid, int64_t tid);
  * names the path. */
 int trace_write(const Trace *t, const char *path, Error *err);
 
+
+/* The steps a run traces (trace.steps): "3-5,10" - step numbers and inclusive ranges, comma
+ * separated, at most TRACE_MAX_RANGES of them; "" or NULL: none. */
+enum { TRACE_MAX_RANGES = 64 };
+typedef struct TraceSteps {
+    int n;
+    int64_t lo[TRACE_MAX_RANGES], hi[TRACE_MAX_RANGES];
+} TraceSteps;
+/* -1 with an Error (status 2, naming `where`) on a malformed list: a step below 1, a range that
+ * runs backwards, anything but digits, '-' and ','. */
+int trace_steps_parse(const char *s, const char *where, TraceSteps *out, Error *err);
+/* 1 when step is one of them. */
+int trace_steps_has(const TraceSteps *st, int64_t step);
+/* The last step of the list (0: none). */
+int64_t trace_steps_last(const TraceSteps *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,9 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_trace.h"
 #include "engine/comm/comm_watchdog.h"
+#include "util/clock.h"
 
 /* A blocking collective on g: logged, after the collectives started on g have run. */
 static void blocking(const Comm *c, LayoutGroup g, const char *op, int64_t n)
@@ -39,31 +41,51 @@ int comm_use(Comm *c, const CommImpl *impl, Error *err)
 int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err)
 {
     blocking(c, g, "allreduce", n);
-    return comm_flight_end(n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 4, -1, 0, 0);
+    return rc;
 }
 
 int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt, Error *err)
 {
     blocking(c, g, "allgatherv", sum_counts(c, g, counts));
-    return comm_flight_end(c->impl->allgatherv(c, g, send, recv, counts, dt, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->allgatherv(c, g, send, recv, counts, dt, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLGATHER, g, sum_counts(c, g, counts) * (int64_t)comm_elem_bytes(c, dt), -1, 0, 0);
+    return rc;
 }
 
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
     blocking(c, g, "reduce_scatterv", sum_counts(c, g, counts));
-    return comm_flight_end(c->impl->reduce_scatterv(c, g, send, recv, counts, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->reduce_scatterv(c, g, send, recv, counts, err));
+    comm_trace_end(c, &sp, COMM_TRACE_REDUCE_SCATTER, g, sum_counts(c, g, counts) * 4, -1, 0, 0);
+    return rc;
 }
 
 int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
 {
     blocking(c, g, "allgather", n);
-    return comm_flight_end(c->impl->allgather(c, g, send, recv, n, dt, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->allgather(c, g, send, recv, n, dt, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLGATHER, g, n * c->size[g] * (int64_t)comm_elem_bytes(c, dt), -1, 0, 0);
+    return rc;
 }
 
 int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
 {
     blocking(c, g, "reduce_scatter", n);
-    return comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_REDUCE_SCATTER, g, n * c->size[g] * 4, -1, 0, 0);
+    return rc;
 }
 
 size_t comm_elem_bytes(const Comm *c, Dt dt)
@@ -107,7 +129,11 @@ int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *re
     if (!c->mpi)
         return error_runtime(err, "comm", "exchange with %d in a world of one", peer);
     blocking(c, g, "exchange", n);
-    return comm_flight_end(n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_EXCHANGE, g, n * 4, -1, 0, 0);
+    return rc;
 }
 
 int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
@@ -120,6 +146,7 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, c
     comm_flight_bind(req);
     if (c->impl->isend(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
+    comm_trace_request_start(c, req, COMM_TRACE_SEND, g, n * 4, peer);
     comm_async_count(c, 1);
     return 0;
 }
@@ -131,6 +158,17 @@ static int wait_request(const Comm *c, CommRequest *req, Error *err)
     if (req->collective && req->op)
         return comm_async_wait(c, req, err);
     comm_async_count(c, -1);
+    if (req->trace_started > 0 && c->tracer) {
+        /* A traced message: its span is the wait (how long this rank waited for it to complete). */
+        CommSpan sp = {1, clock_seconds()};
+        double started = req->trace_started;
+        req->trace_started = 0;
+        comm_tracer_account(c->tracer, 0, 1, sp.t0);
+        int rc = c->impl->wait(c, req, err);
+        comm_trace_end(c, &sp, (CommTraceOp)req->trace_op, (LayoutGroup)req->trace_group, req->trace_bytes,
+                       req->trace_peer, started, sp.t0);
+        return rc;
+    }
     return c->impl->wait(c, req, err);
 }
 
@@ -147,7 +185,11 @@ int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *b
         return error_runtime(err, "comm", "receive from %d in a world of one", peer);
     comm_async_drain(c, g);
     comm_flight_begin(c, g, "recv", n, peer);
-    return comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_RECV, g, n * 4, peer, 0, 0);
+    return rc;
 }
 
 void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
@@ -179,6 +221,7 @@ int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *
     comm_flight_bind(req);
     if (c->impl->irecv(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
+    comm_trace_request_start(c, req, COMM_TRACE_RECV, g, n * 4, peer);
     comm_async_count(c, 1);
     return 0;
 }
@@ -209,7 +252,11 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     if (background && c->impl == &comm_mpi && !c->stage && c->thread_multiple)
         return comm_async_start(c, op, req, err);
     comm_async_drain(c, g); /* at once, after the group's started ones */
-    return comm_run_op(c, op, err);
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_run_op(c, op, err);
+    comm_trace_end(c, &sp, comm_trace_op_of(op->kind), g, comm_op_bytes(c, op), -1, 0, 0);
+    return rc;
 }
 
 int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err)

@@ -92,6 +92,7 @@ typedef struct Comm {
     double strict_s;              /* WLB_COMM_STRICT's seconds (0: off) */
     unsigned char *connected;     /* strict: [slot * size[GROUP_PP] + peer] a lane's pair is connected */
     int shared_gpu_test;          /* NCCL between ranks that share a GPU, over sockets (tests only) */
+    struct CommTracer *tracer;    /* trace.steps: the timeline's recorder (comm_trace.h), NULL: none */
 } Comm;
 
 /* The pipeline's messages go in two lanes: activations (a stage to the next; with interleaving the
@@ -142,6 +143,9 @@ typedef struct CommRequest {
     float *dest;              /* a receive staged through the host: where comm_wait puts it */
     int64_t n;
     int tag, peer, lane;      /* strict: what the receive expects */
+    double trace_started;     /* a traced message: when it started (comm_trace.h; 0: not traced) */
+    int64_t trace_bytes;
+    short trace_op, trace_group, trace_peer;
 } CommRequest;
 
 /* A data path for the float collectives and messages (see above). Same contracts as the comm_

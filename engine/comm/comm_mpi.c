@@ -5,6 +5,7 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_trace.h"
 #include "engine/comm/comm_watchdog.h"
 #include "util/clock.h"
 
@@ -280,21 +281,36 @@ int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n,
 {
     comm_log_op(c, g, "allreduce_host", n);
     comm_async_drain(c, g);
-    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err));
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 4, -1, 0, 0);
+    return rc;
 }
 
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
     comm_log_op(c, g, "allreduce_f64", n);
     comm_async_drain(c, g);
-    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err));
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 8, -1, 0, 0);
+    return rc;
 }
 
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
 {
     comm_log_op(c, g, "allreduce_max_f64", n);
     comm_async_drain(c, g);
-    return comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err));
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 8, -1, 0, 0);
+    return rc;
 }
 
 /* int counts and displacements for the v-collectives. */
@@ -358,7 +374,7 @@ static int mpi_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, 
     return 0;
 }
 
-int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
+static int allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
 {
     if (alone(c, g)) {
         if (n && recv != send)
@@ -372,6 +388,16 @@ int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double 
     CHECK(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, group_comm(c, g)), "MPI_Allgather");
     comm_link_hold_ring(c, g, t0, (double)n * c->size[g] * sizeof(double));
     return 0;
+}
+
+int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
+{
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = allgather_f64(c, g, send, recv, n, err);
+    comm_trace_end(c, &sp, COMM_TRACE_ALLGATHER, g, n * c->size[g] * 8, -1, 0, 0);
+    return rc;
 }
 
 static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,

@@ -185,6 +185,7 @@ typedef struct Trainer {
     char resume_how[320];    /* trainer_resume: how the shards were read (the resume line says it) */
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save, fault_signal_in_save;
+    struct TrainTrace *trace; /* trace.steps: the measured timeline (train_trace.h); NULL: none */
 } Trainer;
 
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised
