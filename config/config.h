@@ -167,8 +167,8 @@ typedef struct ConfigLog {
     char *metrics; /* NULL = no JSON-lines file */
 } ConfigLog;
 
-/* Timelines (docs/timelines.md): the steps traced, "3-5,10" (NULL = none), and their folder (NULL =
- * CHECKPOINT_DIR/traces, or traces without checkpoint.dir). */
+/* Measured timelines (docs/timelines.md): the steps traced, "3-5,10" (NULL: none), and the folder
+ * (NULL: checkpoint.dir/traces, or traces without a checkpoint.dir). */
 typedef struct ConfigTrace {
     char *steps;
     char *dir;

@@ -263,13 +263,13 @@ const ConfigKey config_keys[] = {
     STR_KEY("log.metrics", log.metrics, "none", "JSON-lines metrics file, one object per step"),
 
     STR_KEY("trace.steps", trace.steps, "none",
-            "the steps whose timelines are written, as the log numbers them: 3-5,10 (steps and ranges); a "
-            "training run writes TRACE_DIR/measured/rank<R>.pt.trace.json (PyTorch profiler's JSON format, which "
-            "Perfetto and Holistic Trace Analysis read), --dry-run the predicted ones in TRACE_DIR/predicted/ "
-            "(docs/timelines.md); --trace STEPS sets it; none = no timeline"),
+            "the training steps to trace, such as 3-5,10: every rank writes a timeline of them "
+            "(TRACE_DIR/measured/rank<R>.pt.trace.json, PyTorch profiler's JSON format: Perfetto and Holistic "
+            "Trace Analysis read it; docs/timelines.md); --trace STEPS sets it; with --dry-run the predicted "
+            "timelines of those steps (TRACE_DIR/predicted/); none = no tracing"),
     STR_KEY("trace.dir", trace.dir, "none",
-            "the folder of the timelines (TRACE_DIR); none = CHECKPOINT_DIR/traces, or traces in the working "
-            "directory without checkpoint.dir"),
+            "the folder of the traces; none = checkpoint.dir/traces, or traces in the working directory "
+            "without a checkpoint.dir"),
 };
 const int config_n_keys = (int)(sizeof config_keys / sizeof config_keys[0]);
 

@@ -3,7 +3,7 @@
 its passes coloured by micro-batch, its communication under them, its idle time hatched.
 
     scripts/plot_timeline.py FOLDER [FOLDER ...] --out PNG [--step N] [--title TEXT ...] [--ranks 0-7]
-                             [--track measured|predicted]
+                             [--track measured|predicted] [--own-scale]
 
 Each FOLDER is a folder of rank<R>.pt.trace.json files (a dry run's TRACE_DIR/predicted, or a
 training run's TRACE_DIR/measured) and gets a panel of its own, all panels on one time axis (ms from
@@ -16,7 +16,8 @@ coloured by it; "optimizer" and "contention" in grey; the communication spans (n
 compute stream's gaps inside the step (pipeline bubbles, waits for messages or collectives) hatched.
 --step: the step (ProfilerStep#N) to draw, default the first in the files; --ranks: which rows
 (default all); --track: in a measured file that also holds the predicted track (its own process id,
-1 << 24), which of the two to draw (default measured).
+1 << 24), which of the two to draw (default measured); --own-scale: each panel on its own time axis
+(a prediction beside a measurement on a slower machine).
 """
 import argparse
 import glob
@@ -157,6 +158,7 @@ def main():
     ap.add_argument("--title", nargs="*", default=[])
     ap.add_argument("--ranks")
     ap.add_argument("--track", choices=("measured", "predicted"), default="measured")
+    ap.add_argument("--own-scale", action="store_true")
     a = ap.parse_args()
     shown = parse_ranks(a.ranks) if a.ranks else None
     panels = []
@@ -176,11 +178,12 @@ def main():
     def colors(mb):
         return palette[mb % len(palette)]
     rows = [len([r for r in p[0] if shown is None or r in shown]) for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 0.9 + sum(0.32 * r + 0.45 for r in rows)), sharex=True,
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 0.9 + sum(0.32 * r + 0.45 for r in rows)), sharex=not a.own_scale,
                              gridspec_kw={"height_ratios": [max(r, 1) for r in rows]}, squeeze=False)
     for ax, (ranks, window, title) in zip(axes[:, 0], panels):
         draw_panel(ax, ranks, shown, window, window[1], colors, title)
-    axes[-1, 0].set_xlabel("ms from the step's start", fontsize=8)
+    for ax in axes[:, 0] if a.own_scale else axes[-1:, 0]:
+        ax.set_xlabel("ms from the step's start", fontsize=7)
     legend = [Patch(facecolor=colors(0), edgecolor="black", label="forward (colour: micro-batch)"),
               Patch(facecolor=colors(0), edgecolor="black", hatch="///", label="backward"),
               Patch(facecolor="#555555", label="optimizer"),

@@ -53,7 +53,7 @@ def main():
     ok &= good
     out2 = os.path.join(tmp, "two.png")
     r3 = run(sys.executable, "scripts/plot_timeline.py", os.path.join(traces, "predicted-plain4d"),
-             os.path.join(traces, "predicted"), "--step", "3", "--ranks", "0-3,6", "--title", "Plain-4D", "wlb",
+             os.path.join(traces, "predicted"), "--step", "3", "--ranks", "0-3,6", "--title", "Plain-4D", "wlb", "--own-scale",
              "--out", out2)
     good = r3.returncode == 0 and is_png(out2)
     print(("ok" if good else "not ok") + " 2 - Plain-4D's and the plan's folders, step 3, some ranks: a PNG")

@@ -14,6 +14,12 @@ one, left out: it is the measured process's, not the dry run's).
      two traces agree. A training run that writes no measured trace at all (a build without the
      measured timelines) skips the comparison, saying so; any difference fails.
 4    a bad trace.steps: the dry run exits 2 with one error line naming trace.steps, and writes nothing.
+5    HTA reads a predicted folder as a PyTorch job's (tp 2 x pp 2 and pp 4 interleaved, steps 1-2
+     predicted): every rank, and per rank its computation time (HTA's temporal breakdown) within 0.2% of
+     the dry run's own figure for the same steps: the time breakdown's computation of the stage
+     (products, attention, element-wise, the exposed TP and CP exchanges inside the passes, contention,
+     optimizer; --stats-out), since HTA counts every device-side span not named ^nccl.*Kernel as
+     computation; and some communication.
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
@@ -30,7 +36,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 WLBTRAIN = os.path.abspath(os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain"))
 
-from taplib import Skip, check, comment, run_tests  # noqa: E402
+from taplib import Skip, check, comment, import_module, require, run_tests  # noqa: E402
 
 CONFIG = """model: {preset: tiny, n_layers: %(layers)d}
 parallel: {tp: %(tp)d, cp: %(cp)d, pp: %(pp)d, dp: %(dp)d, virtual_stages: %(v)d, comm: mpi}
@@ -161,10 +167,45 @@ def test_bad_steps(fx):
         check(not os.path.exists(traces), "trace.steps=%s: %s was made" % (bad, traces))
 
 
+def test_hta_reads_predicted(fx):
+    hta = import_module("hta")
+    require(hta)
+    import logging
+    logging.disable(logging.WARNING)
+    from hta.trace_analysis import TraceAnalysis
+    for name in ("tp2_pp2", "pp4_interleaved"):
+        layout = LAYOUTS[name]
+        world = layout["tp"] * layout["cp"] * layout["pp"] * layout["dp"]
+        cfg = fx.config(name + "-hta", layout)
+        traces, stats = os.path.join(fx.dir, name + "-hta"), os.path.join(fx.dir, name + "-hta.jsonl")
+        r = run([WLBTRAIN, "--config", cfg, "--dry-run", "--steps", "2", "--set", "trace.steps=1-2", "--set",
+                 "trace.dir=" + traces, "--stats-out", stats])
+        check(r.returncode == 0, "the dry run: %s%s" % (r.stdout, r.stderr))
+        with open(stats) as f:
+            summary = [json.loads(line) for line in f if '"summary"' in line][0]
+        stages = summary["time_breakdown"]["stages"]
+        analysis = TraceAnalysis(trace_dir=os.path.join(traces, "predicted"), include_last_profiler_step=True)
+        check(sorted(analysis.t.get_ranks()) == list(range(world)), "HTA's ranks: %s" % analysis.t.get_ranks())
+        breakdown = analysis.get_temporal_breakdown(visualize=False)
+        check(len(breakdown) == world, "HTA's breakdown has %d ranks, not %d" % (len(breakdown), world))
+        comment("%s: rank, HTA computation / the dry run's (us)" % name)
+        for _, row in breakdown.iterrows():
+            rank = int(row["rank"])
+            b = stages[rank // (layout["tp"] * layout["cp"]) % layout["pp"]]
+            own = 1e6 * sum(b[k] for k in ("products", "attention", "elementwise", "tp_exposed", "cp_exposed",
+                                           "contention", "optimizer"))
+            got = row["compute_time(us)"]
+            comment("  %d  %.0f / %.0f" % (rank, got, own))
+            check(abs(got - own) <= 0.002 * own, "%s rank %d: HTA's computation %.0f us, the dry run's %.0f us"
+                  % (name, rank, got, own))
+            check(row["non_compute_time(us)"] > 0, "%s rank %d: HTA finds no communication" % (name, rank))
+
+
 TESTS = [("tp 2 x pp 2: the same passes in the same order", lambda fx: compare(fx, "tp2_pp2")),
          ("cp 2 x dp 2: the same passes in the same order", lambda fx: compare(fx, "cp2_dp2")),
          ("pp 4 interleaved: the same passes in the same order", lambda fx: compare(fx, "pp4_interleaved")),
-         ("a bad trace.steps is one error line, exit 2, nothing written", test_bad_steps)]
+         ("a bad trace.steps is one error line, exit 2, nothing written", test_bad_steps),
+         ("HTA reads a predicted folder: every rank, its computation time the dry run's", test_hta_reads_predicted)]
 
 if __name__ == "__main__":
     sys.exit(run_tests(TESTS, setup, teardown))

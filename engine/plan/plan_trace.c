@@ -17,10 +17,10 @@ void plan_trace_lanes(Trace *t, int pid, const char *name, int sort_index)
     static const struct {
         int tid;
         const char *name;
-    } lanes[] = {{PLAN_TRACE_TID_HOST, "host (predicted)"},   {PLAN_TRACE_STREAM_COMPUTE, "compute"},
-                 {PLAN_TRACE_STREAM_TP, "tp"},                {PLAN_TRACE_STREAM_CP, "cp"},
-                 {PLAN_TRACE_STREAM_PP_RECV, "pp recv"},      {PLAN_TRACE_STREAM_PP_SEND, "pp send"},
-                 {PLAN_TRACE_STREAM_DP, "dp"}};
+    } lanes[] = {{PLAN_TRACE_TID_HOST, "host (predicted)"},     {PLAN_TRACE_STREAM_COMPUTE, "stream 7 compute"},
+                 {PLAN_TRACE_STREAM_TP, "stream 20 tp"},          {PLAN_TRACE_STREAM_CP, "stream 21 cp"},
+                 {PLAN_TRACE_STREAM_DP, "stream 24 dp_cp"},       {PLAN_TRACE_STREAM_PP_SEND, "stream 60 pp send"},
+                 {PLAN_TRACE_STREAM_PP_RECV, "stream 61 pp recv"}};
     for (size_t i = 0; i < sizeof lanes / sizeof lanes[0]; i++)
         trace_name_thread(t, pid, lanes[i].tid, lanes[i].name, (int)i);
 }
@@ -110,15 +110,15 @@ static void rank_passes(Trace *t, const StepPlan *p, const CostModel *cost, cons
         sched_pass_parts(p, mb, cost, g, op.backward, &parts);
         if (cost->tp > 1) {
             double x = parts.tp_exposed * 1e6, all = x + parts.tp_hidden * 1e6;
-            comm_span(t, pid, PLAN_TRACE_STREAM_TP, "nccl:exchange tp", "tp", from, all < dur ? all : dur, x, -1);
+            comm_span(t, pid, PLAN_TRACE_STREAM_TP, "ncclKernel_Exchange tp", "tp", from, all < dur ? all : dur, x, -1);
         }
         if (cost->cp > 1) {
             double x = parts.cp_exposed * 1e6, all = x + parts.cp_hidden * 1e6;
-            comm_span(t, pid, PLAN_TRACE_STREAM_CP, "nccl:exchange cp", "cp", from, all < dur ? all : dur, x, -1);
+            comm_span(t, pid, PLAN_TRACE_STREAM_CP, "ncclKernel_Exchange cp", "cp", from, all < dur ? all : dur, x, -1);
         }
         double bytes = cost->p2p_bytes * (double)rank_tokens_max(p, mb), p2p = tl->p2p[(size_t)r * m + op.mb] * 1e6;
         if (tl->msg_from[base + i] >= 0)
-            comm_span(t, pid, PLAN_TRACE_STREAM_PP_RECV, "nccl:recv pp", "pp", t0 + tl->msg_from[base + i] * 1e6, p2p,
+            comm_span(t, pid, PLAN_TRACE_STREAM_PP_RECV, "ncclKernel_Recv pp", "pp", t0 + tl->msg_from[base + i] * 1e6, p2p,
                       tl->msg_shown[base + i] * 1e6, bytes);
         /* Its output goes to chunk g + 1 (forward) or g - 1 (backward), on the next or previous stage. */
         int to = op.backward ? g - 1 : g + 1;
@@ -126,7 +126,7 @@ static void rank_passes(Trace *t, const StepPlan *p, const CostModel *cost, cons
             continue;
         int ts = to % pp, at = (op.backward ? pos_prev : pos_next)[(op.mb * v + to / pp) * 2 + op.backward];
         size_t rb = ((size_t)r * pp + ts) * tl->per_stage + at;
-        comm_span(t, pid, PLAN_TRACE_STREAM_PP_SEND, "nccl:send pp", "pp", t0 + tl->msg_from[rb] * 1e6, p2p, 0, bytes);
+        comm_span(t, pid, PLAN_TRACE_STREAM_PP_SEND, "ncclKernel_Send pp", "pp", t0 + tl->msg_from[rb] * 1e6, p2p, 0, bytes);
     }
 }
 
@@ -140,14 +140,14 @@ static void rank_collectives(Trace *t, const CostModel *cost, const SchedTimelin
     for (int c = 0; c < tl->v; c++) {
         double from = tl->gather_from[s * tl->v + c], to = tl->gather_to[s * tl->v + c];
         double shown = tl->gather_shown[base + pos[(0 * tl->v + c) * 2]];
-        comm_span(t, pid, PLAN_TRACE_STREAM_DP, "nccl:all_gather dp", "dp", t0 + from * 1e6, (to - from) * 1e6,
+        comm_span(t, pid, PLAN_TRACE_STREAM_DP, "ncclKernel_AllGather dp_cp", "dp_cp", t0 + from * 1e6, (to - from) * 1e6,
                   shown * 1e6, -1);
     }
     double end = tl->passes_end[s];
     for (int j = 0; j < tl->n_buckets[s]; j++) {
         size_t at = (size_t)s * tl->max_buckets + j;
         double from = tl->bucket_from[at], to = tl->bucket_to[at], past = from > end ? from : end;
-        comm_span(t, pid, PLAN_TRACE_STREAM_DP, cost->zero ? "nccl:reduce_scatter dp" : "nccl:all_reduce dp", "dp",
+        comm_span(t, pid, PLAN_TRACE_STREAM_DP, cost->zero ? "ncclKernel_ReduceScatter dp_cp" : "ncclKernel_AllReduce dp_cp", "dp_cp",
                   t0 + from * 1e6, (to - from) * 1e6, to > past ? (to - past) * 1e6 : 0, 4 * tl->bucket_params[at]);
     }
     TraceArgs a;
@@ -200,64 +200,6 @@ int plan_trace_step(Trace *t, const StepPlan *p, const CostModel *cost, int worl
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* trace.steps                                                                                     */
-
-static int parse_step(const char **s, int64_t *v)
-{
-    if (**s < '0' || **s > '9')
-        return -1;
-    int64_t x = 0;
-    while (**s >= '0' && **s <= '9') {
-        if (x > (INT64_C(1) << 50))
-            return -1;
-        x = x * 10 + (**s - '0');
-        (*s)++;
-    }
-    *v = x;
-    return x >= 1 ? 0 : -1;
-}
-
-int plan_trace_steps_parse(const char *text, const char *where, PlanTraceSteps *out, Error *err)
-{
-    memset(out, 0, sizeof *out);
-    const char *s = text;
-    while (*s) {
-        int64_t a, b;
-        while (*s == ' ')
-            s++;
-        if (parse_step(&s, &a) != 0)
-            return error_set(err, where, "'%s': expected steps and ranges counted from 1, like 3-5,10", text);
-        b = a;
-        if (*s == '-') {
-            s++;
-            if (parse_step(&s, &b) != 0 || b < a)
-                return error_set(err, where, "'%s': a range is FIRST-LAST with FIRST <= LAST, like 3-5", text);
-        }
-        while (*s == ' ')
-            s++;
-        if (*s && *s != ',')
-            return error_set(err, where, "'%s': expected steps and ranges counted from 1, like 3-5,10", text);
-        if (out->n == PLAN_TRACE_MAX_RANGES)
-            return error_set(err, where, "'%s': more than %d steps and ranges", text, PLAN_TRACE_MAX_RANGES);
-        out->from[out->n] = a;
-        out->to[out->n++] = b;
-        if (*s == ',' && !*++s)
-            return error_set(err, where, "'%s': ends with a comma", text);
-    }
-    if (out->n == 0)
-        return error_set(err, where, "'%s': no step", text);
-    return 0;
-}
-
-int plan_trace_steps_has(const PlanTraceSteps *s, int64_t step)
-{
-    for (int i = 0; i < s->n; i++)
-        if (step >= s->from[i] && step <= s->to[i])
-            return 1;
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------- */
 /* The dry run's files                                                                             */
 
 void plan_trace_free(PlanTraceOut *o)
@@ -297,7 +239,7 @@ int plan_trace_open(PlanTraceOut *o, const Config *cfg, const char *sub, Error *
     memset(o, 0, sizeof *o);
     if (!cfg->trace.steps)
         return 0;
-    if (plan_trace_steps_parse(cfg->trace.steps, "trace.steps", &o->steps, err) != 0)
+    if (trace_steps_parse(cfg->trace.steps, "trace.steps", &o->steps, err) != 0)
         return -1;
     o->text = cfg->trace.steps;
     const char *dir = cfg->trace.dir, *ck = cfg->checkpoint.dir;
@@ -346,7 +288,7 @@ int plan_trace_add_step(PlanTraceOut *o, const StepPlan *p, const CostModel *cos
     double t0 = o->t_us;
     o->t_us += step_s * 1e6;
     o->planned++;
-    if (!plan_trace_steps_has(&o->steps, p->step + 1))
+    if (!trace_steps_has(&o->steps, p->step + 1))
         return 0;
     SchedTimeline tl;
     int rc = sched_step_timeline(p, cost, &tl, err);

@@ -17,19 +17,20 @@
  *          of the micro-batch, predicted_us. Then "contention" (the computation slowed by the
  *          collectives that ran beside it, drawn after the gradients' reduction) and "optimizer".
  *          The gaps between them are the stage's bubbles and waits.
- *   tp, cp streams  "nccl:exchange tp" / "nccl:exchange cp": per pass, the TP (CP) exchanges of its
+ *   tp, cp streams  "ncclKernel_Exchange tp" / "ncclKernel_Exchange cp": per pass, the TP (CP) exchanges of its
  *          layers summed (cost.h prices them layer by layer), drawn from the pass's start; args
  *          exposed_us (the part the pass waits for: inside its duration), hidden_us.
- *   pp streams  "nccl:recv pp" on the receiving stage, "nccl:send pp" on the sending one: each message
+ *   pp streams  "ncclKernel_Recv pp" on the receiving stage, "ncclKernel_Send pp" on the sending one: each message
  *          between stages while it moves; exposed_us: what the receiving pass waited for of it (0
  *          for a send).
- *   dp stream  "nccl:all_reduce dp" (ZeRO-1: "nccl:reduce_scatter dp") per gradient bucket of the
+ *   dp_cp stream  "ncclKernel_AllReduce dp_cp" (ZeRO-1: "ncclKernel_ReduceScatter dp_cp") per gradient bucket of the
  *          stage, exposed_us: its part after the stage's last pass (the reduction's exposed time);
- *          "nccl:all_gather dp", ZeRO-1's parameter gather per chunk, exposed_us: what the chunk's
+ *          "ncclKernel_AllGather dp_cp", ZeRO-1's parameter gather per chunk, exposed_us: what the chunk's
  *          first forward waited for it.
  *
- * The device-side spans carry args stream, correlation and device as HTA needs them (HTA counts
- * spans whose name starts with "nccl" as communication, the rest as computation). Every TP and CP
+ * The device-side spans carry args stream, correlation and device as HTA needs them; communication
+ * is named as the measured trace names it, "ncclKernel_OP GROUP", since HTA (0.5, the pinned one)
+ * counts a span as communication only when its name matches ^nccl.*Kernel, the rest as computation. Every TP and CP
  * rank of a stage of a replica has the same spans: the simulator times a pass by its slowest CP rank.
  * A micro-batch without a token has no pass and no message (the trainer skips it), though the
  * simulator still charges its messages' latency. Summed over a rank of the slowest replica, the
@@ -49,20 +50,21 @@
 #include "util/error.h"
 #include "util/trace.h"
 
+/* The lanes are the measured trace's (engine/comm/comm_trace.h): the compute stream 7, a stream per
+ * group at 20 + its LayoutGroup (tp 20, cp 21, the DP x CP reduction 24), the pipeline's sends 60 and
+ * receives 61. */
 enum {
     PLAN_TRACE_TID_HOST = 1,
     PLAN_TRACE_STREAM_COMPUTE = 7,
     PLAN_TRACE_STREAM_TP = 20,
     PLAN_TRACE_STREAM_CP = 21,
-    PLAN_TRACE_STREAM_PP_RECV = 22,
-    PLAN_TRACE_STREAM_PP_SEND = 23,
     PLAN_TRACE_STREAM_DP = 24,
+    PLAN_TRACE_STREAM_PP_SEND = 60,
+    PLAN_TRACE_STREAM_PP_RECV = 61,
     /* The dry run writes at most this many files (one per rank): beyond it, TP rank 0 of every CP
      * rank, stage and replica, or if those are still too many TP and CP rank 0 of every stage of the
      * first replicas (plan_trace_open). */
     PLAN_TRACE_MAX_FILES = 256,
-    /* trace.steps: at most this many steps and ranges */
-    PLAN_TRACE_MAX_RANGES = 64,
 };
 /* Correlation ids of the predicted spans start here (a measured trace's start at 1e6: the two
  * tracks of one file never share one). */
@@ -82,20 +84,10 @@ void plan_trace_rank(Trace *t, const StepPlan *p, const CostModel *cost, const S
 int plan_trace_step(Trace *t, const StepPlan *p, const CostModel *cost, int world_rank, double t0_us, int pid,
                     double *step_us, Error *err);
 
-/* trace.steps: "3-5,10" - steps and ranges, comma separated, steps counted from 1. An Error (status
- * 2, naming `where`) for anything else. */
-typedef struct PlanTraceSteps {
-    int n;
-    int64_t from[PLAN_TRACE_MAX_RANGES], to[PLAN_TRACE_MAX_RANGES];
-} PlanTraceSteps;
-int plan_trace_steps_parse(const char *text, const char *where, PlanTraceSteps *s, Error *err);
-/* 1 when step (counted from 1) is one of them. */
-int plan_trace_steps_has(const PlanTraceSteps *s, int64_t step);
-
 /* The dry run's predicted traces: one Trace per rank written (at most PLAN_TRACE_MAX_FILES), the
  * steps laid one after another from time 0 (each at the sum of the predicted times before it). */
 typedef struct PlanTraceOut {
-    PlanTraceSteps steps;
+    TraceSteps steps;  /* trace.steps (util/trace.h) */
     char *dir;         /* TRACE_DIR/predicted (or another sub-folder) */
     int n;             /* ranks written */
     int *ranks;
