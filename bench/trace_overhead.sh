@@ -12,7 +12,8 @@
 # includes everything tracing adds to it (the recording, its share of the step's vote); the files
 # are written after the traced steps. The model and data are a small synthetic set unless CONFIG
 # names a YAML file (its data.path is used as it is; the layout's keys are overridden). Prints a
-# table that names the machine and its load.
+# table that names the machine and its load, and the share of the step that the recording itself
+# takes (bench/trace_record.c's ns per event times the events a rank records per step).
 # Usage: bash bench/trace_overhead.sh      env: WLBTRAIN (default build/release-nocuda/wlbtrain),
 #   RANKS (4), LAYOUTS ("tp2pp2 cp2dp2 pp4v2"), RUNS (3), SEPARATE (0), CONFIG
 set -uo pipefail
@@ -68,27 +69,39 @@ run() {
     { echo "trace_overhead: run $name failed:" >&2; tail -5 "$work/$name.log" >&2; return 1; }
 }
 
+# The recording's own cost, measured alone (bench/trace_record.c: ns per event, best of 7 rounds):
+# times the events a rank records per step, over the step (with more ranks than cores, each core
+# records for ranks / cores ranks), it is the share of the step that recording takes, steadier than
+# the step times on a loaded machine.
+rec=$(dirname "$bin")/bench/trace_record
+ns=$([ -x "$rec" ] && "$rec" | awk '{print $2}')
+cores=$(getconf _NPROCESSORS_ONLN)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
 echo "# tracing's cost on $(hostname): $cpu, $(getconf _NPROCESSORS_ONLN) cores (load average $(cut -d" " -f1-3 /proc/loadavg)), $ranks ranks, OMP_NUM_THREADS=$OMP_NUM_THREADS"
-echo "# median step_ms over 20 steps; overhead = on / off - 1"
+echo "# median step_ms over 20 steps; on / off - 1, and paired: the median of (traced step - the untraced one after it)"
+echo "# over the untraced median; recording: events x ${ns:-?} ns an event (bench/trace_record) x ranks per core, over the step"
 echo
-echo "| layout | run | off ms | on ms | on / off | paired | events per rank and step |"
-echo "|---|---|---|---|---|---|---|"
+echo "| layout | run | off ms | on ms | on / off | paired | events per rank and step | recording |"
+echo "|---|---|---|---|---|---|---|---|"
 even=$(seq -s, 6 2 44)
 for lay in "${layouts[@]}"; do
   read -r -a sets <<< "$(layout_sets "$lay")" || exit 2
   for r in $(seq 1 "$runs"); do
     run "$lay-i$r" 45 "$even" "${sets[@]}" || exit 1
-    python3 - "$lay" "$r" "$work/$lay-i$r.jsonl" "$work/traces-$lay-i$r/measured" <<'PY'
+    python3 - "$lay" "$r" "$work/$lay-i$r.jsonl" "$work/traces-$lay-i$r/measured" "${ns:-0}" "$ranks" "$cores" <<'PY'
 import glob, json, statistics, sys
 lay, r, path, folder = sys.argv[1:5]
+ns, ranks, cores = float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 rows = {x["step"]: x["step_ms"] for x in map(json.loads, open(path))}
 on = [rows[s] for s in range(6, 45, 2)]
 off = [rows[s + 1] for s in range(6, 45, 2)]
 paired = statistics.median([a - b for a, b in zip(on, off)]) / statistics.median(off)
 events = [len(json.load(open(p))["traceEvents"]) / 20 for p in glob.glob(folder + "/rank*.pt.trace.json")]
-print("| %s | %s | %.2f | %.2f | %+.2f%% | %+.2f%% | %.0f |" % (lay, r, statistics.median(off), statistics.median(on),
-      100 * (statistics.median(on) / statistics.median(off) - 1), 100 * paired, statistics.mean(events)))
+ev = statistics.mean(events)
+rec = ev * ns * 1e-6 * max(1.0, ranks / cores) / statistics.median(off)
+print("| %s | %s | %.2f | %.2f | %+.2f%% | %+.2f%% | %.0f | %s |" % (lay, r, statistics.median(off), statistics.median(on),
+      100 * (statistics.median(on) / statistics.median(off) - 1), 100 * paired, ev,
+      "%.2f%%" % (100 * rec) if ns > 0 else "?"))
 PY
   done
   if [ "$separate" = 1 ]; then
@@ -99,7 +112,7 @@ import json, statistics, sys
 lay, off, on = sys.argv[1:4]
 med = lambda p: statistics.median([x["step_ms"] for x in map(json.loads, open(p)) if x["step"] >= 6])
 a, b = med(off), med(on)
-print("| %s | separate runs | %.2f | %.2f | %+.2f%% | | |" % (lay, a, b, 100 * (b / a - 1)))
+print("| %s | separate runs | %.2f | %.2f | %+.2f%% | | | |" % (lay, a, b, 100 * (b / a - 1)))
 PY
   fi
 done

@@ -99,7 +99,6 @@ void comm_trace_device_span(CommTracer *t, const char *name, int64_t stream, dou
         trace_args_init(&own);
         args = &own;
     }
-    trace_arg_int(args, "device", t->device_pid);
     trace_arg_int(args, "stream", stream);
     trace_arg_int(args, "correlation", corr);
     /* On whole microseconds: HTA rounds a span's start up and its end down, which would take up to
@@ -112,10 +111,8 @@ void comm_trace_device_span(CommTracer *t, const char *name, int64_t stream, dou
     trace_args_init(&la);
     trace_arg_int(&la, "correlation", corr);
     trace_span(t->trace, "cuda_runtime", "cudaLaunchKernel", t->host_pid, COMM_TRACE_HOST_TID, launch, 0, &la);
-    if (launch < ts) { /* issued before it ran (a background collective, a message): Perfetto's arrow */
-        trace_flow(t->trace, 's', "ac2g", "ac2g", corr, t->host_pid, COMM_TRACE_HOST_TID, launch);
-        trace_flow(t->trace, 'f', "ac2g", "ac2g", corr, t->device_pid, stream, ts);
-    }
+    /* No ac2g flow events (Perfetto's arrows from a launch to its kernel): they would be a quarter of
+     * the events of a step, and the correlation id already ties the two together. */
 }
 
 void comm_trace_begin(const Comm *c, CommSpan *s)
