@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "engine/plan/cost.h"
+#include "engine/plan/plan_trace.h"
 #include "util/clock.h"
 #include "util/fileio.h"
 
@@ -48,6 +49,8 @@ static void name_lanes(TrainTrace *tt, const Comm *c, int rank)
         }
     trace_name_thread(t, tt->tracer.device_pid, COMM_TRACE_STREAM_SEND, "stream 60 pp send", 40);
     trace_name_thread(t, tt->tracer.device_pid, COMM_TRACE_STREAM_RECV, "stream 61 pp recv", 41);
+    snprintf(name, sizeof name, "rank %d predicted", rank);
+    plan_trace_lanes(t, TRAIN_TRACE_PID_PREDICTED, name, 2 * rank + 2);
 }
 
 int train_trace_open(Trainer *tr, Error *err)
@@ -173,8 +176,14 @@ void train_trace_step_stop(Trainer *tr, int64_t step, double *slots)
     trace_arg_int(&a, "step", step);
     trace_span(tt->trace, "user_annotation", name, tt->tracer.host_pid, COMM_TRACE_HOST_TID,
                comm_trace_us(&tt->tracer, tt->step_t0), (t1 - tt->step_t0) * 1e6, &a);
-    /* Here the predicted spans of this step go on a track of their own (pid TRAIN_TRACE_PID_PREDICTED,
-     * named "predicted"), from the planner's simulation of tr->plan. */
+    /* The predicted spans of this step on a track of their own (pid TRAIN_TRACE_PID_PREDICTED), from
+     * the pipeline simulator's placing of tr->plan under the run's cost model (what the dry run
+     * writes), from the step's start; kept out of HTA's view (PLAN_TRACE_BESIDE). */
+    Error perr = {0};
+    if (plan_trace_step(tt->trace, &tr->plan, &tr->cost, tr->lay.rank, comm_trace_us(&tt->tracer, tt->step_t0),
+                        TRAIN_TRACE_PID_PREDICTED, PLAN_TRACE_BESIDE, NULL, &perr) != 0)
+        fprintf(stderr, "wlbtrain: warning: rank %d: step %lld's predicted track left out of its trace: %s\n",
+                tr->lay.rank, (long long)step, perr.msg);
     /* The rank's own accounting of the step (comm_trace.h): the sums now less the sums at the last
      * traced step's end, in this rank's slots (the others' 0: the vote's maximum gathers them). */
     double now[3];
