@@ -7,10 +7,10 @@ For each layout - tp 2 x pp 2, cp 2 x dp 2, pp 4 interleaved (virtual_stages 2) 
   the dry run:  wlbtrain --config C --dry-run --set trace.steps=2   -> TRACE_DIR/predicted/
   training:     mpirun -np 4 wlbtrain --config C --trace 2 (2 steps) -> TRACE_DIR/measured/
 and per rank the sequence of (name, microbatch, chunk) of the forward and backward spans of step 2,
-by start time, must be the same in the two files (the measured file's predicted track left out of
-the measured side). The measured file's predicted track (pid 1 << 24: the training run's own plan of
-the step through plan_trace_step) must be the dry run's file: the same passes at the same offsets
-from the step's start, with the same durations (to the microsecond the measured file's grid rounds to).
+by start time, must be the same in the two files. The training run's predicted track
+(TRACE_DIR/measured-predicted/, pid 1 << 24: its own plan of the step through plan_trace_step) must
+be the dry run's file: the same passes at the same offsets from the step's start, with the same
+durations (to the microsecond the measured file's grid rounds to).
 
 1-3  the three layouts: the dry run writes one file per rank (its rank in distributedInfo), and the
      two traces agree. A training run that writes no measured trace at all (a build without the
@@ -113,7 +113,7 @@ def teardown(fx):
 
 def passes(path, step, rank, track):
     """The forward and backward spans of `step` by start time, of the trace file's own processes
-    (track "own") or of the predicted track beside them ("beside"), and the step's start: the
+    (track "own") or of the predicted track beside the measured ones ("beside"), and the step's start: the
     ProfilerStep#N span's of that track, or "predicted step N"'s."""
     with open(path) as f:
         trace = json.load(f)
@@ -166,8 +166,9 @@ def compare(fx, name):
         total += len(want)
         # The training run's predicted track: the dry run's passes, where and as long as it put them.
         dry, dry0 = passes(os.path.join(predicted, "rank%d.pt.trace.json" % rank), STEP, rank, "own")
-        beside, beside0 = passes(os.path.join(measured, "rank%d.pt.trace.json" % rank), STEP, rank, "beside")
-        check(len(beside) == len(dry), "rank %d: %d passes on the measured file's predicted track, %d in the dry run's"
+        beside, beside0 = passes(os.path.join(traces, "measured-predicted", "rank%d.pt.trace.json" % rank), STEP, rank,
+                                 "beside")
+        check(len(beside) == len(dry), "rank %d: %d passes on the training run's predicted track, %d in the dry run's"
               % (rank, len(beside), len(dry)))
         for a, b in zip(beside, dry):
             same = (a["name"], a["args"]["microbatch"], a["args"]["chunk"]) == (b["name"], b["args"]["microbatch"],

@@ -259,9 +259,11 @@ static void put_event(FILE *f, const TraceEvent *e)
     fputc('}', f);
 }
 
-int trace_write(const Trace *t, const char *path, Error *err)
+int trace_write(const Trace *t, const char *path, Error *err) { return trace_write_merged(t, NULL, path, err); }
+
+int trace_write_merged(const Trace *t, const Trace *extra, const char *path, Error *err)
 {
-    if (t->out_of_memory)
+    if (t->out_of_memory || (extra && extra->out_of_memory))
         return error_runtime(err, path, "the trace ran out of memory while recording: not written");
     AtomicFile a;
     if (atomic_open(&a, path, err) != 0)
@@ -283,9 +285,10 @@ int trace_write(const Trace *t, const char *path, Error *err)
         fputs(",\n", f);
     }
     fputs(" \"traceEvents\": [\n", f);
-    for (size_t i = 0; i < t->n; i++) {
-        put_event(f, &t->events[i]);
-        fputs(i + 1 < t->n ? ",\n" : "\n", f);
+    size_t n_extra = extra ? extra->n : 0;
+    for (size_t i = 0; i < t->n + n_extra; i++) {
+        put_event(f, i < t->n ? &t->events[i] : &extra->events[i - t->n]);
+        fputs(i + 1 < t->n + n_extra ? ",\n" : "\n", f);
     }
     fputs(" ]\n}\n", f);
     if (ferror(f)) {

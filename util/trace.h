@@ -106,6 +106,8 @@ double trace_busy_us(const Trace *t, int pid, int64_t tid);
 /* Writes the file atomically (a temporary name, fsync, rename); the folder must exist. An Error
  * names the path. */
 int trace_write(const Trace *t, const char *path, Error *err);
+/* The same with extra's events after t's (t's header): two recordings as one file. */
+int trace_write_merged(const Trace *t, const Trace *extra, const char *path, Error *err);
 
 
 /* The steps a run traces (trace.steps): "3-5,10" - step numbers and inclusive ranges, comma

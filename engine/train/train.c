@@ -513,6 +513,8 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
         double ms = (clock_seconds() - t0 - st.eval_s) * 1e3;
         if (rc == 0 && lead && metrics)
             rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr, ms, cfg->data.global_batch_tokens, err);
+        if (rc == 0)
+            rc = train_trace_step_predicted(tr, step, err); /* outside the step's time */
         int saved = 0;
         double t_save = train_trace_step_host_begin(tr, step);
         if (rc == 0)

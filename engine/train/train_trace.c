@@ -49,8 +49,6 @@ static void name_lanes(TrainTrace *tt, const Comm *c, int rank)
         }
     trace_name_thread(t, tt->tracer.device_pid, COMM_TRACE_STREAM_SEND, "stream 60 pp send", 40);
     trace_name_thread(t, tt->tracer.device_pid, COMM_TRACE_STREAM_RECV, "stream 61 pp recv", 41);
-    snprintf(name, sizeof name, "rank %d predicted", rank);
-    plan_trace_lanes(t, TRAIN_TRACE_PID_PREDICTED, name, 2 * rank + 2);
 }
 
 int train_trace_open(Trainer *tr, Error *err)
@@ -70,8 +68,11 @@ int train_trace_open(Trainer *tr, Error *err)
     char root[4000], mark[4200];
     trace_root(cfg, root, sizeof root);
     snprintf(tt->dir, sizeof tt->dir, "%s/measured", root);
+    snprintf(tt->both_dir, sizeof tt->both_dir, "%s/measured-predicted", root);
     snprintf(mark, sizeof mark, "%s/x", tt->dir);
-    if (tr->lay.rank == 0 && file_make_parents(mark, err) != 0)
+    char mark2[4200];
+    snprintf(mark2, sizeof mark2, "%s/x", tt->both_dir);
+    if (tr->lay.rank == 0 && (file_make_parents(mark, err) != 0 || file_make_parents(mark2, err) != 0))
         return -1;
     /* The clocks: rank 0's base time for all, each rank's offset from rank 0. */
     Comm *c = tr->comm;
@@ -83,7 +84,7 @@ int train_trace_open(Trainer *tr, Error *err)
     if (comm_broadcast(c, GROUP_WORLD, 0, &base, sizeof base, err) != 0)
         return -1;
     /* Other ranks make the folder too (rank 0's may not be visible yet on a shared file system). */
-    if (tr->lay.rank != 0 && file_make_parents(mark, err) != 0)
+    if (tr->lay.rank != 0 && (file_make_parents(mark, err) != 0 || file_make_parents(mark2, err) != 0))
         return -1;
     double shift = realtime_s() - clock_seconds() + offset - base;
     int world = comm_world_size(c);
@@ -92,7 +93,7 @@ int train_trace_open(Trainer *tr, Error *err)
              tr->lay.rank, world, cfg->trace.steps, offset * 1e6, rtt * 1e6);
     TraceInfo info = {tr->lay.rank, world, c->impl->name, (int64_t)base * 1000000000LL, name, tr->backend->name,
                       tr->backend->device_id ? (int)tr->backend->device_id() : 0};
-    if (!(tt->trace = trace_new(&info)) || !(tt->votes = calloc((size_t)world * 3 + 3, sizeof *tt->votes)) ||
+    if (!(tt->trace = trace_new(&info)) || !(tt->predicted = trace_new(&info)) || !(tt->votes = calloc((size_t)world * 3 + 3, sizeof *tt->votes)) ||
         !(tt->fig.compute_s = calloc((size_t)world * 3, sizeof(double))))
         return error_runtime(err, "trace", "out of memory");
     tt->fig.world = world;
@@ -101,6 +102,7 @@ int train_trace_open(Trainer *tr, Error *err)
     if (comm_tracer_init(&tt->tracer, tt->trace, tr->lay.rank, (int)getpid(), shift) != 0)
         return error_runtime(err, "trace", "cannot make a mutex");
     name_lanes(tt, c, tr->lay.rank);
+    plan_trace_lanes(tt->predicted, TRAIN_TRACE_PID_PREDICTED, "predicted", 2 * world + tr->lay.rank);
     c->tracer = &tt->tracer;
     if (tr->lay.rank == 0) {
         printf("trace: steps %s, one file per rank in %s (clock offsets measured by pings with rank 0)\n",
@@ -116,7 +118,10 @@ static int write_file(Trainer *tr, Error *err)
     char path[4200];
     snprintf(path, sizeof path, "%s/rank%d.pt.trace.json", tt->dir, tr->lay.rank);
     tt->written = 1;
-    return trace_write(tt->trace, path, err);
+    if (trace_write(tt->trace, path, err) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/rank%d.pt.trace.json", tt->both_dir, tr->lay.rank);
+    return trace_write_merged(tt->trace, tt->predicted, path, err);
 }
 
 int train_trace_close(Trainer *tr, Error *err)
@@ -132,6 +137,7 @@ int train_trace_close(Trainer *tr, Error *err)
         comm_tracer_free(&tt->tracer);
     }
     trace_free(tt->trace);
+    trace_free(tt->predicted);
     free(tt->votes);
     free(tt->fig.compute_s);
     free(tt);
@@ -176,14 +182,6 @@ void train_trace_step_stop(Trainer *tr, int64_t step, double *slots)
     trace_arg_int(&a, "step", step);
     trace_span(tt->trace, "user_annotation", name, tt->tracer.host_pid, COMM_TRACE_HOST_TID,
                comm_trace_us(&tt->tracer, tt->step_t0), (t1 - tt->step_t0) * 1e6, &a);
-    /* The predicted spans of this step on a track of their own (pid TRAIN_TRACE_PID_PREDICTED), from
-     * the pipeline simulator's placing of tr->plan under the run's cost model (what the dry run
-     * writes), from the step's start; kept out of HTA's view (PLAN_TRACE_BESIDE). */
-    Error perr = {0};
-    if (plan_trace_step(tt->trace, &tr->plan, &tr->cost, tr->lay.rank, comm_trace_us(&tt->tracer, tt->step_t0),
-                        TRAIN_TRACE_PID_PREDICTED, PLAN_TRACE_BESIDE, NULL, &perr) != 0)
-        fprintf(stderr, "wlbtrain: warning: rank %d: step %lld's predicted track left out of its trace: %s\n",
-                tr->lay.rank, (long long)step, perr.msg);
     /* The rank's own accounting of the step (comm_trace.h): the sums now less the sums at the last
      * traced step's end, in this rank's slots (the others' 0: the vote's maximum gathers them). */
     double now[3];
@@ -193,6 +191,17 @@ void train_trace_step_stop(Trainer *tr, int64_t step, double *slots)
         slots[3 * tr->lay.rank + j] = now[j] - tt->sums[j];
         tt->sums[j] = now[j];
     }
+}
+
+int train_trace_step_predicted(Trainer *tr, int64_t step, Error *err)
+{
+    TrainTrace *tt = tr->trace;
+    if (!tt || !trace_steps_has(&tt->steps, step))
+        return 0;
+    /* PLAN_TRACE_BESIDE: in measured-predicted/ beside the measured events, on their whole-microsecond
+     * grid and out of HTA's view (which would count its spans as the rank's device's). */
+    return plan_trace_step(tt->predicted, &tr->plan, &tr->cost, tr->lay.rank, comm_trace_us(&tt->tracer, tt->step_t0),
+                           TRAIN_TRACE_PID_PREDICTED, PLAN_TRACE_BESIDE, NULL, err);
 }
 
 int train_trace_step_end(Trainer *tr, int64_t step, const double *slots, Error *err)

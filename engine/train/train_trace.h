@@ -11,9 +11,10 @@
  *     evaluation, comm_wait - with a cudaLaunchKernel event (cat cuda_runtime) at the issue of every
  *     device-side span, as a PyTorch trace has;
  *   device (pid: the world rank, "rank R device"): the compute stream (7) with every forward and
- *     backward pass (args step, microbatch, chunk, stage, tokens, documents, predicted_us), the
- *     evaluation's forward passes (eval_forward) and the optimizer; one stream per group for its
- *     collectives and two for the pipeline's messages (engine/comm/comm_trace.h).
+ *     backward pass (args step, microbatch, chunk, stage, tokens, documents, predicted_us) and the
+ *     optimizer; one stream per group for its collectives and two for the pipeline's messages
+ *     (engine/comm/comm_trace.h). The evaluation and the checkpoint after a traced step are host
+ *     spans only (recording ends with the step's vote).
  *
  * The clock: CLOCK_MONOTONIC as the rank reads it, mapped to CLOCK_REALTIME, corrected by the
  * rank's offset from rank 0 (pings at the start: comm_clock_offset), relative to a base time that
@@ -23,6 +24,13 @@
  * On a backend with a device timer (CUDA: Ops.timer_mark) the passes' spans come from the device:
  * the events that time each pass, placed on the host clock by a reference mark at the step's
  * start (train_trace_timer_spans).
+ *
+ * The predicted track: the same step as the planner's pipeline simulator places it
+ * (engine/plan/plan_trace.h: plan_trace_step on the step's own plan), from the measured step's
+ * start, as a process of its own (pid TRAIN_TRACE_PID_PREDICTED, "predicted"). HTA would count its
+ * spans with the measured ones (it takes every device-side event of a file), so it goes into a
+ * second file per rank, TRACE_DIR/measured-predicted/rank<R>.pt.trace.json, the measured events and
+ * the predicted track together, for Perfetto; TRACE_DIR/measured/ stays the measured alone.
  *
  * With trace.steps unset nothing is set up and every hook is one branch on a NULL pointer.
  */
@@ -50,7 +58,9 @@ typedef struct TrainTraceFigures {
 typedef struct TrainTrace {
     TraceSteps steps;
     char dir[4096];             /* TRACE_DIR/measured */
+    char both_dir[4096];        /* TRACE_DIR/measured-predicted: the same with the predicted track */
     Trace *trace;
+    Trace *predicted;           /* the predicted track (engine/plan/plan_trace.h), pid TRAIN_TRACE_PID_PREDICTED */
     CommTracer tracer;
     int64_t last_step;          /* the last traced step: the file is written after the step after it */
     int written;
@@ -78,6 +88,9 @@ double *train_trace_votes(Trainer *tr, int64_t step, double *votes, int *n);
 void train_trace_step_begin(Trainer *tr, int64_t step);
 void train_trace_step_stop(Trainer *tr, int64_t step, double *slots);
 int train_trace_step_end(Trainer *tr, int64_t step, const double *slots, Error *err);
+/* After the step's metrics line (outside its time): the planner's prediction of the traced step's
+ * plan, this rank's spans from the step's measured start, onto the predicted track. */
+int train_trace_step_predicted(Trainer *tr, int64_t step, Error *err);
 /* A traced step's figures on its metrics line: ,"trace_compute_s":[...],"trace_comm_s":[...],
  * "trace_idle_s":[...] (nothing for a step not traced). */
 void train_trace_write_metrics(FILE *f, const Trainer *tr);
@@ -91,7 +104,7 @@ void train_trace_host_end(Trainer *tr, const char *name, double t0);
 /* The same for a host span after a traced step's figures (the checkpoint): begins when step is traced. */
 double train_trace_step_host_begin(const Trainer *tr, int64_t step);
 /* Device-side compute spans: begin accounts the compute from now on and returns the start (0 when
- * not tracing); the pass's end records it (name forward, backward or eval_forward; i the schedule's
+ * not tracing); the pass's end records it (name forward or backward; i the schedule's
  * index, k the replica's micro-batch, c the local chunk), the optimizer's likewise. */
 double train_trace_compute_begin(Trainer *tr);
 void train_trace_pass_end(Trainer *tr, const char *name, const StepPlan *plan, int i, int k, int c, double t0);
