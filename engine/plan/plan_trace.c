@@ -131,7 +131,7 @@ static void rank_passes(const Out *o, const StepPlan *p, const CostModel *cost, 
         trace_arg_int(&a, "microbatch", op.mb);
         trace_arg_int(&a, "chunk", g);
         trace_arg_int(&a, "stage", s);
-        trace_arg_int(&a, "tokens", mb->tokens);
+        trace_arg_int(&a, "tokens", mb->tokens - mb->pad); /* the data's, as the measured trace counts */
         trace_arg_int(&a, "documents", mb_documents(p, mb));
         trace_arg_num(&a, "predicted_us", dur);
         device_span(o, PLAN_TRACE_STREAM_COMPUTE, op.backward ? "backward" : "forward", from, dur, &a);

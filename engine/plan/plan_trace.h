@@ -13,8 +13,9 @@
  *   compute stream (PLAN_TRACE_STREAM_COMPUTE)  "forward" / "backward" (cat kernel): every pass of
  *          the rank's stage in its 1F1B (interleaved) order, from when the simulator starts it to when
  *          it ends; args step, microbatch (its place in the replica's pipeline, PlanMicroBatch.order:
- *          the trainer's k), chunk (the model chunk g = c * pp + stage), stage, tokens and documents
- *          of the micro-batch, predicted_us. Then "contention" (the computation slowed by the
+ *          the trainer's k), chunk (the model chunk g = c * pp + stage), stage, tokens (padding left out)
+ *          and documents (pieces of documents; a padding piece is none) of the micro-batch,
+ *          predicted_us. Then "contention" (the computation slowed by the
  *          collectives that ran beside it, drawn after the gradients' reduction) and "optimizer".
  *          The gaps between them are the stage's bubbles and waits.
  *   tp, cp streams  "ncclKernel_Exchange tp" / "ncclKernel_Exchange cp": per pass, the TP (CP) exchanges of its
