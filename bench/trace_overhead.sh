@@ -2,23 +2,24 @@
 # bench/trace_overhead.sh - what tracing (trace.steps, docs/timelines.md) costs a training step: the
 # median step time over 20 steps with tracing on against 20 with it off, on CPU ranks under mpirun.
 #
-# Two measurements per layout:
-#   interleaved  one run of 45 steps tracing the even steps 6-44 (20 steps) and not the odd ones 7-45
-#                (20 steps): the machine's drift (other processes, frequency) hits both alike;
-#   separate     two runs of 25 steps, one tracing steps 6-25 and one tracing nothing, steps 6-25 of
-#                each (RUNS pairs, alternating; the medians over all their steps).
+# Per layout, RUNS runs (default 3) of 45 steps each, tracing the even steps 6-44 (20 steps) and not
+# the odd ones 7-45 (20 steps): traced and untraced steps alternate, so that the machine's drift
+# (other processes, frequency) hits both alike. Per run: the median step time of each set, their
+# ratio, and the median over the 20 pairs (step 2k traced, 2k + 1 not) of the pair's difference,
+# over the untraced median (a paired estimate, steadier on a shared machine). With SEPARATE=1 also
+# two runs of 25 steps, one tracing 6-25 and one nothing (steps 6-25 of each).
 # A step's time is log.metrics' step_ms (its evaluation and checkpoint not in it); a traced step's
-# includes everything tracing adds to it (the recording, the gather of the ranks' own figures); the
-# file is written after the traced steps. The model and data are the tests' tiny ones unless CONFIG
-# names another (its data.path is used as it is). Prints a table that names the machine.
+# includes everything tracing adds to it (the recording, its share of the step's vote); the files
+# are written after the traced steps. The model and data are a small synthetic set unless CONFIG
+# names a YAML file (its data.path is used as it is; the layout's keys are overridden). Prints a
+# table that names the machine and its load.
 # Usage: bash bench/trace_overhead.sh      env: WLBTRAIN (default build/release-nocuda/wlbtrain),
-#   RANKS (4), LAYOUTS ("tp2pp2 cp2dp2 pp4v2"), RUNS (2), CONFIG (a YAML file; its parallel keys are
-#   overridden by the layout)
+#   RANKS (4), LAYOUTS ("tp2pp2 cp2dp2 pp4v2"), RUNS (3), SEPARATE (0), CONFIG
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bin=${WLBTRAIN:-build/release-nocuda/wlbtrain}
 [ -x "$bin" ] || { echo "trace_overhead: $bin missing: run make CUDA=0 first" >&2; exit 2; }
-ranks=${RANKS:-4} runs=${RUNS:-2}
+ranks=${RANKS:-4} runs=${RUNS:-3} separate=${SEPARATE:-0}
 read -r -a layouts <<< "${LAYOUTS:-tp2pp2 cp2dp2 pp4v2}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -71,36 +72,34 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
 echo "# tracing's cost on $(hostname): $cpu, $(getconf _NPROCESSORS_ONLN) cores (load average $(cut -d" " -f1-3 /proc/loadavg)), $ranks ranks, OMP_NUM_THREADS=$OMP_NUM_THREADS"
 echo "# median step_ms over 20 steps; overhead = on / off - 1"
 echo
-echo "| layout | measurement | off ms | on ms | overhead | events per rank and step |"
-echo "|---|---|---|---|---|---|"
+echo "| layout | run | off ms | on ms | on / off | paired | events per rank and step |"
+echo "|---|---|---|---|---|---|---|"
 even=$(seq -s, 6 2 44)
 for lay in "${layouts[@]}"; do
   read -r -a sets <<< "$(layout_sets "$lay")" || exit 2
-  run "$lay-i" 45 "$even" "${sets[@]}" || exit 1
-  offs=() ons=()
   for r in $(seq 1 "$runs"); do
-    run "$lay-on$r" 25 6-25 "${sets[@]}" || exit 1
-    run "$lay-off$r" 25 none "${sets[@]}" || exit 1
-    offs+=("$work/$lay-off$r.jsonl") ons+=("$work/$lay-on$r.jsonl")
-  done
-  python3 - "$lay" "$work/$lay-i.jsonl" "$work/traces-$lay-i/measured" "${#offs[@]}" "${offs[@]}" "${ons[@]}" <<'PY'
+    run "$lay-i$r" 45 "$even" "${sets[@]}" || exit 1
+    python3 - "$lay" "$r" "$work/$lay-i$r.jsonl" "$work/traces-$lay-i$r/measured" <<'PY'
 import glob, json, statistics, sys
-lay, inter, folder, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-offs, ons = sys.argv[5:5 + n], sys.argv[5 + n:]
-def rows(path):
-    return [json.loads(l) for l in open(path)]
-def median(xs):
-    return statistics.median(xs)
-events = []
-for p in glob.glob(folder + "/rank*.pt.trace.json"):
-    events.append(len(json.load(open(p))["traceEvents"]) / 20)
-ev = "%.0f" % statistics.mean(events) if events else "?"
-r = rows(inter)
-on = median([x["step_ms"] for x in r if x["step"] % 2 == 0 and 6 <= x["step"] <= 44])
-off = median([x["step_ms"] for x in r if x["step"] % 2 == 1 and 7 <= x["step"] <= 45])
-print("| %s | interleaved (one run) | %.2f | %.2f | %+.2f%% | %s |" % (lay, off, on, 100 * (on / off - 1), ev))
-off = median([x["step_ms"] for p in offs for x in rows(p) if x["step"] >= 6])
-on = median([x["step_ms"] for p in ons for x in rows(p) if x["step"] >= 6])
-print("| %s | separate runs (%d pairs) | %.2f | %.2f | %+.2f%% | |" % (lay, n, off, on, 100 * (on / off - 1)))
+lay, r, path, folder = sys.argv[1:5]
+rows = {x["step"]: x["step_ms"] for x in map(json.loads, open(path))}
+on = [rows[s] for s in range(6, 45, 2)]
+off = [rows[s + 1] for s in range(6, 45, 2)]
+paired = statistics.median([a - b for a, b in zip(on, off)]) / statistics.median(off)
+events = [len(json.load(open(p))["traceEvents"]) / 20 for p in glob.glob(folder + "/rank*.pt.trace.json")]
+print("| %s | %s | %.2f | %.2f | %+.2f%% | %+.2f%% | %.0f |" % (lay, r, statistics.median(off), statistics.median(on),
+      100 * (statistics.median(on) / statistics.median(off) - 1), 100 * paired, statistics.mean(events)))
 PY
+  done
+  if [ "$separate" = 1 ]; then
+    run "$lay-on" 25 6-25 "${sets[@]}" || exit 1
+    run "$lay-off" 25 none "${sets[@]}" || exit 1
+    python3 - "$lay" "$work/$lay-off.jsonl" "$work/$lay-on.jsonl" <<'PY'
+import json, statistics, sys
+lay, off, on = sys.argv[1:4]
+med = lambda p: statistics.median([x["step_ms"] for x in map(json.loads, open(p)) if x["step"] >= 6])
+a, b = med(off), med(on)
+print("| %s | separate runs | %.2f | %.2f | %+.2f%% | | |" % (lay, a, b, 100 * (b / a - 1)))
+PY
+  fi
 done

@@ -161,7 +161,8 @@ static void test_merged(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_array_get(ev, 2), "pid")), 99);
     json_decref(root);
     trace_free(a);
-    trace_free(b);
+    trace_free(b);    free(path);
+    free(dir);
 }
 
 int main(void)

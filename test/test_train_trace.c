@@ -169,7 +169,8 @@ static void test_timer_spans(void **state)
     assert_int_equal(kernels, 2);
     json_decref(root);
     comm_tracer_free(&t);
-    trace_free(trace);
+    trace_free(trace);    free(path);
+    free(dir);
 }
 
 int main(void)

@@ -65,9 +65,11 @@ typedef enum { TRACE_ARG_INT, TRACE_ARG_NUM, TRACE_ARG_STR } TraceArgKind;
 typedef struct TraceArg {
     const char *key;
     TraceArgKind kind;
-    int64_t i;
-    double f;
-    const char *s;
+    union { /* by kind (one of them: an event's args stay small) */
+        int64_t i;
+        double f;
+        const char *s;
+    };
 } TraceArg;
 
 /* An event's arguments, filled by the trace_arg_* calls below (extra ones past the limit are

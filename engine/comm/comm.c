@@ -244,6 +244,8 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     if (background && c->impl->istart) {
         if (c->impl->istart(c, op, req, err) != 0)
             return -1;
+        /* NCCL's: traced as the host sees it, from its start to the end of its wait (comm_wait) */
+        comm_trace_request_start(c, req, comm_trace_op_of(op->kind), g, comm_op_bytes(c, op), -1);
         comm_async_count(c, 1);
         return 0;
     }
