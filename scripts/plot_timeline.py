@@ -12,12 +12,12 @@ compare at a glance.
 
 In a row: every forward (F) and backward (B, hatched) pass, labelled with its micro-batch and
 coloured by it; "optimizer" and "contention" in grey; the communication spans (names starting with
-"nccl") as a thin bar above, their exposed part (exposed_us, in a predicted trace) in red; the
-compute stream's gaps inside the step (pipeline bubbles, waits for messages or collectives) hatched.
+"nccl") as a thin bar under it, their exposed part (exposed_us, in a predicted trace) in red; the
+compute stream's gaps inside the step (pipeline bubbles, waits for messages or collectives) dotted.
 --step: the step (ProfilerStep#N) to draw, default the first in the files; --ranks: which rows
-(default all); --track: in a measured file that also holds the predicted track (its own process id,
-1 << 24), which of the two to draw (default measured); --own-scale: each panel on its own time axis
-(a prediction beside a measurement on a slower machine).
+(default all); --track: in a file that also holds the predicted track (its own process id, 1 << 24:
+TRACE_DIR/measured-predicted/), which of the two to draw (default measured); --own-scale: each
+panel on its own time axis (a prediction beside a measurement on a slower machine).
 """
 import argparse
 import glob
@@ -74,6 +74,15 @@ def load_folder(folder, track):
         has_predicted = any(e.get("pid") == PREDICTED_PID for e in events)
         if has_predicted:
             events = [e for e in events if (e.get("pid") == PREDICTED_PID) == (track == "predicted")]
+        if has_predicted and track == "predicted":
+            # A track beside a measured one (PLAN_TRACE_BESIDE): its step "predicted step N" and its
+            # device-side spans in category "predicted" (every lane but the host's, thread 1).
+            for e in events:
+                m = re.fullmatch(r"predicted step (\d+)", e.get("name", ""))
+                if m:
+                    e["name"] = "ProfilerStep#" + m.group(1)
+                elif e.get("cat") == "predicted" and e.get("tid") != 1:
+                    e["cat"] = "kernel"
         ranks[rank] = events
     return ranks
 
@@ -178,7 +187,8 @@ def main():
     def colors(mb):
         return palette[mb % len(palette)]
     rows = [len([r for r in p[0] if shown is None or r in shown]) for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 0.9 + sum(0.32 * r + 0.45 for r in rows)), sharex=not a.own_scale,
+    height = 0.9 + sum(0.32 * r + 0.45 for r in rows) + (0.25 * len(panels) if a.own_scale else 0)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, height), sharex=not a.own_scale,
                              gridspec_kw={"height_ratios": [max(r, 1) for r in rows]}, squeeze=False)
     for ax, (ranks, window, title) in zip(axes[:, 0], panels):
         draw_panel(ax, ranks, shown, window, window[1], colors, title)
@@ -191,7 +201,7 @@ def main():
               Patch(facecolor="#d32f2f", label="exposed communication"),
               Patch(facecolor="none", edgecolor="#bbbbbb", hatch="....", label="idle: bubble, waits")]
     fig.legend(handles=legend, loc="lower center", ncol=6, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.3 / height, 1, 1))  # the legend's 0.3 inch below the axes
     try:
         fig.savefig(a.out, dpi=90)
     except OSError as e:

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """scripts/plot_timeline.py on a dry run's predicted timelines: a PNG with a row per rank for one
-folder and for two (Plain-4D's beside the plan's), a bad folder or step is one error line. TAP output.
+folder and for two (Plain-4D's beside the plan's), a bad folder or step is one error line; on a
+one-process training run's measured-predicted folder, its predicted track. TAP output.
 Without matplotlib in this python: skipped, or with CI set failed (taplib)."""
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -24,14 +26,14 @@ def is_png(path):
 
 def main():
     matplotlib = import_module("matplotlib")
-    print("1..3")
+    print("1..4")
     if isinstance(matplotlib, Skip):
-        for i in range(1, 4):
+        for i in range(1, 5):
             print(f"ok {i} # SKIP {matplotlib}")
         print(f"# skip: {matplotlib}")
         return 0
     if isinstance(matplotlib, Exception):
-        for i in range(1, 4):
+        for i in range(1, 5):
             print(f"not ok {i} - {matplotlib}")
         return 1
     tmp = tempfile.mkdtemp(prefix="wlbplottl-")
@@ -71,6 +73,36 @@ def main():
     print(("ok" if good else "not ok") + " 3 - a folder without traces, a step not traced: one error line each")
     if not good:
         print("# " + (r4.stderr + r5.stderr).replace("\n", "\n# "))
+    ok &= good
+    # A training run's merged files (measured-predicted/): each of its two tracks drawn.
+    prefix = os.path.join(tmp, "docs")
+    lengths = [8 + (i * 7919) % 120 for i in range(300)]
+    with open(prefix + ".bin", "wb") as f:
+        for i, n in enumerate(lengths):
+            f.write(struct.pack("<%dH" % n, *[(i + j) % 200 for j in range(n)]))
+    ptr = [2 * sum(lengths[:i]) for i in range(len(lengths))]
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(lengths), len(lengths) + 1))
+        f.write(struct.pack("<%di" % len(lengths), *lengths) + struct.pack("<%dq" % len(ptr), *ptr))
+        f.write(struct.pack("<%dq" % (len(lengths) + 1), *range(len(lengths) + 1)))
+    cfg = os.path.join(tmp, "t.yaml")
+    with open(cfg, "w") as f:
+        f.write("model: {n_layers: 2, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 256, "
+                "max_seq_len: 256, rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false}\n"
+                "parallel: {dp: 1}\ndata: {path: %s, context_window: 128, global_batch_tokens: 512}\n"
+                "balance: {hardware: cpu, packer: wlb}\ntrain: {device: cpu, steps: 2, lr: 0.001}\n" % prefix)
+    train = run(WLBTRAIN, "--config", cfg, "--set", "trace.steps=2", "--set", f"trace.dir={tmp}/tr")
+    both = os.path.join(tmp, "tr", "measured-predicted")
+    outs = [os.path.join(tmp, "p.png")]  # (the measured track is drawn as any folder is, above)
+    r6 = [run(sys.executable, "scripts/plot_timeline.py", both, "--track", "predicted", "--out", outs[0])]
+    good = train.returncode == 0 and all(r.returncode == 0 for r in r6) and all(is_png(o) for o in outs)
+    if os.path.isdir(both) or train.returncode != 0:
+        print(("ok" if good else "not ok") + " 4 - a training run's measured-predicted files: the predicted track drawn")
+    else:
+        print("ok 4 # SKIP the training run wrote no measured-predicted folder (no measured timelines in this build)")
+        good = True
+    if not good:
+        print("# " + (train.stderr[-2000:] + "".join(r.stderr for r in r6)).replace("\n", "\n# "))
     ok &= good
     subprocess.run(["rm", "-rf", tmp])
     return 0 if ok else 1

@@ -7,8 +7,10 @@ For each layout - tp 2 x pp 2, cp 2 x dp 2, pp 4 interleaved (virtual_stages 2) 
   the dry run:  wlbtrain --config C --dry-run --set trace.steps=2   -> TRACE_DIR/predicted/
   training:     mpirun -np 4 wlbtrain --config C --trace 2 (2 steps) -> TRACE_DIR/measured/
 and per rank the sequence of (name, microbatch, chunk) of the forward and backward spans of step 2,
-by start time, must be the same in the two files (the measured file's predicted track, if it has
-one, left out: it is the measured process's, not the dry run's).
+by start time, must be the same in the two files. The training run's predicted track
+(TRACE_DIR/measured-predicted/, pid 1 << 24: its own plan of the step through plan_trace_step) must
+be the dry run's file: the same passes at the same offsets from the step's start, with the same
+durations (to the microsecond the measured file's grid rounds to).
 
 1-3  the three layouts: the dry run writes one file per rank (its rank in distributedInfo), and the
      two traces agree. A training run that writes no measured trace at all (a build without the
@@ -109,16 +111,26 @@ def teardown(fx):
     shutil.rmtree(fx.dir, ignore_errors=True)
 
 
-def pass_sequence(path, step, rank):
-    """(name, microbatch, chunk) of the forward and backward spans of `step`, by start time, in the
-    trace file's own process tracks (not a predicted track beside the measured one)."""
+def passes(path, step, rank, track):
+    """The forward and backward spans of `step` by start time, of the trace file's own processes
+    (track "own") or of the predicted track beside the measured ones ("beside"), and the step's start: the
+    ProfilerStep#N span's of that track, or "predicted step N"'s."""
     with open(path) as f:
         trace = json.load(f)
     check(trace["distributedInfo"]["rank"] == rank, "%s: distributedInfo.rank %s, not %d"
           % (path, trace["distributedInfo"]["rank"], rank))
-    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("name") in ("forward", "backward")
-             and e.get("args", {}).get("step") == step and e.get("pid") != PREDICTED_PID]
+    mine = [e for e in trace["traceEvents"] if e.get("ph") == "X" and (e.get("pid") == PREDICTED_PID) == (track == "beside")]
+    spans = [e for e in mine if e.get("name") in ("forward", "backward") and e.get("args", {}).get("step") == step]
     spans.sort(key=lambda e: e["ts"])
+    marks = [e["ts"] for e in mine if e.get("name") in ("ProfilerStep#%d" % step, "predicted step %d" % step)]
+    check(len(marks) == 1, "%s: %d spans of step %d's start (%s track)" % (path, len(marks), step, track))
+    return spans, marks[0]
+
+
+def pass_sequence(path, step, rank):
+    """(name, microbatch, chunk) of the forward and backward spans of `step`, by start time, in the
+    trace file's own process tracks (not a predicted track beside the measured one)."""
+    spans, _ = passes(path, step, rank, "own")
     return [(e["name"], e["args"]["microbatch"], e["args"]["chunk"]) for e in spans]
 
 
@@ -152,7 +164,23 @@ def compare(fx, name):
                                  "measured %s, predicted %s" % (rank, STEP, len(got), len(want), first,
                                                                 got[first:first + 3], want[first:first + 3]))
         total += len(want)
-    comment("%s: %d ranks, %d passes of step %d, in the same order in both traces" % (name, world, total, STEP))
+        # The training run's predicted track: the dry run's passes, where and as long as it put them.
+        dry, dry0 = passes(os.path.join(predicted, "rank%d.pt.trace.json" % rank), STEP, rank, "own")
+        beside, beside0 = passes(os.path.join(traces, "measured-predicted", "rank%d.pt.trace.json" % rank), STEP, rank,
+                                 "beside")
+        check(len(beside) == len(dry), "rank %d: %d passes on the training run's predicted track, %d in the dry run's"
+              % (rank, len(beside), len(dry)))
+        for a, b in zip(beside, dry):
+            same = (a["name"], a["args"]["microbatch"], a["args"]["chunk"]) == (b["name"], b["args"]["microbatch"],
+                                                                                b["args"]["chunk"])
+            # (beside a measured track the spans lie on whole microseconds: their ends rounded)
+            check(same and abs((a["ts"] - beside0) - (b["ts"] - dry0)) <= 1.01 and abs(a["dur"] - b["dur"]) <= 1.01,
+                  "rank %d: the predicted track's %s mb %s chunk %s at +%.3f us for %.3f us; the dry run's %s mb %s "
+                  "chunk %s at +%.3f us for %.3f us" % (rank, a["name"], a["args"]["microbatch"], a["args"]["chunk"],
+                                                        a["ts"] - beside0, a["dur"], b["name"], b["args"]["microbatch"],
+                                                        b["args"]["chunk"], b["ts"] - dry0, b["dur"]))
+    comment("%s: %d ranks, %d passes of step %d, in the same order in both traces; the training run's predicted "
+            "track the dry run's" % (name, world, total, STEP))
 
 
 def test_bad_steps(fx):

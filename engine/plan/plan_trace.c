@@ -1,6 +1,7 @@
 /* engine/plan/plan_trace.c - the predicted timeline as trace spans (see plan_trace.h). */
 #include "engine/plan/plan_trace.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,19 +20,47 @@ void plan_trace_lanes(Trace *t, int pid, const char *name, int sort_index)
         const char *name;
     } lanes[] = {{PLAN_TRACE_TID_HOST, "host (predicted)"},     {PLAN_TRACE_STREAM_COMPUTE, "stream 7 compute"},
                  {PLAN_TRACE_STREAM_TP, "stream 20 tp"},          {PLAN_TRACE_STREAM_CP, "stream 21 cp"},
-                 {PLAN_TRACE_STREAM_DP, "stream 24 dp_cp"},       {PLAN_TRACE_STREAM_PP_SEND, "stream 60 pp send"},
-                 {PLAN_TRACE_STREAM_PP_RECV, "stream 61 pp recv"}};
+                 {PLAN_TRACE_STREAM_DP, "stream 24 dp_cp"},       {PLAN_TRACE_STREAM_PP_RECV, "stream 61 pp recv"}};
     for (size_t i = 0; i < sizeof lanes / sizeof lanes[0]; i++)
         trace_name_thread(t, pid, lanes[i].tid, lanes[i].name, (int)i);
 }
 
-/* A device-side span on `stream` and its launch on the host thread, linked by a correlation id
- * unique in the trace (args: the span's own, stream, correlation and device added). Nothing for an
- * empty span. */
-static void device_span(Trace *t, int pid, int stream, const char *name, double ts, double dur, TraceArgs *args)
+/* Where a rank's spans go: the trace, the process, and whether the track lies beside a measured
+ * one (PLAN_TRACE_BESIDE). */
+typedef struct Out {
+    Trace *t;
+    int pid;
+    unsigned flags;
+} Out;
+
+/* A span's ends on the file's grid: nanoseconds, or beside a measured track whole microseconds as
+ * the measured spans lie (at a measured run's clock, some 10^10 us, a double's sum of a start and a
+ * duration with three decimals is off by 10^-5 us). The start and the end are rounded, the duration
+ * is their difference: one span's end is the next one's start exactly, never an overlap by
+ * rounding (Perfetto would move it to an overflow track). Returns the duration. */
+static double on_grid(const Out *o, double *ts, double dur)
 {
+    double q = o->flags & PLAN_TRACE_BESIDE ? 1.0 : 1e-3;
+    double a = round(*ts / q) * q, b = round((*ts + dur) / q) * q;
+    *ts = a;
+    return b - a;
+}
+
+/* A device-side span on `stream` and its launch on the host thread, linked by a correlation id
+ * unique in the trace (args: the span's own, stream, correlation and device added); beside a
+ * measured track, the span alone (cat "predicted"): HTA takes no part of it for the rank's device.
+ * Nothing for an empty span. */
+static void device_span(const Out *o, int stream, const char *name, double ts, double dur, TraceArgs *args)
+{
+    Trace *t = o->t;
+    int pid = o->pid;
+    dur = on_grid(o, &ts, dur);
     if (dur <= 0)
         return;
+    if (o->flags & PLAN_TRACE_BESIDE) {
+        trace_span(t, "predicted", name, pid, stream, ts, dur, args);
+        return;
+    }
     int64_t corr = PLAN_TRACE_CORRELATION_BASE + (int64_t)trace_event_count(t);
     TraceArgs launch;
     trace_args_init(&launch);
@@ -44,8 +73,8 @@ static void device_span(Trace *t, int pid, int stream, const char *name, double 
 }
 
 /* A communication span: group, exposed and hidden microseconds, bytes (< 0: unknown). */
-static void comm_span(Trace *t, int pid, int stream, const char *name, const char *group, double ts, double dur,
-                      double exposed_us, double bytes)
+static void comm_span(const Out *o, int stream, const char *name, const char *group, double ts, double dur,
+                      double exposed_us, double hidden_us, double bytes)
 {
     TraceArgs a;
     trace_args_init(&a);
@@ -53,8 +82,8 @@ static void comm_span(Trace *t, int pid, int stream, const char *name, const cha
     if (bytes >= 0)
         trace_arg_int(&a, "bytes", (int64_t)bytes);
     trace_arg_num(&a, "exposed_us", exposed_us);
-    trace_arg_num(&a, "hidden_us", dur - exposed_us > 0 ? dur - exposed_us : 0);
-    device_span(t, pid, stream, name, ts, dur, &a);
+    trace_arg_num(&a, "hidden_us", hidden_us > 0 ? hidden_us : 0);
+    device_span(o, stream, name, ts, dur, &a);
 }
 
 /* The most tokens a CP rank holds of micro-batch mb (what its messages between stages carry). */
@@ -82,12 +111,12 @@ static void pass_positions(const SchedTimeline *tl, int s, int *pos)
         pos[(ops[i].mb * tl->v + ops[i].chunk) * 2 + ops[i].backward] = i;
 }
 
-/* The passes of replica r's stage s, their TP and CP exchanges, the messages it receives, and the
- * messages it sends (timed at their receivers: pos_next, pos_prev). */
-static void rank_passes(Trace *t, const StepPlan *p, const CostModel *cost, const SchedTimeline *tl, int r, int s,
-                        double t0, int pid, const int *pos_next, const int *pos_prev)
+/* The passes of replica r's stage s, their TP and CP exchanges, and the waits for the messages they
+ * receive. */
+static void rank_passes(const Out *o, const StepPlan *p, const CostModel *cost, const SchedTimeline *tl, int r, int s,
+                        double t0)
 {
-    int pp = tl->pp, v = tl->v, chunks = pp * v, m = tl->m;
+    int pp = tl->pp, m = tl->m;
     size_t base = ((size_t)r * pp + s) * tl->per_stage;
     for (int i = 0; i < tl->per_stage; i++) {
         SchedOp op = tl->ops[(size_t)s * tl->per_stage + i];
@@ -102,96 +131,97 @@ static void rank_passes(Trace *t, const StepPlan *p, const CostModel *cost, cons
         trace_arg_int(&a, "microbatch", op.mb);
         trace_arg_int(&a, "chunk", g);
         trace_arg_int(&a, "stage", s);
-        trace_arg_int(&a, "tokens", mb->tokens);
+        trace_arg_int(&a, "tokens", mb->tokens - mb->pad); /* the data's, as the measured trace counts */
         trace_arg_int(&a, "documents", mb_documents(p, mb));
         trace_arg_num(&a, "predicted_us", dur);
-        device_span(t, pid, PLAN_TRACE_STREAM_COMPUTE, op.backward ? "backward" : "forward", from, dur, &a);
+        device_span(o, PLAN_TRACE_STREAM_COMPUTE, op.backward ? "backward" : "forward", from, dur, &a);
         SchedBreakdown parts = {0};
         sched_pass_parts(p, mb, cost, g, op.backward, &parts);
         if (cost->tp > 1) {
             double x = parts.tp_exposed * 1e6, all = x + parts.tp_hidden * 1e6;
-            comm_span(t, pid, PLAN_TRACE_STREAM_TP, "ncclKernel_Exchange tp", "tp", from, all < dur ? all : dur, x, -1);
+            comm_span(o, PLAN_TRACE_STREAM_TP, "ncclKernel_Exchange tp", "tp", from, all < dur ? all : dur, x, all - x, -1);
         }
         if (cost->cp > 1) {
             double x = parts.cp_exposed * 1e6, all = x + parts.cp_hidden * 1e6;
-            comm_span(t, pid, PLAN_TRACE_STREAM_CP, "ncclKernel_Exchange cp", "cp", from, all < dur ? all : dur, x, -1);
+            comm_span(o, PLAN_TRACE_STREAM_CP, "ncclKernel_Exchange cp", "cp", from, all < dur ? all : dur, x, all - x, -1);
         }
+        /* The message it receives, as the measured trace draws one: the time the pass waited for it,
+         * just before it (the rest of the message moved while the stage computed: hidden_us). Waits
+         * come one after another, never two at once; a message that moved hidden is no span. */
         double bytes = cost->p2p_bytes * (double)rank_tokens_max(p, mb), p2p = tl->p2p[(size_t)r * m + op.mb] * 1e6;
+        double shown = tl->msg_shown[base + i] * 1e6;
         if (tl->msg_from[base + i] >= 0)
-            comm_span(t, pid, PLAN_TRACE_STREAM_PP_RECV, "ncclKernel_Recv pp", "pp", t0 + tl->msg_from[base + i] * 1e6, p2p,
-                      tl->msg_shown[base + i] * 1e6, bytes);
-        /* Its output goes to chunk g + 1 (forward) or g - 1 (backward), on the next or previous stage. */
-        int to = op.backward ? g - 1 : g + 1;
-        if (to < 0 || to >= chunks)
-            continue;
-        int ts = to % pp, at = (op.backward ? pos_prev : pos_next)[(op.mb * v + to / pp) * 2 + op.backward];
-        size_t rb = ((size_t)r * pp + ts) * tl->per_stage + at;
-        comm_span(t, pid, PLAN_TRACE_STREAM_PP_SEND, "ncclKernel_Send pp", "pp", t0 + tl->msg_from[rb] * 1e6, p2p, 0, bytes);
+            comm_span(o, PLAN_TRACE_STREAM_PP_RECV, "ncclKernel_Recv pp", "pp", from - shown, shown, shown, p2p - shown,
+                      bytes);
     }
 }
 
 /* Stage s's collectives over DP x CP: ZeRO-1's all-gather (exposed: what replica r's first forward
  * of each chunk waited for it) and the gradient buckets (exposed: past the stage's last pass); then
  * the contention and the optimizer on the compute stream. */
-static void rank_collectives(Trace *t, const CostModel *cost, const SchedTimeline *tl, int r, int s, double t0,
-                             int pid, const int *pos)
+static void rank_collectives(const Out *o, const CostModel *cost, const SchedTimeline *tl, int r, int s, double t0,
+                             const int *pos)
 {
     size_t base = ((size_t)r * tl->pp + s) * tl->per_stage;
     for (int c = 0; c < tl->v; c++) {
         double from = tl->gather_from[s * tl->v + c], to = tl->gather_to[s * tl->v + c];
         double shown = tl->gather_shown[base + pos[(0 * tl->v + c) * 2]];
-        comm_span(t, pid, PLAN_TRACE_STREAM_DP, "ncclKernel_AllGather dp_cp", "dp_cp", t0 + from * 1e6, (to - from) * 1e6,
-                  shown * 1e6, -1);
+        comm_span(o, PLAN_TRACE_STREAM_DP, "ncclKernel_AllGather dp_cp", "dp_cp", t0 + from * 1e6, (to - from) * 1e6,
+                  shown * 1e6, (to - from - shown) * 1e6, -1);
     }
     double end = tl->passes_end[s];
     for (int j = 0; j < tl->n_buckets[s]; j++) {
         size_t at = (size_t)s * tl->max_buckets + j;
         double from = tl->bucket_from[at], to = tl->bucket_to[at], past = from > end ? from : end;
-        comm_span(t, pid, PLAN_TRACE_STREAM_DP, cost->zero ? "ncclKernel_ReduceScatter dp_cp" : "ncclKernel_AllReduce dp_cp", "dp_cp",
-                  t0 + from * 1e6, (to - from) * 1e6, to > past ? (to - past) * 1e6 : 0, 4 * tl->bucket_params[at]);
+        double shown = to > past ? to - past : 0;
+        comm_span(o, PLAN_TRACE_STREAM_DP, cost->zero ? "ncclKernel_ReduceScatter dp_cp" : "ncclKernel_AllReduce dp_cp",
+                  "dp_cp", t0 + from * 1e6, (to - from) * 1e6, shown * 1e6, (to - from - shown) * 1e6,
+                  4 * tl->bucket_params[at]);
     }
     TraceArgs a;
     trace_args_init(&a);
     trace_arg_str(&a, "note", "the computation slowed by the collectives beside it (comm_sm_share)");
-    device_span(t, pid, PLAN_TRACE_STREAM_COMPUTE, "contention", t0 + (end + tl->dp_exposed[s]) * 1e6,
+    device_span(o, PLAN_TRACE_STREAM_COMPUTE, "contention", t0 + (end + tl->dp_exposed[s]) * 1e6,
                 tl->contention[s] * 1e6, &a);
     trace_args_init(&a);
-    device_span(t, pid, PLAN_TRACE_STREAM_COMPUTE, "optimizer", t0 + tl->optimizer_from[s] * 1e6,
+    device_span(o, PLAN_TRACE_STREAM_COMPUTE, "optimizer", t0 + tl->optimizer_from[s] * 1e6,
                 (tl->optimizer_to[s] - tl->optimizer_from[s]) * 1e6, &a);
 }
 
 void plan_trace_rank(Trace *t, const StepPlan *p, const CostModel *cost, const SchedTimeline *tl, int world_rank,
-                     double t0_us, int pid)
+                     double t0_us, int pid, unsigned flags)
 {
+    Out o = {t, pid, flags};
     int tp = cost->tp, cp = cost->cp, pp = tl->pp;
     int s = world_rank / (tp * cp) % pp, r = world_rank / (tp * cp * pp);
     WLB_ASSERT(r < tl->dp);
     char name[48];
-    snprintf(name, sizeof name, "ProfilerStep#%lld", (long long)p->step + 1);
+    snprintf(name, sizeof name, flags & PLAN_TRACE_BESIDE ? "predicted step %lld" : "ProfilerStep#%lld",
+             (long long)p->step + 1);
     TraceArgs a;
     trace_args_init(&a);
     trace_arg_num(&a, "predicted_us", tl->step_s * 1e6);
-    trace_span(t, "user_annotation", name, pid, PLAN_TRACE_TID_HOST, t0_us, tl->step_s * 1e6, &a);
+    double step_ts = t0_us, step_dur = on_grid(&o, &step_ts, tl->step_s * 1e6);
+    trace_span(t, flags & PLAN_TRACE_BESIDE ? "predicted" : "user_annotation", name, pid, PLAN_TRACE_TID_HOST, step_ts,
+               step_dur, &a);
     size_t n = (size_t)tl->m * tl->v * 2;
-    int *pos = malloc(3 * n * sizeof *pos);
+    int *pos = malloc(n * sizeof *pos);
     if (!pos) { /* no memory for the lookup: the step span alone (trace_write fails on a lost event anyway) */
         return;
     }
     pass_positions(tl, s, pos);
-    pass_positions(tl, (s + 1) % pp, pos + n);
-    pass_positions(tl, (s + pp - 1) % pp, pos + 2 * n);
-    rank_passes(t, p, cost, tl, r, s, t0_us, pid, pos + n, pos + 2 * n);
-    rank_collectives(t, cost, tl, r, s, t0_us, pid, pos);
+    rank_passes(&o, p, cost, tl, r, s, t0_us);
+    rank_collectives(&o, cost, tl, r, s, t0_us, pos);
     free(pos);
 }
 
 int plan_trace_step(Trace *t, const StepPlan *p, const CostModel *cost, int world_rank, double t0_us, int pid,
-                    double *step_us, Error *err)
+                    unsigned flags, double *step_us, Error *err)
 {
     SchedTimeline tl;
     int rc = sched_step_timeline(p, cost, &tl, err);
     if (rc == 0) {
-        plan_trace_rank(t, p, cost, &tl, world_rank, t0_us, pid);
+        plan_trace_rank(t, p, cost, &tl, world_rank, t0_us, pid, flags);
         if (step_us)
             *step_us = tl.step_s * 1e6;
     }
@@ -293,7 +323,7 @@ int plan_trace_add_step(PlanTraceOut *o, const StepPlan *p, const CostModel *cos
     SchedTimeline tl;
     int rc = sched_step_timeline(p, cost, &tl, err);
     for (int i = 0; rc == 0 && i < o->n; i++)
-        plan_trace_rank(o->traces[i], p, cost, &tl, o->ranks[i], t0, o->ranks[i]);
+        plan_trace_rank(o->traces[i], p, cost, &tl, o->ranks[i], t0, o->ranks[i], 0);
     sched_timeline_free(&tl);
     o->traced += rc == 0;
     return rc;

@@ -13,16 +13,18 @@
  *   compute stream (PLAN_TRACE_STREAM_COMPUTE)  "forward" / "backward" (cat kernel): every pass of
  *          the rank's stage in its 1F1B (interleaved) order, from when the simulator starts it to when
  *          it ends; args step, microbatch (its place in the replica's pipeline, PlanMicroBatch.order:
- *          the trainer's k), chunk (the model chunk g = c * pp + stage), stage, tokens and documents
- *          of the micro-batch, predicted_us. Then "contention" (the computation slowed by the
+ *          the trainer's k), chunk (the model chunk g = c * pp + stage), stage, tokens (padding left out)
+ *          and documents (pieces of documents; a padding piece is none) of the micro-batch,
+ *          predicted_us. Then "contention" (the computation slowed by the
  *          collectives that ran beside it, drawn after the gradients' reduction) and "optimizer".
  *          The gaps between them are the stage's bubbles and waits.
  *   tp, cp streams  "ncclKernel_Exchange tp" / "ncclKernel_Exchange cp": per pass, the TP (CP) exchanges of its
  *          layers summed (cost.h prices them layer by layer), drawn from the pass's start; args
  *          exposed_us (the part the pass waits for: inside its duration), hidden_us.
- *   pp streams  "ncclKernel_Recv pp" on the receiving stage, "ncclKernel_Send pp" on the sending one: each message
- *          between stages while it moves; exposed_us: what the receiving pass waited for of it (0
- *          for a send).
+ *   pp recv stream  "ncclKernel_Recv pp": as the measured trace draws a message between stages, the
+ *          time the receiving pass waited for it, just before the pass (exposed_us; hidden_us: the
+ *          rest of it, which moved while the stage computed). A message that moved hidden, and a send
+ *          (a send never blocks in the model), is no span: the lanes never hold two spans at once.
  *   dp_cp stream  "ncclKernel_AllReduce dp_cp" (ZeRO-1: "ncclKernel_ReduceScatter dp_cp") per gradient bucket of the
  *          stage, exposed_us: its part after the stage's last pass (the reduction's exposed time);
  *          "ncclKernel_AllGather dp_cp", ZeRO-1's parameter gather per chunk, exposed_us: what the chunk's
@@ -51,15 +53,13 @@
 #include "util/trace.h"
 
 /* The lanes are the measured trace's (engine/comm/comm_trace.h): the compute stream 7, a stream per
- * group at 20 + its LayoutGroup (tp 20, cp 21, the DP x CP reduction 24), the pipeline's sends 60 and
- * receives 61. */
+ * group at 20 + its LayoutGroup (tp 20, cp 21, the DP x CP reduction 24), the pipeline's receives 61. */
 enum {
     PLAN_TRACE_TID_HOST = 1,
     PLAN_TRACE_STREAM_COMPUTE = 7,
     PLAN_TRACE_STREAM_TP = 20,
     PLAN_TRACE_STREAM_CP = 21,
     PLAN_TRACE_STREAM_DP = 24,
-    PLAN_TRACE_STREAM_PP_SEND = 60,
     PLAN_TRACE_STREAM_PP_RECV = 61,
     /* The dry run writes at most this many files (one per rank): beyond it, TP rank 0 of every CP
      * rank, stage and replica, or if those are still too many TP and CP rank 0 of every stage of the
@@ -73,16 +73,23 @@ enum {
 /* Names the process pid and its lanes (metadata events; process_name `name`). */
 void plan_trace_lanes(Trace *t, int pid, const char *name, int sort_index);
 
+/* flags: PLAN_TRACE_BESIDE - the track lies beside a measured one in the same file (a training
+ * run's): its spans carry no stream, correlation or launch and its step is "predicted step N", all
+ * in category "predicted", since HTA would take them for the rank's device and steps (it does not
+ * look at process ids); Perfetto draws them as a process of their own. */
+enum { PLAN_TRACE_BESIDE = 1 };
+
 /* Records world_rank's spans of the step tl simulates (of plan p, priced by cost: the dry run's or
  * the trainer's model) into t, the step starting at t0_us, under pid. world_rank numbers the ranks
  * as the launch does (engine/comm/layout.h: tp fastest, then cp, pp, dp); it must be below
  * tp x cp x pp x dp. */
 void plan_trace_rank(Trace *t, const StepPlan *p, const CostModel *cost, const SchedTimeline *tl, int world_rank,
-                     double t0_us, int pid);
+                     double t0_us, int pid, unsigned flags);
 /* The same, simulating the step first: for a training run's predicted track beside its measured
- * one. *step_us (NULL: not wanted) gets the step's predicted microseconds. */
+ * one (flags PLAN_TRACE_BESIDE). *step_us (NULL: not wanted) gets the step's predicted
+ * microseconds. */
 int plan_trace_step(Trace *t, const StepPlan *p, const CostModel *cost, int world_rank, double t0_us, int pid,
-                    double *step_us, Error *err);
+                    unsigned flags, double *step_us, Error *err);
 
 /* The dry run's predicted traces: one Trace per rank written (at most PLAN_TRACE_MAX_FILES), the
  * steps laid one after another from time 0 (each at the sum of the predicted times before it). */

@@ -198,8 +198,10 @@ int train_trace_step_predicted(Trainer *tr, int64_t step, Error *err)
     TrainTrace *tt = tr->trace;
     if (!tt || !trace_steps_has(&tt->steps, step))
         return 0;
+    /* PLAN_TRACE_BESIDE: in measured-predicted/ beside the measured events, on their whole-microsecond
+     * grid and out of HTA's view (which would count its spans as the rank's device's). */
     return plan_trace_step(tt->predicted, &tr->plan, &tr->cost, tr->lay.rank, comm_trace_us(&tt->tracer, tt->step_t0),
-                           TRAIN_TRACE_PID_PREDICTED, NULL, err);
+                           TRAIN_TRACE_PID_PREDICTED, PLAN_TRACE_BESIDE, NULL, err);
 }
 
 int train_trace_step_end(Trainer *tr, int64_t step, const double *slots, Error *err)

@@ -27,10 +27,11 @@
  *
  * The predicted track: the same step as the planner's pipeline simulator places it
  * (engine/plan/plan_trace.h: plan_trace_step on the step's own plan), from the measured step's
- * start, as a process of its own (pid TRAIN_TRACE_PID_PREDICTED, "predicted"). HTA would count its
- * spans with the measured ones (it takes every device-side event of a file), so it goes into a
- * second file per rank, TRACE_DIR/measured-predicted/rank<R>.pt.trace.json, the measured events and
- * the predicted track together, for Perfetto; TRACE_DIR/measured/ stays the measured alone.
+ * start, as a process of its own (pid TRAIN_TRACE_PID_PREDICTED, "predicted"), in a second file per
+ * rank, TRACE_DIR/measured-predicted/rank<R>.pt.trace.json, the measured events and the predicted
+ * track together, for Perfetto; TRACE_DIR/measured/ stays the measured alone. The track is written
+ * with PLAN_TRACE_BESIDE (no stream, correlation or launch; "predicted step N"), so that HTA, which
+ * takes every such span of a file for the rank's device, reads either folder alike.
  *
  * With trace.steps unset nothing is set up and every hook is one branch on a NULL pointer.
  */
