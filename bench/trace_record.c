@@ -27,6 +27,7 @@ static double one_round(int64_t spans, double *events_per_span)
         fprintf(stderr, "trace_record: out of memory\n");
         exit(1);
     }
+    comm_tracer_set_on(&t, 1, clock_seconds());
     double t0 = clock_seconds();
     for (int64_t i = 0; i < spans; i++) {
         /* as comm_trace_begin / comm_trace_end: a collective on the TP group, issued before it ran on

@@ -3,8 +3,9 @@
 Holistic Trace Analysis (HTA, HolisticTraceAnalysis in test/requirements.txt) and checked against
 wlbtrain's own accounting.
 
-Three layouts of 4 CPU ranks under mpirun, 4 steps each, steps 2-3 traced: tp 2 x pp 2, cp 2 x dp 2,
-pp 4 interleaved (2 virtual stages).
+Three layouts of 4 CPU ranks under mpirun, 4 steps each, steps 2-3 traced: tp 2 x pp 2, cp 2 x dp 2
+(ZeRO-1: its parameter gathers start in a traced step's update and run on into the next step, past
+the traced window), pp 4 interleaved (2 virtual stages).
 1-3 per layout:
     the files: TRACE_DIR/measured/rank<R>.pt.trace.json for every rank, JSON, with distributedInfo's
       rank and world size (and the first "rank": N in the file is R: how HTA finds a file's rank);
@@ -63,7 +64,7 @@ log: {every: 1}
 
 LAYOUTS = [
     ("tp 2 x pp 2", "{tp: 2, cp: 1, pp: 2, dp: 1}", 4, 2, 1),
-    ("cp 2 x dp 2", "{tp: 1, cp: 2, pp: 1, dp: 2}", 4, 1, 1),
+    ("cp 2 x dp 2", "{tp: 1, cp: 2, pp: 1, dp: 2, zero: 1}", 4, 1, 1),
     ("pp 4 interleaved", "{tp: 1, cp: 1, pp: 4, virtual_stages: 2, dp: 1}", 8, 4, 2),
 ]
 

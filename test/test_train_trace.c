@@ -5,7 +5,8 @@
  *   every malformed list an Error of status 2 naming the key.
  * 2 the rank's own accounting (comm_tracer_account): computing counts before communicating, idle
  *   only between two busy times (HTA's idle lies inside the span of the device-side events), time
- *   never counted twice.
+ *   never counted twice, nothing outside a traced window; a collective running on past the window's
+ *   end counted and drawn up to it (its span cut), one after it not drawn.
  * 3 the device timer's spans (train_trace_timer_spans, the CUDA backend's passes): with a fake
  *   timer (marks at known times), every timed pass becomes one span on the compute stream at the
  *   reference's host time plus its mark's offset, its duration the time between its two marks, its
@@ -68,6 +69,9 @@ static void test_accounting(void **state)
     CommTracer t;
     assert_int_equal(comm_tracer_init(&t, trace, 1, 2, 0), 0);
     double c, m, i;
+    comm_tracer_account(&t, 0, 1, 0.5);  /* before the window: not counted */
+    comm_tracer_account(&t, 0, -1, 0.7);
+    comm_tracer_set_on(&t, 1, 0.8);
     comm_tracer_account(&t, 0, 1, 1.0);  /* idle before the first busy time: not counted */
     comm_tracer_account(&t, 1, 0, 1.5);  /* comm 1.0 .. 1.5 alone */
     comm_tracer_account(&t, 0, -1, 2.0); /* computing over it: compute */
@@ -91,6 +95,24 @@ static void test_accounting(void **state)
     assert_float_equal(i, 2.5, 1e-12);
     /* The sums fill the span from the first busy time to the last exactly. */
     assert_float_equal(c + m + i, 6.25 - 1.0, 1e-12);
+    /* A collective running on past the window's end (7.5): accounted up to it, its span cut there;
+     * one that runs after it is not drawn; the idle time up to the next window's first busy time
+     * runs from the cut. */
+    comm_tracer_account(&t, 0, 1, 7.0);
+    comm_tracer_set_on(&t, 0, 7.5);
+    comm_tracer_account(&t, 0, -1, 9.0);
+    comm_trace_record(&t, COMM_TRACE_ALLGATHER, GROUP_DP, 64, -1, 6.9, 0, 7.0, 9.0);
+    comm_trace_record(&t, COMM_TRACE_ALLGATHER, GROUP_DP, 64, -1, 7.2, 0, 8.0, 8.5);
+    comm_tracer_sums(&t, &c, &m, &i);
+    assert_float_equal(m, 1.5, 1e-12);
+    assert_float_equal(i, 2.5 + 0.75, 1e-12);
+    assert_float_equal(trace_busy_us(trace, 1, COMM_TRACE_STREAM_GROUP + GROUP_DP), 0.5e6, 1.0);
+    comm_tracer_set_on(&t, 1, 10.0);
+    comm_tracer_account(&t, 1, 0, 11.0);
+    comm_tracer_account(&t, -1, 0, 12.0);
+    comm_tracer_sums(&t, &c, &m, &i);
+    assert_float_equal(i, 3.25 + 3.5, 1e-12);
+    assert_float_equal(c, 2.75, 1e-12);
     comm_tracer_free(&t);
     trace_free(trace);
 }

@@ -48,7 +48,43 @@ void comm_tracer_free(CommTracer *t)
         pthread_mutex_destroy(&t->mu);
 }
 
-void comm_tracer_set_on(CommTracer *t, int on) { __atomic_store_n(&t->on, on, __ATOMIC_RELAXED); }
+/* The state's time up to now into its sums (the caller holds mu). */
+static void accrue(CommTracer *t, double now)
+{
+    double dt = now - t->last_s;
+    dt = dt > 0 ? dt : 0;
+    if (t->computing > 0)
+        t->compute_s += dt;
+    else if (t->communicating > 0)
+        t->comm_s += dt;
+    if (now > t->last_s && (t->computing > 0 || t->communicating > 0))
+        t->last_s = now;
+}
+
+void comm_tracer_set_on(CommTracer *t, int on, double now)
+{
+    pthread_mutex_lock(&t->mu);
+    if (!on && t->on) {
+        /* The window ends: what runs on past it is neither accounted nor drawn (comm_trace_record
+         * cuts its span here), as HTA would see none of it. */
+        accrue(t, now);
+        t->off_at = now;
+    } else if (on && !t->on) {
+        /* A window begins. A collective still running from before (it began in the last window or
+         * between the two) counts, and is drawn, from now on; the idle time since the last busy
+         * moment ends here then. */
+        if (t->computing > 0 || t->communicating > 0) {
+            if (t->seen_busy && now > t->last_s)
+                t->idle_s += now - t->last_s;
+            t->seen_busy = 1;
+            t->last_s = now;
+        }
+        t->prev_on_at = t->on_at;
+        t->on_at = now;
+    }
+    __atomic_store_n(&t->on, on, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&t->mu);
+}
 
 int64_t comm_trace_correlation(CommTracer *t)
 {
@@ -61,6 +97,12 @@ int64_t comm_trace_correlation(CommTracer *t)
 void comm_tracer_account(CommTracer *t, int dcompute, int dcomm, double now)
 {
     pthread_mutex_lock(&t->mu);
+    if (!t->on) { /* past the traced window: the counts only (a span that began inside ends) */
+        t->computing += dcompute;
+        t->communicating += dcomm;
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
     double dt = now - t->last_s;
     dt = dt > 0 ? dt : 0;
     int busy = t->computing > 0 || t->communicating > 0;
@@ -124,8 +166,27 @@ void comm_trace_begin(const Comm *c, CommSpan *s)
     comm_tracer_account(c->tracer, 0, 1, s->t0);
 }
 
+static void record_part(CommTracer *t, CommTraceOp op, LayoutGroup g, int64_t bytes, int peer, double started_s,
+                        double waited_s, double t0_s, double t1_s);
+
 void comm_trace_record(CommTracer *t, CommTraceOp op, LayoutGroup g, int64_t bytes, int peer, double started_s,
                        double waited_s, double t0_s, double t1_s)
+{
+    /* Only its parts inside traced windows, as the accounting counts it: the last window that ended,
+     * and the one running now (a collective that began in a window and ran on past its end -
+     * ZeRO-1's gathers after the update, a send waited for in the next step - is cut there). */
+    pthread_mutex_lock(&t->mu);
+    double win[2][2] = {{t->on ? t->prev_on_at : t->on_at, t->off_at}, {t->on_at, t->on ? 1e300 : -1}};
+    pthread_mutex_unlock(&t->mu);
+    for (int w = 0; w < 2; w++) {
+        double a = t0_s > win[w][0] ? t0_s : win[w][0], b = t1_s < win[w][1] ? t1_s : win[w][1];
+        if (b > a || (t0_s == t1_s && a == b)) /* a part of it; an instant inside the window */
+            record_part(t, op, g, bytes, peer, started_s, waited_s, a, b);
+    }
+}
+
+static void record_part(CommTracer *t, CommTraceOp op, LayoutGroup g, int64_t bytes, int peer, double started_s,
+                        double waited_s, double t0_s, double t1_s)
 {
     int64_t corr = comm_trace_correlation(t);
     TraceArgs a;

@@ -18,7 +18,10 @@
  * time (a communication span, no computation span). The tracer keeps the same two figures by
  * itself, as the rank runs: a state (computing: a compute span open; else communicating: a
  * communication in flight on any thread; else idle) whose time since the last change is added to
- * its sum at every change, idle only between two busy times. It never reads the Trace: the test
+ * its sum at every change, idle only between two busy times. A traced window ends with
+ * comm_tracer_set_on(t, 0): a collective that began inside it and runs on past it (ZeRO-1's
+ * parameter gathers after the update) is accounted, and drawn, up to that moment only. It never
+ * reads the Trace: the test
  * (test/test_timelines.py) compares HTA's figures from the files with these sums, which
  * engine/train/train_trace.c writes into log.metrics.
  */
@@ -71,6 +74,8 @@ typedef struct CommTracer {
     int seen_busy;
     double last_s;            /* clock_seconds() of the last change */
     double compute_s, comm_s, idle_s;
+    double on_at, off_at;     /* clock_seconds() when the traced window began, when the last one ended */
+    double prev_on_at;        /* when the window that ended at off_at began */
     /* "ncclKernel_OP GROUP", made once (no formatting while recording). */
     char names[COMM_TRACE_OPS][GROUP_COUNT][40];
 } CommTracer;
@@ -85,7 +90,8 @@ typedef struct CommSpan {
 int comm_tracer_init(CommTracer *t, Trace *trace, int device_pid, int host_pid, double shift_s);
 void comm_tracer_free(CommTracer *t);
 static inline int comm_tracer_on(const CommTracer *t) { return t && __atomic_load_n(&t->on, __ATOMIC_RELAXED); }
-void comm_tracer_set_on(CommTracer *t, int on);
+/* Recording on or off from now (clock_seconds()); off ends the traced window (see the top). */
+void comm_tracer_set_on(CommTracer *t, int on, double now);
 /* Trace microseconds of a clock_seconds() reading. */
 static inline double comm_trace_us(const CommTracer *t, double s) { return (s + t->shift_s) * 1e6; }
 int64_t comm_trace_correlation(CommTracer *t);

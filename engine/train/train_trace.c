@@ -151,7 +151,7 @@ void train_trace_step_begin(Trainer *tr, int64_t step)
     if (!tt || !trace_steps_has(&tt->steps, step))
         return;
     tt->step_t0 = clock_seconds();
-    comm_tracer_set_on(&tt->tracer, 1);
+    comm_tracer_set_on(&tt->tracer, 1, tt->step_t0);
     train_trace_timer_start(tr);
 }
 
@@ -170,8 +170,8 @@ void train_trace_step_stop(Trainer *tr, int64_t step, double *slots)
     TrainTrace *tt = tr->trace;
     if (!tt || !trace_steps_has(&tt->steps, step))
         return;
-    comm_tracer_set_on(&tt->tracer, 0);
     double t1 = clock_seconds();
+    comm_tracer_set_on(&tt->tracer, 0, t1);
     if (tt->timer_ref >= 0)
         train_trace_timer_spans(&tt->tracer, tr->ops, tt->timer_ref, tt->timer_ref_s, tr->sched, tr->n_sched,
                                 tr->pass_timed, tr->lay.pp_rank, tr->pp, step);
