@@ -35,6 +35,13 @@ static int load_config(const CliOptions *opt, Config *cfg, const RuntimeLaunch *
     for (int i = 0; i < opt->n_sets; i++)
         if (config_apply_set(cfg, opt->sets[i], err) != 0)
             return -1;
+    if (opt->trace) { /* --trace STEPS = --set trace.steps=STEPS */
+        char arg[1100];
+        if (snprintf(arg, sizeof arg, "trace.steps=%s", opt->trace) >= (int)sizeof arg)
+            return error_set(err, "--trace", "too long: '%.40s...'", opt->trace);
+        if (config_apply_set(cfg, arg, err) != 0)
+            return -1;
+    }
     if (opt->steps > 0) {
         char arg[64];
         snprintf(arg, sizeof arg, "train.steps=%lld", (long long)opt->steps);

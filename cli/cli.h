@@ -75,6 +75,7 @@ typedef struct CliOptions {
     bool no_memory_check;      /* --no-memory-check (with --dry-run) */
     bool print_config;         /* --print-config */
     const char *stats_out;     /* --stats-out FILE (with --dry-run) */
+    const char *trace;         /* --trace STEPS: trace.steps (NULL: not given) */
     bool search;               /* --search (with --dry-run): the layout search */
     bool search_all;           /* --search-all (with --search): every layout planned, none pruned */
     int64_t gpus;              /* --gpus N (with --search); 0 = the config's */

@@ -312,8 +312,8 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         }
         const char *config = NULL;
         const StrFlag flags[] = {{"--config", &config, NULL}, {"--stats-out", &o->stats_out, NULL},
-                                 {"--search-out", &o->search_out, NULL}};
-        if ((r = match_str_flags(flags, 3, argc, argv, &i, err)) != 0) {
+                                 {"--search-out", &o->search_out, NULL}, {"--trace", &o->trace, NULL}};
+        if ((r = match_str_flags(flags, 4, argc, argv, &i, err)) != 0) {
             if (r < 0)
                 return -1;
             if (config && o->config_path)
@@ -356,6 +356,8 @@ int cli_parse(int argc, char **argv, CliOptions *o, Error *err)
         return error_set(err, "calibrate", "takes --config, --set and --out only (see wlbtrain calibrate --help)");
     if (o->stats_out && !o->dry_run)
         return error_set(err, "--stats-out", "only with --dry-run (training writes log.metrics)");
+    if (o->trace && (calibrate || o->search))
+        return error_set(err, "--trace", "traces training steps or the dry run's steps (not calibrate or --search)");
     if (o->compare && !o->dry_run)
         return error_set(err, "--compare", "only with --dry-run");
     if (o->search && !o->dry_run)

@@ -168,6 +168,13 @@ typedef struct ConfigLog {
     char *metrics; /* NULL = no JSON-lines file */
 } ConfigLog;
 
+/* Measured timelines (docs/timelines.md): the steps traced, "3-5,10" (NULL: none), and the folder
+ * (NULL: checkpoint.dir/traces, or traces without a checkpoint.dir). */
+typedef struct ConfigTrace {
+    char *steps;
+    char *dir;
+} ConfigTrace;
+
 /* Where a key's value came from: reported in errors as file:line:column or the --set argument. */
 typedef enum ConfigOriginKind {
     ORIGIN_DEFAULT, /* constant default, or not set (required keys) */
@@ -198,6 +205,7 @@ typedef struct Config {
     ConfigTrain train;
     ConfigCheckpoint checkpoint;
     ConfigLog log;
+    ConfigTrace trace;
     char *source_path;                    /* the YAML file, NULL if none was loaded */
     ConfigOrigin origin[CONFIG_MAX_KEYS]; /* indexed like the key table */
 } Config;

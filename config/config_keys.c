@@ -261,6 +261,15 @@ const ConfigKey config_keys[] = {
 
     INT_KEY("log.every", log.every, 1, BIG, "1", NULL, "print a line every N steps"),
     STR_KEY("log.metrics", log.metrics, "none", "JSON-lines metrics file, one object per step"),
+
+    STR_KEY("trace.steps", trace.steps, "none",
+            "the training steps to trace, such as 3-5,10: every rank writes a timeline of them "
+            "(TRACE_DIR/measured/rank<R>.pt.trace.json, PyTorch profiler's JSON format: Perfetto and Holistic "
+            "Trace Analysis read it; docs/timelines.md); --trace STEPS sets it; with --dry-run the predicted "
+            "timelines of those steps (TRACE_DIR/predicted/); none = no tracing"),
+    STR_KEY("trace.dir", trace.dir, "none",
+            "the folder of the traces; none = checkpoint.dir/traces, or traces in the working directory "
+            "without a checkpoint.dir"),
 };
 const int config_n_keys = (int)(sizeof config_keys / sizeof config_keys[0]);
 

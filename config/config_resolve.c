@@ -14,6 +14,7 @@
 
 #include "config/config_keys.h"
 #include "util/parse.h"
+#include "util/trace.h"
 
 static int key(const char *name)
 {
@@ -364,6 +365,10 @@ static int check_train(const Config *cfg, Error *err)
         return rule_error(cfg, err, "checkpoint.every", NULL, "needs checkpoint.dir");
     if (c->resume && !strcmp(c->resume, "auto") && !c->dir)
         return rule_error(cfg, err, "checkpoint.resume", NULL, "auto needs checkpoint.dir");
+    TraceSteps traced;
+    Error bad = {0};
+    if (trace_steps_parse(cfg->trace.steps, "trace.steps", &traced, &bad) != 0)
+        return rule_error(cfg, err, "trace.steps", NULL, "%s", bad.msg + strlen("trace.steps: "));
     return 0;
 }
 

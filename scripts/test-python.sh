@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the path of a Python 3 that has every module the Python tests import (test/requirements.txt:
-# numpy, matplotlib, tiktoken, tensorboardX, tokenizers, transformers), making one when there is none. test/run.sh runs the Python tests
+# numpy, matplotlib, tiktoken, tensorboardX, tokenizers, transformers, hta), making one when there is none. test/run.sh runs the Python tests
 # with it. Usage: scripts/test-python.sh [--find]
 #
 # Where it looks, in order:
@@ -9,13 +9,14 @@
 #   3. python3 on PATH (pyenv's, a conda's, ...), then /usr/bin/python3 (Debian's), when it has them;
 #   4. otherwise it makes build/pyenv: `python3 -m venv` (Debian's python3-venv package, which
 #      scripts/install-deps.sh test installs), then pip installs test/requirements.txt from PyPI
-#      into it (about 45 MB, half a minute, once per clone; `make clean` removes it).
+#      into it (about 300 MB with HolisticTraceAnalysis's Jupyter packages, a minute or two, once per
+#      clone; `make clean` removes it).
 # With --find it only looks (1-3) and fails when nothing fits. When the environment cannot be made
 # (no network, no venv module) it prints the best python3 there is and says why on stderr; the tests
 # then report the missing modules: as skips, or with CI set as failures.
 set -u
 cd "$(dirname "$0")/.."
-modules="numpy, matplotlib, tiktoken, tensorboardX, tokenizers, transformers"
+modules="numpy, matplotlib, tiktoken, tensorboardX, tokenizers, transformers, hta"
 venv=build/pyenv
 
 has_modules() { [ -x "$1" ] && "$1" -c "import $modules" >/dev/null 2>&1; }

@@ -20,7 +20,7 @@ static void test_help_names_every_flag(void **state)
     RUN(&r, "--help");
     assert_int_equal(r.status, 0);
     const char *flags[] = {"--config", "--set", "--steps", "--dry-run", "--stats-out", "--print-config",
-                           "--compare", "inspect", "convert", "--help-config", "--version"};
+                           "--compare", "inspect", "convert", "--help-config", "--version", "--trace"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strstr(r.out, flags[i])) {
             print_error("--help does not mention %s\n", flags[i]);

@@ -233,7 +233,8 @@ static void test_messages_posted_or_on_demand(void **state)
     (void)state;
     double fwd[4] = {1, 1, 1, 1}, bwd[4] = {1, 1, 1, 1}, p2p[2] = {0.5, 0.5};
     double t_posted, t_demand, end[2], shown[2], hidden[2], wait[2], beside[2], lbs[2], lbe[2];
-    SchedTrace tr = {end, shown, hidden, wait, beside, lbs, lbe};
+    SchedTrace tr = {.stage_end = end, .pp_exposed = shown, .pp_hidden = hidden, .gather_wait = wait,
+                     .gather_beside = beside, .last_bwd_start = lbs, .last_bwd_end = lbe};
     Error err = {0};
     SchedReplica r = {2, 1, 2, fwd, bwd, p2p, 0, NULL};
     assert_int_equal(sched_simulate(&r, &t_posted, &tr, &err), 0);
@@ -256,7 +257,8 @@ static void test_gather_ahead(void **state)
     double fwd[2] = {1, 1}, bwd[2] = {1, 1}, p2p[2] = {0, 0};
     SchedGather g = {0.3, 0.9, 0.5};
     double t, end[1], shown[1], hidden[1], wait[1], beside[1];
-    SchedTrace tr = {end, shown, hidden, wait, beside, NULL, NULL};
+    SchedTrace tr = {.stage_end = end, .pp_exposed = shown, .pp_hidden = hidden, .gather_wait = wait,
+                     .gather_beside = beside};
     SchedReplica r = {1, 1, 2, fwd, bwd, p2p, 0, &g};
     Error err = {0};
     assert_int_equal(sched_simulate(&r, &t, &tr, &err), 0);

@@ -8,6 +8,7 @@
  *   events; distributedInfo before traceEvents and "rank": with a space (HTA's regular expression).
  * 2 recording from several threads at once loses no event, and trace_busy_us sums one thread's spans.
  * 3 a folder that does not exist: an Error naming the path, nothing written.
+ * 4 trace_write_merged: the first trace's header, its events and then the second's.
  */
 #include "test/testlib.h"
 
@@ -140,12 +141,37 @@ static void test_bad_folder(void **state)
     trace_free(t);
 }
 
+static void test_merged(void **state)
+{
+    (void)state;
+    char *dir = test_tmpdir(), *path = test_format("%s/rank2.pt.trace.json", dir);
+    Trace *a = new_trace(2), *b = new_trace(5);
+    trace_span(a, "kernel", "forward", 2, 7, 10, 5, NULL);
+    trace_span(a, "kernel", "backward", 2, 7, 20, 5, NULL);
+    trace_span(b, "kernel", "forward", 99, 7, 11, 4, NULL);
+    Error err = {0};
+    assert_int_equal(trace_write_merged(a, b, path, &err), 0);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    assert_non_null(root);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "distributedInfo"), "rank")), 2);
+    json_t *ev = json_object_get(root, "traceEvents");
+    assert_int_equal(json_array_size(ev), 3);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 1), "name")), "backward");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(ev, 2), "pid")), 99);
+    json_decref(root);
+    trace_free(a);
+    trace_free(b);    free(path);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_bad_folder),
+        cmocka_unit_test(test_merged),
     };
     return cmocka_run_group_tests_name("trace", tests, NULL, NULL);
 }

@@ -18,7 +18,9 @@ typedef struct TraceEvent {
     double ts, dur;        /* microseconds */
     int64_t id;            /* a flow's id */
     int sort_index;        /* 'M': the sort index, or -1 */
-    TraceArgs args;        /* string values point into the arena */
+    int n_args;
+    TraceArg *args;        /* n_args of them in the arena (an event stays small: most have few), string
+                            * values too */
 } TraceEvent;
 
 /* Strings live in blocks that never move, so that events can point into them. */
@@ -28,6 +30,8 @@ typedef struct ArenaBlock {
     char data[];
 } ArenaBlock;
 
+enum { INTERN_SLOTS = 512 };
+
 struct Trace {
     pthread_mutex_t lock;
     TraceInfo info;        /* strings in the arena */
@@ -35,16 +39,18 @@ struct Trace {
     size_t n, cap;
     ArenaBlock *arena;
     int out_of_memory;     /* an event was dropped: trace_write fails rather than write a partial file */
+    /* The names, categories and string values recorded so far, each copied once (a trace repeats a
+     * few strings thousands of times): open addressing by content, full: copied each time. */
+    const char *interned[INTERN_SLOTS];
 };
 
-/* A copy of s in the arena (the caller holds the lock, or the Trace is not shared yet). */
-static const char *arena_copy(Trace *t, const char *s)
+/* len bytes in the arena, 8-byte aligned (the caller holds the lock, or the Trace is not shared
+ * yet); NULL when memory runs out. */
+static void *arena_alloc(Trace *t, size_t len)
 {
-    if (!s)
-        return NULL;
-    size_t len = strlen(s) + 1;
     ArenaBlock *b = t->arena;
-    if (!b || b->size - b->used < len) {
+    size_t at = b ? (b->used + 7) & ~(size_t)7 : 0;
+    if (!b || at > b->size || b->size - at < len) {
         size_t size = len > 65536 ? len : 65536;
         ArenaBlock *nb = malloc(sizeof *nb + size);
         if (!nb)
@@ -53,11 +59,39 @@ static const char *arena_copy(Trace *t, const char *s)
         nb->used = 0;
         nb->size = size;
         t->arena = b = nb;
+        at = 0;
     }
-    char *p = b->data + b->used;
-    memcpy(p, s, len);
-    b->used += len;
+    void *p = b->data + at;
+    b->used = at + len;
     return p;
+}
+
+/* A copy of s in the arena. */
+static const char *arena_copy(Trace *t, const char *s)
+{
+    if (!s)
+        return NULL;
+    size_t len = strlen(s) + 1;
+    char *p = arena_alloc(t, len);
+    if (p)
+        memcpy(p, s, len);
+    return p;
+}
+
+/* s in the arena, the same copy for the same text (FNV-1a over its bytes picks the slot). */
+static const char *intern(Trace *t, const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    for (int k = 0; k < 8; k++) {
+        const char **slot = &t->interned[(h + (uint32_t)k) % INTERN_SLOTS];
+        if (!*slot)
+            return *slot = arena_copy(t, s);
+        if (!strcmp(*slot, s))
+            return *slot;
+    }
+    return arena_copy(t, s);
 }
 
 static void arg_add(TraceArgs *args, const char *key, TraceArgKind kind, int64_t i, double f, const char *s)
@@ -67,9 +101,12 @@ static void arg_add(TraceArgs *args, const char *key, TraceArgKind kind, int64_t
     TraceArg *a = &args->a[args->n++];
     a->key = key;
     a->kind = kind;
-    a->i = i;
-    a->f = f;
-    a->s = s;
+    if (kind == TRACE_ARG_INT)
+        a->i = i;
+    else if (kind == TRACE_ARG_NUM)
+        a->f = f;
+    else
+        a->s = s;
 }
 
 void trace_arg_int(TraceArgs *args, const char *key, int64_t v) { arg_add(args, key, TRACE_ARG_INT, v, 0, NULL); }
@@ -110,9 +147,9 @@ void trace_free(Trace *t)
     free(t);
 }
 
-/* Appends an event (under the lock), copying its strings; on out of memory it is dropped and the
- * Trace remembers it. */
-static void add(Trace *t, const TraceEvent *e)
+/* Appends an event with its args (under the lock), copying its strings and args; on out of memory
+ * it is dropped and the Trace remembers it. */
+static void add(Trace *t, const TraceEvent *e, const TraceArgs *args)
 {
     pthread_mutex_lock(&t->lock);
     if (t->n == t->cap) {
@@ -128,14 +165,22 @@ static void add(Trace *t, const TraceEvent *e)
     }
     TraceEvent *d = &t->events[t->n];
     *d = *e;
-    d->cat = arena_copy(t, e->cat);
-    d->name = arena_copy(t, e->name);
+    d->cat = intern(t, e->cat);
+    d->name = intern(t, e->name);
     int ok = d->cat && d->name;
-    for (int i = 0; i < d->args.n; i++)
-        if (d->args.a[i].kind == TRACE_ARG_STR) {
-            d->args.a[i].s = arena_copy(t, e->args.a[i].s ? e->args.a[i].s : "");
-            ok = ok && d->args.a[i].s;
+    d->n_args = args ? args->n : 0;
+    d->args = NULL;
+    if (d->n_args > 0) {
+        d->args = arena_alloc(t, (size_t)d->n_args * sizeof *d->args);
+        ok = ok && d->args;
+        for (int i = 0; ok && i < d->n_args; i++) {
+            d->args[i] = args->a[i];
+            if (args->a[i].kind == TRACE_ARG_STR) {
+                d->args[i].s = intern(t, args->a[i].s ? args->a[i].s : "");
+                ok = ok && d->args[i].s;
+            }
         }
+    }
     if (ok)
         t->n++;
     else
@@ -148,9 +193,7 @@ void trace_span(Trace *t, const char *cat, const char *name, int pid, int64_t ti
 {
     TraceEvent e = {.phase = 'X', .cat = cat, .name = name, .pid = pid, .tid = tid, .ts = ts_us,
                     .dur = dur_us < 0 ? 0 : dur_us, .sort_index = -1};
-    if (args)
-        e.args = *args;
-    add(t, &e);
+    add(t, &e, args);
 }
 
 void trace_flow(Trace *t, char phase, const char *cat, const char *name, int64_t id, int pid,
@@ -158,7 +201,7 @@ void trace_flow(Trace *t, char phase, const char *cat, const char *name, int64_t
 {
     TraceEvent e = {.phase = phase == 's' ? 's' : 'f', .cat = cat, .name = name, .pid = pid,
                     .tid = tid, .ts = ts_us, .id = id, .sort_index = -1};
-    add(t, &e);
+    add(t, &e, NULL);
 }
 
 static void add_meta(Trace *t, const char *name, int pid, int64_t tid, const char *key, const char *value,
@@ -166,9 +209,11 @@ static void add_meta(Trace *t, const char *name, int pid, int64_t tid, const cha
 {
     TraceEvent e = {.phase = 'M', .cat = "__metadata", .name = name, .pid = pid, .tid = tid,
                     .sort_index = sort_index};
+    TraceArgs a;
+    trace_args_init(&a);
     if (value)
-        trace_arg_str(&e.args, key, value);
-    add(t, &e);
+        trace_arg_str(&a, key, value);
+    add(t, &e, &a);
 }
 
 void trace_name_process(Trace *t, int pid, const char *name, const char *label, int sort_index)
@@ -221,11 +266,11 @@ static void put_string(FILE *f, const char *s)
 
 static void put_args(FILE *f, const TraceEvent *e)
 {
-    if (e->args.n == 0 && e->sort_index < 0)
+    if (e->n_args == 0 && e->sort_index < 0)
         return;
     fputs(", \"args\": {", f);
-    for (int i = 0; i < e->args.n; i++) {
-        const TraceArg *a = &e->args.a[i];
+    for (int i = 0; i < e->n_args; i++) {
+        const TraceArg *a = &e->args[i];
         if (i)
             fputs(", ", f);
         put_string(f, a->key);
@@ -238,7 +283,7 @@ static void put_args(FILE *f, const TraceEvent *e)
             put_string(f, a->s);
     }
     if (e->sort_index >= 0)
-        fprintf(f, "%s\"sort_index\": %d", e->args.n ? ", " : "", e->sort_index);
+        fprintf(f, "%s\"sort_index\": %d", e->n_args ? ", " : "", e->sort_index);
     fputc('}', f);
 }
 
@@ -259,9 +304,11 @@ static void put_event(FILE *f, const TraceEvent *e)
     fputc('}', f);
 }
 
-int trace_write(const Trace *t, const char *path, Error *err)
+int trace_write(const Trace *t, const char *path, Error *err) { return trace_write_merged(t, NULL, path, err); }
+
+int trace_write_merged(const Trace *t, const Trace *extra, const char *path, Error *err)
 {
-    if (t->out_of_memory)
+    if (t->out_of_memory || (extra && extra->out_of_memory))
         return error_runtime(err, path, "the trace ran out of memory while recording: not written");
     AtomicFile a;
     if (atomic_open(&a, path, err) != 0)
@@ -283,9 +330,10 @@ int trace_write(const Trace *t, const char *path, Error *err)
         fputs(",\n", f);
     }
     fputs(" \"traceEvents\": [\n", f);
-    for (size_t i = 0; i < t->n; i++) {
-        put_event(f, &t->events[i]);
-        fputs(i + 1 < t->n ? ",\n" : "\n", f);
+    size_t n_extra = extra ? extra->n : 0;
+    for (size_t i = 0; i < t->n + n_extra; i++) {
+        put_event(f, i < t->n ? &t->events[i] : &extra->events[i - t->n]);
+        fputs(i + 1 < t->n + n_extra ? ",\n" : "\n", f);
     }
     fputs(" ]\n}\n", f);
     if (ferror(f)) {
@@ -293,4 +341,66 @@ int trace_write(const Trace *t, const char *path, Error *err)
         return error_errno(err, path, "cannot write");
     }
     return atomic_commit(&a, err);
+}
+
+int trace_steps_parse(const char *s, const char *where, TraceSteps *out, Error *err)
+{
+    out->n = 0;
+    if (!s)
+        return 0;
+    const char *p = s;
+    while (*p == ' ')
+        p++;
+    if (!*p)
+        return 0;
+    for (;;) {
+        int64_t v[2] = {0, 0};
+        int parts = 0;
+        for (; parts < 2; parts++) {
+            while (*p == ' ')
+                p++;
+            if (*p < '0' || *p > '9')
+                return error_set(err, where, "expected step numbers and ranges such as 3-5,10, got '%s'", s);
+            while (*p >= '0' && *p <= '9') {
+                if (v[parts] > (INT64_MAX - 9) / 10)
+                    return error_set(err, where, "step number too large in '%s'", s);
+                v[parts] = v[parts] * 10 + (*p++ - '0');
+            }
+            while (*p == ' ')
+                p++;
+            if (*p != '-' || parts == 1)
+                break;
+            p++;
+        }
+        if (parts == 0)
+            v[1] = v[0];
+        if (v[0] < 1 || v[1] < v[0])
+            return error_set(err, where, "steps count from 1 and a range runs upwards (such as 3-5), got '%s'", s);
+        if (out->n == TRACE_MAX_RANGES)
+            return error_set(err, where, "more than %d ranges in '%s'", TRACE_MAX_RANGES, s);
+        out->lo[out->n] = v[0];
+        out->hi[out->n] = v[1];
+        out->n++;
+        if (!*p)
+            return 0;
+        if (*p != ',')
+            return error_set(err, where, "expected step numbers and ranges such as 3-5,10, got '%s'", s);
+        p++;
+    }
+}
+
+int trace_steps_has(const TraceSteps *st, int64_t step)
+{
+    for (int i = 0; i < st->n; i++)
+        if (step >= st->lo[i] && step <= st->hi[i])
+            return 1;
+    return 0;
+}
+
+int64_t trace_steps_last(const TraceSteps *st)
+{
+    int64_t last = 0;
+    for (int i = 0; i < st->n; i++)
+        last = st->hi[i] > last ? st->hi[i] : last;
+    return last;
 }

@@ -65,9 +65,11 @@ typedef enum { TRACE_ARG_INT, TRACE_ARG_NUM, TRACE_ARG_STR } TraceArgKind;
 typedef struct TraceArg {
     const char *key;
     TraceArgKind kind;
-    int64_t i;
-    double f;
-    const char *s;
+    union { /* by kind (one of them: an event's args stay small) */
+        int64_t i;
+        double f;
+        const char *s;
+    };
 } TraceArg;
 
 /* An event's arguments, filled by the trace_arg_* calls below (extra ones past the limit are
@@ -106,6 +108,24 @@ double trace_busy_us(const Trace *t, int pid, int64_t tid);
 /* Writes the file atomically (a temporary name, fsync, rename); the folder must exist. An Error
  * names the path. */
 int trace_write(const Trace *t, const char *path, Error *err);
+/* The same with extra's events after t's (t's header): two recordings as one file. */
+int trace_write_merged(const Trace *t, const Trace *extra, const char *path, Error *err);
+
+
+/* The steps a run traces (trace.steps): "3-5,10" - step numbers and inclusive ranges, comma
+ * separated, at most TRACE_MAX_RANGES of them; "" or NULL: none. */
+enum { TRACE_MAX_RANGES = 64 };
+typedef struct TraceSteps {
+    int n;
+    int64_t lo[TRACE_MAX_RANGES], hi[TRACE_MAX_RANGES];
+} TraceSteps;
+/* -1 with an Error (status 2, naming `where`) on a malformed list: a step below 1, a range that
+ * runs backwards, anything but digits, '-' and ','. */
+int trace_steps_parse(const char *s, const char *where, TraceSteps *out, Error *err);
+/* 1 when step is one of them. */
+int trace_steps_has(const TraceSteps *st, int64_t step);
+/* The last step of the list (0: none). */
+int64_t trace_steps_last(const TraceSteps *st);
 
 #ifdef __cplusplus
 }

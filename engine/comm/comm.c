@@ -6,6 +6,7 @@
 
 #include "engine/comm/comm_async.h"
 #include "engine/comm/comm_strict.h"
+#include "engine/comm/comm_trace.h"
 #include "engine/comm/comm_watchdog.h"
 #include "util/clock.h"
 
@@ -116,35 +117,55 @@ int comm_allreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, Error *err
 {
     double t0 = comm_block_begin();
     blocking(c, g, "allreduce", n);
-    return comm_block_end(t0, comm_flight_end(n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err)));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(n == 0 ? 0 : c->impl->allreduce_sum(c, g, buf, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 4, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_allgatherv(Comm *c, LayoutGroup g, const void *send, void *recv, const int64_t *counts, Dt dt, Error *err)
 {
     double t0 = comm_block_begin();
     blocking(c, g, "allgatherv", sum_counts(c, g, counts));
-    return comm_block_end(t0, comm_flight_end(c->impl->allgatherv(c, g, send, recv, counts, dt, err)));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->allgatherv(c, g, send, recv, counts, dt, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLGATHER, g, sum_counts(c, g, counts) * (int64_t)comm_elem_bytes(c, dt), -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts, Error *err)
 {
     double t0 = comm_block_begin();
     blocking(c, g, "reduce_scatterv", sum_counts(c, g, counts));
-    return comm_block_end(t0, comm_flight_end(c->impl->reduce_scatterv(c, g, send, recv, counts, err)));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->reduce_scatterv(c, g, send, recv, counts, err));
+    comm_trace_end(c, &sp, COMM_TRACE_REDUCE_SCATTER, g, sum_counts(c, g, counts) * 4, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_allgather(Comm *c, LayoutGroup g, const void *send, void *recv, int64_t n, Dt dt, Error *err)
 {
     double t0 = comm_block_begin();
     blocking(c, g, "allgather", n);
-    return comm_block_end(t0, comm_flight_end(c->impl->allgather(c, g, send, recv, n, dt, err)));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->allgather(c, g, send, recv, n, dt, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLGATHER, g, n * c->size[g] * (int64_t)comm_elem_bytes(c, dt), -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_reduce_scatter(Comm *c, LayoutGroup g, const float *send, float *recv, int64_t n, Error *err)
 {
     double t0 = comm_block_begin();
     blocking(c, g, "reduce_scatter", n);
-    return comm_block_end(t0, comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err)));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->reduce_scatter(c, g, send, recv, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_REDUCE_SCATTER, g, n * c->size[g] * 4, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 
@@ -177,7 +198,11 @@ int comm_exchange(Comm *c, LayoutGroup g, int peer, const float *send, float *re
         return error_runtime(err, "comm", "exchange with %d in a world of one", peer);
     double t0 = comm_block_begin();
     blocking(c, g, "exchange", n);
-    return comm_block_end(t0, comm_flight_end(n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err)));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(n == 0 ? 0 : c->impl->exchange(c, g, peer, send, recv, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_EXCHANGE, g, n * 4, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, const float *buf, int64_t n,
@@ -192,6 +217,7 @@ int comm_isend(const Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, c
     comm_flight_bind(req);
     if (c->impl->isend(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
+    comm_trace_request_start(c, req, COMM_TRACE_SEND, g, n * 4, peer);
     comm_async_count(c, 1);
     return 0;
 }
@@ -203,6 +229,17 @@ static int wait_request(const Comm *c, CommRequest *req, Error *err)
     if (req->collective && req->op)
         return comm_async_wait(c, req, err);
     comm_async_count(c, -1);
+    if (req->trace_started > 0 && c->tracer) {
+        /* A traced message: its span is the wait (how long this rank waited for it to complete). */
+        CommSpan sp = {1, clock_seconds()};
+        double started = req->trace_started;
+        req->trace_started = 0;
+        comm_tracer_account(c->tracer, 0, 1, sp.t0);
+        int rc = c->impl->wait(c, req, err);
+        comm_trace_end(c, &sp, (CommTraceOp)req->trace_op, (LayoutGroup)req->trace_group, req->trace_bytes,
+                       req->trace_peer, started, sp.t0);
+        return rc;
+    }
     return c->impl->wait(c, req, err);
 }
 
@@ -221,7 +258,11 @@ int comm_recv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *b
     double t0 = comm_block_begin();
     comm_async_drain(c, g);
     comm_flight_begin(g, c->group_id[g], c->mpi ? c->size[g] : 1, "recv", n, peer);
-    return comm_block_end(t0, comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err)));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(c->impl->recv(c, g, peer, lane, tag, buf, n, err));
+    comm_trace_end(c, &sp, COMM_TRACE_RECV, g, n * 4, peer, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 void comm_set_overlap(Comm *c, int on) { c->overlap = on; }
@@ -255,6 +296,7 @@ int comm_irecv(Comm *c, LayoutGroup g, int peer, CommLane lane, int tag, float *
     comm_flight_bind(req);
     if (c->impl->irecv(c, g, peer, lane, tag, buf, n, req, err) != 0)
         return -1;
+    comm_trace_request_start(c, req, COMM_TRACE_RECV, g, n * 4, peer);
     comm_async_count(c, 1);
     return 0;
 }
@@ -277,6 +319,8 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
     if (background && c->impl->istart) {
         if (c->impl->istart(c, op, req, err) != 0)
             return -1;
+        /* NCCL's: traced as the host sees it, from its start to the end of its wait (comm_wait) */
+        comm_trace_request_start(c, req, comm_trace_op_of(op->kind), g, comm_op_bytes(c, op), -1);
         comm_async_count(c, 1);
         return 0;
     }
@@ -286,7 +330,11 @@ int comm_istart(Comm *c, const CommOp *op, CommRequest *req, Error *err)
         return comm_async_start(c, op, run_op, req, err);
     double t0 = comm_block_begin();
     comm_async_drain(c, g); /* at once, after the group's started ones */
-    return comm_block_end(t0, run_op(c, op, err));
+    CommSpan sp;
+    comm_trace_begin(c, &sp);
+    int rc = run_op(c, op, err);
+    comm_trace_end(c, &sp, comm_trace_op_of(op->kind), g, comm_op_bytes(c, op), -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_iallreduce_sum(Comm *c, LayoutGroup g, float *buf, int64_t n, CommRequest *req, Error *err)

@@ -133,6 +133,11 @@ int comm_allreduce_sum_dt(Comm *c, LayoutGroup g, float *buf, int64_t n, Dt sum_
 /* Room in the backend's memory for bfloat16 sums of up to n elements, taken now (at setup: a sum in a
  * step then allocates nothing). */
 int comm_reserve_sum16(Comm *c, int64_t n, Error *err);
+/* The offset of this rank's clock (for trace.steps' timelines, comm_mpi.c) from world rank 0's (CLOCK_REALTIME, seconds: add it to read rank
+ * 0's), measured by pings with rank 0 (the round trip of least time of `rounds`, half of it taken
+ * as the way there); collective over the world. 0 on rank 0 and without MPI. */
+int comm_clock_offset(const Comm *c, int rounds, double *offset_s, double *rtt_s, Error *err);
+
 /* comm_elem_bytes (comm_types.h): bytes of one element of dt on c's backend. */
 /* recv = n doubles from every group rank, in group-rank order. */
 int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err);

@@ -26,6 +26,7 @@
  * copies into the receive buffer. Host memory only (the path runs threads with host memory only).
  */
 #include "engine/comm/comm_async.h"
+#include "engine/comm/comm_trace.h"
 #include "engine/comm/comm_watchdog.h"
 
 #include <errno.h>
@@ -52,6 +53,8 @@ typedef struct AsyncOp {
     void *result;          /* chaos: the thread writes here, the wait copies it to op.recv */
     void *input;           /* chaos: what the collective reads in place, copied at the start */
     size_t recv_bytes, input_bytes, input_at; /* input goes to recv + input_at for the in-place forms */
+    int traced;            /* started in a traced step (comm_trace.h): when, and when it ran */
+    double started_s, run0_s, run1_s;
     struct AsyncOp *next;
 } AsyncOp;
 
@@ -219,7 +222,14 @@ static int run_record(Worker *w, AsyncOp *x, Error *err)
         double d = (double)(rand_r(&w->seed) % (unsigned)w->c->chaos_us) * 1e-6;
         sleep_until(clock_seconds() + d);
     }
-    return x->result ? run_chaos(w->c, x, err) : x->run(w->c, &x->op, err);
+    if (!x->traced)
+        return x->result ? run_chaos(w->c, x, err) : x->run(w->c, &x->op, err);
+    x->run0_s = clock_seconds();
+    comm_tracer_account(w->c->tracer, 0, 1, x->run0_s);
+    int rc = x->result ? run_chaos(w->c, x, err) : x->run(w->c, &x->op, err);
+    x->run1_s = clock_seconds();
+    comm_tracer_account(w->c->tracer, 0, -1, x->run1_s);
+    return rc;
 }
 
 /* The head of w's queue, taken to run (under the mutex). */
@@ -386,6 +396,10 @@ int comm_async_start(Comm *c, const CommOp *op, CommRunOp run, CommRequest *req,
         free_op(x);
         return -1;
     }
+    if (comm_tracer_on(c->tracer)) {
+        x->traced = 1;
+        x->started_s = clock_seconds();
+    }
     pthread_mutex_lock(&a->mu);
     if (!w->running) {
         w->c = c;
@@ -423,6 +437,7 @@ int comm_async_wait(const Comm *c, CommRequest *req, Error *err)
     CommAsync *a = c->async;
     AsyncOp *x = req->op;
     Worker *w = &a->w[x->op.group];
+    double waited = x->traced ? clock_seconds() : 0;
     pthread_mutex_lock(&a->mu);
     /* Not begun and next in its group's order: the caller runs it itself rather than wake the
      * thread and sleep until it is done (two hand-overs that cost more than a small collective on a
@@ -442,6 +457,12 @@ int comm_async_wait(const Comm *c, CommRequest *req, Error *err)
     req->active = 0;
     req->collective = 0;
     req->op = NULL;
+    if (x->traced) { /* its span where it ran; this thread's wait, when it waited, on the host */
+        comm_trace_record(c->tracer, comm_trace_op_of(x->op.kind), x->op.group, comm_op_bytes(c, &x->op), -1,
+                          x->started_s, waited, x->run0_s, x->run1_s);
+        if (x->run1_s > waited)
+            comm_trace_host_wait(c, waited);
+    }
     int rc = x->rc;
     if (rc != 0)
         *err = x->err;

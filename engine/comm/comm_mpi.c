@@ -6,6 +6,7 @@
 
 #include "engine/comm/comm_async.h"
 #include "engine/comm/comm_strict.h"
+#include "engine/comm/comm_trace.h"
 #include "engine/comm/comm_watchdog.h"
 #include "engine/comm/runtime.h"
 #include "util/clock.h"
@@ -331,7 +332,12 @@ int comm_allreduce_sum_host(const Comm *c, LayoutGroup g, float *buf, int64_t n,
     double t0 = comm_block_begin();
     comm_log_op(c, g, "allreduce_host", n);
     comm_async_drain(c, g);
-    return comm_block_end(t0, comm_flight_end(allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err)));
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(allreduce_host(c, g, buf, n, MPI_FLOAT, MPI_SUM, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 4, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
@@ -339,7 +345,12 @@ int comm_allreduce_sum_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n,
     double t0 = comm_block_begin();
     comm_log_op(c, g, "allreduce_f64", n);
     comm_async_drain(c, g);
-    return comm_block_end(t0, comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err)));
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_SUM, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 8, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n, Error *err)
@@ -347,7 +358,12 @@ int comm_allreduce_max_f64(const Comm *c, LayoutGroup g, double *buf, int64_t n,
     double t0 = comm_block_begin();
     comm_log_op(c, g, "allreduce_max_f64", n);
     comm_async_drain(c, g);
-    return comm_block_end(t0, comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err)));
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = comm_flight_end(allreduce_host(c, g, buf, n, MPI_DOUBLE, MPI_MAX, err));
+    comm_trace_end(c, &sp, COMM_TRACE_ALLREDUCE, g, n * 8, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 /* int counts and displacements for the v-collectives. */
@@ -430,7 +446,12 @@ static int allgather_f64(const Comm *c, LayoutGroup g, const double *send, doubl
 int comm_allgather_f64(const Comm *c, LayoutGroup g, const double *send, double *recv, int64_t n, Error *err)
 {
     double t0 = comm_block_begin();
-    return comm_block_end(t0, allgather_f64(c, g, send, recv, n, err));
+    CommSpan sp = {0, 0};
+    if (!alone(c, g))
+        comm_trace_begin(c, &sp);
+    int rc = allgather_f64(c, g, send, recv, n, err);
+    comm_trace_end(c, &sp, COMM_TRACE_ALLGATHER, g, n * c->size[g] * 8, -1, 0, 0);
+    return comm_block_end(t0, rc);
 }
 
 static int mpi_reduce_scatterv(Comm *c, LayoutGroup g, const float *send, float *recv, const int64_t *counts,
@@ -682,3 +703,55 @@ const CommImpl comm_mpi = {
     .sum_bf16 = comm_mpi_sum_bf16,
     .irecv = mpi_irecv,
 };
+
+/* Pings: rank r sends its clock (t1) to rank 0, which answers with its own (t0); back at r at t2.
+ * Rank 0's clock read t0 at about (t1 + t2) / 2 of r's: offset = t0 - (t1 + t2) / 2, from the round
+ * trip of least time (the one least delayed by anything else). Ranks one at a time, so that rank
+ * 0 answers at once. */
+static double realtime_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int comm_clock_offset(const Comm *c, int rounds, double *offset_s, double *rtt_s, Error *err)
+{
+    *offset_s = 0;
+    *rtt_s = 0;
+    if (!c->mpi || c->size[GROUP_WORLD] == 1)
+        return 0;
+    MPI_Comm w = group_comm(c, GROUP_WORLD);
+    int me = c->rank[GROUP_WORLD], n = c->size[GROUP_WORLD];
+    enum { TAG = 0x7e11 };
+    comm_async_drain(c, GROUP_WORLD);
+    for (int r = 1; r < n; r++) {
+        if (me != 0 && me != r)
+            continue;
+        double best = -1;
+        for (int k = 0; k < rounds; k++) {
+            double msg;
+            int rc;
+            if (me == 0) {
+                rc = MPI_Recv(&msg, 1, MPI_DOUBLE, r, TAG, w, MPI_STATUS_IGNORE);
+                msg = realtime_s();
+                if (rc == MPI_SUCCESS)
+                    rc = MPI_Send(&msg, 1, MPI_DOUBLE, r, TAG, w);
+            } else {
+                double t1 = realtime_s();
+                rc = MPI_Send(&t1, 1, MPI_DOUBLE, 0, TAG, w);
+                if (rc == MPI_SUCCESS)
+                    rc = MPI_Recv(&msg, 1, MPI_DOUBLE, 0, TAG, w, MPI_STATUS_IGNORE);
+                double t2 = realtime_s();
+                if (rc == MPI_SUCCESS && (best < 0 || t2 - t1 < best)) {
+                    best = t2 - t1;
+                    *offset_s = msg - 0.5 * (t1 + t2);
+                    *rtt_s = best;
+                }
+            }
+            if (rc != MPI_SUCCESS)
+                return error_runtime(err, "trace", "the clock pings with rank 0 failed (MPI error %d)", rc);
+        }
+    }
+    return 0;
+}

@@ -51,6 +51,7 @@ typedef struct Comm {
     int shared_gpu_test;          /* NCCL between ranks that share a GPU, over sockets (tests only) */
     int fault_stop_in_finalize;   /* test hook (WLBTRAIN_FAULT hang@R:finalize): comm_finish stops this
                                    * process (SIGSTOP) between the final barrier and MPI_Finalize */
+    struct CommTracer *tracer;    /* trace.steps: the timeline's recorder (comm_trace.h), NULL: none */
 } Comm;
 
 /* The pipeline's messages go in two lanes: activations (a stage to the next; with interleaving the
@@ -104,6 +105,9 @@ typedef struct CommRequest {
     float *dest;              /* a receive staged through the host: where comm_wait puts it */
     int64_t n;
     int tag, peer, lane;      /* strict: what the receive expects */
+    double trace_started;     /* a traced message: when it started (comm_trace.h; 0: not traced) */
+    int64_t trace_bytes;
+    short trace_op, trace_group, trace_peer;
 } CommRequest;
 
 /* A data path for the float collectives and messages (comm.h). Same contracts as comm.h's comm_

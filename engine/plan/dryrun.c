@@ -11,6 +11,7 @@
 #include "engine/plan/cost.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/plan_shard.h"
+#include "engine/plan/plan_trace.h"
 #include "engine/plan/sched.h"
 #include "engine/plan/stages.h"
 #include "util/clock.h"
@@ -294,6 +295,8 @@ typedef struct Run {
     int with_baseline; /* simulate Plain-4D on the same documents */
     FILE *stats;       /* JSON lines, or NULL */
     const DryRunMemoryPlan *memory; /* NULL: not reported */
+    PlanTraceOut *trace, *trace_base; /* the predicted timelines of trace.steps (the plan's, Plain-4D's of
+                                       * the same documents), or NULL */
 } Run;
 
 static void print_step(const Config *cfg, const StepPlan *p, const StepStats *s)
@@ -469,6 +472,10 @@ static int run_steps(const Run *run, RunSummary *sum, Error *err)
         rc = plan_and_predict(run, &pl, &plan, &base, &equal, &s, &worst_mb, sum->breakdown, err);
         if (rc == 0)
             rc = sched_stage_busy(&plan, run->cost, sum->stage_busy, err);
+        if (rc == 0 && run->trace)
+            rc = plan_trace_add_step(run->trace, &plan, run->cost, s.predicted_s, err);
+        if (rc == 0 && run->trace_base && run->with_baseline)
+            rc = plan_trace_add_step(run->trace_base, &base, run->cost, s.baseline_s, err);
         if (rc == 0) {
             series_add(&v, sum, step, &s, run->with_baseline);
             rc = report_step(run, &pl, &plan, &base, &s, worst_mb, err);
@@ -701,7 +708,8 @@ int dryrun_predict(const Config *cfg, const DataSources *data, int64_t steps, in
     memset(out, 0, sizeof *out);
     if (cost_model_init(&cost, cfg, err) != 0)
         return -1;
-    Run run = {cfg, data, &cost, cfg->balance.packer, cfg->balance.cp_sharding, steps, 0, with_baseline, NULL, NULL};
+    Run run = {cfg, data, &cost, cfg->balance.packer, cfg->balance.cp_sharding, steps, 0, with_baseline, NULL, NULL,
+               NULL, NULL};
     RunSummary s;
     if (run_steps(&run, &s, err) != 0)
         return -1;
@@ -742,11 +750,16 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
         fprintf(stderr, "wlbtrain: warning: %s\n", note);
     }
     AtomicFile stats = {0};
-    int rc = 0;
-    if (opt->stats_out)
+    PlanTraceOut trace, trace_base = {0};
+    /* trace.steps: the predicted timelines, and Plain-4D's of the same documents beside them (not
+     * with --compare: its runs are other configs') */
+    int rc = plan_trace_open(&trace, cfg, "predicted", err);
+    if (rc == 0 && !opt->compare)
+        rc = plan_trace_open(&trace_base, cfg, "predicted-plain4d", err);
+    if (rc == 0 && opt->stats_out)
         rc = atomic_open(&stats, opt->stats_out, err);
     Run run = {cfg, &data, &cost, cfg->balance.packer, cfg->balance.cp_sharding, opt->steps, 1, 1, stats.f,
-               opt->memory};
+               opt->memory, opt->compare ? NULL : &trace, opt->compare ? NULL : &trace_base};
     if (rc == 0) {
         print_header(cfg, &data, &cost, opt->steps);
         if (cost.pp > 1)
@@ -769,10 +782,16 @@ int dryrun_run(const Config *cfg, const DryRunOptions *opt, Error *err)
                 run_summary_free(&s);
         }
     }
+    if (rc == 0 && !opt->compare)
+        rc = plan_trace_close(&trace, err);
+    if (rc == 0 && !opt->compare && trace.traced) /* (none traced: said once, above) */
+        rc = plan_trace_close(&trace_base, err);
     if (opt->stats_out && rc == 0)
         rc = atomic_commit(&stats, err);
-    else if (opt->stats_out)
+    else if (opt->stats_out && stats.f)
         atomic_abort(&stats);
+    plan_trace_free(&trace);
+    plan_trace_free(&trace_base);
     data_sources_close(&data);
     return rc;
 }

@@ -90,7 +90,7 @@ int sched_simulate(const SchedReplica *r, double *makespan, const SchedTrace *tr
                 int g = op.chunk * pp + s;
                 size_t at = (size_t)op.mb * chunks + g;
                 double sent = -1; /* when the input message left its stage (-1: no message) */
-                double ready = 0;
+                double ready = 0, moved = -1, shown = 0, gather_shown = 0; /* the message: from, waited for */
                 if (!op.backward && g > 0) {
                     if ((sent = end_f[at - 1]) < 0)
                         break;
@@ -105,7 +105,9 @@ int sched_simulate(const SchedReplica *r, double *makespan, const SchedTrace *tr
                 double start;
                 if (sent >= 0 && r->recv_on_demand) {
                     /* The message moves once the receiver asks for it: all of its time shows. */
-                    start = (sent > free_at[s] ? sent : free_at[s]) + r->p2p[op.mb];
+                    moved = sent > free_at[s] ? sent : free_at[s];
+                    start = moved + r->p2p[op.mb];
+                    shown = r->p2p[op.mb];
                     if (trace)
                         trace_add(trace->pp_exposed, s, r->p2p[op.mb]);
                 } else if (sent >= 0) {
@@ -113,7 +115,8 @@ int sched_simulate(const SchedReplica *r, double *makespan, const SchedTrace *tr
                      * both the sender's end and the stage's shows. */
                     ready = sent + r->p2p[op.mb];
                     double waited_from = sent > free_at[s] ? sent : free_at[s];
-                    double shown = ready > waited_from ? ready - waited_from : 0;
+                    moved = sent;
+                    shown = ready > waited_from ? ready - waited_from : 0;
                     shown = shown < r->p2p[op.mb] ? shown : r->p2p[op.mb];
                     start = ready > free_at[s] ? ready : free_at[s];
                     if (trace) {
@@ -133,6 +136,7 @@ int sched_simulate(const SchedReplica *r, double *makespan, const SchedTrace *tr
                     end = start + dur;
                     double last = gt->last + gt->last_share * dur;
                     end = end > last ? end : last;
+                    gather_shown = end - dur - from;
                     if (trace) {
                         trace_add(trace->gather_wait, s, end - dur - from);
                         double beside = (gt->last < end ? gt->last : end) - start;
@@ -141,6 +145,14 @@ int sched_simulate(const SchedReplica *r, double *makespan, const SchedTrace *tr
                 }
                 free_at[s] = end;
                 (op.backward ? end_b : end_f)[at] = end;
+                if (trace && trace->pass_start) {
+                    size_t i = (size_t)s * per_stage + next[s];
+                    trace->pass_start[i] = end - dur;
+                    trace->pass_end[i] = end;
+                    trace->msg_from[i] = moved;
+                    trace->msg_shown[i] = shown;
+                    trace->gather_shown[i] = gather_shown;
+                }
                 if (trace && op.backward && op.mb == n_mb - 1) { /* the chunk's last backward */
                     if (trace->last_bwd_start)
                         trace->last_bwd_start[g] = end - dur;
@@ -166,34 +178,6 @@ done:
     free(free_at);
     free(next);
     return rc;
-}
-
-void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const CostModel *cost, double *fwd,
-                             double *bwd, double *p2p)
-{
-    int chunks = cost->pp * cost->v;
-    int64_t max_tokens = 0;
-    for (int r = 0; r < p->cp; r++) {
-        int64_t t = p->ranks[mb->first_rank + r].tokens;
-        max_tokens = t > max_tokens ? t : max_tokens;
-    }
-    /* mb->bwd_s already holds train.recompute's work (cost_linear_bwd_s, cost_attn_fb_s and the
-     * exchanges charge it). */
-    double layer_bwd = mb->bwd_s;
-    for (int g = 0; g < chunks; g++) {
-        int layers = cost_chunk_layers(cost, g);
-        fwd[g] = layers * mb->fwd_s;
-        bwd[g] = layers * layer_bwd;
-        if (g == 0 && max_tokens > 0) {
-            fwd[g] += cost_embed_fwd_s(cost, max_tokens);
-            bwd[g] += cost_embed_bwd_s(cost, max_tokens);
-        }
-        if (g == chunks - 1 && max_tokens > 0) {
-            fwd[g] += cost_head_fwd_s(cost, max_tokens);
-            bwd[g] += cost_head_bwd_s(cost, max_tokens);
-        }
-    }
-    *p2p = cost_p2p_s(cost, max_tokens);
 }
 
 /* Simulates replica r with its micro-batches in the order given by mb_index (count n); gather: ZeRO-1's
@@ -243,8 +227,8 @@ static int chunk_buckets(const CostModel *cost, int g, double *params, double *a
 /* ZeRO-1's all-gather (NULL when there is none): each stage gathers its chunks in the order it first
  * runs them, bucket by bucket in forward order with overlap (a chunk's first forward starts once
  * its first layer's two buckets are in), or all of them before the step's first pass. *total[s]
- * gets stage s's seconds of it. */
-static SchedGather *gather_plan(const CostModel *cost, double *total)
+ * gets stage s's seconds of it; from, to (NULL: not wanted) when chunk c's gather runs, [s * v + c]. */
+static SchedGather *gather_plan(const CostModel *cost, double *total, double *from, double *to)
 {
     int pp = cost->pp, v = cost->v;
     memset(total, 0, (size_t)pp * sizeof *total);
@@ -266,6 +250,10 @@ static SchedGather *gather_plan(const CostModel *cost, double *total)
             double chunk = 0;
             for (int i = 0; i < n; i++)
                 chunk += cost_dp_gather_s(cost, params[i]);
+            if (from) {
+                from[s * v + c] = t;
+                to[s * v + c] = t + chunk;
+            }
             if (cost->overlap) { /* forward order: the bottom bucket, the MLP half, ... */
                 double first = cost_dp_gather_s(cost, params[n - 1]) + cost_dp_gather_s(cost, params[n - 2]);
                 gt[g] = (SchedGather){t + first, t + chunk, 1.0 / cost_chunk_layers(cost, g)};
@@ -282,7 +270,7 @@ static SchedGather *gather_plan(const CostModel *cost, double *total)
 }
 
 typedef struct Bucket {
-    double ready, seconds;
+    double ready, seconds, params;
 } Bucket;
 
 static int cmp_bucket(const void *a, const void *b)
@@ -332,21 +320,25 @@ static void scratch_free(Scratch *s)
     free(s->p2p);
 }
 
-void sched_breakdown_add(SchedBreakdown *to, const SchedBreakdown *from, double scale)
-{
-    /* Every part is a double, one after another (no padding between doubles): added as an array. */
-    double *t = &to->products;
-    const double *f = &from->products;
-    for (size_t k = 0; k < sizeof *to / sizeof(double); k++)
-        t[k] += scale * f[k];
-}
-
 /* The step: every replica simulated, then each stage's gradient reduction over DP x CP (its buckets
  * ready when the last micro-batch's backward of every replica has produced them, with overlap; after
  * the slowest replica's pipeline, without). stages (NULL: not wanted) gets the slowest replica's
- * breakdown. */
+ * breakdown; tl (NULL: not wanted, else its arrays allocated: sched_step_timeline) the step in time. */
+/* Bucket j of stage s's reduction runs [from, to) (tl NULL: nothing to record). */
+static void timeline_bucket(SchedTimeline *tl, int s, double from, double to, double params)
+{
+    if (!tl)
+        return;
+    int j = tl->n_buckets[s]++;
+    WLB_ASSERT(j < tl->max_buckets);
+    size_t at = (size_t)s * tl->max_buckets + j;
+    tl->bucket_from[at] = from;
+    tl->bucket_to[at] = to;
+    tl->bucket_params[at] = params;
+}
+
 static int step_simulate(const StepPlan *p, const CostModel *cost, double *seconds, SchedBreakdown *stages,
-                         Error *err)
+                         SchedTimeline *tl, Error *err)
 {
     int pp = cost->pp, chunks = pp * cost->v, dp = p->dp;
     Scratch sc = {0};
@@ -359,7 +351,8 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
     double *bp = malloc((size_t)(cost->n_layers + 2) * 2 * sizeof *bp), *bat = bp ? bp + cost->n_layers + 2 : NULL;
     if (rc == 0 && (!mk || !gather_total || !st || !sb || !bp || !(bk = malloc((size_t)max_buckets * sizeof *bk))))
         rc = error_runtime(err, "pipeline", "out of memory");
-    SchedGather *gt = rc == 0 ? gather_plan(cost, gather_total) : NULL;
+    SchedGather *gt = rc == 0 ? gather_plan(cost, gather_total, tl ? tl->gather_from : NULL,
+                                            tl ? tl->gather_to : NULL) : NULL;
     if (rc == 0 && cost->zero && cost->dpcp > 1 && !gt)
         rc = error_runtime(err, "pipeline", "out of memory");
     /* Per replica: stage_end, pp_exposed, pp_hidden, gather_wait (pp each), last backward (chunks). */
@@ -371,10 +364,22 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
     if (rc == 0) {
         replica_lists(p, sc.idx, sc.count);
         for (int r = 0; r < dp && rc == 0; r++) {
-            SchedTrace tr = {end + (size_t)r * pp, ppx + (size_t)r * pp, pph + (size_t)r * pp, gw + (size_t)r * pp,
-                             gb + (size_t)r * pp, lbs + (size_t)r * chunks, lbe + (size_t)r * chunks};
+            SchedTrace tr = {.stage_end = end + (size_t)r * pp, .pp_exposed = ppx + (size_t)r * pp,
+                             .pp_hidden = pph + (size_t)r * pp, .gather_wait = gw + (size_t)r * pp,
+                             .gather_beside = gb + (size_t)r * pp, .last_bwd_start = lbs + (size_t)r * chunks,
+                             .last_bwd_end = lbe + (size_t)r * chunks};
+            if (tl) { /* every replica has m micro-batches (sched_step_timeline checked) */
+                size_t at = (size_t)r * pp * tl->per_stage;
+                tr.pass_start = tl->pass_start + at;
+                tr.pass_end = tl->pass_end + at;
+                tr.msg_from = tl->msg_from + at;
+                tr.msg_shown = tl->msg_shown + at;
+                tr.gather_shown = tl->gather_shown + at;
+            }
             rc = replica_makespan(p, cost, sc.idx + (int64_t)r * p->m, sc.count[r], sc.fwd, sc.bwd, sc.p2p, gt, &tr,
                                   &mk[r], err);
+            if (tl)
+                memcpy(tl->p2p + (size_t)r * p->m, sc.p2p, (size_t)sc.count[r] * sizeof *sc.p2p);
             if (mk[r] > mk[slow])
                 slow = r;
             *seconds = mk[r] > *seconds ? mk[r] : *seconds;
@@ -398,19 +403,26 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
                         double t = a + (b - a) * bat[j];
                         ready = t > ready ? t : ready;
                     }
-                    bk[n++] = (Bucket){ready, one};
+                    bk[n++] = (Bucket){ready, one, bp[j]};
                     total += one;
                 }
             }
             qsort(bk, (size_t)n, sizeof *bk, cmp_bucket);
             done = 0;
-            for (int i = 0; i < n; i++)
-                done = (done > bk[i].ready ? done : bk[i].ready) + bk[i].seconds;
+            for (int i = 0; i < n; i++) {
+                double from = done > bk[i].ready ? done : bk[i].ready;
+                done = from + bk[i].seconds;
+                timeline_bucket(tl, s, from, done, bk[i].params);
+            }
         } else {
+            done = stage_end;
             for (int c = 0; c < cost->v; c++) /* bucket by bucket, as with overlap */
-                for (int j = 0, nb = chunk_buckets(cost, c * pp + s, bp, bat); j < nb; j++)
-                    total += cost_dp_reduce_s(cost, bp[j]);
-            done = stage_end + total;
+                for (int j = 0, nb = chunk_buckets(cost, c * pp + s, bp, bat); j < nb; j++) {
+                    double one = cost_dp_reduce_s(cost, bp[j]);
+                    timeline_bucket(tl, s, done, done + one, bp[j]);
+                    done += one;
+                    total += one;
+                }
         }
         /* What outlasts the stage's passes shows; the rest ran beside them (none without overlap). */
         dpx[s] = !cost->overlap ? total : done > stage_end ? done - stage_end : 0;
@@ -429,6 +441,13 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
         double optimizer = cost_optimizer_s(cost, params);
         double stage_step = stage_end + dpx[s] + slowed + optimizer;
         *seconds = stage_step > *seconds ? stage_step : *seconds;
+        if (tl) {
+            tl->passes_end[s] = stage_end;
+            tl->dp_exposed[s] = dpx[s];
+            tl->contention[s] = slowed;
+            tl->optimizer_from[s] = stage_end + dpx[s] + slowed;
+            tl->optimizer_to[s] = stage_step;
+        }
         SchedBreakdown *b = &sb[s];
         b->pp_exposed = ppx[(size_t)slow * pp + s];
         b->pp_hidden = pph[(size_t)slow * pp + s];
@@ -436,6 +455,10 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
         b->dp_hidden = dph[s] + gather_hidden;
         b->contention = slowed;
         b->optimizer = optimizer;
+    }
+    if (tl && rc == 0) {
+        tl->slowest = slow;
+        memcpy(tl->mb_index, sc.idx, (size_t)dp * p->m * sizeof *sc.idx);
     }
     /* What the slowest replica's stages computed; the rest of the step is their bubble. */
     for (int i = 0; rc == 0 && stages && i < sc.count[slow]; i++) {
@@ -466,78 +489,78 @@ static int step_simulate(const StepPlan *p, const CostModel *cost, double *secon
 
 int sched_step_time(const StepPlan *p, const CostModel *cost, double *seconds, Error *err)
 {
-    return step_simulate(p, cost, seconds, NULL, err);
+    return step_simulate(p, cost, seconds, NULL, NULL, err);
 }
 
 int sched_step_breakdown(const StepPlan *p, const CostModel *cost, double *seconds, SchedBreakdown *stages,
                          Error *err)
 {
-    return step_simulate(p, cost, seconds, stages, err);
+    return step_simulate(p, cost, seconds, stages, NULL, err);
 }
 
-void sched_pass_parts(const StepPlan *p, const PlanMicroBatch *mb, const CostModel *cost, int g, int backward,
-                      SchedBreakdown *b)
+int sched_step_timeline(const StepPlan *p, const CostModel *cost, SchedTimeline *tl, Error *err)
 {
-    /* The rank the pass's time is the slowest CP rank's (shard_commit): its parts. */
-    int worst = 0, chunks = cost->pp * cost->v;
-    double most = -1;
-    int64_t max_tokens = 0;
-    for (int r = 0; r < p->cp; r++) {
-        const PlanRank *k = &p->ranks[mb->first_rank + r];
-        double t = backward ? k->attn_bwd_s + k->linear_bwd_s + k->comm_bwd_s : k->attn_fwd_s + k->linear_fwd_s + k->comm_fwd_s;
-        if (t > most) {
-            most = t;
-            worst = r;
+    memset(tl, 0, sizeof *tl);
+    int pp = cost->pp, v = cost->v, dp = p->dp, m = p->m;
+    tl->dp = dp;
+    tl->pp = pp;
+    tl->v = v;
+    tl->m = m;
+    tl->per_stage = 2 * m * v;
+    tl->max_buckets = cost->n_layers + 2 * v;
+    int *count = calloc((size_t)dp, sizeof *count);
+    if (!count)
+        return error_runtime(err, "pipeline", "out of memory");
+    for (int64_t i = 0; i < (int64_t)dp * m; i++)
+        if (p->mbs[i].replica >= 0 && p->mbs[i].replica < dp)
+            count[p->mbs[i].replica]++;
+    for (int r = 0; r < dp; r++)
+        if (count[r] != m) {
+            int have = count[r];
+            free(count);
+            return error_runtime(err, "pipeline", "step %lld: replica %d has %d micro-batches, not %d",
+                                 (long long)p->step + 1, r, have, m);
         }
-        max_tokens = k->tokens > max_tokens ? k->tokens : max_tokens;
+    free(count);
+    size_t passes = (size_t)dp * pp * tl->per_stage, ns = (size_t)pp * tl->max_buckets;
+    tl->breakdown = calloc((size_t)pp, sizeof *tl->breakdown);
+    tl->mb_index = malloc((size_t)dp * m * sizeof *tl->mb_index);
+    tl->p2p = calloc((size_t)dp * m, sizeof *tl->p2p);
+    tl->ops = malloc((size_t)pp * tl->per_stage * sizeof *tl->ops);
+    /* The per-pass arrays in one block, then the per-stage ones. */
+    double *all = calloc(5 * passes + 2 * (size_t)pp * v + 3 * ns + 5 * (size_t)pp, sizeof *all);
+    tl->n_buckets = calloc((size_t)pp, sizeof *tl->n_buckets);
+    if (!tl->breakdown || !tl->mb_index || !tl->p2p || !tl->ops || !all || !tl->n_buckets) {
+        free(all);
+        return error_runtime(err, "pipeline", "out of memory for the timeline of step %lld", (long long)p->step + 1);
     }
-    const PlanRank *k = &p->ranks[mb->first_rank + worst];
-    double layers = cost_chunk_layers(cost, g), prod, elem;
-    CostTpComm tp;
-    cost_linear_split(cost, k->tokens, backward, &prod, &elem);
-    cost_tp_comm_parts(cost, k->tokens, &tp);
-    /* Each direction is charged the mean of the two (cost_tp_comm_s). */
-    double tp_s = cost_tp_comm_s(cost, k->tokens), comm = backward ? k->comm_bwd_s : k->comm_fwd_s;
-    b->attention += layers * (backward ? k->attn_bwd_s : k->attn_fwd_s);
-    b->products += layers * prod;
-    b->elementwise += layers * elem;
-    b->tp_exposed += layers * (tp.fwd_exposed + tp.bwd_exposed) / 2;
-    b->tp_hidden += layers * tp.hidden / 2;
-    b->contention += layers * tp.contention / 2;
-    /* The rest of the exchange is CP's: exposed, and the contention of what ran beside the whole
-     * documents' attention. */
-    double cp_hidden = backward ? k->cp_hidden_bwd_s : k->cp_hidden_fwd_s;
-    double cp_contention = cost->hw.comm_sm_share * cp_hidden, cp_exposed = comm - tp_s - cp_contention;
-    b->cp_exposed += layers * (cp_exposed > 0 ? cp_exposed : 0);
-    b->cp_hidden += layers * cp_hidden;
-    b->contention += layers * cp_contention;
-    if (g == 0 && max_tokens > 0) {
-        double e, c;
-        cost_embed_split(cost, max_tokens, backward, &e, &c);
-        b->elementwise += e;
-        b->tp_exposed += c;
-    }
-    if (g == chunks - 1 && max_tokens > 0) {
-        double hp, he;
-        cost_head_split(cost, max_tokens, backward, &hp, &he);
-        b->products += hp;
-        b->elementwise += he;
-    }
+    double **cols[] = {&tl->pass_start, &tl->pass_end, &tl->msg_from, &tl->msg_shown, &tl->gather_shown};
+    for (size_t k = 0; k < 5; k++)
+        *cols[k] = all + k * passes;
+    tl->gather_from = all + 5 * passes;
+    tl->gather_to = tl->gather_from + (size_t)pp * v;
+    tl->bucket_from = tl->gather_to + (size_t)pp * v;
+    tl->bucket_to = tl->bucket_from + ns;
+    tl->bucket_params = tl->bucket_to + ns;
+    tl->passes_end = tl->bucket_params + ns;
+    tl->dp_exposed = tl->passes_end + pp;
+    tl->contention = tl->dp_exposed + pp;
+    tl->optimizer_from = tl->contention + pp;
+    tl->optimizer_to = tl->optimizer_from + pp;
+    for (int s = 0; s < pp; s++)
+        sched_stage_ops(s, pp, v, m, tl->ops + (size_t)s * tl->per_stage);
+    return step_simulate(p, cost, &tl->step_s, tl->breakdown, tl, err);
 }
 
-int sched_stage_busy(const StepPlan *p, const CostModel *cost, double *busy, Error *err)
+void sched_timeline_free(SchedTimeline *tl)
 {
-    int chunks = cost->pp * cost->v;
-    double *fwd = malloc((size_t)chunks * sizeof *fwd), *bwd = malloc((size_t)chunks * sizeof *bwd), p2p;
-    int rc = fwd && bwd ? 0 : error_runtime(err, "pipeline", "out of memory");
-    for (int64_t i = 0; rc == 0 && i < (int64_t)p->dp * p->m; i++) {
-        sched_micro_batch_times(p, &p->mbs[i], cost, fwd, bwd, &p2p);
-        for (int g = 0; g < chunks; g++)
-            busy[g % cost->pp] += fwd[g] + bwd[g];
-    }
-    free(fwd);
-    free(bwd);
-    return rc;
+    free(tl->breakdown);
+    free(tl->mb_index);
+    free(tl->p2p);
+    free(tl->ops);
+    free(tl->pass_start); /* the block of every double array */
+    free(tl->n_buckets);
+    memset(tl, 0, sizeof *tl);
 }
 
 static double mb_cost(const StepPlan *p, int64_t i) { return p->mbs[i].fwd_s + p->mbs[i].bwd_s; }

@@ -50,6 +50,11 @@ typedef struct SchedTrace {
     double *gather_beside;      /* seconds the all-gather ran beside its passes (the rest: while it
                                  * waited, for the gather or for its first input) */
     double *last_bwd_start, *last_bwd_end; /* per chunk: its last backward pass */
+    /* Per pass, at [s * 2 n_mb v + i] for stage s's i-th pass in sched_stage_ops order (the
+     * predicted timeline, plan_trace.h): when it starts and ends; when its incoming message began to
+     * move (-1: it has none) and the seconds of it the stage waited for; the seconds it waited for
+     * ZeRO-1's all-gather. */
+    double *pass_start, *pass_end, *msg_from, *msg_shown, *gather_shown;
 } SchedTrace;
 
 /* Where a pipeline stage's time goes in a step, in seconds: what it computes (products, attention,
@@ -87,6 +92,36 @@ int sched_simulate(const SchedReplica *r, double *makespan, const SchedTrace *tr
  * chunk 0 and the output layer and loss on the last chunk, for the most tokens a CP rank holds. */
 void sched_micro_batch_times(const StepPlan *p, const PlanMicroBatch *mb, const CostModel *cost, double *fwd,
                              double *bwd, double *p2p);
+
+/* One simulated step laid out in time, every rank's view of it, in seconds from the step's start:
+ * what sched_step_breakdown prices, pass by pass and collective by collective (the predicted
+ * timeline, plan_trace.h, draws it). Arrays by replica r < dp, stage s < pp, pass i < per_stage. */
+typedef struct SchedTimeline {
+    int dp, pp, v, m, per_stage;  /* per_stage: 2 m v passes */
+    double step_s;                /* the step's predicted time (sched_step_time) */
+    int slowest;                  /* the replica whose stages `breakdown` describes */
+    SchedBreakdown *breakdown;    /* [s]: sched_step_breakdown's figures for the step */
+    int64_t *mb_index;            /* [r * m + k]: the plan's index of replica r's k-th micro-batch */
+    double *p2p;                  /* [r * m + k]: seconds of its message between two stages */
+    SchedOp *ops;                 /* [s * per_stage + i]: stage s's passes in order */
+    /* [(r * pp + s) * per_stage + i], as SchedTrace's fields of the same names */
+    double *pass_start, *pass_end, *msg_from, *msg_shown, *gather_shown;
+    /* ZeRO-1's parameter all-gather of stage s's chunk c, [s * v + c] (0, 0 without ZeRO-1) */
+    double *gather_from, *gather_to;
+    /* The gradients' reduction over DP x CP of stage s: its buckets in the order they run,
+     * [s * max_buckets + j], j < n_buckets[s], each with its parameters */
+    int max_buckets;
+    int *n_buckets;
+    double *bucket_from, *bucket_to, *bucket_params;
+    /* [s]: when the stage's last pass ends (the latest over the replicas); the reduction's seconds
+     * past it (exposed); the computation slowed by the collectives beside it (contention, drawn
+     * after the reduction); the optimizer step */
+    double *passes_end, *dp_exposed, *contention, *optimizer_from, *optimizer_to;
+} SchedTimeline;
+
+/* Simulates step p and lays it out in *tl (sched_timeline_free frees it, also after an error). */
+int sched_step_timeline(const StepPlan *p, const CostModel *cost, SchedTimeline *tl, Error *err);
+void sched_timeline_free(SchedTimeline *tl);
 
 /* Predicted step time, in seconds: the slowest replica's makespan, ZeRO-1's all-gather and the
  * gradients' reduction over DP x CP included. */

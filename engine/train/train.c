@@ -44,6 +44,7 @@
 #include "engine/train/train_memory.h"
 #include "engine/train/train_runlock.h"
 #include "engine/train/train_stages.h"
+#include "engine/train/train_trace.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -314,9 +315,11 @@ static void format_duration(double s, char *buf, size_t size)
 
 /* One JSON object per step; loss and grad_norm with all their digits (a resumed run must match
  * bit for bit), and after an evaluation the validation loss likewise. */
-static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, int64_t skipped, double ms,
-                         double mem_predicted, int64_t batch, Error *err)
+static int write_metrics(FILE *f, const char *path, int64_t step, const TrainStats *st, const Trainer *tr,
+                         double ms, int64_t batch, Error *err)
 {
+    int64_t skipped = tr->skipped;
+    double mem_predicted = tr->mem_predicted;
     fprintf(f, "{\"step\":%lld,\"slowest_rank\":%d,\"slowest_compute_s\":%.6g,\"median_compute_s\":%.6g,"
                "\"slowest_predicted_s\":%.6g,\"loss\":%.17g,\"lr\":%.6g,\"grad_norm\":%.17g,\"tokens\":%lld,\"batch_fraction\":%.6g,"
                "\"tokens_per_s\":%.1f,"
@@ -330,6 +333,7 @@ static int write_metrics(FILE *f, const char *path, int64_t step, const TrainSta
             (long long)st->queued, st->token_delay_steps, (long long)st->delayed_tokens, (long long)skipped,
             (long long)st->attn_pairs, st->mem_used_gb, st->mem_peak_gb, mem_predicted / 1e9);
     trainer_write_mb_metrics(f, st); /* train_balance.c */
+    train_trace_write_metrics(f, tr); /* a traced step: the ranks' own busy, communication and idle seconds */
     if (st->evaluated) {
         fprintf(f, ",\"valid_loss\":%.17g,\"valid_tokens\":%lld,\"eval_ms\":%.2f", st->valid_loss,
                 (long long)st->valid_tokens, st->eval_s * 1e3);
@@ -527,38 +531,54 @@ static int train_loop(Trainer *tr, const Config *cfg, const Fault *fault, int64_
     for (int64_t step = done + 1; rc == 0 && stop->reason == STOP_NONE && step <= cfg->train.steps; step++) {
         double t0 = clock_seconds();
         TrainStats st;
+        train_trace_step_begin(tr, step);
         rc = inject_fault(fault, tr, step, err);
         if (rc == 0)
             rc = trainer_forward_backward(tr, &st, err);
         if (rc == 0)
             rc = trainer_stragglers(tr, step, &st, err);
+        double t_update = train_trace_compute_begin(tr);
         if (rc == 0)
             rc = trainer_update(tr, &st, err);
+        train_trace_compute_end(tr, "optimizer", t_update);
         if (rc == 0) {
             size_t free_b, total_b;
             tr->ops->memory(&free_b, &total_b);
             st.mem_used_gb = (double)(total_b - free_b) / 1e9;
             /* One all-reduce (MAX) a step: the stop votes and the most memory any rank held. */
-            double agreed[3];
+            /* ... and on a traced step every rank's own figures (train_trace.h). */
+            double votes[3], *agreed;
+            int n_votes;
+            agreed = train_trace_votes(tr, step, votes, &n_votes);
             stop_votes(stop, tr, agreed);
             agreed[2] = (double)tr->ops->peak_bytes() / 1e9;
-            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, agreed, 3, err);
+            train_trace_step_stop(tr, step, agreed + 3);
+            rc = comm_allreduce_max_f64(tr->comm, GROUP_WORLD, agreed, n_votes, err);
+            if (rc == 0)
+                rc = train_trace_step_end(tr, step, agreed + 3, err);
             st.mem_peak_gb = agreed[2];
             if (rc == 0 && step < cfg->train.steps) /* a stop in the last step changes nothing */
                 stop_decide(stop, agreed, step, done);
         }
+        double t_eval = train_trace_step_host_begin(tr, step);
         if (rc == 0)
             rc = maybe_evaluate(tr, cfg, step, &st, err);
+        if (st.evaluated)
+            train_trace_host_end(tr, "evaluation", t_eval);
         /* The step's time (its evaluation and checkpoint not in it), and rank 0's metrics line
          * written before the checkpoint: a job that dies after the save (a hang in the vote after it,
          * say) and is resumed from it keeps every step's line. */
         double ms = (clock_seconds() - t0 - st.eval_s) * 1e3;
         if (rc == 0 && lead && metrics)
-            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr->skipped, ms, tr->mem_predicted,
-                               cfg->data.global_batch_tokens, err);
+            rc = write_metrics(metrics, cfg->log.metrics, step, &st, tr, ms, cfg->data.global_batch_tokens, err);
+        if (rc == 0)
+            rc = train_trace_step_predicted(tr, step, err); /* outside the step's time */
         int saved = 0;
+        double t_save = train_trace_step_host_begin(tr, step);
         if (rc == 0)
             rc = maybe_save(tr, cfg, step, stop->reason != STOP_NONE, &saved, err);
+        if (saved)
+            train_trace_host_end(tr, "checkpoint", t_save);
         if (rc == 0 && saved && stop->reason == STOP_NONE && step < cfg->train.steps) {
             /* A signal that came during the save (Slurm's SIGTERM, say): the checkpoint in hand is
              * this step's, so the run stops now instead of training one more step and saving again
@@ -723,6 +743,8 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     int64_t done = 0;
     int rc = trainer_init(&tr, cfg, &comm, err);
     tr.mem_predicted = mem_predicted;
+    if (rc == 0)
+        rc = train_trace_open(&tr, err); /* trace.steps: the measured timelines (train_trace.h) */
     if (rc == 0 && tr.lay.rank == 0) {
         print_banner(&tr, cfg);
         check_warmup(cfg, 1, err); /* the warning only: an error was returned before */
@@ -738,6 +760,11 @@ int trainer_run(Config *cfg, int *exit_status, Error *err)
     if (rc == 0) {
         tr.updates_at_start = tr.chunks[0].optim.step;
         rc = train_loop(&tr, cfg, &fault, done, &stop, err);
+    }
+    Error trace_err = {0};
+    if (train_trace_close(&tr, &trace_err) != 0 && rc == 0) {
+        *err = trace_err;
+        rc = -1;
     }
     if (rc != 0 && comm_world_size(&comm) > 1) {
         /* Alone, this rank would leave the others waiting in their next collective. */

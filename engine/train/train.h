@@ -198,6 +198,7 @@ typedef struct Trainer {
     uint32_t fault_plan;
     int fault_nan, fault_kill_in_save, fault_signal_in_save;
     double fault_stall_after_save; /* rank 0: seconds slept once a save is complete, before pruning */
+    struct TrainTrace *trace; /* trace.steps: the measured timeline (train_trace.h); NULL: none */
 } Trainer;
 
 /* Sets up a rank of the job described by comm's layout: data, planner, model chunks (initialised

@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "engine/train/train.h"
+#include "engine/train/train_trace.h"
 #include "util/clock.h"
 
 static int message_tag(const Trainer *tr, int k, int g, int backward)
@@ -163,8 +164,11 @@ static int build_inputs(Trainer *tr, const PassRun *run, int k, Error *err)
     if (run->built[k])
         return 0;
     run->built[k] = 1;
-    return batch_build(&tr->batches[k], run->plan, tr->mb_index[k], tr->lay.cp_rank, run->data,
-                       tr->chunks[0].model.dims.vocab, &tr->inputs[k], err);
+    double t0 = train_trace_host_begin(tr);
+    int rc = batch_build(&tr->batches[k], run->plan, tr->mb_index[k], tr->lay.cp_rank, run->data,
+                         tr->chunks[0].model.dims.vocab, &tr->inputs[k], err);
+    train_trace_host_end(tr, "data", t0);
+    return rc;
 }
 
 /* The compute time of pass i of the schedule (its micro-batch k), communication excluded. A backend
@@ -277,10 +281,12 @@ static int run_forward(Trainer *tr, const PassRun *run, int i, int k, int c, Err
     if (by_position && reserve_row_loss(run->pos, b->T, err) != 0)
         return -1;
     b->row_loss = by_position ? run->pos->row_loss : NULL;
+    double traced = train_trace_compute_begin(tr);
     int rc = model_forward(m, slot, b, h_in, run->train, run->dloss, &loss, err);
     b->row_loss = NULL;
     if (rc != 0)
         return -1;
+    train_trace_pass_end(tr, run->train ? "forward" : "eval_forward", run->plan, i, k, c, traced);
     if (by_position)
         add_by_position(tr, run, k);
     if (run->train) {
@@ -315,10 +321,12 @@ static int run_backward(Trainer *tr, int i, int k, int c, Error *err)
     /* The chunk's last backward: each layer's gradients are final once it is done. */
     m->grads_ready = i == ch->last_backward ? trainer_layer_grads_ready : NULL;
     m->grads_ready_ctx = tr;
+    double traced = train_trace_compute_begin(tr);
     int rc = model_backward(m, slot, b, dh_out, err);
     m->grads_ready = NULL;
     if (rc != 0)
         return -1;
+    train_trace_pass_end(tr, "backward", &tr->plan, i, k, c, traced);
     pass_end(tr, m, i, k, t0, comm0);
     ch->slot_busy[slot] = 0;
     ch->slot_of[k] = -1;
@@ -433,7 +441,11 @@ int trainer_forward_eval(Trainer *tr, const StepPlan *plan, const DataSources *d
 int trainer_forward_backward(Trainer *tr, TrainStats *st, Error *err)
 {
     memset(st, 0, sizeof *st);
-    if (plan_step(&tr->planner, &tr->plan, err) != 0 || trainer_check_plan(tr, &tr->plan, tr->fault_plan, err) != 0)
+    double t0 = train_trace_host_begin(tr);
+    if (plan_step(&tr->planner, &tr->plan, err) != 0)
+        return -1;
+    train_trace_host_end(tr, "plan", t0);
+    if (trainer_check_plan(tr, &tr->plan, tr->fault_plan, err) != 0)
         return -1;
     return trainer_run_plan(tr, st, err);
 }
@@ -506,5 +518,8 @@ int trainer_run_plan(Trainer *tr, TrainStats *st, Error *err)
     st->token_delay_steps = tr->plan.tokens > 0 ? tr->plan.delay_token_steps / (double)tr->plan.tokens : 0;
     st->delayed_tokens = tr->plan.delayed_tokens;
     st->attn_pairs = (int64_t)plan_attn_pairs(&tr->plan); /* exact: far below 2^53 a step */
-    return trainer_reduce_grads(tr, err);
+    double t0 = train_trace_host_begin(tr);
+    rc = trainer_reduce_grads(tr, err);
+    train_trace_host_end(tr, "grad_reduce", t0);
+    return rc;
 }
