@@ -14,8 +14,9 @@ uninterrupted run's (mpirun, the same steps): loss, lr and grad_norm of every st
   - a hang under srun (one-node.sbatch) and under mpirun (multi-node-mpirun.sbatch): the test
     SIGSTOPs rank 1 once step 3 is logged (parallel.timeout_s 3, a checkpoint every 2 steps); the
     watchdog ends the job with 76, the script requeues it, and it resumes and finishes;
-  - a plain `scancel` of a running job (multi-node.sbatch): the job ends CANCELLED and is still
-    cancelled (not pending, no restart) after longer than a requeue's wait;
+  - a plain `scancel` of a running job (multi-node.sbatch): the ranks stop with a checkpoint, and the
+    job ends CANCELLED and is still cancelled (not pending, no restart) after longer than a
+    requeue's wait;
   - a job that hangs on every start (WLBTRAIN_FAULT=hang@1:1, WLB_MAX_REQUEUES=1,
     multi-node-mpirun.sbatch): requeued once, then not again: FAILED, with the script's message.
 And without Slurm: every script asks for SIGUSR1 before the time limit, allows requeueing and runs
@@ -309,6 +310,8 @@ def test_scancel(fx):
           % (info.get("JobState"), REQUEUE_WAIT_S + 4))
     check(info.get("Restarts") == "0", "%s restarts, expected 0" % info.get("Restarts"))
     check("requeueing" not in out, "the script requeued a cancelled job")
+    check("stop: SIGUSR1 received; stopped after step" in out and
+          os.path.exists(os.path.join(fx["work"], "ck-scancel", "latest")), "no checkpoint of the cancelled job")
 
 
 def test_requeue_loop(fx):
