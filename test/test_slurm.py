@@ -26,6 +26,7 @@ Needs root and Slurm (scripts/install-deps.sh test installs slurmctld, slurmd, s
 where it runs as root): otherwise the Slurm tests skip, saying why (under CI a missing Slurm fails).
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
+import atexit
 import json
 import os
 import re
@@ -252,6 +253,9 @@ def setup():
             del env[k]
     fx = {"work": work, "cluster": cluster, "env": env, "jobs": {}, "refs": {}, "t0": time.time(), "info": {},
           "acts": {}}
+    # The daemons are stopped however the test ends (a timeout's SIGTERM included).
+    atexit.register(run, [os.path.join(REPO, "scripts", "slurm", "local-cluster.sh"), "stop", cluster], env)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     r = run([os.path.join(REPO, "scripts", "slurm", "local-cluster.sh"), "start", cluster], env)
     if r.returncode != 0:
         teardown(fx)
