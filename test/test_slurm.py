@@ -253,12 +253,11 @@ def setup():
             del env[k]
     fx = {"work": work, "cluster": cluster, "env": env, "jobs": {}, "refs": {}, "t0": time.time(), "info": {},
           "acts": {}}
-    # The daemons are stopped however the test ends (a timeout's SIGTERM included).
-    atexit.register(run, [os.path.join(REPO, "scripts", "slurm", "local-cluster.sh"), "stop", cluster], env)
+    # The jobs cancelled and the daemons stopped however the test ends (a timeout's SIGTERM included).
+    atexit.register(teardown, fx)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     r = run([os.path.join(REPO, "scripts", "slurm", "local-cluster.sh"), "start", cluster], env)
     if r.returncode != 0:
-        teardown(fx)
         raise AssertionError("local-cluster.sh start failed:\n" + r.stdout)
     text = os.path.join(work, "doc.txt")
     with open(text, "w") as f:
@@ -276,8 +275,15 @@ def setup():
 
 
 def teardown(fx):
+    if fx.get("down"):
+        return
+    fx["down"] = True
     if fx["jobs"]:
         run(["scancel"] + [str(j) for j in fx["jobs"].values()], fx["env"])
+        # their processes gone before slurmd is (KillWait 5 s)
+        t0 = time.time()
+        while time.time() - t0 < 15 and any(job_info(fx, j).get("JobState") not in FINAL for j in fx["jobs"].values()):
+            time.sleep(0.25)
     run([os.path.join(REPO, "scripts", "slurm", "local-cluster.sh"), "stop", fx["cluster"]], fx["env"])
     comment("the Slurm jobs took %.0f s (cluster start to stop)" % (time.time() - fx["t0"]))
     shutil.rmtree(fx["work"], ignore_errors=True)
