@@ -8,8 +8,9 @@ Two training jobs (mpirun, 2 ranks each, a tiny model) on one checkpoint.dir:
   - staggered (the second once the first has logged a step): the same, the second refused.
 WLB_RUN_FOLDER_TRIALS (default 2) sets the trials of each (scripts/run-folder-trials.sh runs 20).
 log.metrics: a run given another run's file (marked LOG.owner by a run with another checkpoint.dir:
-fresh, resuming its own folder, without checkpoint.dir) exits 2 and leaves the file as it was; a
-run resumed in its own folder appends to its own file; an unmarked file (a copy) is taken. Free space: a
+fresh, and resuming its own folder) exits 2 and leaves the file as it was; a run resumed in its own
+folder appends to its own file; an unmarked file (a copy) is taken; a run without checkpoint.dir is
+refused the file of a run that is running, and replaces it once that run has ended. Free space: a
 checkpoint.dir on a 256 KiB tmpfs, less than one checkpoint of the model (root only: mount).
 
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
@@ -146,24 +147,37 @@ def test_metrics_of_another_run(fx):
     ref_dir = os.path.realpath(os.path.join(work, "ck-ref"))
     check(open(other + ".owner").read() == "checkpoint.dir %s\n" % ref_dir, "ref.jsonl.owner does not name ck-ref")
     refusal = ("wlbtrain: error: log.metrics: ref.jsonl holds 8 lines (steps 1 to 8) of another run: ref.jsonl.owner "
-               "says it is the log of the run in %s%s; this run would cut or replace them. Give a new log.metrics, or "
+               "says it is the log of the run in %s; this run would cut or replace them. Give a new log.metrics, or "
                "remove ref.jsonl to start it afresh (or remove ref.jsonl.owner to make it this run's)")
     # A fresh run given another run's file.
     rc, out = finish(start(fx, "ck-m1", "ref.jsonl", more=["--set", "train.steps=2"]))
     check(rc == 2, "fresh run: exit %s, expected 2\n%s" % (rc, out[-1500:]))
-    check(refusal % (ref_dir, "") in out, out[-1500:])
+    check(refusal % ref_dir in out, out[-1500:])
     # A run resuming its own folder (stopped after step 4) given another run's file.
     rc, out = finish(start(fx, "ck-m2", "m2.jsonl", more=["--set", "train.stop_after=4"]))
     check(rc == 0, out[-1500:])
     rc, out = finish(start(fx, "ck-m2", "ref.jsonl", more=["--set", "checkpoint.resume=auto"]))
     check(rc == 2, "resumed run: exit %s, expected 2\n%s" % (rc, out[-1500:]))
-    check(refusal % (ref_dir, "") in out, out[-1500:])
-    # A run without checkpoint.dir given it.
-    r = subprocess.run(["mpirun", "-np", "2", WLBTRAIN, "--config", "tiny.yaml", "--set", "log.metrics=ref.jsonl",
-                        "--set", "train.steps=2", "--set", "checkpoint.every=0"], cwd=work, env=env(),
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
-    check(r.returncode == 2 and refusal % (ref_dir, " (this run has no checkpoint.dir)") in r.stdout, r.stdout[-1500:])
+    check(refusal % ref_dir in out, out[-1500:])
     check(open(other).read() == before, "the other run's log.metrics changed")
+    # A run without checkpoint.dir given the file of a run that is running now: refused, the file kept;
+    # once that run has ended, replaced (such a run can neither resume nor mark its file).
+    p = start(fx, "ck-m4", "m4.jsonl", delay="1.0")  # 8 s: running while the other starts
+    t1 = time.time()
+    while p.poll() is None and time.time() - t1 < 120 and not os.path.exists(os.path.join(work, "m4.jsonl.owner")):
+        time.sleep(0.02)
+    plain = ["mpirun", "-np", "2", WLBTRAIN, "--config", "tiny.yaml", "--set", "log.metrics=m4.jsonl", "--set",
+             "train.steps=2", "--set", "checkpoint.every=0"]
+    r = subprocess.run(plain, cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, timeout=300)
+    rc, out = finish(p)
+    check(rc == 0, out[-1500:])
+    check(r.returncode == 2 and "of another run, running now: m4.jsonl.owner says it is the log of the run in %s;"
+          % os.path.realpath(os.path.join(work, "ck-m4")) in r.stdout, r.stdout[-1500:])
+    check(losses(os.path.join(work, "m4.jsonl")) == fx["ref"], "the running run's log.metrics was changed")
+    r = subprocess.run(plain, cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, timeout=300)
+    check(r.returncode == 0 and [x[0] for x in losses(os.path.join(work, "m4.jsonl"))] == [1, 2], r.stdout[-1500:])
     # Its own file: resumed and appended to, the whole run's lines.
     rc, out = finish(start(fx, "ck-m2", "m2.jsonl", more=["--set", "checkpoint.resume=auto"]))
     check(rc == 0, out[-1500:])

@@ -14,8 +14,9 @@ uninterrupted run's (mpirun, the same steps): loss, lr and grad_norm of every st
   - a hang under srun (one-node.sbatch) and under mpirun (multi-node-mpirun.sbatch): the test
     SIGSTOPs rank 1 once step 3 is logged (parallel.timeout_s 3, a checkpoint every 2 steps); the
     watchdog ends the job with 76, the script requeues it, and it resumes and finishes;
-  - a plain `scancel` of a running job (multi-node.sbatch): the job ends CANCELLED and is still
-    cancelled (not pending, no restart) after longer than a requeue's wait;
+  - a plain `scancel` of a running job (multi-node.sbatch): the ranks stop with a checkpoint, and the
+    job ends CANCELLED and is still cancelled (not pending, no restart) after longer than a
+    requeue's wait;
   - a job that hangs on every start (WLBTRAIN_FAULT=hang@1:1, WLB_MAX_REQUEUES=1,
     multi-node-mpirun.sbatch): requeued once, then not again: FAILED, with the script's message.
 And without Slurm: every script asks for SIGUSR1 before the time limit, allows requeueing and runs
@@ -25,6 +26,7 @@ Needs root and Slurm (scripts/install-deps.sh test installs slurmctld, slurmd, s
 where it runs as root): otherwise the Slurm tests skip, saying why (under CI a missing Slurm fails).
 Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
+import atexit
 import json
 import os
 import re
@@ -251,9 +253,11 @@ def setup():
             del env[k]
     fx = {"work": work, "cluster": cluster, "env": env, "jobs": {}, "refs": {}, "t0": time.time(), "info": {},
           "acts": {}}
+    # The jobs cancelled and the daemons stopped however the test ends (a timeout's SIGTERM included).
+    atexit.register(teardown, fx)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     r = run([os.path.join(REPO, "scripts", "slurm", "local-cluster.sh"), "start", cluster], env)
     if r.returncode != 0:
-        teardown(fx)
         raise AssertionError("local-cluster.sh start failed:\n" + r.stdout)
     text = os.path.join(work, "doc.txt")
     with open(text, "w") as f:
@@ -271,8 +275,15 @@ def setup():
 
 
 def teardown(fx):
+    if fx.get("down"):
+        return
+    fx["down"] = True
     if fx["jobs"]:
         run(["scancel"] + [str(j) for j in fx["jobs"].values()], fx["env"])
+        # their processes gone before slurmd is (KillWait 5 s)
+        t0 = time.time()
+        while time.time() - t0 < 15 and any(job_info(fx, j).get("JobState") not in FINAL for j in fx["jobs"].values()):
+            time.sleep(0.25)
     run([os.path.join(REPO, "scripts", "slurm", "local-cluster.sh"), "stop", fx["cluster"]], fx["env"])
     comment("the Slurm jobs took %.0f s (cluster start to stop)" % (time.time() - fx["t0"]))
     shutil.rmtree(fx["work"], ignore_errors=True)
@@ -309,6 +320,9 @@ def test_scancel(fx):
           % (info.get("JobState"), REQUEUE_WAIT_S + 4))
     check(info.get("Restarts") == "0", "%s restarts, expected 0" % info.get("Restarts"))
     check("requeueing" not in out, "the script requeued a cancelled job")
+    # the ranks' stop signal: the script's SIGUSR1, or Slurm's own SIGTERM to the step, whichever came first
+    check(re.search(r"^stop: SIG(USR1|TERM) received; stopped after step", out, re.M) and
+          os.path.exists(os.path.join(fx["work"], "ck-scancel", "latest")), "no checkpoint of the cancelled job")
 
 
 def test_requeue_loop(fx):

@@ -124,24 +124,34 @@ static int check_metrics(const Config *cfg, Error *err)
     if (!path)
         return 0;
     long long lines, first, last, n, a, b;
-    if (read_lines(path, &lines, &first, &last, NULL, err) != 0)
-        return -1;
-    if (lines == 0)
-        return 0;
     char *owner = owner_path(path), *holder = NULL, *me = NULL;
     if (!owner)
         return error_runtime(err, path, "out of memory");
-    int rc = read_lines(owner, &n, &a, &b, &holder, err);
+    int rc = read_lines(path, &lines, &first, &last, NULL, err);
+    if (rc == 0)
+        rc = read_lines(owner, &n, &a, &b, &holder, err);
     if (rc == 0)
         rc = run_identity(cfg, &me, err);
     const char *prefix = "checkpoint.dir ";
     const char *named = holder && strncmp(holder, prefix, strlen(prefix)) == 0 ? holder + strlen(prefix) : holder;
-    if (rc == 0 && holder && !(me && strcmp(named, me) == 0))
-        rc = error_set(err, "log.metrics", "%s holds %lld line%s (steps %lld to %lld) of another run: %s says it is the "
-                       "log of the run in %s%s; this run would cut or replace them. Give a new log.metrics, or "
-                       "remove %s to start it afresh (or remove %s to make it this run's)", path, lines,
-                       lines == 1 ? "" : "s", first, last, owner, named,
-                       me ? "" : " (this run has no checkpoint.dir)", path, owner);
+    if (rc == 0 && holder && !(me && strcmp(named, me) == 0)) {
+        /* Marked by another run: refused when it has lines to lose, or when that run is running now
+         * (its folder's lock held) and would go on writing; a run without checkpoint.dir replaces a
+         * finished run's file as it always did. */
+        Error held = {0};
+        int running = runlock_check(named, "", RUNLOCK_STALE_S, &held) != 0;
+        char what[96];
+        if (lines > 0)
+            snprintf(what, sizeof what, "holds %lld line%s (steps %lld to %lld)", lines, lines == 1 ? "" : "s", first,
+                     last);
+        else
+            snprintf(what, sizeof what, "is empty so far");
+        if (running || (lines > 0 && me))
+            rc = error_set(err, "log.metrics", "%s %s of another run%s: %s says it is the log of the run in %s; this run "
+                           "would cut or replace them. Give a new log.metrics, or remove %s to start it afresh (or "
+                           "remove %s to make it this run's)", path, what, running ? ", running now" : "", owner, named,
+                           path, owner);
+    }
     free(owner);
     free(holder);
     free(me);

@@ -14,7 +14,9 @@
  * a file of a run without checkpoint.dir or of an older wlbtrain): it goes on as before - cut after
  * the resumed step and appended to, or replaced by a run from step 1. A log.metrics marked with
  * another checkpoint.dir (another run's) is refused with exit 2 and left as it is: give a new path,
- * or remove LOG.owner to make it this run's.
+ * or remove LOG.owner to make it this run's. A run without checkpoint.dir (it can neither resume nor
+ * mark) replaces its log.metrics as it always did, unless the run that marked it is running now
+ * (that folder's lock is held).
  *
  * The lock is released at the end of a run that returns (exit 0, or 75 after a stop signal: the
  * requeued job, or a user's new job, takes it at once); a job ended by the watchdog (76) or killed
