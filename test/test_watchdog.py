@@ -2,7 +2,7 @@
 """test/test_watchdog.py - the collective watchdog and its flight recorder (docs/slurm.md, "Hangs").
 
 4 ranks under mpirun, the tiny model, parallel.timeout_s 3 (small, so that the suite stays quick; a
-cluster's default is 600; 8 for an ASan build), a checkpoint every 2 steps. One rank stops answering at the start of
+cluster's default is 600; 20 for an ASan build), a checkpoint every 2 steps. One rank stops answering at the start of
 step 3 (WLBTRAIN_FAULT=hang@RANK:3 raises SIGSTOP in it, or the test sends SIGSTOP to its pid): the
 others wait in their next collective, their watchdogs find no collective finished for 3 s, write
 their flight recorder and end the job.
@@ -46,9 +46,9 @@ from taplib import Skip, check, comment, run_tests  # noqa: E402
 
 HANG = 76
 PREEMPTED = 75
-# 3 s; 8 s for an ASan build, whose 4 processes take longer than 3 s in MPI_Init on a loaded machine - which
-# the watchdog, covering MPI_Init, rightly calls a hang. Every check is relative to it.
-TIMEOUT = 8 if "/asan/" in WLBTRAIN else 3
+# 3 s; 20 s for an ASan build, whose 4 processes took 3 to more than 8 s in MPI_Init on this loaded machine
+# - which the watchdog, covering MPI_Init, rightly calls a hang. Every check is relative to it.
+TIMEOUT = 20 if "/asan/" in WLBTRAIN else 3
 STEPS = 8
 
 CONFIG = """model: {n_layers: 2, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 260,
@@ -276,11 +276,14 @@ def test_hang_in_mpi_init(fx):
     check(took <= TIMEOUT + 10, "init: the job ended %.1f s after its start (timeout %d s + 10)" % (took, TIMEOUT))
 
 
-def test_hang_in_mpi_finalize(fx):
-    # rank 1 stopped after the final barrier, before MPI_Finalize: the others wait in MPI_Finalize, after
-    # every checkpoint; the job still ends 76 and the records name rank 1
-    r, took = run(fx, "fin", [], fault="hang@1:finalize")
-    check_hang(fx, r, took, "fin", 1, "MPI_Finalize on world 0", asked=False)
+def test_hang_at_end(fx):
+    # rank 1 stopped after its last checkpoint, before the final barrier: the others wait in the barrier (the
+    # bounded end: MPI_Finalize follows it), ask each other and name rank 1, and so do the records; exit 76.
+    # (hang@1:finalize, a stop between the barrier and MPI_Finalize, leaves the others in MPI_Finalize's
+    # fence: they end 76 and name rank 1 as well, but Open MPI 4.1's mpirun then hung or crashed in 2 of
+    # ~14 runs after every rank had gone - so not in the suite; docs/slurm.md)
+    r, took = run(fx, "fin", [], fault="hang@1:end")
+    check_hang(fx, r, took, "fin", 1, "final_barrier on world 0")
     check(len(metrics(fx, "fin")) == STEPS, "fin: %d steps logged, expected all %d" % (len(metrics(fx, "fin")), STEPS))
 
 
@@ -388,7 +391,7 @@ TESTS = [("SIGSTOP of rank 2 of dp 4: exit 76 within timeout + 10 s, the collect
          ("dp 4, rank 0 stopped: exit 76, rank 1 names rank 0", test_hang_rank0),
          ("rank 2 stopped before MPI_Init: exit 76 within timeout + 10 s, MPI_Init and rank 2 named",
           test_hang_in_mpi_init),
-         ("rank 1 stopped before MPI_Finalize, after the last checkpoint: exit 76, rank 1 named", test_hang_in_mpi_finalize),
+         ("rank 1 stopped after the last checkpoint, before the final barrier: exit 76, rank 1 named", test_hang_at_end),
          ("checkpoint.dir none, rank 3 stopped after its last step: the waiting ranks name it, exit 76",
           test_hang_at_end_without_folder),
          ("a second hang after the requeue (rank 1, in setup): rank 1 named, the first hang's records kept aside",

@@ -378,11 +378,13 @@ static void end_rank_async(const char *why)
 static void end_rank(int hang, const Flight *f, double waited)
 {
     double now = clock_seconds();
-    /* This process stood still longer than the timeout (SIGSTOP, then the launcher's SIGCONT as it
-     * ends the job): the others have timed out waiting for it, written their records and named it.
-     * A record of its own, written now, would describe the job after their end and change what
-     * `wlbtrain inspect` reads from the folder: none is written. */
-    if (rec.stood_still > 0) {
+    /* This process stood still longer than the timeout (SIGSTOP, then the launcher's SIGCONT and
+     * SIGTERM as it ends the job: the stop flag): the others have timed out waiting for it, written
+     * their records and named it. A record of its own, written now, would describe the job after
+     * their end and change what `wlbtrain inspect` reads from the folder: none is written. A hang
+     * found a whole timeout after the gap is this rank's own wait (it was starved, and the job went
+     * on without ending): reported as any. */
+    if (rec.stood_still > 0 && !hang) {
         fflush(stdout);
         fprintf(stderr, "wlbtrain: error: rank %d: this process stood still for %.0f s (stopped or starved), longer "
                 "than parallel.timeout_s: the other ranks' flight records describe the hang; it writes none\n",
