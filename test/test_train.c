@@ -292,8 +292,8 @@ static void test_errors(void **state)
     setenv("WLBTRAIN_FAULT", "crash@0:1", 1);
     RUN(&r, "--config", cfg);
     unsetenv("WLBTRAIN_FAULT");
-    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan, savekill, savesignal, hang, slow, stall "
-                          "or exit)");
+    test_assert_error(&r, "WLBTRAIN_FAULT: unknown fault 'crash' (error, kill, plan, nan, savekill, savesignal, hang, slow, stall, "
+                          "exit or savestall)");
     test_cmd_free(&r);
     /* The communication hooks' variables (engine/comm/comm.h): a malformed one is bad input. */
     setenv("WLB_COMM_LINK", "50", 1);
