@@ -8,7 +8,10 @@ why; with CI set (CI=1, CI=true) it makes them fail instead, since CI must run t
 import_module() and import_numpy() return the module or that exception (Skip or Missing), for the
 tests to raise in each case.
 """
+import json
 import os
+import random
+import subprocess
 import sys
 import traceback
 
@@ -108,3 +111,19 @@ def run_tests(tests, setup, teardown=None, first=1, plan=True):
     if fx is not None and teardown:
         teardown(fx)
     return 1 if failed else 0
+
+
+def tiny_corpus(wlbtrain, folder, seed, docs=300):
+    """A small byte-level data set FOLDER/docs (.idx + .bin) for the multi-rank tests: `docs` documents
+    of 3 to 80 words drawn with `seed`, made by `wlbtrain convert`. Returns its prefix."""
+    rng = random.Random(seed)
+    text = os.path.join(folder, "docs.jsonl")
+    with open(text, "w") as f:
+        for _ in range(docs):
+            n = rng.choice([3, 10, 30, 80])
+            f.write(json.dumps({"text": " ".join("w%d" % rng.randint(0, 50) for _ in range(n))}) + "\n")
+    prefix = os.path.join(folder, "docs")
+    r = subprocess.run([wlbtrain, "convert", "--quiet", "--out", prefix, text],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    check(r.returncode == 0, r.stdout)
+    return prefix

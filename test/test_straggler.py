@@ -16,7 +16,6 @@ Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -30,7 +29,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 WLBTRAIN = os.path.abspath(os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain"))
 
-from taplib import Skip, check, comment, run_tests  # noqa: E402
+from taplib import Skip, check, comment, run_tests, tiny_corpus  # noqa: E402
 
 CONFIG = """model: {n_layers: 2, d_model: 32, n_heads: 4, n_kv_heads: 2, d_ffn: 64, vocab_size: 260,
         rope_theta: 10000, norm_eps: 1.0e-5, tie_embeddings: false, max_seq_len: 256}
@@ -182,15 +181,7 @@ def setup():
         raise Skip("no mpirun")
     fx = Fx()
     fx.dir = tempfile.mkdtemp(prefix="wlbstraggler-")
-    rng = random.Random(5)
-    with open(os.path.join(fx.dir, "docs.jsonl"), "w") as f:
-        for _ in range(300):
-            n = rng.choice([3, 10, 30, 80])
-            f.write(json.dumps({"text": " ".join("w%d" % rng.randint(0, 50) for _ in range(n))}) + "\n")
-    prefix = os.path.join(fx.dir, "docs")
-    r = subprocess.run([WLBTRAIN, "convert", "--quiet", "--out", prefix, os.path.join(fx.dir, "docs.jsonl")],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    check(r.returncode == 0, r.stdout)
+    prefix = tiny_corpus(WLBTRAIN, fx.dir, 5)
     fx.cfg = os.path.join(fx.dir, "tiny.yaml")
     with open(fx.cfg, "w") as f:
         f.write(CONFIG % {"prefix": prefix, "steps": 10})

@@ -28,7 +28,6 @@ Environment: WLBTRAIN (default ./wlbtrain). Output: TAP.
 """
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -42,7 +41,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 WLBTRAIN = os.path.abspath(os.environ.get("WLBTRAIN") or os.path.join(REPO, "wlbtrain"))
 
-from taplib import Skip, check, comment, run_tests  # noqa: E402
+from taplib import Skip, check, comment, run_tests, tiny_corpus  # noqa: E402
 
 HANG = 76
 PREEMPTED = 75
@@ -365,15 +364,7 @@ def setup():
         raise Skip("no mpirun")
     fx = Fx()
     fx.dir = tempfile.mkdtemp(prefix="wlbwatchdog-")
-    rng = random.Random(3)
-    with open(os.path.join(fx.dir, "docs.jsonl"), "w") as f:
-        for _ in range(300):
-            n = rng.choice([3, 10, 30, 80])
-            f.write(json.dumps({"text": " ".join("w%d" % rng.randint(0, 50) for _ in range(n))}) + "\n")
-    prefix = os.path.join(fx.dir, "docs")
-    r = subprocess.run([WLBTRAIN, "convert", "--quiet", "--out", prefix, os.path.join(fx.dir, "docs.jsonl")],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    check(r.returncode == 0, r.stdout)
+    prefix = tiny_corpus(WLBTRAIN, fx.dir, 3)
     fx.cfg = os.path.join(fx.dir, "tiny.yaml")
     with open(fx.cfg, "w") as f:
         f.write(CONFIG % {"prefix": prefix, "steps": STEPS, "timeout": TIMEOUT})
