@@ -4,7 +4,7 @@
  * 1 a trace written and read back as JSON (jansson): the header (schemaVersion, distributedInfo's
  *   backend, rank and world size, deviceProperties, baseTimeNanoseconds), every span with its
  *   category, name, pid, tid, microsecond start and duration (three decimals), and arguments of each
- *   kind (strings with quotes, backslashes and control characters escaped); flows and the metadata
+ *   kind (strings with quotes, backslashes and control characters escaped); the metadata
  *   events; distributedInfo before traceEvents and "rank": with a space (HTA's regular expression).
  * 2 recording from several threads at once loses no event, and trace_busy_us sums one thread's spans.
  * 3 a folder that does not exist: an Error naming the path, nothing written.
@@ -44,9 +44,7 @@ static void test_round_trip(void **state)
     trace_arg_str(&a, "note", "a \"quoted\" \\ name\n");
     trace_span(t, "kernel", "forward", 0, 7, 1234.5675, 10.0004, &a);
     trace_span(t, "user_annotation", "ProfilerStep#2", 0, 1, 1000, 500, NULL);
-    trace_flow(t, 's', "ac2g", "launch", 1000000001, 0, 1, 1200);
-    trace_flow(t, 'f', "ac2g", "launch", 1000000001, 0, 7, 1234.6);
-    assert_int_equal(trace_event_count(t), 9); /* process: 3 metadata events, thread: 2, 2 spans, 2 flows */
+    assert_int_equal(trace_event_count(t), 7); /* process: 3 metadata events, thread: 2, 2 spans */
     Error err = {0};
     assert_int_equal(trace_write(t, path, &err), 0);
     trace_free(t);
@@ -70,8 +68,8 @@ static void test_round_trip(void **state)
     assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(root, "deviceProperties"), 0), "name")), "cpu");
     assert_true(json_integer_value(json_object_get(root, "baseTimeNanoseconds")) == 1795000000000000000LL);
     json_t *ev = json_object_get(root, "traceEvents");
-    assert_int_equal(json_array_size(ev), 9);
-    int spans = 0, flows = 0, meta = 0;
+    assert_int_equal(json_array_size(ev), 7);
+    int spans = 0, meta = 0;
     for (size_t i = 0; i < json_array_size(ev); i++) {
         json_t *e = json_array_get(ev, i);
         const char *ph = json_string_value(json_object_get(e, "ph"));
@@ -89,16 +87,12 @@ static void test_round_trip(void **state)
                 assert_float_equal(json_number_value(json_object_get(args, "predicted_us")), 12.5, 0);
                 assert_string_equal(json_string_value(json_object_get(args, "note")), "a \"quoted\" \\ name\n");
             }
-        } else if (strcmp(ph, "s") == 0 || strcmp(ph, "f") == 0) {
-            flows++;
-            assert_int_equal(json_integer_value(json_object_get(e, "id")), 1000000001);
         } else {
             assert_string_equal(ph, "M");
             meta++;
         }
     }
     assert_int_equal(spans, 2);
-    assert_int_equal(flows, 2);
     assert_int_equal(meta, 5);
     json_decref(root);
     free(text);

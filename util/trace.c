@@ -10,13 +10,12 @@
 #include "util/fileio.h"
 
 typedef struct TraceEvent {
-    char phase;            /* 'X', 's', 'f', or 'M' */
+    char phase;            /* 'X' or 'M' */
     const char *cat;       /* in the arena */
     const char *name;      /* in the arena */
     int pid;
     int64_t tid;
     double ts, dur;        /* microseconds */
-    int64_t id;            /* a flow's id */
     int sort_index;        /* 'M': the sort index, or -1 */
     int n_args;
     TraceArg *args;        /* n_args of them in the arena (an event stays small: most have few), string
@@ -196,14 +195,6 @@ void trace_span(Trace *t, const char *cat, const char *name, int pid, int64_t ti
     add(t, &e, args);
 }
 
-void trace_flow(Trace *t, char phase, const char *cat, const char *name, int64_t id, int pid,
-                int64_t tid, double ts_us)
-{
-    TraceEvent e = {.phase = phase == 's' ? 's' : 'f', .cat = cat, .name = name, .pid = pid,
-                    .tid = tid, .ts = ts_us, .id = id, .sort_index = -1};
-    add(t, &e, NULL);
-}
-
 static void add_meta(Trace *t, const char *name, int pid, int64_t tid, const char *key, const char *value,
                      int sort_index)
 {
@@ -298,8 +289,6 @@ static void put_event(FILE *f, const TraceEvent *e)
         fprintf(f, ", \"ts\": %.3f", e->ts);
     if (e->phase == 'X')
         fprintf(f, ", \"dur\": %.3f", e->dur);
-    if (e->phase == 's' || e->phase == 'f')
-        fprintf(f, ", \"id\": %" PRId64 "%s", e->id, e->phase == 'f' ? ", \"bp\": \"e\"" : "");
     put_args(f, e);
     fputc('}', f);
 }

@@ -5,7 +5,7 @@
  *
  * A Trace collects events in memory while a rank works - complete spans (Trace Event Format phase
  * "X": a name, a category, a process and a thread, a start and a duration in microseconds from the
- * trace's base time), the two ends of flows ("s", "f") and the names of processes and threads ("M")
+ * trace's base time) and the names of processes and threads ("M")
  * - and trace_write writes them once, atomically, at the end. Recording copies the event into an
  * array and formats nothing, so that a traced step runs as fast as an untraced one; it is
  * thread-safe (a mutex), since communication threads record their collectives beside the rank's
@@ -92,10 +92,6 @@ void trace_free(Trace *t);
  * base_time_ns; args may be NULL. */
 void trace_span(Trace *t, const char *cat, const char *name, int pid, int64_t tid, double ts_us,
                 double dur_us, const TraceArgs *args);
-/* One end of a flow arrow (Perfetto draws it): phase 's' at its start, 'f' at its end (bound to the
- * span that encloses ts_us on that thread). The two ends share cat, name and id. */
-void trace_flow(Trace *t, char phase, const char *cat, const char *name, int64_t id, int pid,
-                int64_t tid, double ts_us);
 /* Names (metadata events "process_name", "process_labels", "process_sort_index", "thread_name",
  * "thread_sort_index"); label may be NULL. */
 void trace_name_process(Trace *t, int pid, const char *name, const char *label, int sort_index);
