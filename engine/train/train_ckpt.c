@@ -544,9 +544,9 @@ int trainer_load_checkpoint(Trainer *tr, const char *path, unsigned what, int64_
                                (unsigned long long)w[4 + i], (unsigned long long)mine[4 + i]);
     }
     TrainValidRecord record = {0};
-    /* The index and config.yaml against each other and state.bin (train_ckpt_check.c). */
-    if (rc == 0)
-        rc = trainer_checkpoint_check(path, 0, err); /* warned before MPI started (precheck) */
+    /* The index and config.yaml against each other and state.bin (trainer_checkpoint_check) were
+     * checked before MPI started, by every caller (trainer_checkpoint_precheck, wlbtrain eval's):
+     * not again here, where it would read every shard's header a second time on every rank. */
     if (rc == 0)
         rc = record_read(statefile_find(&sf, "valid"), &record, tr->cfg->data.valid_fraction, full, file, err);
     CkptIndex ix;
